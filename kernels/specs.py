@@ -1,0 +1,295 @@
+"""What each MLA prefill backend *is*: the one table of what it supports.
+
+This module is deliberately torch-free (standard library only). The service, the
+agent's local fallback and the kernel wrappers all import it, so importing it must
+never pull in torch, flashinfer, cudnn or flash_attn. Each spec answers "can this
+backend run here?" with a list of human-readable reasons, modelled on vLLM's
+``validate_configuration`` and PyTorch's SDPA dispatcher: an empty list means valid,
+and every non-empty list names the fact that rules the backend out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "R1_DIMS",
+    "SPECS",
+    "Backend",
+    "BackendSpec",
+    "Capability",
+    "Dtype",
+    "MLADims",
+    "SelectionContext",
+    "parse_backend",
+    "parse_dtype",
+    "validate",
+]
+
+
+class Backend(str, enum.Enum):
+    """The MLA prefill backends Switchboard knows, by their vLLM names."""
+
+    TRTLLM_RAGGED = "TRTLLM_RAGGED"
+    FLASHINFER = "FLASHINFER"
+    CUDNN = "CUDNN"
+    FLASH_ATTN = "FLASH_ATTN"
+    TORCH_SDPA = "TORCH_SDPA"
+
+    def __str__(self) -> str:  # "FLASHINFER", not "Backend.FLASHINFER", in messages
+        return self.value
+
+
+class Dtype(str, enum.Enum):
+    """Activation dtypes, by their canonical torch names."""
+
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_DTYPE_ALIASES: dict[str, Dtype] = {
+    "bfloat16": Dtype.BFLOAT16,
+    "bf16": Dtype.BFLOAT16,
+    "float16": Dtype.FLOAT16,
+    "fp16": Dtype.FLOAT16,
+    "half": Dtype.FLOAT16,
+    "float32": Dtype.FLOAT32,
+    "fp32": Dtype.FLOAT32,
+    "float": Dtype.FLOAT32,
+}
+
+DTYPE_SPELLINGS: tuple[str, ...] = tuple(_DTYPE_ALIASES) + tuple(
+    f"torch.{name}" for name in _DTYPE_ALIASES
+)
+
+
+def parse_dtype(value: str) -> Dtype:
+    """Accept the spellings people and configs use (``bf16``, ``torch.bfloat16``, ...).
+
+    Raises ValueError naming every accepted spelling, because a typo in a dtype is
+    the most common way a pod description goes wrong.
+    """
+    key = value.strip().lower()
+    key = key.removeprefix("torch.")
+    try:
+        return _DTYPE_ALIASES[key]
+    except KeyError:
+        accepted = ", ".join(sorted(_DTYPE_ALIASES))
+        raise ValueError(
+            f"unknown dtype {value!r}; accepted: {accepted} (optionally prefixed 'torch.')"
+        ) from None
+
+
+def parse_backend(value: str) -> Backend:
+    """Case-insensitive backend lookup whose error lists the valid names."""
+    try:
+        return Backend(value.strip().upper())
+    except ValueError:
+        names = ", ".join(b.value for b in Backend)
+        raise ValueError(f"unknown backend {value!r}; valid backends: {names}") from None
+
+
+@dataclass(frozen=True, order=True)
+class Capability:
+    """A CUDA compute capability, e.g. ``Capability(9, 0)`` for Hopper."""
+
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+@dataclass(frozen=True)
+class MLADims:
+    """The three head dims that decide which MLA prefill kernels apply."""
+
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def __str__(self) -> str:
+        return f"({self.qk_nope_head_dim}, {self.qk_rope_head_dim}, {self.v_head_dim})"
+
+
+R1_DIMS = MLADims(128, 64, 128)
+"""DeepSeek-R1/V3 MLA dims, the only ones the specialised kernels are built for."""
+
+
+@dataclass(frozen=True)
+class SelectionContext:
+    """Everything about a pod that decides which backends can run on it.
+
+    ``capability`` is None when the pod has no CUDA device. ``packages`` maps import
+    names to versions; None means "unknown, assume every package is present" (what
+    a caller that did not probe its environment gets).
+    """
+
+    capability: Capability | None
+    dims: MLADims
+    dtype: Dtype
+    packages: Mapping[str, str] | None = None
+
+
+def _capability_any(cap: Capability | None) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """The static facts about one backend and the check that applies them.
+
+    ``capability_rule`` is a predicate on the major version with ``capability_text``
+    spelling it for humans; ``needs_gpu`` says whether a pod without CUDA can run it.
+    ``dims`` is None (any dims), ``R1_DIMS`` (exactly those), or the
+    ``max_qk``/``max_v`` pair for kernels limited only by head size.
+    ``class_path`` is the lazy ``module:Class`` of the wrapper in ``kernels``.
+    """
+
+    backend: Backend
+    needs_gpu: bool
+    capability_majors: frozenset[int] | None  # None: any major >= min_major
+    min_major: int
+    capability_text: str
+    dtypes: frozenset[Dtype]
+    exact_dims: MLADims | None
+    max_qk_head_dim: int | None
+    max_v_head_dim: int | None
+    packages: tuple[str, ...]
+    class_path: str
+    summary: str
+
+    def capability_ok(self, cap: Capability) -> bool:
+        if self.capability_majors is not None:
+            return cap.major in self.capability_majors
+        return cap.major >= self.min_major
+
+    def validate(self, ctx: SelectionContext) -> list[str]:
+        """Why this backend cannot run for ``ctx``; an empty list means it can."""
+        reasons: list[str] = []
+        if ctx.capability is None:
+            if self.needs_gpu:
+                reasons.append(f"no CUDA device (needs compute capability {self.capability_text})")
+        elif self.needs_gpu and not self.capability_ok(ctx.capability):
+            reasons.append(
+                f"compute capability {ctx.capability} not supported (needs {self.capability_text})"
+            )
+        if ctx.dtype not in self.dtypes:
+            allowed = " or ".join(d.value for d in Dtype if d in self.dtypes)
+            reasons.append(f"dtype {ctx.dtype} not supported (needs {allowed})")
+        if self.exact_dims is not None and ctx.dims != self.exact_dims:
+            reasons.append(
+                f"model MLA dims {ctx.dims} not supported "
+                f"(needs DeepSeek-R1 dims {self.exact_dims})"
+            )
+        if self.max_qk_head_dim is not None and ctx.dims.qk_head_dim > self.max_qk_head_dim:
+            reasons.append(
+                f"model MLA dims {ctx.dims} not supported (needs qk_nope_head_dim + "
+                f"qk_rope_head_dim <= {self.max_qk_head_dim}, got {ctx.dims.qk_head_dim})"
+            )
+        if self.max_v_head_dim is not None and ctx.dims.v_head_dim > self.max_v_head_dim:
+            reasons.append(
+                f"model MLA dims {ctx.dims} not supported "
+                f"(needs v_head_dim <= {self.max_v_head_dim}, got {ctx.dims.v_head_dim})"
+            )
+        if ctx.packages is not None:
+            reasons.extend(
+                f"required package {pkg} not installed"
+                for pkg in self.packages
+                if pkg not in ctx.packages
+            )
+        return reasons
+
+
+_HALF = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})
+
+SPECS: dict[Backend, BackendSpec] = {
+    spec.backend: spec
+    for spec in (
+        BackendSpec(
+            backend=Backend.TRTLLM_RAGGED,
+            needs_gpu=True,
+            capability_majors=frozenset({10}),
+            min_major=10,
+            capability_text="10.x",
+            dtypes=_HALF,
+            exact_dims=R1_DIMS,
+            max_qk_head_dim=None,
+            max_v_head_dim=None,
+            packages=("flashinfer",),
+            class_path="kernels.trtllm_ragged:TrtllmRaggedPrefill",
+            summary="FlashInfer's TensorRT-LLM ragged DeepSeek kernel (Blackwell only)",
+        ),
+        BackendSpec(
+            backend=Backend.FLASHINFER,
+            needs_gpu=True,
+            capability_majors=frozenset({8, 9, 10}),
+            min_major=8,
+            capability_text="8.x, 9.x or 10.x",
+            dtypes=_HALF,
+            exact_dims=R1_DIMS,
+            max_qk_head_dim=None,
+            max_v_head_dim=None,
+            packages=("flashinfer",),
+            class_path="kernels.flashinfer:FlashInferPrefill",
+            summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80)",
+        ),
+        BackendSpec(
+            backend=Backend.CUDNN,
+            needs_gpu=True,
+            capability_majors=None,
+            min_major=8,
+            capability_text="8.0 or newer",
+            dtypes=_HALF,
+            exact_dims=R1_DIMS,
+            max_qk_head_dim=None,
+            max_v_head_dim=None,
+            packages=("cudnn",),
+            class_path="kernels.cudnn:CudnnPrefill",
+            summary="cuDNN frontend SDPA graph with ragged offsets",
+        ),
+        BackendSpec(
+            backend=Backend.FLASH_ATTN,
+            needs_gpu=True,
+            capability_majors=None,
+            min_major=8,
+            capability_text="8.0 or newer",
+            dtypes=_HALF,
+            exact_dims=None,
+            max_qk_head_dim=256,
+            max_v_head_dim=256,
+            packages=("torch",),
+            class_path="kernels.flash_attn:FlashAttnPrefill",
+            summary="FlashAttention varlen (FA3, FA2, or PyTorch's bundled FA2)",
+        ),
+        BackendSpec(
+            backend=Backend.TORCH_SDPA,
+            needs_gpu=False,
+            capability_majors=None,
+            min_major=0,
+            capability_text="any",
+            dtypes=frozenset(Dtype),
+            exact_dims=None,
+            max_qk_head_dim=None,
+            max_v_head_dim=None,
+            packages=("torch",),
+            class_path="kernels.torch_sdpa:TorchSdpaPrefill",
+            summary="PyTorch reference path (fp32 math); runs anywhere",
+        ),
+    )
+}
+
+
+def validate(backend: Backend, ctx: SelectionContext) -> list[str]:
+    """Reasons ``backend`` cannot run for ``ctx`` (empty when it can)."""
+    return SPECS[backend].validate(ctx)
