@@ -1,0 +1,283 @@
+"""The wire contract of ``/v1/select`` and the rules document, as pydantic v2 models.
+
+These models are the single description of what a pod may send and what it gets back;
+FastAPI's OpenAPI schema and ``docs/api.md`` are generated from / written against them,
+and the agent builds its requests with them. Validation errors name the field and the
+problem, which is why names and dtypes are parsed by functions whose ValueErrors list
+the accepted values.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from kernels.specs import Backend, Dtype, parse_backend, parse_dtype
+
+CLUSTER_PATTERN = r"^[a-z0-9._-]{1,63}$"
+
+
+def _backend(value: Any) -> Any:
+    return parse_backend(value) if isinstance(value, str) else value
+
+
+def _dtype(value: Any) -> Any:
+    return parse_dtype(value) if isinstance(value, str) else value
+
+
+BackendName = Annotated[
+    Backend,
+    BeforeValidator(_backend),
+    Field(description="Backend name, case-insensitive: " + ", ".join(b.value for b in Backend)),
+]
+DtypeName = Annotated[
+    Dtype,
+    BeforeValidator(_dtype),
+    Field(
+        description="bfloat16, float16 or float32; also bf16, fp16, half, fp32, float "
+        "and torch.bfloat16-style names"
+    ),
+]
+ClusterName = Annotated[
+    str,
+    StringConstraints(pattern=CLUSTER_PATTERN),
+    Field(description="1-63 characters of [a-z0-9._-]", examples=["prod-east"]),
+]
+ShortText = Annotated[str, StringConstraints(max_length=253)]
+Dim = Annotated[int, Field(gt=0, le=1024, strict=True)]
+Source = Literal[
+    "requested", "priority", "fallback", "override", "measured", "cache", "local-fallback"
+]
+CandidateRole = Literal["forced", "requested", "measured", "priority", "fallback", "unlisted"]
+
+
+class _Strict(BaseModel):
+    # Unknown fields are refused: a misspelt "requested_backnd" silently ignored would
+    # be a silent wrong answer.
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceInfo(_Strict):
+    name: ShortText | None = None
+    capability: tuple[Annotated[int, Field(ge=0, le=99, strict=True)],
+                      Annotated[int, Field(ge=0, le=99, strict=True)]] | None = Field(
+        default=None, description="[major, minor], or null for a pod without a CUDA device"
+    )
+
+
+class ModelInfo(_Strict):
+    name: ShortText | None = None
+    qk_nope_head_dim: Dim
+    qk_rope_head_dim: Dim
+    v_head_dim: Dim
+    num_heads: Dim | None = None
+
+
+class SelectRequest(_Strict):
+    cluster: ClusterName
+    node: ShortText | None = None
+    pod: ShortText | None = None
+    device: DeviceInfo = Field(default_factory=DeviceInfo)
+    model: ModelInfo
+    dtype: DtypeName
+    packages: dict[Annotated[str, StringConstraints(min_length=1, max_length=100)],
+                   Annotated[str, StringConstraints(max_length=100)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="import name -> version; null or absent means assume every package present",
+    )
+    requested_backend: BackendName | None = None
+    strict: bool = False
+
+
+class Candidate(BaseModel):
+    backend: Backend
+    valid: bool
+    reasons: list[str]
+    role: CandidateRole
+
+
+class OverrideRef(BaseModel):
+    """An override that touched a decision, and what it did to it."""
+
+    cluster: str
+    effect: str
+    note: str
+
+
+class Evidence(BaseModel):
+    """What measured selection based a decision on (issue 6)."""
+
+    backend: Backend
+    median_tflops: float
+    samples: int
+    pods: int
+    runner_up: Backend | None = None
+    runner_up_tflops: float | None = None
+    margin: float | None = None
+
+
+class SelectResponse(BaseModel):
+    backend: Backend
+    source: Source
+    candidates: list[Candidate]
+    messages: list[str]
+    rules_revision: int
+    decision_id: str | None
+    overrides: list[OverrideRef] = Field(default_factory=list)
+    evidence: Evidence | None = None
+
+
+# --------------------------------------------------------------------------- rules
+
+_CAPABILITY_KEY = re.compile(r"^\d{1,2}(\.\d{1,2})?$")
+
+
+def _unique(backends: list[Backend]) -> list[Backend]:
+    seen: set[Backend] = set()
+    for backend in backends:
+        if backend in seen:
+            raise ValueError(f"backend {backend} listed twice")
+        seen.add(backend)
+    return backends
+
+
+PriorityList = Annotated[list[BackendName], Field(max_length=len(Backend))]
+
+
+class RuleSet(_Strict):
+    """Priority lists: ``by_capability`` keys are a major (``"10"``) or ``"major.minor"``;
+    ``default`` applies to every other CUDA capability. A ``major.minor`` key beats a
+    major key, which beats ``default``."""
+
+    default: PriorityList = Field(default_factory=list)
+    by_capability: dict[str, PriorityList] = Field(default_factory=dict)
+
+    @field_validator("default")
+    @classmethod
+    def _default_unique(cls, value: list[Backend]) -> list[Backend]:
+        return _unique(value)
+
+    @field_validator("by_capability")
+    @classmethod
+    def _keys(cls, value: dict[str, list[Backend]]) -> dict[str, list[Backend]]:
+        for key, backends in value.items():
+            if not _CAPABILITY_KEY.match(key):
+                raise ValueError(
+                    f"capability key {key!r} must be a major ('10') or 'major.minor' ('9.0')"
+                )
+            _unique(backends)
+        return value
+
+
+class ClusterRuleSet(RuleSet):
+    """A cluster's own rules; ``default`` null means fall through to the fleet rules."""
+
+    default: PriorityList | None = None  # type: ignore[assignment]
+
+    @field_validator("default")
+    @classmethod
+    def _default_unique(cls, value: list[Backend] | None) -> list[Backend] | None:
+        return None if value is None else _unique(value)
+
+
+class RulesDocument(RuleSet):
+    """What ``GET /v1/rules`` returns and ``PUT /v1/rules`` accepts (round-trippable)."""
+
+    revision: int | None = Field(
+        default=None, description="ignored on PUT (the server bumps it); use If-Match"
+    )
+    updated_at: datetime | None = None
+    clusters: dict[ClusterName, ClusterRuleSet] = Field(default_factory=dict)
+
+    def rules_only(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"revision", "updated_at"})
+
+
+SEED_RULES = RulesDocument(
+    revision=1,
+    default=[Backend.FLASH_ATTN],
+    by_capability={
+        "10": [Backend.TRTLLM_RAGGED, Backend.FLASHINFER, Backend.CUDNN, Backend.FLASH_ATTN]
+    },
+)
+"""vLLM-compatible priorities: Blackwell gets the specialised kernels, everything else
+FLASH_ATTN (see shared/seed for the excerpt these reproduce)."""
+
+
+# ----------------------------------------------------------------------- overrides
+
+FLEET = "*"
+OverrideScope = Annotated[
+    str,
+    StringConstraints(pattern=r"^(\*|[a-z0-9._-]{1,63})$"),
+    Field(description="a cluster name, or * for the whole fleet"),
+]
+Policy = Literal["priority", "measured"]
+
+
+class OverrideSpec(_Strict):
+    """What a platform engineer writes with ``PUT /v1/overrides/{cluster}``."""
+
+    force: BackendName | None = None
+    deny: list[BackendName] = Field(default_factory=list, max_length=len(Backend))
+    model: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = Field(
+        default=None, description="fnmatch glob on model.name; null matches every model"
+    )
+    expires_at: datetime | None = Field(
+        default=None, description="ISO-8601; without a timezone it is taken as UTC"
+    )
+    note: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+    policy: Policy | None = Field(
+        default=None, description="selection policy for this scope (measured: issue 6)"
+    )
+
+    @field_validator("deny")
+    @classmethod
+    def _deny(cls, value: list[Backend]) -> list[Backend]:
+        _unique(value)
+        if Backend.TORCH_SDPA in value:
+            raise ValueError("TORCH_SDPA is the last-resort fallback and cannot be denied")
+        return value
+
+    @field_validator("expires_at")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OverrideSpec:
+        if self.force is not None and self.force in self.deny:
+            raise ValueError(f"force {self.force} is also in deny")
+        if self.force is None and not self.deny and self.policy is None:
+            raise ValueError("an override needs at least one of force, deny or policy")
+        return self
+
+
+class Override(OverrideSpec):
+    """A stored override as the API shows it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    cluster: str
+    created_at: datetime
+    created_by: str
+    revision: int
+    expired: bool = False
+
+    @property
+    def label(self) -> str:
+        return "fleet override (*)" if self.cluster == FLEET else f"override {self.cluster}"
