@@ -1,0 +1,131 @@
+"""Describe the pod: its GPU and which kernel packages really import.
+
+The service can only be as right as the pod's description, so the probe asks the
+same libraries the kernels will use. The device comes from torch when torch imports
+(what the kernels will see, ``CUDA_VISIBLE_DEVICES`` included), else from NVML,
+else the pod has no GPU (capability None, which the service answers with
+TORCH_SDPA). A package counts as present only if it imports: a flash_attn wheel
+built against another torch is installed yet unusable, and reporting it would get
+the pod a backend it cannot build.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+from dataclasses import dataclass
+
+__all__ = ["KERNEL_PACKAGES", "DeviceProbe", "probe_device", "probe_packages"]
+
+KERNEL_PACKAGES: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "flash_attn": ("flash-attn", "flash_attn"),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+    "cudnn": ("nvidia-cudnn-frontend",),
+}
+"""Import name -> distribution names to read its version from, in order."""
+
+
+@dataclass(frozen=True)
+class DeviceProbe:
+    """The first visible GPU, or name and capability None when there is none."""
+
+    name: str | None
+    capability: tuple[int, int] | None
+    via: str  # "torch", "nvml", "none" or "given"
+
+
+def _probe_torch() -> DeviceProbe | None:
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - a broken torch install is "no torch" here
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return DeviceProbe(None, None, "torch")
+        major, minor = torch.cuda.get_device_capability(0)
+        return DeviceProbe(torch.cuda.get_device_name(0), (int(major), int(minor)), "torch")
+    except Exception:  # noqa: BLE001 - CUDA init errors mean no usable GPU
+        return DeviceProbe(None, None, "torch")
+
+
+def _nvml_handle(pynvml: object) -> object | None:
+    """The NVML handle of the first device CUDA would show, honouring CUDA_VISIBLE_DEVICES."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return pynvml.nvmlDeviceGetHandleByIndex(0)  # type: ignore[attr-defined]
+    first = visible.split(",")[0].strip()
+    if not first or first.startswith("-"):
+        return None
+    if first.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(first))  # type: ignore[attr-defined]
+    return pynvml.nvmlDeviceGetHandleByUUID(first)  # type: ignore[attr-defined]
+
+
+def _probe_nvml() -> DeviceProbe | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver: NVMLError_LibraryNotFound and friends
+        return None
+    try:
+        handle = _nvml_handle(pynvml)
+        if handle is None:
+            return DeviceProbe(None, None, "nvml")
+        name = pynvml.nvmlDeviceGetName(handle)
+        if isinstance(name, bytes):
+            name = name.decode()
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return DeviceProbe(str(name), (int(major), int(minor)), "nvml")
+    except Exception:  # noqa: BLE001
+        return DeviceProbe(None, None, "nvml")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def probe_device() -> DeviceProbe:
+    """torch, else NVML, else no GPU."""
+    return _probe_torch() or _probe_nvml() or DeviceProbe(None, None, "none")
+
+
+def _version(import_name: str, module: object | None) -> str:
+    for dist in KERNEL_PACKAGES.get(import_name, (import_name,)):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def probe_packages(import_check: bool = True) -> tuple[dict[str, str], list[str]]:
+    """Kernel packages present (import name -> version), and notes about broken ones.
+
+    ``import_check=False`` only looks for the package on the path, which is faster
+    but believes a broken install.
+    """
+    found: dict[str, str] = {}
+    notes: list[str] = []
+    for name in KERNEL_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            continue
+        module = None
+        if import_check:
+            try:
+                module = importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 - any failure means unusable
+                notes.append(f"package {name} is installed but does not import: {exc}")
+                continue
+        found[name] = _version(name, module)
+    return found, notes

@@ -1,0 +1,45 @@
+"""The FastAPI application: wiring only; behaviour lives in the routes and below."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api.middleware import BodyLimitAndMetrics
+from service.api.routes import health, rules, select, selections
+from service.config import Settings
+from service.runtime import Runtime
+
+DESCRIPTION = """\
+Fleet-wide choice of the MLA prefill attention backend. Serving pods call
+`POST /v1/select` at boot and get a backend with the reason every other candidate
+was rejected. See docs/api.md for the contract.
+"""
+
+
+def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
+    runtime = runtime or Runtime(settings or Settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime.start()
+        try:
+            yield
+        finally:
+            runtime.stop()
+
+    app = FastAPI(
+        title="MLA Switchboard",
+        version="1.0.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    for module in (health, select, selections, rules):
+        app.include_router(module.router)
+    app.add_middleware(
+        BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
+    )
+    return app

@@ -1,0 +1,74 @@
+"""Shared dependencies of the routes: the runtime, authentication, error helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, NoReturn
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.auth import Principal, Role, authenticate
+from service.runtime import Runtime
+
+bearer = HTTPBearer(auto_error=False, description="sb_<id>_<secret> token, or the bootstrap token")
+
+
+def get_runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def fail(status: int, message: str, **extra: Any) -> NoReturn:
+    """An error answer: ``{"detail": {"message": ..., **extra}}``."""
+    raise HTTPException(status_code=status, detail={"message": message, **extra})
+
+
+def invalid(location: tuple[str, ...], message: str) -> NoReturn:
+    """A 422 shaped like FastAPI's own validation errors, for checks done by hand."""
+    raise HTTPException(
+        status_code=422,
+        detail=[{"loc": list(location), "msg": message, "type": "value_error"}],
+    )
+
+
+def require(role: Role) -> Callable[..., Principal]:
+    def dependency(
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Principal:
+        if credentials is None:
+            raise HTTPException(
+                401,
+                detail={"message": "missing bearer token (Authorization: Bearer <token>)"},
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        runtime: Runtime = request.app.state.runtime
+        principal = authenticate(
+            credentials.credentials, runtime.snapshot.tokens, runtime.bootstrap_token
+        )
+        if principal is None:
+            raise HTTPException(
+                401,
+                detail={"message": "unknown or revoked token"},
+                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
+        if not principal.has(role):
+            fail(403, f"token {principal.name!r} has role {principal.role}; this needs {role}")
+        return principal
+
+    dependency.__name__ = f"require_{role}"
+    return dependency
+
+
+AgentDep = Annotated[Principal, Depends(require("agent"))]
+ViewerDep = Annotated[Principal, Depends(require("viewer"))]
+AdminDep = Annotated[Principal, Depends(require("admin"))]
+
+
+def check_scope(principal: Principal, cluster: str) -> None:
+    if not principal.may_touch(cluster):
+        scope = ", ".join(principal.clusters or ())
+        fail(403, f"token {principal.name!r} is limited to clusters {scope}; not {cluster!r}")

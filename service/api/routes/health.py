@@ -1,0 +1,48 @@
+"""Probes and metrics: the only routes open without a token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.api.deps import RuntimeDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="The process is up")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    summary="Rules are in memory: ready to answer /v1/select",
+    responses={503: {"description": "no rules loaded yet"}},
+)
+async def readyz(runtime: RuntimeDep) -> Response:
+    """Ready while rules are in memory, even if the database blips: emptying the load
+    balancer because the store is down would turn a degraded service into an outage.
+    The store's state is reported in the body (and in metrics)."""
+    snap = runtime.live.snapshot
+    degraded = runtime.degraded()
+    body: dict[str, Any] = {
+        "status": "ready" if snap is not None else "not ready",
+        "rules_revision": None if snap is None else snap.rules.revision,
+        "config_version": None if snap is None else snap.version,
+        "store": "degraded" if degraded else "ok",
+        "store_error": degraded,
+        "decisions_buffered": runtime.recorder.pending,
+    }
+    return JSONResponse(body, status_code=200 if snap is not None else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(runtime: RuntimeDep) -> Response:
+    m = runtime.metrics
+    m.buffered.set(runtime.recorder.pending)
+    m.store_degraded.set(1 if runtime.degraded() else 0)
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

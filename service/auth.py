@@ -1,0 +1,66 @@
+"""Bearer tokens, roles and cluster scopes.
+
+A token reads ``sb_<id>_<secret>``: the id finds the row, and the secret is checked
+against its SHA-256 with ``hmac.compare_digest``, so the database never holds a usable
+token and the comparison leaks nothing through timing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Literal
+
+from service.store.repo import TokenRecord
+
+Role = Literal["agent", "viewer", "admin"]
+ROLES: tuple[Role, ...] = ("agent", "viewer", "admin")
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    role: Role
+    clusters: tuple[str, ...] | None  # None: every cluster
+
+    def has(self, role: Role) -> bool:
+        return self.role == role or self.role == "admin"
+
+    def may_touch(self, cluster: str) -> bool:
+        """Cluster scope; the fleet scope ``*`` only for unrestricted tokens."""
+        if self.clusters is None:
+            return True
+        if cluster == "*":
+            return False
+        return any(fnmatch.fnmatchcase(cluster, glob) for glob in self.clusters)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_token() -> tuple[str, str, str]:
+    """(token id, full token shown once, hash of its secret to store)."""
+    token_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    return token_id, f"sb_{token_id}_{secret}", hash_secret(secret)
+
+
+def authenticate(
+    presented: str, tokens: dict[str, TokenRecord], bootstrap: str | None
+) -> Principal | None:
+    if bootstrap is not None and hmac.compare_digest(presented.encode(), bootstrap.encode()):
+        return Principal(name="bootstrap-admin", role="admin", clusters=None)
+    parts = presented.split("_", 2)
+    if len(parts) != 3 or parts[0] != "sb":
+        return None
+    record = tokens.get(parts[1])
+    if record is None or record.revoked:
+        hmac.compare_digest(hash_secret(parts[2]), "0" * 64)  # same work either way
+        return None
+    if not hmac.compare_digest(hash_secret(parts[2]), record.secret_hash):
+        return None
+    return Principal(name=record.name, role=record.role, clusters=record.clusters)  # type: ignore[arg-type]

@@ -1,0 +1,38 @@
+"""Service settings, read from ``SWITCHBOARD_*`` environment variables.
+
+Defaults are chosen so that ``switchboard serve`` on a fresh machine just works:
+SQLite in a file in the working directory, loopback only, seeded rules.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///./switchboard.db",
+        description="SQLAlchemy URL: sqlite:///path or postgresql+psycopg://user@host/db",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None, description="bootstrap admin token (compared in constant time)"
+    )
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    flush_interval_s: float = Field(
+        default=0.05, gt=0, description="how often recorded decisions are written"
+    )
+    flush_batch: int = Field(default=1000, ge=1)
+    buffer_limit: int = Field(
+        default=200_000,
+        ge=1000,
+        description="decisions held in memory while the database is unreachable",
+    )
+    config_poll_s: float = Field(
+        default=0.5, gt=0, description="how often a replica looks for others' admin writes"
+    )
+    measured_min_samples: int = Field(default=3, ge=1)
+    measured_min_pods: int = Field(default=2, ge=1)
+    measured_max_age_days: float = Field(default=30.0, gt=0)

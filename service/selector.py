@@ -1,0 +1,73 @@
+"""The hot path of ``/v1/select``: decide from the snapshot in memory, with a cache.
+
+Thousands of pods of one rollout send the same description apart from their names,
+so decisions are cached by everything that affects them (not node or pod) for one
+config version, and only until the next override expires.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from service.decision.engine import Decision, EvidenceRanker, Refusal, decide
+from service.schemas import SelectRequest
+from service.store.repo import ConfigSnapshot
+
+CACHE_SIZE = 4096
+
+
+def decision_key(request: SelectRequest) -> tuple[Any, ...]:
+    m = request.model
+    return (
+        request.cluster,
+        request.device.capability,
+        m.name,
+        m.qk_nope_head_dim,
+        m.qk_rope_head_dim,
+        m.v_head_dim,
+        request.dtype,
+        None if request.packages is None else tuple(sorted(request.packages.items())),
+        request.requested_backend,
+        request.strict,
+    )
+
+
+class Selector:
+    def __init__(
+        self,
+        ranker: EvidenceRanker | None = None,
+        evidence_version: Callable[[], int] = lambda: 0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._ranker = ranker
+        self._evidence_version = evidence_version
+        self._clock = clock
+        self._cache: OrderedDict[tuple[Any, ...], Decision | Refusal] = OrderedDict()
+        self._cache_tag: tuple[int, int] = (-1, -1)
+        self._valid_until: datetime | None = None
+
+    def select(self, request: SelectRequest, snap: ConfigSnapshot) -> Decision | Refusal:
+        now = self._clock()
+        tag = (snap.version, self._evidence_version())
+        if tag != self._cache_tag or (self._valid_until is not None and now >= self._valid_until):
+            self._cache.clear()
+            self._cache_tag = tag
+            upcoming = [
+                o.expires_at for o in snap.overrides if o.expires_at and o.expires_at > now
+            ]
+            self._valid_until = min(upcoming, default=None)
+        key = decision_key(request)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        result = decide(
+            request, snap.rules, snap.overrides, now=now, rank_by_evidence=self._ranker
+        )
+        self._cache[key] = result
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return result

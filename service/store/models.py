@@ -1,0 +1,109 @@
+"""The tables. The same definitions run on SQLite (embedded default) and PostgreSQL;
+the schema itself is created and evolved by the Alembic migrations in
+``service/migrations`` (these models must stay in step with them)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class RulesRevision(Base):
+    """Append-only: every rules write is a new revision; the newest is in force."""
+
+    __tablename__ = "rules_revisions"
+    revision: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_by: Mapped[str] = mapped_column(String(100))
+
+
+class OverrideRow(Base):
+    __tablename__ = "overrides"
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_by: Mapped[str] = mapped_column(String(100))
+    revision: Mapped[int] = mapped_column(Integer)
+
+
+class DecisionRow(Base):
+    __tablename__ = "decisions"
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    cluster: Mapped[str] = mapped_column(String(63))
+    node: Mapped[str | None] = mapped_column(String(253))
+    pod: Mapped[str | None] = mapped_column(String(253))
+    backend: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(32))
+    rules_revision: Mapped[int] = mapped_column(Integer)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    answer: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    __table_args__ = (
+        Index("ix_decisions_cluster_id", "cluster", "id"),
+        Index("ix_decisions_backend_id", "backend", "id"),
+    )
+
+
+class PodLatest(Base):
+    """Each pod's newest decision: what the summary counts and the preview replays."""
+
+    __tablename__ = "pod_latest"
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    pod: Mapped[str] = mapped_column(String(253), primary_key=True)
+    decision_id: Mapped[str] = mapped_column(String(26))
+    backend: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class TokenRow(Base):
+    __tablename__ = "tokens"
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    role: Mapped[str] = mapped_column(String(16))
+    clusters: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_by: Mapped[str] = mapped_column(String(100))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class AuditRow(Base):
+    __tablename__ = "audit"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(100))
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    preview: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class FailureRow(Base):
+    __tablename__ = "failures"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    decision_id: Mapped[str] = mapped_column(String(26), index=True)
+    backend: Mapped[str] = mapped_column(String(32))
+    error: Mapped[str] = mapped_column(Text)
+
+
+class Meta(Base):
+    """``config_version`` is bumped by every admin write so replicas notice it cheaply."""
+
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(Integer)

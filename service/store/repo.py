@@ -1,0 +1,567 @@
+"""All reads and writes of the service's tables, behind one small class.
+
+Admin writes run in one transaction each together with their audit entry and a bump
+of ``config_version`` (how other replicas notice them). Conflicts come back as
+values (``Conflict``), never as exceptions the HTTP layer has to guess about.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.schemas import SEED_RULES, Override, OverrideSpec, RulesDocument
+from service.store.models import (
+    AuditRow,
+    DecisionRow,
+    FailureRow,
+    Meta,
+    OverrideRow,
+    PodLatest,
+    RulesRevision,
+    TokenRow,
+)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A write refused because the caller's If-Match no longer matches."""
+
+    current_etag: str
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    id: str
+    name: str
+    role: str
+    clusters: tuple[str, ...] | None
+    secret_hash: str
+    created_at: datetime
+    revoked: bool
+
+
+@dataclass(frozen=True)
+class ConfigSnapshot:
+    """Everything the hot path needs, loaded in one go and swapped in atomically."""
+
+    version: int
+    rules: RulesDocument
+    overrides: tuple[Override, ...]
+    tokens: dict[str, TokenRecord]
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    id: str
+    created_at: datetime
+    cluster: str
+    node: str | None
+    pod: str | None
+    backend: str
+    source: str
+    rules_revision: int
+    request: dict[str, Any]
+    answer: dict[str, Any]
+
+
+def rules_etag(revision: int) -> str:
+    return f'"rules-{revision}"'
+
+
+def override_etag(cluster: str, revision: int) -> str:
+    return f'"override-{cluster}-{revision}"'
+
+
+def encode_cursor(decision_id: str) -> str:
+    return base64.urlsafe_b64encode(decision_id.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    """Raises ValueError for a cursor this service did not hand out."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except Exception:
+        raise ValueError("cursor is not one this service returned") from None
+    if len(raw) != 26 or any(c not in "0123456789abcdef" for c in raw):
+        raise ValueError("cursor is not one this service returned")
+    return raw
+
+
+def _aware(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; everything we store is UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+class Store:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # ------------------------------------------------------------------ config
+    def ensure_seeded(self) -> None:
+        with Session(self.engine) as s, s.begin():
+            if s.scalar(select(func.count()).select_from(RulesRevision)) == 0:
+                s.add(
+                    RulesRevision(
+                        revision=1,
+                        document=SEED_RULES.rules_only(),
+                        created_at=datetime.now(UTC),
+                        created_by="seed",
+                    )
+                )
+            if s.get(Meta, "config_version") is None:
+                s.add(Meta(key="config_version", value=1))
+        # A concurrent replica may have seeded first: that is fine.
+
+    def config_version(self) -> int:
+        with Session(self.engine) as s:
+            return s.scalar(select(Meta.value).where(Meta.key == "config_version")) or 0
+
+    def load_config(self) -> ConfigSnapshot:
+        with Session(self.engine) as s:
+            version = s.scalar(select(Meta.value).where(Meta.key == "config_version")) or 0
+            row = s.scalars(
+                select(RulesRevision).order_by(RulesRevision.revision.desc()).limit(1)
+            ).one()
+            rules = RulesDocument.model_validate(
+                {**row.document, "revision": row.revision, "updated_at": _aware(row.created_at)}
+            )
+            overrides = tuple(self._override(o) for o in s.scalars(select(OverrideRow)))
+            tokens = {
+                t.id: TokenRecord(
+                    id=t.id,
+                    name=t.name,
+                    role=t.role,
+                    clusters=None if t.clusters is None else tuple(t.clusters),
+                    secret_hash=t.secret_hash,
+                    created_at=_aware(t.created_at),
+                    revoked=t.revoked_at is not None,
+                )
+                for t in s.scalars(select(TokenRow))
+            }
+        return ConfigSnapshot(version=version, rules=rules, overrides=overrides, tokens=tokens)
+
+    @staticmethod
+    def _override(row: OverrideRow) -> Override:
+        return Override.model_validate(
+            {
+                **row.spec,
+                "cluster": row.cluster,
+                "created_at": _aware(row.created_at),
+                "created_by": row.created_by,
+                "revision": row.revision,
+            }
+        )
+
+    @staticmethod
+    def _bump(s: Session) -> int:
+        s.execute(update(Meta).where(Meta.key == "config_version").values(value=Meta.value + 1))
+        return s.scalar(select(Meta.value).where(Meta.key == "config_version")) or 0
+
+    @staticmethod
+    def _audit(
+        s: Session,
+        *,
+        actor: str,
+        action: str,
+        target: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        note: str | None,
+        preview: dict[str, Any] | None,
+    ) -> None:
+        s.add(
+            AuditRow(
+                at=datetime.now(UTC),
+                actor=actor,
+                action=action,
+                target=target,
+                before=before,
+                after=after,
+                note=note,
+                preview=preview,
+            )
+        )
+
+    # ------------------------------------------------------------------- rules
+    def put_rules(
+        self,
+        document: RulesDocument,
+        *,
+        actor: str,
+        if_match: str | None,
+        note: str | None,
+        preview: dict[str, Any] | None,
+    ) -> RulesDocument | Conflict:
+        try:
+            with Session(self.engine) as s, s.begin():
+                current = s.scalars(
+                    select(RulesRevision).order_by(RulesRevision.revision.desc()).limit(1)
+                ).one()
+                if if_match is not None and if_match != rules_etag(current.revision):
+                    return Conflict(rules_etag(current.revision))
+                now = datetime.now(UTC)
+                new = RulesRevision(
+                    revision=current.revision + 1,
+                    document=document.rules_only(),
+                    created_at=now,
+                    created_by=actor,
+                )
+                s.add(new)
+                self._bump(s)
+                self._audit(
+                    s,
+                    actor=actor,
+                    action="rules.replace",
+                    target="rules",
+                    before={**current.document, "revision": current.revision},
+                    after={**new.document, "revision": new.revision},
+                    note=note,
+                    preview=preview,
+                )
+        except IntegrityError:
+            # Another writer took the same revision number first.
+            return Conflict(rules_etag(self.load_config().rules.revision or 0))
+        return RulesDocument.model_validate(
+            {**new.document, "revision": new.revision, "updated_at": now}
+        )
+
+    # --------------------------------------------------------------- overrides
+    def get_override(self, cluster: str) -> Override | None:
+        with Session(self.engine) as s:
+            row = s.get(OverrideRow, cluster)
+            return None if row is None else self._override(row)
+
+    def put_override(
+        self,
+        cluster: str,
+        spec: OverrideSpec,
+        *,
+        actor: str,
+        if_match: str | None,
+        preview: dict[str, Any] | None,
+    ) -> Override | Conflict:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(OverrideRow, cluster, with_for_update=True)
+            current_etag = None if row is None else override_etag(cluster, row.revision)
+            if if_match is not None and if_match != (current_etag or '"none"'):
+                return Conflict(current_etag or '"none"')
+            before = None if row is None else self._override(row).model_dump(mode="json")
+            version = self._bump(s)
+            now = datetime.now(UTC)
+            payload = spec.model_dump(mode="json")
+            if row is None:
+                row = OverrideRow(cluster=cluster)
+                s.add(row)
+            row.spec, row.created_at, row.created_by, row.revision = payload, now, actor, version
+            s.flush()
+            after = self._override(row)
+            self._audit(
+                s,
+                actor=actor,
+                action="override.put",
+                target=cluster,
+                before=before,
+                after=after.model_dump(mode="json"),
+                note=spec.note,
+                preview=preview,
+            )
+        return after
+
+    def delete_override(
+        self, cluster: str, *, actor: str, if_match: str | None, note: str | None,
+        preview: dict[str, Any] | None,
+    ) -> Override | Conflict | None:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(OverrideRow, cluster, with_for_update=True)
+            if row is None:
+                return None
+            if if_match is not None and if_match != override_etag(cluster, row.revision):
+                return Conflict(override_etag(cluster, row.revision))
+            before = self._override(row)
+            s.delete(row)
+            self._bump(s)
+            self._audit(
+                s,
+                actor=actor,
+                action="override.delete",
+                target=cluster,
+                before=before.model_dump(mode="json"),
+                after=None,
+                note=note,
+                preview=preview,
+            )
+        return before
+
+    # ------------------------------------------------------------------ tokens
+    def create_token(
+        self,
+        *,
+        token_id: str,
+        name: str,
+        role: str,
+        clusters: Sequence[str] | None,
+        secret_hash: str,
+        actor: str,
+    ) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.add(
+                TokenRow(
+                    id=token_id,
+                    name=name,
+                    role=role,
+                    clusters=None if clusters is None else list(clusters),
+                    secret_hash=secret_hash,
+                    created_at=datetime.now(UTC),
+                    created_by=actor,
+                )
+            )
+            self._bump(s)
+            self._audit(
+                s,
+                actor=actor,
+                action="token.create",
+                target=name,
+                before=None,
+                after={"id": token_id, "name": name, "role": role, "clusters": clusters},
+                note=None,
+                preview=None,
+            )
+
+    def revoke_token(self, token_id: str, *, actor: str) -> bool:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(TokenRow, token_id, with_for_update=True)
+            if row is None or row.revoked_at is not None:
+                return False
+            row.revoked_at = datetime.now(UTC)
+            self._bump(s)
+            self._audit(
+                s,
+                actor=actor,
+                action="token.revoke",
+                target=row.name,
+                before={"id": row.id, "name": row.name, "role": row.role},
+                after=None,
+                note=None,
+                preview=None,
+            )
+        return True
+
+    def count_tokens(self) -> int:
+        with Session(self.engine) as s:
+            return s.scalar(select(func.count()).select_from(TokenRow)) or 0
+
+    # --------------------------------------------------------------- decisions
+    def record_decisions(self, batch: Sequence[DecisionRecord]) -> None:
+        """Insert a batch and move each pod's latest pointer, in one transaction."""
+        if not batch:
+            return
+        latest: dict[tuple[str, str, str], DecisionRecord] = {}
+        for d in batch:
+            if d.pod is None:
+                continue  # an unnamed pod cannot be counted as one pod
+            key = (d.cluster, d.node or "", d.pod)
+            if key not in latest or latest[key].id < d.id:
+                latest[key] = d
+        with Session(self.engine) as s, s.begin():
+            s.execute(
+                insert(DecisionRow),
+                [
+                    {
+                        "id": d.id,
+                        "created_at": d.created_at,
+                        "cluster": d.cluster,
+                        "node": d.node,
+                        "pod": d.pod,
+                        "backend": d.backend,
+                        "source": d.source,
+                        "rules_revision": d.rules_revision,
+                        "request": d.request,
+                        "answer": d.answer,
+                    }
+                    for d in batch
+                ],
+            )
+            if latest:
+                self._upsert_latest(s, latest)
+
+    def _upsert_latest(self, s: Session, latest: dict[tuple[str, str, str], DecisionRecord]) -> None:
+        rows = [
+            {
+                "cluster": c,
+                "node": n,
+                "pod": p,
+                "decision_id": d.id,
+                "backend": d.backend,
+                "source": d.source,
+                "created_at": d.created_at,
+                "request": d.request,
+            }
+            for (c, n, p), d in sorted(latest.items())
+        ]
+        dialect = self.engine.dialect.name
+        ins = (postgresql if dialect == "postgresql" else sqlite).insert(PodLatest)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["cluster", "node", "pod"],
+            set_={
+                k: ins.excluded[k]
+                for k in ("decision_id", "backend", "source", "created_at", "request")
+            },
+            where=ins.excluded.decision_id > PodLatest.decision_id,
+        )
+        s.execute(stmt, rows)
+
+    def count_decisions(self) -> int:
+        with Session(self.engine) as s:
+            return s.scalar(select(func.count()).select_from(DecisionRow)) or 0
+
+    def list_decisions(
+        self,
+        *,
+        cluster: str | None,
+        backend: str | None,
+        pod: str | None = None,
+        limit: int,
+        before_id: str | None,
+    ) -> list[DecisionRecord]:
+        q = select(DecisionRow).order_by(DecisionRow.id.desc()).limit(limit)
+        if cluster is not None:
+            q = q.where(DecisionRow.cluster == cluster)
+        if backend is not None:
+            q = q.where(DecisionRow.backend == backend)
+        if pod is not None:
+            q = q.where(DecisionRow.pod == pod)
+        if before_id is not None:
+            q = q.where(DecisionRow.id < before_id)
+        with Session(self.engine) as s:
+            return [self._decision(r) for r in s.scalars(q)]
+
+    def get_decision(self, decision_id: str) -> DecisionRecord | None:
+        with Session(self.engine) as s:
+            row = s.get(DecisionRow, decision_id)
+            return None if row is None else self._decision(row)
+
+    @staticmethod
+    def _decision(r: DecisionRow) -> DecisionRecord:
+        return DecisionRecord(
+            id=r.id,
+            created_at=_aware(r.created_at),
+            cluster=r.cluster,
+            node=r.node,
+            pod=r.pod,
+            backend=r.backend,
+            source=r.source,
+            rules_revision=r.rules_revision,
+            request=r.request,
+            answer=r.answer,
+        )
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        q = select(PodLatest.cluster, PodLatest.backend, func.count()).group_by(
+            PodLatest.cluster, PodLatest.backend
+        )
+        out: dict[str, dict[str, int]] = {}
+        with Session(self.engine) as s:
+            for cluster, backend, n in s.execute(q):
+                out.setdefault(cluster, {})[backend] = n
+        return {c: dict(sorted(b.items())) for c, b in sorted(out.items())}
+
+    def latest_per_pod(self, clusters: Iterable[str] | None = None) -> list[PodLatest]:
+        q = select(PodLatest)
+        if clusters is not None:
+            q = q.where(PodLatest.cluster.in_(list(clusters)))
+        with Session(self.engine) as s:
+            rows = list(s.scalars(q))
+            s.expunge_all()
+            return rows
+
+    def latest_for_pod(self, cluster: str, node: str, pod: str) -> PodLatest | None:
+        with Session(self.engine) as s:
+            row = s.get(PodLatest, (cluster, node, pod))
+            if row is not None:
+                s.expunge(row)
+            return row
+
+    def record_failure(self, decision_id: str, backend: str, error: str) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.add(
+                FailureRow(
+                    at=datetime.now(UTC), decision_id=decision_id, backend=backend, error=error
+                )
+            )
+
+    def failures_for(self, decision_id: str) -> list[dict[str, Any]]:
+        with Session(self.engine) as s:
+            return [
+                {"at": _aware(f.at).isoformat(), "backend": f.backend, "error": f.error}
+                for f in s.scalars(
+                    select(FailureRow).where(FailureRow.decision_id == decision_id)
+                    .order_by(FailureRow.id)
+                )
+            ]
+
+    # ------------------------------------------------------------------- audit
+    def list_audit(
+        self,
+        *,
+        action: str | None,
+        target: str | None,
+        actor: str | None,
+        limit: int,
+        before_id: int | None,
+    ) -> list[dict[str, Any]]:
+        q = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit)
+        if action is not None:
+            q = q.where(AuditRow.action == action)
+        if target is not None:
+            q = q.where(AuditRow.target == target)
+        if actor is not None:
+            q = q.where(AuditRow.actor == actor)
+        if before_id is not None:
+            q = q.where(AuditRow.id < before_id)
+        with Session(self.engine) as s:
+            return [
+                {
+                    "id": r.id,
+                    "at": _aware(r.at).isoformat(),
+                    "actor": r.actor,
+                    "action": r.action,
+                    "target": r.target,
+                    "before": r.before,
+                    "after": r.after,
+                    "note": r.note,
+                    "preview": r.preview,
+                }
+                for r in s.scalars(q)
+            ]
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+__all__ = [
+    "ConfigSnapshot",
+    "Conflict",
+    "DecisionRecord",
+    "Store",
+    "TokenRecord",
+    "canonical_json",
+    "decode_cursor",
+    "encode_cursor",
+    "override_etag",
+    "rules_etag",
+]
