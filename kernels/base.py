@@ -261,7 +261,9 @@ class MLAPrefillKernel(abc.ABC):
             or not math.isfinite(softmax_scale)
             or softmax_scale <= 0
         ):
-            raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+            raise ValueError(
+                f"softmax_scale must be a positive finite number, got {softmax_scale!r}"
+            )
         torch_dtype, spec_dtype = resolve_dtype(dtype)
         dev = canonical_device(device)
         cap = device_capability(dev)

@@ -1,0 +1,317 @@
+"""CUDNN: the cuDNN frontend's SDPA graph on ragged (THD) inputs.
+
+Why our own graph rather than FlashInfer's cuDNN path: FlashInfer's ragged wrapper
+with ``backend="cudnn"`` and ``return_lse`` looked broken by reading, and cuDNN's
+fused attention is a separate vendor kernel worth having on its own (NVIDIA
+publishes 522-643 TFLOP/s for DeepSeek-V3 shapes on an H200).
+
+How it maps the contract:
+
+* Packed ``[T, H, D]`` tensors are described as ``[B, H, S, D]`` with token-major
+  strides ``(S*H*D, D, H*D, 1)`` plus a *ragged offset* per tensor (the element
+  offset of each sequence, ``cu_seqlens * H * D`` in int64), so no copy or padding
+  of the data is made.
+* Per-sequence lengths go in as ``seq_len_q`` / ``seq_len_kv`` with the padding mask.
+* Causal: cuDNN's plain causal diagonal is top-left aligned; context chunks
+  (q shorter than kv) use ``diagonal_alignment=BOTTOM_RIGHT`` with
+  ``diagonal_band_right_bound=0``. Self-attention batches keep the top-left form
+  (identical mask when lengths are equal).
+* LSE: ``generate_stats`` gives natural-log logsumexp; with a ragged offset of
+  ``cu_seqlens_q * H`` it lands packed as ``[T, H]`` and is transposed to ``[H, T]``
+  (option ``stats_layout="padded"`` keeps cuDNN's padded ``[B, H, S, 1]`` instead
+  and gathers the valid rows).
+
+Graphs cost tens of milliseconds to build, so they are cached per shape signature:
+batch size and the two max sequence lengths rounded up to powers of two, causal
+flavour and whether stats are produced (heads, dims and dtype are fixed per
+instance). Actual lengths inside a bucket reuse the graph; unused batch slots get
+length 0.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+from kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
+from kernels.specs import Backend
+
+__all__ = ["CudnnPrefill", "bucket"]
+
+_MIN_SEQ_BUCKET = 64
+_CACHE_LIMIT = 32
+
+
+class _Uid(enum.IntEnum):
+    Q = 1
+    K = 2
+    V = 3
+    O = 4  # noqa: E741 - the output, as cuDNN names it
+    STATS = 5
+    SEQ_Q = 6
+    SEQ_KV = 7
+    RAGGED_Q = 8
+    RAGGED_K = 9
+    RAGGED_V = 10
+    RAGGED_O = 11
+    RAGGED_STATS = 12
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+    """Round ``n`` up to a power of two (at least ``minimum``): the graph-cache key."""
+    n = max(n, minimum, 1)
+    return 1 << (n - 1).bit_length()
+
+
+class CudnnPrefill(MLAPrefillKernel):
+    """cuDNN frontend SDPA prefill on ragged inputs.
+
+    Options: ``bucket_batch`` (default True: round the batch size up to a power of
+    two, padding with empty sequences, so fewer graphs are built; False keys graphs
+    on the exact batch size) and ``stats_layout`` (``"ragged"`` default, or
+    ``"padded"``). ``inst.graph_builds`` counts graphs built.
+    """
+
+    backend = Backend.CUDNN
+
+    def _build(
+        self, *, bucket_batch: bool = True, stats_layout: str = "ragged", **options: Any
+    ) -> None:
+        super()._build(**options)
+        if stats_layout not in ("ragged", "padded"):
+            raise ValueError(f"stats_layout must be 'ragged' or 'padded', got {stats_layout!r}")
+        try:
+            import cudnn
+        except Exception as exc:
+            raise BackendUnavailable(
+                self.backend, [f"cudnn (nvidia-cudnn-frontend) failed to import: {exc}"]
+            ) from exc
+        if not hasattr(cudnn, "diagonal_alignment"):
+            raise BackendUnavailable(
+                self.backend,
+                [
+                    "nvidia-cudnn-frontend too old (no diagonal_alignment for bottom-right "
+                    "causal masks; tested with 1.32)"
+                ],
+            )
+        self._cudnn = cudnn
+        with torch.cuda.device(self.device):
+            self._handle = cudnn.create_handle()
+        self._io_type = {
+            torch.bfloat16: cudnn.data_type.BFLOAT16,
+            torch.float16: cudnn.data_type.HALF,
+        }[self.dtype]
+        self.bucket_batch = bucket_batch
+        self.stats_layout = stats_layout
+        try:
+            self.backend_version = int(cudnn.backend_version())
+        except Exception:
+            self.backend_version = -1
+        self.version = str(getattr(cudnn, "__version__", "unknown"))
+        self.impl = "cudnn-sdpa-ragged"
+        self._graphs: dict[tuple[Any, ...], tuple[Any, int]] = {}
+        self._meta: dict[tuple[Any, ...], dict[int, torch.Tensor]] = {}
+        self._workspace = torch.empty(1, dtype=torch.uint8, device=self.device)
+        self.graph_builds = 0
+
+    # ------------------------------------------------------------------ graphs
+    def _graph(
+        self, b: int, s_q: int, s_kv: int, causal: bool, bottom_right: bool, stats: bool
+    ) -> tuple[Any, int]:
+        key = (b, s_q, s_kv, causal, bottom_right, stats)
+        hit = self._graphs.get(key)
+        if hit is not None:
+            return hit
+        try:
+            built = self._build_graph(b, s_q, s_kv, causal, bottom_right, stats)
+        except Exception as exc:
+            raise RuntimeError(
+                f"cuDNN could not build an SDPA graph for B={b}, S_q={s_q}, S_kv={s_kv}, "
+                f"H={self.num_heads}, dims={self.dims}, {self.dtype}, causal={causal}, "
+                f"bottom_right={bottom_right}, stats={stats}: {exc}"
+            ) from exc
+        if len(self._graphs) >= _CACHE_LIMIT:
+            self._graphs.pop(next(iter(self._graphs)))
+        self._graphs[key] = built
+        self.graph_builds += 1
+        return built
+
+    def _build_graph(
+        self, b: int, s_q: int, s_kv: int, causal: bool, bottom_right: bool, stats: bool
+    ) -> tuple[Any, int]:
+        cudnn = self._cudnn
+        h, dqk, dv = self.num_heads, self.dims.qk_head_dim, self.dims.v_head_dim
+        io = self._io_type
+        g = cudnn.pygraph(
+            handle=self._handle,
+            io_data_type=io,
+            intermediate_data_type=cudnn.data_type.FLOAT,
+            compute_data_type=cudnn.data_type.FLOAT,
+        )
+
+        def offsets(name: str, uid: _Uid) -> Any:
+            t = g.tensor(
+                name=name, dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1],
+                data_type=cudnn.data_type.INT64,
+            )  # fmt: skip
+            t.set_uid(int(uid))
+            return t
+
+        def lengths(name: str, uid: _Uid) -> Any:
+            t = g.tensor(
+                name=name, dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32
+            )
+            t.set_uid(int(uid))
+            return t
+
+        q_t = g.tensor(
+            name="q", dim=[b, h, s_q, dqk], stride=[s_q * h * dqk, dqk, h * dqk, 1], data_type=io
+        )
+        k_t = g.tensor(
+            name="k", dim=[b, h, s_kv, dqk], stride=[s_kv * h * dqk, dqk, h * dqk, 1], data_type=io
+        )
+        v_t = g.tensor(
+            name="v", dim=[b, h, s_kv, dv], stride=[s_kv * h * dv, dv, h * dv, 1], data_type=io
+        )
+        q_t.set_uid(int(_Uid.Q))
+        k_t.set_uid(int(_Uid.K))
+        v_t.set_uid(int(_Uid.V))
+        q_t.set_ragged_offset(offsets("ragged_q", _Uid.RAGGED_Q))
+        k_t.set_ragged_offset(offsets("ragged_k", _Uid.RAGGED_K))
+        v_t.set_ragged_offset(offsets("ragged_v", _Uid.RAGGED_V))
+        seq_q = lengths("seq_len_q", _Uid.SEQ_Q)
+        seq_kv = lengths("seq_len_kv", _Uid.SEQ_KV)
+
+        kwargs: dict[str, Any] = {
+            "name": "mla_prefill",
+            "q": q_t,
+            "k": k_t,
+            "v": v_t,
+            "generate_stats": stats,
+            "attn_scale": self.softmax_scale,
+            "use_padding_mask": True,
+            "seq_len_q": seq_q,
+            "seq_len_kv": seq_kv,
+        }
+        if causal:
+            kwargs["diagonal_alignment"] = (
+                cudnn.diagonal_alignment.BOTTOM_RIGHT
+                if bottom_right
+                else cudnn.diagonal_alignment.TOP_LEFT
+            )
+            kwargs["diagonal_band_right_bound"] = 0
+        o_t, stats_t = g.sdpa(**kwargs)
+        o_t.set_output(True).set_dim([b, h, s_q, dv]).set_stride(
+            [s_q * h * dv, dv, h * dv, 1]
+        ).set_data_type(io)
+        o_t.set_uid(int(_Uid.O))
+        o_t.set_ragged_offset(offsets("ragged_o", _Uid.RAGGED_O))
+        if stats:
+            stats_t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+            stats_t.set_dim([b, h, s_q, 1])
+            if self.stats_layout == "ragged":
+                stats_t.set_stride([s_q * h, 1, h, 1])
+                stats_t.set_ragged_offset(offsets("ragged_stats", _Uid.RAGGED_STATS))
+            else:
+                stats_t.set_stride([h * s_q, s_q, 1, 1])
+            stats_t.set_uid(int(_Uid.STATS))
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        return g, int(g.get_workspace_size())
+
+    # ---------------------------------------------------------------- metadata
+    def _metadata(self, batch: RaggedBatch, b: int, s_q: int) -> dict[int, torch.Tensor]:
+        """Lengths and element offsets for one batch, built on the host once and cached."""
+        key = (batch.host_cu_q, batch.host_cu_k, b, s_q, self.stats_layout)
+        hit = self._meta.get(key)
+        if hit is not None:
+            return hit
+        h, dqk, dv = self.num_heads, self.dims.qk_head_dim, self.dims.v_head_dim
+        pad = b - batch.batch_size
+        cu_q = list(batch.host_cu_q) + [batch.host_cu_q[-1]] * pad
+        cu_k = list(batch.host_cu_k) + [batch.host_cu_k[-1]] * pad
+        lens_q = list(batch.lens_q) + [0] * pad
+        lens_k = list(batch.lens_k) + [0] * pad
+
+        def col(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).reshape(-1, 1, 1, 1).to(self.device)
+
+        meta = {
+            int(_Uid.SEQ_Q): col(lens_q, torch.int32),
+            int(_Uid.SEQ_KV): col(lens_k, torch.int32),
+            int(_Uid.RAGGED_Q): col([c * h * dqk for c in cu_q], torch.int64),
+            int(_Uid.RAGGED_K): col([c * h * dqk for c in cu_k], torch.int64),
+            int(_Uid.RAGGED_V): col([c * h * dv for c in cu_k], torch.int64),
+            int(_Uid.RAGGED_O): col([c * h * dv for c in cu_q], torch.int64),
+            int(_Uid.RAGGED_STATS): col([c * h for c in cu_q], torch.int64),
+        }
+        if self.stats_layout == "padded":
+            index = [
+                i * s_q + pos for i, n in enumerate(batch.lens_q) for pos in range(n)
+            ]  # token -> flat (batch, position) in the padded stats
+            meta[-1] = torch.tensor(index, dtype=torch.int64).to(self.device)
+        if len(self._meta) >= _CACHE_LIMIT:
+            self._meta.pop(next(iter(self._meta)))
+        self._meta[key] = meta
+        return meta
+
+    # ----------------------------------------------------------------- running
+    def _forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: RaggedBatch,
+        *,
+        causal: bool,
+        return_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h, dv = self.num_heads, self.dims.v_head_dim
+        b = bucket(batch.batch_size) if self.bucket_batch else batch.batch_size
+        s_q = bucket(max(batch.lens_q), _MIN_SEQ_BUCKET)
+        s_kv = bucket(max(batch.lens_k), _MIN_SEQ_BUCKET)
+        bottom_right = causal and not batch.self_attention
+        graph, ws = self._graph(b, s_q, s_kv, causal, bottom_right, return_lse)
+        meta = self._metadata(batch, b, s_q)
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        t_q = q.shape[0]
+        out = torch.empty((t_q, h, dv), dtype=self.dtype, device=q.device)
+        pack: dict[int, torch.Tensor] = {
+            int(_Uid.Q): q,
+            int(_Uid.K): k,
+            int(_Uid.V): v,
+            int(_Uid.O): out,
+            int(_Uid.SEQ_Q): meta[int(_Uid.SEQ_Q)],
+            int(_Uid.SEQ_KV): meta[int(_Uid.SEQ_KV)],
+            int(_Uid.RAGGED_Q): meta[int(_Uid.RAGGED_Q)],
+            int(_Uid.RAGGED_K): meta[int(_Uid.RAGGED_K)],
+            int(_Uid.RAGGED_V): meta[int(_Uid.RAGGED_V)],
+            int(_Uid.RAGGED_O): meta[int(_Uid.RAGGED_O)],
+        }
+        stats: torch.Tensor | None = None
+        if return_lse:
+            if self.stats_layout == "ragged":
+                stats = torch.empty((t_q, h, 1), dtype=torch.float32, device=q.device)
+                pack[int(_Uid.RAGGED_STATS)] = meta[int(_Uid.RAGGED_STATS)]
+            else:
+                stats = torch.empty((b, h, s_q, 1), dtype=torch.float32, device=q.device)
+            pack[int(_Uid.STATS)] = stats
+        if self._workspace.numel() < ws:
+            self._workspace = torch.empty(ws, dtype=torch.uint8, device=self.device)
+        self._cudnn.set_stream(
+            handle=self._handle, stream=torch.cuda.current_stream(self.device).cuda_stream
+        )
+        graph.execute(pack, self._workspace, handle=self._handle)
+        if stats is None:
+            return out, None
+        if self.stats_layout == "ragged":
+            lse = stats.view(t_q, h).t().contiguous()
+        else:
+            flat = stats.view(b, h, s_q).permute(1, 0, 2).reshape(h, b * s_q)
+            lse = flat.index_select(1, meta[-1]).contiguous()
+        return out, lse

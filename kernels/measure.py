@@ -1,0 +1,464 @@
+"""Correctness checks and timings for MLA prefill kernels (torch-using).
+
+Why a module and not test code: the GPU test-suite, ``bench/kernels.py`` and the
+agent's measured selection (issue 6) all ask the same two questions of a kernel
+instance — "does it agree with the fp32 reference on this batch?" and "how fast is
+it on this shape?" — and must answer them the same way.
+
+* :func:`reference_check` builds a random ragged batch, runs the instance and the
+  fp32 TORCH_SDPA reference on the same (upcast) inputs, and compares ``out`` and
+  ``lse`` under per-dtype tolerances (:func:`default_tolerances` says why those).
+* :func:`benchmark` times ``prefill`` with CUDA events (wall clock on CPU) and
+  converts the median to TFLOP/s with :func:`causal_flops`.
+* :func:`matmul_tflops` measures a bf16 GEMM in the same process: the ceiling that
+  makes attention TFLOP/s comparable across machines and runs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kernels.base import MLAPrefillKernel, canonical_device, resolve_dtype
+from kernels.specs import MLADims
+
+__all__ = [
+    "BenchResult",
+    "CheckResult",
+    "Tolerances",
+    "benchmark",
+    "causal_flops",
+    "default_tolerances",
+    "make_inputs",
+    "matmul_tflops",
+    "reference_check",
+    "reference_outputs",
+]
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """``|x - ref| <= atol + rtol * |ref|`` elementwise, for out and for lse."""
+
+    atol_out: float
+    rtol_out: float
+    atol_lse: float
+    rtol_lse: float
+
+
+def default_tolerances(dtype: torch.dtype | str) -> Tolerances:
+    """Tolerances against the fp32 reference computed from the same half inputs.
+
+    Why these numbers: both sides see bit-identical inputs, so the differences come
+    from the kernel's own roundings. Scores (q.k) are accumulated in fp32 by every
+    kernel, so the LSE differs from the reference only by fp32 summation order and
+    exp2 approximations (~1e-5 relative); 1e-2 absolute still catches a base-2 LSE
+    (off by 44 %) or a shifted causal diagonal. The output is where half precision
+    enters: kernels round the probabilities to the input dtype before the P.V
+    product and round the result at the end. bf16 has an 8-bit significand
+    (relative step 2^-8 = 3.9e-3), so an output of magnitude up to ~4 (a length-1
+    sequence returns a v row) can be off by ~1.6e-2; fp16 has 11 bits, 8x tighter.
+    """
+    torch_dtype, _ = resolve_dtype(dtype)
+    if torch_dtype == torch.bfloat16:
+        return Tolerances(atol_out=2e-2, rtol_out=2e-2, atol_lse=1e-2, rtol_lse=1e-3)
+    if torch_dtype == torch.float16:
+        return Tolerances(atol_out=4e-3, rtol_out=4e-3, atol_lse=1e-2, rtol_lse=1e-3)
+    return Tolerances(atol_out=1e-4, rtol_out=1e-4, atol_lse=1e-4, rtol_lse=1e-5)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of :func:`reference_check`; ``error`` is set when the kernel raised."""
+
+    ok: bool
+    max_abs_err_out: float
+    max_abs_err_lse: float
+    error: str | None
+    backend: str = ""
+    impl: str = ""
+    seqlens_q: tuple[int, ...] = ()
+    seqlens_k: tuple[int, ...] = ()
+    causal: bool = True
+    dtype: str = ""
+    tolerances: Tolerances | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Timing of one (instance, shape): median and min over ``iters`` calls."""
+
+    backend: str
+    impl: str
+    shape: dict[str, Any]
+    median_ms: float
+    min_ms: float
+    tflops: float
+    iters: int
+    times_ms: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("times_ms")
+        return d
+
+
+def causal_flops(
+    seqlens_q: Sequence[int],
+    seqlens_k: Sequence[int] | None = None,
+    *,
+    num_heads: int,
+    qk_head_dim: int,
+    v_head_dim: int,
+    causal: bool = True,
+) -> float:
+    """Useful FLOPs of one prefill: the convention attention benchmarks use.
+
+    Non-causal: ``2 * Lq * Lk * H * (d_qk + d_v)`` per sequence (QK^T and PV, 2 FLOPs
+    per multiply-add). Causal with bottom-right alignment keeps
+    ``Lq * Lk - Lq^2 / 2`` of the pairs, i.e. ``S^2 * H * (d_qk + d_v)`` when
+    ``Lq = Lk = S`` (half the square, as FlashAttention's benchmarks count it).
+    """
+    ks = list(seqlens_q) if seqlens_k is None else list(seqlens_k)
+    if len(ks) != len(seqlens_q):
+        raise ValueError("seqlens_q and seqlens_k must have the same length")
+    d = qk_head_dim + v_head_dim
+    total = 0.0
+    for lq, lk in zip(seqlens_q, ks, strict=True):
+        pairs = lq * lk - lq * lq / 2.0 if causal else lq * lk
+        total += 2.0 * pairs * num_heads * d
+    return total
+
+
+def _cu(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + int(n))
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def make_inputs(
+    *,
+    num_heads: int,
+    qk_head_dim: int,
+    v_head_dim: int,
+    seqlens_q: Sequence[int],
+    seqlens_k: Sequence[int] | None = None,
+    dtype: torch.dtype | str,
+    device: torch.device | str,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A random ragged batch as the contract's keyword arguments (q, k, v, cu_*, max_*).
+
+    Entries are N(0, 1), which with the 1/sqrt(d) scale keeps softmax neither
+    uniform nor one-hot, the regime where masking and LSE errors show.
+    """
+    torch_dtype, _ = resolve_dtype(dtype)
+    dev = canonical_device(device)
+    lens_k = list(seqlens_q) if seqlens_k is None else list(seqlens_k)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    t_q, t_k = sum(seqlens_q), sum(lens_k)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(torch_dtype)
+
+    return {
+        "q": rand(t_q, num_heads, qk_head_dim),
+        "k": rand(t_k, num_heads, qk_head_dim),
+        "v": rand(t_k, num_heads, v_head_dim),
+        "cu_seqlens_q": _cu(seqlens_q, dev),
+        "cu_seqlens_k": _cu(lens_k, dev),
+        "max_seqlen_q": max(seqlens_q, default=0),
+        "max_seqlen_k": max(lens_k, default=0),
+    }
+
+
+def _query_lengths(seqlens: Sequence[int], q_shorter_than_kv: bool) -> list[int]:
+    """Context-chunk shape: the last quarter of each sequence is new tokens."""
+    if not q_shorter_than_kv:
+        return list(seqlens)
+    return [max(1, s // 4) if s > 0 else 0 for s in seqlens]
+
+
+def reference_outputs(
+    *,
+    num_heads: int,
+    dims: MLADims,
+    softmax_scale: float,
+    seqlens: Sequence[int],
+    causal: bool = True,
+    dtype: torch.dtype | str,
+    device: torch.device | str,
+    q_shorter_than_kv: bool = False,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 TORCH_SDPA ``(out, lse)`` for the batch :func:`reference_check` builds.
+
+    Same arguments, same seed, same inputs: computing this once and passing it as
+    ``reference=`` lets a sweep check many backends against one reference.
+    """
+    from kernels.torch_sdpa import TorchSdpaPrefill
+
+    torch_dtype, _ = resolve_dtype(dtype)
+    inputs = make_inputs(
+        num_heads=num_heads,
+        qk_head_dim=dims.qk_head_dim,
+        v_head_dim=dims.v_head_dim,
+        seqlens_q=_query_lengths(seqlens, q_shorter_than_kv),
+        seqlens_k=list(seqlens),
+        dtype=torch_dtype,
+        device=device,
+        seed=seed,
+    )
+    ref_kernel = TorchSdpaPrefill.create(
+        num_heads,
+        dims.qk_nope_head_dim,
+        dims.qk_rope_head_dim,
+        dims.v_head_dim,
+        softmax_scale,
+        torch.float32,
+        device,
+    )
+    for name in ("q", "k", "v"):
+        inputs[name] = inputs[name].float()
+    out, lse = ref_kernel.prefill(**inputs, causal=causal, return_lse=True)
+    return out, lse
+
+
+def reference_check(
+    inst: MLAPrefillKernel,
+    *,
+    seqlens: Sequence[int],
+    causal: bool = True,
+    dtype: torch.dtype | str,
+    device: torch.device | str,
+    q_shorter_than_kv: bool = False,
+    seed: int = 0,
+    tolerances: Tolerances | None = None,
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> CheckResult:
+    """Compare ``inst`` with the fp32 TORCH_SDPA reference on a random ragged batch.
+
+    ``seqlens`` are the kv lengths; with ``q_shorter_than_kv`` each sequence's
+    queries are its last quarter (a context chunk, bottom-right causal). Kernel
+    exceptions are caught and reported in ``error`` (``ok=False``), so a sweep over
+    backends never dies on the first failure. ``reference`` lets a caller that checks
+    many backends on the same batch pass the (out, lse) computed once by
+    :func:`reference_outputs`.
+    """
+    torch_dtype, spec_dtype = resolve_dtype(dtype)
+    tol = tolerances or default_tolerances(torch_dtype)
+    lens_q = _query_lengths(seqlens, q_shorter_than_kv)
+    lens_k = list(seqlens)
+    meta = {
+        "backend": str(inst.backend),
+        "impl": inst.impl,
+        "seqlens_q": tuple(lens_q),
+        "seqlens_k": tuple(lens_k),
+        "causal": causal,
+        "dtype": spec_dtype.value,
+        "tolerances": tol,
+    }
+    inputs = make_inputs(
+        num_heads=inst.num_heads,
+        qk_head_dim=inst.dims.qk_head_dim,
+        v_head_dim=inst.dims.v_head_dim,
+        seqlens_q=lens_q,
+        seqlens_k=lens_k,
+        dtype=torch_dtype,
+        device=device,
+        seed=seed,
+    )
+    if reference is None:
+        ref_out, ref_lse = reference_outputs(
+            num_heads=inst.num_heads,
+            dims=inst.dims,
+            softmax_scale=inst.softmax_scale,
+            seqlens=seqlens,
+            causal=causal,
+            dtype=torch_dtype,
+            device=device,
+            q_shorter_than_kv=q_shorter_than_kv,
+            seed=seed,
+        )
+    else:
+        ref_out, ref_lse = reference
+    try:
+        out, lse = inst.prefill(**inputs, causal=causal, return_lse=True)
+        if inst.device.type == "cuda":
+            torch.cuda.synchronize(inst.device)
+    except Exception as exc:  # a sweep reports, it does not stop
+        return CheckResult(
+            ok=False,
+            max_abs_err_out=math.inf,
+            max_abs_err_lse=math.inf,
+            error=f"{type(exc).__name__}: {exc}",
+            **meta,
+        )
+    problems: list[str] = []
+    if tuple(out.shape) != tuple(ref_out.shape) or out.dtype != torch_dtype:
+        problems.append(
+            f"out has shape {tuple(out.shape)} dtype {out.dtype}, expected "
+            f"{tuple(ref_out.shape)} {torch_dtype}"
+        )
+    if tuple(lse.shape) != tuple(ref_lse.shape) or lse.dtype != torch.float32:
+        problems.append(
+            f"lse has shape {tuple(lse.shape)} dtype {lse.dtype}, expected "
+            f"{tuple(ref_lse.shape)} torch.float32"
+        )
+    if problems:
+        return CheckResult(
+            ok=False,
+            max_abs_err_out=math.inf,
+            max_abs_err_lse=math.inf,
+            error="; ".join(problems),
+            **meta,
+        )
+    diff_out = (out.float() - ref_out).abs()
+    diff_lse = (lse - ref_lse).abs()
+    err_out = float(diff_out.max()) if diff_out.numel() else 0.0
+    err_lse = float(diff_lse.max()) if diff_lse.numel() else 0.0
+    ok_out = bool((diff_out <= tol.atol_out + tol.rtol_out * ref_out.abs()).all())
+    ok_lse = bool((diff_lse <= tol.atol_lse + tol.rtol_lse * ref_lse.abs()).all())
+    finite = bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
+    error = None
+    if not finite:
+        error = "non-finite values in out or lse"
+    elif not ok_out or not ok_lse:
+        error = "out of tolerance: " + ", ".join(
+            name for name, ok in (("out", ok_out), ("lse", ok_lse)) if not ok
+        )
+    return CheckResult(
+        ok=ok_out and ok_lse and finite,
+        max_abs_err_out=err_out,
+        max_abs_err_lse=err_lse,
+        error=error,
+        **meta,
+    )
+
+
+def _time_ms(fn: Callable[[], Any], device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Per-call times: CUDA events around each call on GPU, perf_counter on CPU.
+
+    Events are recorded back to back without host syncs in between, so the GPU runs
+    the calls as a pipeline and each pair measures one call's device time (the
+    shapes benchmarked here run milliseconds, far above launch overhead).
+    """
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for s, e in zip(starts, ends, strict=True):
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def benchmark(
+    inst: MLAPrefillKernel,
+    *,
+    seqlens: Sequence[int],
+    num_heads: int,
+    dtype: torch.dtype | str,
+    device: torch.device | str,
+    warmup: int = 5,
+    iters: int = 20,
+    causal: bool = True,
+    return_lse: bool = False,
+    seed: int = 0,
+) -> BenchResult:
+    """Median time and TFLOP/s of ``inst.prefill`` on self-attention over ``seqlens``.
+
+    ``num_heads`` and ``dtype`` must match the instance (they are part of the shape
+    being reported, so a mismatch is an error rather than silently re-labelled).
+    """
+    torch_dtype, spec_dtype = resolve_dtype(dtype)
+    if num_heads != inst.num_heads:
+        raise ValueError(f"num_heads {num_heads} does not match the instance's {inst.num_heads}")
+    if torch_dtype != inst.dtype:
+        raise ValueError(f"dtype {torch_dtype} does not match the instance's {inst.dtype}")
+    if iters < 1 or warmup < 0:
+        raise ValueError("iters must be >= 1 and warmup >= 0")
+    dev = canonical_device(device)
+    inputs = make_inputs(
+        num_heads=num_heads,
+        qk_head_dim=inst.dims.qk_head_dim,
+        v_head_dim=inst.dims.v_head_dim,
+        seqlens_q=seqlens,
+        dtype=torch_dtype,
+        device=dev,
+        seed=seed,
+    )
+    times = _time_ms(
+        lambda: inst.prefill(**inputs, causal=causal, return_lse=return_lse), dev, warmup, iters
+    )
+    median = statistics.median(times)
+    flops = causal_flops(
+        seqlens,
+        num_heads=num_heads,
+        qk_head_dim=inst.dims.qk_head_dim,
+        v_head_dim=inst.dims.v_head_dim,
+        causal=causal,
+    )
+    return BenchResult(
+        backend=str(inst.backend),
+        impl=inst.impl,
+        shape={
+            "seqlens": list(seqlens),
+            "num_heads": num_heads,
+            "qk_head_dim": inst.dims.qk_head_dim,
+            "v_head_dim": inst.dims.v_head_dim,
+            "dtype": spec_dtype.value,
+            "causal": causal,
+            "return_lse": return_lse,
+        },
+        median_ms=median,
+        min_ms=min(times),
+        tflops=flops / (median * 1e-3) / 1e12,
+        iters=iters,
+        times_ms=times,
+    )
+
+
+def matmul_tflops(
+    n: int = 8192,
+    *,
+    dtype: torch.dtype | str = torch.bfloat16,
+    device: torch.device | str = "cuda",
+    warmup: int = 3,
+    iters: int = 10,
+) -> dict[str, Any]:
+    """Median TFLOP/s of an ``n x n x n`` GEMM on random data: the machine's ceiling."""
+    torch_dtype, spec_dtype = resolve_dtype(dtype)
+    dev = canonical_device(device)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn((n, n), generator=gen, device=dev).to(torch_dtype)
+    b = torch.randn((n, n), generator=gen, device=dev).to(torch_dtype)
+    times = _time_ms(lambda: torch.matmul(a, b), dev, warmup, iters)
+    median = statistics.median(times)
+    return {
+        "backend": "MATMUL",
+        "impl": f"torch.matmul {spec_dtype.value}",
+        "shape": {"m": n, "n": n, "k": n, "dtype": spec_dtype.value},
+        "median_ms": median,
+        "tflops": 2.0 * n**3 / (median * 1e-3) / 1e12,
+    }
