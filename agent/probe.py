@@ -11,6 +11,7 @@ the pod a backend it cannot build.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -40,14 +41,14 @@ class DeviceProbe:
 def _probe_torch() -> DeviceProbe | None:
     try:
         import torch
-    except Exception:  # noqa: BLE001 - a broken torch install is "no torch" here
+    except Exception:  # a broken torch install is "no torch" here
         return None
     try:
         if not torch.cuda.is_available():
             return DeviceProbe(None, None, "torch")
         major, minor = torch.cuda.get_device_capability(0)
         return DeviceProbe(torch.cuda.get_device_name(0), (int(major), int(minor)), "torch")
-    except Exception:  # noqa: BLE001 - CUDA init errors mean no usable GPU
+    except Exception:  # CUDA init errors mean no usable GPU
         return DeviceProbe(None, None, "torch")
 
 
@@ -71,7 +72,7 @@ def _probe_nvml() -> DeviceProbe | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver: NVMLError_LibraryNotFound and friends
+    except Exception:  # no driver: NVMLError_LibraryNotFound and friends
         return None
     try:
         handle = _nvml_handle(pynvml)
@@ -82,13 +83,11 @@ def _probe_nvml() -> DeviceProbe | None:
             name = name.decode()
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
         return DeviceProbe(str(name), (int(major), int(minor)), "nvml")
-    except Exception:  # noqa: BLE001
+    except Exception:
         return DeviceProbe(None, None, "nvml")
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def probe_device() -> DeviceProbe:
@@ -124,7 +123,7 @@ def probe_packages(import_check: bool = True) -> tuple[dict[str, str], list[str]
         if import_check:
             try:
                 module = importlib.import_module(name)
-            except Exception as exc:  # noqa: BLE001 - any failure means unusable
+            except Exception as exc:  # any failure means unusable
                 notes.append(f"package {name} is installed but does not import: {exc}")
                 continue
         found[name] = _version(name, module)

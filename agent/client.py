@@ -1,0 +1,325 @@
+"""Talk to the Switchboard service within a hard deadline.
+
+A pod must never wait on the service longer than its deadline, whatever the
+network does: DNS that hangs, a SYN that is dropped, a server that accepts and
+never answers. httpx's timeouts cover each socket operation but not DNS and not
+the sum of them, so the whole exchange runs in a daemon thread and the caller
+stops waiting when the deadline passes (the thread ends on its own timeouts and
+its late answer is dropped).
+
+Retries: connection and transport errors, 429 and 5xx are retried with exponential
+backoff and full jitter (honouring ``Retry-After``); the service URLs are tried in
+turn within each round, so a dead first replica costs one refused connection. A 4xx
+is an answer, not an outage, and is never retried.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import ValidationError
+
+from service.schemas import SelectRequest, SelectResponse
+
+__all__ = [
+    "DEFAULT_DEADLINE_S",
+    "AskResult",
+    "ServiceRefused",
+    "ServiceUnavailable",
+    "ask_service",
+    "deadline_from_env",
+    "report_failure",
+    "token_from_env",
+    "urls_from_env",
+]
+
+DEFAULT_DEADLINE_S = 2.0
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 0.5
+USER_AGENT = "switchboard-agent/0.1"
+
+T = TypeVar("T")
+
+
+class ServiceUnavailable(Exception):
+    """No usable answer from any service URL before the deadline."""
+
+    def __init__(self, message: str, attempts: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.attempts = attempts or []
+
+
+class ServiceRefused(Exception):
+    """The service answered with a 4xx: an answer about the request, not an outage."""
+
+    def __init__(self, status: int, detail: Any, url: str) -> None:
+        self.status = status
+        self.detail = detail
+        self.url = url
+        super().__init__(f"{url} answered HTTP {status}: {_detail_text(detail)}")
+
+    @property
+    def message(self) -> str:
+        return _detail_text(self.detail)
+
+    @property
+    def candidates(self) -> list[dict[str, Any]]:
+        if isinstance(self.detail, dict) and isinstance(self.detail.get("candidates"), list):
+            return self.detail["candidates"]
+        return []
+
+
+@dataclass
+class AskResult:
+    """The service's answer. ``response`` is None for 304 (the cached answer holds)."""
+
+    url: str
+    response: SelectResponse | None
+    etag: str | None
+    decision_id: str | None
+    attempts: list[str] = field(default_factory=list)
+
+    @property
+    def not_modified(self) -> bool:
+        return self.response is None
+
+
+def urls_from_env(value: str | None = None) -> list[str]:
+    """``SWITCHBOARD_URL=http://a,http://b`` as a list, trailing slashes dropped."""
+    raw = value if value is not None else os.environ.get("SWITCHBOARD_URL", "")
+    return [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+
+
+def token_from_env() -> str | None:
+    return os.environ.get("SWITCHBOARD_TOKEN") or None
+
+
+def deadline_from_env(default: float = DEFAULT_DEADLINE_S) -> float:
+    """``SWITCHBOARD_DEADLINE`` in seconds; a bad value is a bad input, not a default."""
+    raw = os.environ.get("SWITCHBOARD_DEADLINE")
+    if raw is None or not raw.strip():
+        return default
+    value = float(raw)  # ValueError is the caller's bad input
+    if not value > 0:
+        raise ValueError(f"SWITCHBOARD_DEADLINE must be positive, got {raw!r}")
+    return value
+
+
+def _detail_text(detail: Any) -> str:
+    if isinstance(detail, dict) and "message" in detail:
+        return str(detail["message"])
+    return str(detail)[:500]
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` as seconds, from either of its forms (delta or HTTP date)."""
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _headers(token: str | None, etag: str | None = None) -> dict[str, str]:
+    headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if etag:
+        headers["If-None-Match"] = etag
+    return headers
+
+
+def run_within(fn: Callable[[threading.Event], T], timeout: float) -> tuple[bool, T | None]:
+    """Run ``fn`` in a daemon thread; (finished, result). The event tells ``fn`` that
+    nobody waits any more, so that it stops retrying. Exceptions propagate."""
+    box: dict[str, Any] = {}
+    abandoned = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn(abandoned)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="switchboard-ask", daemon=True)
+    thread.start()
+    thread.join(max(0.0, timeout))
+    if thread.is_alive():
+        abandoned.set()
+        return False, None
+    if "error" in box:
+        raise box["error"]
+    return True, box["value"]
+
+
+def _exchange(
+    body: dict[str, Any],
+    urls: Sequence[str],
+    token: str | None,
+    etag: str | None,
+    deadline_at: float,
+    abandoned: threading.Event,
+    rng: random.Random,
+    transport: httpx.BaseTransport | None,
+    attempts: list[str],
+) -> AskResult:
+    with httpx.Client(headers=_headers(token, etag), transport=transport) as client:
+        round_no = 0
+        while True:
+            retry_after = 0.0
+            for index, url in enumerate(urls):
+                remaining = deadline_at - time.monotonic()
+                if remaining <= 0 or abandoned.is_set():
+                    raise ServiceUnavailable("deadline passed", attempts)
+                # Share what is left among the URLs not yet tried this round, so that
+                # one hanging replica cannot eat the time of the others.
+                budget = remaining / (len(urls) - index)
+                try:
+                    response = client.post(f"{url}/v1/select", json=body, timeout=budget)
+                except httpx.TransportError as exc:
+                    attempts.append(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "))
+                    continue
+                status = response.status_code
+                if status == 304:
+                    return AskResult(
+                        url,
+                        None,
+                        response.headers.get("ETag") or etag,
+                        response.headers.get("X-Decision-Id"),
+                        attempts,
+                    )
+                if status == 200:
+                    try:
+                        parsed = SelectResponse.model_validate_json(response.content)
+                    except ValidationError as exc:
+                        attempts.append(f"{url}: unreadable 200 answer: {exc.errors()[:1]}")
+                        continue
+                    return AskResult(
+                        url,
+                        parsed,
+                        response.headers.get("ETag"),
+                        parsed.decision_id or response.headers.get("X-Decision-Id"),
+                        attempts,
+                    )
+                if status == 429 or status >= 500:
+                    attempts.append(f"{url}: HTTP {status}")
+                    retry_after = max(retry_after, _retry_after(response) or 0.0)
+                    continue
+                try:
+                    detail = response.json().get("detail", response.text)
+                except ValueError:
+                    detail = response.text
+                raise ServiceRefused(status, detail, url)
+            round_no += 1
+            backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**round_no)
+            delay = max(retry_after, rng.uniform(0, backoff))
+            if time.monotonic() + delay >= deadline_at:
+                asked = f" (service asked to retry after {retry_after:.1f}s)" if retry_after else ""
+                raise ServiceUnavailable("no answer before the deadline" + asked, attempts)
+            if abandoned.wait(delay):
+                raise ServiceUnavailable("deadline passed", attempts)
+
+
+def ask_service(
+    request: SelectRequest,
+    *,
+    urls: Sequence[str],
+    token: str | None,
+    deadline_s: float,
+    etag: str | None = None,
+    rng: random.Random | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> AskResult:
+    """``POST /v1/select`` to ``urls`` in turn, retrying, for at most ``deadline_s``.
+
+    Raises ServiceUnavailable (outage or deadline) or ServiceRefused (a 4xx answer).
+    """
+    if not urls:
+        raise ServiceUnavailable("no service URL configured (SWITCHBOARD_URL)")
+    deadline_at = time.monotonic() + deadline_s
+    body = request.model_dump(mode="json")
+    attempts: list[str] = []  # shared with the thread, so a timeout can still say what failed
+    finished, result = run_within(
+        lambda abandoned: _exchange(
+            body,
+            urls,
+            token,
+            etag,
+            deadline_at,
+            abandoned,
+            rng or random.Random(),
+            transport,
+            attempts,
+        ),
+        deadline_s,
+    )
+    if not finished or result is None:
+        raise ServiceUnavailable(f"no answer within the {deadline_s:g}s deadline", list(attempts))
+    return result
+
+
+def report_failure(
+    decision_id: str,
+    backend: str,
+    error: str,
+    *,
+    urls: Sequence[str],
+    token: str | None,
+    timeout_s: float = 1.0,
+) -> str | None:
+    """Best-effort ``POST /v1/selections/{id}/failure``; None when recorded, else why not.
+
+    Never raises and never blocks longer than ``timeout_s``: the pod is booting and a
+    lost report costs less than a late boot.
+    """
+    if not urls:
+        return "no service URL configured"
+    payload = {"backend": backend, "error": error[:8000] or "unknown error"}
+    deadline_at = time.monotonic() + timeout_s
+
+    def send(abandoned: threading.Event) -> str | None:
+        problems: list[str] = []
+        with httpx.Client(headers=_headers(token)) as client:
+            for url in urls:
+                remaining = deadline_at - time.monotonic()
+                if remaining <= 0 or abandoned.is_set():
+                    break
+                try:
+                    response = client.post(
+                        f"{url}/v1/selections/{decision_id}/failure",
+                        json=payload,
+                        timeout=remaining,
+                    )
+                except httpx.HTTPError as exc:
+                    problems.append(f"{url}: {type(exc).__name__}")
+                    continue
+                if response.status_code < 300:
+                    return None
+                problems.append(f"{url}: HTTP {response.status_code}")
+                if response.status_code < 500:
+                    break  # another replica shares the same store and would say the same
+        return "; ".join(problems) or "deadline passed"
+
+    try:
+        finished, outcome = run_within(send, timeout_s)
+    except Exception as exc:  # best effort by contract
+        return f"{type(exc).__name__}: {exc}"
+    return outcome if finished else f"no answer within {timeout_s:g}s"
