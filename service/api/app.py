@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from service.api.middleware import BodyLimitAndMetrics
 from service.api.routes import health, rules, select, selections
@@ -39,7 +42,24 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.state.runtime = runtime
     for module in (health, select, selections, rules):
         app.include_router(module.router)
+    app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
     app.add_middleware(
         BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
     )
     return app
+
+
+async def _body_errors_as_422(request: Request, exc: HTTPException) -> Response:
+    """FastAPI answers 400 "error parsing the body" for JSON that json.loads cannot take
+    (nesting too deep, bad UTF-8); say what is wrong, in the usual 422 shape."""
+    cause = exc.__cause__
+    if exc.status_code == 400 and cause is not None:
+        problem = {
+            RecursionError: "JSON nested too deeply",
+            UnicodeDecodeError: "body is not valid UTF-8",
+        }.get(type(cause), f"body could not be parsed: {type(cause).__name__}")
+        return JSONResponse(
+            {"detail": [{"loc": ["body"], "msg": problem, "type": "json_invalid"}]},
+            status_code=422,
+        )
+    return await http_exception_handler(request, exc)

@@ -11,10 +11,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.metrics import Metrics
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimitAndMetrics:
     def __init__(self, app: ASGIApp, *, max_body: int, metrics: Metrics) -> None:
         self.app = app
@@ -41,22 +37,34 @@ class BodyLimitAndMetrics:
             if length is not None and (not length.isdigit() or int(length) > self.max_body):
                 await self._too_large(send_wrapper)
                 return
-            seen = 0
-
-            async def limited_receive() -> Message:
-                nonlocal seen
-                message = await receive()
-                if message["type"] == "http.request":
-                    seen += len(message.get("body", b""))
+            if length is None and scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
+                # A streamed (chunked) body: read it whole, up to the limit, before the
+                # app sees it; FastAPI would turn an error raised mid-read into a 400.
+                chunks: list[bytes] = []
+                seen = 0
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        break
+                    chunks.append(message.get("body", b""))
+                    seen += len(chunks[-1])
                     if seen > self.max_body:
-                        raise _TooLarge
-                return message
+                        await self._too_large(send_wrapper)
+                        return
+                    if not message.get("more_body", False):
+                        break
+                replayed = False
 
-            try:
-                await self.app(scope, limited_receive, send_wrapper)
-            except _TooLarge:
-                if not started:
-                    await self._too_large(send_wrapper)
+                async def replay() -> Message:
+                    nonlocal replayed
+                    if not replayed:
+                        replayed = True
+                        return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                    return await receive()
+
+                await self.app(scope, replay, send_wrapper)
+            else:
+                await self.app(scope, receive, send_wrapper)
         finally:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"

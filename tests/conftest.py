@@ -1,0 +1,160 @@
+"""Fixtures shared by every test package: real service processes and in-process apps.
+
+``ServiceProcess`` runs ``python -m service.cli serve`` on a free loopback port with
+its own SQLite file (or a PostgreSQL schema), exactly as an operator would, and
+waits for ``/readyz``. ``inprocess_app`` runs the same app in this process through
+Starlette's TestClient, for the fast path and for tests that need to look inside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ADMIN = "test-admin-token"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServiceProcess:
+    """A real ``switchboard serve`` process on loopback."""
+
+    def __init__(self, database_url: str, *, env: dict[str, str] | None = None) -> None:
+        self.database_url = database_url
+        self.extra_env = env or {}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    def start(self, log_dir: Path, timeout: float = 30.0) -> ServiceProcess:
+        env = {
+            **os.environ,
+            "SWITCHBOARD_DATABASE_URL": self.database_url,
+            "SWITCHBOARD_ADMIN_TOKEN": ADMIN,
+            "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+        self.log_path = log_dir / f"service-{self.port}.log"
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port),
+             "--log-level", "warning"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service exited early:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"service not ready in {timeout}s:\n{self.log_path.read_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def client(self, token: str | None = ADMIN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+
+@pytest.fixture
+def service_factory(tmp_path: Path) -> Iterator[type[ServiceProcess]]:
+    started: list[ServiceProcess] = []
+
+    class Factory(ServiceProcess):
+        def start(self, log_dir: Path = tmp_path, timeout: float = 30.0) -> ServiceProcess:  # type: ignore[override]
+            started.append(self)
+            return super().start(log_dir, timeout)
+
+    yield Factory
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'switchboard.db'}"
+
+
+@pytest.fixture
+def live_service(service_factory: type[ServiceProcess], sqlite_url: str) -> ServiceProcess:
+    return service_factory(sqlite_url).start()
+
+
+def make_inprocess_client(database_url: str, **settings: object) -> object:
+    """A TestClient context manager around a fresh app (enter it to start the app)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from service.api.app import create_app
+    from service.config import Settings
+
+    app = create_app(Settings(database_url=database_url, admin_token=ADMIN, **settings))
+    return TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"})
+
+
+@pytest.fixture
+def inprocess_app(sqlite_url: str) -> Iterator[httpx.Client]:
+    with make_inprocess_client(sqlite_url) as c:  # type: ignore[attr-defined]
+        yield c
+
+
+@pytest.fixture(scope="session")
+def shared_inprocess(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('inproc') / 'switchboard.db'}"
+    with make_inprocess_client(url) as c:  # type: ignore[attr-defined]
+        yield c
+
+
+@pytest.fixture(scope="session")
+def shared_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    d = tmp_path_factory.mktemp("served")
+    service = ServiceProcess(f"sqlite:///{d / 'switchboard.db'}").start(d)
+    yield service
+    service.stop()
+
+
+@pytest.fixture(params=["inprocess", "http"])
+def api(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    """The same tests through the in-process app and through a real server process.
+
+    Both are shared by the whole session (a server start per test would dominate the
+    run), so tests that count things use cluster names of their own.
+    """
+    if request.param == "inprocess":
+        yield request.getfixturevalue("shared_inprocess")
+        return
+    service: ServiceProcess = request.getfixturevalue("shared_service")
+    with service.client() as client:
+        yield client
