@@ -72,6 +72,7 @@ class SelectionResult:
     ``override``, ``measured``) or ``cache`` / ``local-fallback`` when the agent
     answered alone. ``backend`` is the one that was built; it differs from
     ``decided_backend`` only when the decided one failed to build here.
+    ``revalidated``: the service confirmed the cached answer (HTTP 304).
     """
 
     backend: Backend
@@ -87,6 +88,7 @@ class SelectionResult:
     build_failures: list[tuple[str, str]] = field(default_factory=list)
     service_url: str | None = None
     cached_source: str | None = None
+    revalidated: bool = False
     pretend: bool = False
 
     @property
@@ -106,6 +108,7 @@ class SelectionResult:
             "messages": list(self.messages),
             "notes": list(self.notes),
             "cached_source": self.cached_source,
+            "revalidated": self.revalidated,
             "service_url": self.service_url,
             "kernel": None if self.kernel is None else getattr(self.kernel, "impl", "built"),
             "build_failures": [{"backend": b, "error": e} for b, e in self.build_failures],
@@ -203,23 +206,26 @@ def describe_pod(
         dtype=dtype,
         name=model_name,
     )
+    requested: Backend | None = None
+    if requested_backend is not None:
+        try:
+            requested = parse_backend(str(requested_backend))
+        except ValueError as exc:
+            raise BadInputError(str(exc)) from None
+    pretend = capability is not None or device_name is not None
+    given_capability = _parse_capability(capability) if capability is not None else None
     model_dtype = dims.dtype
     if model_dtype is None:
         model_dtype = DEFAULT_DTYPE
         notes.info(f"the model config names no dtype; assuming {DEFAULT_DTYPE}")
 
-    pretend = capability is not None or device_name is not None
-    if pretend:
-        probed = probe_device() if capability is None else None
-        device = DeviceProbe(
-            name=device_name if device_name is not None else (probed.name if probed else None),
-            capability=_parse_capability(capability)
-            if capability is not None
-            else (probed.capability if probed else None),
-            via="given",
-        )
+    # Only now the probes, which import torch: bad input fails fast.
+    if capability is not None:
+        device = DeviceProbe(name=device_name, capability=given_capability, via="given")
     else:
         device = probe_device()
+        if device_name is not None:
+            device = DeviceProbe(name=device_name, capability=device.capability, via="given")
 
     if packages is None:
         packages = "any" if pretend else "probe"
@@ -232,13 +238,6 @@ def describe_pod(
         package_map = None
     else:
         package_map = dict(packages)
-
-    requested: Backend | None = None
-    if requested_backend is not None:
-        try:
-            requested = parse_backend(str(requested_backend))
-        except ValueError as exc:
-            raise BadInputError(str(exc)) from None
 
     hostname = socket.gethostname() or None
     try:
@@ -272,6 +271,7 @@ class _Answer:
     response: SelectResponse
     url: str | None
     cached_source: str | None = None
+    revalidated: bool = False
 
 
 def _local_answer(request: SelectRequest) -> _Answer:
@@ -319,13 +319,15 @@ def decide(
                 raise NoBackendError(exc.message, exc.candidates) from None
             why = f"the service refused the request ({exc})"
         except ServiceUnavailable as exc:
-            tried = f" [{'; '.join(exc.attempts[-3:])}]" if exc.attempts else ""
+            tried = ""
+            if exc.attempts:
+                tried = f" after {len(exc.attempts)} attempts (last: {exc.attempts[-1]})"
             why = f"the service did not answer: {exc}{tried}"
         else:
             if asked.response is None:  # 304: our cached answer still holds
                 assert entry is not None
                 response = entry.response.model_copy(update={"decision_id": asked.decision_id})
-                return _Answer(response, asked.url)
+                return _Answer(response, asked.url, revalidated=True)
             if cache is not None:
                 problem = cache.store(request, asked.response, asked.etag, asked.url)
                 if problem:
@@ -437,6 +439,7 @@ def select_backend(
         notes=notes,
         service_url=answer.url,
         cached_source=answer.cached_source,
+        revalidated=answer.revalidated,
         pretend=pod_description.pretend,
     )
     if pod_description.pretend and (build or check):

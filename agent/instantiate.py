@@ -71,7 +71,11 @@ def reference_check(kernel: Any, shape: KernelShape, notes: Notes) -> str | None
         notes.warn(f"reference check skipped (kernels.measure unavailable: {exc})")
         return None
     result = check(
-        kernel, seqlens=list(CHECK_SEQLENS), causal=True, dtype=shape.dtype, device=shape.device
+        kernel,
+        seqlens=list(CHECK_SEQLENS),
+        causal=True,
+        dtype=shape.dtype,
+        device=getattr(kernel, "device", shape.device),
     )
     if result.ok:
         return None

@@ -22,8 +22,6 @@ from typing import Any
 import httpx
 import pytest
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
-
 
 def _shared_conftest() -> Any:
     """tests/conftest.py, for its ServiceProcess (its fixtures are function-scoped)."""
@@ -46,6 +44,7 @@ def agent_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real service shared by the tests of one module (they never stop it)."""
     directory = tmp_path_factory.mktemp("agent-service")
     service = ServiceProcess(f"sqlite:///{directory / 'switchboard.db'}").start(directory)
+    service.token = ADMIN
     yield service
     service.stop()
 

@@ -1,0 +1,177 @@
+"""``switchboard select``: formats, exit codes, stdout for machines, stderr for people."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.cli import select_main
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = Path(__file__).resolve().parent / "configs"
+DSV3 = str(CONFIGS / "deepseek-v3.json")
+FA_FLAG = "--attention-config.mla_prefill_backend=FLASH_ATTN\n"
+B200 = ["--capability", "10.0", "--device-name", "NVIDIA B200", "--packages", "any"]
+
+
+@pytest.fixture
+def svc_args(agent_service: Any, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    monkeypatch.setenv("SWITCHBOARD_TOKEN", agent_service.token)
+    return ["--cluster", "agent-cli", "--url", agent_service.url, "--cache-dir", str(cache_dir)]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = select_main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _selections(service: Any, cluster: str) -> int:
+    response = httpx.get(
+        service.url + "/v1/selections",
+        params={"cluster": cluster, "limit": 100},
+        headers={"Authorization": f"Bearer {service.token}"},
+    )
+    return len(response.json()["items"])
+
+
+def test_json_output(svc_args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(
+        ["--model", str(CONFIGS / "deepseek-v3.json"), *svc_args, *B200, "--format", "json"],
+        capsys,
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert (doc["backend"], doc["source"]) == ("TRTLLM_RAGGED", "priority")
+    assert doc["decision_id"] and doc["rules_revision"] == 1
+    assert [c["backend"] for c in doc["candidates"]][:4] == [
+        "TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN",
+    ]  # fmt: skip
+    assert doc["request"]["model"]["num_heads"] == 128 and doc["kernel"] is None
+    assert "switchboard: TRTLLM_RAGGED (priority)" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (B200, "--attention-config.mla_prefill_backend=TRTLLM_RAGGED\n"),
+        (["--capability", "9.0", "--packages", "any"], FA_FLAG),
+        (["--capability", "none"], ""),
+    ],
+)  # fmt: skip
+def test_vllm_args(
+    svc_args: list[str], capsys: pytest.CaptureFixture[str], extra: list[str], expected: str
+) -> None:
+    code, out, err = _run(
+        ["--model", str(CONFIGS / "kimi-k2.json"), *svc_args, *extra, "--format", "vllm-args"],
+        capsys,
+    )
+    assert (code, out) == (0, expected)
+    if not expected:
+        assert "vLLM has no MLA prefill backend named TORCH_SDPA" in err
+
+
+def test_env_output_is_shell(svc_args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        ["--model", str(CONFIGS / "glm-5"), *svc_args, *B200, "--format", "env"], capsys
+    )
+    assert code == 0
+    values = dict(shlex.split(line)[1].split("=", 1) for line in out.splitlines())
+    assert values["SWITCHBOARD_BACKEND"] == "FLASH_ATTN"
+    assert values["SWITCHBOARD_SOURCE"] == "priority"
+    assert values["SWITCHBOARD_DECISION_ID"]
+    assert values["SWITCHBOARD_VLLM_ARGS"] == "--attention-config.mla_prefill_backend=FLASH_ATTN"
+
+
+def test_not_mla_is_bad_input_and_asks_nobody(
+    agent_service: Any, svc_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _selections(agent_service, "agent-cli")
+    code, out, err = _run(
+        ["--model", str(CONFIGS / "llama-3.1-8b-instruct.json"), *svc_args], capsys
+    )
+    assert (code, out) == (2, "")
+    assert "does not use MLA" in err
+    assert _selections(agent_service, "agent-cli") == before
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "/nonexistent/config.json", "--cluster", "c"], "cannot read model config"),
+        (["--model", str(CONFIGS / "deepseek-v3.json")], "no cluster given"),
+        (["--model", DSV3, "--cluster", "Bad Name", "--capability", "9.0"],
+         "cluster"),
+        (["--model", str(CONFIGS / "deepseek-v3.json"), "--cluster", "c", "--requested", "fa9"],
+         "valid backends: TRTLLM_RAGGED"),
+        (["--model", str(CONFIGS / "deepseek-v3.json"), "--cluster", "c", "--capability", "nine"],
+         "not major.minor"),
+        (["--model", str(CONFIGS / "deepseek-v3.json"), "--cluster", "c", "--format", "yaml"],
+         "invalid choice"),
+        (["--cluster", "c", "--deadline", "-1"], "must be positive"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run([*argv, "--no-cache"], capsys)
+    assert (code, out) == (2, "")
+    assert message in err
+
+
+def test_strict_refusal_exits_1(svc_args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", str(CONFIGS / "deepseek-v3.json"), *svc_args, "--capability", "9.0"]
+    code, out, err = _run([*argv, "--requested", "trtllm_ragged", "--strict"], capsys)
+    assert (code, out) == (1, "")
+    assert "compute capability 9.0 not supported (needs 10.x)" in err
+
+
+def test_service_down_still_exits_0(
+    closed_url: str, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(
+        ["--model", str(CONFIGS / "deepseek-v3.json"), "--cluster", "c", "--url", closed_url,
+         "--cache-dir", str(cache_dir), "--deadline", "0.3", *B200, "--format", "vllm-args"],
+        capsys,
+    )  # fmt: skip
+    assert (code, out) == (0, "--attention-config.mla_prefill_backend=TRTLLM_RAGGED\n")
+    assert "deciding locally with the seed rules" in err
+
+
+def test_check_builds_and_verifies_the_kernel(
+    svc_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(
+        ["--model", str(CONFIGS / "deepseek-v2-lite.json"), *svc_args, "--check"], capsys
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert (doc["backend"], doc["kernel"], doc["build_failures"]) == (
+        "TORCH_SDPA", "torch-fp32-reference", [],
+    )  # fmt: skip
+
+
+def test_the_switchboard_command_runs_select(agent_service: Any, cache_dir: Path) -> None:
+    """Through the console script's entry point, in a fresh process, as a pod would."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
+         "select", "--model", str(CONFIGS / "glm-5"), "--cluster", "agent-cli",
+         "--url", agent_service.url, "--cache-dir", str(cache_dir), *B200,
+         "--format", "vllm-args"],
+        cwd=ROOT,
+        env={"SWITCHBOARD_TOKEN": agent_service.token, "PATH": "/usr/bin:/bin",
+             "HOME": str(cache_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "--attention-config.mla_prefill_backend=FLASH_ATTN\n"
+    assert "switchboard: FLASH_ATTN (priority)" in proc.stderr
