@@ -87,6 +87,8 @@ def machine_info() -> dict[str, Any]:
             memory_gib=round(props.total_memory / 2**30, 1),
             cudnn_backend=torch.backends.cudnn.version(),
         )
+        major, minor = info["capability"]
+        info["name"] = f"{info['gpu']} (SM{major}{minor}), torch {torch.__version__}"
     else:
         info["gpu"] = None
     return info
