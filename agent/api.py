@@ -32,9 +32,9 @@ from agent.client import (
     ServiceUnavailable,
     ask_service,
     deadline_from_env,
+    parse_urls,
     report_failure,
     token_from_env,
-    urls_from_env,
 )
 from agent.errors import BadInputError, NoBackendError
 from agent.instantiate import KernelShape, build_kernel, build_order
@@ -409,7 +409,7 @@ def select_backend(
     if building and pod_description.model.num_heads is None:
         raise BadInputError("num_attention_heads is needed to build the kernel; pass num_heads")
 
-    url_list = urls_from_env(urls) if isinstance(urls, str) or urls is None else list(urls)
+    url_list = parse_urls(urls) if isinstance(urls, str) or urls is None else list(urls)
     token = token if token is not None else token_from_env()
     if deadline is None:
         try:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from agent.api import SelectionResult, parse_packages, select_backend
-from agent.client import urls_from_env
+from agent.client import parse_urls
 from agent.errors import AgentError, BadInputError
 from agent.notes import log
 from kernels.specs import Backend
@@ -172,7 +172,7 @@ def select_main(argv: Sequence[str]) -> int:
         try:
             urls = None
             if args.url:
-                urls = [u for item in args.url for u in urls_from_env(item)]
+                urls = [u for item in args.url for u in parse_urls(item)]
             result = select_backend(
                 args.model,
                 cluster=args.cluster,

@@ -37,9 +37,9 @@ __all__ = [
     "ServiceUnavailable",
     "ask_service",
     "deadline_from_env",
+    "parse_urls",
     "report_failure",
     "token_from_env",
-    "urls_from_env",
 ]
 
 DEFAULT_DEADLINE_S = 2.0
@@ -93,8 +93,9 @@ class AskResult:
         return self.response is None
 
 
-def urls_from_env(value: str | None = None) -> list[str]:
-    """``SWITCHBOARD_URL=http://a,http://b`` as a list, trailing slashes dropped."""
+def parse_urls(value: str | None = None) -> list[str]:
+    """``http://a,http://b`` (default: ``$SWITCHBOARD_URL``) as a list, trailing slashes
+    dropped."""
     raw = value if value is not None else os.environ.get("SWITCHBOARD_URL", "")
     return [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
 
@@ -147,6 +148,17 @@ def _headers(token: str | None, etag: str | None = None) -> dict[str, str]:
     return headers
 
 
+def _verify(urls: Sequence[str]) -> bool:
+    """TLS verification only when some URL is https.
+
+    Building httpx's default SSL context (certifi's bundle) costs about 60 ms here,
+    more than the whole exchange with a service on the LAN; a plain-http URL list
+    never uses it, and redirects (the only way to reach https from there) are not
+    followed. An https URL gets full verification.
+    """
+    return any(u.lower().startswith("https:") for u in urls)
+
+
 def run_within(fn: Callable[[threading.Event], T], timeout: float) -> tuple[bool, T | None]:
     """Run ``fn`` in a daemon thread; (finished, result). The event tells ``fn`` that
     nobody waits any more, so that it stops retrying. Exceptions propagate."""
@@ -177,11 +189,9 @@ def _exchange(
     etag: str | None,
     deadline_at: float,
     abandoned: threading.Event,
-    rng: random.Random,
-    transport: httpx.BaseTransport | None,
     attempts: list[str],
 ) -> AskResult:
-    with httpx.Client(headers=_headers(token, etag), transport=transport) as client:
+    with httpx.Client(headers=_headers(token, etag), verify=_verify(urls)) as client:
         round_no = 0
         while True:
             retry_after = 0.0
@@ -230,7 +240,7 @@ def _exchange(
                 raise ServiceRefused(status, detail, url)
             round_no += 1
             backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**round_no)
-            delay = max(retry_after, rng.uniform(0, backoff))
+            delay = max(retry_after, random.uniform(0, backoff))
             if time.monotonic() + delay >= deadline_at:
                 asked = f" (service asked to retry after {retry_after:.1f}s)" if retry_after else ""
                 raise ServiceUnavailable("no answer before the deadline" + asked, attempts)
@@ -245,8 +255,6 @@ def ask_service(
     token: str | None,
     deadline_s: float,
     etag: str | None = None,
-    rng: random.Random | None = None,
-    transport: httpx.BaseTransport | None = None,
 ) -> AskResult:
     """``POST /v1/select`` to ``urls`` in turn, retrying, for at most ``deadline_s``.
 
@@ -265,8 +273,6 @@ def ask_service(
             etag,
             deadline_at,
             abandoned,
-            rng or random.Random(),
-            transport,
             attempts,
         ),
         deadline_s,
@@ -297,7 +303,7 @@ def report_failure(
 
     def send(abandoned: threading.Event) -> str | None:
         problems: list[str] = []
-        with httpx.Client(headers=_headers(token)) as client:
+        with httpx.Client(headers=_headers(token), verify=_verify(urls)) as client:
             for url in urls:
                 remaining = deadline_at - time.monotonic()
                 if remaining <= 0 or abandoned.is_set():

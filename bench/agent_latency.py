@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import socket
@@ -120,6 +121,8 @@ def main() -> int:
         "--out", type=Path, default=ROOT / "bench" / "results" / "agent_latency.json"
     )
     args = parser.parse_args()
+    # The service-down rounds warn on every call; the table says it once.
+    logging.getLogger("switchboard.agent").setLevel(logging.ERROR)
 
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
