@@ -70,10 +70,13 @@ class _Strict(BaseModel):
 
 class DeviceInfo(_Strict):
     name: ShortText | None = None
-    capability: tuple[Annotated[int, Field(ge=0, le=99, strict=True)],
-                      Annotated[int, Field(ge=0, le=99, strict=True)]] | None = Field(
-        default=None, description="[major, minor], or null for a pod without a CUDA device"
-    )
+    capability: (
+        tuple[
+            Annotated[int, Field(ge=0, le=99, strict=True)],
+            Annotated[int, Field(ge=0, le=99, strict=True)],
+        ]
+        | None
+    ) = Field(default=None, description="[major, minor], or null for a pod without a CUDA device")
 
 
 class ModelInfo(_Strict):
@@ -91,8 +94,13 @@ class SelectRequest(_Strict):
     device: DeviceInfo = Field(default_factory=DeviceInfo)
     model: ModelInfo
     dtype: DtypeName
-    packages: dict[Annotated[str, StringConstraints(min_length=1, max_length=100)],
-                   Annotated[str, StringConstraints(max_length=100)]] | None = Field(
+    packages: (
+        dict[
+            Annotated[str, StringConstraints(min_length=1, max_length=100)],
+            Annotated[str, StringConstraints(max_length=100)],
+        ]
+        | None
+    ) = Field(
         default=None,
         max_length=64,
         description="import name -> version; null or absent means assume every package present",

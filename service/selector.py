@@ -55,18 +55,14 @@ class Selector:
         if tag != self._cache_tag or (self._valid_until is not None and now >= self._valid_until):
             self._cache.clear()
             self._cache_tag = tag
-            upcoming = [
-                o.expires_at for o in snap.overrides if o.expires_at and o.expires_at > now
-            ]
+            upcoming = [o.expires_at for o in snap.overrides if o.expires_at and o.expires_at > now]
             self._valid_until = min(upcoming, default=None)
         key = decision_key(request)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        result = decide(
-            request, snap.rules, snap.overrides, now=now, rank_by_evidence=self._ranker
-        )
+        result = decide(request, snap.rules, snap.overrides, now=now, rank_by_evidence=self._ranker)
         self._cache[key] = result
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)

@@ -40,7 +40,8 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         lifespan=lifespan,
     )
     app.state.runtime = runtime
-    for module in (health, select, selections, rules):
+    app.include_router(select.lean_router)  # first: the hot path is matched first
+    for module in (select, selections, rules, health):
         app.include_router(module.router)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
     app.add_middleware(

@@ -59,7 +59,8 @@ class BodyLimitAndMetrics:
                     nonlocal replayed
                     if not replayed:
                         replayed = True
-                        return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                        body = b"".join(chunks)
+                        return {"type": "http.request", "body": body, "more_body": False}
                     return await receive()
 
                 await self.app(scope, replay, send_wrapper)

@@ -43,9 +43,7 @@ def make_engine(url: str) -> Engine:
         return engine
     if backend == "postgresql":
         if parsed.drivername == "postgresql":  # plain postgresql:// -> psycopg 3
-            url = parsed.set(drivername="postgresql+psycopg").render_as_string(
-                hide_password=False
-            )
+            url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
         return create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
     raise StoreConfigError(
         f"unsupported database {backend!r}: use sqlite:///path or postgresql+psycopg://..."

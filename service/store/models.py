@@ -44,13 +44,23 @@ class DecisionRow(Base):
     backend: Mapped[str] = mapped_column(String(32))
     source: Mapped[str] = mapped_column(String(32))
     rules_revision: Mapped[int] = mapped_column(Integer)
-    request: Mapped[dict[str, Any]] = mapped_column(JSON)
-    answer: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # JSON text serialised on the request path by pydantic (fast) rather than by the
+    # writer thread; answers are shared by every pod that got the same one.
+    request: Mapped[str] = mapped_column(Text)
+    answer_id: Mapped[str] = mapped_column(String(24))
 
     __table_args__ = (
         Index("ix_decisions_cluster_id", "cluster", "id"),
         Index("ix_decisions_backend_id", "backend", "id"),
     )
+
+
+class AnswerRow(Base):
+    """Answers by content hash: a rollout's thousands of pods share a handful."""
+
+    __tablename__ = "answers"
+    id: Mapped[str] = mapped_column(String(24), primary_key=True)
+    answer: Mapped[str] = mapped_column(Text)
 
 
 class PodLatest(Base):
@@ -64,7 +74,7 @@ class PodLatest(Base):
     backend: Mapped[str] = mapped_column(String(32))
     source: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    answer_id: Mapped[str] = mapped_column(String(24))
 
 
 class TokenRow(Base):

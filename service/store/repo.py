@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.schemas import SEED_RULES, Override, OverrideSpec, RulesDocument
 from service.store.models import (
+    AnswerRow,
     AuditRow,
     DecisionRow,
     FailureRow,
@@ -61,6 +61,17 @@ class ConfigSnapshot:
 
 
 @dataclass(frozen=True)
+class PodState:
+    cluster: str
+    node: str
+    pod: str
+    decision_id: str
+    backend: str
+    source: str
+    request_json: str
+
+
+@dataclass(frozen=True)
 class DecisionRecord:
     id: str
     created_at: datetime
@@ -70,8 +81,17 @@ class DecisionRecord:
     backend: str
     source: str
     rules_revision: int
-    request: dict[str, Any]
-    answer: dict[str, Any]
+    request_json: str
+    answer_id: str
+    answer_json: str | None  # None when read back without its answer
+
+    @property
+    def request(self) -> dict[str, Any]:
+        return json.loads(self.request_json)
+
+    @property
+    def answer(self) -> dict[str, Any]:
+        return {} if self.answer_json is None else json.loads(self.answer_json)
 
 
 def rules_etag(revision: int) -> str:
@@ -105,6 +125,15 @@ def _aware(value: datetime) -> datetime:
 class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._known_answers: set[str] = set()
+        self._sql = self._prepare_sql()
+        if engine.dialect.name == "sqlite":
+            # SQLAlchemy's own SQLite DateTime text format, naive UTC
+            self._timestamp: Callable[[datetime], Any] = lambda d: (
+                d.astimezone(UTC).replace(tzinfo=None).isoformat(" ")
+            )
+        else:
+            self._timestamp = lambda d: d
 
     # ------------------------------------------------------------------ config
     def ensure_seeded(self) -> None:
@@ -278,7 +307,12 @@ class Store:
         return after
 
     def delete_override(
-        self, cluster: str, *, actor: str, if_match: str | None, note: str | None,
+        self,
+        cluster: str,
+        *,
+        actor: str,
+        if_match: str | None,
+        note: str | None,
         preview: dict[str, Any] | None,
     ) -> Override | Conflict | None:
         with Session(self.engine) as s, s.begin():
@@ -362,63 +396,78 @@ class Store:
 
     # --------------------------------------------------------------- decisions
     def record_decisions(self, batch: Sequence[DecisionRecord]) -> None:
-        """Insert a batch and move each pod's latest pointer, in one transaction."""
+        """Insert a batch, its new answers, and move each pod's latest pointer, in one
+        transaction.
+
+        This is the one place that bypasses SQLAlchemy's statement compiler: rows go
+        to the driver's ``executemany`` as plain tuples. At fleet boot-storm rates the
+        compiler's per-row parameter processing cost more CPU (and GIL) than the
+        request path itself (bench/select_load.py). The SQL is the same on SQLite and
+        PostgreSQL (``ON CONFLICT`` is shared syntax); only the placeholder differs.
+        """
         if not batch:
             return
         latest: dict[tuple[str, str, str], DecisionRecord] = {}
+        answers: dict[str, str] = {}
         for d in batch:
+            if d.answer_id not in self._known_answers and d.answer_json is not None:
+                answers[d.answer_id] = d.answer_json
             if d.pod is None:
                 continue  # an unnamed pod cannot be counted as one pod
             key = (d.cluster, d.node or "", d.pod)
             if key not in latest or latest[key].id < d.id:
                 latest[key] = d
-        with Session(self.engine) as s, s.begin():
-            s.execute(
-                insert(DecisionRow),
+        ts = self._timestamp
+        with self.engine.begin() as conn:
+            if answers:
+                conn.exec_driver_sql(self._sql["answers"], list(answers.items()))
+            conn.exec_driver_sql(
+                self._sql["decisions"],
                 [
-                    {
-                        "id": d.id,
-                        "created_at": d.created_at,
-                        "cluster": d.cluster,
-                        "node": d.node,
-                        "pod": d.pod,
-                        "backend": d.backend,
-                        "source": d.source,
-                        "rules_revision": d.rules_revision,
-                        "request": d.request,
-                        "answer": d.answer,
-                    }
+                    (
+                        d.id,
+                        ts(d.created_at),
+                        d.cluster,
+                        d.node,
+                        d.pod,
+                        d.backend,
+                        d.source,
+                        d.rules_revision,
+                        d.request_json,
+                        d.answer_id,
+                    )
                     for d in batch
                 ],
             )
             if latest:
-                self._upsert_latest(s, latest)
+                conn.exec_driver_sql(
+                    self._sql["pod_latest"],
+                    [
+                        (c, n, p, d.id, d.backend, d.source, ts(d.created_at), d.answer_id)
+                        for (c, n, p), d in sorted(latest.items())
+                    ],
+                )
+        self._known_answers.update(answers)
 
-    def _upsert_latest(self, s: Session, latest: dict[tuple[str, str, str], DecisionRecord]) -> None:
-        rows = [
-            {
-                "cluster": c,
-                "node": n,
-                "pod": p,
-                "decision_id": d.id,
-                "backend": d.backend,
-                "source": d.source,
-                "created_at": d.created_at,
-                "request": d.request,
-            }
-            for (c, n, p), d in sorted(latest.items())
-        ]
-        dialect = self.engine.dialect.name
-        ins = (postgresql if dialect == "postgresql" else sqlite).insert(PodLatest)
-        stmt = ins.on_conflict_do_update(
-            index_elements=["cluster", "node", "pod"],
-            set_={
-                k: ins.excluded[k]
-                for k in ("decision_id", "backend", "source", "created_at", "request")
-            },
-            where=ins.excluded.decision_id > PodLatest.decision_id,
-        )
-        s.execute(stmt, rows)
+    def _prepare_sql(self) -> dict[str, str]:
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+
+        def values(n: int) -> str:
+            return "(" + ", ".join([mark] * n) + ")"
+
+        return {
+            "answers": f"INSERT INTO answers (id, answer) VALUES {values(2)} "
+            "ON CONFLICT (id) DO NOTHING",
+            "decisions": "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, "
+            f"source, rules_revision, request, answer_id) VALUES {values(10)}",
+            "pod_latest": "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, "
+            f"source, created_at, answer_id) VALUES {values(8)} "
+            "ON CONFLICT (cluster, node, pod) DO UPDATE SET "
+            "decision_id = excluded.decision_id, backend = excluded.backend, "
+            "source = excluded.source, created_at = excluded.created_at, "
+            "answer_id = excluded.answer_id "
+            "WHERE excluded.decision_id > pod_latest.decision_id",
+        }
 
     def count_decisions(self) -> int:
         with Session(self.engine) as s:
@@ -448,10 +497,13 @@ class Store:
     def get_decision(self, decision_id: str) -> DecisionRecord | None:
         with Session(self.engine) as s:
             row = s.get(DecisionRow, decision_id)
-            return None if row is None else self._decision(row)
+            if row is None:
+                return None
+            answer = s.get(AnswerRow, row.answer_id)
+            return self._decision(row, None if answer is None else answer.answer)
 
     @staticmethod
-    def _decision(r: DecisionRow) -> DecisionRecord:
+    def _decision(r: DecisionRow, answer_json: str | None = None) -> DecisionRecord:
         return DecisionRecord(
             id=r.id,
             created_at=_aware(r.created_at),
@@ -461,8 +513,9 @@ class Store:
             backend=r.backend,
             source=r.source,
             rules_revision=r.rules_revision,
-            request=r.request,
-            answer=r.answer,
+            request_json=r.request,
+            answer_id=r.answer_id,
+            answer_json=answer_json,
         )
 
     def summary(self) -> dict[str, dict[str, int]]:
@@ -475,21 +528,19 @@ class Store:
                 out.setdefault(cluster, {})[backend] = n
         return {c: dict(sorted(b.items())) for c, b in sorted(out.items())}
 
-    def latest_per_pod(self, clusters: Iterable[str] | None = None) -> list[PodLatest]:
-        q = select(PodLatest)
-        if clusters is not None:
-            q = q.where(PodLatest.cluster.in_(list(clusters)))
-        with Session(self.engine) as s:
-            rows = list(s.scalars(q))
-            s.expunge_all()
-            return rows
-
-    def latest_for_pod(self, cluster: str, node: str, pod: str) -> PodLatest | None:
-        with Session(self.engine) as s:
-            row = s.get(PodLatest, (cluster, node, pod))
-            if row is not None:
-                s.expunge(row)
-            return row
+    def latest_per_pod(self) -> list[PodState]:
+        """Every named pod's newest decision, with the request it sent (for replay)."""
+        q = select(
+            PodLatest.cluster,
+            PodLatest.node,
+            PodLatest.pod,
+            PodLatest.decision_id,
+            PodLatest.backend,
+            PodLatest.source,
+            DecisionRow.request,
+        ).join(DecisionRow, DecisionRow.id == PodLatest.decision_id)
+        with self.engine.connect() as conn:
+            return [PodState(*row) for row in conn.execute(q)]
 
     def record_failure(self, decision_id: str, backend: str, error: str) -> None:
         with Session(self.engine) as s, s.begin():
@@ -504,7 +555,8 @@ class Store:
             return [
                 {"at": _aware(f.at).isoformat(), "backend": f.backend, "error": f.error}
                 for f in s.scalars(
-                    select(FailureRow).where(FailureRow.decision_id == decision_id)
+                    select(FailureRow)
+                    .where(FailureRow.decision_id == decision_id)
                     .order_by(FailureRow.id)
                 )
             ]

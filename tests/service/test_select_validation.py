@@ -28,7 +28,7 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("capability-str", {"device": {"capability": "9.0"}}, "body.device.capability", ""),
     ("unknown-field", {"requested_backnd": "CUDNN"}, "body.requested_backnd", "Extra inputs"),
     ("strict-type", {"strict": "maybe"}, "body.strict", "boolean"),
-    ("packages-type", {"packages": ["torch"]}, "body.packages", "dictionary"),
+    ("packages-type", {"packages": ["torch"]}, "body.packages", "object"),
 ]
 
 

@@ -1,0 +1,216 @@
+"""Load benchmark of ``POST /v1/select`` against a bare FastAPI endpoint, same run.
+
+Both servers run as one uvicorn process each on loopback; wrk (Debian package ``wrk``)
+drives a mix of distinct pods (bench/select_mix.lua). Rounds alternate between the
+two so that the shared 2-core machine's noise hits both alike; the figure that
+matters is the ratio of their requests/s. Afterwards every 200 answer of the
+Switchboard rounds must be in the store (counted).
+
+    python bench/select_load.py [--rounds 3] [--duration 8] [--connections 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, sys.path[0] is bench/, whose kernels.py would shadow the package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+TOKEN = "bench-admin-token"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], env: dict[str, str], url: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    for _ in range(300):
+        try:
+            if httpx.get(url, timeout=0.5).status_code < 500:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{cmd} did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU of a process so far (Linux /proc), to report CPU per request:
+    a figure the shared machine's noise disturbs far less than requests/s."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_wrk(url: str, duration: int, connections: int) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{duration}s",
+            "--latency",
+            "-s",
+            str(ROOT / "bench" / "select_mix.lua"),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "SWITCHBOARD_TOKEN": TOKEN},
+    ).stdout
+    m = re.search(r"RESULT (\{.*\})", out)
+    assert m, out
+    r = json.loads(m.group(1))
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    return r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=8, help="seconds per round")
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "select_load.json"))
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        print("bench: needs wrk (apt-get install wrk)", file=sys.stderr)
+        return 2
+
+    tmp = Path(tempfile.mkdtemp(prefix="sb-bench-"))
+    db = f"sqlite:///{tmp / 'bench.db'}"
+    env = {**os.environ, "SWITCHBOARD_DATABASE_URL": db, "SWITCHBOARD_ADMIN_TOKEN": TOKEN}
+    sb_port, bare_port = free_port(), free_port()
+    sb = start(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--port",
+            str(sb_port),
+            "--log-level",
+            "warning",
+        ],
+        env,
+        f"http://127.0.0.1:{sb_port}/readyz",
+    )
+    bare = start(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bench.bare_app:app",
+            "--port",
+            str(bare_port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        env,
+        f"http://127.0.0.1:{bare_port}/docs",
+    )
+    rounds: dict[str, list[dict[str, float]]] = {"switchboard": [], "bare": []}
+    pids = {"switchboard": sb.pid, "bare": bare.pid}
+    try:
+        # warm-up, not timed (its answers are still counted against the store below)
+        warmup = run_wrk(f"http://127.0.0.1:{sb_port}", 2, args.connections)
+        run_wrk(f"http://127.0.0.1:{bare_port}", 2, args.connections)
+        for i in range(args.rounds):
+            for name, port in (("switchboard", sb_port), ("bare", bare_port)):
+                cpu0 = cpu_seconds(pids[name])
+                r = run_wrk(f"http://127.0.0.1:{port}", args.duration, args.connections)
+                r["cpu_us_per_request"] = (cpu_seconds(pids[name]) - cpu0) / r["requests"] * 1e6
+                rounds[name].append(r)
+                print(
+                    f"round {i + 1}/{args.rounds} {name:12s} {r['rps']:8.0f} req/s  "
+                    f"p50 {r['p50_us'] / 1000:6.2f} ms  p99 {r['p99_us'] / 1000:6.2f} ms  "
+                    f"cpu/req {r['cpu_us_per_request']:5.0f} us  non-2xx {r['non2xx']}",
+                    flush=True,
+                )
+        metrics = httpx.get(f"http://127.0.0.1:{sb_port}/metrics").text
+        answered_by_server = int(
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("switchboard_decisions_total{")
+            )
+        )
+    finally:
+        bare.terminate()
+        sb.terminate()  # clean shutdown: flushes buffered decisions
+        sb.wait(60)
+        bare.wait(10)
+
+    from service.store.db import make_engine
+    from service.store.repo import Store
+
+    # wrk counts answers it read before its clock ran out; requests still in flight
+    # then are answered and recorded too, so the server's own count is the reference.
+    seen_by_wrk = sum(r["requests"] - r["non2xx"] for r in [warmup, *rounds["switchboard"]])
+    stored = Store(make_engine(db)).count_decisions()
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in rounds[name])
+
+    result = {
+        "benchmark": "POST /v1/select vs bare FastAPI endpoint, same run",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores (shared)",
+        "load": f"wrk -t1 -c{args.connections}, {args.duration}s rounds x {args.rounds}, "
+        "10,000 distinct pods (bench/select_mix.lua)",
+        "switchboard": {
+            "rps": med("switchboard", "rps"),
+            "p50_ms": med("switchboard", "p50_us") / 1000,
+            "p99_ms": med("switchboard", "p99_us") / 1000,
+            "cpu_us_per_request": med("switchboard", "cpu_us_per_request"),
+            "errors": sum(r["non2xx"] + r["socket_errors"] for r in rounds["switchboard"]),
+        },
+        "bare": {
+            "rps": med("bare", "rps"),
+            "p50_ms": med("bare", "p50_us") / 1000,
+            "p99_ms": med("bare", "p99_us") / 1000,
+            "cpu_us_per_request": med("bare", "cpu_us_per_request"),
+        },
+        "ratio_rps": med("switchboard", "rps") / med("bare", "rps"),
+        "ratio_cpu_per_request": med("bare", "cpu_us_per_request")
+        / med("switchboard", "cpu_us_per_request"),
+        "decisions_answered_by_server": answered_by_server,
+        "decisions_seen_by_wrk": seen_by_wrk,
+        "decisions_in_store": stored,
+        "all_decisions_stored": stored == answered_by_server and stored >= seen_by_wrk,
+        "rounds": rounds,
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    if not result["all_decisions_stored"]:
+        print(f"LOST DECISIONS: answered {answered_by_server}, stored {stored}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
