@@ -336,8 +336,8 @@ def decide(
 
     if entry is not None:
         notes.warn(
-            f"{why}; using the cached answer from {entry.url or 'the service'} "
-            f"({entry.age_s:.0f}s old)"
+            f"{why}; using the answer {entry.url or 'the service'} gave, cached "
+            f"{entry.age_s:.0f}s ago"
         )
         response = entry.response.model_copy(update={"source": "cache"})
         return _Answer(response, None, cached_source=entry.response.source)
@@ -386,6 +386,15 @@ def select_backend(
     not even TORCH_SDPA, builds).
     """
     notes = Notes()
+    url_list = parse_urls(urls) if isinstance(urls, str) or urls is None else list(urls)
+    token = token if token is not None else token_from_env()
+    if deadline is None:
+        try:
+            deadline = deadline_from_env(DEFAULT_DEADLINE_S)
+        except ValueError as exc:
+            raise BadInputError(f"SWITCHBOARD_DEADLINE: {exc}") from None
+    if not deadline > 0:
+        raise BadInputError(f"deadline must be positive, got {deadline!r}")
     pod_description = describe_pod(
         model,
         cluster=cluster,
@@ -409,15 +418,6 @@ def select_backend(
     if building and pod_description.model.num_heads is None:
         raise BadInputError("num_attention_heads is needed to build the kernel; pass num_heads")
 
-    url_list = parse_urls(urls) if isinstance(urls, str) or urls is None else list(urls)
-    token = token if token is not None else token_from_env()
-    if deadline is None:
-        try:
-            deadline = deadline_from_env(DEFAULT_DEADLINE_S)
-        except ValueError as exc:
-            raise BadInputError(f"SWITCHBOARD_DEADLINE: {exc}") from None
-    if not deadline > 0:
-        raise BadInputError(f"deadline must be positive, got {deadline!r}")
     cache = None
     if use_cache:
         directory = cache_dir or os.environ.get("SWITCHBOARD_CACHE_DIR") or default_cache_dir()
