@@ -208,6 +208,9 @@ def _exchange(
                     attempts.append(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "))
                     continue
                 status = response.status_code
+                if status == 304 and etag is None:
+                    attempts.append(f"{url}: 304 to a request without If-None-Match")
+                    continue
                 if status == 304:
                     return AskResult(
                         url,
@@ -234,7 +237,8 @@ def _exchange(
                     retry_after = max(retry_after, _retry_after(response) or 0.0)
                     continue
                 try:
-                    detail = response.json().get("detail", response.text)
+                    data = response.json()
+                    detail = data.get("detail", data) if isinstance(data, dict) else data
                 except ValueError:
                     detail = response.text
                 raise ServiceRefused(status, detail, url)

@@ -114,10 +114,11 @@ def test_4xx_from_the_real_service_is_not_retried(agent_service: Any, cache_dir:
     assert any("HTTP 401" in n and "unknown or revoked token" in n for n in result.notes)
 
 
+@pytest.mark.parametrize("body", [b'{"detail": {"message": "no"}}', b'["no"]', b"no"])
 def test_4xx_is_not_retried_nor_sent_to_the_next_url(
-    scripted_server: Any, agent_service: Any, cache_dir: Path
+    scripted_server: Any, agent_service: Any, cache_dir: Path, body: bytes
 ) -> None:
-    scripted_server.script = [(400, {}, b'{"detail": {"message": "no"}}')] * 3
+    scripted_server.script = [(400, {}, body)] * 3
     result = _select([scripted_server.url, agent_service.url], cache_dir, token=agent_service.token)
     assert scripted_server.requests == 1
     assert result.source == "local-fallback"
@@ -142,6 +143,14 @@ def test_429_and_500_are_retried_with_backoff(
     result = _select([scripted_server.url], cache_dir, token=agent_service.token)
     assert scripted_server.requests == 3
     assert result.source == "priority"
+
+
+def test_a_304_nobody_asked_for_is_not_trusted(
+    scripted_server: Any, agent_service: Any, cache_dir: Path
+) -> None:
+    scripted_server.script = [(304, {"ETag": '"x"'}, b"")]
+    result = _select([scripted_server.url], cache_dir, token=agent_service.token)
+    assert scripted_server.requests == 2 and result.source == "priority"
 
 
 def test_retry_after_past_the_deadline_gives_up_at_once(
