@@ -52,8 +52,16 @@ class ServiceProcess:
         self.log_path = log_dir / f"service-{self.port}.log"
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port),
-             "--log-level", "warning"],
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
             cwd=ROOT,
             env=env,
             stdout=log,

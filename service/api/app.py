@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from service.api.middleware import BodyLimitAndMetrics
-from service.api.routes import health, rules, select, selections
+from service.api.routes import admin, health, overrides, rules, select, selections
 from service.config import Settings
 from service.runtime import Runtime
 
@@ -41,7 +41,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     )
     app.state.runtime = runtime
     app.include_router(select.lean_router)  # first: the hot path is matched first
-    for module in (select, selections, rules, health):
+    for module in (select, selections, rules, overrides, admin, health):
         app.include_router(module.router)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
     app.add_middleware(

@@ -257,12 +257,13 @@ class Store:
                     note=note,
                     preview=preview,
                 )
+                stored = RulesDocument.model_validate(
+                    {**new.document, "revision": new.revision, "updated_at": now}
+                )
         except IntegrityError:
             # Another writer took the same revision number first.
             return Conflict(rules_etag(self.load_config().rules.revision or 0))
-        return RulesDocument.model_validate(
-            {**new.document, "revision": new.revision, "updated_at": now}
-        )
+        return stored
 
     # --------------------------------------------------------------- overrides
     def get_override(self, cluster: str) -> Override | None:

@@ -44,8 +44,15 @@ def reasons_of(answer: dict[str, Any], backend: str) -> list[str]:
 CASES = [
     # id, capability, dims, dtype, packages, expected backend, expected source
     ("blackwell-all", [10, 0], R1, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
-    ("blackwell-no-flashinfer", [10, 0], R1, "bf16",
-     {"torch": "2", "cudnn": "1"}, "CUDNN", "priority"),
+    (
+        "blackwell-no-flashinfer",
+        [10, 0],
+        R1,
+        "bf16",
+        {"torch": "2", "cudnn": "1"},
+        "CUDNN",
+        "priority",
+    ),
     ("blackwell-torch-only", [10, 0], R1, "float16", {"torch": "2"}, "FLASH_ATTN", "priority"),
     ("blackwell-glm-dims", [10, 0], GLM, "bfloat16", ALL, "FLASH_ATTN", "priority"),
     ("blackwell-too-big-for-fa", [10, 0], BIG, "bfloat16", ALL, "TORCH_SDPA", "fallback"),
@@ -79,7 +86,7 @@ def test_decision_table(
     )
     for c in answer["candidates"]:
         assert c["valid"] == (not c["reasons"])
-    chosen = [c for c in answer["candidates"] if c["backend"] == backend][0]
+    chosen = next(c for c in answer["candidates"] if c["backend"] == backend)
     assert chosen["valid"]
     assert answer["messages"]
 
@@ -92,8 +99,9 @@ def test_reasons_name_the_fact(api: httpx.Client) -> None:
     fi = reasons_of(answer, "FLASHINFER")
     assert any(r.startswith("dtype float32 not supported") for r in fi)
     assert any(
-        r.startswith("model MLA dims (192, 64, 256) not supported (needs DeepSeek-R1 dims "
-                     "(128, 64, 128))")
+        r.startswith(
+            "model MLA dims (192, 64, 256) not supported (needs DeepSeek-R1 dims (128, 64, 128))"
+        )
         for r in fi
     )
     assert "required package flashinfer not installed" in fi
@@ -102,7 +110,9 @@ def test_reasons_name_the_fact(api: httpx.Client) -> None:
 
 def test_turing_reason(api: httpx.Client) -> None:
     answer = select(api, body([7, 5]))
-    assert any("compute capability 7.5 not supported" in r for r in reasons_of(answer, "FLASH_ATTN"))
+    assert any(
+        "compute capability 7.5 not supported" in r for r in reasons_of(answer, "FLASH_ATTN")
+    )
 
 
 def test_no_gpu_reason(api: httpx.Client) -> None:
@@ -155,9 +165,7 @@ class TestRequested:
         assert (answer["backend"], answer["source"]) == ("CUDNN", "requested")
 
     def test_missing_package_request(self, api: httpx.Client) -> None:
-        answer = select(
-            api, body([10, 0], requested_backend="FLASHINFER", packages={"torch": "2"})
-        )
+        answer = select(api, body([10, 0], requested_backend="FLASHINFER", packages={"torch": "2"}))
         assert answer["backend"] == "FLASH_ATTN"
         assert "required package flashinfer not installed" in reasons_of(answer, "FLASHINFER")
 

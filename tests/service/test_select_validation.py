@@ -40,9 +40,15 @@ def test_bad_fields(api: httpx.Client, patch: dict[str, Any], field: str, text: 
 
 @pytest.mark.parametrize(
     ("dim", "value"),
-    [("qk_nope_head_dim", 0), ("qk_rope_head_dim", -64), ("v_head_dim", 1025),
-     ("num_heads", 0), ("v_head_dim", "128"), ("qk_nope_head_dim", 12.5),
-     ("qk_nope_head_dim", True)],
+    [
+        ("qk_nope_head_dim", 0),
+        ("qk_rope_head_dim", -64),
+        ("v_head_dim", 1025),
+        ("num_heads", 0),
+        ("v_head_dim", "128"),
+        ("qk_nope_head_dim", 12.5),
+        ("qk_nope_head_dim", True),
+    ],
 )
 def test_bad_dims(api: httpx.Client, dim: str, value: Any) -> None:
     payload = body()
@@ -59,7 +65,9 @@ def test_missing_required(api: httpx.Client) -> None:
 
 
 def test_malformed_json(api: httpx.Client) -> None:
-    r = api.post("/v1/select", content=b'{"cluster": ', headers={"content-type": "application/json"})
+    r = api.post(
+        "/v1/select", content=b'{"cluster": ', headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422
 
 
@@ -70,8 +78,11 @@ def test_not_an_object(api: httpx.Client) -> None:
 def test_body_over_64k_is_413(api: httpx.Client) -> None:
     payload = body()
     payload["model"]["name"] = "x" * 70_000
-    r = api.post("/v1/select", content=json.dumps(payload).encode(),
-                 headers={"content-type": "application/json"})
+    r = api.post(
+        "/v1/select",
+        content=json.dumps(payload).encode(),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413
     assert "64" in r.text or "65536" in r.text
 

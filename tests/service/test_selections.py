@@ -112,7 +112,9 @@ def test_restart_keeps_rules_and_selections(
 ) -> None:
     first = service_factory(sqlite_url).start()
     with first.client() as c:
-        ids = [c.post("/v1/select", json=body(pod=f"p{i}")).json()["decision_id"] for i in range(20)]
+        ids = [
+            c.post("/v1/select", json=body(pod=f"p{i}")).json()["decision_id"] for i in range(20)
+        ]
         revision = c.get("/v1/rules").json()["revision"]
     first.stop()  # SIGTERM: a clean shutdown flushes the buffered decisions
     second = service_factory(sqlite_url).start()
@@ -120,6 +122,4 @@ def test_restart_keeps_rules_and_selections(
         items = c.get("/v1/selections", params={"limit": 100}).json()["items"]
         assert {i["decision_id"] for i in items} == set(ids)
         assert c.get("/v1/rules").json()["revision"] == revision
-        assert c.get("/v1/selections/summary").json()["clusters"]["prod-east"] == {
-            "FLASH_ATTN": 20
-        }
+        assert c.get("/v1/selections/summary").json()["clusters"]["prod-east"] == {"FLASH_ATTN": 20}

@@ -1,0 +1,49 @@
+"""What every admin write shares: preview, If-Match handling, reload and metrics."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from service.api.deps import fail
+from service.preview import Preview, replay, with_override
+from service.runtime import Runtime
+from service.schemas import Override, RulesDocument
+from service.store.repo import Conflict
+
+
+def preview_change(
+    runtime: Runtime,
+    *,
+    rules: RulesDocument | None = None,
+    override_scope: str | None = None,
+    override: Override | None = None,
+) -> Preview:
+    """Replay the current fleet against the config with the proposed change applied.
+
+    ``override_scope`` set with ``override=None`` previews deleting that override.
+    """
+    snap = runtime.snapshot
+    overrides: list[Override] = list(snap.overrides)
+    if override_scope is not None:
+        overrides = with_override(overrides, override_scope, override)
+    runtime.recorder.flush()
+    return replay(
+        runtime.store.latest_per_pod(),
+        rules if rules is not None else snap.rules,
+        overrides,
+        now=datetime.now(UTC),
+    )
+
+
+def committed(runtime: Runtime, result: Any, what: str) -> Any:
+    """Turn a store write's result into the answer: 412 on a stale If-Match, and make
+    this replica see its own write at once (others follow within the poll interval)."""
+    if isinstance(result, Conflict):
+        fail(
+            412,
+            f"{what} changed since you read it (If-Match is stale); read it again and retry",
+            current_etag=result.current_etag,
+        )
+    runtime.live.reload()
+    return result

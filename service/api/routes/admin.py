@@ -1,0 +1,154 @@
+"""Tokens, the audit log, and the stand-alone impact preview."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from service.api.changes import preview_change
+from service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail, invalid
+from service.auth import new_token
+from service.preview import Preview
+from service.schemas import Override, OverrideScope, OverrideSpec, RulesDocument
+
+router = APIRouter(prefix="/v1", tags=["admin"])
+
+ClusterGlob = Annotated[str, StringConstraints(pattern=r"^[a-z0-9._*?\[\]-]{1,63}$")]
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    role: Literal["agent", "viewer", "admin"]
+    clusters: list[ClusterGlob] | None = Field(
+        default=None, max_length=64, description="cluster globs (prod-*); null = every cluster"
+    )
+
+
+class TokenCreated(BaseModel):
+    id: str
+    name: str
+    role: str
+    clusters: list[str] | None
+    token: str = Field(description="shown once; only its hash is stored")
+
+
+@router.post("/tokens", status_code=201, response_model=TokenCreated, summary="Create a token")
+def create_token(body: TokenRequest, runtime: RuntimeDep, principal: AdminDep) -> dict[str, Any]:
+    if principal.clusters is not None:
+        fail(403, "only an unrestricted admin token may create tokens")
+    token_id, token, secret_hash = new_token()
+    runtime.store.create_token(
+        token_id=token_id,
+        name=body.name,
+        role=body.role,
+        clusters=body.clusters,
+        secret_hash=secret_hash,
+        actor=principal.name,
+    )
+    runtime.live.reload()
+    return {
+        "id": token_id,
+        "name": body.name,
+        "role": body.role,
+        "clusters": body.clusters,
+        "token": token,
+    }
+
+
+@router.get("/tokens", summary="Tokens (never their secrets)")
+def list_tokens(runtime: RuntimeDep, _: AdminDep) -> dict[str, Any]:
+    tokens = sorted(runtime.snapshot.tokens.values(), key=lambda t: t.created_at)
+    return {
+        "items": [
+            {
+                "id": t.id,
+                "name": t.name,
+                "role": t.role,
+                "clusters": None if t.clusters is None else list(t.clusters),
+                "created_at": t.created_at.isoformat(),
+                "revoked": t.revoked,
+            }
+            for t in tokens
+        ]
+    }
+
+
+@router.delete("/tokens/{token_id}", status_code=204, summary="Revoke a token")
+def revoke_token(
+    token_id: Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")],
+    runtime: RuntimeDep,
+    principal: AdminDep,
+) -> Response:
+    if principal.clusters is not None:
+        fail(403, "only an unrestricted admin token may revoke tokens")
+    if not runtime.store.revoke_token(token_id, actor=principal.name):
+        fail(404, f"no active token {token_id!r}")
+    runtime.live.reload()
+    return Response(status_code=204)
+
+
+@router.get("/audit", summary="The append-only audit log, newest first")
+def audit(
+    runtime: RuntimeDep,
+    _: ViewerDep,
+    action: Annotated[str | None, Query(max_length=64)] = None,
+    target: Annotated[str | None, Query(max_length=100)] = None,
+    actor: Annotated[str | None, Query(max_length=100)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=20)] = None,
+) -> dict[str, Any]:
+    before = None
+    if cursor is not None:
+        if not cursor.isdigit():
+            invalid(("query", "cursor"), "cursor is not one this service returned")
+        before = int(cursor)
+    rows = runtime.store.list_audit(
+        action=action, target=target, actor=actor, limit=limit + 1, before_id=before
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None}
+
+
+class OverrideProposal(OverrideSpec):
+    cluster: OverrideScope
+
+
+class PreviewRequest(BaseModel):
+    """Exactly one proposal: new rules, an override to put, or one to delete."""
+
+    model_config = ConfigDict(extra="forbid")
+    rules: RulesDocument | None = None
+    override: OverrideProposal | None = None
+    delete_override: OverrideScope | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> PreviewRequest:
+        given = [self.rules, self.override, self.delete_override]
+        if sum(x is not None for x in given) != 1:
+            raise ValueError("give exactly one of rules, override, delete_override")
+        return self
+
+
+@router.post("/preview", response_model=Preview, summary="What a change would do to the fleet")
+def preview(body: PreviewRequest, runtime: RuntimeDep, _: ViewerDep) -> Preview:
+    from datetime import UTC, datetime
+
+    if body.rules is not None:
+        return preview_change(runtime, rules=body.rules)
+    if body.override is not None:
+        spec = body.override.model_dump(exclude={"cluster"})
+        proposed = Override.model_validate(
+            {
+                **spec,
+                "cluster": body.override.cluster,
+                "created_at": datetime.now(UTC),
+                "created_by": "preview",
+                "revision": 0,
+            }
+        )
+        return preview_change(runtime, override_scope=body.override.cluster, override=proposed)
+    return preview_change(runtime, override_scope=body.delete_override, override=None)

@@ -1,0 +1,156 @@
+"""``/v1/overrides``: per-cluster (or fleet-wide ``*``) force/deny/policy flags.
+
+Every write is audited with its note and the preview's counts, honours ``If-Match``,
+and can be tried first with ``?dry_run=true`` (answers the preview, changes nothing).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi.responses import JSONResponse
+
+from service.api.changes import committed, preview_change
+from service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail, invalid
+from service.api.routes.rules import etag_matches
+from service.schemas import Override, OverrideSpec
+from service.store.repo import override_etag
+
+router = APIRouter(prefix="/v1/overrides", tags=["overrides"])
+
+Scope = Annotated[
+    str,
+    Path(
+        pattern=r"^(\*|[a-z0-9._-]{1,63})$",
+        description="a cluster name, or * for the whole fleet",
+    ),
+]
+DryRun = Annotated[bool, Query(description="answer the preview and change nothing")]
+IfMatch = Annotated[str | None, Header(description="ETag from a GET; stale -> 412")]
+
+
+def _shown(o: Override, now: datetime) -> dict[str, Any]:
+    d = o.model_dump(mode="json")
+    d["expired"] = o.expires_at is not None and o.expires_at <= now
+    return d
+
+
+@router.get("", summary="Every override, expired ones flagged")
+def list_overrides(runtime: RuntimeDep, _: ViewerDep) -> Response:
+    snap = runtime.snapshot
+    now = datetime.now(UTC)
+    items = [_shown(o, now) for o in sorted(snap.overrides, key=lambda o: o.cluster)]
+    return JSONResponse({"items": items}, headers={"ETag": f'"overrides-{snap.version}"'})
+
+
+@router.get(
+    "/{cluster}",
+    summary="One scope's override",
+    responses={304: {"description": "If-None-Match matched"}, 404: {"description": "none"}},
+)
+def get_override(
+    cluster: Scope,
+    runtime: RuntimeDep,
+    _: ViewerDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    found = next((o for o in runtime.snapshot.overrides if o.cluster == cluster), None)
+    if found is None:
+        fail(404, f"no override for {cluster!r}")
+    etag = override_etag(cluster, found.revision)
+    if etag_matches(if_none_match, etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    return JSONResponse(_shown(found, datetime.now(UTC)), headers={"ETag": etag})
+
+
+@router.put(
+    "/{cluster}",
+    summary="Create or replace a scope's override",
+    responses={412: {"description": "If-Match is stale"}, 403: {"description": "scope"}},
+)
+def put_override(
+    cluster: Scope,
+    spec: OverrideSpec,
+    runtime: RuntimeDep,
+    principal: AdminDep,
+    dry_run: DryRun = False,
+    if_match: IfMatch = None,
+) -> Response:
+    check_scope(principal, cluster)
+    now = datetime.now(UTC)
+    if spec.expires_at is not None and spec.expires_at <= now:
+        invalid(("body", "expires_at"), "expires_at is in the past")
+    proposed = Override.model_validate(
+        {
+            **spec.model_dump(),
+            "cluster": cluster,
+            "created_at": now,
+            "created_by": principal.name,
+            "revision": 0,
+        }
+    )
+    preview = preview_change(runtime, override_scope=cluster, override=proposed)
+    if dry_run:
+        return JSONResponse({"dry_run": True, "preview": preview.model_dump()})
+    stored = committed(
+        runtime,
+        runtime.store.put_override(
+            cluster,
+            spec,
+            actor=principal.name,
+            if_match=if_match,
+            preview=_counts(preview.model_dump()),
+        ),
+        f"override {cluster!r}",
+    )
+    runtime.metrics.override_writes.labels("put").inc()
+    return JSONResponse(
+        {"override": _shown(stored, now), "preview": preview.model_dump()},
+        headers={"ETag": override_etag(cluster, stored.revision)},
+    )
+
+
+@router.delete(
+    "/{cluster}",
+    summary="Remove a scope's override",
+    responses={404: {"description": "none"}, 412: {"description": "If-Match is stale"}},
+)
+def delete_override(
+    cluster: Scope,
+    runtime: RuntimeDep,
+    principal: AdminDep,
+    dry_run: DryRun = False,
+    if_match: IfMatch = None,
+    note: Annotated[str | None, Query(max_length=2000)] = None,
+) -> Response:
+    check_scope(principal, cluster)
+    if not any(o.cluster == cluster for o in runtime.snapshot.overrides):
+        runtime.live.reload()  # it may have been written on another replica just now
+        if not any(o.cluster == cluster for o in runtime.snapshot.overrides):
+            fail(404, f"no override for {cluster!r}")
+    preview = preview_change(runtime, override_scope=cluster, override=None)
+    if dry_run:
+        return JSONResponse({"dry_run": True, "preview": preview.model_dump()})
+    deleted = runtime.store.delete_override(
+        cluster,
+        actor=principal.name,
+        if_match=if_match,
+        note=note,
+        preview=_counts(preview.model_dump()),
+    )
+    if deleted is None:
+        fail(404, f"no override for {cluster!r}")
+    committed(runtime, deleted, f"override {cluster!r}")
+    runtime.metrics.override_writes.labels("delete").inc()
+    return JSONResponse(
+        {"deleted": deleted.model_dump(mode="json"), "preview": preview.model_dump()}
+    )
+
+
+def _counts(preview: dict[str, Any]) -> dict[str, Any]:
+    """What the audit log keeps of a preview: the counts, not every change row."""
+    return {k: preview[k] for k in ("pods_total", "pods_changed", "pods_invalid")} | {
+        "changes": preview["changes"][:20]
+    }
