@@ -202,8 +202,9 @@ def select_main(argv: Sequence[str]) -> int:
         except AgentError as exc:
             log.error("error: %s", exc)
             return 1
-        why = result.messages[-1] if result.messages else ""
-        log.info("%s (%s)%s", result.backend, result.source, f": {why}" if why else "")
+        log.info("%s (%s)", result.backend, result.source)
+        for message in result.messages:  # e.g. why a requested backend was not taken
+            log.info("  %s", message)
         if args.format == "vllm-args" and result.backend not in VLLM_BACKENDS:
             log.info(
                 "vLLM has no MLA prefill backend named %s; printing no flag, so vLLM "

@@ -175,3 +175,13 @@ def test_the_switchboard_command_runs_select(agent_service: Any, cache_dir: Path
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "--attention-config.mla_prefill_backend=FLASH_ATTN\n"
     assert "switchboard: FLASH_ATTN (priority)" in proc.stderr
+
+
+def test_stderr_says_why_a_request_was_not_taken(
+    svc_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--model", str(CONFIGS / "glm-5"), *svc_args, "--capability", "9.0"]
+    code, out, err = _run([*argv, "--requested", "cudnn", "--format", "vllm-args"], capsys)
+    assert (code, out) == (0, FA_FLAG)
+    assert "Requested MLA prefill backend CUDNN is not valid" in err
+    assert "model MLA dims (192, 64, 256) not supported" in err
