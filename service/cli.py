@@ -10,8 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from service.config import Settings
-
+# Imports stay inside the subcommands: `switchboard select` runs at every pod boot and
+# must not pay for the service's (or torch's) imports it does not use.
 AGENT_COMMANDS = {"select": "agent.cli:select_main", "bench": "agent.cli:bench_main"}
 
 
@@ -19,6 +19,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.api.app import create_app
+    from service.config import Settings
     from service.runtime import Runtime
     from service.store.db import StoreConfigError
 
@@ -73,8 +74,8 @@ def _create_token(runtime: object, *, name: str, role: str, clusters: list[str] 
 
 
 def _token(args: argparse.Namespace) -> int:
+    from service.config import Settings
     from service.runtime import Runtime
-    from service.schemas import CLUSTER_PATTERN  # noqa: F401  (documented format)
 
     runtime = Runtime(Settings())
     runtime.prepare_store()

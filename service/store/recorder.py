@@ -57,7 +57,7 @@ class DecisionRecorder:
     def pending(self) -> int:
         return len(self._queue)
 
-    def flush(self, timeout_s: float = 10.0) -> bool:
+    def flush(self, timeout_s: float = 3.0) -> bool:
         """Wait until everything submitted before this call is written (or dropped).
 
         Readers call it first so that a listing shows the caller's own decisions.
