@@ -289,3 +289,52 @@ class Override(OverrideSpec):
     @property
     def label(self) -> str:
         return "fleet override (*)" if self.cluster == FLEET else f"override {self.cluster}"
+
+
+# -------------------------------------------------------------------- measurements
+
+ShapeSeqlens = Annotated[
+    list[Annotated[int, Field(gt=0, le=1_048_576, strict=True)]],
+    Field(min_length=1, max_length=4096),
+]
+
+
+class MeasuredShape(_Strict):
+    seqlens: ShapeSeqlens
+    num_heads: Dim
+
+
+class MeasurementResult(_Strict):
+    """One backend on one shape, as measured on the pod's own GPU."""
+
+    backend: BackendName
+    impl: Annotated[str, StringConstraints(max_length=100)] | None = Field(
+        default=None, description="the code path really used, e.g. flashinfer-fa3"
+    )
+    shape: MeasuredShape
+    median_ms: Annotated[float, Field(gt=0, lt=3_600_000)] | None = None
+    tflops: Annotated[float, Field(ge=0, lt=100_000)] | None = None
+    correct: bool
+    error: Annotated[str, StringConstraints(max_length=8000)] | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> MeasurementResult:
+        if self.correct and self.error is None and (self.median_ms is None or self.tflops is None):
+            raise ValueError("a correct result needs median_ms and tflops")
+        return self
+
+
+class MeasurementReport(_Strict):
+    """What ``switchboard bench`` posts to ``POST /v1/measurements``."""
+
+    cluster: ClusterName
+    pod: ShortText
+    node: ShortText | None = None
+    device: DeviceInfo
+    model: ModelInfo
+    dtype: DtypeName
+    packages: dict[
+        Annotated[str, StringConstraints(min_length=1, max_length=100)],
+        Annotated[str, StringConstraints(max_length=100)],
+    ] = Field(default_factory=dict, max_length=64)
+    results: list[MeasurementResult] = Field(min_length=1, max_length=256)
