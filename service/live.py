@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from service.metrics import Metrics
 from service.store.repo import ConfigSnapshot, Store
@@ -19,8 +21,19 @@ log = logging.getLogger("switchboard.live")
 
 
 class LiveConfig:
-    def __init__(self, store: Store, metrics: Metrics, poll_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        poll_s: float,
+        on_evidence: Callable[[], None] = lambda: None,
+        evidence_refresh_s: float = 60.0,
+    ) -> None:
         self._store = store
+        self._on_evidence = on_evidence
+        self._evidence_version: int | None = None
+        self._evidence_refresh_s = evidence_refresh_s
+        self._evidence_loaded_at = 0.0
         self._metrics = metrics
         self._poll_s = poll_s
         self._stop = threading.Event()
@@ -40,8 +53,14 @@ class LiveConfig:
 
     def start(self) -> None:
         self.reload()
+        self._evidence_version = self._store.versions().get("evidence_version")
+        self._reload_evidence()
         self._thread = threading.Thread(target=self._poll, name="config-poller", daemon=True)
         self._thread.start()
+
+    def _reload_evidence(self) -> None:
+        self._on_evidence()
+        self._evidence_loaded_at = time.monotonic()
 
     def stop(self) -> None:
         self._stop.set()
@@ -51,9 +70,16 @@ class LiveConfig:
     def _poll(self) -> None:
         while not self._stop.wait(self._poll_s):
             try:
-                version = self._store.config_version()
+                versions = self._store.versions()
+                version = versions.get("config_version", 0)
                 if self.snapshot is None or version != self.snapshot.version:
                     self.reload()
+                evidence = versions.get("evidence_version")
+                stale = time.monotonic() - self._evidence_loaded_at > self._evidence_refresh_s
+                if evidence != self._evidence_version or stale:
+                    # periodic too: evidence ages out of its window without any write
+                    self._evidence_version = evidence
+                    self._reload_evidence()
                 if self.degraded is not None:
                     log.warning("config store reachable again")
                 self.degraded = None

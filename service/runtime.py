@@ -7,8 +7,10 @@ build a ``Runtime`` from ``Settings``; nothing else opens the database.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, timedelta
 
 from service.config import Settings
+from service.evidence import EvidenceIndex, Observation
 from service.live import LiveConfig
 from service.metrics import Metrics
 from service.selector import Selector
@@ -25,7 +27,13 @@ class Runtime:
         self.metrics = Metrics()
         self.engine = make_engine(settings.database_url)
         self.store = Store(self.engine)
-        self.live = LiveConfig(self.store, self.metrics, settings.config_poll_s)
+        self.evidence = EvidenceIndex(
+            [], min_samples=settings.measured_min_samples, min_pods=settings.measured_min_pods
+        )
+        self.evidence_version = 0
+        self.live = LiveConfig(
+            self.store, self.metrics, settings.config_poll_s, on_evidence=self.reload_evidence
+        )
         self.recorder = DecisionRecorder(
             self.store,
             self.metrics,
@@ -33,7 +41,10 @@ class Runtime:
             batch=settings.flush_batch,
             limit=settings.buffer_limit,
         )
-        self.selector = Selector()
+        self.selector = Selector(
+            ranker=lambda request, reasons: self.evidence.rank(request, reasons),
+            evidence_version=lambda: self.evidence_version,
+        )
         self.bootstrap_token = (
             settings.admin_token.get_secret_value() if settings.admin_token else None
         )
@@ -52,6 +63,21 @@ class Runtime:
         self.recorder.stop()
         self.live.stop()
         self.engine.dispose()
+
+    def reload_evidence(self) -> None:
+        """Rebuild the measured-selection index from the store (last N days only)."""
+        since = datetime.now(UTC) - timedelta(days=self.settings.measured_max_age_days)
+        self.evidence = EvidenceIndex(
+            self.store.evidence(since),
+            min_samples=self.settings.measured_min_samples,
+            min_pods=self.settings.measured_min_pods,
+        )
+        self.evidence_version += 1
+
+    def add_evidence(self, observations: list[Observation]) -> None:
+        """This replica's own new evidence, applied at once without a store read."""
+        self.evidence.add(observations)
+        self.evidence_version += 1
 
     @property
     def snapshot(self) -> ConfigSnapshot:

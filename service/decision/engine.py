@@ -131,6 +131,25 @@ def priority_list(rules: RulesDocument, cluster: str, cap: Capability) -> tuple[
     return [], "no rule"  # unreachable: the fleet default is a list
 
 
+def invalid_reasons(request: SelectRequest, active: Sequence[Override]) -> dict[Backend, list[str]]:
+    """Why each backend cannot serve this request: its spec, then the active denies."""
+    ctx = context_of(request)
+    reasons: dict[Backend, list[str]] = {b: SPECS[b].validate(ctx) for b in Backend}
+    for o in active:
+        for backend in o.deny:
+            reasons[backend].append(f"denied by {o.label}: {o.note}")
+    return reasons
+
+
+def _effects(o: Override) -> list[str]:
+    effects = [f"deny {b}" for b in o.deny]
+    if o.force is not None:
+        effects.append(f"force {o.force}")
+    if o.policy is not None:
+        effects.append(f"policy {o.policy}")
+    return effects
+
+
 def effective_policy(overrides: Sequence[Override]) -> Policy:
     policy: Policy = "priority"
     for o in overrides:  # fleet first, the cluster's own last: the more specific wins
@@ -150,18 +169,10 @@ def decide(
     """Choose a backend for ``request``; see the module docstring for precedence."""
     ctx = context_of(request)
     active = applicable_overrides(request, overrides, now)
-    reasons: dict[Backend, list[str]] = {b: SPECS[b].validate(ctx) for b in Backend}
-    refs: list[OverrideRef] = []
-    for o in active:
-        effects = []
-        for backend in o.deny:
-            reasons[backend].append(f"denied by {o.label}: {o.note}")
-            effects.append(f"deny {backend}")
-        if o.force is not None:
-            effects.append(f"force {o.force}")
-        if o.policy is not None:
-            effects.append(f"policy {o.policy}")
-        refs.append(OverrideRef(cluster=o.cluster, effect=", ".join(effects), note=o.note))
+    reasons = invalid_reasons(request, active)
+    refs = [
+        OverrideRef(cluster=o.cluster, effect=", ".join(_effects(o)), note=o.note) for o in active
+    ]
 
     trace = _Trace()
 

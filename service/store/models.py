@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Float, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -117,3 +117,33 @@ class Meta(Base):
     __tablename__ = "meta"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[int] = mapped_column(Integer)
+
+
+class MeasurementRow(Base):
+    """One backend on one shape, measured on a pod's own GPU (issue 6).
+
+    The situation columns (device, capability, dims, dtype, packages) are what
+    measured selection matches a pod's request against; ``packages`` is canonical
+    JSON so that equal package sets compare equal in SQL and in memory.
+    """
+
+    __tablename__ = "measurements"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    report_id: Mapped[str] = mapped_column(String(26), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    cluster: Mapped[str] = mapped_column(String(63))
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    pod: Mapped[str] = mapped_column(String(253))
+    device_name: Mapped[str] = mapped_column(String(253))
+    capability: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    dims: Mapped[str] = mapped_column(String(32))
+    num_heads: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    dtype: Mapped[str] = mapped_column(String(16))
+    packages: Mapped[str] = mapped_column(Text)
+    backend: Mapped[str] = mapped_column(String(32))
+    impl: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    shape: Mapped[str] = mapped_column(Text)
+    median_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    correct: Mapped[bool] = mapped_column(Boolean)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

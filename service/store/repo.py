@@ -12,24 +12,34 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.schemas import SEED_RULES, Override, OverrideSpec, RulesDocument
+from service.schemas import (
+    SEED_RULES,
+    MeasurementReport,
+    Override,
+    OverrideSpec,
+    RulesDocument,
+)
 from service.store.models import (
     AnswerRow,
     AuditRow,
     DecisionRow,
     FailureRow,
+    MeasurementRow,
     Meta,
     OverrideRow,
     PodLatest,
     RulesRevision,
     TokenRow,
 )
+
+if TYPE_CHECKING:
+    from service.evidence import Observation
 
 
 @dataclass(frozen=True)
@@ -147,13 +157,18 @@ class Store:
                         created_by="seed",
                     )
                 )
-            if s.get(Meta, "config_version") is None:
-                s.add(Meta(key="config_version", value=1))
+            for key in ("config_version", "evidence_version"):
+                if s.get(Meta, key) is None:
+                    s.add(Meta(key=key, value=1))
         # A concurrent replica may have seeded first: that is fine.
 
     def config_version(self) -> int:
+        return self.versions().get("config_version", 0)
+
+    def versions(self) -> dict[str, int]:
+        """``config_version`` and ``evidence_version`` in one round trip (the poller's)."""
         with Session(self.engine) as s:
-            return s.scalar(select(Meta.value).where(Meta.key == "config_version")) or 0
+            return {k: v for k, v in s.execute(select(Meta.key, Meta.value))}
 
     def load_config(self) -> ConfigSnapshot:
         with Session(self.engine) as s:
@@ -192,9 +207,9 @@ class Store:
         )
 
     @staticmethod
-    def _bump(s: Session) -> int:
-        s.execute(update(Meta).where(Meta.key == "config_version").values(value=Meta.value + 1))
-        return s.scalar(select(Meta.value).where(Meta.key == "config_version")) or 0
+    def _bump(s: Session, key: str = "config_version") -> int:
+        s.execute(update(Meta).where(Meta.key == key).values(value=Meta.value + 1))
+        return s.scalar(select(Meta.value).where(Meta.key == key)) or 0
 
     @staticmethod
     def _audit(
@@ -550,6 +565,7 @@ class Store:
                     at=datetime.now(UTC), decision_id=decision_id, backend=backend, error=error
                 )
             )
+            self._bump(s, "evidence_version")  # a build failure is evidence too
 
     def failures_for(self, decision_id: str) -> list[dict[str, Any]]:
         with Session(self.engine) as s:
@@ -561,6 +577,86 @@ class Store:
                     .order_by(FailureRow.id)
                 )
             ]
+
+    # ------------------------------------------------------------ measurements
+    def add_measurements(self, report: MeasurementReport, report_id: str) -> int:
+        from service.evidence import dims_key, packages_key
+
+        cap = report.device.capability
+        m = report.model
+        now = datetime.now(UTC)
+        rows = [
+            MeasurementRow(
+                report_id=report_id,
+                at=now,
+                cluster=report.cluster,
+                node=report.node,
+                pod=report.pod,
+                device_name=report.device.name or "",
+                capability=None if cap is None else f"{cap[0]}.{cap[1]}",
+                dims=dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
+                num_heads=m.num_heads,
+                dtype=report.dtype.value,
+                packages=packages_key(report.packages),
+                backend=r.backend.value,
+                impl=r.impl,
+                shape=r.shape.model_dump_json(),
+                median_ms=r.median_ms,
+                tflops=r.tflops,
+                correct=r.correct and r.error is None,
+                error=r.error,
+            )
+            for r in report.results
+        ]
+        with Session(self.engine) as s, s.begin():
+            s.add_all(rows)
+            self._bump(s, "evidence_version")
+        return len(rows)
+
+    def evidence(self, since: datetime) -> list[Observation]:
+        """Measured results since ``since``, plus build failures pods reported on
+        decisions made since then (keyed by the situation of the failing pod)."""
+        from service.evidence import Observation, Situation, situation_of
+        from service.schemas import SelectRequest
+
+        out: list[Observation] = []
+        with self.engine.connect() as conn:
+            q = select(
+                MeasurementRow.device_name,
+                MeasurementRow.capability,
+                MeasurementRow.dims,
+                MeasurementRow.dtype,
+                MeasurementRow.packages,
+                MeasurementRow.backend,
+                MeasurementRow.pod,
+                MeasurementRow.tflops,
+                MeasurementRow.correct,
+            ).where(MeasurementRow.at >= since, MeasurementRow.capability.is_not(None))
+            for device, cap, dims, dtype, packages, backend, pod, tflops, correct in conn.execute(
+                q
+            ):
+                out.append(
+                    Observation(
+                        situation=Situation(device, cap, dims, dtype, packages),
+                        backend=backend,
+                        pod=pod,
+                        tflops=tflops,
+                        ok=bool(correct),
+                    )
+                )
+            failures = (
+                select(FailureRow.backend, DecisionRow.request, DecisionRow.pod)
+                .join(DecisionRow, DecisionRow.id == FailureRow.decision_id)
+                .where(FailureRow.at >= since)
+            )
+            for backend, request_json, pod in conn.execute(failures):
+                try:
+                    situation = situation_of(SelectRequest.model_validate_json(request_json))
+                except ValueError:
+                    continue
+                if situation is not None:
+                    out.append(Observation(situation, backend, pod or "", None, ok=False))
+        return out
 
     # ------------------------------------------------------------------- audit
     def list_audit(

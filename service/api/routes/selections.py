@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from service.api.deps import RuntimeDep, ViewerDep, fail, invalid
-from service.schemas import CLUSTER_PATTERN, BackendName, DeviceInfo, ModelInfo
-from service.store.repo import DecisionRecord, decode_cursor, encode_cursor
+from service.api.deps import RuntimeDep, ViewerDep, fail
+from service.regret import regret_by_cluster
+from service.schemas import (
+    CLUSTER_PATTERN,
+    BackendName,
+    DeviceInfo,
+    ModelInfo,
+    error_responses,
+)
+from service.store.repo import DecisionRecord
 
-router = APIRouter(prefix="/v1/selections", tags=["selections"])
+router = APIRouter(
+    prefix="/v1/selections", tags=["selections"], responses=error_responses(401, 403, 503)
+)
 
 
 class SelectionItem(BaseModel):
@@ -42,6 +51,7 @@ class SelectionDetail(SelectionItem):
 
 class Summary(BaseModel):
     clusters: dict[str, dict[str, int]]
+    regret: dict[str, dict[str, Any]]
 
 
 def _item(r: DecisionRecord) -> dict[str, Any]:
@@ -68,27 +78,29 @@ def list_selections(
     backend: BackendName | None = None,
     pod: Annotated[str | None, Query(max_length=253)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            pattern=r"^[0-9a-f]{26}$",
+            description="next_cursor of the previous page: the items older than it",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
-    before = None
-    if cursor is not None:
-        try:
-            before = decode_cursor(cursor)
-        except ValueError as exc:
-            invalid(("query", "cursor"), str(exc))
+    # The cursor is the last item's decision id: every value the pattern admits is a
+    # position in the time-ordered log (schemathesis: any schema-valid cursor works).
     runtime.recorder.flush()
     rows = runtime.store.list_decisions(
         cluster=cluster,
         backend=None if backend is None else backend.value,
         pod=pod,
         limit=limit + 1,
-        before_id=before,
+        before_id=cursor,
     )
     more = len(rows) > limit
     rows = rows[:limit]
     return {
         "items": [_item(r) for r in rows],
-        "next_cursor": encode_cursor(rows[-1].id) if more else None,
+        "next_cursor": rows[-1].id if more else None,
     }
 
 
@@ -98,11 +110,24 @@ def list_selections(
     summary="Pods per cluster and backend, counting each pod's latest decision",
 )
 def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
+    """``regret`` estimates, per cluster, the prefill throughput lost by the current
+    choices against the best measured valid backend (see service/regret.py)."""
     runtime.recorder.flush()
-    return {"clusters": runtime.store.summary()}
+    regret = regret_by_cluster(
+        runtime.store.latest_per_pod(),
+        runtime.evidence,
+        runtime.snapshot.overrides,
+        now=datetime.now(UTC),
+    )
+    return {"clusters": runtime.store.summary(), "regret": regret}
 
 
-@router.get("/{decision_id}", response_model=SelectionDetail, summary="One decision in full")
+@router.get(
+    "/{decision_id}",
+    response_model=SelectionDetail,
+    responses=error_responses(404),
+    summary="One decision in full",
+)
 def get_selection(decision_id: str, runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
     runtime.recorder.flush()
     record = runtime.store.get_decision(decision_id)

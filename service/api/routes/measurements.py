@@ -1,0 +1,37 @@
+"""``/v1/measurements``: the fleet's own kernel benchmarks (measured selection)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.api.deps import AgentDep, RuntimeDep, ViewerDep, check_scope
+from service.evidence import observations_of_report
+from service.ids import new_id
+from service.schemas import MeasurementReport
+
+router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
+
+
+@router.post("", status_code=201, summary="Report a pod's kernel benchmark results")
+def report(body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep) -> dict[str, Any]:
+    check_scope(principal, body.cluster)
+    report_id = new_id()
+    count = runtime.store.add_measurements(body, report_id)
+    # this replica at once; every replica (this one too) rebuilds from the store
+    # within the poll interval
+    runtime.add_evidence(observations_of_report(body))
+    return {"measurement_id": report_id, "results": count}
+
+
+@router.get("/summary", summary="Evidence per situation and backend")
+def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
+    """Groups are (device, capability, dims, dtype, kernel package versions, backend),
+    over the evidence window (``SWITCHBOARD_MEASURED_MAX_AGE_DAYS``); ``failures``
+    counts wrong results and build failures reported by matching pods."""
+    return {
+        "groups": runtime.evidence.summary(),
+        "min_samples": runtime.settings.measured_min_samples,
+        "min_pods": runtime.settings.measured_min_pods,
+    }

@@ -1,0 +1,80 @@
+"""Regret: the prefill throughput a cluster leaves on the table with its current choices.
+
+For every pod whose situation has measured evidence, compare the median TFLOP/s of the
+backend it runs with the best *valid* backend measured for that situation (valid for
+that pod, overrides' denies included). Per cluster the figure is
+``1 - sum(chosen) / sum(best)`` over those pods: the share of attention-prefill
+throughput lost, as a fleet operator would add it up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kernels.specs import Backend
+from service.decision.engine import applicable_overrides, invalid_reasons
+from service.evidence import EvidenceIndex, situation_of
+from service.schemas import Override, SelectRequest
+from service.store.repo import PodState
+
+
+def regret_by_cluster(
+    pods: Sequence[PodState],
+    evidence: EvidenceIndex,
+    overrides: Sequence[Override],
+    *,
+    now: datetime,
+) -> dict[str, dict[str, Any]]:
+    acc: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {
+            "pods": 0,
+            "pods_measured": 0,
+            "pods_on_best": 0,
+            "chosen": 0.0,
+            "best": 0.0,
+            "switch_to": defaultdict(int),
+        }
+    )
+    for pod in pods:
+        a = acc[pod.cluster]
+        a["pods"] += 1
+        try:
+            request = SelectRequest.model_validate_json(pod.request_json)
+        except ValidationError:
+            continue
+        situation = situation_of(request)
+        if situation is None:
+            continue
+        group = evidence.groups.get(situation, {})
+        chosen = group.get(Backend(pod.backend))
+        if chosen is None or chosen.median_tflops is None:
+            continue
+        reasons = invalid_reasons(request, applicable_overrides(request, overrides, now))
+        ranked = evidence.eligible(situation, [b for b in Backend if not reasons[b]])
+        if not ranked:
+            continue
+        best_backend, best = ranked[0]
+        best_tflops = max(best.median_tflops or 0.0, chosen.median_tflops)
+        a["pods_measured"] += 1
+        a["chosen"] += chosen.median_tflops
+        a["best"] += best_tflops
+        if best_backend.value == pod.backend or best_tflops <= chosen.median_tflops:
+            a["pods_on_best"] += 1
+        else:
+            a["switch_to"][best_backend.value] += 1
+    out: dict[str, dict[str, Any]] = {}
+    for cluster, a in sorted(acc.items()):
+        lost = 0.0 if a["best"] <= 0 else 1.0 - a["chosen"] / a["best"]
+        out[cluster] = {
+            "pods": a["pods"],
+            "pods_measured": a["pods_measured"],
+            "pods_on_best": a["pods_on_best"],
+            "throughput_lost_pct": round(100.0 * lost, 2),
+            "best_alternatives": dict(sorted(a["switch_to"].items())),
+        }
+    return out

@@ -1,0 +1,268 @@
+"""Measured selection (issue 6): ranking, thresholds, ties, stale evidence, failures
+excluding a backend, overrides beating evidence, and regret; through a real server.
+
+Evidence is fleet-wide per situation (device, capability, dims, dtype, packages), not
+per cluster, so each test measures on a GPU name of its own."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ServiceProcess
+from tests.service.test_select_decisions import ALL, body
+
+H200 = {"name": "NVIDIA H200", "capability": [9, 0]}
+
+
+@pytest.fixture(autouse=True)
+def own_situation() -> Iterator[None]:
+    """A device name of the test's own, so its evidence is not shared with others."""
+    global H200
+    H200 = {"name": f"NVIDIA H200 #{uuid.uuid4().hex[:6]}", "capability": [9, 0]}
+    yield
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    d = tmp_path_factory.mktemp("measured")
+    service = ServiceProcess(f"sqlite:///{d / 'sb.db'}").start(d)
+    yield service
+    service.stop()
+
+
+@pytest.fixture
+def c(server: ServiceProcess) -> Iterator[httpx.Client]:
+    with server.client() as client:
+        yield client
+
+
+def fresh() -> str:
+    return f"m-{uuid.uuid4().hex[:8]}"
+
+
+def report(
+    c: httpx.Client,
+    cluster: str,
+    pod: str,
+    results: list[tuple[str, float | None, bool]],
+    *,
+    device: dict[str, Any] | None = None,
+    packages: dict[str, str] = ALL,
+) -> None:
+    device = device or H200
+    r = c.post(
+        "/v1/measurements",
+        json={
+            "cluster": cluster,
+            "pod": pod,
+            "device": device,
+            "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                      "num_heads": 128},
+            "dtype": "bfloat16",
+            "packages": packages,
+            "results": [
+                {"backend": b, "impl": "test", "shape": {"seqlens": [4096], "num_heads": 128},
+                 "median_ms": None if t is None else 1.0, "tflops": t, "correct": ok,
+                 "error": None if ok else "max abs err 3.1 > 0.02"}
+                for b, t, ok in results
+            ],
+        },
+    )
+    assert r.status_code == 201, r.text
+
+
+def measured_policy(c: httpx.Client, cluster: str) -> None:
+    r = c.put(f"/v1/overrides/{cluster}", json={"policy": "measured", "note": "let data decide"})
+    assert r.status_code == 200, r.text
+
+
+def select(c: httpx.Client, cluster: str, **kw: Any) -> dict[str, Any]:
+    device = kw.pop("device", H200)
+    payload = body(cluster=cluster, packages=kw.pop("packages", ALL), **kw)
+    payload["device"] = device
+    r = c.post("/v1/select", json=payload)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def seed(
+    c: httpx.Client, cluster: str, pods: int = 2, packages: dict[str, str] = ALL,
+    **speeds: float,
+) -> None:
+    for p in range(pods):
+        for sample in range(2):  # 2 samples per pod: 4 >= 3 with 2 pods
+            report(c, cluster, f"bench-{p}",
+                   [(b, t + sample, True) for b, t in speeds.items()], packages=packages)
+
+
+def test_fastest_correct_backend_wins(c: httpx.Client) -> None:
+    cluster = fresh()
+    seed(c, cluster, FLASHINFER=650, CUDNN=540, FLASH_ATTN=230)
+    assert select(c, cluster)["backend"] == "FLASH_ATTN"  # policy still priority
+    measured_policy(c, cluster)
+    a = select(c, cluster)
+    assert (a["backend"], a["source"]) == ("FLASHINFER", "measured")
+    ev = a["evidence"]
+    assert ev["samples"] == 4 and ev["pods"] == 2
+    assert ev["median_tflops"] == pytest.approx(650.5)
+    assert ev["runner_up"] == "CUDNN" and ev["runner_up_tflops"] == pytest.approx(540.5)
+    assert ev["margin"] == pytest.approx((650.5 - 540.5) / 540.5, rel=1e-3)
+    assert any("measured" in m for m in a["messages"])
+
+
+def test_thresholds_samples_and_pods(c: httpx.Client) -> None:
+    cluster = fresh()
+    measured_policy(c, cluster)
+    # 4 samples but from ONE pod: not enough
+    seed(c, cluster, pods=1, FLASHINFER=650)
+    report(c, cluster, "bench-0", [("FLASHINFER", 651, True), ("FLASHINFER", 652, True)])
+    a = select(c, cluster)
+    assert (a["backend"], a["source"]) == ("FLASH_ATTN", "priority")
+    assert any("too thin" in m for m in a["messages"])
+    # a second pod, but only 1 more sample still gives >= 3 samples from 2 pods
+    report(c, cluster, "bench-1", [("FLASHINFER", 640, True)])
+    assert select(c, cluster)["source"] == "measured"
+
+
+def test_evidence_is_per_situation(c: httpx.Client) -> None:
+    cluster = fresh()
+    measured_policy(c, cluster)
+    seed(c, cluster, FLASHINFER=650, FLASH_ATTN=230)
+    # another FlashInfer version, another GPU: the evidence does not carry over
+    newer = {**ALL, "flashinfer": "0.8.0"}
+    assert select(c, cluster, packages=newer)["source"] == "priority"
+    h100 = select(c, cluster, device={"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]})
+    assert h100["source"] == "priority"
+
+
+def test_valid_backends_only_and_not_only_listed(c: httpx.Client) -> None:
+    cluster = fresh()
+    measured_policy(c, cluster)
+    seed(c, cluster, FLASHINFER=650, CUDNN=540, FLASH_ATTN=230)
+    # CUDNN is not in Hopper's priority list, but it can win by evidence; FLASHINFER,
+    # faster, is not valid on a pod without the package and is not chosen there.
+    no_flashinfer = {"torch": ALL["torch"], "cudnn": ALL["cudnn"], "flash_attn": "2.8.3"}
+    seed(c, cluster, packages=no_flashinfer, CUDNN=540, FLASH_ATTN=230)
+    a = select(c, cluster, packages=no_flashinfer)
+    assert (a["backend"], a["source"]) == ("CUDNN", "measured")
+
+
+def test_failed_correctness_excludes_backend(c: httpx.Client) -> None:
+    cluster = fresh()
+    measured_policy(c, cluster)
+    seed(c, cluster, FLASHINFER=650, CUDNN=540)
+    report(c, cluster, "bench-9", [("FLASHINFER", None, False)])  # wrong once: never chosen
+    a = select(c, cluster)
+    assert (a["backend"], a["source"]) == ("CUDNN", "measured")
+    summary = c.get("/v1/measurements/summary").json()["groups"]
+    (fi,) = [g for g in summary if g["backend"] == "FLASHINFER" and g["failures"] == 1]
+    assert fi["samples"] == 4 and fi["pods"] == 2
+
+
+def test_build_failure_on_matching_pod_excludes_backend(c: httpx.Client) -> None:
+    cluster = fresh()
+    seed(c, cluster, FLASHINFER=650, CUDNN=540)
+    measured_policy(c, cluster)
+    chosen = select(c, cluster)
+    assert chosen["backend"] == "FLASHINFER"
+    r = c.post(f"/v1/selections/{chosen['decision_id']}/failure",
+               json={"backend": "FLASHINFER", "error": "JIT compile failed"})
+    assert r.status_code == 202
+    assert select(c, cluster)["backend"] == "CUDNN"
+
+
+def test_ties_break_by_table_order(c: httpx.Client) -> None:
+    cluster = fresh()
+    measured_policy(c, cluster)
+    seed(c, cluster, CUDNN=600, FLASHINFER=600)
+    a = select(c, cluster)
+    assert a["backend"] == "FLASHINFER"  # FLASHINFER precedes CUDNN in the backend table
+    assert a["evidence"]["margin"] == 0
+
+
+def test_overrides_beat_evidence(c: httpx.Client) -> None:
+    cluster = fresh()
+    seed(c, cluster, FLASHINFER=650, CUDNN=540, FLASH_ATTN=230)
+    c.put(f"/v1/overrides/{cluster}",
+          json={"policy": "measured", "deny": ["FLASHINFER"], "note": "incident"})
+    assert select(c, cluster)["backend"] == "CUDNN"
+    c.put(f"/v1/overrides/{cluster}",
+          json={"policy": "measured", "force": "FLASH_ATTN", "note": "pin"})
+    a = select(c, cluster)
+    assert (a["backend"], a["source"]) == ("FLASH_ATTN", "override")
+    # and a pod's valid request still beats evidence
+    c.put(f"/v1/overrides/{cluster}", json={"policy": "measured", "note": "data"})
+    assert select(c, cluster, requested_backend="CUDNN")["source"] == "requested"
+
+
+def test_fleet_policy_and_cluster_opt_out(c: httpx.Client) -> None:
+    a_cluster, b_cluster = fresh(), fresh()
+    seed(c, a_cluster, FLASHINFER=650, FLASH_ATTN=230)
+    try:
+        c.put("/v1/overrides/*", json={"policy": "measured", "note": "fleet-wide"})
+        c.put(f"/v1/overrides/{b_cluster}", json={"policy": "priority", "note": "opt out"})
+        assert select(c, a_cluster)["source"] == "measured"
+        assert select(c, b_cluster)["source"] == "priority"
+    finally:
+        c.delete("/v1/overrides/*")
+
+
+def test_regret_in_summary(c: httpx.Client) -> None:
+    cluster = fresh()
+    seed(c, cluster, FLASHINFER=600, FLASH_ATTN=200)
+    for i in range(3):  # three pods on the seed choice
+        select(c, cluster, pod=f"serve-{i}")
+    regret = c.get("/v1/selections/summary").json()["regret"][cluster]
+    # bench pods never selected; 3 serving pods at 200.5 vs 600.5 possible
+    assert regret["pods_measured"] == 3 and regret["pods_on_best"] == 0
+    assert regret["throughput_lost_pct"] == pytest.approx(100 * (1 - 200.5 / 600.5), abs=0.01)
+    assert regret["best_alternatives"] == {"FLASHINFER": 3}
+    measured_policy(c, cluster)
+    for i in range(3):
+        select(c, cluster, pod=f"serve-{i}")
+    regret = c.get("/v1/selections/summary").json()["regret"][cluster]
+    assert regret["throughput_lost_pct"] == 0 and regret["pods_on_best"] == 3
+
+
+def test_measurement_validation(c: httpx.Client) -> None:
+    ok = {"cluster": "x", "pod": "p", "device": H200,
+          "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+          "dtype": "bf16",
+          "results": [{"backend": "CUDNN", "shape": {"seqlens": [8], "num_heads": 16},
+                       "median_ms": 1, "tflops": 1, "correct": True}]}
+    assert c.post("/v1/measurements", json=ok).status_code == 201
+    for bad in (
+        {**ok, "results": []},
+        {**ok, "results": [{**ok["results"][0], "backend": "FA9"}]},
+        {**ok, "results": [{**ok["results"][0], "tflops": -1}]},
+        {**ok, "results": [{**ok["results"][0], "tflops": None}]},  # correct needs a speed
+        {**ok, "results": [{**ok["results"][0], "shape": {"seqlens": [0], "num_heads": 16}}]},
+        {**ok, "cluster": "BAD"},
+    ):
+        r = c.post("/v1/measurements", json=bad)
+        assert r.status_code == 422, (bad, r.text)
+
+
+def test_stale_evidence_ages_out(service_factory: type[ServiceProcess], sqlite_url: str) -> None:
+    window_s = 2.0
+    service = service_factory(
+        sqlite_url, env={"SWITCHBOARD_MEASURED_MAX_AGE_DAYS": str(window_s / 86400)}
+    ).start()
+    with service.client() as c:
+        cluster = fresh()
+        measured_policy(c, cluster)
+        seed(c, cluster, FLASHINFER=650)
+        assert select(c, cluster)["source"] == "measured"
+        time.sleep(window_s + 0.5)
+        # the store is re-read within the poll interval after any new evidence
+        report(c, cluster, "other", [("CUDNN", 500, True)])
+        deadline = time.monotonic() + 5
+        while (a := select(c, cluster))["source"] == "measured" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (a["backend"], a["source"]) == ("FLASH_ATTN", "priority")
