@@ -1,0 +1,995 @@
+// MLA Switchboard dashboard: plain ES2020, no build step, no dependencies.
+//
+// Security rules this file keeps (the page runs under a strict CSP):
+//  - every string from the API reaches the DOM as a text node or an attribute value,
+//    never through innerHTML, so pod names like "<script>" stay text;
+//  - no inline handlers or inline styles: listeners are attached here, colours come
+//    from CSS classes;
+//  - the token lives in sessionStorage (this tab only) and goes out only as a Bearer
+//    header to this origin.
+"use strict";
+
+const BACKENDS = ["TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN", "TORCH_SDPA"];
+const REFRESH_MS = 10_000;
+const TOKEN_KEY = "switchboard.viewerToken";
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+const $ = (id) => document.getElementById(id);
+
+// ---------------------------------------------------------------- DOM helpers
+
+function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    // Strings become text nodes: this is what keeps API data from being parsed as HTML.
+    el.append(child instanceof Node ? child : String(child));
+  }
+  return el;
+}
+
+function setAttrs(el, attrs) {
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") {
+      el.addEventListener(key.slice(2), value);
+    } else {
+      el.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+  return el;
+}
+
+/** h("td", {class: "x"}, "text", child...) -> an HTML element. */
+function h(tag, attrs, ...children) {
+  return append(setAttrs(document.createElement(tag), attrs), children);
+}
+
+/** Same for SVG elements (they need the SVG namespace). */
+function s(tag, attrs, ...children) {
+  return append(setAttrs(document.createElementNS(SVG_NS, tag), attrs), children);
+}
+
+/** A CSS class for a backend's colour; unknown (future) backends share one. */
+function backendClass(name) {
+  return BACKENDS.includes(name) ? `b-${name.toLowerCase()}` : "b-other";
+}
+
+function swatch(name) {
+  return h("span", { class: `swatch ${backendClass(name)}`, "aria-hidden": "true" });
+}
+
+function backendTag(name) {
+  return h("span", { class: "backend-tag" }, swatch(name), name);
+}
+
+// ---------------------------------------------------------------- time helpers
+
+/** Parse API timestamps: microsecond fractions and zone-less ISO strings (read as UTC). */
+function parseTime(iso) {
+  if (!iso) return null;
+  let text = String(iso).replace(/(\.\d{3})\d+/, "$1");
+  if (!/(Z|[+-]\d\d:?\d\d)$/.test(text)) text += "Z";
+  const t = Date.parse(text);
+  return Number.isNaN(t) ? null : t;
+}
+
+/** A duration as a person says it: "45 s", "23 min", "2 h 5 min", "3 d". */
+function span(ms) {
+  const secs = Math.round(Math.abs(ms) / 1000);
+  if (secs < 60) return `${secs} s`;
+  const mins = Math.round(secs / 60);
+  if (mins < 60) return `${mins} min`;
+  const hours = Math.floor(mins / 60);
+  const rest = mins % 60;
+  if (hours < 24) return hours < 6 && rest ? `${hours} h ${rest} min` : `${hours} h`;
+  return `${Math.round(hours / 24)} d`;
+}
+
+function ago(iso) {
+  const t = parseTime(iso);
+  return t === null ? "at an unknown time" : `${span(Date.now() - t)} ago`;
+}
+
+function absolute(iso) {
+  const t = parseTime(iso);
+  return t === null ? String(iso ?? "") : new Date(t).toLocaleString();
+}
+
+function clock(date) {
+  return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+
+/** <time> with the relative text and the exact time on hover. */
+function timeEl(iso, text) {
+  return h("time", { datetime: iso, title: absolute(iso) }, text ?? ago(iso));
+}
+
+// ---------------------------------------------------------------- API access
+
+class ApiError extends Error {
+  constructor(status, message, path) {
+    super(message);
+    this.status = status; // 0: the request never got an answer
+    this.path = path;
+  }
+}
+
+/** An answer to a request sent with a token that has since been signed out. */
+class StaleError extends Error {}
+
+const state = {
+  token: null,
+  summary: null, // last good summary, kept across failed refreshes
+  activeOverrides: null,
+  timer: null,
+  inflight: null,
+  inflightToken: null,
+  lastUpdated: null,
+  lookupSeq: 0,
+};
+
+async function api(path) {
+  const token = state.token;
+  let res;
+  try {
+    res = await fetch(path, {
+      headers: { Authorization: `Bearer ${token}`, Accept: "application/json" },
+      cache: "no-store",
+    });
+  } catch (err) {
+    throw new ApiError(0, "the service cannot be reached", path);
+  }
+  // Signed out (or in as someone else) meanwhile: nothing from this answer may show.
+  if (state.token !== token) throw new StaleError();
+  if (res.ok) {
+    const body = await res.json();
+    if (state.token !== token) throw new StaleError();
+    return body;
+  }
+  let message = `${res.status} ${res.statusText}`;
+  try {
+    const body = await res.json();
+    const detail = body && body.detail;
+    if (typeof detail === "string") message = detail;
+    else if (detail && typeof detail.message === "string") message = detail.message;
+  } catch (err) {
+    // not JSON: keep the status line
+  }
+  throw new ApiError(res.status, message, path);
+}
+
+/** 401/403 end the session: back to the token form with the reason. */
+function handleAuthError(err) {
+  if (err instanceof StaleError) return true; // nothing to say: the session is gone
+  if (!(err instanceof ApiError)) return false;
+  if (err.status === 401) {
+    signOut("Token rejected: the service does not know this token (or it was revoked).");
+    return true;
+  }
+  if (err.status === 403) {
+    signOut("This token lacks the viewer role.");
+    return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------- banner
+
+function showBanner(text, kind = "error") {
+  const banner = $("banner");
+  banner.className = `banner banner-${kind}`;
+  banner.textContent = text;
+  banner.hidden = false;
+}
+
+function hideBanner() {
+  $("banner").hidden = true;
+}
+
+function describeFailure(err) {
+  const since = state.lastUpdated ? ` Showing data from ${clock(state.lastUpdated)}.` : "";
+  if (err.status === 0) {
+    return `Cannot reach the service.${since} Retrying every ${REFRESH_MS / 1000} s.`;
+  }
+  return `The service answered ${err.status} on ${err.path}: ${err.message}.${since}`;
+}
+
+// ---------------------------------------------------------------- session
+
+function showSignin(message) {
+  $("app").hidden = true;
+  $("session").hidden = true;
+  $("signin").hidden = false;
+  hideBanner();
+  $("signin-error").textContent = message || "";
+  const input = $("token-input");
+  input.value = "";
+  input.setAttribute("aria-invalid", message ? "true" : "false");
+  input.focus();
+}
+
+function showApp() {
+  $("signin").hidden = true;
+  $("app").hidden = false;
+  $("session").hidden = false;
+}
+
+function signOut(message) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  state.token = null;
+  state.summary = null;
+  state.activeOverrides = null;
+  state.lastUpdated = null;
+  state.lookupSeq += 1; // drop answers still in flight
+  clearInterval(state.timer);
+  state.timer = null;
+  // Data read with a token that is now gone must not stay in the page.
+  for (const id of ["chart", "legend", "fleet-kpis", "cluster-pods", "detail", "overrides",
+    "audit", "overrides-count", "audit-count", "cluster-names"]) {
+    $(id).replaceChildren();
+  }
+  $("cluster-pods").hidden = true;
+  renderUpdated();
+  showSignin(message);
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  const token = $("token-input").value.trim();
+  if (!token) return;
+  // HTTP headers carry printable ASCII only; fetch would throw on anything else.
+  if (!/^[\x21-\x7e]+$/.test(token)) {
+    $("signin-error").textContent = "A token is printable ASCII without spaces.";
+    return;
+  }
+  const button = event.submitter || $("signin-form").querySelector("button");
+  button.disabled = true;
+  state.token = token;
+  try {
+    // Check the token before showing anything, so a bad one stays on this form.
+    const summary = await api("/v1/selections/summary");
+    sessionStorage.setItem(TOKEN_KEY, token);
+    start(summary);
+  } catch (err) {
+    state.token = null;
+    if (!handleAuthError(err)) {
+      $("signin-error").textContent = err.status === 0
+        ? "Cannot reach the service; try again."
+        : `The service answered ${err.status}: ${err.message}`;
+    }
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function start(summary) {
+  showApp();
+  if (summary) {
+    state.summary = summary;
+    state.lastUpdated = new Date();
+    renderSummary();
+  }
+  refreshAll();
+  clearInterval(state.timer);
+  state.timer = setInterval(() => {
+    // Hidden tabs skip their turn; becoming visible refreshes at once (see below).
+    if (!document.hidden) refreshAll();
+  }, REFRESH_MS);
+}
+
+// ---------------------------------------------------------------- refresh
+
+/** Reload the three periodic panels; one refresh at a time. */
+function refreshAll() {
+  if (!state.token) return Promise.resolve();
+  // One refresh at a time, unless the running one belongs to a signed-out token.
+  if (state.inflight && state.inflightToken === state.token) return state.inflight;
+  state.inflightToken = state.token;
+  const run = (async () => {
+    const results = await Promise.allSettled([loadSummary(), loadOverrides(), loadAudit()]);
+    const failures = results.filter((r) => r.status === "rejected").map((r) => r.reason);
+    for (const err of failures) {
+      if (handleAuthError(err)) return;
+    }
+    if (failures.length) {
+      showBanner(describeFailure(failures[0]));
+    } else {
+      hideBanner();
+    }
+    renderUpdated();
+  })().finally(() => {
+    if (state.inflight === run) state.inflight = null;
+  });
+  state.inflight = run;
+  return run;
+}
+
+function renderUpdated() {
+  const el = $("last-updated");
+  el.textContent = state.lastUpdated
+    ? `Last updated ${clock(state.lastUpdated)}`
+    : "not loaded yet";
+  el.setAttribute("data-updated", state.lastUpdated ? state.lastUpdated.toISOString() : "");
+}
+
+async function loadSummary() {
+  state.summary = await api("/v1/selections/summary");
+  state.lastUpdated = new Date();
+  renderSummary();
+}
+
+// ---------------------------------------------------------------- fleet chart
+
+function totals(clusters) {
+  const fleet = {};
+  for (const counts of Object.values(clusters)) {
+    for (const [backend, pods] of Object.entries(counts)) {
+      fleet[backend] = (fleet[backend] || 0) + pods;
+    }
+  }
+  return fleet;
+}
+
+/** Known backends in their fixed order, then any others the API reports. */
+function backendOrder(fleet) {
+  const extra = Object.keys(fleet).filter((b) => !BACKENDS.includes(b)).sort();
+  return [...BACKENDS, ...extra];
+}
+
+function renderSummary() {
+  const clusters = (state.summary && state.summary.clusters) || {};
+  const fleet = totals(clusters);
+  const order = backendOrder(fleet);
+  const pods = Object.values(fleet).reduce((a, b) => a + b, 0);
+  const names = Object.keys(clusters).sort();
+
+  renderKpis(pods, names.length);
+
+  $("legend").replaceChildren(
+    ...order
+      .filter((b) => BACKENDS.includes(b) || fleet[b])
+      .map((b) =>
+        h(
+          "li",
+          { class: fleet[b] ? "" : "unused", "data-backend": b },
+          swatch(b),
+          h("span", { class: "legend-name" }, b),
+          h("span", { class: "legend-count" }, String(fleet[b] || 0)),
+        ),
+      ),
+  );
+
+  $("cluster-names").replaceChildren(...names.map((n) => h("option", { value: n })));
+  drawChart(clusters, names, order);
+}
+
+function renderKpis(pods, clusterCount) {
+  const active = state.activeOverrides;
+  const kpi = (label, value, id) =>
+    h("div", { class: "kpi" }, h("dt", {}, label), h("dd", { id }, value));
+  $("fleet-kpis").replaceChildren(
+    kpi("Pods", String(pods), "kpi-pods"),
+    kpi("Clusters", String(clusterCount), "kpi-clusters"),
+    kpi("Active overrides", active === null ? "–" : String(active), "kpi-overrides"),
+  );
+}
+
+// Text width for layout; a canvas measures with the page's own font.
+const measureCtx = document.createElement("canvas").getContext("2d");
+function textWidth(text, font) {
+  measureCtx.font = font;
+  return measureCtx.measureText(text).width;
+}
+
+/** A round axis step (1, 2, 5 x 10^n whole pods) giving at most maxTicks intervals,
+ *  the smallest such, so the longest bar fills most of the width. */
+function niceStep(max, maxTicks = 8) {
+  const mag = 10 ** Math.floor(Math.log10(Math.max(1, max / maxTicks)));
+  for (const m of [1, 2, 5, 10, 20]) {
+    if (Math.ceil(max / (m * mag)) <= maxTicks) return m * mag;
+  }
+  return 20 * mag;
+}
+
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
+
+function drawChart(clusters, names, order) {
+  const box = $("chart");
+  if (!names.length) {
+    box.replaceChildren(
+      h(
+        "div",
+        { class: "empty", id: "chart-empty" },
+        h("strong", {}, "No pods have asked for a backend yet."),
+        h("span", {}, "Clusters appear here once their pods call POST /v1/select."),
+      ),
+    );
+    return;
+  }
+
+  const family = getComputedStyle(document.body).fontFamily;
+  const labelFont = `600 13px ${family}`;
+  const smallFont = `600 12px ${family}`;
+
+  const width = Math.max(box.clientWidth, 260);
+  const longest = Math.max(...names.map((n) => textWidth(n, labelFont)));
+  // Labels get what they need, up to 220 px or a third of a narrow chart.
+  const labelW = Math.min(Math.max(longest + 20, 80), 220, width / 3);
+  const totalW = 70;
+  const barX = labelW;
+  const barW = Math.max(width - labelW - totalW, 80);
+  const rowH = 28;
+  const gap = 14;
+  const top = 4;
+  const axisH = 26;
+  const height = top + names.length * (rowH + gap) - gap + axisH;
+
+  const rowTotals = names.map((n) => Object.values(clusters[n]).reduce((a, b) => a + b, 0));
+  const max = Math.max(...rowTotals, 1);
+  const step = niceStep(max);
+  const axisMax = Math.ceil(max / step) * step;
+  const x = (v) => (v / axisMax) * barW;
+
+  const svg = s("svg", {
+    id: "fleet-chart",
+    width,
+    height,
+    viewBox: `0 0 ${width} ${height}`,
+    // "group", not "img": the rows inside are buttons a screen reader must reach
+    role: "group",
+    "aria-labelledby": "chart-title",
+    class: "chart-svg",
+  });
+  svg.append(
+    s(
+      "title",
+      { id: "chart-title" },
+      `Pods per backend in ${plural(names.length, "cluster")}. ` +
+        "Select a cluster to list its pods.",
+    ),
+  );
+
+  // Grid lines and axis labels first, so bars draw over them.
+  const grid = s("g", { class: "grid", "aria-hidden": "true" });
+  const chartBottom = height - axisH;
+  for (let v = 0; v <= axisMax; v += step) {
+    const gx = barX + x(v);
+    grid.append(
+      s("line", { x1: gx, x2: gx, y1: 0, y2: chartBottom + 4, class: v ? "" : "baseline" }),
+      s("text", { x: gx, y: chartBottom + 18, "text-anchor": "middle" }, String(v)),
+    );
+  }
+  svg.append(grid);
+
+  names.forEach((name, i) => {
+    const counts = clusters[name];
+    const total = rowTotals[i];
+    const y = top + i * (rowH + gap);
+    const row = s("g", {
+      class: "row",
+      tabindex: 0,
+      role: "button",
+      "data-cluster": name,
+      "data-total": total,
+      "aria-label": `${name}: ${plural(total, "pod")}. ${order
+        .filter((b) => counts[b])
+        .map((b) => `${b} ${counts[b]}`)
+        .join(", ")}. Show pods.`,
+    });
+
+    // Full-width hit area: the whole row is clickable, not just the coloured part.
+    row.append(s("rect", { class: "hit", x: 0, y: y - gap / 2, width, height: rowH + gap }));
+
+    const label = fitText(name, labelW - 16, labelFont);
+    row.append(
+      s(
+        "text",
+        { class: "cluster-label", x: labelW - 12, y: y + rowH / 2, "text-anchor": "end",
+          "dominant-baseline": "central" },
+        s("title", {}, name),
+        label,
+      ),
+    );
+
+    // Rounded ends for the whole stack: clip the segments to one rounded rectangle.
+    const clipId = `clip-${i}`;
+    row.append(
+      s("clipPath", { id: clipId },
+        s("rect", { x: barX, y, width: Math.max(x(total), 1), height: rowH, rx: 5 })),
+    );
+    const bar = s("g", { "clip-path": `url(#${clipId})` });
+    let cx = barX;
+    for (const backend of order) {
+      const pods = counts[backend];
+      if (!pods) continue;
+      const w = x(pods);
+      const pct = Math.round((pods / total) * 100);
+      const seg = s(
+        "g",
+        {},
+        s(
+          "rect",
+          {
+            class: `seg ${backendClass(backend)}`,
+            x: cx,
+            y,
+            // a hairline gap keeps neighbouring segments apart
+            width: Math.max(w - 1.5, 1),
+            height: rowH,
+            "data-backend": backend,
+            "data-pods": pods,
+          },
+          s("title", {}, `${name} · ${backend}: ${plural(pods, "pod")} (${pct}%)`),
+        ),
+      );
+      // Label inside the segment only when it fits; the tooltip always has it.
+      const text = String(pods);
+      if (textWidth(text, smallFont) + 10 <= w - 1.5) {
+        seg.append(
+          s("text", { class: "seg-label", x: cx + (w - 1.5) / 2, y: y + rowH / 2,
+            "text-anchor": "middle", "dominant-baseline": "central", "aria-hidden": "true" },
+          text),
+        );
+      }
+      bar.append(seg);
+      cx += w;
+    }
+    row.append(bar);
+    row.append(
+      s("text", { class: "row-total", x: barX + x(total) + 8, y: y + rowH / 2,
+        "dominant-baseline": "central" }, plural(total, "pod")),
+    );
+
+    const open = () => showClusterPods(name);
+    row.addEventListener("click", open);
+    row.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" || ev.key === " ") {
+        ev.preventDefault();
+        open();
+      }
+    });
+    svg.append(row);
+  });
+
+  box.replaceChildren(svg);
+}
+
+/** Shorten a label with an ellipsis to fit; the full name stays in the tooltip. */
+function fitText(text, maxWidth, font) {
+  if (textWidth(text, font) <= maxWidth) return text;
+  let cut = text;
+  while (cut.length > 1 && textWidth(`${cut}…`, font) > maxWidth) cut = cut.slice(0, -1);
+  return `${cut}…`;
+}
+
+// ---------------------------------------------------------------- cluster pods
+
+async function showClusterPods(cluster) {
+  const panel = $("cluster-pods");
+  panel.hidden = false;
+  const close = h("button", { type: "button", class: "btn btn-quiet", onclick: () => {
+    panel.hidden = true;
+    panel.replaceChildren();
+  } }, "Close");
+  const head = h("div", { class: "subhead" },
+    h("h3", {}, "Latest pods in ", h("span", { class: "mono cluster-name" }, cluster)), close);
+  panel.replaceChildren(head, h("p", { class: "muted" }, "Loading…"));
+  panel.setAttribute("data-cluster", cluster);
+
+  let page;
+  try {
+    page = await api(`/v1/selections?cluster=${encodeURIComponent(cluster)}&limit=50`);
+  } catch (err) {
+    if (handleAuthError(err)) return;
+    panel.replaceChildren(head, h("p", { class: "error-text" }, describeFailure(err)));
+    return;
+  }
+  // The log holds every decision; keep each pod's newest (the list is newest first).
+  const seen = new Set();
+  const latest = page.items.filter((item) => {
+    const key = `${item.node}\u0000${item.pod}`;
+    if (seen.has(key)) return false;
+    seen.add(key);
+    return true;
+  });
+  if (!latest.length) {
+    panel.replaceChildren(head, h("p", { class: "muted" }, "No decisions recorded."));
+    return;
+  }
+  // Two-line cells (pod over node, device over capability) keep the table narrow.
+  const stacked = (main, sub, mono) =>
+    [h("div", { class: mono ? "mono" : "" }, main), h("div", { class: "sub" }, sub)];
+  const rows = latest.map((item) =>
+    h("tr", { "data-pod": item.pod ?? "" },
+      h("td", { class: "wrap" }, stacked(item.pod ?? "—", `node ${item.node ?? "—"}`, true)),
+      h("td", {}, stacked((item.device && item.device.name) || "—", capText(item.device))),
+      h("td", { class: "truncate", title: (item.model && item.model.name) || "" },
+        stacked((item.model && item.model.name) || "—", item.dtype || "")),
+      h("td", {}, h("div", {}, backendTag(item.backend)), h("div", { class: "sub" }, item.source)),
+      h("td", {}, timeEl(item.time)),
+      h("td", { class: "actions" }, h("button", { type: "button", class: "btn btn-small",
+        "aria-label": `Decision detail for pod ${item.pod ?? ""}`,
+        onclick: () => showDecisionById(item.decision_id, item) }, "Detail")),
+    ));
+  const note = page.next_cursor
+    ? h("p", { class: "muted small" }, "From the 50 most recent decisions in this cluster.")
+    : null;
+  panel.replaceChildren();
+  append(panel, [
+    head,
+    h("div", { class: "table-wrap pods-wrap" },
+      h("table", { class: "table pods-table" },
+        h("thead", {}, h("tr", {},
+          ["Pod", "Device", "Model", "Backend", "Decided", ""].map((t) =>
+            h("th", { scope: "col" }, t)))),
+        h("tbody", {}, rows))),
+    note,
+  ]);
+}
+
+function capText(device) {
+  return device && Array.isArray(device.capability)
+    ? `sm ${device.capability.join(".")}`
+    : "no GPU";
+}
+
+function deviceText(device) {
+  if (!device) return "—";
+  return device.name ? `${device.name} (${capText(device)})` : capText(device);
+}
+
+// ---------------------------------------------------------------- decision detail
+
+async function lookup(event) {
+  event.preventDefault();
+  const cluster = $("lookup-cluster").value.trim();
+  const pod = $("lookup-pod").value.trim();
+  if (!cluster || !pod) return;
+  const out = $("detail");
+  const seq = ++state.lookupSeq;
+  out.replaceChildren(h("p", { class: "muted" }, "Looking up…"));
+  try {
+    const q = `cluster=${encodeURIComponent(cluster)}&pod=${encodeURIComponent(pod)}&limit=1`;
+    const page = await api(`/v1/selections?${q}`);
+    if (seq !== state.lookupSeq) return; // a newer lookup started meanwhile
+    if (!page.items.length) {
+      out.replaceChildren(
+        h("p", { class: "empty-inline", id: "detail-empty" },
+          "No decision recorded for pod ", h("span", { class: "mono" }, pod),
+          " in cluster ", h("span", { class: "mono" }, cluster), "."),
+      );
+      return;
+    }
+    await showDecisionById(page.items[0].decision_id, page.items[0], seq);
+  } catch (err) {
+    if (handleAuthError(err)) return;
+    out.replaceChildren(lookupError(err));
+  }
+}
+
+function lookupError(err) {
+  if (err.status === 422) return h("p", { class: "error-text" }, `Invalid input: ${err.message}`);
+  return h("p", { class: "error-text" }, describeFailure(err));
+}
+
+async function showDecisionById(id, item, seq) {
+  const out = $("detail");
+  if (seq === undefined) {
+    seq = ++state.lookupSeq;
+    if (item) {
+      $("lookup-cluster").value = item.cluster || "";
+      $("lookup-pod").value = item.pod || "";
+    }
+    out.replaceChildren(h("p", { class: "muted" }, "Loading…"));
+    $("detail-title").scrollIntoView({ behavior: "smooth", block: "start" });
+  }
+  let detail;
+  try {
+    detail = await api(`/v1/selections/${encodeURIComponent(id)}`);
+  } catch (err) {
+    if (handleAuthError(err)) return;
+    if (seq === state.lookupSeq) out.replaceChildren(lookupError(err));
+    return;
+  }
+  if (seq !== state.lookupSeq) return;
+  out.replaceChildren(renderDecision(detail));
+}
+
+function renderDecision(d) {
+  const answer = d.answer || {};
+  const model = d.model || {};
+  const dims = [model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim];
+  const facts = [
+    ["Pod", h("span", { class: "mono" }, d.pod ?? "—")],
+    ["Node", h("span", { class: "mono" }, d.node ?? "—")],
+    ["Cluster", h("span", { class: "mono" }, d.cluster)],
+    ["Device", deviceText(d.device)],
+    ["Model", model.name || "—"],
+    ["MLA dims", dims.every((v) => v !== undefined) ? `(${dims.join(", ")})` : "—"],
+    ["dtype", d.dtype],
+    ["Decided", timeEl(d.time, `${ago(d.time)} · rules r${d.rules_revision}`)],
+  ];
+
+  const result = h(
+    "div",
+    { class: "decision-result", id: "decision", "data-decision-id": d.decision_id,
+      "data-backend": answer.backend || d.backend, "data-source": answer.source || d.source },
+    h("div", { class: "chosen" },
+      h("span", { class: "muted small" }, "Chosen backend"),
+      h("span", { class: "chosen-backend" }, backendTag(answer.backend || d.backend))),
+    h("div", { class: "chosen" },
+      h("span", { class: "muted small" }, "Source"),
+      h("span", { class: "pill pill-strong" }, answer.source || d.source)),
+  );
+
+  const parts = [
+    result,
+    h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v)))),
+  ];
+
+  const messages = answer.messages || [];
+  if (messages.length) {
+    parts.push(
+      h("h3", {}, "Why"),
+      h("ul", { class: "messages", id: "decision-messages" },
+        messages.map((m) => h("li", {}, m))),
+    );
+  }
+
+  const overrides = answer.overrides || [];
+  if (overrides.length) {
+    parts.push(
+      h("h3", {}, "Overrides that applied"),
+      h("ul", { class: "messages", id: "decision-overrides" },
+        overrides.map((o) => h("li", {},
+          h("strong", {}, scopeText(o.cluster)), ": ", o.effect ?? "",
+          o.note ? h("span", { class: "muted" }, ` — “${o.note}”`) : null))),
+    );
+  }
+
+  const candidates = answer.candidates || [];
+  parts.push(
+    h("h3", {}, "Candidates"),
+    h("div", { class: "table-wrap" },
+      h("table", { class: "table candidates", id: "candidates" },
+        h("thead", {}, h("tr", {},
+          h("th", { scope: "col" }, "Backend"),
+          h("th", { scope: "col" }, "Role"),
+          h("th", { scope: "col" }, "Valid"),
+          h("th", { scope: "col" }, "Reasons"))),
+        h("tbody", {}, candidates.map((c) =>
+          h("tr", { "data-backend": c.backend, "data-valid": String(Boolean(c.valid)),
+            class: c.backend === (answer.backend || d.backend) ? "chosen-row" : "" },
+            h("td", {}, backendTag(c.backend)),
+            h("td", {}, c.role ? h("span", { class: "pill" }, c.role) : "—"),
+            h("td", { class: c.valid ? "ok" : "bad" },
+              h("span", { "aria-hidden": "true" }, c.valid ? "✓" : "✗"),
+              h("span", { class: "sr-only" }, c.valid ? "valid" : "not valid")),
+            h("td", { class: "reasons" }, (c.reasons || []).length
+              ? h("ul", {}, c.reasons.map((r) => h("li", {}, r)))
+              : h("span", { class: "muted" }, "—")),
+          ))))),
+  );
+
+  const failures = d.failures || [];
+  if (failures.length) {
+    parts.push(
+      h("h3", {}, "Reported failures"),
+      h("ul", { class: "messages" }, failures.map((f) => h("li", {}, summarize(f)))),
+    );
+  }
+  return h("div", { class: "decision" }, parts);
+}
+
+/** A one-line text for an object of unknown shape (failures, audit before/after). */
+function summarize(value) {
+  if (value === null || value === undefined) return "—";
+  if (typeof value !== "object") return String(value);
+  return Object.entries(value)
+    .map(([k, v]) => `${k}: ${typeof v === "object" && v !== null ? JSON.stringify(v) : v}`)
+    .join(" · ");
+}
+
+// ---------------------------------------------------------------- overrides
+
+function scopeText(cluster) {
+  return cluster === "*" ? "whole fleet" : cluster;
+}
+
+function isExpired(o, now) {
+  if (o.expired) return true;
+  const t = parseTime(o.expires_at);
+  return t !== null && t <= now;
+}
+
+/** A panel for an endpoint the server does not have yet (404). */
+function notAvailable(what, path) {
+  return h("p", { class: "empty-inline not-available" },
+    `${what} not available on this server (`, h("code", {}, path), " answered 404).");
+}
+
+async function loadOverrides() {
+  const box = $("overrides");
+  let data;
+  try {
+    data = await api("/v1/overrides");
+  } catch (err) {
+    if (err.status === 404) {
+      state.activeOverrides = null;
+      const kpi = $("kpi-overrides");
+      if (kpi) kpi.textContent = "–";
+      $("overrides-count").textContent = "";
+      box.replaceChildren(notAvailable("Overrides", "/v1/overrides"));
+      return;
+    }
+    throw err; // handled by refreshAll: auth errors sign out, others show the banner
+  }
+  renderOverrides(data.items || []);
+}
+
+function renderOverrides(items) {
+  const now = Date.now();
+  const active = items.filter((o) => !isExpired(o, now));
+  state.activeOverrides = active.length;
+  const kpi = $("kpi-overrides");
+  if (kpi) kpi.textContent = String(active.length);
+  $("overrides-count").textContent = items.length ? `${active.length} active` : "";
+
+  if (!items.length) {
+    $("overrides").replaceChildren(
+      h("p", { class: "empty-inline" }, "No overrides: every cluster follows the priority rules."),
+    );
+    return;
+  }
+  // Active first, soonest expiry first; never-expiring ones after; expired last.
+  const key = (o) => {
+    const t = parseTime(o.expires_at);
+    return [isExpired(o, now) ? 1 : 0, t === null ? Infinity : t];
+  };
+  const sorted = [...items].sort((a, b) => {
+    const [ea, ta] = key(a);
+    const [eb, tb] = key(b);
+    return ea - eb || ta - tb;
+  });
+  $("overrides").replaceChildren(
+    h("ul", { class: "override-list" }, sorted.map((o) => overrideItem(o, now))),
+  );
+}
+
+function overrideItem(o, now) {
+  const expired = isExpired(o, now);
+  const effects = [];
+  if (o.force) effects.push(h("span", { class: "effect" }, "force ", backendTag(o.force)));
+  for (const b of o.deny || []) {
+    effects.push(h("span", { class: "effect effect-deny" }, "deny ", backendTag(b)));
+  }
+  if (o.policy) effects.push(h("span", { class: "effect" }, `policy ${o.policy}`));
+  if (!effects.length) effects.push(h("span", { class: "muted" }, "no effect"));
+
+  const t = parseTime(o.expires_at);
+  let expiry;
+  if (t === null) expiry = h("span", {}, "no expiry");
+  else if (expired) expiry = timeEl(o.expires_at, `expired ${span(now - t)} ago`);
+  else expiry = timeEl(o.expires_at, `expires in ${span(t - now)}`);
+
+  return h(
+    "li",
+    { class: `override${expired ? " expired" : ""}`, "data-cluster": o.cluster,
+      "data-expired": String(expired) },
+    h("div", { class: "override-head" },
+      h("span", { class: `scope${o.cluster === "*" ? " scope-fleet" : ""}` },
+        scopeText(o.cluster)),
+      o.model ? h("span", { class: "muted small" }, "models ", h("code", {}, o.model)) : null,
+      h("span", { class: "expiry" }, expiry)),
+    h("div", { class: "effects" }, effects),
+    o.note ? h("p", { class: "note" }, o.note) : null,
+    h("p", { class: "meta" },
+      `by ${o.created_by ?? "unknown"} · `, timeEl(o.created_at, `set ${ago(o.created_at)}`),
+      o.revision !== undefined ? ` · rev ${o.revision}` : ""),
+  );
+}
+
+// ---------------------------------------------------------------- audit
+
+async function loadAudit() {
+  const box = $("audit");
+  let data;
+  try {
+    data = await api("/v1/audit?limit=20");
+  } catch (err) {
+    if (err.status === 404) {
+      $("audit-count").textContent = "";
+      box.replaceChildren(notAvailable("The audit log is", "/v1/audit"));
+      return;
+    }
+    throw err;
+  }
+  const items = data.items || [];
+  $("audit-count").textContent = items.length ? `last ${items.length}` : "";
+  if (!items.length) {
+    box.replaceChildren(h("p", { class: "empty-inline" }, "No changes recorded yet."));
+    return;
+  }
+  box.replaceChildren(h("ol", { class: "audit-list" }, items.map(auditItem)));
+}
+
+function auditItem(e) {
+  const action = String(e.action ?? "");
+  const kind = action.split(".")[0];
+  const preview = e.preview;
+  const details = (e.before !== undefined && e.before !== null) ||
+    (e.after !== undefined && e.after !== null)
+    ? h("details", {},
+      h("summary", {}, "before / after"),
+      h("div", { class: "diff" },
+        h("div", {}, h("span", { class: "muted small" }, "before"),
+          h("pre", {}, pretty(e.before))),
+        h("div", {}, h("span", { class: "muted small" }, "after"),
+          h("pre", {}, pretty(e.after)))))
+    : null;
+  return h(
+    "li",
+    { class: "audit-entry", "data-action": action, "data-id": e.id ?? "" },
+    h("div", { class: "audit-head" },
+      h("span", { class: `action action-${["override", "rules", "token"].includes(kind)
+        ? kind : "other"}` }, action),
+      e.target ? h("span", { class: "mono target" }, scopeText(e.target)) : null,
+      h("span", { class: "when" }, timeEl(e.at))),
+    e.note ? h("p", { class: "note" }, e.note) : null,
+    h("p", { class: "meta" }, `by ${e.actor ?? "unknown"}`,
+      preview && preview.pods_total !== undefined
+        ? ` · ${preview.pods_changed ?? 0} of ${plural(preview.pods_total, "pod")} changed`
+        : ""),
+    previewChanges(preview),
+    details,
+  );
+}
+
+/** The preview's "from -> to" moves, as the audit recorded them (first few). */
+function previewChanges(preview) {
+  const changes = (preview && Array.isArray(preview.changes) && preview.changes) || [];
+  if (!changes.length) return null;
+  const shown = changes.slice(0, 4).map((c) =>
+    h("li", {},
+      h("span", { class: "mono" }, scopeText(c.cluster)), " ",
+      backendTag(c.from), h("span", { class: "arrow", "aria-label": "to" }, "→"),
+      backendTag(c.to), h("span", { class: "muted" }, ` ${plural(c.pods, "pod")}`)));
+  if (changes.length > 4) {
+    shown.push(h("li", { class: "muted" }, `and ${changes.length - 4} more`));
+  }
+  return h("ul", { class: "changes" }, shown);
+}
+
+function pretty(value) {
+  if (value === null || value === undefined) return "—";
+  return JSON.stringify(value, null, 2);
+}
+
+// ---------------------------------------------------------------- wiring
+
+function init() {
+  $("signin-form").addEventListener("submit", signIn);
+  $("lookup").addEventListener("submit", lookup);
+  $("refresh").addEventListener("click", () => refreshAll());
+  $("sign-out").addEventListener("click", (ev) => {
+    ev.preventDefault();
+    signOut("");
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && state.token) refreshAll();
+  });
+  // Redraw the chart for the new width; the data stays.
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => state.summary && renderSummary(), 150);
+  });
+
+  state.token = sessionStorage.getItem(TOKEN_KEY);
+  if (state.token) start(null);
+  else showSignin("");
+}
+
+init();
