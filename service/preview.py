@@ -1,10 +1,13 @@
 """Impact preview: replay a proposed rules or override change against every pod's
 latest recorded decision, without changing anything.
 
-"From" is what each pod runs now (its recorded backend); "to" is what the same
-request would get under the proposal. Pods the proposal would refuse outright
-(a strict request that is no longer valid, or nothing valid at all) are reported
-as invalid with the reason. Requests are replayed exactly as the pods sent them.
+Each pod's latest request is replayed twice, exactly as the pod sent it: under the
+config in force ("from") and under the proposal ("to"), so the counts say what *this*
+change does, not what earlier changes already did to pods that have not rebooted since
+(those are counted apart as ``pods_pending``: their recorded backend differs from what
+the config in force gives them). Pods the proposal would refuse outright (a strict
+request that is no longer valid, or nothing valid at all) are reported as invalid with
+the reason.
 """
 
 from __future__ import annotations
@@ -29,34 +32,41 @@ class Preview(BaseModel):
     changes: list[dict[str, Any]]
     invalid: list[dict[str, Any]]
     clusters_affected: list[str]
+    pods_pending: int = 0
     pods_unreadable: int = 0
 
 
+Config = tuple[RulesDocument, Sequence[Override]]
+
+
 def replay(
-    pods: Sequence[PodState],
-    rules: RulesDocument,
-    overrides: Sequence[Override],
-    *,
-    now: datetime,
+    pods: Sequence[PodState], current: Config, proposed: Config, *, now: datetime
 ) -> Preview:
     changes: Counter[tuple[str, str, str]] = Counter()
     invalid: Counter[tuple[str, str, str]] = Counter()
-    cache: dict[tuple[Any, ...], Decision | Refusal] = {}
-    unreadable = 0
+    caches: tuple[dict[tuple[Any, ...], Decision | Refusal], ...] = ({}, {})
+    unreadable = pending = 0
+
+    def under(index: int, config: Config, request: SelectRequest) -> Decision | Refusal:
+        key = decision_key(request)
+        if key not in caches[index]:
+            caches[index][key] = decide(request, config[0], config[1], now=now)
+        return caches[index][key]
+
     for pod in pods:
         try:
             request = SelectRequest.model_validate_json(pod.request_json)
         except ValidationError:
             unreadable += 1  # recorded under an older schema; cannot be replayed
             continue
-        key = decision_key(request)
-        result = cache.get(key)
-        if result is None:
-            result = cache[key] = decide(request, rules, overrides, now=now)
-        if isinstance(result, Refusal):
-            invalid[(pod.cluster, pod.backend, result.message)] += 1
-        elif result.backend.value != pod.backend:
-            changes[(pod.cluster, pod.backend, result.backend.value)] += 1
+        before, after = under(0, current, request), under(1, proposed, request)
+        was = pod.backend if isinstance(before, Refusal) else before.backend.value
+        pending += was != pod.backend
+        if isinstance(after, Refusal):
+            if not isinstance(before, Refusal):
+                invalid[(pod.cluster, was, after.message)] += 1
+        elif after.backend.value != was:
+            changes[(pod.cluster, was, after.backend.value)] += 1
     affected = sorted({c for c, _, _ in changes} | {c for c, _, _ in invalid})
     return Preview(
         pods_total=len(pods),
@@ -71,6 +81,7 @@ def replay(
             for (c, f, r), n in sorted(invalid.items())
         ],
         clusters_affected=affected,
+        pods_pending=pending,
         pods_unreadable=unreadable,
     )
 

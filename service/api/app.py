@@ -8,10 +8,21 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 
 from service.api.middleware import BodyLimitAndMetrics
-from service.api.routes import admin, health, overrides, rules, select, selections
+from service.api.routes import (
+    admin,
+    dashboard,
+    health,
+    measurements,
+    overrides,
+    rules,
+    select,
+    selections,
+)
 from service.config import Settings
 from service.runtime import Runtime
 
@@ -41,9 +52,10 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     )
     app.state.runtime = runtime
     app.include_router(select.lean_router)  # first: the hot path is matched first
-    for module in (select, selections, rules, overrides, admin, health):
+    for module in (select, selections, rules, overrides, measurements, admin, health, dashboard):
         app.include_router(module.router)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
+    app.add_exception_handler(SQLAlchemyError, _store_unavailable)  # type: ignore[arg-type]
     app.add_middleware(
         BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
     )
@@ -63,4 +75,31 @@ async def _body_errors_as_422(request: Request, exc: HTTPException) -> Response:
             {"detail": [{"loc": ["body"], "msg": problem, "type": "json_invalid"}]},
             status_code=422,
         )
+    if exc.status_code == 405:
+        # The router lists only the methods of the first route matching the path
+        # (``Allow: GET`` for /v1/rules, which takes PUT too); HTTP wants them all.
+        allowed = _allowed_methods(request)
+        if allowed:
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(allowed)}
     return await http_exception_handler(request, exc)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        if compile_path(template)[0].match(request.scope["path"]):
+            methods.update(m.upper() for m in operations)
+    return sorted(methods)
+
+
+async def _store_unavailable(request: Request, exc: SQLAlchemyError) -> Response:
+    """The database failed under an admin or read request: 503, nothing half-written
+    (each write is one transaction). /v1/select never gets here: it runs from memory."""
+    runtime: Runtime = request.app.state.runtime
+    runtime.metrics.store_errors.labels(op="request").inc()
+    first_line = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+    return JSONResponse(
+        {"detail": {"message": f"store unavailable, nothing was changed: {first_line}"}},
+        status_code=503,
+        headers={"Retry-After": "2"},
+    )

@@ -30,8 +30,8 @@ def preview_change(
     runtime.recorder.flush()
     return replay(
         runtime.store.latest_per_pod(),
-        rules if rules is not None else snap.rules,
-        overrides,
+        (snap.rules, snap.overrides),
+        (rules if rules is not None else snap.rules, overrides),
         now=datetime.now(UTC),
     )
 
