@@ -361,6 +361,51 @@ function renderSummary() {
 
   $("cluster-names").replaceChildren(...names.map((n) => h("option", { value: n })));
   drawChart(clusters, names, order);
+  renderRegret((state.summary && state.summary.regret) || {});
+}
+
+/** Regret per cluster (issue 6): only clusters whose pods have measured evidence. */
+function renderRegret(regret) {
+  const rows = Object.entries(regret)
+    .filter(([, r]) => r.pods_measured > 0)
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  if (rows.length === 0) {
+    $("regret").replaceChildren(
+      h("p", { class: "empty" }, "No measured evidence yet: pods report it with ",
+        h("code", {}, "switchboard bench"), "."),
+    );
+    return;
+  }
+  const alternatives = (r) =>
+    Object.entries(r.best_alternatives || {})
+      .map(([b, n]) => `${b} (${n})`)
+      .join(", ") || "–";
+  $("regret").replaceChildren(
+    h(
+      "table",
+      { class: "regret-table" },
+      h("thead", {}, h("tr", {},
+        h("th", { scope: "col" }, "Cluster"),
+        h("th", { scope: "col", class: "num" }, "Lost"),
+        h("th", { scope: "col", class: "num" }, "On best"),
+        h("th", { scope: "col" }, "Faster choice"))),
+      h(
+        "tbody",
+        {},
+        ...rows.map(([cluster, r]) =>
+          h(
+            "tr",
+            { "data-cluster": cluster, "data-lost": String(r.throughput_lost_pct) },
+            h("th", { scope: "row" }, cluster),
+            h("td", { class: "num" + (r.throughput_lost_pct > 0 ? " lost" : "") },
+              `${r.throughput_lost_pct.toFixed(1)} %`),
+            h("td", { class: "num" }, `${r.pods_on_best}/${r.pods_measured}`),
+            h("td", {}, alternatives(r)),
+          ),
+        ),
+      ),
+    ),
+  );
 }
 
 function renderKpis(pods, clusterCount) {
