@@ -55,7 +55,31 @@ ClusterName = Annotated[
     Field(description="1-63 characters of [a-z0-9._-]", examples=["prod-east"]),
 ]
 ShortText = Annotated[str, StringConstraints(max_length=253)]
-Dim = Annotated[int, Field(gt=0, le=1024, strict=True)]
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 128.0 is the integer 128 (JSON Schema's "integer"
+    # agrees, and so must we); 12.5, "128" and true stay refused by strict mode.
+    # Annotate it after the Field: before it, the OpenAPI shows "gt" for
+    # "exclusiveMinimum" and the bounds are lost to clients.
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+Integral = BeforeValidator(_integral)
+# true/false only: pydantic's lax mode also takes 0, 1, "yes", "off" (the OpenAPI says boolean)
+StrictBool = Annotated[bool, Field(strict=True)]
+
+
+def _not_a_number(value: Any) -> Any:
+    # Lax pydantic reads a number as Unix time; the contract and the OpenAPI's
+    # "format": "date-time" say an ISO-8601 string.
+    if isinstance(value, int | float):
+        raise ValueError("expected an ISO-8601 date-time string, not a number")
+    return value
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(_not_a_number)]
+Dim = Annotated[int, Field(gt=0, le=1024, strict=True), Integral]
 Source = Literal[
     "requested", "priority", "fallback", "override", "measured", "cache", "local-fallback"
 ]
@@ -72,8 +96,8 @@ class DeviceInfo(_Strict):
     name: ShortText | None = None
     capability: (
         tuple[
-            Annotated[int, Field(ge=0, le=99, strict=True)],
-            Annotated[int, Field(ge=0, le=99, strict=True)],
+            Annotated[int, Field(ge=0, le=99, strict=True), Integral],
+            Annotated[int, Field(ge=0, le=99, strict=True), Integral],
         ]
         | None
     ) = Field(default=None, description="[major, minor], or null for a pod without a CUDA device")
@@ -106,7 +130,7 @@ class SelectRequest(_Strict):
         description="import name -> version; null or absent means assume every package present",
     )
     requested_backend: BackendName | None = None
-    strict: bool = False
+    strict: StrictBool = False
 
 
 class Candidate(BaseModel):
@@ -147,9 +171,40 @@ class SelectResponse(BaseModel):
     evidence: Evidence | None = None
 
 
+# ------------------------------------------------------------------ error answers
+
+
+class ErrorMessage(BaseModel):
+    """``detail`` of an error answer other than 422: what went wrong; some errors add
+    fields (a 412's ``current_etag``)."""
+
+    model_config = ConfigDict(extra="allow")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    detail: ErrorMessage
+
+
+_ERRORS = {
+    401: "missing or unknown token",
+    403: "the token lacks the role, or is limited to other clusters",
+    404: "not found",
+    412: "If-Match is stale; nothing changed",
+    413: "request body over the size limit (64 KiB)",
+    503: "the store is unavailable; nothing changed (see Retry-After)",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for error answers shaped ``{"detail": {"message"}}``,
+    so that the document lists every status a route can answer."""
+    return {code: {"model": ErrorBody, "description": _ERRORS[code]} for code in codes}
+
+
 # --------------------------------------------------------------------------- rules
 
-_CAPABILITY_KEY = re.compile(r"^\d{1,2}(\.\d{1,2})?$")
+_CAPABILITY_KEY = re.compile(r"^[0-9]{1,2}(\.[0-9]{1,2})?$")
 
 
 def _unique(backends: list[Backend]) -> list[Backend]:
@@ -161,7 +216,11 @@ def _unique(backends: list[Backend]) -> list[Backend]:
     return backends
 
 
-PriorityList = Annotated[list[BackendName], Field(max_length=len(Backend))]
+# The json_schema_extra below put into the OpenAPI what the validators enforce, so
+# that a request valid by the schema is one the service accepts (schemathesis).
+PriorityList = Annotated[
+    list[BackendName], Field(max_length=len(Backend), json_schema_extra={"uniqueItems": True})
+]
 
 
 class RuleSet(_Strict):
@@ -170,7 +229,10 @@ class RuleSet(_Strict):
     major key, which beats ``default``."""
 
     default: PriorityList = Field(default_factory=list)
-    by_capability: dict[str, PriorityList] = Field(default_factory=dict)
+    by_capability: dict[str, PriorityList] = Field(
+        default_factory=dict,
+        json_schema_extra={"propertyNames": {"pattern": _CAPABILITY_KEY.pattern}},
+    )
 
     @field_validator("default")
     @classmethod
@@ -203,11 +265,13 @@ class ClusterRuleSet(RuleSet):
 class RulesDocument(RuleSet):
     """What ``GET /v1/rules`` returns and ``PUT /v1/rules`` accepts (round-trippable)."""
 
-    revision: int | None = Field(
+    revision: Annotated[int, Field(strict=True), Integral] | None = Field(
         default=None, description="ignored on PUT (the server bumps it); use If-Match"
     )
-    updated_at: datetime | None = None
-    clusters: dict[ClusterName, ClusterRuleSet] = Field(default_factory=dict)
+    updated_at: IsoDateTime | None = None
+    clusters: dict[ClusterName, ClusterRuleSet] = Field(
+        default_factory=dict, json_schema_extra={"additionalProperties": False}
+    )
 
     def rules_only(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude={"revision", "updated_at"})
@@ -238,15 +302,37 @@ Policy = Literal["priority", "measured"]
 class OverrideSpec(_Strict):
     """What a platform engineer writes with ``PUT /v1/overrides/{cluster}``."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={  # at least one of force, deny, policy (see _consistent)
+            "anyOf": [
+                {"required": ["force"], "properties": {"force": {"not": {"type": "null"}}}},
+                {"required": ["deny"], "properties": {"deny": {"minItems": 1}}},
+                {"required": ["policy"], "properties": {"policy": {"not": {"type": "null"}}}},
+            ]
+        },
+    )
+
     force: BackendName | None = None
-    deny: list[BackendName] = Field(default_factory=list, max_length=len(Backend))
+    deny: list[BackendName] = Field(
+        default_factory=list,
+        max_length=len(Backend),
+        json_schema_extra={
+            "uniqueItems": True,
+            "items": {"enum": [b.value for b in Backend if b is not Backend.TORCH_SDPA]},
+        },
+    )
     model: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = Field(
         default=None, description="fnmatch glob on model.name; null matches every model"
     )
-    expires_at: datetime | None = Field(
+    expires_at: IsoDateTime | None = Field(
         default=None, description="ISO-8601; without a timezone it is taken as UTC"
     )
-    note: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+    note: Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=2000),
+        Field(json_schema_extra={"pattern": r"[^\s\x1c-\x1f\x85]"}),  # not only spaces
+    ]
     policy: Policy | None = Field(
         default=None, description="selection policy for this scope (measured: issue 6)"
     )
@@ -294,7 +380,7 @@ class Override(OverrideSpec):
 # -------------------------------------------------------------------- measurements
 
 ShapeSeqlens = Annotated[
-    list[Annotated[int, Field(gt=0, le=1_048_576, strict=True)]],
+    list[Annotated[int, Field(gt=0, le=1_048_576, strict=True), Integral]],
     Field(min_length=1, max_length=4096),
 ]
 
@@ -307,14 +393,28 @@ class MeasuredShape(_Strict):
 class MeasurementResult(_Strict):
     """One backend on one shape, as measured on the pod's own GPU."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={  # what _complete checks, in the OpenAPI
+            "anyOf": [
+                {"properties": {"correct": {"const": False}}},
+                {"required": ["error"], "properties": {"error": {"type": "string"}}},
+                {
+                    "required": ["median_ms", "tflops"],
+                    "properties": {"median_ms": {"type": "number"}, "tflops": {"type": "number"}},
+                },
+            ]
+        },
+    )
+
     backend: BackendName
     impl: Annotated[str, StringConstraints(max_length=100)] | None = Field(
         default=None, description="the code path really used, e.g. flashinfer-fa3"
     )
     shape: MeasuredShape
-    median_ms: Annotated[float, Field(gt=0, lt=3_600_000)] | None = None
-    tflops: Annotated[float, Field(ge=0, lt=100_000)] | None = None
-    correct: bool
+    median_ms: Annotated[float, Field(gt=0, lt=3_600_000, strict=True)] | None = None
+    tflops: Annotated[float, Field(ge=0, lt=100_000, strict=True)] | None = None
+    correct: StrictBool
     error: Annotated[str, StringConstraints(max_length=8000)] | None = None
 
     @model_validator(mode="after")

@@ -5,15 +5,29 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from service.api.changes import preview_change
-from service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail, invalid
+from service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
 from service.auth import new_token
 from service.preview import Preview
-from service.schemas import Override, OverrideScope, OverrideSpec, RulesDocument
+from service.schemas import (
+    Override,
+    OverrideScope,
+    OverrideSpec,
+    RulesDocument,
+    error_responses,
+)
 
-router = APIRouter(prefix="/v1", tags=["admin"])
+router = APIRouter(prefix="/v1", tags=["admin"], responses=error_responses(401, 403))
 
 ClusterGlob = Annotated[str, StringConstraints(pattern=r"^[a-z0-9._*?\[\]-]{1,63}$")]
 
@@ -35,7 +49,13 @@ class TokenCreated(BaseModel):
     token: str = Field(description="shown once; only its hash is stored")
 
 
-@router.post("/tokens", status_code=201, response_model=TokenCreated, summary="Create a token")
+@router.post(
+    "/tokens",
+    status_code=201,
+    response_model=TokenCreated,
+    responses=error_responses(413, 503),
+    summary="Create a token",
+)
 def create_token(body: TokenRequest, runtime: RuntimeDep, principal: AdminDep) -> dict[str, Any]:
     if principal.clusters is not None:
         fail(403, "only an unrestricted admin token may create tokens")
@@ -76,7 +96,12 @@ def list_tokens(runtime: RuntimeDep, _: AdminDep) -> dict[str, Any]:
     }
 
 
-@router.delete("/tokens/{token_id}", status_code=204, summary="Revoke a token")
+@router.delete(
+    "/tokens/{token_id}",
+    status_code=204,
+    responses=error_responses(404, 503),
+    summary="Revoke a token",
+)
 def revoke_token(
     token_id: Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")],
     runtime: RuntimeDep,
@@ -90,7 +115,11 @@ def revoke_token(
     return Response(status_code=204)
 
 
-@router.get("/audit", summary="The append-only audit log, newest first")
+@router.get(
+    "/audit",
+    responses=error_responses(503),
+    summary="The append-only audit log, newest first",
+)
 def audit(
     runtime: RuntimeDep,
     _: ViewerDep,
@@ -98,13 +127,11 @@ def audit(
     target: Annotated[str | None, Query(max_length=100)] = None,
     actor: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=20)] = None,
+    # ASCII digits only, at most 18 (below 2**63): str.isdigit() let "²" through to
+    # int() and 20 digits overflowed the database's integer, both answered 500.
+    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
 ) -> dict[str, Any]:
-    before = None
-    if cursor is not None:
-        if not cursor.isdigit():
-            invalid(("query", "cursor"), "cursor is not one this service returned")
-        before = int(cursor)
+    before = None if cursor is None else int(cursor)
     rows = runtime.store.list_audit(
         action=action, target=target, actor=actor, limit=limit + 1, before_id=before
     )
@@ -117,13 +144,32 @@ class OverrideProposal(OverrideSpec):
     cluster: OverrideScope
 
 
+def _omittable(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # absent, not null: null is refused
+
+
+# SkipJsonSchema[None] and min/maxProperties: the OpenAPI says "exactly one of these
+# keys, none null", as the validators below do (schemathesis sent three nulls, which
+# the schema admitted and the server refused).
+_Omittable = Field(default=None, json_schema_extra=_omittable)
+
+
 class PreviewRequest(BaseModel):
     """Exactly one proposal: new rules, an override to put, or one to delete."""
 
-    model_config = ConfigDict(extra="forbid")
-    rules: RulesDocument | None = None
-    override: OverrideProposal | None = None
-    delete_override: OverrideScope | None = None
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"minProperties": 1, "maxProperties": 1}
+    )
+    rules: RulesDocument | SkipJsonSchema[None] = _Omittable
+    override: OverrideProposal | SkipJsonSchema[None] = _Omittable
+    delete_override: OverrideScope | SkipJsonSchema[None] = _Omittable
+
+    @field_validator("rules", "override", "delete_override", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("leave the key out instead of sending null")
+        return value
 
     @model_validator(mode="after")
     def _one(self) -> PreviewRequest:
@@ -133,7 +179,12 @@ class PreviewRequest(BaseModel):
         return self
 
 
-@router.post("/preview", response_model=Preview, summary="What a change would do to the fleet")
+@router.post(
+    "/preview",
+    response_model=Preview,
+    responses=error_responses(413, 503),
+    summary="What a change would do to the fleet",
+)
 def preview(body: PreviewRequest, runtime: RuntimeDep, _: ViewerDep) -> Preview:
     from datetime import UTC, datetime
 

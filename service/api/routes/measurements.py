@@ -9,12 +9,19 @@ from fastapi import APIRouter
 from service.api.deps import AgentDep, RuntimeDep, ViewerDep, check_scope
 from service.evidence import observations_of_report
 from service.ids import new_id
-from service.schemas import MeasurementReport
+from service.schemas import MeasurementReport, error_responses
 
-router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
+router = APIRouter(
+    prefix="/v1/measurements", tags=["measurements"], responses=error_responses(401, 403)
+)
 
 
-@router.post("", status_code=201, summary="Report a pod's kernel benchmark results")
+@router.post(
+    "",
+    status_code=201,
+    responses=error_responses(413, 503),
+    summary="Report a pod's kernel benchmark results",
+)
 def report(body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep) -> dict[str, Any]:
     check_scope(principal, body.cluster)
     report_id = new_id()

@@ -15,10 +15,10 @@ from fastapi.responses import JSONResponse
 from service.api.changes import committed, preview_change
 from service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail, invalid
 from service.api.routes.rules import etag_matches
-from service.schemas import Override, OverrideSpec
+from service.schemas import Override, OverrideSpec, error_responses
 from service.store.repo import override_etag
 
-router = APIRouter(prefix="/v1/overrides", tags=["overrides"])
+router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
 
 Scope = Annotated[
     str,
@@ -48,7 +48,7 @@ def list_overrides(runtime: RuntimeDep, _: ViewerDep) -> Response:
 @router.get(
     "/{cluster}",
     summary="One scope's override",
-    responses={304: {"description": "If-None-Match matched"}, 404: {"description": "none"}},
+    responses={304: {"description": "If-None-Match matched"}, **error_responses(404)},
 )
 def get_override(
     cluster: Scope,
@@ -68,7 +68,7 @@ def get_override(
 @router.put(
     "/{cluster}",
     summary="Create or replace a scope's override",
-    responses={412: {"description": "If-Match is stale"}, 403: {"description": "scope"}},
+    responses=error_responses(412, 413, 503),
 )
 def put_override(
     cluster: Scope,
@@ -115,7 +115,7 @@ def put_override(
 @router.delete(
     "/{cluster}",
     summary="Remove a scope's override",
-    responses={404: {"description": "none"}, 412: {"description": "If-Match is stale"}},
+    responses=error_responses(404, 412, 503),
 )
 def delete_override(
     cluster: Scope,

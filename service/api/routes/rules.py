@@ -9,10 +9,10 @@ from fastapi.responses import JSONResponse
 
 from service.api.changes import committed, preview_change
 from service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail
-from service.schemas import RulesDocument
+from service.schemas import RulesDocument, error_responses
 from service.store.repo import rules_etag
 
-router = APIRouter(prefix="/v1/rules", tags=["rules"])
+router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=error_responses(401, 403))
 
 
 def etag_matches(header: str | None, etag: str) -> bool:
@@ -53,10 +53,7 @@ def _touched_clusters(old: RulesDocument, new: RulesDocument) -> set[str] | None
 @router.put(
     "",
     summary="Replace the priority rules (accepts what GET returns)",
-    responses={
-        412: {"description": "If-Match is stale"},
-        403: {"description": "token limited to clusters this change goes beyond"},
-    },
+    responses=error_responses(412, 413, 503),
 )
 def put_rules(
     document: RulesDocument,

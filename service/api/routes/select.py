@@ -18,7 +18,13 @@ from service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_
 from service.decision.engine import Decision, Refusal
 from service.ids import new_id
 from service.runtime import Runtime
-from service.schemas import BackendName, Candidate, SelectRequest, SelectResponse
+from service.schemas import (
+    BackendName,
+    Candidate,
+    SelectRequest,
+    SelectResponse,
+    error_responses,
+)
 from service.store.repo import DecisionRecord
 
 
@@ -45,7 +51,12 @@ class LeanJSONRoute(APIRoute):
                 errors = exc.errors(include_url=False)
                 for e in errors:
                     e["loc"] = ("body", *e["loc"])
-                    e.pop("ctx", None) if e.get("type") == "json_invalid" else None
+                    if e.get("type") == "json_invalid":
+                        # The input of a JSON syntax error is the raw body: bytes, maybe
+                        # not UTF-8 (FastAPI's encoder raised on them: a 500), and not
+                        # worth echoing; ``msg`` already says what and where.
+                        e.pop("ctx", None)
+                        e.pop("input", None)
                 raise RequestValidationError(errors, body=raw) from None
             return await endpoint(body, request)
 
@@ -111,10 +122,8 @@ def _render(decision: Decision, rules_revision: int) -> Rendered:
     response_model=SelectResponse,
     responses={
         304: {"description": "If-None-Match matched: the cached answer still holds"},
-        401: {"description": "missing or unknown token"},
-        403: {"description": "token lacks the agent role or the cluster"},
         409: {"model": RefusalBody, "description": "strict request invalid / nothing valid"},
-        413: {"description": "body over 64 KiB"},
+        **error_responses(401, 403, 413),
     },
     summary="Choose the MLA prefill backend for a pod",
     openapi_extra={
@@ -192,7 +201,7 @@ class FailureReport(BaseModel):
     "/selections/{decision_id}/failure",
     status_code=202,
     summary="Report that the chosen kernel failed to build or run on the pod",
-    responses={404: {"description": "unknown decision"}},
+    responses=error_responses(401, 403, 404, 413, 503),
 )
 def report_failure(
     decision_id: str, report: FailureReport, runtime: RuntimeDep, principal: AgentDep

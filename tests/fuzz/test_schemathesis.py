@@ -1,0 +1,151 @@
+"""Schemathesis against the service's own OpenAPI document, on a real server process.
+
+Every operation in ``/openapi.json`` gets generated requests (schemathesis's examples,
+coverage and fuzzing phases; valid and invalid ones) with the bootstrap admin token
+for the document's bearer scheme, so the authenticated paths are reached. Every
+response goes through schemathesis's default checks: never 5xx; the status code is
+one the operation declares; the body matches the declared schema; invalid input is
+refused; valid input is accepted; no token or a wrong one gives 401; a 405 lists
+every allowed method.
+
+The server has a database of its own: fuzzing replaces rules, overrides and tokens,
+which would disturb the tests that share ``shared_service``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import schemathesis
+from pydantic import TypeAdapter, ValidationError
+
+from tests.conftest import ADMIN, ServiceProcess
+
+# Bounded: deterministic, at most this many generated cases per operation and phase.
+# The whole module takes about 40 s on a 2-core machine.
+MAX_EXAMPLES = 25
+
+_DATETIME = TypeAdapter(datetime)
+
+
+@pytest.fixture(scope="module")
+def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    d = tmp_path_factory.mktemp("fuzz")
+    service = ServiceProcess(f"sqlite:///{d / 'switchboard.db'}").start(d)
+    # A few real decisions, so that listings, the summary and previews have rows.
+    with service.client() as c:
+        for i, cap in enumerate(([9, 0], [10, 0], None)):
+            r = c.post(
+                "/v1/select",
+                json={
+                    "cluster": "fuzz",
+                    "node": f"n{i}",
+                    "pod": f"p{i}",
+                    "device": {"name": "GPU", "capability": cap},
+                    "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+                    "dtype": "bf16",
+                },
+            )
+            assert r.status_code == 200, r.text
+    yield service
+    service.stop()
+
+
+def _in_the_past(value: Any) -> bool:
+    try:
+        when = _DATETIME.validate_python(value)
+    except ValidationError:
+        return False  # not a date: an invalid case, left for the server to refuse
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when <= datetime.now(UTC) + timedelta(minutes=5)
+
+
+def _keep_override_rules(spec: dict[str, Any]) -> None:
+    """The two rules of an override that JSON Schema cannot state (the rest is in the
+    OpenAPI): ``expires_at`` lies in the future, ``force`` is not also denied. A
+    generated override breaking them is moved into the future / has the forced
+    backend taken off its deny list; the server's refusal of both is checked in
+    tests/fuzz/test_hostile_inputs.py and tests/service."""
+    if _in_the_past(spec.get("expires_at")):
+        spec["expires_at"] = "2999-01-01T00:00:00Z"
+    force, deny = spec.get("force"), spec.get("deny")
+    if isinstance(force, str) and isinstance(deny, list):
+        spec["deny"] = [b for b in deny if not (isinstance(b, str) and b.upper() == force.upper())]
+
+
+@pytest.fixture(scope="module")
+def api_schema(fuzz_service: ServiceProcess) -> schemathesis.BaseSchema:
+    config = schemathesis.Config.from_dict(
+        {
+            "base-url": fuzz_service.url,
+            # The token for the document's security scheme (not a bare header):
+            # schemathesis knows the credentials are real, sends them, and also probes
+            # each operation without them and with a wrong one, expecting 401.
+            "auth": {"openapi": {"HTTPBearer": {"bearer": ADMIN}}},
+            "request-timeout": 10,
+            # deterministic: Hypothesis derandomized and no example database, so every
+            # run sends the same requests.
+            "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True},
+            "checks": {
+                # Schema-valid requests must be accepted (2xx) or refused for a reason
+                # of state (schemathesis's defaults: 401, 403, 404, 409, 429). Added:
+                # 412, the answer HTTP prescribes for a stale If-Match: any ETag the
+                # generator invents is stale, however well formed.
+                "positive_data_acceptance": {
+                    "expected-statuses": ["2xx", "3xx", "401", "403", "404", "409", "412", "429"]
+                },
+            },
+        }
+    )
+    schema = schemathesis.openapi.from_url(f"{fuzz_service.url}/openapi.json", config=config)
+
+    @schema.hook
+    def map_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> schemathesis.Case:
+        # map_case, not map_body: it sees the coverage and examples phases' cases too.
+        # Only cases meant to be valid are touched: an invalid one stays as generated.
+        body = case.body
+        if case.meta is None or not case.meta.generation.mode.is_positive:
+            return case
+        if not isinstance(body, dict):
+            return case
+        if case.method.upper() == "PUT" and case.path.startswith("/v1/overrides/"):
+            _keep_override_rules(body)
+        elif case.path == "/v1/preview" and isinstance(body.get("override"), dict):
+            _keep_override_rules(body["override"])
+        return case
+
+    return schema
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+def test_openapi_conformance(case: schemathesis.Case) -> None:
+    case.call_and_validate()
+
+
+def test_service_sound_after_fuzzing(fuzz_service: ServiceProcess) -> None:
+    """Runs after the fuzzing above (pytest keeps file order): the process is up,
+    ready, still decides, and the decisions made before fuzzing are still listed."""
+    with fuzz_service.client() as c:
+        assert fuzz_service.proc is not None and fuzz_service.proc.poll() is None
+        assert c.get("/readyz").json()["status"] == "ready"
+        assert c.get("/healthz").status_code == 200
+        # fuzzing may have denied or forced backends: deciding at all is what counts
+        r = c.post(
+            "/v1/select",
+            json={
+                "cluster": "after-fuzz",
+                "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+                "dtype": "bf16",
+            },
+        )
+        assert r.status_code in (200, 409), r.text
+        listed = c.get("/v1/selections", params={"cluster": "fuzz"}).json()["items"]
+        pods = {item["pod"] for item in listed}
+        assert {"p0", "p1", "p2"} <= pods
