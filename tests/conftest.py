@@ -9,12 +9,13 @@ Starlette's TestClient, for the fast path and for tests that need to look inside
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,8 @@ import pytest
 
 ADMIN = "test-admin-token"
 ROOT = Path(__file__).resolve().parent.parent
+# The PostgreSQL server the suite uses (.ci/run starts it): trust auth, database "test".
+PG_DSN = os.environ.get("SWITCHBOARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def free_port() -> int:
@@ -153,16 +156,121 @@ def shared_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service
     service.stop()
 
 
-@pytest.fixture(params=["inprocess", "http"])
+@pytest.fixture(
+    params=["inprocess", "http", pytest.param("http-postgres", marks=pytest.mark.postgres)]
+)
 def api(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
-    """The same tests through the in-process app and through a real server process.
+    """The same tests through the in-process app, through a real server process on
+    SQLite, and through a real server process on PostgreSQL.
 
-    Both are shared by the whole session (a server start per test would dominate the
+    All are shared by the whole session (a server start per test would dominate the
     run), so tests that count things use cluster names of their own.
     """
     if request.param == "inprocess":
         yield request.getfixturevalue("shared_inprocess")
         return
-    service: ServiceProcess = request.getfixturevalue("shared_service")
+    name = "shared_service" if request.param == "http" else "shared_pg_service"
+    service: ServiceProcess = request.getfixturevalue(name)
     with service.client() as client:
         yield client
+
+
+# ---------------------------------------------------------------- PostgreSQL
+#
+# Every test module (or test) that needs PostgreSQL gets a schema of its own on the
+# shared server, named sb_<random>, reached through the URL's search_path, and
+# dropped afterwards: sessions running side by side never see each other's rows.
+
+
+def pg_unavailable() -> str | None:
+    """Why the PostgreSQL server cannot be used, or None when it can."""
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - psycopg is a dependency
+        return f"psycopg is not installed: {exc}"
+    try:
+        with psycopg.connect(PG_DSN, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:
+        return f"PostgreSQL at {PG_DSN} is not reachable: {str(exc).strip().splitlines()[0]}"
+    return None
+
+
+def pg_schema_url(schema: str, dsn: str = PG_DSN) -> str:
+    """A SQLAlchemy URL whose connections all use ``schema`` (and only it)."""
+    base = dsn.split("://", 1)[1]
+    return f"postgresql+psycopg://{base}?options=-csearch_path%3D{schema}"
+
+
+def create_pg_schema(dsn: str = PG_DSN) -> str:
+    import psycopg
+
+    schema = f"sb_{secrets.token_hex(6)}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return schema
+
+
+def drop_pg_schema(schema: str, dsn: str = PG_DSN) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '10s'")
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """The PostgreSQL server's DSN; skips (fails under CI) when it is not reachable."""
+    reason = pg_unavailable()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI must run the PostgreSQL tests (.ci/run starts it)")
+        pytest.skip(f"{reason} (set CI=1 to make this a failure)")
+    return PG_DSN
+
+
+@pytest.fixture(scope="session")
+def pg_schemas(postgres_server: str) -> Iterator[Callable[[], str]]:
+    """Makes fresh schemas (returns their URL); drops them all at the end of the session."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(create_pg_schema(postgres_server))
+        return pg_schema_url(made[-1], postgres_server)
+
+    yield make
+    for schema in made:
+        drop_pg_schema(schema, postgres_server)
+
+
+@pytest.fixture(scope="module")
+def pg_url(postgres_server: str) -> Iterator[str]:
+    """A PostgreSQL schema of this test module's own, dropped afterwards."""
+    schema = create_pg_schema(postgres_server)
+    yield pg_schema_url(schema, postgres_server)
+    drop_pg_schema(schema, postgres_server)
+
+
+@pytest.fixture
+def pg_url_factory(postgres_server: str) -> Iterator[Callable[[], str]]:
+    """Fresh schemas for one test (returns their URLs); dropped after the test."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(create_pg_schema(postgres_server))
+        return pg_schema_url(made[-1], postgres_server)
+
+    yield make
+    for schema in made:
+        drop_pg_schema(schema, postgres_server)
+
+
+@pytest.fixture(scope="session")
+def shared_pg_service(
+    tmp_path_factory: pytest.TempPathFactory, pg_schemas: Callable[[], str]
+) -> Iterator[ServiceProcess]:
+    d = tmp_path_factory.mktemp("served-pg")
+    service = ServiceProcess(pg_schemas()).start(d)
+    yield service
+    service.stop()

@@ -8,8 +8,10 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+SQLITE_BUSY_TIMEOUT_S = 15.0
 
 
 class StoreConfigError(ValueError):
@@ -30,14 +32,20 @@ def make_engine(url: str) -> Engine:
             parent = Path(db).expanduser().resolve().parent
             if not parent.is_dir():
                 raise StoreConfigError(f"SQLite directory {parent} does not exist")
-        engine = create_engine(url, connect_args={"timeout": 15, "check_same_thread": False})
+        # How long a write waits for another connection's lock before failing with
+        # "database is locked" (503 for an admin write); ``?timeout=S`` in the URL.
+        try:
+            timeout = float(parsed.query.get("timeout", SQLITE_BUSY_TIMEOUT_S))  # type: ignore[arg-type]
+        except ValueError:
+            raise StoreConfigError(f"SQLite ?timeout= in {url!r} is not a number") from None
+        engine = create_engine(url, connect_args={"timeout": timeout, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=15000")
+            cur.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             cur.close()
 
         return engine
@@ -51,12 +59,55 @@ def make_engine(url: str) -> Engine:
 
 
 def migrate(engine: Engine) -> None:
-    """Bring the schema to head. On PostgreSQL an advisory lock serialises replicas
-    that start together, so only one runs the migration."""
+    """Bring the schema to head; safe when several processes start together.
+
+    PostgreSQL: an advisory lock serialises replicas, so only one runs the migration.
+    SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock first (pysqlite would
+    otherwise run the DDL outside any transaction, and two processes starting on a
+    fresh file would both create the tables), and a no-op write proves the file is
+    writable: a read-only database fails here, at start, with a clear message, rather
+    than later on every decision.
+    """
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(727001)"))
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    sqlite = engine.dialect.name == "sqlite"
+    try:
+        with engine.begin() as conn:
+            if sqlite:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                conn.execute(text("SELECT pg_advisory_xact_lock(727001)"))
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            if sqlite:
+                conn.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+    except OperationalError as exc:
+        if sqlite:
+            raise StoreConfigError(_sqlite_problem(engine, exc)) from exc
+        raise
+
+
+def _sqlite_problem(engine: Engine, exc: OperationalError) -> str:
+    """What an operator needs to read when SQLite refuses to start."""
+    path = engine.url.database or ":memory:"
+    code = getattr(exc.orig, "sqlite_errorname", "")
+    detail = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+    if code.startswith("SQLITE_READONLY"):
+        return (
+            f"SQLite database {path} is read-only ({detail}): the service writes every "
+            "decision; make the file, its -wal/-shm files and its directory writable by "
+            "this user, or point SWITCHBOARD_DATABASE_URL elsewhere"
+        )
+    if code.startswith("SQLITE_BUSY") or "locked" in detail:
+        timeout = engine.url.query.get("timeout", SQLITE_BUSY_TIMEOUT_S)
+        return (
+            f"SQLite database {path} is locked by another process ({detail}, waited "
+            f"{timeout}s); stop whatever holds it (a sqlite3 shell in a transaction, a "
+            "backup) and start again"
+        )
+    if code.startswith("SQLITE_CANTOPEN"):
+        return (
+            f"cannot open SQLite database {path} ({detail}): its directory must exist "
+            "and be writable by this user (SQLite creates the -wal and -shm files there)"
+        )
+    return f"SQLite database {path} cannot be used: {detail}"

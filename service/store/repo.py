@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -47,6 +49,14 @@ class Conflict:
     """A write refused because the caller's If-Match no longer matches."""
 
     current_etag: str
+
+
+class _Refused(Exception):
+    """Raised inside ``Store._admin_write`` to roll the write back and answer ``result``."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self.result = result
 
 
 @dataclass(frozen=True)
@@ -147,20 +157,30 @@ class Store:
 
     # ------------------------------------------------------------------ config
     def ensure_seeded(self) -> None:
+        """Revision 1 of the rules and the version counters, unless already there.
+
+        ``INSERT ... ON CONFLICT DO NOTHING`` (same SQL on both dialects), not
+        read-then-insert: replicas starting together on an empty database would both
+        read "nothing there" and the second would fail on the primary key.
+        """
+        insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
         with Session(self.engine) as s, s.begin():
-            if s.scalar(select(func.count()).select_from(RulesRevision)) == 0:
-                s.add(
-                    RulesRevision(
-                        revision=1,
-                        document=SEED_RULES.rules_only(),
-                        created_at=datetime.now(UTC),
-                        created_by="seed",
-                    )
+            s.execute(
+                insert(RulesRevision)
+                .values(
+                    revision=1,
+                    document=SEED_RULES.rules_only(),
+                    created_at=datetime.now(UTC),
+                    created_by="seed",
                 )
+                .on_conflict_do_nothing(index_elements=["revision"])
+            )
             for key in ("config_version", "evidence_version"):
-                if s.get(Meta, key) is None:
-                    s.add(Meta(key=key, value=1))
-        # A concurrent replica may have seeded first: that is fine.
+                s.execute(
+                    insert(Meta)
+                    .values(key=key, value=1)
+                    .on_conflict_do_nothing(index_elements=["key"])
+                )
 
     def config_version(self) -> int:
         return self.versions().get("config_version", 0)
@@ -206,6 +226,20 @@ class Store:
             }
         )
 
+    @contextmanager
+    def _admin_write(self) -> Iterator[tuple[Session, int]]:
+        """One admin write's transaction, with ``config_version`` bumped *first*.
+
+        The bump's row lock (PostgreSQL) or write lock (SQLite) serialises admin writes
+        across replicas and threads, so the If-Match check that follows reads what is
+        committed and two writers holding the same ETag cannot both apply (without it,
+        SQLite ran the check outside any transaction and every racer won). Raise
+        ``_Refused`` inside to answer without changing anything: it rolls back.
+        Yields the session and the new ``config_version``.
+        """
+        with Session(self.engine) as s, s.begin():
+            yield s, self._bump(s)
+
     @staticmethod
     def _bump(s: Session, key: str = "config_version") -> int:
         s.execute(update(Meta).where(Meta.key == key).values(value=Meta.value + 1))
@@ -247,12 +281,12 @@ class Store:
         preview: dict[str, Any] | None,
     ) -> RulesDocument | Conflict:
         try:
-            with Session(self.engine) as s, s.begin():
+            with self._admin_write() as (s, _):
                 current = s.scalars(
                     select(RulesRevision).order_by(RulesRevision.revision.desc()).limit(1)
                 ).one()
                 if if_match is not None and if_match != rules_etag(current.revision):
-                    return Conflict(rules_etag(current.revision))
+                    raise _Refused(Conflict(rules_etag(current.revision)))
                 now = datetime.now(UTC)
                 new = RulesRevision(
                     revision=current.revision + 1,
@@ -261,7 +295,6 @@ class Store:
                     created_by=actor,
                 )
                 s.add(new)
-                self._bump(s)
                 self._audit(
                     s,
                     actor=actor,
@@ -275,8 +308,11 @@ class Store:
                 stored = RulesDocument.model_validate(
                     {**new.document, "revision": new.revision, "updated_at": now}
                 )
+        except _Refused as refused:
+            return refused.result
         except IntegrityError:
-            # Another writer took the same revision number first.
+            # Another writer took the same revision number first (cannot happen while
+            # _admin_write serialises writers; kept as the answer if it ever does).
             return Conflict(rules_etag(self.load_config().rules.revision or 0))
         return stored
 
@@ -295,31 +331,34 @@ class Store:
         if_match: str | None,
         preview: dict[str, Any] | None,
     ) -> Override | Conflict:
-        with Session(self.engine) as s, s.begin():
-            row = s.get(OverrideRow, cluster, with_for_update=True)
-            current_etag = None if row is None else override_etag(cluster, row.revision)
-            if if_match is not None and if_match != (current_etag or '"none"'):
-                return Conflict(current_etag or '"none"')
-            before = None if row is None else self._override(row).model_dump(mode="json")
-            version = self._bump(s)
-            now = datetime.now(UTC)
-            payload = spec.model_dump(mode="json")
-            if row is None:
-                row = OverrideRow(cluster=cluster)
-                s.add(row)
-            row.spec, row.created_at, row.created_by, row.revision = payload, now, actor, version
-            s.flush()
-            after = self._override(row)
-            self._audit(
-                s,
-                actor=actor,
-                action="override.put",
-                target=cluster,
-                before=before,
-                after=after.model_dump(mode="json"),
-                note=spec.note,
-                preview=preview,
-            )
+        try:
+            with self._admin_write() as (s, version):
+                row = s.get(OverrideRow, cluster, with_for_update=True)
+                current_etag = None if row is None else override_etag(cluster, row.revision)
+                if if_match is not None and if_match != (current_etag or '"none"'):
+                    raise _Refused(Conflict(current_etag or '"none"'))
+                before = None if row is None else self._override(row).model_dump(mode="json")
+                now = datetime.now(UTC)
+                payload = spec.model_dump(mode="json")
+                if row is None:
+                    row = OverrideRow(cluster=cluster)
+                    s.add(row)
+                row.spec, row.created_at, row.created_by = payload, now, actor
+                row.revision = version
+                s.flush()
+                after = self._override(row)
+                self._audit(
+                    s,
+                    actor=actor,
+                    action="override.put",
+                    target=cluster,
+                    before=before,
+                    after=after.model_dump(mode="json"),
+                    note=spec.note,
+                    preview=preview,
+                )
+        except _Refused as refused:
+            return refused.result
         return after
 
     def delete_override(
@@ -331,25 +370,27 @@ class Store:
         note: str | None,
         preview: dict[str, Any] | None,
     ) -> Override | Conflict | None:
-        with Session(self.engine) as s, s.begin():
-            row = s.get(OverrideRow, cluster, with_for_update=True)
-            if row is None:
-                return None
-            if if_match is not None and if_match != override_etag(cluster, row.revision):
-                return Conflict(override_etag(cluster, row.revision))
-            before = self._override(row)
-            s.delete(row)
-            self._bump(s)
-            self._audit(
-                s,
-                actor=actor,
-                action="override.delete",
-                target=cluster,
-                before=before.model_dump(mode="json"),
-                after=None,
-                note=note,
-                preview=preview,
-            )
+        try:
+            with self._admin_write() as (s, _):
+                row = s.get(OverrideRow, cluster, with_for_update=True)
+                if row is None:
+                    raise _Refused(None)
+                if if_match is not None and if_match != override_etag(cluster, row.revision):
+                    raise _Refused(Conflict(override_etag(cluster, row.revision)))
+                before = self._override(row)
+                s.delete(row)
+                self._audit(
+                    s,
+                    actor=actor,
+                    action="override.delete",
+                    target=cluster,
+                    before=before.model_dump(mode="json"),
+                    after=None,
+                    note=note,
+                    preview=preview,
+                )
+        except _Refused as refused:
+            return refused.result
         return before
 
     # ------------------------------------------------------------------ tokens
@@ -363,7 +404,7 @@ class Store:
         secret_hash: str,
         actor: str,
     ) -> None:
-        with Session(self.engine) as s, s.begin():
+        with self._admin_write() as (s, _):
             s.add(
                 TokenRow(
                     id=token_id,
@@ -375,7 +416,6 @@ class Store:
                     created_by=actor,
                 )
             )
-            self._bump(s)
             self._audit(
                 s,
                 actor=actor,
@@ -388,22 +428,24 @@ class Store:
             )
 
     def revoke_token(self, token_id: str, *, actor: str) -> bool:
-        with Session(self.engine) as s, s.begin():
-            row = s.get(TokenRow, token_id, with_for_update=True)
-            if row is None or row.revoked_at is not None:
-                return False
-            row.revoked_at = datetime.now(UTC)
-            self._bump(s)
-            self._audit(
-                s,
-                actor=actor,
-                action="token.revoke",
-                target=row.name,
-                before={"id": row.id, "name": row.name, "role": row.role},
-                after=None,
-                note=None,
-                preview=None,
-            )
+        try:
+            with self._admin_write() as (s, _):
+                row = s.get(TokenRow, token_id, with_for_update=True)
+                if row is None or row.revoked_at is not None:
+                    raise _Refused(False)
+                row.revoked_at = datetime.now(UTC)
+                self._audit(
+                    s,
+                    actor=actor,
+                    action="token.revoke",
+                    target=row.name,
+                    before={"id": row.id, "name": row.name, "role": row.role},
+                    after=None,
+                    note=None,
+                    preview=None,
+                )
+        except _Refused as refused:
+            return bool(refused.result)
         return True
 
     def count_tokens(self) -> int:
@@ -436,7 +478,9 @@ class Store:
         ts = self._timestamp
         with self.engine.begin() as conn:
             if answers:
-                conn.exec_driver_sql(self._sql["answers"], list(answers.items()))
+                # sorted, like pod_latest below: replicas writing overlapping rows in
+                # the same order cannot deadlock each other on PostgreSQL
+                conn.exec_driver_sql(self._sql["answers"], sorted(answers.items()))
             conn.exec_driver_sql(
                 self._sql["decisions"],
                 [
@@ -474,8 +518,12 @@ class Store:
         return {
             "answers": f"INSERT INTO answers (id, answer) VALUES {values(2)} "
             "ON CONFLICT (id) DO NOTHING",
+            # ON CONFLICT DO NOTHING: a batch whose commit went through but whose
+            # acknowledgement was lost (database restarted mid-commit) is retried by
+            # the recorder; the retry must not fail forever on the primary key.
             "decisions": "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, "
-            f"source, rules_revision, request, answer_id) VALUES {values(10)}",
+            f"source, rules_revision, request, answer_id) VALUES {values(10)} "
+            "ON CONFLICT (id) DO NOTHING",
             "pod_latest": "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, "
             f"source, created_at, answer_id) VALUES {values(8)} "
             "ON CONFLICT (cluster, node, pod) DO UPDATE SET "
