@@ -19,6 +19,7 @@ from service.decision.engine import Decision, Refusal
 from service.ids import new_id
 from service.runtime import Runtime
 from service.schemas import (
+    NO_NUL,
     BackendName,
     Candidate,
     SelectRequest,
@@ -44,6 +45,12 @@ class LeanJSONRoute(APIRoute):
         endpoint = self.endpoint
 
         async def handler(request: Request) -> Response:
+            media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                # FastAPI's own routes do not read such a body as JSON either
+                problem = {"type": "content_type", "loc": ("body",), "input": media or None}
+                problem["msg"] = "expected Content-Type: application/json"
+                raise RequestValidationError([problem])
             raw = await request.body()
             try:
                 body = model.model_validate_json(raw)
@@ -192,7 +199,7 @@ async def select(body: SelectRequest, request: Request) -> Response:
 class FailureReport(BaseModel):
     model_config = {"extra": "forbid"}
     backend: BackendName
-    error: Annotated[str, StringConstraints(min_length=1, max_length=8000)] = Field(
+    error: Annotated[str, StringConstraints(min_length=1, max_length=8000, pattern=NO_NUL)] = Field(
         description="what went wrong building or running the kernel"
     )
 

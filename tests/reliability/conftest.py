@@ -1,0 +1,317 @@
+"""Helpers for the replica and fault tests: replicas, load, a private PostgreSQL.
+
+Everything here drives real parts: ``switchboard serve`` processes, a real
+PostgreSQL (the shared server through a schema of the test's own, or a private
+cluster that a test may stop and start), real HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN, ServiceProcess, free_port
+
+SERVICE_SOURCES = {"priority", "requested", "fallback", "override", "measured"}
+"""What ``source`` says when the service decided (``cache``/``local-fallback`` are the agent's)."""
+
+
+def select_body(cluster: str, pod: str, *, cap: list[int] | None = None) -> dict[str, Any]:
+    return {
+        "cluster": cluster,
+        "node": f"node-{hash(pod) % 50}",
+        "pod": pod,
+        "device": {"name": "NVIDIA H200", "capability": cap or [9, 0]},
+        "model": {
+            "name": "deepseek-ai/DeepSeek-R1",
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "num_heads": 128,
+        },
+        "dtype": "bfloat16",
+        "packages": None,
+    }
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.02, what: str = ""
+) -> float:
+    """Poll until ``predicate()`` is truthy; the seconds it took. Fails after ``timeout``."""
+    start = time.monotonic()
+    last: Any = None
+    while True:
+        try:
+            last = predicate()
+        except (httpx.HTTPError, OSError) as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not true after {timeout}s: {what or predicate} (last: {last!r})")
+        time.sleep(interval)
+
+
+def metric(service: ServiceProcess, name: str) -> float:
+    """The sum of a metric's samples in /metrics (0 when absent)."""
+    text = httpx.get(service.url + "/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def readyz(service: ServiceProcess) -> tuple[int, dict[str, Any]]:
+    r = httpx.get(service.url + "/readyz", timeout=5)
+    return r.status_code, r.json()
+
+
+def stored_decision_ids(database_url: str, cluster_prefix: str) -> set[str]:
+    """Decision ids in the store for clusters starting with ``cluster_prefix``."""
+    from service.store.db import make_engine
+
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT id FROM decisions WHERE cluster LIKE "
+                + ("?" if engine.dialect.paramstyle == "qmark" else "%s"),
+                (cluster_prefix + "%",),
+            )
+            return {r[0] for r in rows}
+    finally:
+        engine.dispose()
+
+
+def terminate_all(services: list[ServiceProcess], timeout: float = 30) -> None:
+    """SIGTERM every replica at once (a rollout), then wait for each to exit."""
+    for s in services:
+        if s.proc is not None and s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+    for s in services:
+        if s.proc is not None:
+            s.proc.wait(timeout)
+
+
+class SelectLoad:
+    """Threads posting ``/v1/select`` for distinct pods to a set of URLs (in turn)
+    until stopped; every answer is counted by its decision id.
+
+    ``answers`` holds the decision ids of 200 answers; ``failures`` any other status
+    or transport error, with the time it happened (relative to ``start``).
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        cluster: str,
+        threads: int = 2,
+        pause_s: float = 0.002,
+        token: str = ADMIN,
+    ) -> None:
+        self.urls = urls
+        self.cluster = cluster
+        self.threads = threads
+        self.pause_s = pause_s
+        self.token = token
+        self.answers: list[str] = []
+        self.by_url: dict[str, int] = {u: 0 for u in urls}
+        self.failures: list[tuple[float, str, str]] = []
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._started = 0.0
+
+    def start(self) -> SelectLoad:
+        self._started = time.monotonic()
+        for t in range(self.threads):
+            w = threading.Thread(target=self._run, args=(t,), daemon=True)
+            w.start()
+            self._workers.append(w)
+        return self
+
+    def stop(self) -> SelectLoad:
+        self._stop.set()
+        for w in self._workers:
+            w.join(30)
+        return self
+
+    def wait_for(self, n: int, timeout: float = 20) -> None:
+        wait_until(lambda: len(self.answers) >= n, timeout, what=f"{n} answers")
+
+    def _run(self, t: int) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        with httpx.Client(headers=headers, timeout=10) as client:
+            i = 0
+            while not self._stop.is_set():
+                url = self.urls[(t + i) % len(self.urls)]
+                body = select_body(self.cluster, f"pod-{t}-{i}")
+                i += 1
+                try:
+                    r = client.post(url + "/v1/select", json=body)
+                except httpx.HTTPError as exc:
+                    with self._lock:
+                        self.failures.append((self._elapsed(), url, type(exc).__name__))
+                    time.sleep(0.05)
+                    continue
+                with self._lock:
+                    if r.status_code == 200:
+                        self.answers.append(r.json()["decision_id"])
+                        self.by_url[url] += 1
+                    else:
+                        self.failures.append((self._elapsed(), url, f"HTTP {r.status_code}"))
+                if self.pause_s:
+                    time.sleep(self.pause_s)
+
+    def _elapsed(self) -> float:
+        return round(time.monotonic() - self._started, 3)
+
+
+# ------------------------------------------------------------------- replicas
+
+
+@pytest.fixture
+def start_replicas(tmp_path: Path) -> Iterator[Callable[..., list[ServiceProcess]]]:
+    """Start n ``switchboard serve`` processes on one database; stopped afterwards."""
+    started: list[ServiceProcess] = []
+
+    def start(database_url: str, n: int = 2, **env: str) -> list[ServiceProcess]:
+        services = [ServiceProcess(database_url, env=env) for _ in range(n)]
+        for s in services:
+            started.append(s)
+            s.start(tmp_path)
+        return services
+
+    yield start
+    for s in started:
+        s.stop(signal.SIGKILL) if s.proc and s.proc.poll() is None else None
+
+
+# ------------------------------------------------------ privileges and skipping
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with a printed reason; under CI (``CI`` set) the missing part is a failure."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must run this test)")
+    pytest.skip(reason)
+
+
+def without_dac_override() -> list[str]:
+    """A command prefix under which file permissions apply, also to root.
+
+    The suite often runs as root, and root ignores ``chmod 0444``; dropping the
+    DAC-override capabilities from the bounding set makes the kernel check the mode
+    bits for the child, as it would for the service's own user in production.
+    """
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    if shutil.which("setpriv") is None:
+        skip_or_fail("running as root and setpriv (util-linux) is missing: chmod cannot bind")
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        skip_or_fail(f"running as root and cannot drop CAP_DAC_OVERRIDE: {probe.stderr.strip()}")
+    return prefix
+
+
+def sqlite_integrity(path: Path) -> str:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+# ---------------------------------------------------------- private PostgreSQL
+
+
+def _pg_bindir() -> Path | None:
+    found = shutil.which("pg_config")
+    if found:
+        out = subprocess.run([found, "--bindir"], capture_output=True, text=True)
+        if out.returncode == 0 and (Path(out.stdout.strip()) / "initdb").exists():
+            return Path(out.stdout.strip())
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), reverse=True)
+    return versions[0].parent if versions else None
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL cluster of this test's own, which it may stop and start.
+
+    The shared server at :5432 is never touched (other sessions may be using it).
+    As root, initdb and the server run as the ``postgres`` OS user.
+    """
+
+    def __init__(self) -> None:
+        bindir = _pg_bindir()
+        if bindir is None:
+            skip_or_fail("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+        assert bindir is not None
+        self.bindir = bindir
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            try:
+                import pwd
+
+                pwd.getpwnam("postgres")
+            except KeyError:
+                skip_or_fail("running as root and there is no postgres OS user for initdb")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self.dir = Path(tempfile.mkdtemp(prefix="sb-pg-"))
+        if self.as_user:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str, timeout: float = 60) -> None:
+        cmd = [*self.as_user, str(self.bindir / args[0]), *args[1:]]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}\n{self.log()}")
+
+    def init(self) -> PrivatePostgres:
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        return self
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-t", "30",
+            "-o", options, "start",
+        )  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "30", "stop")
+
+    def log(self) -> str:
+        path = self.dir / "log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    pg = PrivatePostgres()
+    try:
+        pg.init().start()
+        yield pg
+    finally:
+        pg.cleanup()
