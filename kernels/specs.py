@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-class Backend(str, enum.Enum):
+class Backend(enum.StrEnum):
     """The MLA prefill backends Switchboard knows, by their vLLM names."""
 
     TRTLLM_RAGGED = "TRTLLM_RAGGED"
@@ -38,19 +38,13 @@ class Backend(str, enum.Enum):
     FLASH_ATTN = "FLASH_ATTN"
     TORCH_SDPA = "TORCH_SDPA"
 
-    def __str__(self) -> str:  # "FLASHINFER", not "Backend.FLASHINFER", in messages
-        return self.value
 
-
-class Dtype(str, enum.Enum):
+class Dtype(enum.StrEnum):
     """Activation dtypes, by their canonical torch names."""
 
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
     FLOAT32 = "float32"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _DTYPE_ALIASES: dict[str, Dtype] = {
@@ -158,16 +152,16 @@ class BackendSpec:
 
     backend: Backend
     needs_gpu: bool
-    capability_majors: frozenset[int] | None  # None: any major >= min_major
-    min_major: int
     capability_text: str
     dtypes: frozenset[Dtype]
-    exact_dims: MLADims | None
-    max_qk_head_dim: int | None
-    max_v_head_dim: int | None
     packages: tuple[str, ...]
     class_path: str
     summary: str
+    capability_majors: frozenset[int] | None = None  # None: any major >= min_major
+    min_major: int = 0
+    exact_dims: MLADims | None = None
+    max_qk_head_dim: int | None = None
+    max_v_head_dim: int | None = None
 
     def capability_ok(self, cap: Capability) -> bool:
         if self.capability_majors is not None:
@@ -224,8 +218,6 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="10.x",
             dtypes=_HALF,
             exact_dims=R1_DIMS,
-            max_qk_head_dim=None,
-            max_v_head_dim=None,
             packages=("flashinfer",),
             class_path="kernels.trtllm_ragged:TrtllmRaggedPrefill",
             summary="FlashInfer's TensorRT-LLM ragged DeepSeek kernel (Blackwell only)",
@@ -238,8 +230,6 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="8.x, 9.x or 10.x",
             dtypes=_HALF,
             exact_dims=R1_DIMS,
-            max_qk_head_dim=None,
-            max_v_head_dim=None,
             packages=("flashinfer",),
             class_path="kernels.flashinfer:FlashInferPrefill",
             summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80)",
@@ -247,13 +237,10 @@ SPECS: dict[Backend, BackendSpec] = {
         BackendSpec(
             backend=Backend.CUDNN,
             needs_gpu=True,
-            capability_majors=None,
             min_major=8,
             capability_text="8.0 or newer",
             dtypes=_HALF,
             exact_dims=R1_DIMS,
-            max_qk_head_dim=None,
-            max_v_head_dim=None,
             packages=("cudnn",),
             class_path="kernels.cudnn:CudnnPrefill",
             summary="cuDNN frontend SDPA graph with ragged offsets",
@@ -261,11 +248,9 @@ SPECS: dict[Backend, BackendSpec] = {
         BackendSpec(
             backend=Backend.FLASH_ATTN,
             needs_gpu=True,
-            capability_majors=None,
             min_major=8,
             capability_text="8.0 or newer",
             dtypes=_HALF,
-            exact_dims=None,
             max_qk_head_dim=256,
             max_v_head_dim=256,
             packages=("torch",),
@@ -275,13 +260,8 @@ SPECS: dict[Backend, BackendSpec] = {
         BackendSpec(
             backend=Backend.TORCH_SDPA,
             needs_gpu=False,
-            capability_majors=None,
-            min_major=0,
             capability_text="any",
             dtypes=frozenset(Dtype),
-            exact_dims=None,
-            max_qk_head_dim=None,
-            max_v_head_dim=None,
             packages=("torch",),
             class_path="kernels.torch_sdpa:TorchSdpaPrefill",
             summary="PyTorch reference path (fp32 math); runs anywhere",
