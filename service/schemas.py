@@ -54,7 +54,14 @@ ClusterName = Annotated[
     StringConstraints(pattern=CLUSTER_PATTERN),
     Field(description="1-63 characters of [a-z0-9._-]", examples=["prod-east"]),
 ]
-ShortText = Annotated[str, StringConstraints(max_length=253)]
+# PostgreSQL's text cannot hold NUL (U+0000): refused at the door with the field
+# named, rather than failing a write (or a whole batch of decisions) in the store.
+NO_NUL = r"^[^\x00]*$"
+# A note or a name says something: not only whitespace (and no NUL either).
+NONBLANK = r"^[^\x00]*[^\s\x00\x1c-\x1f\x85][^\x00]*$"
+ShortText = Annotated[str, StringConstraints(max_length=253, pattern=NO_NUL)]
+PackageName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=NO_NUL)]
+PackageVersion = Annotated[str, StringConstraints(max_length=100, pattern=NO_NUL)]
 
 
 def _integral(value: Any) -> Any:
@@ -118,13 +125,7 @@ class SelectRequest(_Strict):
     device: DeviceInfo = Field(default_factory=DeviceInfo)
     model: ModelInfo
     dtype: DtypeName
-    packages: (
-        dict[
-            Annotated[str, StringConstraints(min_length=1, max_length=100)],
-            Annotated[str, StringConstraints(max_length=100)],
-        ]
-        | None
-    ) = Field(
+    packages: dict[PackageName, PackageVersion] | None = Field(
         default=None,
         max_length=64,
         description="import name -> version; null or absent means assume every package present",
@@ -322,16 +323,15 @@ class OverrideSpec(_Strict):
             "items": {"enum": [b.value for b in Backend if b is not Backend.TORCH_SDPA]},
         },
     )
-    model: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = Field(
-        default=None, description="fnmatch glob on model.name; null matches every model"
-    )
+    model: (
+        Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=NO_NUL)] | None
+    ) = Field(default=None, description="fnmatch glob on model.name; null matches every model")
     expires_at: IsoDateTime | None = Field(
         default=None, description="ISO-8601; without a timezone it is taken as UTC"
     )
     note: Annotated[
         str,
-        StringConstraints(strip_whitespace=True, min_length=1, max_length=2000),
-        Field(json_schema_extra={"pattern": r"[^\s\x1c-\x1f\x85]"}),  # not only spaces
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=2000, pattern=NONBLANK),
     ]
     policy: Policy | None = Field(
         default=None, description="selection policy for this scope (measured: issue 6)"
@@ -408,14 +408,14 @@ class MeasurementResult(_Strict):
     )
 
     backend: BackendName
-    impl: Annotated[str, StringConstraints(max_length=100)] | None = Field(
+    impl: Annotated[str, StringConstraints(max_length=100, pattern=NO_NUL)] | None = Field(
         default=None, description="the code path really used, e.g. flashinfer-fa3"
     )
     shape: MeasuredShape
     median_ms: Annotated[float, Field(gt=0, lt=3_600_000, strict=True)] | None = None
     tflops: Annotated[float, Field(ge=0, lt=100_000, strict=True)] | None = None
     correct: StrictBool
-    error: Annotated[str, StringConstraints(max_length=8000)] | None = None
+    error: Annotated[str, StringConstraints(max_length=8000, pattern=NO_NUL)] | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> MeasurementResult:
@@ -433,8 +433,5 @@ class MeasurementReport(_Strict):
     device: DeviceInfo
     model: ModelInfo
     dtype: DtypeName
-    packages: dict[
-        Annotated[str, StringConstraints(min_length=1, max_length=100)],
-        Annotated[str, StringConstraints(max_length=100)],
-    ] = Field(default_factory=dict, max_length=64)
+    packages: dict[PackageName, PackageVersion] = Field(default_factory=dict, max_length=64)
     results: list[MeasurementResult] = Field(min_length=1, max_length=256)

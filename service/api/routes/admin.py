@@ -13,13 +13,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.json_schema import SkipJsonSchema
 
 from service.api.changes import preview_change
 from service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
 from service.auth import new_token
 from service.preview import Preview
 from service.schemas import (
+    NO_NUL,
+    NONBLANK,
     Override,
     OverrideScope,
     OverrideSpec,
@@ -34,7 +35,10 @@ ClusterGlob = Annotated[str, StringConstraints(pattern=r"^[a-z0-9._*?\[\]-]{1,63
 
 class TokenRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    name: Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=100, pattern=NONBLANK),
+    ]
     role: Literal["agent", "viewer", "admin"]
     clusters: list[ClusterGlob] | None = Field(
         default=None, max_length=64, description="cluster globs (prod-*); null = every cluster"
@@ -123,9 +127,9 @@ def revoke_token(
 def audit(
     runtime: RuntimeDep,
     _: ViewerDep,
-    action: Annotated[str | None, Query(max_length=64)] = None,
-    target: Annotated[str | None, Query(max_length=100)] = None,
-    actor: Annotated[str | None, Query(max_length=100)] = None,
+    action: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
+    target: Annotated[str | None, Query(max_length=100, pattern=NO_NUL)] = None,
+    actor: Annotated[str | None, Query(max_length=100, pattern=NO_NUL)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     # ASCII digits only, at most 18 (below 2**63): str.isdigit() let "²" through to
     # int() and 20 digits overflowed the database's integer, both answered 500.
@@ -145,12 +149,16 @@ class OverrideProposal(OverrideSpec):
 
 
 def _omittable(schema: dict[str, Any]) -> None:
-    schema.pop("default", None)  # absent, not null: null is refused
+    """Absent, not null (null is refused): drop the null branch and the default."""
+    schema.pop("default", None)
+    branches = [s for s in schema.pop("anyOf", []) if s.get("type") != "null"]
+    if branches:
+        schema.update(branches[0])
 
 
-# SkipJsonSchema[None] and min/maxProperties: the OpenAPI says "exactly one of these
-# keys, none null", as the validators below do (schemathesis sent three nulls, which
-# the schema admitted and the server refused).
+# _omittable and min/maxProperties: the OpenAPI says "exactly one of these keys, none
+# null", as the validators below do (schemathesis sent three nulls, which the schema
+# admitted and the server refused).
 _Omittable = Field(default=None, json_schema_extra=_omittable)
 
 
@@ -160,9 +168,9 @@ class PreviewRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"minProperties": 1, "maxProperties": 1}
     )
-    rules: RulesDocument | SkipJsonSchema[None] = _Omittable
-    override: OverrideProposal | SkipJsonSchema[None] = _Omittable
-    delete_override: OverrideScope | SkipJsonSchema[None] = _Omittable
+    rules: RulesDocument | None = _Omittable
+    override: OverrideProposal | None = _Omittable
+    delete_override: OverrideScope | None = _Omittable
 
     @field_validator("rules", "override", "delete_override", mode="before")
     @classmethod

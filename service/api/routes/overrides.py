@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from service.api.changes import committed, preview_change
 from service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail, invalid
 from service.api.routes.rules import etag_matches
-from service.schemas import Override, OverrideSpec, error_responses
+from service.schemas import NO_NUL, Override, OverrideSpec, error_responses
 from service.store.repo import override_etag
 
 router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
@@ -123,7 +123,7 @@ def delete_override(
     principal: AdminDep,
     dry_run: DryRun = False,
     if_match: IfMatch = None,
-    note: Annotated[str | None, Query(max_length=2000)] = None,
+    note: Annotated[str | None, Query(max_length=2000, pattern=NO_NUL)] = None,
 ) -> Response:
     check_scope(principal, cluster)
     if not any(o.cluster == cluster for o in runtime.snapshot.overrides):

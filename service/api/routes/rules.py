@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from service.api.changes import committed, preview_change
 from service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail
-from service.schemas import RulesDocument, error_responses
+from service.schemas import NO_NUL, RulesDocument, error_responses
 from service.store.repo import rules_etag
 
 router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=error_responses(401, 403))
@@ -62,7 +62,7 @@ def put_rules(
     dry_run: Annotated[bool, Query(description="answer the preview, change nothing")] = False,
     if_match: Annotated[str | None, Header(description="ETag from GET; stale -> 412")] = None,
     note: Annotated[
-        str | None, Query(max_length=2000, description="why, for the audit log")
+        str | None, Query(max_length=2000, pattern=NO_NUL, description="why, for the audit log")
     ] = None,
 ) -> Response:
     current = runtime.snapshot.rules

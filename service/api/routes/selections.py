@@ -12,6 +12,7 @@ from service.api.deps import RuntimeDep, ViewerDep, fail
 from service.regret import regret_by_cluster
 from service.schemas import (
     CLUSTER_PATTERN,
+    NO_NUL,
     BackendName,
     DeviceInfo,
     ModelInfo,
@@ -76,7 +77,7 @@ def list_selections(
     _: ViewerDep,
     cluster: Annotated[str | None, Query(pattern=CLUSTER_PATTERN)] = None,
     backend: BackendName | None = None,
-    pod: Annotated[str | None, Query(max_length=253)] = None,
+    pod: Annotated[str | None, Query(max_length=253, pattern=NO_NUL)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[
         str | None,
