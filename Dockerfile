@@ -16,15 +16,17 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     SWITCHBOARD_DATABASE_URL=sqlite:////data/switchboard.db
-RUN useradd --create-home --uid 10001 switchboard \
-    && mkdir /data && chown switchboard /data
+RUN groupadd --gid 10001 switchboard \
+    && useradd --create-home --uid 10001 --gid 10001 switchboard \
+    && mkdir /data && chown 10001:10001 /data
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-USER switchboard
+# numeric, so that Kubernetes' runAsNonRoot can check it without /etc/passwd
+USER 10001:10001
 WORKDIR /home/switchboard
 VOLUME ["/data"]
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-    CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2).status != 200)"
+    CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2).status != 200)"]
 ENTRYPOINT ["switchboard"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
