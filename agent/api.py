@@ -90,6 +90,7 @@ class SelectionResult:
     cached_source: str | None = None
     revalidated: bool = False
     pretend: bool = False
+    evidence: dict[str, Any] | None = None  # what measured selection based the answer on
 
     @property
     def reasons(self) -> dict[str, list[str]]:
@@ -113,6 +114,7 @@ class SelectionResult:
             "kernel": None if self.kernel is None else getattr(self.kernel, "impl", "built"),
             "build_failures": [{"backend": b, "error": e} for b, e in self.build_failures],
             "pretend": self.pretend,
+            "evidence": self.evidence,
             "request": self.request.model_dump(mode="json"),
         }
 
@@ -441,6 +443,7 @@ def select_backend(
         cached_source=answer.cached_source,
         revalidated=answer.revalidated,
         pretend=pod_description.pretend,
+        evidence=None if response.evidence is None else response.evidence.model_dump(mode="json"),
     )
     if pod_description.pretend and (build or check):
         notes.info("pretending to be another GPU (--capability/--device-name): nothing is built")

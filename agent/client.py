@@ -33,11 +33,13 @@ from service.schemas import SelectRequest, SelectResponse
 __all__ = [
     "DEFAULT_DEADLINE_S",
     "AskResult",
+    "PostResult",
     "ServiceRefused",
     "ServiceUnavailable",
     "ask_service",
     "deadline_from_env",
     "parse_urls",
+    "post_json",
     "report_failure",
     "token_from_env",
 ]
@@ -333,3 +335,92 @@ def report_failure(
     except Exception as exc:  # best effort by contract
         return f"{type(exc).__name__}: {exc}"
     return outcome if finished else f"no answer within {timeout_s:g}s"
+
+
+@dataclass
+class PostResult:
+    """A 2xx answer to :func:`post_json`: which URL took it, the status and the body."""
+
+    url: str
+    status: int
+    body: Any
+    attempts: list[str] = field(default_factory=list)
+
+
+def _post_rounds(
+    path: str,
+    body: dict[str, Any],
+    urls: Sequence[str],
+    token: str | None,
+    deadline_at: float,
+    abandoned: threading.Event,
+    attempts: list[str],
+) -> PostResult:
+    """``_exchange``'s retry loop for a plain JSON POST (no ETag, no 304)."""
+    with httpx.Client(headers=_headers(token), verify=_verify(urls)) as client:
+        round_no = 0
+        while True:
+            retry_after = 0.0
+            for index, url in enumerate(urls):
+                remaining = deadline_at - time.monotonic()
+                if remaining <= 0 or abandoned.is_set():
+                    raise ServiceUnavailable("deadline passed", attempts)
+                budget = remaining / (len(urls) - index)
+                try:
+                    response = client.post(f"{url}{path}", json=body, timeout=budget)
+                except httpx.TransportError as exc:
+                    attempts.append(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "))
+                    continue
+                status = response.status_code
+                if 200 <= status < 300:
+                    try:
+                        data = response.json()
+                    except ValueError:
+                        data = None
+                    return PostResult(url, status, data, attempts)
+                if status == 429 or status >= 500:
+                    attempts.append(f"{url}: HTTP {status}")
+                    retry_after = max(retry_after, _retry_after(response) or 0.0)
+                    continue
+                try:
+                    data = response.json()
+                    detail = data.get("detail", data) if isinstance(data, dict) else data
+                except ValueError:
+                    detail = response.text
+                raise ServiceRefused(status, detail, url)
+            round_no += 1
+            backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**round_no)
+            delay = max(retry_after, random.uniform(0, backoff))
+            if time.monotonic() + delay >= deadline_at:
+                asked = f" (service asked to retry after {retry_after:.1f}s)" if retry_after else ""
+                raise ServiceUnavailable("no answer before the deadline" + asked, attempts)
+            if abandoned.wait(delay):
+                raise ServiceUnavailable("deadline passed", attempts)
+
+
+def post_json(
+    path: str,
+    body: dict[str, Any],
+    *,
+    urls: Sequence[str],
+    token: str | None,
+    deadline_s: float,
+) -> PostResult:
+    """``POST path`` with a JSON body to ``urls`` in turn, with the same retries and hard
+    deadline as :func:`ask_service` (used for ``POST /v1/measurements``).
+
+    A retried POST whose first answer was lost in transit may be recorded twice; for
+    measurements that only adds one more sample of the same numbers, which is why no
+    idempotency key is needed here. Raises ServiceUnavailable or ServiceRefused.
+    """
+    if not urls:
+        raise ServiceUnavailable("no service URL configured (SWITCHBOARD_URL)")
+    deadline_at = time.monotonic() + deadline_s
+    attempts: list[str] = []
+    finished, result = run_within(
+        lambda abandoned: _post_rounds(path, body, urls, token, deadline_at, abandoned, attempts),
+        deadline_s,
+    )
+    if not finished or result is None:
+        raise ServiceUnavailable(f"no answer within the {deadline_s:g}s deadline", list(attempts))
+    return result
