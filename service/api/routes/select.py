@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, StringConstraints, ValidationError
 from kernels.specs import Backend
 from service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_from
 from service.decision.engine import Decision, Refusal
+from service.evidence import Observation, situation_of
 from service.ids import new_id
 from service.runtime import Runtime
 from service.schemas import (
@@ -219,6 +220,12 @@ def report_failure(
         fail(404, f"no decision {decision_id!r}")
     check_scope(principal, record.cluster)
     runtime.store.record_failure(decision_id, report.backend.value, report.error)
+    # a build failure excludes the backend from measured choice for pods like this one
+    situation = situation_of(SelectRequest.model_validate_json(record.request_json))
+    if situation is not None:
+        runtime.add_evidence(
+            [Observation(situation, report.backend.value, record.pod or "", None, ok=False)]
+        )
     return {"decision_id": decision_id, "backend": report.backend, "recorded": True}
 
 
