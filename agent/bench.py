@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -651,6 +652,8 @@ def build_report(plan: BenchPlan, outcome: BenchOutcome) -> MeasurementReport | 
     request = plan.pod.request
     return MeasurementReport.model_validate(
         {
+            # one id per run, so that a retried POST (answer lost) is stored once
+            "report_id": uuid.uuid4().hex[:26],
             "cluster": request.cluster,
             "pod": request.pod or "unknown",
             "node": request.node,

@@ -427,6 +427,10 @@ class MeasurementResult(_Strict):
 class MeasurementReport(_Strict):
     """What ``switchboard bench`` posts to ``POST /v1/measurements``."""
 
+    report_id: Annotated[str, StringConstraints(pattern=r"^[0-9A-Za-z_-]{8,26}$")] | None = Field(
+        default=None,
+        description="chosen by the agent; a retried report with the same id is stored once",
+    )
     cluster: ClusterName
     pod: ShortText
     node: ShortText | None = None

@@ -627,6 +627,11 @@ class Store:
             ]
 
     # ------------------------------------------------------------ measurements
+    def has_report(self, report_id: str) -> bool:
+        with Session(self.engine) as s:
+            q = select(MeasurementRow.id).where(MeasurementRow.report_id == report_id).limit(1)
+            return s.scalar(q) is not None
+
     def add_measurements(self, report: MeasurementReport, report_id: str) -> int:
         from service.evidence import dims_key, packages_key
 

@@ -62,14 +62,24 @@ def report(
             "cluster": cluster,
             "pod": pod,
             "device": device,
-            "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-                      "num_heads": 128},
+            "model": {
+                "qk_nope_head_dim": 128,
+                "qk_rope_head_dim": 64,
+                "v_head_dim": 128,
+                "num_heads": 128,
+            },
             "dtype": "bfloat16",
             "packages": packages,
             "results": [
-                {"backend": b, "impl": "test", "shape": {"seqlens": [4096], "num_heads": 128},
-                 "median_ms": None if t is None else 1.0, "tflops": t, "correct": ok,
-                 "error": None if ok else "max abs err 3.1 > 0.02"}
+                {
+                    "backend": b,
+                    "impl": "test",
+                    "shape": {"seqlens": [4096], "num_heads": 128},
+                    "median_ms": None if t is None else 1.0,
+                    "tflops": t,
+                    "correct": ok,
+                    "error": None if ok else "max abs err 3.1 > 0.02",
+                }
                 for b, t, ok in results
             ],
         },
@@ -92,13 +102,21 @@ def select(c: httpx.Client, cluster: str, **kw: Any) -> dict[str, Any]:
 
 
 def seed(
-    c: httpx.Client, cluster: str, pods: int = 2, packages: dict[str, str] = ALL,
+    c: httpx.Client,
+    cluster: str,
+    pods: int = 2,
+    packages: dict[str, str] = ALL,
     **speeds: float,
 ) -> None:
     for p in range(pods):
         for sample in range(2):  # 2 samples per pod: 4 >= 3 with 2 pods
-            report(c, cluster, f"bench-{p}",
-                   [(b, t + sample, True) for b, t in speeds.items()], packages=packages)
+            report(
+                c,
+                cluster,
+                f"bench-{p}",
+                [(b, t + sample, True) for b, t in speeds.items()],
+                packages=packages,
+            )
 
 
 def test_fastest_correct_backend_wins(c: httpx.Client) -> None:
@@ -171,8 +189,10 @@ def test_build_failure_on_matching_pod_excludes_backend(c: httpx.Client) -> None
     measured_policy(c, cluster)
     chosen = select(c, cluster)
     assert chosen["backend"] == "FLASHINFER"
-    r = c.post(f"/v1/selections/{chosen['decision_id']}/failure",
-               json={"backend": "FLASHINFER", "error": "JIT compile failed"})
+    r = c.post(
+        f"/v1/selections/{chosen['decision_id']}/failure",
+        json={"backend": "FLASHINFER", "error": "JIT compile failed"},
+    )
     assert r.status_code == 202
     assert select(c, cluster)["backend"] == "CUDNN"
 
@@ -189,11 +209,15 @@ def test_ties_break_by_table_order(c: httpx.Client) -> None:
 def test_overrides_beat_evidence(c: httpx.Client) -> None:
     cluster = fresh()
     seed(c, cluster, FLASHINFER=650, CUDNN=540, FLASH_ATTN=230)
-    c.put(f"/v1/overrides/{cluster}",
-          json={"policy": "measured", "deny": ["FLASHINFER"], "note": "incident"})
+    c.put(
+        f"/v1/overrides/{cluster}",
+        json={"policy": "measured", "deny": ["FLASHINFER"], "note": "incident"},
+    )
     assert select(c, cluster)["backend"] == "CUDNN"
-    c.put(f"/v1/overrides/{cluster}",
-          json={"policy": "measured", "force": "FLASH_ATTN", "note": "pin"})
+    c.put(
+        f"/v1/overrides/{cluster}",
+        json={"policy": "measured", "force": "FLASH_ATTN", "note": "pin"},
+    )
     a = select(c, cluster)
     assert (a["backend"], a["source"]) == ("FLASH_ATTN", "override")
     # and a pod's valid request still beats evidence
@@ -231,11 +255,22 @@ def test_regret_in_summary(c: httpx.Client) -> None:
 
 
 def test_measurement_validation(c: httpx.Client) -> None:
-    ok = {"cluster": "x", "pod": "p", "device": H200,
-          "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
-          "dtype": "bf16",
-          "results": [{"backend": "CUDNN", "shape": {"seqlens": [8], "num_heads": 16},
-                       "median_ms": 1, "tflops": 1, "correct": True}]}
+    ok = {
+        "cluster": "x",
+        "pod": "p",
+        "device": H200,
+        "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+        "dtype": "bf16",
+        "results": [
+            {
+                "backend": "CUDNN",
+                "shape": {"seqlens": [8], "num_heads": 16},
+                "median_ms": 1,
+                "tflops": 1,
+                "correct": True,
+            }
+        ],
+    }
     assert c.post("/v1/measurements", json=ok).status_code == 201
     for bad in (
         {**ok, "results": []},
@@ -266,3 +301,34 @@ def test_stale_evidence_ages_out(service_factory: type[ServiceProcess], sqlite_u
         while (a := select(c, cluster))["source"] == "measured" and time.monotonic() < deadline:
             time.sleep(0.1)
         assert (a["backend"], a["source"]) == ("FLASH_ATTN", "priority")
+
+
+def test_retried_report_is_stored_once(c: httpx.Client) -> None:
+    doc = {
+        "report_id": uuid.uuid4().hex[:26],
+        "cluster": "x",
+        "pod": "p",
+        "device": H200,
+        "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+        "dtype": "bf16",
+        "packages": ALL,
+        "results": [
+            {
+                "backend": "CUDNN",
+                "shape": {"seqlens": [8], "num_heads": 16},
+                "median_ms": 1,
+                "tflops": 123,
+                "correct": True,
+            }
+        ],
+    }
+    first, again = c.post("/v1/measurements", json=doc), c.post("/v1/measurements", json=doc)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["duplicate"] is True
+    assert first.json()["measurement_id"] == again.json()["measurement_id"] == doc["report_id"]
+    groups = [
+        g for g in c.get("/v1/measurements/summary").json()["groups"] if g["device"] == H200["name"]
+    ]
+    assert [g["samples"] for g in groups] == [1]
+    bad = c.post("/v1/measurements", json={**doc, "report_id": "x; DROP"})
+    assert bad.status_code == 422

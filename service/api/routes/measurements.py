@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from service.api.deps import AgentDep, RuntimeDep, ViewerDep, check_scope
 from service.evidence import observations_of_report
@@ -22,14 +22,20 @@ router = APIRouter(
     responses=error_responses(413, 503),
     summary="Report a pod's kernel benchmark results",
 )
-def report(body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep) -> dict[str, Any]:
+def report(
+    body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep, response: Response
+) -> dict[str, Any]:
     check_scope(principal, body.cluster)
-    report_id = new_id()
+    report_id = body.report_id or new_id()
+    if body.report_id is not None and runtime.store.has_report(report_id):
+        # the agent retried a report whose answer it never got: already stored
+        response.status_code = 200
+        return {"measurement_id": report_id, "results": len(body.results), "duplicate": True}
     count = runtime.store.add_measurements(body, report_id)
     # this replica at once; every replica (this one too) rebuilds from the store
     # within the poll interval
     runtime.add_evidence(observations_of_report(body))
-    return {"measurement_id": report_id, "results": count}
+    return {"measurement_id": report_id, "results": count, "duplicate": False}
 
 
 @router.get("/summary", summary="Evidence per situation and backend")
