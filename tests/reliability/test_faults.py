@@ -185,6 +185,7 @@ def _restart_under_load(pg: PrivatePostgres, service: ServiceProcess) -> list[st
     """Load, stop the database, check the degraded behaviour, start it, check the
     recovery; the decision ids answered."""
     with service.client() as admin:
+        admin.timeout = httpx.Timeout(30)  # a refused admin write first waits for a flush
         assert admin.put("/v1/overrides/pgrestart-a", json={"deny": ["CUDNN"], "note": "before"})
         load = SelectLoad([service.url], cluster="pgrestart", threads=2, pause_s=0.005)
         with ReadyWatcher(service) as watcher:
@@ -273,6 +274,7 @@ def test_sqlite_locked(tmp_path: Path) -> None:
     service = ServiceProcess(url).start(tmp_path)
     try:
         with service.client() as admin:
+            admin.timeout = httpx.Timeout(30)  # the refused write waits for the lock first
             r = admin.put("/v1/overrides/locked-a", json={"force": "FLASH_ATTN", "note": "x"})
             assert r.status_code == 200
             load = SelectLoad([service.url], cluster="locked", threads=1, pause_s=0.005)
