@@ -30,6 +30,7 @@ import os
 import platform
 import random
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -433,8 +434,11 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     if not ok:
-        print("FAILED: errors, or decisions missing from the store", file=sys.stderr)
+        print(
+            f"FAILED: errors, or decisions missing from the store (logs: {logs})", file=sys.stderr
+        )
         return 1
+    shutil.rmtree(logs, ignore_errors=True)
     return 0
 
 
