@@ -19,7 +19,10 @@ router = APIRouter(
 @router.post(
     "",
     status_code=201,
-    responses=error_responses(413, 503),
+    responses={
+        200: {"description": "this report_id was stored before (a retry): nothing added"},
+        **error_responses(413, 503),
+    },
     summary="Report a pod's kernel benchmark results",
 )
 def report(
