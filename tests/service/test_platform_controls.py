@@ -421,14 +421,17 @@ class TestPreview:
             # The next change is judged against the config in force, not against what
             # the 600 east pods still run (they have not rebooted): a west-only change
             # moves no east pod, and the east pods show as pending.
-            p = c.post("/v1/preview", json={"override": {
-                "cluster": "west", "deny": ["TRTLLM_RAGGED"], "note": "x"}}).json()
+            p = c.post(
+                "/v1/preview",
+                json={"override": {"cluster": "west", "deny": ["TRTLLM_RAGGED"], "note": "x"}},
+            ).json()
             assert {ch["cluster"] for ch in p["changes"]} == {"west"}
             assert p["pods_pending"] == 600
             # removing the drill returns east to what its pods run
             p = c.delete("/v1/overrides/east", params={"dry_run": "true"}).json()["preview"]
-            assert p["changes"] == [{"cluster": "east", "from": "TORCH_SDPA",
-                                     "to": "FLASH_ATTN", "pods": 600}]
+            assert p["changes"] == [
+                {"cluster": "east", "from": "TORCH_SDPA", "to": "FLASH_ATTN", "pods": 600}
+            ]
             c.delete("/v1/overrides/east")
 
 
