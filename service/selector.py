@@ -2,13 +2,17 @@
 
 Thousands of pods of one rollout send the same description apart from their names,
 so decisions are cached by everything that affects them (not node or pod) for one
-config version, and only until the next override expires.
+config and evidence version, and only until the next override expires. A cached
+decision is also serialised once: the answer is a template into which each request's
+decision id is put.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +21,35 @@ from service.schemas import SelectRequest
 from service.store.repo import ConfigSnapshot
 
 CACHE_SIZE = 4096
+ID_PLACEHOLDER = "@@DECISION_ID@@"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A decision serialised once: the response template, its ETag, and the stored
+    answer (without decision id) with the content hash it is filed under."""
+
+    decision: Decision
+    template: str
+    etag: str
+    answer_id: str
+    answer_json: str
+
+    @classmethod
+    def of(cls, decision: Decision, rules_revision: int) -> Rendered:
+        response = decision.to_response(rules_revision=rules_revision, decision_id=ID_PLACEHOLDER)
+        template = response.model_dump_json()
+        digest = hashlib.blake2b(template.encode(), digest_size=12).hexdigest()
+        return cls(
+            decision=decision,
+            template=template,
+            etag=f'"{digest}"',
+            answer_id=digest,
+            answer_json=response.model_dump_json(exclude={"decision_id"}),
+        )
+
+    def body(self, decision_id: str) -> str:
+        return self.template.replace(ID_PLACEHOLDER, decision_id)
 
 
 def decision_key(request: SelectRequest) -> tuple[Any, ...]:
@@ -45,11 +78,11 @@ class Selector:
         self._ranker = ranker
         self._evidence_version = evidence_version
         self._clock = clock
-        self._cache: OrderedDict[tuple[Any, ...], Decision | Refusal] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], Rendered | Refusal] = OrderedDict()
         self._cache_tag: tuple[int, int] = (-1, -1)
         self._valid_until: datetime | None = None
 
-    def select(self, request: SelectRequest, snap: ConfigSnapshot) -> Decision | Refusal:
+    def select(self, request: SelectRequest, snap: ConfigSnapshot) -> Rendered | Refusal:
         now = self._clock()
         tag = (snap.version, self._evidence_version())
         if tag != self._cache_tag or (self._valid_until is not None and now >= self._valid_until):
@@ -62,7 +95,14 @@ class Selector:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        result = decide(request, snap.rules, snap.overrides, now=now, rank_by_evidence=self._ranker)
+        decided = decide(
+            request, snap.rules, snap.overrides, now=now, rank_by_evidence=self._ranker
+        )
+        result = (
+            decided
+            if isinstance(decided, Refusal)
+            else Rendered.of(decided, snap.rules.revision or 0)
+        )
         self._cache[key] = result
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)

