@@ -184,6 +184,64 @@ def run_within(fn: Callable[[threading.Event], T], timeout: float) -> tuple[bool
     return True, box["value"]
 
 
+def _rounds(
+    client: httpx.Client,
+    path: str,
+    body: dict[str, Any],
+    urls: Sequence[str],
+    deadline_at: float,
+    abandoned: threading.Event,
+    attempts: list[str],
+    accept: Callable[[str, httpx.Response], T | None],
+) -> T:
+    """POST to ``urls`` in turn, in rounds with backoff, until ``accept`` takes an answer.
+
+    ``accept`` sees every 2xx/3xx answer and returns the result, or None to try the next
+    URL (it notes why in ``attempts``). Transport errors, 429 and 5xx move on to the next
+    URL; another 4xx is the service's final word (ServiceRefused, never retried).
+    Between rounds: exponential backoff with full jitter, at least Retry-After.
+    """
+    round_no = 0
+    while True:
+        retry_after = 0.0
+        for index, url in enumerate(urls):
+            remaining = deadline_at - time.monotonic()
+            if remaining <= 0 or abandoned.is_set():
+                raise ServiceUnavailable("deadline passed", attempts)
+            # Share what is left among the URLs not yet tried this round, so that
+            # one hanging replica cannot eat the time of the others.
+            budget = remaining / (len(urls) - index)
+            try:
+                response = client.post(f"{url}{path}", json=body, timeout=budget)
+            except httpx.TransportError as exc:
+                attempts.append(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "))
+                continue
+            status = response.status_code
+            if status < 400:
+                result = accept(url, response)
+                if result is not None:
+                    return result
+                continue
+            if status == 429 or status >= 500:
+                attempts.append(f"{url}: HTTP {status}")
+                retry_after = max(retry_after, _retry_after(response) or 0.0)
+                continue
+            try:
+                data = response.json()
+                detail = data.get("detail", data) if isinstance(data, dict) else data
+            except ValueError:
+                detail = response.text
+            raise ServiceRefused(status, detail, url)
+        round_no += 1
+        backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**round_no)
+        delay = max(retry_after, random.uniform(0, backoff))
+        if time.monotonic() + delay >= deadline_at:
+            asked = f" (service asked to retry after {retry_after:.1f}s)" if retry_after else ""
+            raise ServiceUnavailable("no answer before the deadline" + asked, attempts)
+        if abandoned.wait(delay):
+            raise ServiceUnavailable("deadline passed", attempts)
+
+
 def _exchange(
     body: dict[str, Any],
     urls: Sequence[str],
@@ -193,65 +251,37 @@ def _exchange(
     abandoned: threading.Event,
     attempts: list[str],
 ) -> AskResult:
+    def accept(url: str, response: httpx.Response) -> AskResult | None:
+        status = response.status_code
+        if status == 304 and etag is None:
+            attempts.append(f"{url}: 304 to a request without If-None-Match")
+            return None
+        if status == 304:
+            return AskResult(
+                url,
+                None,
+                response.headers.get("ETag") or etag,
+                response.headers.get("X-Decision-Id"),
+                attempts,
+            )
+        if status != 200:
+            attempts.append(f"{url}: unexpected HTTP {status}")
+            return None
+        try:
+            parsed = SelectResponse.model_validate_json(response.content)
+        except ValidationError as exc:
+            attempts.append(f"{url}: unreadable 200 answer: {exc.errors()[:1]}")
+            return None
+        return AskResult(
+            url,
+            parsed,
+            response.headers.get("ETag"),
+            parsed.decision_id or response.headers.get("X-Decision-Id"),
+            attempts,
+        )
+
     with httpx.Client(headers=_headers(token, etag), verify=_verify(urls)) as client:
-        round_no = 0
-        while True:
-            retry_after = 0.0
-            for index, url in enumerate(urls):
-                remaining = deadline_at - time.monotonic()
-                if remaining <= 0 or abandoned.is_set():
-                    raise ServiceUnavailable("deadline passed", attempts)
-                # Share what is left among the URLs not yet tried this round, so that
-                # one hanging replica cannot eat the time of the others.
-                budget = remaining / (len(urls) - index)
-                try:
-                    response = client.post(f"{url}/v1/select", json=body, timeout=budget)
-                except httpx.TransportError as exc:
-                    attempts.append(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "))
-                    continue
-                status = response.status_code
-                if status == 304 and etag is None:
-                    attempts.append(f"{url}: 304 to a request without If-None-Match")
-                    continue
-                if status == 304:
-                    return AskResult(
-                        url,
-                        None,
-                        response.headers.get("ETag") or etag,
-                        response.headers.get("X-Decision-Id"),
-                        attempts,
-                    )
-                if status == 200:
-                    try:
-                        parsed = SelectResponse.model_validate_json(response.content)
-                    except ValidationError as exc:
-                        attempts.append(f"{url}: unreadable 200 answer: {exc.errors()[:1]}")
-                        continue
-                    return AskResult(
-                        url,
-                        parsed,
-                        response.headers.get("ETag"),
-                        parsed.decision_id or response.headers.get("X-Decision-Id"),
-                        attempts,
-                    )
-                if status == 429 or status >= 500:
-                    attempts.append(f"{url}: HTTP {status}")
-                    retry_after = max(retry_after, _retry_after(response) or 0.0)
-                    continue
-                try:
-                    data = response.json()
-                    detail = data.get("detail", data) if isinstance(data, dict) else data
-                except ValueError:
-                    detail = response.text
-                raise ServiceRefused(status, detail, url)
-            round_no += 1
-            backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**round_no)
-            delay = max(retry_after, random.uniform(0, backoff))
-            if time.monotonic() + delay >= deadline_at:
-                asked = f" (service asked to retry after {retry_after:.1f}s)" if retry_after else ""
-                raise ServiceUnavailable("no answer before the deadline" + asked, attempts)
-            if abandoned.wait(delay):
-                raise ServiceUnavailable("deadline passed", attempts)
+        return _rounds(client, "/v1/select", body, urls, deadline_at, abandoned, attempts, accept)
 
 
 def ask_service(
@@ -356,46 +386,20 @@ def _post_rounds(
     abandoned: threading.Event,
     attempts: list[str],
 ) -> PostResult:
-    """``_exchange``'s retry loop for a plain JSON POST (no ETag, no 304)."""
+    """The retry rounds of :func:`ask_service` for a plain JSON POST (no ETag, no 304)."""
+
+    def accept(url: str, response: httpx.Response) -> PostResult | None:
+        if not 200 <= response.status_code < 300:
+            attempts.append(f"{url}: unexpected HTTP {response.status_code}")
+            return None
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        return PostResult(url, response.status_code, data, attempts)
+
     with httpx.Client(headers=_headers(token), verify=_verify(urls)) as client:
-        round_no = 0
-        while True:
-            retry_after = 0.0
-            for index, url in enumerate(urls):
-                remaining = deadline_at - time.monotonic()
-                if remaining <= 0 or abandoned.is_set():
-                    raise ServiceUnavailable("deadline passed", attempts)
-                budget = remaining / (len(urls) - index)
-                try:
-                    response = client.post(f"{url}{path}", json=body, timeout=budget)
-                except httpx.TransportError as exc:
-                    attempts.append(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "))
-                    continue
-                status = response.status_code
-                if 200 <= status < 300:
-                    try:
-                        data = response.json()
-                    except ValueError:
-                        data = None
-                    return PostResult(url, status, data, attempts)
-                if status == 429 or status >= 500:
-                    attempts.append(f"{url}: HTTP {status}")
-                    retry_after = max(retry_after, _retry_after(response) or 0.0)
-                    continue
-                try:
-                    data = response.json()
-                    detail = data.get("detail", data) if isinstance(data, dict) else data
-                except ValueError:
-                    detail = response.text
-                raise ServiceRefused(status, detail, url)
-            round_no += 1
-            backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**round_no)
-            delay = max(retry_after, random.uniform(0, backoff))
-            if time.monotonic() + delay >= deadline_at:
-                asked = f" (service asked to retry after {retry_after:.1f}s)" if retry_after else ""
-                raise ServiceUnavailable("no answer before the deadline" + asked, attempts)
-            if abandoned.wait(delay):
-                raise ServiceUnavailable("deadline passed", attempts)
+        return _rounds(client, path, body, urls, deadline_at, abandoned, attempts, accept)
 
 
 def post_json(
@@ -409,9 +413,9 @@ def post_json(
     """``POST path`` with a JSON body to ``urls`` in turn, with the same retries and hard
     deadline as :func:`ask_service` (used for ``POST /v1/measurements``).
 
-    A retried POST whose first answer was lost in transit may be recorded twice; for
-    measurements that only adds one more sample of the same numbers, which is why no
-    idempotency key is needed here. Raises ServiceUnavailable or ServiceRefused.
+    A retried POST whose first answer was lost in transit reaches the service again:
+    bodies that must be stored once carry their own id (measurement reports do:
+    ``report_id``). Raises ServiceUnavailable or ServiceRefused.
     """
     if not urls:
         raise ServiceUnavailable("no service URL configured (SWITCHBOARD_URL)")
