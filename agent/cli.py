@@ -186,17 +186,26 @@ def _stderr_logging() -> Iterator[None]:
         log.propagate = previous[1]
 
 
-def select_main(argv: Sequence[str]) -> int:
-    """Run ``switchboard select`` with ``argv`` (the arguments after ``select``)."""
-    parser = build_parser()
+def _parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str], command: str
+) -> argparse.Namespace | int:
+    """Parsed arguments, or the exit code: 2 for a bad flag (usage and the error on
+    stderr), 0 after --help."""
     try:
-        args = parser.parse_args(list(argv))
+        return parser.parse_args(list(argv))
     except _ArgumentError as exc:
         parser.print_usage(sys.stderr)
-        print(f"switchboard select: error: {exc}", file=sys.stderr)
+        print(f"switchboard {command}: error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
+
+
+def select_main(argv: Sequence[str]) -> int:
+    """Run ``switchboard select`` with ``argv`` (the arguments after ``select``)."""
+    args = _parse(build_parser(), argv, "select")
+    if isinstance(args, int):
+        return args
 
     with _stderr_logging():
         urls = None
@@ -420,15 +429,9 @@ def bench_main(argv: Sequence[str], *, kernel_classes: Any = None) -> int:
     import time
 
     started = time.monotonic()
-    parser = build_bench_parser()
-    try:
-        args = parser.parse_args(list(argv))
-    except _ArgumentError as exc:
-        parser.print_usage(sys.stderr)
-        print(f"switchboard bench: error: {exc}", file=sys.stderr)
-        return 2
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
+    args = _parse(build_bench_parser(), argv, "bench")
+    if isinstance(args, int):
+        return args
 
     from agent import bench
 
