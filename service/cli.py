@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.runtime import Runtime
 
 # Imports stay inside the subcommands: `switchboard select` runs at every pod boot and
 # must not pay for the service's (or torch's) imports it does not use.
@@ -56,11 +60,9 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _create_token(runtime: object, *, name: str, role: str, clusters: list[str] | None) -> str:
+def _create_token(runtime: Runtime, *, name: str, role: str, clusters: list[str] | None) -> str:
     from service.auth import new_token
-    from service.runtime import Runtime
 
-    assert isinstance(runtime, Runtime)
     token_id, token, secret_hash = new_token()
     runtime.store.create_token(
         token_id=token_id,

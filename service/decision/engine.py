@@ -167,7 +167,7 @@ def decide(
     rank_by_evidence: EvidenceRanker | None = None,
 ) -> Decision | Refusal:
     """Choose a backend for ``request``; see the module docstring for precedence."""
-    ctx = context_of(request)
+    cap = request.device.capability
     active = applicable_overrides(request, overrides, now)
     reasons = invalid_reasons(request, active)
     refs = [
@@ -226,7 +226,7 @@ def decide(
             f"{reasons[requested]}. Falling back to auto-selection."
         )
 
-    if ctx.capability is None:
+    if cap is None:
         trace.messages.append("No CUDA device: using the CPU-capable fallback.")
     else:
         if rank_by_evidence is not None and effective_policy(active) == "measured":
@@ -243,7 +243,7 @@ def decide(
                 "Policy is measured but the evidence for this situation is too thin; "
                 "using the priority list."
             )
-        listed, rule = priority_list(rules, request.cluster, ctx.capability)
+        listed, rule = priority_list(rules, request.cluster, Capability(*cap))
         for backend in listed:
             trace.consider(backend, "priority")
         for backend in listed:

@@ -7,7 +7,6 @@ values (``Conflict``), never as exceptions the HTTP layer has to guess about.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -120,21 +119,6 @@ def rules_etag(revision: int) -> str:
 
 def override_etag(cluster: str, revision: int) -> str:
     return f'"override-{cluster}-{revision}"'
-
-
-def encode_cursor(decision_id: str) -> str:
-    return base64.urlsafe_b64encode(decision_id.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> str:
-    """Raises ValueError for a cursor this service did not hand out."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except Exception:
-        raise ValueError("cursor is not one this service returned") from None
-    if len(raw) != 26 or any(c not in "0123456789abcdef" for c in raw):
-        raise ValueError("cursor is not one this service returned")
-    return raw
 
 
 def _aware(value: datetime) -> datetime:
@@ -746,14 +730,6 @@ class Store:
                 for r in s.scalars(q)
             ]
 
-    def ping(self) -> None:
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-
 
 __all__ = [
     "ConfigSnapshot",
@@ -761,9 +737,6 @@ __all__ = [
     "DecisionRecord",
     "Store",
     "TokenRecord",
-    "canonical_json",
-    "decode_cursor",
-    "encode_cursor",
     "override_etag",
     "rules_etag",
 ]

@@ -56,15 +56,16 @@ class Summary(BaseModel):
 
 
 def _item(r: DecisionRecord) -> dict[str, Any]:
+    request = r.request  # parsed from its JSON text: once
     return {
         "decision_id": r.id,
         "time": r.created_at,
         "cluster": r.cluster,
         "node": r.node,
         "pod": r.pod,
-        "device": r.request.get("device") or {},
-        "model": r.request["model"],
-        "dtype": r.request["dtype"],
+        "device": request.get("device") or {},
+        "model": request["model"],
+        "dtype": request["dtype"],
         "backend": r.backend,
         "source": r.source,
         "rules_revision": r.rules_revision,
