@@ -5,8 +5,8 @@ CLI (``agent.cli.select_main``). Importing this package never imports torch: the
 probe and the kernel build import it when they run.
 """
 
-from agent.api import SelectionResult, select_backend
-from agent.errors import AgentError, BadInputError, KernelBuildError, NoBackendError
+from mla_switchboard.agent.api import SelectionResult, select_backend
+from mla_switchboard.agent.errors import AgentError, BadInputError, KernelBuildError, NoBackendError
 
 __all__ = [
     "AgentError",

@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
-from agent.cache import AnswerCache, default_cache_dir
-from agent.client import (
+from mla_switchboard.agent.cache import AnswerCache, default_cache_dir
+from mla_switchboard.agent.client import (
     DEFAULT_DEADLINE_S,
     ServiceRefused,
     ServiceUnavailable,
@@ -36,14 +34,15 @@ from agent.client import (
     report_failure,
     token_from_env,
 )
-from agent.errors import BadInputError, NoBackendError
-from agent.instantiate import KernelShape, build_kernel, build_order
-from agent.model_config import ModelDims, read_model
-from agent.notes import Notes
-from agent.probe import DeviceProbe, probe_device, probe_packages
-from kernels.specs import Backend, Dtype, parse_backend
-from service.decision import SEED_RULES, Refusal, decide_locally
-from service.schemas import Candidate, SelectRequest, SelectResponse
+from mla_switchboard.agent.errors import BadInputError, NoBackendError
+from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_order
+from mla_switchboard.agent.model_config import ModelDims, read_model
+from mla_switchboard.agent.notes import Notes
+from mla_switchboard.agent.probe import DeviceProbe, probe_device, probe_packages
+from mla_switchboard.core.evaluator import SEED_RULES, Refusal, decide_locally
+from mla_switchboard.core.schemas import Candidate, SelectRequest, SelectResponse
+from mla_switchboard.core.specs import Backend, Dtype, parse_backend
+from pydantic import ValidationError
 
 __all__ = ["PodDescription", "SelectionResult", "decide", "describe_pod", "select_backend"]
 

@@ -42,12 +42,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.api import PodDescription, describe_pod
-from agent.errors import BadInputError
-from agent.model_config import ModelDims
-from agent.notes import Notes, log
-from kernels.specs import SPECS, Backend, Capability, MLADims, SelectionContext, parse_backend
-from service.schemas import MeasurementReport
+from mla_switchboard.agent.api import PodDescription, describe_pod
+from mla_switchboard.agent.errors import BadInputError
+from mla_switchboard.agent.model_config import ModelDims
+from mla_switchboard.agent.notes import Notes, log
+from mla_switchboard.core.schemas import MeasurementReport
+from mla_switchboard.core.specs import (
+    SPECS,
+    Backend,
+    Capability,
+    MLADims,
+    SelectionContext,
+    parse_backend,
+)
 
 __all__ = [
     "CHECK_CASES",
@@ -455,9 +462,8 @@ def run_bench(
     ``started`` is when the budget began (default: now).
     """
     import torch
-
-    import kernels
-    from kernels.measure import benchmark, reference_check, reference_outputs
+    from mla_switchboard import kernels
+    from mla_switchboard.kernels.measure import benchmark, reference_check, reference_outputs
 
     start = clock() if started is None else started
     deadline = start + plan.budget_s
@@ -768,7 +774,7 @@ def measure_in_child(bench_argv: Sequence[str], budget_s: float, notes: Notes) -
     post_s = min(3.0, max(0.5, budget_s * 0.1))
     measure_s = max(0.05, budget_s - post_s - 1.0)
     argv = [
-        sys.executable, "-m", "service.cli", "bench", *bench_argv,
+        sys.executable, "-m", "mla_switchboard.agent.cli", "bench", *bench_argv,
         "--budget", f"{measure_s:.3f}", "--deadline", f"{post_s:.3f}", "--format", "json",
     ]  # fmt: skip
     try:

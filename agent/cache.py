@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mla_switchboard.core.schemas import SelectRequest, SelectResponse
 from pydantic import ValidationError
-
-from service.schemas import SelectRequest, SelectResponse
 
 __all__ = ["AnswerCache", "CacheEntry", "cache_key", "default_cache_dir"]
 

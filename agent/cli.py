@@ -25,11 +25,11 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from agent.api import SelectionResult, parse_packages, select_backend
-from agent.client import parse_urls
-from agent.errors import AgentError, BadInputError
-from agent.notes import log
-from kernels.specs import Backend
+from mla_switchboard.agent.api import SelectionResult, parse_packages, select_backend
+from mla_switchboard.agent.client import parse_urls
+from mla_switchboard.agent.errors import AgentError, BadInputError
+from mla_switchboard.agent.notes import log
+from mla_switchboard.core.specs import Backend
 
 __all__ = [
     "VLLM_BACKENDS",
@@ -37,6 +37,7 @@ __all__ = [
     "build_bench_parser",
     "build_parser",
     "format_result",
+    "main",
     "select_main",
 ]
 
@@ -262,9 +263,9 @@ def _measure_first(args: argparse.Namespace, urls: list[str] | None) -> None:
 
     Never raises: a pod that cannot measure still boots on the decision.
     """
-    from agent.bench import bench_args_from, measure_in_child
-    from agent.model_config import read_model
-    from agent.notes import Notes
+    from mla_switchboard.agent.bench import bench_args_from, measure_in_child
+    from mla_switchboard.agent.model_config import read_model
+    from mla_switchboard.agent.notes import Notes
 
     notes = Notes()
     if args.capability is not None or args.device_name is not None:
@@ -371,7 +372,12 @@ def build_bench_parser() -> argparse.ArgumentParser:
 
 def _post_report(report: Any, urls: list[str], deadline: float) -> dict[str, Any]:
     """POST the report; what became of it, for the output. Never raises."""
-    from agent.client import ServiceRefused, ServiceUnavailable, post_json, token_from_env
+    from mla_switchboard.agent.client import (
+        ServiceRefused,
+        ServiceUnavailable,
+        post_json,
+        token_from_env,
+    )
 
     try:
         posted = post_json(
@@ -433,7 +439,7 @@ def bench_main(argv: Sequence[str], *, kernel_classes: Any = None) -> int:
     if isinstance(args, int):
         return args
 
-    from agent import bench
+    from mla_switchboard.agent import bench
 
     with _stderr_logging():
         try:
@@ -507,5 +513,56 @@ def bench_main(argv: Sequence[str], *, kernel_classes: Any = None) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":  # pragma: no cover - python -m agent.cli
-    raise SystemExit(select_main(sys.argv[1:]))
+
+SERVICE_COMMANDS = {"serve": "run the central service", "token": "manage API tokens"}
+"""Subcommands that live in the service (``mla_switchboard.service.cli``). They are
+looked up by name when invoked, so a GPU pod's plain install runs ``select`` and
+``bench`` without FastAPI or SQLAlchemy, and says which extra ``serve`` needs."""
+
+AGENT_COMMANDS = {
+    "select": "choose this pod's MLA prefill backend (asks the service)",
+    "bench": "measure every backend valid on this pod and report it",
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    from mla_switchboard.core.version import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="switchboard",
+        description="MLA Switchboard: fleet-wide choice of the MLA prefill attention backend.",
+        epilog="Run `switchboard COMMAND --help` for a command's flags and environment.",
+    )
+    parser.add_argument("--version", action="version", version=f"switchboard {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in {**AGENT_COMMANDS, **SERVICE_COMMANDS}.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``switchboard`` command: dispatch to the agent or, when installed, the service."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "select":
+        return select_main(argv[1:])
+    if argv and argv[0] == "bench":
+        return bench_main(argv[1:])
+    if argv and argv[0] in SERVICE_COMMANDS:
+        import importlib
+
+        try:
+            service_cli = importlib.import_module("mla_switchboard.service.cli")
+        except ImportError as exc:
+            print(
+                f"switchboard {argv[0]}: the service is not installed here ({exc}); "
+                "install it with: pip install 'mla-switchboard[server]'",
+                file=sys.stderr,
+            )
+            return 2
+        return int(service_cli.main(argv))
+    _top_parser().parse_args(argv)  # --help, --version or a usage error: exits
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

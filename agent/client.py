@@ -26,9 +26,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
+from mla_switchboard.core.schemas import SelectRequest, SelectResponse
 from pydantic import ValidationError
-
-from service.schemas import SelectRequest, SelectResponse
 
 __all__ = [
     "DEFAULT_DEADLINE_S",

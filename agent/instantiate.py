@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import KernelBuildError
-from agent.notes import Notes
-from kernels import Backend
-from kernels import get as get_kernel_class
-from kernels.specs import Dtype
-from service.schemas import Candidate
+from mla_switchboard.agent.errors import KernelBuildError
+from mla_switchboard.agent.notes import Notes
+from mla_switchboard.core.schemas import Candidate
+from mla_switchboard.core.specs import Dtype
+from mla_switchboard.kernels import Backend
+from mla_switchboard.kernels import get as get_kernel_class
 
 __all__ = ["BuildOutcome", "KernelShape", "build_kernel", "build_order", "reference_check"]
 
@@ -66,7 +66,7 @@ def reference_check(kernel: Any, shape: KernelShape, notes: Notes) -> str | None
     warning rather than failed: the kernel did build, which is most of the evidence.
     """
     try:
-        from kernels.measure import reference_check as check
+        from mla_switchboard.kernels.measure import reference_check as check
     except ImportError as exc:
         notes.warn(f"reference check skipped (kernels.measure unavailable: {exc})")
         return None

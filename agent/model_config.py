@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInputError
-from kernels.specs import Dtype, parse_dtype
+from mla_switchboard.agent.errors import BadInputError
+from mla_switchboard.core.specs import Dtype, parse_dtype
 
 __all__ = ["ModelDims", "is_mla", "load_config", "read_model", "text_config"]
 

@@ -34,13 +34,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run as a script, sys.path[0] is bench/, whose kernels.py would shadow the package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-
-from agent import select_backend  # noqa: E402
+from mla_switchboard.agent import select_backend  # noqa: E402
 
 TOKEN = "bench-agent-token"
 MODEL = ROOT / "tests" / "agent" / "configs" / "deepseek-v3.json"
@@ -62,8 +58,8 @@ def start_service(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
         "SWITCHBOARD_ADMIN_TOKEN": TOKEN,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--log-level",
-         "warning"],
+        [sys.executable, "-m", "mla_switchboard.service.cli", "serve", "--port", str(port),
+         "--log-level", "warning"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 60
@@ -102,7 +98,7 @@ def timed(fn: Callable[[int], Any], iterations: int, expect: str) -> dict[str, A
 
 def cli(url: str, cache_dir: Path, *extra: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
+        [sys.executable, "-m", "mla_switchboard.agent.cli",
          "select", "--model", str(MODEL), "--cluster", "bench", "--url", url,
          "--cache-dir", str(cache_dir), "--format", "json", *extra],
         cwd=ROOT, env={**os.environ, "SWITCHBOARD_TOKEN": TOKEN},

@@ -5,8 +5,7 @@ beyond this is Switchboard's own work (auth, decision, recording, metrics)."""
 from __future__ import annotations
 
 from fastapi import FastAPI
-
-from service.schemas import SelectRequest
+from mla_switchboard.core.schemas import SelectRequest
 
 app = FastAPI()
 CONSTANT = {"backend": "FLASH_ATTN", "source": "priority"}

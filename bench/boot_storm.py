@@ -43,9 +43,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run as a script, sys.path[0] is bench/, whose kernels.py would shadow the package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
@@ -233,7 +230,7 @@ def cpu_seconds(pid: int) -> float:
 def start_replica(url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     env = {**os.environ, "SWITCHBOARD_DATABASE_URL": url, "SWITCHBOARD_ADMIN_TOKEN": TOKEN}
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "mla_switchboard.service.cli", "serve", "--port", str(port)]
     with log.open("ab") as f:
         proc = subprocess.Popen(
             [*cmd, "--log-level", "warning"], cwd=ROOT, env=env, stdout=f, stderr=f
@@ -266,7 +263,7 @@ def pg_schema(create: bool, name: str | None = None) -> str:
 
 
 def store_counts(url: str) -> tuple[int, int]:
-    from service.store.db import make_engine
+    from mla_switchboard.service.store.db import make_engine
 
     engine = make_engine(url)
     try:

@@ -62,6 +62,6 @@ KERNELS_GPU_BACKENDS=$tests KERNELS_GPU_REPORT="$out/checks-$phase.jsonl" \
 echo "tests took $(( $(date +%s) - t0 )) s" | tee -a "$out/pytest-$phase.log"
 
 t0=$(date +%s)
-timeout $(( bench_deadline + 120 )) python3 -m bench.kernels --backends "$bench" $bench_extra \
+timeout $(( bench_deadline + 120 )) python3 -m bench.kernel_speed --backends "$bench" $bench_extra \
   --deadline "$bench_deadline" --out "$out/bench-$phase.json" 2>&1 | tee "$out/bench-$phase.log"
 echo "bench took $(( $(date +%s) - t0 )) s" | tee -a "$out/bench-$phase.log"

@@ -41,7 +41,7 @@ work=$(mktemp -d)
 admin="e2e-admin-$(python3 -c 'import secrets; print(secrets.token_hex(12))')"
 stamp "service on $url, database $work/sb.db"
 SWITCHBOARD_DATABASE_URL="sqlite:///$work/sb.db" SWITCHBOARD_ADMIN_TOKEN="$admin" \
-  python3 -m service.cli serve --host 127.0.0.1 --port "$port" --log-level warning \
+  python3 -m mla_switchboard.service.cli serve --host 127.0.0.1 --port "$port" --log-level warning \
   >"$out/service.log" 2>&1 &
 svc=$!
 trap 'kill "$svc" 2>/dev/null; wait "$svc" 2>/dev/null' EXIT
@@ -87,7 +87,7 @@ for pod in a b; do
   budget=$budget_a
   [ "$pod" = b ] && budget=$budget_b
   stamp "switchboard bench as pod e2e-pod-$pod (budget ${budget}s)"
-  python3 -m service.cli bench "${common[@]}" --pod "e2e-pod-$pod" --node "$(hostname)" \
+  python3 -m mla_switchboard.agent.cli bench "${common[@]}" --pod "e2e-pod-$pod" --node "$(hostname)" \
     --budget "$budget" >"$out/bench-pod-$pod.json"
   echo "exit $?"
 done
@@ -108,7 +108,7 @@ import datetime as dt, json, platform, statistics, subprocess, sys
 from pathlib import Path
 
 out, work = Path(sys.argv[1]), Path(sys.argv[2])
-KERNEL_PACKAGES = ("torch", "flash_attn", "flashinfer", "cudnn")  # service/evidence.py
+KERNEL_PACKAGES = ("torch", "flash_attn", "flashinfer", "cudnn")  # core/evidence.py
 load = lambda p: json.loads(p.read_text()) if p.exists() and p.read_text().strip() else None
 pods = {p: load(out / f"bench-pod-{p}.json") for p in "ab"}
 chosen, seed, summary = load(work / "select.json"), load(work / "seed.json"), load(out / "summary.json")

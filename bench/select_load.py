@@ -28,9 +28,6 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run as a script, sys.path[0] is bench/, whose kernels.py would shadow the package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-sys.path.insert(0, str(ROOT))
 TOKEN = "bench-admin-token"
 
 
@@ -106,7 +103,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "service.cli",
+            "mla_switchboard.service.cli",
             "serve",
             "--port",
             str(sb_port),
@@ -163,8 +160,8 @@ def main() -> int:
         sb.wait(60)
         bare.wait(10)
 
-    from service.store.db import make_engine
-    from service.store.repo import Store
+    from mla_switchboard.service.store.db import make_engine
+    from mla_switchboard.service.store.repo import Store
 
     # wrk counts answers it read before its clock ran out; requests still in flight
     # then are answered and recorded too, so the server's own count is the reference.

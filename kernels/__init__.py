@@ -1,6 +1,6 @@
 """MLA prefill kernels: torch-free specs plus lazily imported wrappers.
 
-``kernels.specs`` (re-exported here) is safe to import anywhere: it is what the
+``mla_switchboard.core.specs`` (re-exported here) is safe to import anywhere: it is what the
 service and the agent use to decide. The wrapper classes import torch and their
 backend's package, so they load only when ``kernels.get(...)`` asks for one.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from kernels.specs import (
+from mla_switchboard.core.specs import (
     R1_DIMS,
     SPECS,
     Backend,
@@ -25,7 +25,7 @@ from kernels.specs import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kernels.base import MLAPrefillKernel
+    from mla_switchboard.kernels.base import MLAPrefillKernel
 
 __all__ = [
     "R1_DIMS",

@@ -37,8 +37,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import torch
-
-from kernels.specs import SPECS, Backend, Capability, Dtype, MLADims, SelectionContext, parse_dtype
+from mla_switchboard.core.specs import (
+    SPECS,
+    Backend,
+    Capability,
+    Dtype,
+    MLADims,
+    SelectionContext,
+    parse_dtype,
+)
 
 __all__ = [
     "BackendUnavailable",

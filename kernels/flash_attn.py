@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
-from kernels.specs import Backend
+from mla_switchboard.core.specs import Backend
+from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
 
 __all__ = ["FlashAttnPrefill"]
 

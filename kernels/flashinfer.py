@@ -24,9 +24,8 @@ import math
 from typing import Any
 
 import torch
-
-from kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
-from kernels.specs import Backend
+from mla_switchboard.core.specs import Backend
+from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
 
 __all__ = ["FlashInferPrefill"]
 

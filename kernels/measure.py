@@ -1,6 +1,6 @@
 """Correctness checks and timings for MLA prefill kernels (torch-using).
 
-Why a module and not test code: the GPU test-suite, ``bench/kernels.py`` and the
+Why a module and not test code: the GPU test-suite, ``bench/kernel_speed.py`` and the
 agent's measured selection (issue 6) all ask the same two questions of a kernel
 instance — "does it agree with the fp32 reference on this batch?" and "how fast is
 it on this shape?" — and must answer them the same way.
@@ -24,9 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-
-from kernels.base import MLAPrefillKernel, canonical_device, resolve_dtype
-from kernels.specs import MLADims
+from mla_switchboard.core.specs import MLADims
+from mla_switchboard.kernels.base import MLAPrefillKernel, canonical_device, resolve_dtype
 
 __all__ = [
     "BenchResult",
@@ -209,7 +208,7 @@ def reference_outputs(
     Same arguments, same seed, same inputs: computing this once and passing it as
     ``reference=`` lets a sweep check many backends against one reference.
     """
-    from kernels.torch_sdpa import TorchSdpaPrefill
+    from mla_switchboard.kernels.torch_sdpa import TorchSdpaPrefill
 
     torch_dtype, _ = resolve_dtype(dtype)
     inputs = make_inputs(

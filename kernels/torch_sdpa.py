@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-
-from kernels.base import MLAPrefillKernel, RaggedBatch
-from kernels.specs import Backend
+from mla_switchboard.core.specs import Backend
+from mla_switchboard.kernels.base import MLAPrefillKernel, RaggedBatch
 
 __all__ = ["TorchSdpaPrefill"]
 

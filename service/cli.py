@@ -1,7 +1,8 @@
-"""The ``switchboard`` command: ``serve``, ``token``, and the agent's ``select`` / ``bench``.
+"""The service's subcommands of ``switchboard``: ``serve`` and ``token``.
 
-The agent subcommands are imported only when used, so ``switchboard serve`` never
-imports torch.
+The ``switchboard`` entry point itself is :func:`mla_switchboard.agent.cli.main`, which a
+GPU pod's plain install (no server extra) can run; it hands ``serve`` and ``token`` to
+:func:`main` here. ``python -m mla_switchboard.service.cli serve`` works as well.
 """
 
 from __future__ import annotations
@@ -12,20 +13,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.runtime import Runtime
+    from mla_switchboard.service.runtime import Runtime
 
-# Imports stay inside the subcommands: `switchboard select` runs at every pod boot and
-# must not pay for the service's (or torch's) imports it does not use.
-AGENT_COMMANDS = {"select": "agent.cli:select_main", "bench": "agent.cli:bench_main"}
+# Imports stay inside the subcommands: `switchboard token list` need not load FastAPI.
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from service.api.app import create_app
-    from service.config import Settings
-    from service.runtime import Runtime
-    from service.store.db import StoreConfigError
+    from mla_switchboard.service.api.app import create_app
+    from mla_switchboard.service.config import Settings
+    from mla_switchboard.service.runtime import Runtime
+    from mla_switchboard.service.store.db import StoreConfigError
 
     settings = Settings()
     try:
@@ -61,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _create_token(runtime: Runtime, *, name: str, role: str, clusters: list[str] | None) -> str:
-    from service.auth import new_token
+    from mla_switchboard.service.auth import new_token
 
     token_id, token, secret_hash = new_token()
     runtime.store.create_token(
@@ -76,8 +74,8 @@ def _create_token(runtime: Runtime, *, name: str, role: str, clusters: list[str]
 
 
 def _token(args: argparse.Namespace) -> int:
-    from service.config import Settings
-    from service.runtime import Runtime
+    from mla_switchboard.service.config import Settings
+    from mla_switchboard.service.runtime import Runtime
 
     runtime = Runtime(Settings())
     runtime.prepare_store()
@@ -127,19 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("id")
     tsub.add_parser("list", help="list tokens (never their secrets)")
     token.set_defaults(func=_token)
-
-    for name in AGENT_COMMANDS:
-        sub.add_parser(name, help=f"agent: {name} (see switchboard {name} --help)", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in AGENT_COMMANDS:
-        import importlib
-
-        module, _, func = AGENT_COMMANDS[argv[0]].partition(":")
-        return int(getattr(importlib.import_module(module), func)(argv[1:]))
     args = build_parser().parse_args(argv)
     if getattr(args, "name", "") is None:
         args.name = f"{args.role}-token"

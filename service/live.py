@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from service.metrics import Metrics
-from service.store.repo import ConfigSnapshot, Store
+from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.store.repo import ConfigSnapshot, Store
 
 log = logging.getLogger("switchboard.live")
 

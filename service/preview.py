@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from mla_switchboard.core.evaluator import Decision, Refusal, decide
+from mla_switchboard.core.schemas import Override, RulesDocument, SelectRequest
+from mla_switchboard.service.selector import decision_key
+from mla_switchboard.service.store.repo import PodState
 from pydantic import BaseModel, ValidationError
-
-from service.decision.engine import Decision, Refusal, decide
-from service.schemas import Override, RulesDocument, SelectRequest
-from service.selector import decision_key
-from service.store.repo import PodState
 
 
 class Preview(BaseModel):

@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from mla_switchboard.core.evaluator import applicable_overrides, invalid_reasons
+from mla_switchboard.core.evidence import EvidenceIndex, situation_of
+from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.core.specs import Backend
+from mla_switchboard.service.store.repo import PodState
 from pydantic import ValidationError
-
-from kernels.specs import Backend
-from service.decision.engine import applicable_overrides, invalid_reasons
-from service.evidence import EvidenceIndex, situation_of
-from service.schemas import Override, SelectRequest
-from service.store.repo import PodState
 
 
 def regret_by_cluster(

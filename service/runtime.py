@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from service.config import Settings
-from service.evidence import EvidenceIndex, Observation
-from service.live import LiveConfig
-from service.metrics import Metrics
-from service.selector import Selector
-from service.store.db import make_engine, migrate
-from service.store.recorder import DecisionRecorder
-from service.store.repo import ConfigSnapshot, Store
+from mla_switchboard.core.evidence import EvidenceIndex, Observation
+from mla_switchboard.service.config import Settings
+from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.selector import Selector
+from mla_switchboard.service.store.db import make_engine, migrate
+from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.store.repo import ConfigSnapshot, Store
 
 log = logging.getLogger("switchboard")
 

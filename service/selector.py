@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from service.decision.engine import Decision, EvidenceRanker, Refusal, decide
-from service.schemas import SelectRequest
-from service.store.repo import ConfigSnapshot
+from mla_switchboard.core.evaluator import Decision, EvidenceRanker, Refusal, decide
+from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.service.store.repo import ConfigSnapshot
 
 CACHE_SIZE = 4096
 ID_PLACEHOLDER = "@@DECISION_ID@@"

@@ -1,6 +1,6 @@
 """Fixtures shared by every test package: real service processes and in-process apps.
 
-``ServiceProcess`` runs ``python -m service.cli serve`` on a free loopback port with
+``ServiceProcess`` runs ``python -m mla_switchboard.service.cli serve`` on a free loopback port with
 its own SQLite file (or a PostgreSQL schema), exactly as an operator would, and
 waits for ``/readyz``. ``inprocess_app`` runs the same app in this process through
 Starlette's TestClient, for the fast path and for tests that need to look inside.
@@ -58,7 +58,7 @@ class ServiceProcess:
             [
                 sys.executable,
                 "-m",
-                "service.cli",
+                "mla_switchboard.service.cli",
                 "serve",
                 "--port",
                 str(self.port),
@@ -128,8 +128,8 @@ def make_inprocess_client(database_url: str, **settings: object) -> object:
         warnings.simplefilter("ignore")
         from starlette.testclient import TestClient
 
-    from service.api.app import create_app
-    from service.config import Settings
+    from mla_switchboard.service.api.app import create_app
+    from mla_switchboard.service.config import Settings
 
     app = create_app(Settings(database_url=database_url, admin_token=ADMIN, **settings))
     return TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"})

@@ -8,12 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import SQLAlchemyError
-from starlette.exceptions import HTTPException
-from starlette.routing import compile_path
-
-from service.api.middleware import BodyLimitAndMetrics
-from service.api.routes import (
+from mla_switchboard.service.api.middleware import BodyLimitAndMetrics
+from mla_switchboard.service.api.routes import (
     admin,
     dashboard,
     health,
@@ -23,8 +19,11 @@ from service.api.routes import (
     select,
     selections,
 )
-from service.config import Settings
-from service.runtime import Runtime
+from mla_switchboard.service.config import Settings
+from mla_switchboard.service.runtime import Runtime
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 
 DESCRIPTION = """\
 Fleet-wide choice of the MLA prefill attention backend. Serving pods call

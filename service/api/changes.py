@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from service.api.deps import fail
-from service.preview import Preview, replay, with_override
-from service.runtime import Runtime
-from service.schemas import Override, RulesDocument
-from service.store.repo import Conflict
+from mla_switchboard.core.schemas import Override, RulesDocument
+from mla_switchboard.service.api.deps import fail
+from mla_switchboard.service.preview import Preview, replay, with_override
+from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.store.repo import Conflict
 
 
 def preview_change(

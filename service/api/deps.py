@@ -7,9 +7,8 @@ from typing import Annotated, Any, NoReturn
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-from service.auth import Principal, Role, authenticate
-from service.runtime import Runtime
+from mla_switchboard.service.auth import Principal, Role, authenticate
+from mla_switchboard.service.runtime import Runtime
 
 bearer = HTTPBearer(auto_error=False, description="sb_<id>_<secret> token, or the bootstrap token")
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import time
 
+from mla_switchboard.service.metrics import Metrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from service.metrics import Metrics
 
 
 class BodyLimitAndMetrics:

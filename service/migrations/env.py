@@ -4,9 +4,8 @@ or by the ``alembic`` command with ``-x url=...``."""
 from __future__ import annotations
 
 from alembic import context
+from mla_switchboard.service.store.models import Base
 from sqlalchemy import create_engine
-
-from service.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -15,8 +15,8 @@ import threading
 import time
 from collections import deque
 
-from service.metrics import Metrics
-from service.store.repo import DecisionRecord, Store
+from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.store.repo import DecisionRecord, Store
 
 log = logging.getLogger("switchboard.recorder")
 

@@ -14,19 +14,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
-from service.schemas import (
+from mla_switchboard.core.schemas import (
     SEED_RULES,
     MeasurementReport,
     Override,
     OverrideSpec,
     RulesDocument,
 )
-from service.store.models import (
+from mla_switchboard.service.store.models import (
     AnswerRow,
     AuditRow,
     DecisionRow,
@@ -38,9 +33,13 @@ from service.store.models import (
     RulesRevision,
     TokenRow,
 )
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
-    from service.evidence import Observation
+    from mla_switchboard.core.evidence import Observation
 
 
 @dataclass(frozen=True)
@@ -617,7 +616,7 @@ class Store:
             return s.scalar(q) is not None
 
     def add_measurements(self, report: MeasurementReport, report_id: str) -> int:
-        from service.evidence import dims_key, packages_key
+        from mla_switchboard.core.evidence import dims_key, packages_key
 
         cap = report.device.capability
         m = report.model
@@ -653,8 +652,8 @@ class Store:
     def evidence(self, since: datetime) -> list[Observation]:
         """Measured results since ``since``, plus build failures pods reported on
         decisions made since then (keyed by the situation of the failing pod)."""
-        from service.evidence import Observation, Situation, situation_of
-        from service.schemas import SelectRequest
+        from mla_switchboard.core.evidence import Observation, Situation, situation_of
+        from mla_switchboard.core.schemas import SelectRequest
 
         out: list[Observation] = []
         with self.engine.connect() as conn:

@@ -19,13 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
-
-from agent.bench import BenchShape, _iterations, parse_shapes
-from agent.cli import bench_main, select_main
-from agent.errors import BadInputError
-from kernels.base import RaggedBatch
-from kernels.specs import Backend
-from kernels.torch_sdpa import TorchSdpaPrefill
+from mla_switchboard.agent.bench import BenchShape, _iterations, parse_shapes
+from mla_switchboard.agent.cli import bench_main, select_main
+from mla_switchboard.agent.errors import BadInputError
+from mla_switchboard.core.specs import Backend
+from mla_switchboard.kernels.base import RaggedBatch
+from mla_switchboard.kernels.torch_sdpa import TorchSdpaPrefill
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 DSV3 = str(CONFIGS / "deepseek-v3.json")
@@ -177,7 +176,7 @@ def test_tiny_budget_skips_and_reports_nothing(
 
 def test_budget_stops_between_steps() -> None:
     """A budget spent after the check: the check's result stands, no shape is timed."""
-    from agent.bench import plan_bench, run_bench
+    from mla_switchboard.agent.bench import plan_bench, run_bench
 
     plan = plan_bench(
         DSV3, cluster="bench-cpu", shapes="1x16,2x8", budget_s=0.01, iters=3, num_heads=4
@@ -306,7 +305,7 @@ def test_parse_shapes_and_iterations() -> None:
     assert parse_shapes("4x4096, 1x16384,4x4096") == [BenchShape(4, 4096), BenchShape(1, 16384)]
     with pytest.raises(BadInputError):
         parse_shapes(" , ")
-    from agent.bench import BenchPlan
+    from mla_switchboard.agent.bench import BenchPlan
 
     plan = BenchPlan.__new__(BenchPlan)
     plan.iters = 20
@@ -324,7 +323,16 @@ def test_sigterm_stops_measuring_and_keeps_what_was_measured() -> None:
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    argv = [sys.executable, "-m", "service.cli", "bench", "--model", DSV3, "--cluster", "x"]
+    argv = [
+        sys.executable,
+        "-m",
+        "mla_switchboard.agent.cli",
+        "bench",
+        "--model",
+        DSV3,
+        "--cluster",
+        "x",
+    ]
     argv += ["--no-report", "--format", "json", "--shapes", "1x64,1x512,2x512", "--iters", "20"]
     proc = subprocess.Popen(
         argv,

@@ -12,10 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-
-from agent import select_backend
-from agent.cache import AnswerCache
-from service.decision import Decision, decide_locally
+from mla_switchboard.agent import select_backend
+from mla_switchboard.agent.cache import AnswerCache
+from mla_switchboard.core.evaluator import Decision, decide_locally
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 MODEL = CONFIGS / "deepseek-v3.json"

@@ -7,10 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
-
-from agent.errors import BadInputError
-from agent.model_config import is_mla, load_config, read_model
-from kernels.specs import Dtype
+from mla_switchboard.agent.errors import BadInputError
+from mla_switchboard.agent.model_config import is_mla, load_config, read_model
+from mla_switchboard.core.specs import Dtype
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from agent import NoBackendError, select_backend
-from agent.cache import AnswerCache
-from service.decision import Decision, decide_locally
+from mla_switchboard.agent import NoBackendError, select_backend
+from mla_switchboard.agent.cache import AnswerCache
+from mla_switchboard.core.evaluator import Decision, decide_locally
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 CLUSTER = "agent-live"

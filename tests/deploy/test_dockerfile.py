@@ -159,11 +159,12 @@ def test_the_service_never_imports_torch(tmp_path: Path) -> None:
     """What the image runs (the app, the CLI, an app built and its OpenAPI made)
     without torch in sys.modules: the image has no torch to import."""
     code = (
-        "import service.api.app, service.cli; import sys; "
+        "import mla_switchboard.service.api.app, mla_switchboard.service.cli; import sys; "
         "assert 'torch' not in sys.modules, 'imported torch'; "
-        "from service.api.app import create_app; from service.config import Settings; "
+        "from mla_switchboard.service.api.app import create_app; "
+        "from mla_switchboard.service.config import Settings; "
         f"app = create_app(Settings(database_url='sqlite:///{tmp_path / 'sb.db'}')); "
-        "app.openapi(); service.cli.build_parser(); "
+        "app.openapi(); mla_switchboard.service.cli.build_parser(); "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'flashinfer', 'flash_attn', 'cudnn', 'triton')); "
         "assert not bad, bad"

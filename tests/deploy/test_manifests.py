@@ -168,8 +168,8 @@ def test_probe_paths_answer_without_a_token(tmp_path: Path) -> None:
         warnings.simplefilter("ignore")
         from starlette.testclient import TestClient
 
-    from service.api.app import create_app
-    from service.config import Settings
+    from mla_switchboard.service.api.app import create_app
+    from mla_switchboard.service.config import Settings
 
     (c,) = one("Deployment", "switchboard")["spec"]["template"]["spec"]["containers"]
     paths = {c[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe", "startupProbe")}

@@ -30,10 +30,10 @@ if not torch.cuda.is_available():
         allow_module_level=True,
     )
 
-import kernels  # noqa: E402
-from kernels import R1_DIMS  # noqa: E402
-from kernels.base import BackendUnavailable, MLAPrefillKernel  # noqa: E402
-from kernels.measure import CheckResult, reference_check, reference_outputs  # noqa: E402
+from mla_switchboard import kernels  # noqa: E402
+from mla_switchboard.kernels import R1_DIMS  # noqa: E402
+from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel  # noqa: E402
+from mla_switchboard.kernels.measure import CheckResult, reference_check, reference_outputs  # noqa: E402
 
 DEVICE = "cuda"
 SCALE = 1.0 / math.sqrt(R1_DIMS.qk_head_dim)
@@ -164,7 +164,7 @@ def test_flashinfer_reuses_its_plan_for_the_same_batch() -> None:
     if "FLASHINFER" not in BACKENDS:
         pytest.skip("FLASHINFER not selected")
     inst = _instance("FLASHINFER", 16, "bfloat16")
-    from kernels.measure import make_inputs
+    from mla_switchboard.kernels.measure import make_inputs
 
     inputs = make_inputs(
         num_heads=16, qk_head_dim=192, v_head_dim=128, seqlens_q=[100, 7],

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 
+import mla_switchboard.kernels.base as base
 import pytest
 import torch
-
-import kernels
-import kernels.base as base
-from kernels import SPECS, Backend, Capability, Dtype, MLADims, SelectionContext
-from kernels.base import BackendUnavailable, MLAPrefillKernel
-from kernels.measure import make_inputs
+from mla_switchboard import kernels
+from mla_switchboard.kernels import SPECS, Backend, Capability, Dtype, MLADims, SelectionContext
+from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel
+from mla_switchboard.kernels.measure import make_inputs
 
 H = 4
 R1 = (128, 64, 128)

@@ -31,8 +31,8 @@ def _loaded_after(code: str) -> list[str]:
 
 def test_importing_kernels_and_specs_loads_no_heavy_module() -> None:
     code = (
-        "import kernels, kernels.specs\n"
-        "from kernels import SPECS, SelectionContext, Capability, R1_DIMS, Dtype\n"
+        "import mla_switchboard.kernels, mla_switchboard.core.specs\n"
+        "from mla_switchboard.kernels import SPECS, SelectionContext, Capability, R1_DIMS, Dtype\n"
         "ctx = SelectionContext(Capability(9, 0), R1_DIMS, Dtype.BFLOAT16)\n"
         "[s.validate(ctx) for s in SPECS.values()]"
     )
@@ -42,7 +42,7 @@ def test_importing_kernels_and_specs_loads_no_heavy_module() -> None:
 def test_get_wrapper_class_loads_torch_but_no_kernel_package() -> None:
     # The wrapper modules import torch at top; their backend packages only in create().
     code = (
-        "import kernels\n"
+        "from mla_switchboard import kernels\n"
         "names = [kernels.get(b).__name__ for b in "
         "('TORCH_SDPA', 'FLASH_ATTN', 'FLASHINFER', 'CUDNN', 'TRTLLM_RAGGED')]\n"
         "assert names == ['TorchSdpaPrefill', 'FlashAttnPrefill', 'FlashInferPrefill', "
@@ -52,4 +52,4 @@ def test_get_wrapper_class_loads_torch_but_no_kernel_package() -> None:
 
 
 def test_measure_module_loads_no_kernel_package() -> None:
-    assert _loaded_after("import kernels.measure") == ["torch"]
+    assert _loaded_after("import mla_switchboard.kernels.measure") == ["torch"]

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import math
 
+import mla_switchboard.kernels.torch_sdpa as torch_sdpa
 import pytest
 import torch
-
-import kernels
-import kernels.torch_sdpa as torch_sdpa
-from kernels.measure import (
+from mla_switchboard import kernels
+from mla_switchboard.kernels.measure import (
     benchmark,
     causal_flops,
     default_tolerances,

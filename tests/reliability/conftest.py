@@ -82,7 +82,7 @@ def readyz(service: ServiceProcess) -> tuple[int, dict[str, Any]]:
 
 def stored_decision_ids(database_url: str, cluster_prefix: str) -> set[str]:
     """Decision ids in the store for clusters starting with ``cluster_prefix``."""
-    from service.store.db import make_engine
+    from mla_switchboard.service.store.db import make_engine
 
     engine = make_engine(database_url)
     try:

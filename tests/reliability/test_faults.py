@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.agent.api import SelectionResult, select_backend
 
-from agent.api import SelectionResult, select_backend
 from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port
 from tests.reliability.conftest import (
     SERVICE_SOURCES,
@@ -252,7 +252,7 @@ def _restart_under_load(pg: PrivatePostgres, service: ServiceProcess) -> list[st
 def serve_once(database_url: str, prefix: list[str] | None = None, timeout: float = 40) -> Any:
     """Run ``switchboard serve`` expecting it to refuse to start; its CompletedProcess."""
     env = {**os.environ, "SWITCHBOARD_DATABASE_URL": database_url, "SWITCHBOARD_ADMIN_TOKEN": ADMIN}
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(free_port())]
+    cmd = [sys.executable, "-m", "mla_switchboard.service.cli", "serve", "--port", str(free_port())]
     return subprocess.run(
         [*(prefix or []), *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -24,7 +24,7 @@ def env_for(db: Path) -> dict[str, str]:
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "mla_switchboard.service.cli", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -40,7 +40,7 @@ def test_first_start_prints_an_admin_token_once(tmp_path: Path) -> None:
 
     def serve() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "mla_switchboard.service.cli", "serve", "--port", str(port)],
             cwd=ROOT,
             env=env,
             stdout=log.open("wb"),
@@ -110,7 +110,8 @@ def test_bad_database_url_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_service_does_not_import_torch() -> None:
     code = (
-        "import sys, service.api.app, service.cli, service.decision, kernels;"
+        "import sys, mla_switchboard.service.api.app, mla_switchboard.service.cli, "
+        "mla_switchboard.core.evaluator, mla_switchboard.kernels;"
         "bad = [m for m in ('torch', 'flashinfer', 'cudnn', 'flash_attn') if m in sys.modules];"
         "assert not bad, bad"
     )

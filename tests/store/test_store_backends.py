@@ -17,18 +17,17 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from sqlalchemy import Engine, inspect
-
-from service.schemas import SEED_RULES, OverrideSpec, RulesDocument
-from service.store.db import make_engine, migrate
-from service.store.models import Base
-from service.store.repo import (
+from mla_switchboard.core.schemas import SEED_RULES, OverrideSpec, RulesDocument
+from mla_switchboard.service.store.db import make_engine, migrate
+from mla_switchboard.service.store.models import Base
+from mla_switchboard.service.store.repo import (
     Conflict,
     DecisionRecord,
     Store,
     override_etag,
     rules_etag,
 )
+from sqlalchemy import Engine, inspect
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 

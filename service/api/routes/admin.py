@@ -5,20 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    field_validator,
-    model_validator,
-)
-
-from service.api.changes import preview_change
-from service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
-from service.auth import new_token
-from service.preview import Preview
-from service.schemas import (
+from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
     Override,
@@ -26,6 +13,18 @@ from service.schemas import (
     OverrideSpec,
     RulesDocument,
     error_responses,
+)
+from mla_switchboard.service.api.changes import preview_change
+from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
+from mla_switchboard.service.auth import new_token
+from mla_switchboard.service.preview import Preview
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
 )
 
 router = APIRouter(prefix="/v1", tags=["admin"], responses=error_responses(401, 403))

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
-
-from service.api.deps import fail
+from mla_switchboard.service.api.deps import fail
 
 STATIC_DIR = Path(__file__).resolve().parent.parent.parent / "static"
 

@@ -6,9 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
+from mla_switchboard.service.api.deps import RuntimeDep
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from service.api.deps import RuntimeDep
 
 router = APIRouter(tags=["health"])
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Response
-
-from service.api.deps import AgentDep, RuntimeDep, ViewerDep, check_scope
-from service.evidence import observations_of_report
-from service.ids import new_id
-from service.schemas import MeasurementReport, error_responses
+from mla_switchboard.core.evidence import observations_of_report
+from mla_switchboard.core.schemas import MeasurementReport, error_responses
+from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, ViewerDep, check_scope
+from mla_switchboard.service.ids import new_id
 
 router = APIRouter(
     prefix="/v1/measurements", tags=["measurements"], responses=error_responses(401, 403)

@@ -11,12 +11,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse
-
-from service.api.changes import committed, preview_change
-from service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail, invalid
-from service.api.routes.rules import etag_matches
-from service.schemas import NO_NUL, Override, OverrideSpec, error_responses
-from service.store.repo import override_etag
+from mla_switchboard.core.schemas import NO_NUL, Override, OverrideSpec, error_responses
+from mla_switchboard.service.api.changes import committed, preview_change
+from mla_switchboard.service.api.deps import (
+    AdminDep,
+    RuntimeDep,
+    ViewerDep,
+    check_scope,
+    fail,
+    invalid,
+)
+from mla_switchboard.service.api.routes.rules import etag_matches
+from mla_switchboard.service.store.repo import override_etag
 
 router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
 

@@ -6,11 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse
-
-from service.api.changes import committed, preview_change
-from service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail
-from service.schemas import NO_NUL, RulesDocument, error_responses
-from service.store.repo import rules_etag
+from mla_switchboard.core.schemas import NO_NUL, RulesDocument, error_responses
+from mla_switchboard.service.api.changes import committed, preview_change
+from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail
+from mla_switchboard.service.store.repo import rules_etag
 
 router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=error_responses(401, 403))
 

@@ -9,15 +9,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field, StringConstraints, ValidationError
-
-from kernels.specs import Backend
-from service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_from
-from service.decision.engine import Refusal
-from service.evidence import Observation, situation_of
-from service.ids import new_id
-from service.runtime import Runtime
-from service.schemas import (
+from mla_switchboard.core.evaluator import Refusal
+from mla_switchboard.core.evidence import Observation, situation_of
+from mla_switchboard.core.schemas import (
     NO_NUL,
     BackendName,
     Candidate,
@@ -25,7 +19,12 @@ from service.schemas import (
     SelectResponse,
     error_responses,
 )
-from service.store.repo import DecisionRecord
+from mla_switchboard.core.specs import Backend
+from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_from
+from mla_switchboard.service.ids import new_id
+from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.store.repo import DecisionRecord
+from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 
 class LeanJSONRoute(APIRoute):

@@ -6,11 +6,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
-
-from service.api.deps import RuntimeDep, ViewerDep, fail
-from service.regret import regret_by_cluster
-from service.schemas import (
+from mla_switchboard.core.schemas import (
     CLUSTER_PATTERN,
     NO_NUL,
     BackendName,
@@ -18,7 +14,10 @@ from service.schemas import (
     ModelInfo,
     error_responses,
 )
-from service.store.repo import DecisionRecord
+from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep, fail
+from mla_switchboard.service.regret import regret_by_cluster
+from mla_switchboard.service.store.repo import DecisionRecord
+from pydantic import BaseModel
 
 router = APIRouter(
     prefix="/v1/selections", tags=["selections"], responses=error_responses(401, 403, 503)

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernels.specs import Backend
-from service.schemas import Evidence, MeasurementReport, SelectRequest
+from mla_switchboard.core.schemas import Evidence, MeasurementReport, SelectRequest
+from mla_switchboard.core.specs import Backend
 
 KERNEL_PACKAGES = ("torch", "flash_attn", "flashinfer", "cudnn")
 """Only these packages' versions change kernel speed; others don't split the evidence."""

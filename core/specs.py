@@ -219,7 +219,7 @@ SPECS: dict[Backend, BackendSpec] = {
             dtypes=_HALF,
             exact_dims=R1_DIMS,
             packages=("flashinfer",),
-            class_path="kernels.trtllm_ragged:TrtllmRaggedPrefill",
+            class_path="mla_switchboard.kernels.trtllm_ragged:TrtllmRaggedPrefill",
             summary="FlashInfer's TensorRT-LLM ragged DeepSeek kernel (Blackwell only)",
         ),
         BackendSpec(
@@ -231,7 +231,7 @@ SPECS: dict[Backend, BackendSpec] = {
             dtypes=_HALF,
             exact_dims=R1_DIMS,
             packages=("flashinfer",),
-            class_path="kernels.flashinfer:FlashInferPrefill",
+            class_path="mla_switchboard.kernels.flashinfer:FlashInferPrefill",
             summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80)",
         ),
         BackendSpec(
@@ -242,7 +242,7 @@ SPECS: dict[Backend, BackendSpec] = {
             dtypes=_HALF,
             exact_dims=R1_DIMS,
             packages=("cudnn",),
-            class_path="kernels.cudnn:CudnnPrefill",
+            class_path="mla_switchboard.kernels.cudnn:CudnnPrefill",
             summary="cuDNN frontend SDPA graph with ragged offsets",
         ),
         BackendSpec(
@@ -254,7 +254,7 @@ SPECS: dict[Backend, BackendSpec] = {
             max_qk_head_dim=256,
             max_v_head_dim=256,
             packages=("torch",),
-            class_path="kernels.flash_attn:FlashAttnPrefill",
+            class_path="mla_switchboard.kernels.flash_attn:FlashAttnPrefill",
             summary="FlashAttention varlen (FA3, FA2, or PyTorch's bundled FA2)",
         ),
         BackendSpec(
@@ -263,7 +263,7 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="any",
             dtypes=frozenset(Dtype),
             packages=("torch",),
-            class_path="kernels.torch_sdpa:TorchSdpaPrefill",
+            class_path="mla_switchboard.kernels.torch_sdpa:TorchSdpaPrefill",
             summary="PyTorch reference path (fp32 math); runs anywhere",
         ),
     )

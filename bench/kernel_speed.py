@@ -3,9 +3,9 @@
 Why: measured selection (issue 6) needs numbers, and numbers need a ceiling to be
 read against, so each run also times a bf16 8192^3 matmul in the same process.
 
-    python3 -m bench.kernels --out bench/results/h200/kernels.json
-    python3 -m bench.kernels --backends CUDNN,FLASH_ATTN --out part-a.json
-    python3 -m bench.kernels --merge part-a.json part-b.json --out kernels.json
+    python3 -m bench.kernel_speed --out bench/results/h200/kernels.json
+    python3 -m bench.kernel_speed --backends CUDNN,FLASH_ATTN --out part-a.json
+    python3 -m bench.kernel_speed --merge part-a.json part-b.json --out kernels.json
 
 Each entry carries ``backend``, ``impl``, ``shape``, ``median_ms`` and ``tflops``
 (causal FLOPs = sum of S^2 * H * (d_qk + d_v)); unavailable backends are listed
@@ -15,29 +15,22 @@ seconds, so a run on a lent GPU always ends with a file.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: bench/ must not shadow the kernels package
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    sys.path.insert(0, str(_here.parent))
-
 import argparse
 import datetime as dt
 import importlib.metadata
 import json
 import math
 import platform
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
-
-import kernels
-from kernels import R1_DIMS
-from kernels.base import BackendUnavailable
-from kernels.measure import benchmark, matmul_tflops
+from mla_switchboard import kernels
+from mla_switchboard.kernels import R1_DIMS
+from mla_switchboard.kernels.base import BackendUnavailable
+from mla_switchboard.kernels.measure import benchmark, matmul_tflops
 
 # (label, seqlens, heads): the R1 prefill shapes of issue 5, plus one ragged batch.
 SHAPES: list[tuple[str, list[int], int]] = [

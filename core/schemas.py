@@ -13,6 +13,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+from mla_switchboard.core.specs import Backend, Dtype, parse_backend, parse_dtype
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -22,8 +23,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-from kernels.specs import Backend, Dtype, parse_backend, parse_dtype
 
 CLUSTER_PATTERN = r"^[a-z0-9._-]{1,63}$"
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
-from kernels.specs import SPECS, Backend, Capability, MLADims, SelectionContext
-from service.schemas import (
+from mla_switchboard.core.schemas import (
     FLEET,
+    SEED_RULES,
     Candidate,
     CandidateRole,
     Evidence,
@@ -33,6 +33,7 @@ from service.schemas import (
     SelectResponse,
     Source,
 )
+from mla_switchboard.core.specs import SPECS, Backend, Capability, MLADims, SelectionContext
 
 FALLBACK_CHAIN: tuple[Backend, ...] = (Backend.FLASH_ATTN, Backend.TORCH_SDPA)
 
@@ -283,3 +284,8 @@ def _candidates(trace: _Trace, reasons: dict[Backend, list[str]]) -> tuple[Candi
         Candidate(backend=b, valid=not reasons[b], reasons=list(reasons[b]), role=role)
         for b, role in trace.order
     )
+
+
+def decide_locally(request: SelectRequest) -> Decision | Refusal:
+    """The agent's fail-static answer: the seed rules, no overrides, no evidence."""
+    return decide(request, SEED_RULES, (), now=datetime.now(UTC))

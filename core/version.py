@@ -1,0 +1,21 @@
+"""The one version string: the installed distribution's metadata.
+
+The service's OpenAPI document, ``switchboard --version`` and the agent's user agent
+all read it from here, so a release bump in ``pyproject.toml`` is the only edit.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+DISTRIBUTION = "mla-switchboard"
+
+
+def _installed_version() -> str:
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _installed_version()
