@@ -109,12 +109,33 @@ class DeviceInfo(_Strict):
     ) = Field(default=None, description="[major, minor], or null for a pod without a CUDA device")
 
 
+RopeDim = Annotated[int, Field(ge=0, le=1024, strict=True), Integral]
+
+
 class ModelInfo(_Strict):
     name: ShortText | None = None
     qk_nope_head_dim: Dim
-    qk_rope_head_dim: Dim
+    qk_rope_head_dim: RopeDim = Field(description="0 for models without a rope part (GLM-5)")
     v_head_dim: Dim
     num_heads: Dim | None = None
+
+
+EngineName = Literal["vllm", "sglang", "switchboard"]
+EngineVersion = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$", max_length=64
+    ),
+    Field(description="the engine's version, e.g. 0.33.0", examples=["0.33.0"]),
+]
+
+
+class EngineInfo(_Strict):
+    """The serving engine that will run the decision; ``switchboard`` means our own
+    ``kernels/`` wrappers (what a request without ``engine`` gets)."""
+
+    name: EngineName = "switchboard"
+    version: EngineVersion | None = None
 
 
 class SelectRequest(_Strict):
@@ -131,6 +152,9 @@ class SelectRequest(_Strict):
     )
     requested_backend: BackendName | None = None
     strict: StrictBool = False
+    engine: EngineInfo | None = Field(
+        default=None, description="the serving engine; absent means switchboard's own kernels"
+    )
 
 
 class Candidate(BaseModel):
@@ -169,6 +193,13 @@ class SelectResponse(BaseModel):
     decision_id: str | None
     overrides: list[OverrideRef] = Field(default_factory=list)
     evidence: Evidence | None = None
+    engine: EngineInfo = Field(default_factory=EngineInfo)
+    engine_args: list[str] = Field(
+        default_factory=list, description="argv to append to the engine's command line"
+    )
+    engine_env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables the engine needs"
+    )
 
 
 # ------------------------------------------------------------------ error answers
@@ -437,4 +468,7 @@ class MeasurementReport(_Strict):
     model: ModelInfo
     dtype: DtypeName
     packages: dict[PackageName, PackageVersion] = Field(default_factory=dict, max_length=64)
+    engine: EngineInfo | None = Field(
+        default=None, description="the engine whose code paths were measured"
+    )
     results: list[MeasurementResult] = Field(min_length=1, max_length=256)

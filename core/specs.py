@@ -36,6 +36,7 @@ class Backend(enum.StrEnum):
     FLASHINFER = "FLASHINFER"
     CUDNN = "CUDNN"
     FLASH_ATTN = "FLASH_ATTN"
+    TOKENSPEED_MLA = "TOKENSPEED_MLA"
     TORCH_SDPA = "TORCH_SDPA"
 
 
@@ -119,6 +120,9 @@ class MLADims:
 R1_DIMS = MLADims(128, 64, 128)
 """DeepSeek-R1/V3 MLA dims, the only ones the specialised kernels are built for."""
 
+KIMI_LINEAR_DIMS = MLADims(192, 64, 256)
+"""The (192, 64, 256) MLA dims TensorRT-LLM's ragged kernel also serves."""
+
 
 @dataclass(frozen=True)
 class SelectionContext:
@@ -145,8 +149,8 @@ class BackendSpec:
 
     ``capability_rule`` is a predicate on the major version with ``capability_text``
     spelling it for humans; ``needs_gpu`` says whether a pod without CUDA can run it.
-    ``dims`` is None (any dims), ``R1_DIMS`` (exactly those), or the
-    ``max_qk``/``max_v`` pair for kernels limited only by head size.
+    ``allowed_dims`` is None (any dims) or the exact dims the kernel is built for;
+    ``max_qk``/``max_v`` bound kernels limited only by head size.
     ``class_path`` is the lazy ``module:Class`` of the wrapper in ``kernels``.
     """
 
@@ -159,7 +163,7 @@ class BackendSpec:
     summary: str
     capability_majors: frozenset[int] | None = None  # None: any major >= min_major
     min_major: int = 0
-    exact_dims: MLADims | None = None
+    allowed_dims: frozenset[MLADims] | None = None
     max_qk_head_dim: int | None = None
     max_v_head_dim: int | None = None
 
@@ -181,11 +185,12 @@ class BackendSpec:
         if ctx.dtype not in self.dtypes:
             allowed = " or ".join(d.value for d in Dtype if d in self.dtypes)
             reasons.append(f"dtype {ctx.dtype} not supported (needs {allowed})")
-        if self.exact_dims is not None and ctx.dims != self.exact_dims:
-            reasons.append(
-                f"model MLA dims {ctx.dims} not supported "
-                f"(needs DeepSeek-R1 dims {self.exact_dims})"
+        if self.allowed_dims is not None and ctx.dims not in self.allowed_dims:
+            allowed = " or ".join(
+                f"DeepSeek-R1 dims {d}" if d == R1_DIMS else str(d)
+                for d in sorted(self.allowed_dims, key=str)
             )
+            reasons.append(f"model MLA dims {ctx.dims} not supported (needs {allowed})")
         if self.max_qk_head_dim is not None and ctx.dims.qk_head_dim > self.max_qk_head_dim:
             reasons.append(
                 f"model MLA dims {ctx.dims} not supported (needs qk_nope_head_dim + "
@@ -217,7 +222,7 @@ SPECS: dict[Backend, BackendSpec] = {
             min_major=10,
             capability_text="10.x",
             dtypes=_HALF,
-            exact_dims=R1_DIMS,
+            allowed_dims=frozenset({R1_DIMS, KIMI_LINEAR_DIMS}),
             packages=("flashinfer",),
             class_path="mla_switchboard.kernels.trtllm_ragged:TrtllmRaggedPrefill",
             summary="FlashInfer's TensorRT-LLM ragged DeepSeek kernel (Blackwell only)",
@@ -229,7 +234,7 @@ SPECS: dict[Backend, BackendSpec] = {
             min_major=8,
             capability_text="8.x, 9.x or 10.x",
             dtypes=_HALF,
-            exact_dims=R1_DIMS,
+            allowed_dims=frozenset({R1_DIMS}),
             packages=("flashinfer",),
             class_path="mla_switchboard.kernels.flashinfer:FlashInferPrefill",
             summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80)",
@@ -240,7 +245,7 @@ SPECS: dict[Backend, BackendSpec] = {
             min_major=8,
             capability_text="8.0 or newer",
             dtypes=_HALF,
-            exact_dims=R1_DIMS,
+            allowed_dims=frozenset({R1_DIMS}),
             packages=("cudnn",),
             class_path="mla_switchboard.kernels.cudnn:CudnnPrefill",
             summary="cuDNN frontend SDPA graph with ragged offsets",
@@ -256,6 +261,18 @@ SPECS: dict[Backend, BackendSpec] = {
             packages=("torch",),
             class_path="mla_switchboard.kernels.flash_attn:FlashAttnPrefill",
             summary="FlashAttention varlen (FA3, FA2, or PyTorch's bundled FA2)",
+        ),
+        BackendSpec(
+            backend=Backend.TOKENSPEED_MLA,
+            needs_gpu=True,
+            capability_majors=frozenset({10}),
+            min_major=10,
+            capability_text="10.x",
+            dtypes=_HALF,
+            allowed_dims=frozenset({R1_DIMS}),
+            packages=("tokenspeed_mla",),
+            class_path="mla_switchboard.kernels.tokenspeed_mla:TokenspeedMlaPrefill",
+            summary="TokenSpeed's MLA prefill kernel (Blackwell only; package tokenspeed_mla)",
         ),
         BackendSpec(
             backend=Backend.TORCH_SDPA,

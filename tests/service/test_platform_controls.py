@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import ServiceProcess
-from tests.service.test_select_decisions import ALL, GLM, body
+from tests.service.test_select_decisions import ALL, SMALL, body
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +324,7 @@ class TestPreview:
         service = ServiceProcess(f"sqlite:///{d / 'fleet.db'}").start(d)
         with service.client() as c:
             # east: 600 Hopper pods (FLASH_ATTN); west: 400 Blackwell R1 pods
-            # (TRTLLM_RAGGED) and 200 Blackwell GLM pods (FLASH_ATTN).
+            # (TRTLLM_RAGGED) and 200 Blackwell pods with small dims (FLASH_ATTN).
             for i in range(600):
                 c.post("/v1/select", json=body(cluster="east", pod=f"e{i}", packages=ALL))
             for i in range(400):
@@ -334,7 +334,7 @@ class TestPreview:
             for i in range(200):
                 c.post(
                     "/v1/select",
-                    json=body(cap=[10, 0], dims=GLM, cluster="west", pod=f"g{i}", packages=ALL),
+                    json=body(cap=[10, 0], dims=SMALL, cluster="west", pod=f"g{i}", packages=ALL),
                 )
             # a pod that booted twice counts once
             c.post("/v1/select", json=body(cluster="east", pod="e0", packages=ALL))
@@ -383,7 +383,7 @@ class TestPreview:
                 json={"force": "CUDNN", "note": "try cudnn"},
             )
             p = r.json()["preview"]
-            # R1 pods move to CUDNN; GLM pods cannot run it (dims) and keep FLASH_ATTN
+            # R1 pods move to CUDNN; small-dims pods cannot run it (dims) and keep FLASH_ATTN
             assert p["pods_changed"] == 400 and p["pods_invalid"] == 0
             assert c.get("/v1/overrides/west").status_code == 404
             for i in range(3):  # three strict pods that insist on TRTLLM_RAGGED

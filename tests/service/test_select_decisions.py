@@ -14,6 +14,8 @@ import pytest
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 128}
 GLM = {"qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "num_heads": 64}
+# MLA dims no specialised kernel is built for: only FLASH_ATTN and TORCH_SDPA take them
+SMALL = {"qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 16}
 BIG = {"qk_nope_head_dim": 256, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 16}
 ALL = {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0", "flash_attn": "2.8.3"}
 
@@ -54,7 +56,8 @@ CASES = [
         "priority",
     ),
     ("blackwell-torch-only", [10, 0], R1, "float16", {"torch": "2"}, "FLASH_ATTN", "priority"),
-    ("blackwell-glm-dims", [10, 0], GLM, "bfloat16", ALL, "FLASH_ATTN", "priority"),
+    ("blackwell-glm-dims", [10, 0], GLM, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
+    ("blackwell-small-dims", [10, 0], SMALL, "bfloat16", ALL, "FLASH_ATTN", "priority"),
     ("blackwell-too-big-for-fa", [10, 0], BIG, "bfloat16", ALL, "TORCH_SDPA", "fallback"),
     ("blackwell-fp32", [10, 3], R1, "float32", ALL, "TORCH_SDPA", "fallback"),
     ("hopper", [9, 0], R1, "bfloat16", ALL, "FLASH_ATTN", "priority"),
@@ -82,7 +85,7 @@ def test_decision_table(
     assert answer["decision_id"]
     # Every backend is accounted for, once, with reasons exactly when invalid.
     assert sorted(c["backend"] for c in answer["candidates"]) == sorted(
-        ["TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN", "TORCH_SDPA"]
+        ["TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN", "TOKENSPEED_MLA", "TORCH_SDPA"]
     )
     for c in answer["candidates"]:
         assert c["valid"] == (not c["reasons"])
