@@ -513,7 +513,6 @@ def bench_main(argv: Sequence[str], *, kernel_classes: Any = None) -> int:
     return 1 if failed else 0
 
 
-
 SERVICE_COMMANDS = {"serve": "run the central service", "token": "manage API tokens"}
 """Subcommands that live in the service (``mla_switchboard.service.cli``). They are
 looked up by name when invoked, so a GPU pod's plain install runs ``select`` and
