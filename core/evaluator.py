@@ -5,24 +5,34 @@ and (for measured selection) the evidence, with no I/O. The service runs it on e
 ``/v1/select`` and the agent runs the very same code when the service cannot be
 reached, which is what keeps the two from drifting apart.
 
-Precedence, highest first (issue 3): an override's ``deny`` removes backends; an
-override's ``force`` wins when valid; the pod's ``requested_backend`` wins when valid;
-then measured evidence (policy ``measured``), then the priority list, then the
-fallback chain FLASH_ATTN -> TORCH_SDPA.
+A backend is valid only when our spec (``specs.py``: the kernel can run here), the
+pod's serving engine (``engines.py``: the engine accepts it) and the overrides all
+accept it; under policy ``measured`` failure evidence can exclude it too. Every
+exclusion is a reason in the answer.
+
+Precedence, highest first: an override's ``deny`` removes backends; an override's
+``force`` wins when valid; the pod's ``requested_backend`` wins when valid; then
+measured evidence (policy ``measured``), then the priority list (the rules, or the
+engine's own order under policy ``engine-default``), then the fallback chain
+FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
+from mla_switchboard.core.engines import EngineProfile, resolve
+from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
 from mla_switchboard.core.schemas import (
     FLEET,
     SEED_RULES,
     Candidate,
     CandidateRole,
+    EngineInfo,
     Evidence,
     Override,
     OverrideRef,
@@ -35,11 +45,71 @@ from mla_switchboard.core.schemas import (
 )
 from mla_switchboard.core.specs import SPECS, Backend, Capability, MLADims, SelectionContext
 
-FALLBACK_CHAIN: tuple[Backend, ...] = (Backend.FLASH_ATTN, Backend.TORCH_SDPA)
+__all__ = [
+    "FALLBACK_CHAIN",
+    "Assessment",
+    "Decision",
+    "DecisionInputs",
+    "Refusal",
+    "applicable_overrides",
+    "assess",
+    "context_of",
+    "decide",
+    "decide_locally",
+    "decision_key",
+    "effective_policy",
+    "priority_list",
+]
 
-EvidenceRanker = Callable[[SelectRequest, dict[Backend, list[str]]], Evidence | None]
-"""Given the request and every backend's invalid reasons, the measured winner (or None
-when the evidence is too thin). Supplied by the service's measurement store."""
+FALLBACK_CHAIN: tuple[Backend, ...] = (Backend.FLASH_ATTN, Backend.TORCH_SDPA)
+DEFAULT_ENGINE = EngineInfo()
+
+
+@dataclass(frozen=True)
+class DecisionInputs:
+    """Everything besides the request that a decision depends on, in one immutable value.
+
+    The service builds a new one whenever the rules, the overrides or the evidence
+    change and swaps it in with one assignment; requests read whichever is current and
+    never see a half-applied change. ``tag`` identifies it for the decision cache.
+    """
+
+    rules: RulesDocument
+    overrides: tuple[Override, ...] = ()
+    evidence: EvidenceIndex = EMPTY
+    tag: tuple[int, int] = (0, 0)  # (config version, evidence version)
+
+
+LOCAL_INPUTS = DecisionInputs(rules=SEED_RULES)
+"""The agent's fail-static inputs: the seed rules, no overrides, no evidence."""
+
+
+def decision_key(request: SelectRequest) -> tuple[Any, ...]:
+    """Everything in ``request`` that the evaluator reads, as a hashable key.
+
+    ``node`` and ``pod`` are the only fields left out: they name the pod, they do not
+    describe it. ``tests/core`` changes every other field of a request one at a time
+    and fails if the key does not change, so a field added to the schema cannot be
+    forgotten here.
+    """
+    m = request.model
+    d = request.device
+    e = request.engine
+    return (
+        request.cluster,
+        d.name,
+        d.capability,
+        m.name,
+        m.qk_nope_head_dim,
+        m.qk_rope_head_dim,
+        m.v_head_dim,
+        m.num_heads,
+        request.dtype,
+        None if request.packages is None else tuple(sorted(request.packages.items())),
+        request.requested_backend,
+        request.strict,
+        None if e is None else (e.name, e.version),
+    )
 
 
 @dataclass(frozen=True)
@@ -50,6 +120,9 @@ class Decision:
     messages: tuple[str, ...]
     overrides: tuple[OverrideRef, ...] = ()
     evidence: Evidence | None = None
+    engine: EngineInfo = field(default_factory=EngineInfo)
+    engine_args: tuple[str, ...] = ()
+    engine_env: tuple[tuple[str, str], ...] = ()
 
     def to_response(self, *, rules_revision: int, decision_id: str | None) -> SelectResponse:
         return SelectResponse(
@@ -61,6 +134,9 @@ class Decision:
             decision_id=decision_id,
             overrides=list(self.overrides),
             evidence=self.evidence,
+            engine=self.engine,
+            engine_args=list(self.engine_args),
+            engine_env=dict(self.engine_env),
         )
 
 
@@ -69,13 +145,15 @@ class Refusal:
     """No backend can be given: a strict request that is invalid, or nothing valid at all.
 
     Returned as a value (the HTTP edge turns it into 409) so that callers such as the
-    agent and the preview can inspect the reasons.
+    agent and the preview can inspect the reasons. Every candidate of a
+    ``no_valid_backend`` refusal is invalid and says why.
     """
 
     kind: str  # "requested_invalid" | "no_valid_backend"
     message: str
     candidates: tuple[Candidate, ...]
     overrides: tuple[OverrideRef, ...] = ()
+    engine: EngineInfo = field(default_factory=EngineInfo)
 
 
 @dataclass
@@ -132,14 +210,50 @@ def priority_list(rules: RulesDocument, cluster: str, cap: Capability) -> tuple[
     return [], "no rule"  # unreachable: the fleet default is a list
 
 
-def invalid_reasons(request: SelectRequest, active: Sequence[Override]) -> dict[Backend, list[str]]:
-    """Why each backend cannot serve this request: its spec, then the active denies."""
+def effective_policy(overrides: Sequence[Override]) -> Policy:
+    policy: Policy = "priority"
+    for o in overrides:  # fleet first, the cluster's own last: the more specific wins
+        if o.policy is not None:
+            policy = o.policy
+    return policy
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What is known about a request before any choice: the overrides in force, the
+    policy, the engine, and every backend's reasons against it (our spec, the engine's
+    rule, the overrides' denies and, under policy ``measured``, failure evidence)."""
+
+    active: tuple[Override, ...]
+    policy: Policy
+    engine: EngineInfo
+    profile: EngineProfile
+    situation: Situation | None
+    reasons: dict[Backend, list[str]]
+
+    def valid(self) -> list[Backend]:
+        return [b for b in Backend if not self.reasons[b]]
+
+
+def assess(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> Assessment:
+    """Every backend's reasons for ``request`` under ``inputs``: the one place validity is
+    decided (the decision, the preview and the regret all read it from here)."""
+    active = applicable_overrides(request, inputs.overrides, now)
+    policy = effective_policy(active)
+    engine = request.engine or DEFAULT_ENGINE
+    profile = resolve(engine.name, engine.version)
     ctx = context_of(request)
-    reasons: dict[Backend, list[str]] = {b: SPECS[b].validate(ctx) for b in Backend}
+    reasons: dict[Backend, list[str]] = {
+        b: SPECS[b].validate(ctx) + profile.reasons(b, ctx, engine.version) for b in Backend
+    }
     for o in active:
         for backend in o.deny:
             reasons[backend].append(f"denied by {o.label}: {o.note}")
-    return reasons
+    situation = situation_of(request)
+    if policy == "measured":
+        for backend, why in inputs.evidence.exclusions(situation, now).items():
+            reasons[backend].append(why)
+    return Assessment(tuple(active), policy, engine, profile, situation, reasons)
 
 
 def _effects(o: Override) -> list[str]:
@@ -151,43 +265,37 @@ def _effects(o: Override) -> list[str]:
     return effects
 
 
-def effective_policy(overrides: Sequence[Override]) -> Policy:
-    policy: Policy = "priority"
-    for o in overrides:  # fleet first, the cluster's own last: the more specific wins
-        if o.policy is not None:
-            policy = o.policy
-    return policy
-
-
-def decide(
-    request: SelectRequest,
-    rules: RulesDocument,
-    overrides: Sequence[Override] = (),
-    *,
-    now: datetime,
-    rank_by_evidence: EvidenceRanker | None = None,
-) -> Decision | Refusal:
+def decide(request: SelectRequest, inputs: DecisionInputs, *, now: datetime) -> Decision | Refusal:
     """Choose a backend for ``request``; see the module docstring for precedence."""
     cap = request.device.capability
-    active = applicable_overrides(request, overrides, now)
-    reasons = invalid_reasons(request, active)
-    refs = [
-        OverrideRef(cluster=o.cluster, effect=", ".join(_effects(o)), note=o.note) for o in active
-    ]
-
+    a = assess(request, inputs, now)
+    reasons = a.reasons
+    refs = tuple(
+        OverrideRef(cluster=o.cluster, effect=", ".join(_effects(o)), note=o.note) for o in a.active
+    )
+    ctx = context_of(request)
     trace = _Trace()
 
     def finish(backend: Backend, source: Source, evidence: Evidence | None = None) -> Decision:
+        choice = a.profile.choice(backend, ctx, a.profile.label(a.engine.version))
+        if choice.note:
+            trace.messages.append(choice.note)
         return Decision(
             backend=backend,
             source=source,
             candidates=_candidates(trace, reasons),
             messages=tuple(trace.messages),
-            overrides=tuple(refs),
+            overrides=refs,
             evidence=evidence,
+            engine=a.engine,
+            engine_args=choice.args,
+            engine_env=tuple(sorted(choice.env.items())),
         )
 
-    forcing = [o for o in active if o.force is not None]
+    def refuse(kind: str, message: str) -> Refusal:
+        return Refusal(kind, message, _candidates(trace, reasons), refs, a.engine)
+
+    forcing = [o for o in a.active if o.force is not None]
     if forcing:
         force_by = forcing[-1]  # the cluster's own force beats the fleet's
         forced = force_by.force
@@ -213,14 +321,10 @@ def decide(
             trace.messages.append(f"Using requested MLA prefill backend {requested}.")
             return finish(requested, "requested")
         if request.strict:
-            return Refusal(
-                kind="requested_invalid",
-                message=(
-                    f"Requested MLA prefill backend {requested} is not valid: "
-                    f"{reasons[requested]}. strict is true, so no other backend is chosen."
-                ),
-                candidates=_candidates(trace, reasons),
-                overrides=tuple(refs),
+            return refuse(
+                "requested_invalid",
+                f"Requested MLA prefill backend {requested} is not valid: "
+                f"{reasons[requested]}. strict is true, so no other backend is chosen.",
             )
         trace.messages.append(
             f"Requested MLA prefill backend {requested} is not valid: "
@@ -230,21 +334,25 @@ def decide(
     if cap is None:
         trace.messages.append("No CUDA device: using the CPU-capable fallback.")
     else:
-        if rank_by_evidence is not None and effective_policy(active) == "measured":
-            evidence = rank_by_evidence(request, reasons)
-            if evidence is not None and not reasons[evidence.backend]:
+        if a.policy == "measured":
+            evidence = inputs.evidence.rank(a.situation, a.valid())
+            if evidence is not None:
                 trace.consider(evidence.backend, "measured")
                 trace.messages.append(
                     f"Using {evidence.backend}: fastest correct backend measured for this "
-                    f"device, dims and dtype ({evidence.median_tflops:.0f} TFLOP/s median over "
-                    f"{evidence.samples} samples from {evidence.pods} pods)."
+                    f"device, dims, dtype and engine ({evidence.median_tflops:.0f} TFLOP/s "
+                    f"median over {evidence.samples} samples from {evidence.pods} pods)."
                 )
                 return finish(evidence.backend, "measured", evidence)
             trace.messages.append(
                 "Policy is measured but the evidence for this situation is too thin; "
                 "using the priority list."
             )
-        listed, rule = priority_list(rules, request.cluster, Capability(*cap))
+        if a.policy == "engine-default":
+            listed = a.profile.default_order(ctx)
+            rule = f"{a.profile.label(a.engine.version)}'s own default order"
+        else:
+            listed, rule = priority_list(inputs.rules, request.cluster, Capability(*cap))
         for backend in listed:
             trace.consider(backend, "priority")
         for backend in listed:
@@ -265,11 +373,23 @@ def decide(
         if not reasons[backend]:
             trace.messages.append(f"Using fallback {backend}.")
             return finish(backend, "fallback")
-    return Refusal(
-        kind="no_valid_backend",
-        message="No MLA prefill backend is valid for this pod, not even TORCH_SDPA.",
-        candidates=_candidates(trace, reasons),
-        overrides=tuple(refs),
+    # Last resort: a valid backend outside every list beats refusing the pod, and a
+    # refusal must never leave a valid candidate unexplained.
+    for backend in Backend:
+        if not reasons[backend]:
+            trace.consider(backend, "fallback")
+            trace.messages.append(
+                f"Using {backend}: the only kind of backend valid for this pod "
+                "(none in the priority list or the fallback chain is)."
+            )
+            return finish(backend, "fallback")
+    engine_text = (
+        "" if a.engine.name == "switchboard" else f" under {a.profile.label(a.engine.version)}"
+    )
+    summary = "; ".join(f"{b}: {reasons[b][0]}" for b in Backend)
+    return refuse(
+        "no_valid_backend",
+        f"No MLA prefill backend is valid for this pod{engine_text}. {summary}.",
     )
 
 
@@ -288,4 +408,4 @@ def _candidates(trace: _Trace, reasons: dict[Backend, list[str]]) -> tuple[Candi
 
 def decide_locally(request: SelectRequest) -> Decision | Refusal:
     """The agent's fail-static answer: the seed rules, no overrides, no evidence."""
-    return decide(request, SEED_RULES, (), now=datetime.now(UTC))
+    return decide(request, LOCAL_INPUTS, now=datetime.now(UTC))

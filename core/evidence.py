@@ -1,26 +1,50 @@
-"""Measured selection: the fleet's own benchmarks, aggregated per exact situation.
+"""Measured selection: the fleet's own benchmarks and failures, per exact situation.
 
-A *situation* is what decides which kernel is fastest: device name, compute
-capability, MLA dims, dtype and the versions of the kernel packages. Evidence for a
-backend counts only when it comes from that same situation; a backend that was ever
-wrong (failed its correctness check) or failed to build on a matching pod is never
-chosen by evidence. The index is rebuilt from the store when measurements arrive (on
-any replica: ``meta.evidence_version``) and read from memory on the hot path.
+A *situation* is what decides which kernel is fastest and whether it works: device
+name, compute capability, MLA dims, dtype, the versions of the kernel packages and the
+serving engine (vLLM's FLASH_ATTN is vLLM's bundled FlashAttention 3, not the FA2 that
+PyTorch bundles, so the two are never compared as one). Evidence counts only for its
+own situation.
+
+Failures (a kernel that failed to build, or gave a wrong result) exclude a backend
+under a stated :class:`FailurePolicy`: by default one failing pod within 24 hours. They
+expire with the window and an admin can clear them; every exclusion is a reason the
+answer shows ("failed on 2 pods in the last 24 h: staging/pod-a 2026-11-30 15:37 UTC:
+..."), never a silent gap.
+
+An :class:`EvidenceIndex` is immutable: new observations give a new index
+(:meth:`EvidenceIndex.with_observations`), which the service swaps in atomically.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mla_switchboard.core.schemas import Evidence, MeasurementReport, SelectRequest
+from mla_switchboard.core.schemas import EngineInfo, Evidence, MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import Backend
 
-KERNEL_PACKAGES = ("torch", "flash_attn", "flashinfer", "cudnn")
+__all__ = [
+    "KERNEL_PACKAGES",
+    "BackendStats",
+    "EvidenceIndex",
+    "FailureNote",
+    "FailurePolicy",
+    "Observation",
+    "Situation",
+    "dims_key",
+    "engine_key",
+    "failure_observation",
+    "observations_of_report",
+    "packages_key",
+    "situation_of",
+]
+
+KERNEL_PACKAGES = ("torch", "flash_attn", "flashinfer", "cudnn", "tokenspeed_mla")
 """Only these packages' versions change kernel speed; others don't split the evidence."""
 
 
@@ -31,6 +55,7 @@ class Situation:
     dims: str
     dtype: str
     packages: str  # canonical JSON of the kernel packages' versions
+    engine: str = "switchboard"  # engine_key(): "switchboard" or "vllm 0.33.0"
 
 
 def packages_key(packages: Mapping[str, str]) -> str:
@@ -45,6 +70,14 @@ def dims_key(qk_nope: int, qk_rope: int, v: int) -> str:
     return f"{qk_nope},{qk_rope},{v}"
 
 
+def engine_key(engine: EngineInfo | None) -> str:
+    """The engine part of a situation: its name and exact version (a code path can
+    change between releases), ``switchboard`` for our own wrappers."""
+    if engine is None or engine.name == "switchboard":
+        return "switchboard"
+    return f"{engine.name} {engine.version or '?'}"
+
+
 def situation_of(request: SelectRequest) -> Situation | None:
     """None when the request cannot be matched exactly: no GPU, or packages unknown."""
     cap = request.device.capability
@@ -57,22 +90,8 @@ def situation_of(request: SelectRequest) -> Situation | None:
         dims=dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
         dtype=request.dtype.value,
         packages=packages_key(request.packages),
+        engine=engine_key(request.engine),
     )
-
-
-@dataclass
-class BackendStats:
-    tflops: list[float] = field(default_factory=list)
-    pods: set[str] = field(default_factory=set)
-    failures: int = 0
-
-    @property
-    def samples(self) -> int:
-        return len(self.tflops)
-
-    @property
-    def median_tflops(self) -> float | None:
-        return statistics.median(self.tflops) if self.tflops else None
 
 
 @dataclass(frozen=True)
@@ -84,55 +103,173 @@ class Observation:
     pod: str
     tflops: float | None
     ok: bool
+    cluster: str = ""
+    at: datetime | None = None
+    error: str | None = None
+    impl: str | None = None
+
+
+@dataclass(frozen=True)
+class FailureNote:
+    """One failing pod's report, as an exclusion reason quotes it."""
+
+    cluster: str
+    pod: str
+    at: datetime | None
+    error: str
+
+    def describe(self) -> str:
+        where = f"{self.cluster}/{self.pod}" if self.cluster else (self.pod or "a pod")
+        when = (
+            "" if self.at is None else " " + self.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        )
+        first_line = (self.error.strip().splitlines() or ["no error text"])[0][:200]
+        return f"{where}{when}: {first_line}"
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """When failures exclude a backend from measured selection.
+
+    A backend is excluded for a situation while at least ``min_pods`` distinct pods
+    reported a failure (failed build or wrong result) within the last ``window``.
+    Older failures expire by themselves; an admin can clear a situation's failures.
+    """
+
+    min_pods: int = 1
+    window: timedelta = timedelta(hours=24)
+
+    def describe(self) -> str:
+        hours = self.window.total_seconds() / 3600
+        pods = "1 pod" if self.min_pods == 1 else f"{self.min_pods} pods"
+        return f"failures from at least {pods} within {hours:g} h exclude a backend"
+
+    def exclusion(self, failures: Sequence[FailureNote], now: datetime) -> str | None:
+        """The reason ``failures`` exclude their backend at ``now``, or None."""
+        since = now - self.window
+        recent = [f for f in failures if f.at is None or f.at >= since]
+        latest: dict[str, FailureNote] = {}
+        for f in sorted(recent, key=lambda f: f.at or datetime.min.replace(tzinfo=UTC)):
+            latest[f"{f.cluster}/{f.pod}"] = f
+        if not latest or len(latest) < self.min_pods:
+            return None
+        notes = sorted(latest.values(), key=lambda f: f.at or now, reverse=True)
+        shown = "; ".join(n.describe() for n in notes[:3])
+        more = "" if len(notes) <= 3 else f"; and {len(notes) - 3} more"
+        hours = self.window.total_seconds() / 3600
+        pods = "1 pod" if len(notes) == 1 else f"{len(notes)} pods"
+        return f"failed on {pods} in the last {hours:g} h (measured policy): {shown}{more}"
+
+
+@dataclass(frozen=True)
+class BackendStats:
+    """What the fleet measured for one backend in one situation."""
+
+    tflops: tuple[float, ...] = ()
+    pods: frozenset[str] = frozenset()
+    failures: tuple[FailureNote, ...] = ()
+    impls: frozenset[str] = frozenset()
+
+    @property
+    def samples(self) -> int:
+        return len(self.tflops)
+
+    @property
+    def median_tflops(self) -> float | None:
+        return statistics.median(self.tflops) if self.tflops else None
+
+    def plus(self, o: Observation) -> BackendStats:
+        if o.ok and o.tflops is not None:
+            return replace(
+                self,
+                tflops=(*self.tflops, o.tflops),
+                pods=self.pods | {o.pod},
+                impls=self.impls | ({o.impl} if o.impl else set()),
+            )
+        if not o.ok:
+            note = FailureNote(o.cluster, o.pod, o.at, o.error or "wrong result or failed build")
+            return replace(self, failures=(*self.failures, note))
+        return self
+
+
+Group = Mapping[Backend, BackendStats]
 
 
 class EvidenceIndex:
+    """Evidence per situation and backend. Immutable: build a new one to change it."""
+
+    __slots__ = ("_groups", "failure_policy", "min_pods", "min_samples")
+
     def __init__(
-        self, observations: Iterable[Observation], *, min_samples: int, min_pods: int
+        self,
+        observations: Iterable[Observation] = (),
+        *,
+        min_samples: int = 3,
+        min_pods: int = 2,
+        failure_policy: FailurePolicy | None = None,
+        _groups: dict[Situation, dict[Backend, BackendStats]] | None = None,
     ) -> None:
         self.min_samples = min_samples
         self.min_pods = min_pods
-        self.groups: dict[Situation, dict[Backend, BackendStats]] = defaultdict(dict)
-        self.add(observations)
+        self.failure_policy = failure_policy or FailurePolicy()
+        self._groups: dict[Situation, dict[Backend, BackendStats]] = dict(_groups or {})
+        self._fold(observations, copied=set())
 
-    def add(self, observations: Iterable[Observation]) -> None:
-        """Fold new observations in. A report updates the index in place (cheap);
-        the periodic full rebuild from the store keeps replicas in step and drops
-        evidence that aged out."""
+    def _fold(self, observations: Iterable[Observation], copied: set[Situation]) -> None:
         for o in observations:
             try:
                 backend = Backend(o.backend)
             except ValueError:
                 continue
-            stats = self.groups[o.situation].setdefault(backend, BackendStats())
-            if o.ok and o.tflops is not None:
-                stats.tflops.append(o.tflops)
-                stats.pods.add(o.pod)
-            elif not o.ok:
-                stats.failures += 1
+            if o.situation not in copied:  # copy-on-write: never touch a shared group
+                self._groups[o.situation] = dict(self._groups.get(o.situation, {}))
+                copied.add(o.situation)
+            group = self._groups[o.situation]
+            group[backend] = group.get(backend, BackendStats()).plus(o)
+
+    def with_observations(self, observations: Iterable[Observation]) -> EvidenceIndex:
+        """A new index with ``observations`` folded in; this one is unchanged."""
+        return EvidenceIndex(
+            observations,
+            min_samples=self.min_samples,
+            min_pods=self.min_pods,
+            failure_policy=self.failure_policy,
+            _groups=self._groups,
+        )
+
+    def group(self, situation: Situation | None) -> Group:
+        return {} if situation is None else self._groups.get(situation, {})
+
+    def exclusions(self, situation: Situation | None, now: datetime) -> dict[Backend, str]:
+        """Backends the failure policy excludes in ``situation``, with the reason."""
+        out: dict[Backend, str] = {}
+        for backend, stats in self.group(situation).items():
+            if stats.failures:
+                reason = self.failure_policy.exclusion(stats.failures, now)
+                if reason is not None:
+                    out[backend] = reason
+        return out
 
     def eligible(
-        self, situation: Situation, valid: Iterable[Backend]
+        self, situation: Situation | None, valid: Iterable[Backend]
     ) -> list[tuple[Backend, BackendStats]]:
-        """Valid backends with enough clean evidence, fastest first (ties: table order)."""
-        group = self.groups.get(situation, {})
+        """Valid backends with enough correct samples, fastest first (ties: table
+        order). ``valid`` must already leave out what :meth:`exclusions` excludes."""
+        group = self.group(situation)
         order = {b: i for i, b in enumerate(Backend)}
         ranked = [
             (b, group[b])
             for b in valid
             if b in group
-            and group[b].failures == 0
             and group[b].samples >= self.min_samples
             and len(group[b].pods) >= self.min_pods
         ]
         ranked.sort(key=lambda bs: (-(bs[1].median_tflops or 0.0), order[bs[0]]))
         return ranked
 
-    def rank(self, request: SelectRequest, reasons: Mapping[Backend, list[str]]) -> Evidence | None:
-        situation = situation_of(request)
-        if situation is None:
-            return None
-        ranked = self.eligible(situation, [b for b in Backend if not reasons[b]])
+    def rank(self, situation: Situation | None, valid: Iterable[Backend]) -> Evidence | None:
+        """The measured winner among ``valid``, or None when the evidence is too thin."""
+        ranked = self.eligible(situation, valid)
         if not ranked:
             return None
         (best, stats), runner = ranked[0], ranked[1] if len(ranked) > 1 else None
@@ -150,10 +287,12 @@ class EvidenceIndex:
             else round((best_tflops - runner_tflops) / runner_tflops, 4),
         )
 
-    def summary(self) -> list[dict[str, Any]]:
+    def summary(self, now: datetime | None = None) -> list[dict[str, Any]]:
+        now = now or datetime.now(UTC)
         out = []
-        for situation in sorted(self.groups):
-            for backend, stats in sorted(self.groups[situation].items()):
+        for situation in sorted(self._groups):
+            excluded = self.exclusions(situation, now)
+            for backend, stats in sorted(self._groups[situation].items()):
                 median = stats.median_tflops
                 out.append(
                     {
@@ -161,18 +300,24 @@ class EvidenceIndex:
                         "capability": situation.capability,
                         "dims": [int(x) for x in situation.dims.split(",")],
                         "dtype": situation.dtype,
+                        "engine": situation.engine,
                         "backend": backend.value,
+                        "impls": sorted(stats.impls),
                         "packages": json.loads(situation.packages),
                         "samples": stats.samples,
                         "pods": len(stats.pods),
-                        "failures": stats.failures,
+                        "failures": len(stats.failures),
+                        "excluded": excluded.get(backend),
                         "median_tflops": None if median is None else round(median, 3),
                     }
                 )
         return out
 
 
-def observations_of_report(report: MeasurementReport) -> list[Observation]:
+def observations_of_report(
+    report: MeasurementReport, at: datetime | None = None
+) -> list[Observation]:
+    """The observations a measurement report contributes (none without a GPU)."""
     cap = report.device.capability
     if cap is None:
         return []
@@ -183,6 +328,7 @@ def observations_of_report(report: MeasurementReport) -> list[Observation]:
         dims=dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
         dtype=report.dtype.value,
         packages=packages_key(report.packages),
+        engine=engine_key(report.engine),
     )
     return [
         Observation(
@@ -191,6 +337,26 @@ def observations_of_report(report: MeasurementReport) -> list[Observation]:
             pod=report.pod,
             tflops=r.tflops,
             ok=r.correct and r.error is None,
+            cluster=report.cluster,
+            at=at,
+            error=r.error if r.error is not None else (None if r.correct else "wrong result"),
+            impl=r.impl,
         )
         for r in report.results
     ]
+
+
+def failure_observation(
+    request: SelectRequest, backend: str, error: str, at: datetime | None, pod: str | None
+) -> Observation | None:
+    """A failure a pod reported for its decision, keyed by that pod's situation."""
+    situation = situation_of(request)
+    if situation is None:
+        return None
+    return Observation(
+        situation, backend, pod or "", None, ok=False, cluster=request.cluster, at=at, error=error
+    )
+
+
+EMPTY = EvidenceIndex()
+"""No evidence: what the agent's local fallback and a preview without a store use."""

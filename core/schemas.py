@@ -327,7 +327,7 @@ OverrideScope = Annotated[
     StringConstraints(pattern=r"^(\*|[a-z0-9._-]{1,63})$"),
     Field(description="a cluster name, or * for the whole fleet"),
 ]
-Policy = Literal["priority", "measured"]
+Policy = Literal["priority", "measured", "engine-default"]
 
 
 class OverrideSpec(_Strict):
@@ -364,7 +364,9 @@ class OverrideSpec(_Strict):
         StringConstraints(strip_whitespace=True, min_length=1, max_length=2000, pattern=NONBLANK),
     ]
     policy: Policy | None = Field(
-        default=None, description="selection policy for this scope (measured: issue 6)"
+        default=None,
+        description="selection policy for this scope: priority (the rules), measured "
+        "(the fleet's benchmarks), engine-default (the serving engine's own order)",
     )
 
     @field_validator("deny")

@@ -36,3 +36,8 @@ class Settings(BaseSettings):
     measured_min_samples: int = Field(default=3, ge=1)
     measured_min_pods: int = Field(default=2, ge=1)
     measured_max_age_days: float = Field(default=30.0, gt=0)
+    # The failure policy (core/evidence.py FailurePolicy): under policy measured, a
+    # backend is excluded for a situation while at least this many pods reported it
+    # failing within the window; older failures expire by themselves.
+    failure_min_pods: int = Field(default=1, ge=1)
+    failure_window_hours: float = Field(default=24.0, gt=0)

@@ -28,8 +28,10 @@ class LiveConfig:
         poll_s: float,
         on_evidence: Callable[[], None] = lambda: None,
         evidence_refresh_s: float = 60.0,
+        on_snapshot: Callable[[ConfigSnapshot], None] = lambda _snap: None,
     ) -> None:
         self._store = store
+        self._on_snapshot = on_snapshot
         self._on_evidence = on_evidence
         self._evidence_version: int | None = None
         self._evidence_refresh_s = evidence_refresh_s
@@ -48,6 +50,7 @@ class LiveConfig:
             snap = self._store.load_config()
             if self.snapshot is None or snap.version >= self.snapshot.version:
                 self.snapshot = snap
+                self._on_snapshot(snap)
             self._metrics.config_version.set(self.snapshot.version)
             return self.snapshot
 

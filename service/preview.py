@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from mla_switchboard.core.evaluator import Decision, Refusal, decide
-from mla_switchboard.core.schemas import Override, RulesDocument, SelectRequest
-from mla_switchboard.service.selector import decision_key
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
+from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.service.store.repo import PodState
 from pydantic import BaseModel, ValidationError
 
@@ -35,21 +34,23 @@ class Preview(BaseModel):
     pods_unreadable: int = 0
 
 
-Config = tuple[RulesDocument, Sequence[Override]]
-
-
 def replay(
-    pods: Sequence[PodState], current: Config, proposed: Config, *, now: datetime
+    pods: Sequence[PodState], current: DecisionInputs, proposed: DecisionInputs, *, now: datetime
 ) -> Preview:
+    """Count what changes from ``current`` to ``proposed`` for each pod's latest request.
+
+    Both sides are full ``DecisionInputs``, evidence included, and go through the same
+    evaluator as ``/v1/select``: a preview of a ``measured`` policy sees the evidence
+    the live path will use."""
     changes: Counter[tuple[str, str, str]] = Counter()
     invalid: Counter[tuple[str, str, str]] = Counter()
     caches: tuple[dict[tuple[Any, ...], Decision | Refusal], ...] = ({}, {})
     unreadable = pending = 0
 
-    def under(index: int, config: Config, request: SelectRequest) -> Decision | Refusal:
+    def under(index: int, inputs: DecisionInputs, request: SelectRequest) -> Decision | Refusal:
         key = decision_key(request)
         if key not in caches[index]:
-            caches[index][key] = decide(request, config[0], config[1], now=now)
+            caches[index][key] = decide(request, inputs, now=now)
         return caches[index][key]
 
     for pod in pods:

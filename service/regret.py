@@ -14,21 +14,20 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from mla_switchboard.core.evaluator import applicable_overrides, invalid_reasons
-from mla_switchboard.core.evidence import EvidenceIndex, situation_of
-from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.core.evaluator import DecisionInputs, assess
+from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.store.repo import PodState
 from pydantic import ValidationError
 
 
 def regret_by_cluster(
-    pods: Sequence[PodState],
-    evidence: EvidenceIndex,
-    overrides: Sequence[Override],
-    *,
-    now: datetime,
+    pods: Sequence[PodState], inputs: DecisionInputs, *, now: datetime
 ) -> dict[str, dict[str, Any]]:
+    """Per cluster: pods, pods measured, pods on their best backend, the share of
+    throughput lost and the best alternatives. Validity comes from the evaluator's
+    ``assess`` (spec, engine, denies and, under policy measured, failure evidence)."""
+    evidence = inputs.evidence
     acc: dict[str, dict[str, Any]] = defaultdict(
         lambda: {
             "pods": 0,
@@ -46,15 +45,16 @@ def regret_by_cluster(
             request = SelectRequest.model_validate_json(pod.request_json)
         except ValidationError:
             continue
-        situation = situation_of(request)
-        if situation is None:
+        assessed = assess(request, inputs, now)
+        if assessed.situation is None:
             continue
-        group = evidence.groups.get(situation, {})
-        chosen = group.get(Backend(pod.backend))
+        try:
+            chosen = evidence.group(assessed.situation).get(Backend(pod.backend))
+        except ValueError:
+            continue
         if chosen is None or chosen.median_tflops is None:
             continue
-        reasons = invalid_reasons(request, applicable_overrides(request, overrides, now))
-        ranked = evidence.eligible(situation, [b for b in Backend if not reasons[b]])
+        ranked = evidence.eligible(assessed.situation, assessed.valid())
         if not ranked:
             continue
         best_backend, best = ranked[0]

@@ -7,9 +7,11 @@ build a ``Runtime`` from ``Settings``; nothing else opens the database.
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 
-from mla_switchboard.core.evidence import EvidenceIndex, Observation
+from mla_switchboard.core.evaluator import DecisionInputs
+from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observation
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
@@ -27,12 +29,16 @@ class Runtime:
         self.metrics = Metrics()
         self.engine = make_engine(settings.database_url)
         self.store = Store(self.engine)
-        self.evidence = EvidenceIndex(
-            [], min_samples=settings.measured_min_samples, min_pods=settings.measured_min_pods
-        )
-        self.evidence_version = 0
+        self._evidence = self._new_index([])
+        self._evidence_version = 0
+        self._inputs_lock = threading.RLock()
+        self._inputs: DecisionInputs | None = None
         self.live = LiveConfig(
-            self.store, self.metrics, settings.config_poll_s, on_evidence=self.reload_evidence
+            self.store,
+            self.metrics,
+            settings.config_poll_s,
+            on_evidence=self.reload_evidence,
+            on_snapshot=lambda _snap: self._publish(),
         )
         self.recorder = DecisionRecorder(
             self.store,
@@ -41,10 +47,7 @@ class Runtime:
             batch=settings.flush_batch,
             limit=settings.buffer_limit,
         )
-        self.selector = Selector(
-            ranker=lambda request, reasons: self.evidence.rank(request, reasons),
-            evidence_version=lambda: self.evidence_version,
-        )
+        self.selector = Selector()
         self.bootstrap_token = (
             settings.admin_token.get_secret_value() if settings.admin_token else None
         )
@@ -64,20 +67,51 @@ class Runtime:
         self.live.stop()
         self.engine.dispose()
 
+    def _new_index(self, observations: list[Observation]) -> EvidenceIndex:
+        s = self.settings
+        return EvidenceIndex(
+            observations,
+            min_samples=s.measured_min_samples,
+            min_pods=s.measured_min_pods,
+            failure_policy=FailurePolicy(
+                min_pods=s.failure_min_pods, window=timedelta(hours=s.failure_window_hours)
+            ),
+        )
+
+    def _publish(self, evidence: EvidenceIndex | None = None) -> None:
+        """Build the one ``DecisionInputs`` every decision reads and swap it in.
+
+        Called whenever the config snapshot or the evidence changes; the hot path only
+        ever reads ``self.inputs`` (one attribute), never a half-applied change."""
+        with self._inputs_lock:
+            if evidence is not None:
+                self._evidence = evidence
+                self._evidence_version += 1
+            snap = self.live.snapshot
+            if snap is None:
+                return
+            self._inputs = DecisionInputs(
+                rules=snap.rules,
+                overrides=snap.overrides,
+                evidence=self._evidence,
+                tag=(snap.version, self._evidence_version),
+            )
+
+    @property
+    def inputs(self) -> DecisionInputs:
+        inputs = self._inputs
+        assert inputs is not None, "runtime not started"
+        return inputs
+
     def reload_evidence(self) -> None:
         """Rebuild the measured-selection index from the store (last N days only)."""
         since = datetime.now(UTC) - timedelta(days=self.settings.measured_max_age_days)
-        self.evidence = EvidenceIndex(
-            self.store.evidence(since),
-            min_samples=self.settings.measured_min_samples,
-            min_pods=self.settings.measured_min_pods,
-        )
-        self.evidence_version += 1
+        self._publish(self._new_index(self.store.evidence(since)))
 
     def add_evidence(self, observations: list[Observation]) -> None:
         """This replica's own new evidence, applied at once without a store read."""
-        self.evidence.add(observations)
-        self.evidence_version += 1
+        with self._inputs_lock:  # read-modify-write: two reports must not lose one
+            self._publish(self._evidence.with_observations(observations))
 
     @property
     def snapshot(self) -> ConfigSnapshot:

@@ -1,8 +1,9 @@
 """The hot path of ``/v1/select``: decide from the snapshot in memory, with a cache.
 
 Thousands of pods of one rollout send the same description apart from their names,
-so decisions are cached by everything that affects them (not node or pod) for one
-config and evidence version, and only until the next override expires. A cached
+so decisions are cached by everything the evaluator reads (``decision_key``: all but
+node and pod) for one ``DecisionInputs`` (its tag: config and evidence version), and
+only until the next override expires. A cached
 decision is also serialised once: the answer is a template into which each request's
 decision id is put.
 """
@@ -16,9 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from mla_switchboard.core.evaluator import Decision, EvidenceRanker, Refusal, decide
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.store.repo import ConfigSnapshot
 
 CACHE_SIZE = 4096
 ID_PLACEHOLDER = "@@DECISION_ID@@"
@@ -52,56 +52,34 @@ class Rendered:
         return self.template.replace(ID_PLACEHOLDER, decision_id)
 
 
-def decision_key(request: SelectRequest) -> tuple[Any, ...]:
-    m = request.model
-    return (
-        request.cluster,
-        request.device.capability,
-        m.name,
-        m.qk_nope_head_dim,
-        m.qk_rope_head_dim,
-        m.v_head_dim,
-        request.dtype,
-        None if request.packages is None else tuple(sorted(request.packages.items())),
-        request.requested_backend,
-        request.strict,
-    )
-
-
 class Selector:
-    def __init__(
-        self,
-        ranker: EvidenceRanker | None = None,
-        evidence_version: Callable[[], int] = lambda: 0,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ) -> None:
-        self._ranker = ranker
-        self._evidence_version = evidence_version
+    def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._clock = clock
         self._cache: OrderedDict[tuple[Any, ...], Rendered | Refusal] = OrderedDict()
         self._cache_tag: tuple[int, int] = (-1, -1)
         self._valid_until: datetime | None = None
 
-    def select(self, request: SelectRequest, snap: ConfigSnapshot) -> Rendered | Refusal:
+    def select(self, request: SelectRequest, inputs: DecisionInputs) -> Rendered | Refusal:
         now = self._clock()
-        tag = (snap.version, self._evidence_version())
-        if tag != self._cache_tag or (self._valid_until is not None and now >= self._valid_until):
+        if inputs.tag != self._cache_tag or (
+            self._valid_until is not None and now >= self._valid_until
+        ):
             self._cache.clear()
-            self._cache_tag = tag
-            upcoming = [o.expires_at for o in snap.overrides if o.expires_at and o.expires_at > now]
+            self._cache_tag = inputs.tag
+            upcoming = [
+                o.expires_at for o in inputs.overrides if o.expires_at and o.expires_at > now
+            ]
             self._valid_until = min(upcoming, default=None)
         key = decision_key(request)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        decided = decide(
-            request, snap.rules, snap.overrides, now=now, rank_by_evidence=self._ranker
-        )
+        decided = decide(request, inputs, now=now)
         result = (
             decided
             if isinstance(decided, Refusal)
-            else Rendered.of(decided, snap.rules.revision or 0)
+            else Rendered.of(decided, inputs.rules.revision or 0)
         )
         self._cache[key] = result
         if len(self._cache) > CACHE_SIZE:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,17 +24,18 @@ def preview_change(
 
     ``override_scope`` set with ``override=None`` previews deleting that override.
     """
-    snap = runtime.snapshot
-    overrides: list[Override] = list(snap.overrides)
+    current = runtime.inputs
+    overrides = current.overrides
     if override_scope is not None:
-        overrides = with_override(overrides, override_scope, override)
-    runtime.recorder.flush()
-    return replay(
-        runtime.store.latest_per_pod(),
-        (snap.rules, snap.overrides),
-        (rules if rules is not None else snap.rules, overrides),
-        now=datetime.now(UTC),
+        overrides = tuple(with_override(overrides, override_scope, override))
+    proposed = replace(
+        current,
+        rules=rules if rules is not None else current.rules,
+        overrides=overrides,
+        tag=(-1, -1),
     )
+    runtime.recorder.flush()
+    return replay(runtime.store.latest_per_pod(), current, proposed, now=datetime.now(UTC))
 
 
 def committed(runtime: Runtime, result: Any, what: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -36,7 +37,7 @@ def report(
     count = runtime.store.add_measurements(body, report_id)
     # this replica at once; every replica (this one too) rebuilds from the store
     # within the poll interval
-    runtime.add_evidence(observations_of_report(body))
+    runtime.add_evidence(observations_of_report(body, datetime.now(UTC)))
     return {"measurement_id": report_id, "results": count, "duplicate": False}
 
 
@@ -46,7 +47,8 @@ def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
     over the evidence window (``SWITCHBOARD_MEASURED_MAX_AGE_DAYS``); ``failures``
     counts wrong results and build failures reported by matching pods."""
     return {
-        "groups": runtime.evidence.summary(),
+        "groups": runtime.inputs.evidence.summary(datetime.now(UTC)),
+        "failure_policy": runtime.inputs.evidence.failure_policy.describe(),
         "min_samples": runtime.settings.measured_min_samples,
         "min_pods": runtime.settings.measured_min_pods,
     }

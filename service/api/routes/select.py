@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from mla_switchboard.core.evaluator import Refusal
-from mla_switchboard.core.evidence import Observation, situation_of
+from mla_switchboard.core.evidence import failure_observation
 from mla_switchboard.core.schemas import (
     NO_NUL,
     BackendName,
@@ -111,8 +111,8 @@ async def select(body: SelectRequest, request: Request) -> Response:
     principal = principal_from(request, "agent")
     check_scope(principal, body.cluster)
     if_none_match = request.headers.get("if-none-match")
-    snap = runtime.snapshot
-    result = runtime.selector.select(body, snap)
+    inputs = runtime.inputs
+    result = runtime.selector.select(body, inputs)
     if isinstance(result, Refusal):
         runtime.metrics.refusals.labels(result.kind).inc()
         return Response(
@@ -136,7 +136,7 @@ async def select(body: SelectRequest, request: Request) -> Response:
             pod=body.pod,
             backend=decision.backend.value,
             source=decision.source,
-            rules_revision=snap.rules.revision or 0,
+            rules_revision=inputs.rules.revision or 0,
             request_json=body.model_dump_json(),
             answer_id=rendered.answer_id,
             answer_json=rendered.answer_json,
@@ -176,12 +176,17 @@ def report_failure(
         fail(404, f"no decision {decision_id!r}")
     check_scope(principal, record.cluster)
     runtime.store.record_failure(decision_id, report.backend.value, report.error)
-    # a build failure excludes the backend from measured choice for pods like this one
-    situation = situation_of(SelectRequest.model_validate_json(record.request_json))
-    if situation is not None:
-        runtime.add_evidence(
-            [Observation(situation, report.backend.value, record.pod or "", None, ok=False)]
-        )
+    # a build failure is evidence against the backend for pods in the same situation
+    # (under the failure policy; see core/evidence.py)
+    observation = failure_observation(
+        SelectRequest.model_validate_json(record.request_json),
+        report.backend.value,
+        report.error,
+        datetime.now(UTC),
+        record.pod,
+    )
+    if observation is not None:
+        runtime.add_evidence([observation])
     return {"decision_id": decision_id, "backend": report.backend, "recorded": True}
 
 

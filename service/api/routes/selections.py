@@ -115,10 +115,7 @@ def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
     choices against the best measured valid backend (see service/regret.py)."""
     runtime.recorder.flush()
     regret = regret_by_cluster(
-        runtime.store.latest_per_pod(),
-        runtime.evidence,
-        runtime.snapshot.overrides,
-        now=datetime.now(UTC),
+        runtime.store.latest_per_pod(), runtime.inputs, now=datetime.now(UTC)
     )
     return {"clusters": runtime.store.summary(), "regret": regret}
 
