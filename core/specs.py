@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "KIMI_LINEAR_DIMS",
     "R1_DIMS",
     "SPECS",
     "Backend",
@@ -25,7 +26,6 @@ __all__ = [
     "SelectionContext",
     "parse_backend",
     "parse_dtype",
-    "validate",
 ]
 
 
@@ -58,10 +58,6 @@ _DTYPE_ALIASES: dict[str, Dtype] = {
     "fp32": Dtype.FLOAT32,
     "float": Dtype.FLOAT32,
 }
-
-DTYPE_SPELLINGS: tuple[str, ...] = tuple(_DTYPE_ALIASES) + tuple(
-    f"torch.{name}" for name in _DTYPE_ALIASES
-)
 
 
 def parse_dtype(value: str) -> Dtype:
@@ -137,10 +133,6 @@ class SelectionContext:
     dims: MLADims
     dtype: Dtype
     packages: Mapping[str, str] | None = None
-
-
-def _capability_any(cap: Capability | None) -> bool:
-    return True
 
 
 @dataclass(frozen=True)
@@ -223,7 +215,7 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="10.x",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS, KIMI_LINEAR_DIMS}),
-            packages=("flashinfer",),
+            packages=("torch", "flashinfer"),
             class_path="mla_switchboard.kernels.trtllm_ragged:TrtllmRaggedPrefill",
             summary="FlashInfer's TensorRT-LLM ragged DeepSeek kernel (Blackwell only)",
         ),
@@ -235,7 +227,7 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="8.x, 9.x or 10.x",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS}),
-            packages=("flashinfer",),
+            packages=("torch", "flashinfer"),
             class_path="mla_switchboard.kernels.flashinfer:FlashInferPrefill",
             summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80)",
         ),
@@ -246,7 +238,7 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="8.0 or newer",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS}),
-            packages=("cudnn",),
+            packages=("torch", "cudnn"),
             class_path="mla_switchboard.kernels.cudnn:CudnnPrefill",
             summary="cuDNN frontend SDPA graph with ragged offsets",
         ),
@@ -270,7 +262,7 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="10.x",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS}),
-            packages=("tokenspeed_mla",),
+            packages=("torch", "tokenspeed_mla"),
             class_path="mla_switchboard.kernels.tokenspeed_mla:TokenspeedMlaPrefill",
             summary="TokenSpeed's MLA prefill kernel (Blackwell only; package tokenspeed_mla)",
         ),
@@ -285,8 +277,3 @@ SPECS: dict[Backend, BackendSpec] = {
         ),
     )
 }
-
-
-def validate(backend: Backend, ctx: SelectionContext) -> list[str]:
-    """Reasons ``backend`` cannot run for ``ctx`` (empty when it can)."""
-    return SPECS[backend].validate(ctx)

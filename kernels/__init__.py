@@ -21,7 +21,6 @@ from mla_switchboard.core.specs import (
     SelectionContext,
     parse_backend,
     parse_dtype,
-    validate,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,7 +38,6 @@ __all__ = [
     "get",
     "parse_backend",
     "parse_dtype",
-    "validate",
 ]
 
 
