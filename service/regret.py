@@ -77,3 +77,26 @@ def regret_by_cluster(
             "best_alternatives": dict(sorted(a["switch_to"].items())),
         }
     return out
+
+
+def exclusions_by_cluster(
+    pods: Sequence[PodState], inputs: DecisionInputs, *, now: datetime
+) -> dict[str, dict[str, str]]:
+    """Per cluster, the backends that failure evidence excludes for its pods under
+    policy ``measured``, with the reason (who failed, when, with what). The summary and
+    the dashboard show it, so an exclusion is never a silent gap."""
+    out: dict[str, dict[str, str]] = defaultdict(dict)
+    seen: set[tuple[str, Any]] = set()
+    for pod in pods:
+        try:
+            request = SelectRequest.model_validate_json(pod.request_json)
+        except ValidationError:
+            continue
+        assessed = assess(request, inputs, now)
+        key = (pod.cluster, assessed.situation)
+        if assessed.policy != "measured" or assessed.situation is None or key in seen:
+            continue
+        seen.add(key)
+        for backend, reason in inputs.evidence.exclusions(assessed.situation, now).items():
+            out[pod.cluster].setdefault(backend.value, reason)
+    return {cluster: dict(sorted(v.items())) for cluster, v in sorted(out.items())}

@@ -15,7 +15,7 @@ from mla_switchboard.core.schemas import (
     error_responses,
 )
 from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep, fail
-from mla_switchboard.service.regret import regret_by_cluster
+from mla_switchboard.service.regret import exclusions_by_cluster, regret_by_cluster
 from mla_switchboard.service.store.repo import DecisionRecord
 from pydantic import BaseModel
 
@@ -52,6 +52,7 @@ class SelectionDetail(SelectionItem):
 class Summary(BaseModel):
     clusters: dict[str, dict[str, int]]
     regret: dict[str, dict[str, Any]]
+    excluded: dict[str, dict[str, str]] = {}
 
 
 def _item(r: DecisionRecord) -> dict[str, Any]:
@@ -112,12 +113,17 @@ def list_selections(
 )
 def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
     """``regret`` estimates, per cluster, the prefill throughput lost by the current
-    choices against the best measured valid backend (see service/regret.py)."""
+    choices against the best measured valid backend; ``excluded`` lists, per cluster,
+    the backends that failure evidence excludes under policy measured, with the reason
+    (see service/regret.py)."""
     runtime.recorder.flush()
-    regret = regret_by_cluster(
-        runtime.store.latest_per_pod(), runtime.inputs, now=datetime.now(UTC)
-    )
-    return {"clusters": runtime.store.summary(), "regret": regret}
+    pods = runtime.store.latest_per_pod()
+    inputs, now = runtime.inputs, datetime.now(UTC)
+    return {
+        "clusters": runtime.store.summary(),
+        "regret": regret_by_cluster(pods, inputs, now=now),
+        "excluded": exclusions_by_cluster(pods, inputs, now=now),
+    }
 
 
 @router.get(

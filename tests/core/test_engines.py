@@ -1,0 +1,259 @@
+"""Engine-aware decisions: no answer names a backend the pod's engine would reject.
+
+``vllm_0_33_accepts`` below is vLLM 0.33.0's own rule, written from its source
+independently of core/engines.py (vllm/v1/attention/backends/mla/prefill/registry.py,
+base.py, flash_attn.py, flashinfer.py, trtllm_ragged.py, tokenspeed_mla.py): the test
+walks every capability from 7.5 to 12.x, every dtype, the dims sets vLLM knows and
+more, each explicit request (strict and not), each force override and each policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from mla_switchboard.core.engines import parse_version, resolve
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_of
+from mla_switchboard.core.schemas import SEED_RULES
+from mla_switchboard.core.specs import Backend
+
+from tests.core.conftest import ALL, BIG, GLM5, KIMI, NOW, R1, SMALL, override, request
+
+VLLM = ("vllm", "0.33.0")
+FLAG = "--attention-config.mla_prefill_backend"
+CAPS = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)]
+DIMS = [R1, KIMI, SMALL, GLM5, BIG, (128, 64, 256)]
+DTYPES = ["bfloat16", "float16", "float32"]
+PACKAGES = [ALL, {**ALL, "tokenspeed_mla": "0.1"}, {"torch": "2.11.0"}]
+
+
+def vllm_0_33_accepts(backend: str, cap: tuple[int, int], dims, dtype: str, packages) -> bool:  # type: ignore[no-untyped-def]
+    if backend not in {"FLASH_ATTN", "FLASHINFER", "TRTLLM_RAGGED", "TOKENSPEED_MLA"}:
+        return False  # argument parsing fails: exit 2
+    if dtype not in {"bfloat16", "float16"}:
+        return False
+    if backend == "FLASH_ATTN":
+        return dims in {(128, 64, 128), (192, 64, 256), (64, 64, 128), (256, 0, 256)}
+    if cap[0] != 10:
+        return False
+    if backend == "TRTLLM_RAGGED":
+        return dims in {(128, 64, 128), (192, 64, 256)} and "flashinfer" in packages
+    if backend == "FLASHINFER":
+        return dims == (128, 64, 128) and "flashinfer" in packages
+    return dims == (128, 64, 128) and "tokenspeed_mla" in packages
+
+
+def _policies(cap):  # type: ignore[no-untyped-def]
+    yield DecisionInputs(rules=SEED_RULES)
+    yield DecisionInputs(rules=SEED_RULES, overrides=(override("*", policy="engine-default"),))
+    for forced in Backend:
+        yield DecisionInputs(rules=SEED_RULES, overrides=(override("*", force=forced.value),))
+
+
+def test_no_vllm_answer_names_a_backend_vllm_rejects() -> None:
+    checked = refused = 0
+    for cap, dims, dtype, packages in itertools.product(CAPS, DIMS, DTYPES, PACKAGES):
+        for given, (req, strict) in itertools.product(
+            _policies(cap), itertools.product([None, *Backend], [False, True])
+        ):
+            extra = {} if req is None else {"requested_backend": req.value, "strict": strict}
+            result = decide(
+                request(cap, dims, dtype, packages, engine=VLLM, **extra), given, now=NOW
+            )
+            checked += 1
+            if isinstance(result, Refusal):
+                refused += 1
+                if result.kind == "no_valid_backend":
+                    assert not any(c.valid for c in result.candidates)
+                continue
+            name = result.backend.value
+            assert vllm_0_33_accepts(name, cap, dims, dtype, packages), (cap, dims, dtype, name)
+            assert result.engine_args == (f"{FLAG}={name}",)
+            for c in result.candidates:  # a candidate vLLM rejects is never marked valid
+                if c.valid:
+                    assert vllm_0_33_accepts(c.backend.value, cap, dims, dtype, packages)
+    assert checked > 20_000 and 0 < refused < checked
+
+
+def test_explicit_requests_vllm_accepts_are_honoured() -> None:
+    for cap, dims in itertools.product(CAPS, DIMS):
+        for backend in ("FLASH_ATTN", "FLASHINFER", "TRTLLM_RAGGED"):
+            if not vllm_0_33_accepts(backend, cap, dims, "bfloat16", ALL) or cap[0] < 8:
+                continue  # (our own FLASH_ATTN wrapper spec needs 8.0 or newer too)
+            if dims != R1 and backend == "FLASH_ATTN" and sum(dims[:2]) > 256:
+                continue
+            result = decide(
+                request(cap, dims, engine=VLLM, requested_backend=backend, strict=True),
+                DecisionInputs(rules=SEED_RULES),
+                now=NOW,
+            )
+            assert isinstance(result, Decision), (cap, dims, backend, result)
+            assert result.backend.value == backend and result.source == "requested"
+
+
+def test_engine_reasons_name_the_engine_and_version() -> None:
+    result = decide(request((9, 0), engine=VLLM), DecisionInputs(rules=SEED_RULES), now=NOW)
+    by = {c.backend.value: c.reasons for c in result.candidates}
+    assert (
+        "vLLM 0.33.0 runs FLASHINFER prefill only on compute capability 10.x (this pod: 9.0)"
+        in by["FLASHINFER"]
+    )
+    assert any(r.startswith("vLLM 0.33.0 has no CUDNN MLA prefill backend") for r in by["CUDNN"])
+    assert any(r.startswith("vLLM 0.33.0 has no TORCH_SDPA") for r in by["TORCH_SDPA"])
+
+
+def test_strict_request_vllm_rejects_is_refused_and_lenient_falls_back() -> None:
+    strict = request((9, 0), engine=VLLM, requested_backend="FLASHINFER", strict=True)
+    refusal = decide(strict, DecisionInputs(rules=SEED_RULES), now=NOW)
+    assert isinstance(refusal, Refusal) and refusal.kind == "requested_invalid"
+    assert "vLLM 0.33.0" in refusal.message
+    lenient = decide(
+        request((9, 0), engine=VLLM, requested_backend="CUDNN"),
+        DecisionInputs(rules=SEED_RULES),
+        now=NOW,
+    )
+    assert isinstance(lenient, Decision) and lenient.backend is Backend.FLASH_ATTN
+    assert any("CUDNN is not valid" in m for m in lenient.messages)
+
+
+def test_nothing_vllm_accepts_is_a_refusal_with_every_engine_reason() -> None:
+    for req in (request((9, 0), dtype="float32", engine=VLLM), request((9, 0), BIG, engine=VLLM)):
+        result = decide(req, DecisionInputs(rules=SEED_RULES), now=NOW)
+        assert isinstance(result, Refusal) and result.kind == "no_valid_backend"
+        assert "under vLLM 0.33.0" in result.message
+        assert all(c.reasons and not c.valid for c in result.candidates)
+
+
+def test_h200_measured_flashinfer_evidence_under_vllm_gets_flash_attn() -> None:
+    """Issue 12's done-means: vLLM on Hopper cannot run FLASHINFER prefill, whatever the
+    fleet measured."""
+    pod = request((9, 0), engine=VLLM)
+    situation = situation_of(pod)
+    assert situation is not None
+    ev = EvidenceIndex(
+        [
+            Observation(situation, b, f"bench-{i % 2}", t, ok=True, at=NOW)
+            for b, t in (("FLASHINFER", 634.0), ("FLASH_ATTN", 623.0))
+            for i in range(4)
+        ]
+    )
+    given = DecisionInputs(
+        rules=SEED_RULES, overrides=(override("*", policy="measured"),), evidence=ev
+    )
+    result = decide(pod, given, now=NOW)
+    assert isinstance(result, Decision) and result.backend is Backend.FLASH_ATTN
+    assert result.source == "measured"
+    flashinfer = next(c for c in result.candidates if c.backend is Backend.FLASHINFER)
+    assert not flashinfer.valid and any("vLLM 0.33.0" in r for r in flashinfer.reasons)
+    assert result.engine_args == (f"{FLAG}=FLASH_ATTN",)
+
+
+def test_a_fleet_force_vllm_rejects_does_not_take_hopper_pods_down() -> None:
+    given = DecisionInputs(rules=SEED_RULES, overrides=(override("*", force="FLASHINFER"),))
+    result = decide(request((9, 0), engine=VLLM), given, now=NOW)
+    assert isinstance(result, Decision) and result.backend is Backend.FLASH_ATTN
+    assert any("Skipping the override" in m for m in result.messages)
+
+
+def test_legacy_vllm_gets_no_flags_and_is_told_why() -> None:
+    result = decide(
+        request((9, 0), engine=("vllm", "0.20.2")), DecisionInputs(rules=SEED_RULES), now=NOW
+    )
+    assert isinstance(result, Decision) and result.engine_args == ()
+    assert any("has no --attention-config.mla_prefill_backend" in m for m in result.messages)
+
+
+@pytest.mark.parametrize(
+    ("cap", "dims", "requested", "args"),
+    [
+        (
+            (9, 0),
+            R1,
+            None,
+            ("--prefill-attention-backend", "fa3", "--decode-attention-backend", "fa3"),
+        ),
+        (
+            (10, 0),
+            R1,
+            "FLASH_ATTN",
+            ("--prefill-attention-backend", "fa4", "--decode-attention-backend", "trtllm_mla"),
+        ),
+        (
+            (10, 0),
+            R1,
+            None,
+            (
+                "--prefill-attention-backend",
+                "trtllm_mla",
+                "--decode-attention-backend",
+                "trtllm_mla",
+            ),
+        ),
+        (
+            (10, 0),
+            R1,
+            "FLASHINFER",
+            (
+                "--prefill-attention-backend",
+                "flashinfer",
+                "--decode-attention-backend",
+                "trtllm_mla",
+            ),
+        ),
+        (
+            (10, 0),
+            SMALL,
+            None,
+            ("--prefill-attention-backend", "fa4", "--decode-attention-backend", "flashinfer"),
+        ),
+    ],
+)
+def test_sglang_flags_pin_the_decode_backend(cap, dims, requested, args) -> None:  # type: ignore[no-untyped-def]
+    extra = {} if requested is None else {"requested_backend": requested}
+    result = decide(
+        request(cap, dims, engine=("sglang", "0.5.23"), **extra),
+        DecisionInputs(rules=SEED_RULES),
+        now=NOW,
+    )
+    assert isinstance(result, Decision) and result.engine_args == args
+
+
+def test_sglang_has_no_fa3_mla_prefill_on_ampere() -> None:
+    """fa3 asserts SM9x for MLA: on 8.x only SGLang's flashinfer MLA backend is left."""
+    result = decide(
+        request((8, 0), engine=("sglang", "0.5.23")), DecisionInputs(rules=SEED_RULES), now=NOW
+    )
+    assert isinstance(result, Decision) and result.backend is Backend.FLASHINFER
+    assert result.engine_args[:2] == ("--prefill-attention-backend", "flashinfer")
+    fa = next(c for c in result.candidates if c.backend is Backend.FLASH_ATTN)
+    assert any("fa3 on 9.x or fa4 on 10.x" in r for r in fa.reasons)
+
+
+def test_switchboard_engine_is_the_default_and_echoed() -> None:
+    result = decide(request((9, 0)), DecisionInputs(rules=SEED_RULES), now=NOW)
+    assert isinstance(result, Decision)
+    assert result.engine.name == "switchboard" and result.engine_args == ()
+    assert dict(result.engine_env) == {"SWITCHBOARD_BACKEND": "FLASH_ATTN"}
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("0.33.0", (0, 33, 0)),
+        ("0.33.1rc1", (0, 33, 1)),
+        ("0.11.0+cu128", (0, 11, 0)),
+        ("1", (1, 0, 0)),
+        ("", None),
+        ("x", None),
+    ],
+)
+def test_versions(text: str, parsed) -> None:  # type: ignore[no-untyped-def]
+    assert parse_version(text) == parsed
+
+
+def test_profiles_by_version() -> None:
+    assert resolve("vllm", "0.21.0").verified == "0.33.0"
+    assert resolve("vllm", "0.20.9").verified == "0.20.0"
+    assert resolve("vllm", None).verified == "0.33.0"
+    assert resolve("sglang", "0.4.9").until == (0, 5, 0)
