@@ -332,3 +332,118 @@ def test_retried_report_is_stored_once(c: httpx.Client) -> None:
     assert [g["samples"] for g in groups] == [1]
     bad = c.post("/v1/measurements", json={**doc, "report_id": "x; DROP"})
     assert bad.status_code == 422
+
+
+# ------------------------------------------------------------------ issue 11 and 12
+
+
+def test_decision_cache_keys_the_device_name(c: httpx.Client) -> None:
+    """Issue 11, reproduction 1: an H100 (also 9.0) asking first used to poison the
+    H200's measured answer, and the other way round."""
+    h100 = {"name": H200["name"].replace("H200", "H100"), "capability": [9, 0]}
+    for order in ((h100, H200), (H200, h100)):
+        cluster = fresh()
+        seed(c, cluster, FLASHINFER=600, FLASH_ATTN=200)
+        measured_policy(c, cluster)
+        answers = {d["name"]: select(c, cluster, device=d) for d in order}
+        assert (answers[H200["name"]]["backend"], answers[H200["name"]]["source"]) == (
+            "FLASHINFER",
+            "measured",
+        )
+        assert (answers[h100["name"]]["backend"], answers[h100["name"]]["source"]) == (
+            "FLASH_ATTN",
+            "priority",
+        )
+
+
+def test_a_failure_report_explains_itself_and_stays_in_its_situation(c: httpx.Client) -> None:
+    """Issue 11, reproduction 3: one failure report from staging removed FLASHINFER for
+    prod-west with no reason shown; now the reason names the pod, time and error, and
+    a pod with other kernel package versions is not affected."""
+    staging, prod = fresh(), fresh()
+    seed(c, prod, FLASHINFER=600, FLASH_ATTN=200)
+    newer = {**ALL, "flashinfer": "0.7.3"}
+    seed(c, prod, packages=newer, FLASHINFER=610, FLASH_ATTN=200)
+    measured_policy(c, prod)
+    assert select(c, prod)["backend"] == "FLASHINFER"
+    decision = select(c, staging, pod="staging-pod-1")
+    r = c.post(
+        f"/v1/selections/{decision['decision_id']}/failure",
+        json={
+            "backend": "FLASHINFER",
+            "error": "RuntimeError: CUDA error: illegal address\nat ...",
+        },
+    )
+    assert r.status_code == 202, r.text
+    answer = select(c, prod)
+    assert answer["backend"] == "FLASH_ATTN"
+    flashinfer = next(x for x in answer["candidates"] if x["backend"] == "FLASHINFER")
+    assert not flashinfer["valid"]
+    (reason,) = flashinfer["reasons"]
+    assert reason.startswith("failed on 1 pod in the last 24 h (measured policy): ")
+    assert f"{staging}/staging-pod-1" in reason and "CUDA error: illegal address" in reason
+    assert "\nat" not in reason
+    assert select(c, prod, packages=newer, pod="p2")["backend"] == "FLASHINFER"  # other situation
+    excluded = c.get("/v1/selections/summary").json()["excluded"]
+    assert "staging-pod-1" in excluded[prod]["FLASHINFER"]
+
+
+def test_a_refusal_lists_the_real_reasons(c: httpx.Client) -> None:
+    """Issue 11, reproduction 4: torch forgotten gave a 409 that listed FLASHINFER valid."""
+    payload = body(cluster=fresh(), packages={"flashinfer": "0.7.2"})
+    r = c.post("/v1/select", json=payload)
+    assert r.status_code == 409
+    detail = r.json()["detail"]
+    assert detail["kind"] == "no_valid_backend"
+    assert not any(x["valid"] for x in detail["candidates"])
+    flashinfer = next(x for x in detail["candidates"] if x["backend"] == "FLASHINFER")
+    assert "required package torch not installed" in flashinfer["reasons"]
+
+
+def test_vllm_pods_get_engine_flags_and_never_flashinfer_on_hopper(c: httpx.Client) -> None:
+    """Issue 12's done-means through the wire: FLASHINFER evidence measured on vLLM H200
+    pods, policy measured: the answer is FLASH_ATTN, FLASHINFER carries vLLM's reason."""
+    cluster = fresh()
+    vllm = {"name": "vllm", "version": "0.33.0"}
+    for p in range(2):
+        for sample in range(2):
+            r = c.post(
+                "/v1/measurements",
+                json={
+                    "cluster": cluster,
+                    "pod": f"bench-{p}",
+                    "device": H200,
+                    "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+                    "dtype": "bfloat16",
+                    "packages": ALL,
+                    "engine": vllm,
+                    "results": [
+                        {
+                            "backend": b,
+                            "impl": impl,
+                            "shape": {"seqlens": [4096] * 4, "num_heads": 16},
+                            "median_ms": 1.0,
+                            "tflops": t + sample,
+                            "correct": True,
+                        }
+                        for b, impl, t in (
+                            ("FLASHINFER", "flashinfer-fa3", 634),
+                            ("FLASH_ATTN", "vllm-fa3", 623),
+                        )
+                    ],
+                },
+            )
+            assert r.status_code == 201, r.text
+    measured_policy(c, cluster)
+    answer = select(c, cluster, engine=vllm)
+    assert (answer["backend"], answer["source"]) == ("FLASH_ATTN", "measured")
+    assert answer["engine"] == vllm
+    assert answer["engine_args"] == ["--attention-config.mla_prefill_backend=FLASH_ATTN"]
+    flashinfer = next(x for x in answer["candidates"] if x["backend"] == "FLASHINFER")
+    assert any(
+        "vLLM 0.33.0 runs FLASHINFER prefill only on compute capability 10.x" in x
+        for x in flashinfer["reasons"]
+    )
+    # the same pod under our own kernels would take the measured FLASHINFER: no evidence
+    # is shared between engines
+    assert select(c, cluster)["source"] == "priority"
