@@ -1,22 +1,32 @@
-"""FLASH_ATTN: FlashAttention varlen, through the best of three code paths.
+"""FLASH_ATTN: FlashAttention varlen, through the first of four code paths that works.
 
-Why three paths: FA3 (``flash_attn_interface``) is the fast Hopper kernel and takes
-MLA's 192/128 head dims natively; FA2 (``flash_attn``) runs on Ampere and newer but
-wants one head dim for q, k and v; and PyTorch ships FA2's varlen kernel itself
-(``torch.ops.aten._flash_attention_forward``), so a pod with nothing but torch still
-gets a FlashAttention kernel. PyPI ships ``flash_attn`` only as source that takes far
-too long to build on our GPU machine, so the torch-bundled path is the one proven on
-the H200 here; the package paths follow their documented APIs (see README).
+Why four paths, in this order:
 
-FA2 paths pad every head dim to one common multiple of 8 (zeros added to q and k do
-not change q.k; zeros added to v only add output columns, which are sliced off).
-All paths return the varlen LSE as ``[H, T_q]`` natural log, FlashAttention's
-native layout; a padded ``[B, H, max_q]`` layout from an older build is unpacked.
+1. **vLLM's bundled FlashAttention** (``vllm.vllm_flash_attn.flash_attn_varlen_func``)
+   when vLLM is installed: it is what vLLM's own FLASH_ATTN MLA prefill backend runs
+   (vLLM 0.33.0, ``vllm/v1/attention/backends/mla/prefill/flash_attn.py``), with the
+   version vLLM picks (``fa_utils.get_flash_attn_version``): FA3 on 9.x, FA4 on 10.x,
+   FA2 otherwise. FA3 on 9.x and FA4 take MLA's 192/128 head dims natively; vLLM
+   pads ``v`` for its FA2, and so do we. ``impl`` reads ``vllm-fa3`` / ``vllm-fa4``
+   / ``vllm-fa2``. Measuring this path is measuring what a vLLM pod runs.
+2. ``flash_attn_interface.flash_attn_varlen_func`` (FA3, 9.x only), native dims.
+3. ``flash_attn.flash_attn_varlen_func`` (FA2), one head dim for q, k and v.
+4. ``torch.ops.aten._flash_attention_forward``: PyTorch's bundled FA2 varlen kernel,
+   so a pod with nothing but torch still gets a FlashAttention kernel.
+
+FA2 paths pad the head dims that are not already the common multiple of 8 (for
+R1 dims only ``v``, 128 -> 192: zeros added to v only add output columns, which are
+sliced off). All paths return the varlen LSE as ``[H, T_q]`` natural log,
+FlashAttention's native layout; a padded ``[B, H, max_q]`` layout from an older
+build is unpacked. Proven on the H200: ``vllm-fa3`` (vLLM 0.25.0's
+``vllm_flash_attn``) and ``torch-bundled-fa2``; the ``flash_attn`` and
+``flash_attn_interface`` package paths follow their documented APIs (see README).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from typing import Any
 
@@ -25,13 +35,38 @@ import torch.nn.functional as F
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
 
-__all__ = ["FlashAttnPrefill"]
+__all__ = ["FlashAttnPrefill", "vllm_fa_version"]
 
-IMPLS = ("flash-attn3", "flash-attn2", "torch-bundled-fa2")
+#: Options accepted by ``impl=``; ``vllm`` lets vLLM's rule pick the FA version.
+IMPLS = (
+    "vllm",
+    "vllm-fa4",
+    "vllm-fa3",
+    "vllm-fa2",
+    "flash-attn3",
+    "flash-attn2",
+    "torch-bundled-fa2",
+)
+DEFAULT_ORDER = ("vllm", "flash-attn3", "flash-attn2", "torch-bundled-fa2")
 
 
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
+
+
+def vllm_fa_version(major: int, supported: Any) -> int:
+    """The FA version vLLM's ``get_flash_attn_version`` picks for this GPU.
+
+    vLLM 0.33.0, ``vllm/v1/attention/backends/fa_utils.py``: FA3 on major 9 when
+    supported, FA4 on major 10 when supported, FA2 otherwise (also on 10.x and
+    newer when FA4 is missing). ``supported(version) -> bool`` is vLLM's own
+    ``is_fa_version_supported``.
+    """
+    if major == 9 and supported(3):
+        return 3
+    if major == 10 and supported(4):
+        return 4
+    return 2
 
 
 def unpad_lse(lse: torch.Tensor, batch: RaggedBatch, num_heads: int) -> torch.Tensor:
@@ -41,13 +76,12 @@ def unpad_lse(lse: torch.Tensor, batch: RaggedBatch, num_heads: int) -> torch.Te
     builds returned ``[B, H, max_seqlen_q]`` padded per sequence.
     """
     t_q = batch.host_cu_q[-1]
-    if lse.dim() == 2 and tuple(lse.shape) == (num_heads, t_q):
+    if lse.dim() == 2 and lse.shape[0] == num_heads and lse.shape[1] == t_q:
+        if lse.dtype is torch.float32 and lse.is_contiguous():
+            return lse
         return lse.float().contiguous()
     if lse.dim() == 3 and lse.shape[0] == batch.batch_size and lse.shape[1] == num_heads:
-        parts = [
-            lse[b, :, : batch.host_cu_q[b + 1] - batch.host_cu_q[b]]
-            for b in range(batch.batch_size)
-        ]
+        parts = [lse[b, :, : batch.lens_q[b]] for b in range(batch.batch_size)]
         return torch.cat(parts, dim=1).float().contiguous()
     raise RuntimeError(
         f"unexpected FlashAttention LSE shape {tuple(lse.shape)} "
@@ -58,9 +92,11 @@ def unpad_lse(lse: torch.Tensor, batch: RaggedBatch, num_heads: int) -> torch.Te
 class FlashAttnPrefill(MLAPrefillKernel):
     """FlashAttention varlen prefill.
 
-    Option ``impl``: force one of ``flash-attn3``, ``flash-attn2`` or
-    ``torch-bundled-fa2`` (default: the first that imports and suits the GPU; FA3
-    only on compute capability 9.x).
+    Option ``impl``: force one of :data:`IMPLS` (``vllm`` = vLLM's bundled
+    FlashAttention at the version vLLM would pick; ``vllm-fa3`` etc. force one).
+    Default: the first of ``vllm``, ``flash-attn3``, ``flash-attn2``,
+    ``torch-bundled-fa2`` that imports and suits the GPU. ``inst.tried`` lists why the
+    paths before the chosen one were skipped.
     """
 
     backend = Backend.FLASH_ATTN
@@ -69,49 +105,84 @@ class FlashAttnPrefill(MLAPrefillKernel):
         super()._build(**options)
         if impl is not None and impl not in IMPLS:
             raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-        tried: list[str] = []
-        order = [impl] if impl is not None else list(IMPLS)
+        self.tried: list[str] = []
+        order = [impl] if impl is not None else list(DEFAULT_ORDER)
         for candidate in order:
             reason = self._try_path(candidate)
             if reason is None:
-                self.impl = candidate
                 return
-            tried.append(f"{candidate}: {reason}")
-        raise BackendUnavailable(self.backend, tried)
+            self.tried.append(f"{candidate}: {reason}")
+        raise BackendUnavailable(self.backend, self.tried)
+
+    def _pad_plan(self, native: bool) -> None:
+        """FA2 wants one head dim (a multiple of 8) for q, k and v; FA3/FA4 do not."""
+        if native:
+            self._padded_dim = 0
+            self._pad_qk = self._pad_v = 0
+            return
+        padded = _round_up(max(self.dims.qk_head_dim, self.dims.v_head_dim), 8)
+        self._padded_dim = padded
+        self._pad_qk = padded - self.dims.qk_head_dim
+        self._pad_v = padded - self.dims.v_head_dim
 
     def _try_path(self, path: str) -> str | None:
-        """Set up ``path``; return None on success or why it cannot be used."""
+        """Set up ``path``; return None on success (``self.impl`` set) or why not."""
+        cap = self.capability
+        if path.startswith("vllm"):
+            if importlib.util.find_spec("vllm") is None:
+                return "vLLM not installed"
+            try:
+                mod = importlib.import_module("vllm.vllm_flash_attn")
+            except Exception as exc:  # ImportError, or a broken build failing at import
+                return f"vllm.vllm_flash_attn not importable ({type(exc).__name__}: {exc})"
+            supported = getattr(mod, "is_fa_version_supported", None)
+            if supported is None:
+                return "vllm.vllm_flash_attn has no is_fa_version_supported"
+            major = cap.major if cap is not None else 0
+            try:
+                version = int(path[-1]) if path != "vllm" else vllm_fa_version(major, supported)
+                if not supported(version):
+                    why = getattr(mod, "fa_version_unsupported_reason", lambda v: None)(version)
+                    return f"vLLM FA{version} unsupported here ({why})"
+            except Exception as exc:
+                return f"vLLM FA version probe failed ({type(exc).__name__}: {exc})"
+            self._fn = mod.flash_attn_varlen_func
+            self._fa_version = version
+            # vLLM runs 192/128 natively with FA3 on 9.x and with FA4; it pads v for FA2.
+            self._pad_plan(native=(version == 3 and major == 9) or version == 4)
+            self._kind = "vllm"
+            self.impl = f"vllm-fa{version}"
+            return None
         if path == "flash-attn3":
-            if self.capability is None or self.capability.major != 9:
-                return f"FA3 needs compute capability 9.x, got {self.capability}"
+            if cap is None or cap.major != 9:
+                return f"FA3 needs compute capability 9.x, got {cap}"
             try:
                 mod = importlib.import_module("flash_attn_interface")
             except ImportError as exc:
                 return f"flash_attn_interface not importable ({exc})"
             self._fn = mod.flash_attn_varlen_func
+            self._pad_plan(native=True)
         elif path == "flash-attn2":
             try:
                 mod = importlib.import_module("flash_attn")
             except ImportError as exc:
                 return f"flash_attn not importable ({exc})"
             self._fn = mod.flash_attn_varlen_func
+            self._pad_plan(native=False)
         else:
             op = getattr(torch.ops.aten, "_flash_attention_forward", None)
             if op is None:
                 return "torch.ops.aten._flash_attention_forward missing from this torch"
             self._fn = op
+            self._pad_plan(native=False)
         try:
             params = inspect.signature(self._fn).parameters
         except (TypeError, ValueError):
             params = {}
         self._has_return_attn_probs = "return_attn_probs" in params
-        # FA2 wants one head dim for q, k and v, a multiple of 8.
-        self._padded_dim = _round_up(max(self.dims.qk_head_dim, self.dims.v_head_dim), 8)
+        self._kind = path
+        self.impl = path
         return None
-
-    def _pad(self, t: torch.Tensor) -> torch.Tensor:
-        extra = self._padded_dim - t.shape[-1]
-        return F.pad(t, (0, extra)) if extra else t
 
     def _forward(
         self,
@@ -123,51 +194,142 @@ class FlashAttnPrefill(MLAPrefillKernel):
         causal: bool,
         return_lse: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        dv = self.dims.v_head_dim
-        cu_q, cu_k = batch.cu_seqlens_q, batch.cu_seqlens_k
-        max_q, max_k = batch.max_seqlen_q, batch.max_seqlen_k
-        if self.impl == "flash-attn3":
+        kind = self._kind
+        if self._padded_dim:
+            if self._pad_qk:
+                q = F.pad(q, (0, self._pad_qk))
+                k = F.pad(k, (0, self._pad_qk))
+            if self._pad_v:
+                v = F.pad(v, (0, self._pad_v))
+        if kind == "vllm":
+            # vLLM's signature orders max_seqlen_q before cu_seqlens_q: keywords only.
+            res = self._fn(
+                q=q,
+                k=k,
+                v=v,
+                max_seqlen_q=batch.max_seqlen_q,
+                cu_seqlens_q=batch.cu_seqlens_q,
+                max_seqlen_k=batch.max_seqlen_k,
+                cu_seqlens_k=batch.cu_seqlens_k,
+                softmax_scale=self.softmax_scale,
+                causal=causal,
+                return_softmax_lse=return_lse,
+                fa_version=self._fa_version,
+            )
+            out, lse = res if return_lse else (res, None)
+        elif kind == "torch-bundled-fa2":
+            # aten::_flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q,
+            #   max_k, dropout_p, is_causal, return_debug_mask, *, scale=None, ...)
+            # -> (output, softmax_logsumexp, rng_state, unused, debug_attn_mask)
+            res = self._fn(
+                q,
+                k,
+                v,
+                batch.cu_seqlens_q,
+                batch.cu_seqlens_k,
+                batch.max_seqlen_q,
+                batch.max_seqlen_k,
+                0.0,
+                causal,
+                False,
+                scale=self.softmax_scale,
+            )
+            out, lse = res[0], res[1]
+        elif kind == "flash-attn3":
             kwargs: dict[str, Any] = {"softmax_scale": self.softmax_scale, "causal": causal}
             if self._has_return_attn_probs:
                 kwargs["return_attn_probs"] = True
-            res = self._fn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
-            out, lse = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
-        elif self.impl == "flash-attn2":
             res = self._fn(
-                self._pad(q),
-                self._pad(k),
-                self._pad(v),
-                cu_q,
-                cu_k,
-                max_q,
-                max_k,
+                q,
+                k,
+                v,
+                batch.cu_seqlens_q,
+                batch.cu_seqlens_k,
+                batch.max_seqlen_q,
+                batch.max_seqlen_k,
+                **kwargs,
+            )
+            out, lse = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
+        else:  # flash-attn2
+            res = self._fn(
+                q,
+                k,
+                v,
+                batch.cu_seqlens_q,
+                batch.cu_seqlens_k,
+                batch.max_seqlen_q,
+                batch.max_seqlen_k,
                 dropout_p=0.0,
                 softmax_scale=self.softmax_scale,
                 causal=causal,
                 return_attn_probs=return_lse,
             )
             out, lse = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
-            out = out[..., :dv]
-        else:
-            # aten::_flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q,
-            #   max_k, dropout_p, is_causal, return_debug_mask, *, scale=None, ...)
-            # -> (output, softmax_logsumexp, rng_state, unused, debug_attn_mask)
-            res = self._fn(
-                self._pad(q),
-                self._pad(k),
-                self._pad(v),
-                cu_q,
-                cu_k,
-                max_q,
-                max_k,
-                0.0,
-                causal,
-                False,
-                scale=self.softmax_scale,
-            )
-            out, lse = res[0][..., :dv], res[1]
+        if self._pad_v:
+            out = out[..., : self.dims.v_head_dim]
         if return_lse:
             if lse is None:
                 raise RuntimeError(f"{self.impl} returned no LSE")
             return out, unpad_lse(lse, batch, self.num_heads)
         return out, None
+
+    def direct_calls(
+        self, inputs: dict[str, Any], *, causal: bool, return_lse: bool
+    ) -> dict[str, Any]:
+        """The same library function called by hand (v padded where FA2 needs it)."""
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        cu_q, cu_k = inputs["cu_seqlens_q"], inputs["cu_seqlens_k"]
+        max_q, max_k = inputs["max_seqlen_q"], inputs["max_seqlen_k"]
+        fn, scale, pad_v = self._fn, self.softmax_scale, self._pad_v
+        if self._pad_qk:
+            return {}  # not needed for any dims we run; keep the direct call honest
+        if self._kind == "vllm":
+            kw = {
+                "max_seqlen_q": max_q,
+                "cu_seqlens_q": cu_q,
+                "max_seqlen_k": max_k,
+                "cu_seqlens_k": cu_k,
+                "softmax_scale": scale,
+                "causal": causal,
+                "return_softmax_lse": return_lse,
+                "fa_version": self._fa_version,
+            }
+            if pad_v:
+                return {self.impl: lambda: fn(q=q, k=k, v=F.pad(v, (0, pad_v)), **kw)}
+            return {self.impl: lambda: fn(q=q, k=k, v=v, **kw)}
+        if self._kind == "torch-bundled-fa2":
+            return {
+                "aten._flash_attention_forward": lambda: fn(
+                    q,
+                    k,
+                    F.pad(v, (0, pad_v)) if pad_v else v,
+                    cu_q,
+                    cu_k,
+                    max_q,
+                    max_k,
+                    0.0,
+                    causal,
+                    False,
+                    scale=scale,
+                )
+            }
+        if self._kind == "flash-attn3":
+            return {
+                self.impl: lambda: fn(
+                    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal
+                )
+            }
+        return {
+            self.impl: lambda: fn(
+                q,
+                k,
+                F.pad(v, (0, pad_v)) if pad_v else v,
+                cu_q,
+                cu_k,
+                max_q,
+                max_k,
+                softmax_scale=scale,
+                causal=causal,
+                return_attn_probs=return_lse,
+            )
+        }

@@ -2,15 +2,19 @@
 
 Why this path: FlashInfer's ragged prefill takes ``head_dim_qk=192`` and
 ``head_dim_vo=128`` directly (no padding) and, on Hopper, has an FA3-style kernel that
-we measured at 600-700 TFLOP/s on an H200 for DeepSeek-R1 shapes, the fastest
-prefill available there. We pick ``fa3`` on SM90 and ``fa2`` on SM80, and leave
-``auto`` to FlashInfer on SM100. The wrapper's own ``cudnn`` path is not used: with
-``return_lse`` it looked broken by reading, and cuDNN is reachable through our CUDNN
-backend instead.
+we measured at 600-770 TFLOP/s on an H200 for DeepSeek-R1 shapes. We pick ``fa3`` on
+SM90 and ``fa2`` on SM80. On SM100 (10.x) we use ``cutlass``, FlashInfer's CUTLASS
+ragged path, because that is what vLLM's FLASHINFER MLA prefill backend runs there
+(vLLM 0.33.0, ``vllm/v1/attention/backends/mla/prefill/flashinfer.py``:
+``BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="cutlass")``);
+the cutlass path has NOT run on hardware here (no Blackwell GPU). The wrapper's own
+``cudnn`` path is not used: cuDNN is reachable through our CUDNN backend instead.
 
 Planning (``plan()``) builds the work partition on the host and copies it to the
 GPU; it is kept and reused as long as the batch's offsets and the causal flag are
 the same (every layer of one forward pass), with one workspace for the instance.
+The per-call check is an identity test on the base class's cached batch object, so
+a repeated call costs FlashInfer's own ``run()`` plus a few attribute reads.
 
 LSE: FlashInfer's kernels produce base-2 ``[T, H]``; versions whose ``run`` takes
 ``lse_base``/``lse_layout`` convert in one fused kernel, older ones are converted
@@ -30,14 +34,15 @@ from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, R
 __all__ = ["FlashInferPrefill"]
 
 _WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace
-_PATHS = ("fa3", "fa2", "auto")
+_PATHS = ("fa3", "fa2", "cutlass", "auto")
 
 
 class FlashInferPrefill(MLAPrefillKernel):
     """FlashInfer ragged prefill.
 
-    Option ``impl``: FlashInfer backend name to force (``fa3``, ``fa2`` or ``auto``);
-    default ``fa3`` on compute capability 9.x, ``fa2`` on 8.x, ``auto`` otherwise.
+    Option ``impl``: FlashInfer backend name to force (``fa3``, ``fa2``, ``cutlass`` or
+    ``auto``); default ``fa3`` on compute capability 9.x, ``fa2`` on 8.x and
+    ``cutlass`` on 10.x (as vLLM does there).
     ``inst.impl`` reads ``flashinfer-<backend>``; ``inst.plans`` counts plan() calls.
     """
 
@@ -54,12 +59,16 @@ class FlashInferPrefill(MLAPrefillKernel):
         cap = self.capability
         assert cap is not None  # the spec refused CPU already
         if impl is None:
-            impl = "fa3" if cap.major == 9 else "fa2" if cap.major == 8 else "auto"
+            impl = {9: "fa3", 8: "fa2", 10: "cutlass"}.get(cap.major, "auto")
         if impl not in _PATHS:
             raise ValueError(f"impl must be one of {', '.join(_PATHS)}, got {impl!r}")
         if impl == "fa3" and cap.major != 9:
             raise BackendUnavailable(
                 self.backend, [f"FlashInfer fa3 needs compute capability 9.x, got {cap}"]
+            )
+        if impl == "cutlass" and cap.major != 10:
+            raise BackendUnavailable(
+                self.backend, [f"FlashInfer cutlass needs compute capability 10.x, got {cap}"]
             )
         self._fi_backend = impl
         self.impl = f"flashinfer-{impl}"
@@ -73,12 +82,16 @@ class FlashInferPrefill(MLAPrefillKernel):
         except (TypeError, ValueError):
             params = {}
         self._native_ln_hn = "lse_base" in params and "lse_layout" in params
+        self._run = self._wrapper.run
         self._planned: tuple[tuple[int, ...], tuple[int, ...], bool] | None = None
+        self._planned_batch: RaggedBatch | None = None
+        self._planned_causal = False
         self.plans = 0
 
     def _plan(self, batch: RaggedBatch, causal: bool) -> None:
+        self._planned_batch, self._planned_causal = batch, causal
         key = (batch.host_cu_q, batch.host_cu_k, causal)
-        if key == self._planned:
+        if key == self._planned:  # new offsets tensors, same values: keep the plan
             return
         # Host indptrs: plan() needs them on the CPU anyway; passing them avoids a sync.
         qo_indptr = torch.tensor(batch.host_cu_q, dtype=torch.int32)
@@ -108,13 +121,47 @@ class FlashInferPrefill(MLAPrefillKernel):
         causal: bool,
         return_lse: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self._plan(batch, causal)
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        if batch is not self._planned_batch or causal is not self._planned_causal:
+            self._plan(batch, causal)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        if k.stride(-1) != 1:
+            k = k.contiguous()
+        if v.stride(-1) != 1:
+            v = v.contiguous()
         if not return_lse:
-            return self._wrapper.run(q, k, v), None
+            return self._run(q, k, v), None
         if self._native_ln_hn:
-            out, lse = self._wrapper.run(q, k, v, return_lse=True, lse_base="ln", lse_layout="HN")
+            out, lse = self._run(q, k, v, return_lse=True, lse_base="ln", lse_layout="HN")
             return out, lse
-        out, lse = self._wrapper.run(q, k, v, return_lse=True)
+        out, lse = self._run(q, k, v, return_lse=True)
         # [T, H] base 2 -> [H, T] natural log
         return out, (lse.float() * math.log(2.0)).t().contiguous()
+
+    def direct_calls(
+        self, inputs: dict[str, Any], *, causal: bool, return_lse: bool
+    ) -> dict[str, Any]:
+        """FlashInfer's own wrapper, planned once from host indptrs, ``run`` only."""
+        import flashinfer
+
+        workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            workspace, "NHD", backend=self._fi_backend
+        )
+        w.plan(
+            inputs["cu_seqlens_q"].cpu(),
+            inputs["cu_seqlens_k"].cpu(),
+            self.num_heads,
+            self.num_heads,
+            self.dims.qk_head_dim,
+            head_dim_vo=self.dims.v_head_dim,
+            causal=causal,
+            sm_scale=self.softmax_scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        name = f"flashinfer-{self._fi_backend}-run"
+        if return_lse:  # FlashInfer's own LSE convention (base 2, [T, H]): its cheapest
+            return {name: lambda: (workspace, w.run(q, k, v, return_lse=True))}
+        return {name: lambda: (workspace, w.run(q, k, v))}

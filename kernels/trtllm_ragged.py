@@ -47,6 +47,8 @@ class TrtllmRaggedPrefill(MLAPrefillKernel):
         # trtllm-gen kernels keep counters in the workspace and expect it zeroed.
         self._workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.impl = "flashinfer-trtllm-ragged-deepseek"
+        self._seq_lens_batch: RaggedBatch | None = None
+        self._seq_lens_kv: torch.Tensor | None = None
 
     def _forward(
         self,
@@ -58,14 +60,17 @@ class TrtllmRaggedPrefill(MLAPrefillKernel):
         causal: bool,
         return_lse: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        seq_lens_kv = batch.cu_seqlens_k[1:] - batch.cu_seqlens_k[:-1]
+        if batch is not self._seq_lens_batch:  # once per batch, not per layer
+            self._seq_lens_kv = batch.cu_seqlens_k[1:] - batch.cu_seqlens_k[:-1]
+            self._seq_lens_batch = batch
+        seq_lens_kv = self._seq_lens_kv
         out = torch.empty(
             (q.shape[0], self.num_heads, self.dims.v_head_dim), dtype=self.dtype, device=q.device
         )
         res = self._fn(
-            query=q.contiguous(),
-            key=k.contiguous(),
-            value=v.contiguous(),
+            query=q if q.is_contiguous() else q.contiguous(),
+            key=k if k.is_contiguous() else k.contiguous(),
+            value=v if v.is_contiguous() else v.contiguous(),
             workspace_buffer=self._workspace,
             seq_lens=seq_lens_kv,
             max_q_len=batch.max_seqlen_q,

@@ -199,3 +199,115 @@ def test_every_runnable_backend_reports_its_code_path() -> None:
             continue
     print("impls:", seen)
     assert all(impl and impl != "unbuilt" for impl in seen.values())
+
+
+# ------------------------------------------------------------- issue 12 and 14
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [False, True], ids=["self", "chunk"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("heads", [16, 128], ids=["H16", "H128"])
+def test_cudnn_dense_graph_for_equal_lengths(heads: int, causal: bool, chunk: bool) -> None:
+    """Equal-length batches run cuDNN's dense graph (no ragged offsets), LSE in [H, T]."""
+    if "CUDNN" not in BACKENDS:
+        pytest.skip("CUDNN not selected")
+    inst = _instance("CUDNN", heads, "bfloat16")
+    res = reference_check(
+        inst, seqlens=[384, 384, 384], causal=causal, dtype="bfloat16", device=DEVICE,
+        q_shorter_than_kv=chunk,
+    )  # fmt: skip
+    _record(res, f"CUDNN[dense]-bfloat16-H{heads}-causal={causal}-chunk={chunk}")
+    assert inst.last_mode == "dense"  # type: ignore[attr-defined]
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+def test_flash_attn_runs_vllms_fa3_on_hopper_when_vllm_is_installed() -> None:
+    """Issue 12 item 7: a vLLM pod's FLASH_ATTN is vLLM's bundled FlashAttention."""
+    if "FLASH_ATTN" not in BACKENDS:
+        pytest.skip("FLASH_ATTN not selected")
+    try:
+        import vllm.vllm_flash_attn  # noqa: F401
+    except Exception as exc:
+        pytest.skip(f"vllm.vllm_flash_attn not importable here: {exc}")
+    inst = _instance("FLASH_ATTN", 16, "bfloat16")
+    major, _ = torch.cuda.get_device_capability()
+    expected = {9: "vllm-fa3", 10: "vllm-fa4"}.get(major, "vllm-fa2")
+    assert inst.impl == expected, getattr(inst, "tried", None)
+
+
+def _repeated_inputs(heads: int = 16) -> dict[str, Any]:
+    from mla_switchboard.kernels.measure import make_inputs
+
+    return make_inputs(
+        num_heads=heads, qk_head_dim=192, v_head_dim=128, seqlens_q=[512] * 8,
+        dtype="bfloat16", device=DEVICE,
+    )  # fmt: skip
+
+
+def _syncs(fn: Any) -> bool:
+    """Whether ``fn`` makes a synchronising CUDA call (a device-to-host copy, say)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return False
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("return_lse", [False, True], ids=["out", "lse"])
+@pytest.mark.parametrize("backend", ["FLASH_ATTN", "FLASHINFER", "CUDNN"])
+def test_repeated_call_costs_at_most_15us_of_host_time_beyond_the_library(
+    backend: str, return_lse: bool
+) -> None:
+    """Issue 14 item 1: same offsets again (every layer of a forward pass): no
+    device-to-host copy, no re-planning, <= 15 us of host time beyond the library."""
+    from mla_switchboard.kernels.measure import host_us_per_call
+
+    if backend not in BACKENDS:
+        pytest.skip(f"{backend} not selected")
+    inst = _instance(backend, 16, "bfloat16")
+    inputs = _repeated_inputs()
+    direct = inst.direct_calls(inputs, causal=True, return_lse=return_lse)
+    assert direct, f"{backend} offers no direct call"
+
+    def wrapper() -> Any:
+        return inst.prefill(**inputs, causal=True, return_lse=return_lse)
+
+    for fn in (wrapper, *direct.values()):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    plans = getattr(inst, "plans", None)
+    builds = getattr(inst, "graph_builds", None)
+    direct_syncs = any(_syncs(fn) for fn in direct.values())
+    if not direct_syncs:
+        assert not _syncs(wrapper), f"{inst.impl}: a repeated call synchronised the GPU"
+    wrapper_us = host_us_per_call(wrapper, DEVICE, iters=50)
+    direct_us = min(host_us_per_call(fn, DEVICE, iters=50) for fn in direct.values())
+    print(f"{backend} {inst.impl} lse={return_lse}: host {wrapper_us:.1f} us per call, "
+          f"direct {direct_us:.1f} us, overhead {wrapper_us - direct_us:.1f} us")  # fmt: skip
+    assert getattr(inst, "plans", None) == plans
+    assert getattr(inst, "graph_builds", None) == builds
+    assert wrapper_us - direct_us <= 15.0
+
+
+@pytest.mark.gpu
+def test_flashinfer_keeps_its_plan_for_new_tensors_with_the_same_offsets() -> None:
+    if "FLASHINFER" not in BACKENDS:
+        pytest.skip("FLASHINFER not selected")
+    inst = _instance("FLASHINFER", 16, "bfloat16")
+    a = _repeated_inputs()
+    inst.prefill(**a)
+    plans = inst.plans  # type: ignore[attr-defined]
+    b = dict(a, cu_seqlens_q=a["cu_seqlens_q"].clone(), cu_seqlens_k=a["cu_seqlens_k"].clone())
+    inst.prefill(**b)
+    assert inst.plans == plans  # type: ignore[attr-defined]
+    b["cu_seqlens_q"][1:] -= 1  # in place: a different batch now, must be re-read
+    b["cu_seqlens_k"][1:] -= 1
+    b["q"], b["k"], b["v"] = b["q"][:-1], b["k"][:-1], b["v"][:-1]
+    b["cu_seqlens_q"][-1] = b["cu_seqlens_k"][-1] = b["q"].shape[0]
+    inst.prefill(**b)
+    assert inst.plans == plans + 1  # type: ignore[attr-defined]
