@@ -20,6 +20,7 @@ FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from mla_switchboard.core.schemas import (
     Override,
     OverrideRef,
     Policy,
+    RolloutRef,
     RulesDocument,
     RuleSet,
     SelectRequest,
@@ -58,6 +60,7 @@ __all__ = [
     "decide_locally",
     "decision_key",
     "effective_policy",
+    "in_stage",
     "priority_list",
 ]
 
@@ -84,12 +87,14 @@ LOCAL_INPUTS = DecisionInputs(rules=SEED_RULES)
 """The agent's fail-static inputs: the seed rules, no overrides, no evidence."""
 
 
-def decision_key(request: SelectRequest) -> tuple[Any, ...]:
+def decision_key(request: SelectRequest, overrides: Sequence[Override] = ()) -> tuple[Any, ...]:
     """Everything in ``request`` that the evaluator reads, as a hashable key.
 
-    ``node`` and ``pod`` are the only fields left out: they name the pod, they do not
-    describe it. ``tests/core`` changes every other field of a request one at a time
-    and fails if the key does not change, so a field added to the schema cannot be
+    ``node`` and ``pod`` are left out: they name the pod, they do not describe it. The
+    one thing a pod's name does decide, whether it is in the stage of a staged
+    override, is in the key as one bit per such override (``overrides``: those in the
+    inputs). ``tests/core`` changes every other field of a request one at a time and
+    fails if the key does not change, so a field added to the schema cannot be
     forgotten here.
     """
     m = request.model
@@ -109,7 +114,34 @@ def decision_key(request: SelectRequest) -> tuple[Any, ...]:
         request.requested_backend,
         request.strict,
         None if e is None else (e.name, e.version),
+        tuple(in_stage(request, o) for o in overrides if _partial(o)),
     )
+
+
+def _partial(o: Override) -> bool:
+    r = o.rollout
+    return r is not None and r.state == "active" and r.percent < 100
+
+
+def in_stage(request: SelectRequest, o: Override) -> bool:
+    """Whether a staged override applies to this pod.
+
+    A pod is in the stage by a stable hash of (cluster, pod name, rollout id): the
+    same on every replica and every call, and a pod in at 10 % is still in at 50 %.
+    Pods without a name are never in a partial stage; a halted rollout applies to no
+    pod, a complete one (or 100 %) to every pod."""
+    r = o.rollout
+    if r is None or r.state == "complete":
+        return True
+    if r.state == "halted":
+        return False
+    if r.percent >= 100:
+        return True
+    if not request.pod:
+        return False
+    raw = f"{request.cluster}\0{request.pod}\0{r.id}".encode()
+    bucket = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") % 10_000
+    return bucket < r.percent * 100
 
 
 @dataclass(frozen=True)
@@ -225,6 +257,7 @@ class Assessment:
     rule, the overrides' denies and, under policy ``measured``, failure evidence)."""
 
     active: tuple[Override, ...]
+    staged: tuple[tuple[Override, bool], ...]  # every staged override in force, in stage?
     policy: Policy
     engine: EngineInfo
     profile: EngineProfile
@@ -238,7 +271,9 @@ class Assessment:
 def assess(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> Assessment:
     """Every backend's reasons for ``request`` under ``inputs``: the one place validity is
     decided (the decision, the preview and the regret all read it from here)."""
-    active = applicable_overrides(request, inputs.overrides, now)
+    matched = applicable_overrides(request, inputs.overrides, now)
+    staged = tuple((o, in_stage(request, o)) for o in matched if o.rollout is not None)
+    active = [o for o in matched if in_stage(request, o)]
     policy = effective_policy(active)
     engine = request.engine or DEFAULT_ENGINE
     profile = resolve(engine.name, engine.version)
@@ -253,7 +288,49 @@ def assess(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> Ass
     if policy == "measured":
         for backend, why in inputs.evidence.exclusions(situation, now).items():
             reasons[backend].append(why)
-    return Assessment(tuple(active), policy, engine, profile, situation, reasons)
+    return Assessment(tuple(active), staged, policy, engine, profile, situation, reasons)
+
+
+def _refs(a: Assessment) -> tuple[OverrideRef, ...]:
+    """The overrides that touched the decision: those applied, then staged ones this
+    pod is outside of (their effect "none"), each with its stage."""
+    stage = {id(o): inside for o, inside in a.staged}
+    outside = [o for o, inside in a.staged if not inside]
+    refs = []
+    for o in [*a.active, *outside]:
+        rollout = None
+        if o.rollout is not None:
+            r = o.rollout
+            rollout = RolloutRef(id=r.id, percent=r.percent, state=r.state, in_stage=stage[id(o)])
+        applied = any(o is x for x in a.active)
+        refs.append(
+            OverrideRef(
+                cluster=o.cluster,
+                effect=", ".join(_effects(o)) if applied else "none",
+                note=o.note,
+                revision=o.revision,
+                rollout=rollout,
+            )
+        )
+    return tuple(refs)
+
+
+def _stage_messages(a: Assessment) -> list[str]:
+    out = []
+    for o, inside in a.staged:
+        r = o.rollout
+        assert r is not None
+        name = f"{o.label} rev {o.revision}"
+        if r.state == "halted":
+            out.append(
+                f"The rollout of {name} is halted ({r.halted_reason}): answered as without it."
+            )
+        elif r.state == "active" and r.percent < 100:
+            if inside:
+                out.append(f"In the {r.percent} % rollout of {name}.")
+            else:
+                out.append(f"Not in the {r.percent} % rollout of {name}: answered as without it.")
+    return out
 
 
 def _effects(o: Override) -> list[str]:
@@ -270,11 +347,10 @@ def decide(request: SelectRequest, inputs: DecisionInputs, *, now: datetime) -> 
     cap = request.device.capability
     a = assess(request, inputs, now)
     reasons = a.reasons
-    refs = tuple(
-        OverrideRef(cluster=o.cluster, effect=", ".join(_effects(o)), note=o.note) for o in a.active
-    )
+    refs = _refs(a)
     ctx = context_of(request)
     trace = _Trace()
+    trace.messages.extend(_stage_messages(a))
 
     def finish(backend: Backend, source: Source, evidence: Evidence | None = None) -> Decision:
         choice = a.profile.choice(backend, ctx, a.profile.label(a.engine.version))

@@ -9,6 +9,9 @@ the accepted values.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -164,12 +167,24 @@ class Candidate(BaseModel):
     role: CandidateRole
 
 
+class RolloutRef(BaseModel):
+    """The stage of a staged override, as a decision saw it."""
+
+    id: str
+    percent: int
+    state: str
+    in_stage: bool
+
+
 class OverrideRef(BaseModel):
-    """An override that touched a decision, and what it did to it."""
+    """An override that touched a decision, and what it did to it (``effect`` is
+    "none" for a pod outside a staged override's rollout, or a halted one)."""
 
     cluster: str
     effect: str
     note: str
+    revision: int | None = None
+    rollout: RolloutRef | None = None
 
 
 class Evidence(BaseModel):
@@ -329,6 +344,83 @@ OverrideScope = Annotated[
 ]
 Policy = Literal["priority", "measured", "engine-default"]
 
+_DURATION = re.compile(r"^([1-9][0-9]{0,5})(s|m|h|d)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+Duration = Annotated[
+    str,
+    StringConstraints(pattern=_DURATION.pattern),
+    Field(description="a duration: a whole number and s, m, h or d, e.g. 30m", examples=["30m"]),
+]
+
+
+def duration_seconds(text: str) -> float:
+    """``"30m"`` -> 1800.0 (the pattern above has already been checked)."""
+    m = _DURATION.match(text)
+    if m is None:
+        raise ValueError(f"not a duration: {text!r} (e.g. 45s, 30m, 2h, 1d)")
+    return float(int(m.group(1)) * _UNIT_S[m.group(2)])
+
+
+Percent = Annotated[int, Field(ge=1, le=100, strict=True), Integral]
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected a number")
+    return value
+
+
+class RolloutSpec(_Strict):
+    """A staged override: it applies to ``percent`` % of the scope's named pods, chosen
+    by a stable hash of (cluster, pod name, rollout id), and halts by itself when pods
+    in the stage report failures or measure slower than they would run without it."""
+
+    percent: Percent = Field(description="1-100: the share of named pods in the stage")
+    max_failures: Annotated[int, Field(ge=1, le=100_000, strict=True), Integral] = Field(
+        default=1, description="failure reports from stage pods that halt the rollout"
+    )
+    max_slowdown_pct: Annotated[float, BeforeValidator(_number), Field(gt=0, le=100)] = Field(
+        default=5.0,
+        description="halt when stage pods measure their backend this much slower than the "
+        "one they would run without the override (at least 3 samples from 2 pods)",
+    )
+    steps: list[Percent] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=20,
+        description="percentages to promote through, increasing; needs step_every",
+    )
+    step_every: Duration | None = Field(
+        default=None, description="promote to the next step after this long with no guard fired"
+    )
+
+    @model_validator(mode="after")
+    def _steps(self) -> RolloutSpec:
+        if (self.steps is None) != (self.step_every is None):
+            raise ValueError("steps and step_every go together: give both or neither")
+        if self.steps is not None:
+            if any(b <= a for a, b in itertools.pairwise(self.steps)):
+                raise ValueError("steps must be strictly increasing")
+            if self.steps[-1] < self.percent:
+                raise ValueError("the last step must be at least percent")
+        return self
+
+
+RolloutState = Literal["active", "halted", "complete"]
+
+
+class Rollout(RolloutSpec):
+    """A rollout as stored and shown: the spec plus its state."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    state: RolloutState = "active"
+    stage_started_at: datetime | None = None
+    halted_reason: str | None = None
+    halted_at: datetime | None = None
+    failures: int = 0
+
 
 class OverrideSpec(_Strict):
     """What a platform engineer writes with ``PUT /v1/overrides/{cluster}``."""
@@ -363,6 +455,9 @@ class OverrideSpec(_Strict):
         str,
         StringConstraints(strip_whitespace=True, min_length=1, max_length=2000, pattern=NONBLANK),
     ]
+    rollout: RolloutSpec | None = Field(
+        default=None, description="stage the override: apply it to a share of the pods first"
+    )
     policy: Policy | None = Field(
         default=None,
         description="selection policy for this scope: priority (the rules), measured "
@@ -403,10 +498,27 @@ class Override(OverrideSpec):
     created_by: str
     revision: int
     expired: bool = False
+    rollout: Rollout | None = None  # type: ignore[assignment]
 
     @property
     def label(self) -> str:
         return "fleet override (*)" if self.cluster == FLEET else f"override {self.cluster}"
+
+
+def rollout_id(cluster: str, spec: OverrideSpec) -> str:
+    """A stable id for the rollout of ``spec`` on ``cluster``, derived from what the
+    override does: raising ``percent`` keeps every pod that was in the stage, a preview
+    and the write it previews choose the same pods, and changing the effect starts a
+    new rollout."""
+    effect = {
+        "cluster": cluster,
+        "force": spec.force,
+        "deny": sorted(b.value for b in spec.deny),
+        "policy": spec.policy,
+        "model": spec.model,
+    }
+    raw = json.dumps(effect, sort_keys=True).encode()
+    return hashlib.blake2b(raw, digest_size=6).hexdigest()
 
 
 # -------------------------------------------------------------------- measurements

@@ -48,7 +48,7 @@ def replay(
     unreadable = pending = 0
 
     def under(index: int, inputs: DecisionInputs, request: SelectRequest) -> Decision | Refusal:
-        key = decision_key(request)
+        key = decision_key(request, inputs.overrides)
         if key not in caches[index]:
             caches[index][key] = decide(request, inputs, now=now)
         return caches[index][key]

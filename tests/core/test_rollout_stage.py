@@ -1,0 +1,73 @@
+"""Staged overrides in the evaluator: who is in the stage, and what each pod is told."""
+
+from __future__ import annotations
+
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, decide, decision_key, in_stage
+from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, rollout_id
+from mla_switchboard.core.specs import Backend
+
+from tests.core.conftest import NOW, override, request
+
+PODS = [request((10, 0), cluster="prod-east", pod=f"r1-{i}") for i in range(1000)]
+
+
+def staged(percent: int, state: str = "active", **spec) -> Override:  # type: ignore[no-untyped-def]
+    body = {"force": "FLASHINFER", **spec}
+    rid = rollout_id("prod-east", OverrideSpec.model_validate({**body, "note": "x"}))
+    return override(
+        "prod-east",
+        **body,
+        revision=12,
+        rollout={"percent": percent, "id": rid, "state": state, "halted_reason": "boom"},
+    )
+
+
+def test_ten_percent_is_ten_percent_and_fifty_keeps_them_all() -> None:
+    ten = {p.pod for p in PODS if in_stage(p, staged(10))}
+    fifty = {p.pod for p in PODS if in_stage(p, staged(50))}
+    assert 70 <= len(ten) <= 130
+    assert 470 <= len(fifty) <= 530
+    assert ten <= fifty
+
+
+def test_the_stage_depends_on_the_effect_not_on_the_percent() -> None:
+    deny = {p.pod for p in PODS if in_stage(p, staged(10, force=None, deny=["TRTLLM_RAGGED"]))}
+    force = {p.pod for p in PODS if in_stage(p, staged(10))}
+    assert deny != force  # a new rollout draws new pods
+
+
+def test_pods_without_a_name_are_never_in_a_partial_stage() -> None:
+    nameless = request((10, 0), cluster="prod-east", pod=None)
+    assert not in_stage(nameless, staged(99))
+    assert in_stage(nameless, staged(100))
+
+
+def test_in_and_out_answers_say_so() -> None:
+    o = staged(10)
+    inputs = DecisionInputs(SEED_RULES, (o,))
+    inside = next(p for p in PODS if in_stage(p, o))
+    outside = next(p for p in PODS if not in_stage(p, o))
+    a, b = decide(inside, inputs, now=NOW), decide(outside, inputs, now=NOW)
+    assert isinstance(a, Decision) and isinstance(b, Decision)
+    assert (a.backend, a.source) == (Backend.FLASHINFER, "override")
+    assert (b.backend, b.source) == (Backend.TRTLLM_RAGGED, "priority")  # as without it
+    assert "In the 10 % rollout of override prod-east rev 12." in a.messages
+    assert any(
+        m.startswith("Not in the 10 % rollout of override prod-east rev 12") for m in b.messages
+    )
+    assert a.overrides[0].rollout is not None and a.overrides[0].rollout.in_stage
+    assert b.overrides[0].effect == "none" and not b.overrides[0].rollout.in_stage  # type: ignore[union-attr]
+    assert decision_key(inside, (o,)) != decision_key(outside, (o,))
+
+
+def test_a_halted_rollout_applies_to_nobody() -> None:
+    inputs = DecisionInputs(SEED_RULES, (staged(50, state="halted"),))
+    for pod in PODS[:50]:
+        result = decide(pod, inputs, now=NOW)
+        assert isinstance(result, Decision) and result.backend is Backend.TRTLLM_RAGGED
+    assert any("is halted (boom)" in m for m in result.messages)
+
+
+def test_a_complete_rollout_applies_to_everybody() -> None:
+    inputs = DecisionInputs(SEED_RULES, (staged(30, state="complete"),))
+    assert all(decide(p, inputs, now=NOW).backend is Backend.FLASHINFER for p in PODS[:50])  # type: ignore[union-attr]
