@@ -160,8 +160,8 @@ def main() -> int:
         sb.wait(60)
         bare.wait(10)
 
+    from mla_switchboard.service.store import Store
     from mla_switchboard.service.store.db import make_engine
-    from mla_switchboard.service.store.repo import Store
 
     # wrk counts answers it read before its clock ran out; requests still in flight
     # then are answered and recorded too, so the server's own count is the reference.

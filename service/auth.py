@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Literal
 
-from mla_switchboard.service.store.repo import TokenRecord
+from mla_switchboard.service.state import TokenRecord
 
 Role = Literal["agent", "viewer", "admin"]
 ROLES: tuple[Role, ...] = ("agent", "viewer", "admin")

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.store.repo import ConfigSnapshot, Store
+from mla_switchboard.service.state import ConfigSnapshot
+from mla_switchboard.service.store import Store
 
 log = logging.getLogger("switchboard.live")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
 from mla_switchboard.core.schemas import Override, SelectRequest
-from mla_switchboard.service.store.repo import PodState
+from mla_switchboard.service.state import PodState
 from pydantic import BaseModel, ValidationError
 
 

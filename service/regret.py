@@ -17,7 +17,7 @@ from typing import Any
 from mla_switchboard.core.evaluator import DecisionInputs, assess
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.store.repo import PodState
+from mla_switchboard.service.state import PodState
 from pydantic import ValidationError
 
 

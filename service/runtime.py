@@ -16,9 +16,10 @@ from mla_switchboard.service.config import Settings
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.selector import Selector
+from mla_switchboard.service.state import ConfigSnapshot
+from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, migrate
 from mla_switchboard.service.store.recorder import DecisionRecorder
-from mla_switchboard.service.store.repo import ConfigSnapshot, Store
 
 log = logging.getLogger("switchboard")
 

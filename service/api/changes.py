@@ -10,7 +10,7 @@ from mla_switchboard.core.schemas import Override, RulesDocument
 from mla_switchboard.service.api.deps import fail
 from mla_switchboard.service.preview import Preview, replay, with_override
 from mla_switchboard.service.runtime import Runtime
-from mla_switchboard.service.store.repo import Conflict
+from mla_switchboard.service.state import Conflict
 
 
 def preview_change(

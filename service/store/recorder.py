@@ -16,7 +16,8 @@ import time
 from collections import deque
 
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.store.repo import DecisionRecord, Store
+from mla_switchboard.service.state import DecisionRecord
+from mla_switchboard.service.store import Store
 
 log = logging.getLogger("switchboard.recorder")
 

@@ -10,7 +10,7 @@ from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_
 from mla_switchboard.core.schemas import SEED_RULES, SelectRequest
 from mla_switchboard.service.preview import replay, with_override
 from mla_switchboard.service.regret import regret_by_cluster
-from mla_switchboard.service.store.repo import PodState
+from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override, request
 

@@ -18,15 +18,10 @@ from urllib.parse import unquote
 
 import pytest
 from mla_switchboard.core.schemas import SEED_RULES, OverrideSpec, RulesDocument
+from mla_switchboard.service.state import Conflict, DecisionRecord, override_etag, rules_etag
+from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, migrate
 from mla_switchboard.service.store.models import Base
-from mla_switchboard.service.store.repo import (
-    Conflict,
-    DecisionRecord,
-    Store,
-    override_etag,
-    rules_etag,
-)
 from sqlalchemy import Engine, inspect
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -22,7 +22,7 @@ from mla_switchboard.service.api.deps import (
     invalid,
 )
 from mla_switchboard.service.api.routes.rules import etag_matches
-from mla_switchboard.service.store.repo import override_etag
+from mla_switchboard.service.state import override_etag
 
 router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
 

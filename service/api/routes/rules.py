@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from mla_switchboard.core.schemas import NO_NUL, RulesDocument, error_responses
 from mla_switchboard.service.api.changes import committed, preview_change
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, check_scope, fail
-from mla_switchboard.service.store.repo import rules_etag
+from mla_switchboard.service.state import rules_etag
 
 router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=error_responses(401, 403))
 

@@ -23,7 +23,7 @@ from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_from
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.runtime import Runtime
-from mla_switchboard.service.store.repo import DecisionRecord
+from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 

@@ -16,7 +16,7 @@ from mla_switchboard.core.schemas import (
 )
 from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep, fail
 from mla_switchboard.service.regret import exclusions_by_cluster, regret_by_cluster
-from mla_switchboard.service.store.repo import DecisionRecord
+from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel
 
 router = APIRouter(

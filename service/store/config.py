@@ -1,0 +1,209 @@
+"""Rules and overrides: the configuration every replica holds in memory.
+
+Admin writes run in one transaction each together with their audit entry and a bump
+of ``config_version`` (how other replicas notice them). Conflicts come back as
+values (``Conflict``), never as exceptions the HTTP layer has to guess about.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, RulesDocument
+from mla_switchboard.service.state import ConfigSnapshot, Conflict, override_etag, rules_etag
+from mla_switchboard.service.store.audit import add_audit
+from mla_switchboard.service.store.base import Refused, admin_write, aware
+from mla_switchboard.service.store.models import Meta, OverrideRow, RulesRevision
+from mla_switchboard.service.store.tokens import load_tokens
+from sqlalchemy import Engine, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+
+def _override(row: OverrideRow) -> Override:
+    return Override.model_validate(
+        {
+            **row.spec,
+            "cluster": row.cluster,
+            "created_at": aware(row.created_at),
+            "created_by": row.created_by,
+            "revision": row.revision,
+        }
+    )
+
+
+class ConfigStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def ensure_seeded(self) -> None:
+        """Revision 1 of the rules and the version counters, unless already there.
+
+        ``INSERT ... ON CONFLICT DO NOTHING`` (same SQL on both dialects), not
+        read-then-insert: replicas starting together on an empty database would both
+        read "nothing there" and the second would fail on the primary key.
+        """
+        insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
+        with Session(self.engine) as s, s.begin():
+            s.execute(
+                insert(RulesRevision)
+                .values(
+                    revision=1,
+                    document=SEED_RULES.rules_only(),
+                    created_at=datetime.now(UTC),
+                    created_by="seed",
+                )
+                .on_conflict_do_nothing(index_elements=["revision"])
+            )
+            for key in ("config_version", "evidence_version"):
+                s.execute(
+                    insert(Meta)
+                    .values(key=key, value=1)
+                    .on_conflict_do_nothing(index_elements=["key"])
+                )
+
+    def config_version(self) -> int:
+        return self.versions().get("config_version", 0)
+
+    def versions(self) -> dict[str, int]:
+        """``config_version`` and ``evidence_version`` in one round trip (the poller's)."""
+        with Session(self.engine) as s:
+            return {k: v for k, v in s.execute(select(Meta.key, Meta.value))}
+
+    def load_config(self) -> ConfigSnapshot:
+        with Session(self.engine) as s:
+            version = s.scalar(select(Meta.value).where(Meta.key == "config_version")) or 0
+            row = s.scalars(
+                select(RulesRevision).order_by(RulesRevision.revision.desc()).limit(1)
+            ).one()
+            rules = RulesDocument.model_validate(
+                {**row.document, "revision": row.revision, "updated_at": aware(row.created_at)}
+            )
+            overrides = tuple(_override(o) for o in s.scalars(select(OverrideRow)))
+            tokens = load_tokens(s)
+        return ConfigSnapshot(version=version, rules=rules, overrides=overrides, tokens=tokens)
+
+    # ------------------------------------------------------------------- rules
+    def put_rules(
+        self,
+        document: RulesDocument,
+        *,
+        actor: str,
+        if_match: str | None,
+        note: str | None,
+        preview: dict[str, Any] | None,
+    ) -> RulesDocument | Conflict:
+        try:
+            with admin_write(self.engine) as (s, _):
+                current = s.scalars(
+                    select(RulesRevision).order_by(RulesRevision.revision.desc()).limit(1)
+                ).one()
+                if if_match is not None and if_match != rules_etag(current.revision):
+                    raise Refused(Conflict(rules_etag(current.revision)))
+                now = datetime.now(UTC)
+                new = RulesRevision(
+                    revision=current.revision + 1,
+                    document=document.rules_only(),
+                    created_at=now,
+                    created_by=actor,
+                )
+                s.add(new)
+                add_audit(
+                    s,
+                    actor=actor,
+                    action="rules.replace",
+                    target="rules",
+                    before={**current.document, "revision": current.revision},
+                    after={**new.document, "revision": new.revision},
+                    note=note,
+                    preview=preview,
+                )
+                stored = RulesDocument.model_validate(
+                    {**new.document, "revision": new.revision, "updated_at": now}
+                )
+        except Refused as refused:
+            return refused.result
+        except IntegrityError:
+            # Another writer took the same revision number first (cannot happen while
+            # admin_write serialises writers; kept as the answer if it ever does).
+            return Conflict(rules_etag(self.load_config().rules.revision or 0))
+        return stored
+
+    # --------------------------------------------------------------- overrides
+    def get_override(self, cluster: str) -> Override | None:
+        with Session(self.engine) as s:
+            row = s.get(OverrideRow, cluster)
+            return None if row is None else _override(row)
+
+    def put_override(
+        self,
+        cluster: str,
+        spec: OverrideSpec,
+        *,
+        actor: str,
+        if_match: str | None,
+        preview: dict[str, Any] | None,
+    ) -> Override | Conflict:
+        try:
+            with admin_write(self.engine) as (s, version):
+                row = s.get(OverrideRow, cluster, with_for_update=True)
+                current_etag = None if row is None else override_etag(cluster, row.revision)
+                if if_match is not None and if_match != (current_etag or '"none"'):
+                    raise Refused(Conflict(current_etag or '"none"'))
+                before = None if row is None else _override(row).model_dump(mode="json")
+                now = datetime.now(UTC)
+                payload = spec.model_dump(mode="json")
+                if row is None:
+                    row = OverrideRow(cluster=cluster)
+                    s.add(row)
+                row.spec, row.created_at, row.created_by = payload, now, actor
+                row.revision = version
+                s.flush()
+                after = _override(row)
+                add_audit(
+                    s,
+                    actor=actor,
+                    action="override.put",
+                    target=cluster,
+                    before=before,
+                    after=after.model_dump(mode="json"),
+                    note=spec.note,
+                    preview=preview,
+                )
+        except Refused as refused:
+            return refused.result
+        return after
+
+    def delete_override(
+        self,
+        cluster: str,
+        *,
+        actor: str,
+        if_match: str | None,
+        note: str | None,
+        preview: dict[str, Any] | None,
+    ) -> Override | Conflict | None:
+        try:
+            with admin_write(self.engine) as (s, _):
+                row = s.get(OverrideRow, cluster, with_for_update=True)
+                if row is None:
+                    raise Refused(None)
+                if if_match is not None and if_match != override_etag(cluster, row.revision):
+                    raise Refused(Conflict(override_etag(cluster, row.revision)))
+                before = _override(row)
+                s.delete(row)
+                add_audit(
+                    s,
+                    actor=actor,
+                    action="override.delete",
+                    target=cluster,
+                    before=before.model_dump(mode="json"),
+                    after=None,
+                    note=note,
+                    preview=preview,
+                )
+        except Refused as refused:
+            return refused.result
+        return before

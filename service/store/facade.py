@@ -1,0 +1,47 @@
+"""``Store``: one object for callers, each resource's queries in its own module."""
+
+from __future__ import annotations
+
+from mla_switchboard.service.store.audit import AuditStore
+from mla_switchboard.service.store.config import ConfigStore
+from mla_switchboard.service.store.decisions import DecisionStore
+from mla_switchboard.service.store.measurements import MeasurementStore
+from mla_switchboard.service.store.tokens import TokenStore
+from sqlalchemy import Engine
+
+
+class Store:
+    """The per-resource stores on one engine, with their methods under flat names."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.config = ConfigStore(engine)
+        self.tokens = TokenStore(engine)
+        self.audit = AuditStore(engine)
+        self.decisions = DecisionStore(engine)
+        self.measurements = MeasurementStore(engine)
+
+        c, t, d, m = self.config, self.tokens, self.decisions, self.measurements
+        self.ensure_seeded = c.ensure_seeded
+        self.config_version = c.config_version
+        self.versions = c.versions
+        self.load_config = c.load_config
+        self.put_rules = c.put_rules
+        self.get_override = c.get_override
+        self.put_override = c.put_override
+        self.delete_override = c.delete_override
+        self.create_token = t.create_token
+        self.revoke_token = t.revoke_token
+        self.count_tokens = t.count_tokens
+        self.list_audit = self.audit.list_audit
+        self.record_decisions = d.record_decisions
+        self.count_decisions = d.count_decisions
+        self.list_decisions = d.list_decisions
+        self.get_decision = d.get_decision
+        self.summary = d.summary
+        self.latest_per_pod = d.latest_per_pod
+        self.has_report = m.has_report
+        self.add_measurements = m.add_measurements
+        self.record_failure = m.record_failure
+        self.failures_for = m.failures_for
+        self.evidence = m.evidence

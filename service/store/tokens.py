@@ -1,0 +1,93 @@
+"""API tokens: created and revoked as audited admin writes (secrets stored hashed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from mla_switchboard.service.state import TokenRecord
+from mla_switchboard.service.store.audit import add_audit
+from mla_switchboard.service.store.base import Refused, admin_write, aware
+from mla_switchboard.service.store.models import TokenRow
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+
+def token_record(t: TokenRow) -> TokenRecord:
+    return TokenRecord(
+        id=t.id,
+        name=t.name,
+        role=t.role,
+        clusters=None if t.clusters is None else tuple(t.clusters),
+        secret_hash=t.secret_hash,
+        created_at=aware(t.created_at),
+        revoked=t.revoked_at is not None,
+    )
+
+
+def load_tokens(s: Session) -> dict[str, TokenRecord]:
+    """Every token by id (part of the configuration snapshot)."""
+    return {t.id: token_record(t) for t in s.scalars(select(TokenRow))}
+
+
+class TokenStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def create_token(
+        self,
+        *,
+        token_id: str,
+        name: str,
+        role: str,
+        clusters: Sequence[str] | None,
+        secret_hash: str,
+        actor: str,
+    ) -> None:
+        with admin_write(self.engine) as (s, _):
+            s.add(
+                TokenRow(
+                    id=token_id,
+                    name=name,
+                    role=role,
+                    clusters=None if clusters is None else list(clusters),
+                    secret_hash=secret_hash,
+                    created_at=datetime.now(UTC),
+                    created_by=actor,
+                )
+            )
+            add_audit(
+                s,
+                actor=actor,
+                action="token.create",
+                target=name,
+                before=None,
+                after={"id": token_id, "name": name, "role": role, "clusters": clusters},
+                note=None,
+                preview=None,
+            )
+
+    def revoke_token(self, token_id: str, *, actor: str) -> bool:
+        try:
+            with admin_write(self.engine) as (s, _):
+                row = s.get(TokenRow, token_id, with_for_update=True)
+                if row is None or row.revoked_at is not None:
+                    raise Refused(False)
+                row.revoked_at = datetime.now(UTC)
+                add_audit(
+                    s,
+                    actor=actor,
+                    action="token.revoke",
+                    target=row.name,
+                    before={"id": row.id, "name": row.name, "role": row.role},
+                    after=None,
+                    note=None,
+                    preview=None,
+                )
+        except Refused as refused:
+            return bool(refused.result)
+        return True
+
+    def count_tokens(self) -> int:
+        with Session(self.engine) as s:
+            return s.scalar(select(func.count()).select_from(TokenRow)) or 0
