@@ -65,8 +65,15 @@ class TestPrecedence:
         assert put(admin, c, force="CUDNN", note="cudnn is faster here").status_code == 200
         a = pick(admin, c, cap=[9, 0], requested_backend="FLASHINFER")
         assert (a["backend"], a["source"]) == ("CUDNN", "override")
+        revision = admin.get(f"/v1/overrides/{c}").json()["revision"]
         assert a["overrides"] == [
-            {"cluster": c, "effect": "force CUDNN", "note": "cudnn is faster here"}
+            {
+                "cluster": c,
+                "effect": "force CUDNN",
+                "note": "cudnn is faster here",
+                "revision": revision,
+                "rollout": None,
+            }
         ]
         assert any("overridden" in m for m in a["messages"])
 
