@@ -45,3 +45,4 @@ class Store:
         self.record_failure = m.record_failure
         self.failures_for = m.failures_for
         self.evidence = m.evidence
+        self.clear_failures = m.clear_failures

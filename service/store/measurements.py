@@ -6,6 +6,7 @@ this module only maps columns to its functions' arguments.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,13 +14,16 @@ from mla_switchboard.core.evidence import (
     Observation,
     Situation,
     dims_key,
+    engine_key,
     failure_observation,
     packages_key,
+    situation_of,
 )
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
+from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import aware, bump
 from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 
@@ -56,6 +60,7 @@ class MeasurementStore:
                 tflops=r.tflops,
                 correct=r.correct and r.error is None,
                 error=r.error,
+                engine=engine_key(report.engine),
             )
             for r in report.results
         ]
@@ -86,40 +91,100 @@ class MeasurementStore:
 
     def evidence(self, since: datetime) -> list[Observation]:
         """Measured results since ``since``, plus build failures pods reported on
-        decisions made since then (keyed by the situation of the failing pod)."""
+        decisions made since then (keyed by the situation of the failing pod); what an
+        admin cleared is left out."""
         out: list[Observation] = []
+        m = MeasurementRow
         with self.engine.connect() as conn:
             q = select(
-                MeasurementRow.device_name,
-                MeasurementRow.capability,
-                MeasurementRow.dims,
-                MeasurementRow.dtype,
-                MeasurementRow.packages,
-                MeasurementRow.backend,
-                MeasurementRow.pod,
-                MeasurementRow.tflops,
-                MeasurementRow.correct,
-            ).where(MeasurementRow.at >= since, MeasurementRow.capability.is_not(None))
-            for device, cap, dims, dtype, pkgs, backend, pod, tflops, ok in conn.execute(q):
-                situation = Situation(device, cap, dims, dtype, pkgs)
-                out.append(Observation(situation, backend, pod, tflops, ok=bool(ok)))
-            failures = (
-                select(
-                    FailureRow.backend,
-                    FailureRow.error,
-                    FailureRow.at,
-                    DecisionRow.request,
-                    DecisionRow.pod,
+                m.device_name, m.capability, m.dims, m.dtype, m.packages, m.engine,
+                m.backend, m.pod, m.cluster, m.at, m.tflops, m.correct, m.error, m.impl,
+            ).where(m.at >= since, m.capability.is_not(None), m.cleared_at.is_(None))  # fmt: skip
+            for row in conn.execute(q):
+                device, cap, dims, dtype, pkgs, engine, backend, pod, cluster, at = row[:10]
+                tflops, ok, error, impl = row[10:]
+                out.append(
+                    Observation(
+                        Situation(device, cap, dims, dtype, pkgs, engine),
+                        backend,
+                        pod,
+                        tflops,
+                        ok=bool(ok),
+                        cluster=cluster,
+                        at=aware(at),
+                        error=error if error is not None else (None if ok else "wrong result"),
+                        impl=impl,
+                    )
                 )
-                .join(DecisionRow, DecisionRow.id == FailureRow.decision_id)
-                .where(FailureRow.at >= since)
-            )
-            for backend, error, at, request_json, pod in conn.execute(failures):
+            for backend, error, at, request_json, pod in conn.execute(self._failures(since)):
                 try:
                     request = SelectRequest.model_validate_json(request_json)
                 except ValueError:
-                    continue
+                    continue  # recorded under an older schema
                 observation = failure_observation(request, backend, error, aware(at), pod)
                 if observation is not None:
                     out.append(observation)
         return out
+
+    @staticmethod
+    def _failures(since: datetime) -> Any:
+        return (
+            select(
+                FailureRow.backend,
+                FailureRow.error,
+                FailureRow.at,
+                DecisionRow.request,
+                DecisionRow.pod,
+            )
+            .join(DecisionRow, DecisionRow.id == FailureRow.decision_id)
+            .where(FailureRow.at >= since, FailureRow.cleared_at.is_(None))
+        )
+
+    def clear_failures(
+        self, situation: Situation, backend: str | None, *, actor: str, note: str
+    ) -> int:
+        """Mark a situation's failures (wrong results and failed builds, one backend or
+        all) cleared, audited; measured selection stops counting them. Returns how many."""
+        now = datetime.now(UTC)
+        with Session(self.engine) as s, s.begin():
+            m = MeasurementRow
+            wrong = [
+                m.correct.is_(False),
+                m.cleared_at.is_(None),
+                m.device_name == situation.device,
+                m.capability == situation.capability,
+                m.dims == situation.dims,
+                m.dtype == situation.dtype,
+                m.packages == situation.packages,
+                m.engine == situation.engine,
+            ]
+            if backend is not None:
+                wrong.append(m.backend == backend)
+            cleared = s.execute(update(m).where(*wrong).values(cleared_at=now)).rowcount or 0
+            ids = []
+            q = select(FailureRow.id, FailureRow.backend, DecisionRow.request).join(
+                DecisionRow, DecisionRow.id == FailureRow.decision_id
+            )
+            for fid, fbackend, request in s.execute(q.where(FailureRow.cleared_at.is_(None))):
+                if backend is not None and fbackend != backend:
+                    continue
+                try:
+                    if situation_of(SelectRequest.model_validate_json(request)) == situation:
+                        ids.append(fid)
+                except ValueError:
+                    continue
+            if ids:
+                s.execute(update(FailureRow).where(FailureRow.id.in_(ids)).values(cleared_at=now))
+            cleared += len(ids)
+            add_audit(
+                s,
+                actor=actor,
+                action="evidence.clear_failures",
+                target=situation.device,
+                before=None,
+                after={"situation": asdict(situation), "backend": backend, "cleared": cleared},
+                note=note,
+                preview=None,
+            )
+            bump(s, "evidence_version")
+        return cleared

@@ -109,6 +109,8 @@ class FailureRow(Base):
     decision_id: Mapped[str] = mapped_column(String(26), index=True)
     backend: Mapped[str] = mapped_column(String(32))
     error: Mapped[str] = mapped_column(Text)
+    # set when an admin clears a situation's failures (POST /v1/measurements/failures/clear)
+    cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class Meta(Base):
@@ -147,3 +149,6 @@ class MeasurementRow(Base):
     tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
     correct: Mapped[bool] = mapped_column(Boolean)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # the serving engine whose code path was measured: "switchboard" or "vllm 0.33.0"
+    engine: Mapped[str] = mapped_column(String(80), server_default="switchboard")
+    cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -386,6 +386,22 @@ def test_a_failure_report_explains_itself_and_stays_in_its_situation(c: httpx.Cl
     assert select(c, prod, packages=newer, pod="p2")["backend"] == "FLASHINFER"  # other situation
     excluded = c.get("/v1/selections/summary").json()["excluded"]
     assert "staging-pod-1" in excluded[prod]["FLASHINFER"]
+    # an admin declares it fixed: cleared for that situation, audited
+    group = next(
+        g
+        for g in c.get("/v1/measurements/summary").json()["groups"]
+        if g["device"] == H200["name"] and g["backend"] == "FLASHINFER" and g["failures"]
+    )
+    assert group["excluded"].startswith("failed on 1 pod")
+    clear = {k: group[k] for k in ("device", "capability", "dims", "dtype", "packages", "engine")}
+    r = c.post("/v1/measurements/failures/clear", json={**clear, "note": "driver 580.2 fixes it"})
+    assert r.status_code == 200, r.text
+    assert r.json()["cleared"] == 1
+    assert select(c, prod)["backend"] == "FLASHINFER"
+    audit = c.get("/v1/audit", params={"action": "evidence.clear_failures"}).json()["items"]
+    assert audit[0]["note"] == "driver 580.2 fixes it"
+    bad = c.post("/v1/measurements/failures/clear", json={**clear, "dims": [1, 2], "note": "x"})
+    assert bad.status_code == 422 and "dims" in str(bad.json()["detail"][0]["loc"])
 
 
 def test_a_refusal_lists_the_real_reasons(c: httpx.Client) -> None:

@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Response
-from mla_switchboard.core.evidence import observations_of_report
-from mla_switchboard.core.schemas import MeasurementReport, error_responses
-from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, ViewerDep, check_scope
+from mla_switchboard.core.evidence import Situation, dims_key, observations_of_report, packages_key
+from mla_switchboard.core.schemas import (
+    NO_NUL,
+    NONBLANK,
+    BackendName,
+    DtypeName,
+    MeasurementReport,
+    PackageName,
+    PackageVersion,
+    ShortText,
+    error_responses,
+)
+from mla_switchboard.service.api.deps import (
+    AdminDep,
+    AgentDep,
+    RuntimeDep,
+    ViewerDep,
+    check_scope,
+    fail,
+)
 from mla_switchboard.service.ids import new_id
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 router = APIRouter(
     prefix="/v1/measurements", tags=["measurements"], responses=error_responses(401, 403)
@@ -52,3 +71,51 @@ def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
         "min_samples": runtime.settings.measured_min_samples,
         "min_pods": runtime.settings.measured_min_pods,
     }
+
+
+class FailureClear(BaseModel):
+    """One situation, as ``GET /v1/measurements/summary`` lists it, whose failures an
+    admin declares fixed (a new driver, a patched kernel)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: ShortText
+    capability: Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
+    dims: Annotated[
+        list[Annotated[int, Field(ge=0, le=1024, strict=True)]], Field(min_length=3, max_length=3)
+    ]
+    dtype: DtypeName
+    packages: dict[PackageName, PackageVersion] = Field(default_factory=dict, max_length=64)
+    engine: Annotated[str, StringConstraints(min_length=1, max_length=80, pattern=NO_NUL)] = (
+        "switchboard"
+    )
+    backend: BackendName | None = Field(default=None, description="null: every backend")
+    note: Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=2000, pattern=NONBLANK),
+    ]
+
+
+@router.post(
+    "/failures/clear",
+    summary="Clear a situation's failure evidence (audited)",
+    responses=error_responses(413, 503),
+)
+def clear_failures(body: FailureClear, runtime: RuntimeDep, principal: AdminDep) -> dict[str, Any]:
+    """Evidence is fleet-wide per situation, so only an unrestricted admin may clear it.
+    Measured selection stops counting the cleared failures on every replica within the
+    poll interval (this one at once)."""
+    if principal.clusters is not None:
+        fail(403, "only an unrestricted admin token may clear fleet-wide evidence")
+    situation = Situation(
+        device=body.device,
+        capability=body.capability,
+        dims=dims_key(*body.dims),
+        dtype=body.dtype.value,
+        packages=packages_key(body.packages),
+        engine=body.engine,
+    )
+    backend = None if body.backend is None else body.backend.value
+    cleared = runtime.store.clear_failures(situation, backend, actor=principal.name, note=body.note)
+    runtime.reload_evidence()
+    return {"cleared": cleared, "situation": asdict(situation), "backend": backend}
