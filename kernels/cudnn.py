@@ -132,7 +132,7 @@ class CudnnPrefill(MLAPrefillKernel):
         except Exception:
             self.backend_version = -1
         self.version = str(getattr(cudnn, "__version__", "unknown"))
-        self.impl = "cudnn-sdpa-ragged"
+        self.impl = "cudnn-sdpa" if mode == "auto" else "cudnn-sdpa-ragged"
         self._graphs: dict[tuple[Any, ...], tuple[Any, int]] = {}
         self._meta: dict[tuple[Any, ...], dict[int, torch.Tensor]] = {}
         self._workspace = torch.empty(1, dtype=torch.uint8, device=self.device)
@@ -408,10 +408,10 @@ class CudnnPrefill(MLAPrefillKernel):
     ) -> dict[str, Any]:
         """cuDNN's own graphs for exactly this batch: ragged, and dense when it applies.
 
-        Built for the exact batch size and lengths (no bucketing), variant packs and
-        outputs allocated once, so each call is ``graph.execute`` alone. The dense
-        graph exists when all sequences share their lengths; there it needs no
-        padding copy.
+        Built for the exact batch size and lengths (no bucketing), the variant pack
+        prepared once; each call allocates its output (and stats), as any caller that
+        hands out fresh tensors must, and runs ``graph.execute``. The dense graph
+        exists when all sequences share their lengths; there it needs no padding copy.
         """
         batch = self.check_inputs(**inputs, causal=causal)
         bottom_right = causal and not batch.self_attention
@@ -421,13 +421,14 @@ class CudnnPrefill(MLAPrefillKernel):
         cudnn.set_stream(handle=handle, stream=self._stream_ptr())
         self._stream = None  # make the wrapper's next call set its stream again
         base = {_Q: inputs["q"].contiguous(), _K: inputs["k"].contiguous(),
-                _V: inputs["v"].contiguous(),
-                _O: torch.empty((t_q, h, dv), dtype=self.dtype, device=self.device)}  # fmt: skip
+                _V: inputs["v"].contiguous()}  # fmt: skip
+        dtype, device = self.dtype, self.device
         calls: dict[str, Any] = {}
         forms = [False, True] if batch.equal_lengths else [False]
         for dense in forms:
             graph, ws = self._build_graph(b, s_q, s_kv, causal, bottom_right, return_lse, dense)
-            pack = dict(base)
+            pack: dict[int, Any] = dict(base)
+            stats_shape: tuple[int, ...] | None = None
             if not dense:
                 meta = self._metadata(batch, b, s_q)
                 for uid in (_Uid.SEQ_Q, _Uid.SEQ_KV, _Uid.RAGGED_Q, _Uid.RAGGED_K,
@@ -435,18 +436,25 @@ class CudnnPrefill(MLAPrefillKernel):
                     pack[int(uid)] = meta[int(uid)]
             if return_lse:
                 if dense:
-                    pack[_STATS] = torch.empty((h, t_q), dtype=torch.float32, device=self.device)
+                    stats_shape = (h, t_q)
                 elif self.stats_layout == "ragged":
-                    pack[_STATS] = torch.empty((t_q, h, 1), dtype=torch.float32, device=self.device)
+                    stats_shape = (t_q, h, 1)
                     pack[int(_Uid.RAGGED_STATS)] = meta[int(_Uid.RAGGED_STATS)]
                 else:
-                    pack[_STATS] = torch.empty(
-                        (b, h, s_q, 1), dtype=torch.float32, device=self.device
-                    )
+                    stats_shape = (b, h, s_q, 1)
             workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=self.device)
-            calls["cudnn-dense" if dense else "cudnn-ragged"] = (
-                lambda g=graph, p=pack, w=workspace: g.execute(p, w, handle=handle)
-            )
+
+            def call(
+                g: Any = graph, p: Any = pack, w: Any = workspace, st: Any = stats_shape
+            ) -> Any:
+                pk = dict(p)
+                pk[_O] = out = torch.empty((t_q, h, dv), dtype=dtype, device=device)
+                if st is not None:
+                    pk[_STATS] = torch.empty(st, dtype=torch.float32, device=device)
+                g.execute(pk, w, handle=handle)
+                return out
+
+            calls["cudnn-dense" if dense else "cudnn-ragged"] = call
         return calls
 
 

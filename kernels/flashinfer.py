@@ -162,6 +162,13 @@ class FlashInferPrefill(MLAPrefillKernel):
         )
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         name = f"flashinfer-{self._fi_backend}-run"
-        if return_lse:  # FlashInfer's own LSE convention (base 2, [T, H]): its cheapest
+        if return_lse and self._native_ln_hn:  # the contract's LSE, made by FlashInfer
+            return {
+                name: lambda: (
+                    workspace,
+                    w.run(q, k, v, return_lse=True, lse_base="ln", lse_layout="HN"),
+                )
+            }
+        if return_lse:
             return {name: lambda: (workspace, w.run(q, k, v, return_lse=True))}
         return {name: lambda: (workspace, w.run(q, k, v))}

@@ -36,6 +36,7 @@ __all__ = [
     "causal_flops",
     "compare_direct",
     "default_tolerances",
+    "host_us_interleaved",
     "host_us_per_call",
     "make_inputs",
     "matmul_tflops",
@@ -351,27 +352,30 @@ def reference_check(
     )
 
 
-def _time_ms(
-    fn: Callable[[], Any], device: torch.device, warmup: int, iters: int, lead: int = 3
-) -> list[float]:
-    """Per-call times: CUDA events around each call on GPU, perf_counter on CPU.
+_SLEEP_CYCLES = 50_000_000  # ~25 ms at the H200's 1.98 GHz: longer than enqueueing a block
 
-    The serving pattern: calls are issued back to back with no host sync in between,
-    as the layers of one forward pass are, so the GPU runs them as a pipeline and
-    each event pair measures one call's device time. ``lead`` untimed calls are
-    queued first so the GPU is already busy when timing starts; a wrapper whose
-    host work outruns the kernel still shows up (the GPU then waits between the
-    events), one whose host work hides behind the kernel does not. Host time per
-    call is measured separately (:func:`host_us_per_call`).
+
+def _time_ms(fn: Callable[[], Any], device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Per-call device times: CUDA events around each call on GPU, perf_counter on CPU.
+
+    GPU time is measured apart from host time. The stream is first held by a
+    ``torch.cuda._sleep`` of ~25 ms, during which the host enqueues all ``iters``
+    calls with an event pair around each; the GPU then runs them back to back, so
+    each pair measures the device work of one call (all its kernels), and no host
+    work, of the wrapper or of the library, can hide in it. Host time per call is
+    measured separately (:func:`host_us_per_call`, :func:`host_us_interleaved`). This
+    is the serving pattern: several calls with unchanged offsets, as the layers of
+    one forward pass make them, with one-time planning done in the warm-up.
     """
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        for _ in range(lead):
-            fn()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            sleep(_SLEEP_CYCLES)
         for s, e in zip(starts, ends, strict=True):
             s.record()
             fn()
@@ -472,6 +476,24 @@ def host_us_per_call(fn: Callable[[], Any], device: torch.device | str, iters: i
     return statistics.median(times) / 1e3
 
 
+def host_us_interleaved(
+    fns: dict[str, Callable[[], Any]], device: torch.device | str, iters: int = 40
+) -> dict[str, float]:
+    """Median host time per call of each function, calls interleaved so drift hits all."""
+    dev = canonical_device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    times: dict[str, list[int]] = {name: [] for name in fns}
+    for _ in range(iters):
+        for name, fn in fns.items():
+            t0 = time.perf_counter_ns()
+            fn()
+            times[name].append(time.perf_counter_ns() - t0)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # keep the launch queue short
+    return {name: statistics.median(t) / 1e3 for name, t in times.items()}
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One shape: the wrapper against its library's own direct call(s), same run."""
@@ -512,9 +534,9 @@ def compare_direct(
     """Time ``inst.prefill`` and its library's direct call(s) on the same inputs.
 
     Wrapper and direct calls are timed in alternating rounds (``rounds`` x ``iters``
-    calls each, see :func:`_time_ms`) so clock drift hits both alike; the medians
-    over all rounds are compared. ``inst.direct_calls`` supplies the library calls,
-    set up once (planned, graphs built, buffers allocated) outside the timed region,
+    calls each, device time only, see :func:`_time_ms`) so clock drift hits both
+    alike; the medians over all rounds are compared. ``inst.direct_calls`` supplies
+    the library calls, set up once (planned, graphs built) outside the timed region,
     which is the best a hand-written caller can do. Host time per call is measured
     for each as well (:func:`host_us_per_call`).
     """
@@ -549,7 +571,7 @@ def compare_direct(
     for _ in range(rounds):
         for name, fn in fns.items():
             times[name] += _time_ms(fn, dev, 0, iters)
-    host = {name: host_us_per_call(fn, dev) for name, fn in fns.items()}
+    host = host_us_interleaved(fns, dev)
     med = {name: statistics.median(t) for name, t in times.items()}
     tf = {name: flops / (m * 1e-3) / 1e12 for name, m in med.items()}
     best = min(direct, key=lambda n: med[n]) if direct else None

@@ -264,7 +264,7 @@ def test_repeated_call_costs_at_most_15us_of_host_time_beyond_the_library(
 ) -> None:
     """Issue 14 item 1: same offsets again (every layer of a forward pass): no
     device-to-host copy, no re-planning, <= 15 us of host time beyond the library."""
-    from mla_switchboard.kernels.measure import host_us_per_call
+    from mla_switchboard.kernels.measure import host_us_interleaved
 
     if backend not in BACKENDS:
         pytest.skip(f"{backend} not selected")
@@ -285,8 +285,9 @@ def test_repeated_call_costs_at_most_15us_of_host_time_beyond_the_library(
     direct_syncs = any(_syncs(fn) for fn in direct.values())
     if not direct_syncs:
         assert not _syncs(wrapper), f"{inst.impl}: a repeated call synchronised the GPU"
-    wrapper_us = host_us_per_call(wrapper, DEVICE, iters=50)
-    direct_us = min(host_us_per_call(fn, DEVICE, iters=50) for fn in direct.values())
+    host = host_us_interleaved({"wrapper": wrapper, **direct}, DEVICE, iters=60)
+    wrapper_us = host.pop("wrapper")
+    direct_us = min(host.values())
     print(f"{backend} {inst.impl} lse={return_lse}: host {wrapper_us:.1f} us per call, "
           f"direct {direct_us:.1f} us, overhead {wrapper_us - direct_us:.1f} us")  # fmt: skip
     assert getattr(inst, "plans", None) == plans
