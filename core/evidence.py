@@ -169,6 +169,7 @@ class BackendStats:
     pods: frozenset[str] = frozenset()
     failures: tuple[FailureNote, ...] = ()
     impls: frozenset[str] = frozenset()
+    by_pod: tuple[tuple[str, str, float], ...] = ()  # (cluster, pod, TFLOP/s) per sample
 
     @property
     def samples(self) -> int:
@@ -184,6 +185,7 @@ class BackendStats:
                 self,
                 tflops=(*self.tflops, o.tflops),
                 pods=self.pods | {o.pod},
+                by_pod=(*self.by_pod, (o.cluster, o.pod, o.tflops)),
                 impls=self.impls | ({o.impl} if o.impl else set()),
             )
         if not o.ok:

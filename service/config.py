@@ -41,3 +41,5 @@ class Settings(BaseSettings):
     # failing within the window; older failures expire by themselves.
     failure_min_pods: int = Field(default=1, ge=1)
     failure_window_hours: float = Field(default=24.0, gt=0)
+    # How often each replica checks whether a staged override's step is due.
+    rollout_check_s: float = Field(default=1.0, gt=0)

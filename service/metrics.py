@@ -26,6 +26,12 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
+        self.rollout_changes = Counter(
+            "switchboard_rollout_changes_total",
+            "Staged overrides halted by a guard or promoted by a step, by the service itself",
+            ["change"],
+            registry=r,
+        )
         self.override_writes = Counter(
             "switchboard_override_writes_total", "Override writes", ["action"], registry=r
         )

@@ -15,6 +15,7 @@ from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observat
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.rollouts import RolloutGuards
 from mla_switchboard.service.selector import Selector
 from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store import Store
@@ -49,6 +50,7 @@ class Runtime:
             limit=settings.buffer_limit,
         )
         self.selector = Selector()
+        self.rollouts = RolloutGuards(self, check_s=settings.rollout_check_s)
         self.bootstrap_token = (
             settings.admin_token.get_secret_value() if settings.admin_token else None
         )
@@ -62,8 +64,10 @@ class Runtime:
         self.prepare_store()
         self.live.start()
         self.recorder.start()
+        self.rollouts.start()
 
     def stop(self) -> None:
+        self.rollouts.stop()
         self.recorder.stop()
         self.live.stop()
         self.engine.dispose()

@@ -7,10 +7,12 @@ values (``Conflict``), never as exceptions the HTTP layer has to guess about.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, RulesDocument
+from mla_switchboard.core import rollouts
+from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, Rollout, RulesDocument
 from mla_switchboard.service.state import ConfigSnapshot, Conflict, override_etag, rules_etag
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import Refused, admin_write, aware
@@ -154,7 +156,7 @@ class ConfigStore:
                     raise Refused(Conflict(current_etag or '"none"'))
                 before = None if row is None else _override(row).model_dump(mode="json")
                 now = datetime.now(UTC)
-                payload = spec.model_dump(mode="json")
+                payload = rollouts.stored_payload(cluster, spec, now)
                 if row is None:
                     row = OverrideRow(cluster=cluster)
                     s.add(row)
@@ -174,6 +176,48 @@ class ConfigStore:
                 )
         except Refused as refused:
             return refused.result
+        return after
+
+    def update_rollout(
+        self,
+        cluster: str,
+        rollout_id: str,
+        change: Callable[[Rollout], Rollout | None],
+        *,
+        actor: str,
+        action: str,
+        note: str,
+    ) -> Override | None:
+        """Change the rollout of ``cluster``'s override in one transaction against what
+        is stored, audited: ``change`` gets the stored rollout and returns its new state,
+        or None when there is nothing to do (another replica got there first, or the
+        override changed). Returns the new override, or None when nothing changed."""
+        try:
+            with admin_write(self.engine) as (s, version):
+                row = s.get(OverrideRow, cluster, with_for_update=True)
+                current = None if row is None else _override(row)
+                if current is None or current.rollout is None or current.rollout.id != rollout_id:
+                    raise Refused(None)
+                changed = change(current.rollout)
+                if changed is None:
+                    raise Refused(None)
+                assert row is not None
+                row.spec = {**row.spec, "rollout": changed.model_dump(mode="json")}
+                row.revision = version
+                s.flush()
+                after = _override(row)
+                add_audit(
+                    s,
+                    actor=actor,
+                    action=action,
+                    target=cluster,
+                    before=current.model_dump(mode="json"),
+                    after=after.model_dump(mode="json"),
+                    note=note,
+                    preview=None,
+                )
+        except Refused:
+            return None
         return after
 
     def delete_override(

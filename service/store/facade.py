@@ -29,6 +29,7 @@ class Store:
         self.put_rules = c.put_rules
         self.get_override = c.get_override
         self.put_override = c.put_override
+        self.update_rollout = c.update_rollout
         self.delete_override = c.delete_override
         self.create_token = t.create_token
         self.revoke_token = t.revoke_token

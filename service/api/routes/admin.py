@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
+from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
@@ -198,12 +199,12 @@ def preview(body: PreviewRequest, runtime: RuntimeDep, _: ViewerDep) -> Preview:
     if body.rules is not None:
         return preview_change(runtime, rules=body.rules)
     if body.override is not None:
-        spec = body.override.model_dump(exclude={"cluster"})
+        now = datetime.now(UTC)
         proposed = Override.model_validate(
             {
-                **spec,
+                **rollouts.stored_payload(body.override.cluster, body.override, now),
                 "cluster": body.override.cluster,
-                "created_at": datetime.now(UTC),
+                "created_at": now,
                 "created_by": "preview",
                 "revision": 0,
             }

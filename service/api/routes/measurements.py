@@ -57,6 +57,7 @@ def report(
     # this replica at once; every replica (this one too) rebuilds from the store
     # within the poll interval
     runtime.add_evidence(observations_of_report(body, datetime.now(UTC)))
+    runtime.rollouts.on_measurements(body)
     return {"measurement_id": report_id, "results": count, "duplicate": False}
 
 

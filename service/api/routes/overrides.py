@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse
+from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import NO_NUL, Override, OverrideSpec, error_responses
 from mla_switchboard.service.api.changes import committed, preview_change
 from mla_switchboard.service.api.deps import (
@@ -90,7 +91,7 @@ def put_override(
         invalid(("body", "expires_at"), "expires_at is in the past")
     proposed = Override.model_validate(
         {
-            **spec.model_dump(),
+            **rollouts.stored_payload(cluster, spec, now),
             "cluster": cluster,
             "created_at": now,
             "created_by": principal.name,

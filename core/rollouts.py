@@ -1,0 +1,133 @@
+"""Staged overrides: starting a rollout, its steps, and the guards that halt it.
+
+Pure functions over the schema's values, shared by the service's write path, its
+preview and its guards (``service/rollouts.py`` applies them to the store). Which pods
+are in a stage is the evaluator's ``in_stage``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from mla_switchboard.core.evidence import BackendStats
+from mla_switchboard.core.schemas import (
+    Override,
+    OverrideSpec,
+    Rollout,
+    RolloutSpec,
+    duration_seconds,
+    rollout_id,
+)
+
+__all__ = [
+    "Slowdown",
+    "next_step",
+    "promotion_due",
+    "start",
+    "stored_payload",
+]
+
+MIN_SAMPLES = 3
+MIN_PODS = 2
+
+
+def start(cluster: str, spec: RolloutSpec, override: OverrideSpec, now: datetime) -> Rollout:
+    """The state of a rollout as a PUT writes it: a new stage starts now.
+
+    Its id comes from what the override does (``rollout_id``), so a PUT that raises
+    ``percent`` keeps every pod that was in; a PUT also resumes a halted rollout."""
+    return Rollout(
+        **spec.model_dump(),
+        id=rollout_id(cluster, override),
+        state="complete" if spec.percent >= 100 else "active",
+        stage_started_at=now,
+    )
+
+
+def stored_payload(cluster: str, spec: OverrideSpec, now: datetime) -> dict[str, object]:
+    """What is stored (and previewed) for ``PUT /v1/overrides/{cluster}``: the spec, with
+    the rollout's state when it is staged."""
+    payload = spec.model_dump(mode="json")
+    if spec.rollout is not None:
+        payload["rollout"] = start(cluster, spec.rollout, spec, now).model_dump(mode="json")
+    return payload
+
+
+def next_step(r: Rollout) -> int | None:
+    """The next percentage to promote to, or None at the last step."""
+    return next((p for p in r.steps or () if p > r.percent), None)
+
+
+def promotion_due(r: Rollout, now: datetime) -> int | None:
+    """The percentage to promote to now (a step_every passed with no guard fired)."""
+    if r.state != "active" or r.step_every is None or r.stage_started_at is None:
+        return None
+    step = next_step(r)
+    if step is None:
+        return None
+    if now - r.stage_started_at < timedelta(seconds=duration_seconds(r.step_every)):
+        return None
+    return step
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """Stage pods measured the backend the override gave them slower than the one they
+    would run without it, by more than the rollout allows."""
+
+    staged: str
+    staged_tflops: float
+    staged_samples: int
+    staged_pods: tuple[str, ...]
+    without: str
+    without_tflops: float
+    without_samples: int
+    percent_slower: float
+
+    def reason(self, limit: float) -> str:
+        pods = ", ".join(self.staged_pods[:5]) + (" ..." if len(self.staged_pods) > 5 else "")
+        return (
+            f"stage pods measured {self.staged} at {self.staged_tflops:.1f} TFLOP/s median "
+            f"({self.staged_samples} samples from {len(self.staged_pods)} pods: {pods}) "
+            f"against {self.without} at {self.without_tflops:.1f} without the override "
+            f"({self.without_samples} samples): {self.percent_slower:.1f} % slower "
+            f"(max_slowdown_pct {limit:g})"
+        )
+
+
+def slowdown(
+    override: Override,
+    staged: str,
+    without: str,
+    group: dict[str, BackendStats],
+    in_stage: Callable[[str, str], bool],
+) -> Slowdown | None:
+    """The guard on speed: compare the stage pods' own samples of the backend the
+    override gives them with their samples of the one they would run without it
+    (at least 3 samples from 2 pods each, in one situation)."""
+    r = override.rollout
+    if r is None or staged == without or staged not in group or without not in group:
+        return None
+
+    def stage_samples(stats: BackendStats) -> tuple[list[float], set[str]]:
+        picked = [(c, p, t) for c, p, t in stats.by_pod if in_stage(c, p)]
+        return [t for _, _, t in picked], {f"{c}/{p}" for c, p, _ in picked}
+
+    on, on_pods = stage_samples(group[staged])
+    off, off_pods = stage_samples(group[without])
+    if len(on) < MIN_SAMPLES or len(on_pods) < MIN_PODS:
+        return None
+    if len(off) < MIN_SAMPLES or len(off_pods) < MIN_PODS:
+        return None
+    on_median, off_median = statistics.median(on), statistics.median(off)
+    if off_median <= 0:
+        return None
+    slower = 100.0 * (1.0 - on_median / off_median)
+    if slower <= r.max_slowdown_pct:
+        return None
+    return Slowdown(
+        staged, on_median, len(on), tuple(sorted(on_pods)), without, off_median, len(off), slower
+    )

@@ -1,0 +1,214 @@
+"""Guarded rollouts, run by the service: the guards that halt a staged override and the
+steps that promote it.
+
+The rules are the core's (``core/rollouts.py``: steps and the speed guard; the
+evaluator's ``in_stage``: who is in the stage); this module feeds them the service's
+signals and writes the outcome through the store, audited with the service itself as
+actor. A halt or promotion bumps the configuration version, so every replica applies
+it within its poll interval (0.5 s by default), this one at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from mla_switchboard.core import rollouts
+from mla_switchboard.core.evaluator import (
+    Decision,
+    applicable_overrides,
+    decide,
+    in_stage,
+)
+from mla_switchboard.core.evidence import situation_of
+from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
+from mla_switchboard.service.state import DecisionRecord
+
+if TYPE_CHECKING:
+    from mla_switchboard.service.runtime import Runtime
+
+log = logging.getLogger("switchboard.rollouts")
+
+SERVICE_ACTOR = "switchboard"
+"""The audit log's actor for what the service does by itself."""
+
+
+class RolloutGuards:
+    """Halts staged overrides on failures or slowdowns; promotes them step by step."""
+
+    def __init__(self, runtime: Runtime, check_s: float = 1.0) -> None:
+        self._runtime = runtime
+        self._check_s = check_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----------------------------------------------------------------- guards
+
+    def on_failure(self, record: DecisionRecord, backend: str, error: str) -> None:
+        """A pod reported that the backend it was given failed. If an active rollout put
+        it there, count it; at ``max_failures`` the rollout halts."""
+        if record.answer_json is None or backend != record.backend:
+            return
+        refs = json.loads(record.answer_json).get("overrides") or []
+        staged = {
+            (r["cluster"], r["rollout"]["id"])
+            for r in refs
+            if r.get("rollout") and r["rollout"]["in_stage"] and r["effect"] != "none"
+        }
+        first_line = (error.strip().splitlines() or ["(no error text)"])[0][:200]
+        where = f"{record.cluster}/{record.pod or '?'}"
+        for o in self._runtime.inputs.overrides:
+            r = o.rollout
+            if r is None or (o.cluster, r.id) not in staged:
+                continue
+
+            def count(current: Rollout, o: Override = o) -> Rollout | None:
+                if current.state != "active":
+                    return None
+                failures = current.failures + 1
+                if failures < current.max_failures:
+                    return current.model_copy(update={"failures": failures})
+                reason = (
+                    f"{failures} failure report(s) from pods in the stage reached "
+                    f"max_failures {current.max_failures}; latest: {where} ran {backend}: "
+                    f"{first_line}"
+                )
+                return _halted(current, failures, reason)
+
+            self._change(o, count, action="rollout.failure", note=f"{where}: {first_line}")
+
+    def on_measurements(self, report: MeasurementReport) -> None:
+        """A pod reported benchmarks. If it is in the stage of an active rollout, compare
+        the stage pods' speed of what the override gives them with what they would run
+        without it; beyond ``max_slowdown_pct`` the rollout halts."""
+        request = SelectRequest(
+            cluster=report.cluster,
+            pod=report.pod,
+            node=report.node,
+            device=report.device,
+            model=report.model,
+            dtype=report.dtype,
+            packages=report.packages,
+            engine=report.engine,
+        )
+        situation = situation_of(request)
+        if situation is None:
+            return
+        inputs = self._runtime.inputs
+        now = datetime.now(UTC)
+        for o in applicable_overrides(request, inputs.overrides, now):
+            r = o.rollout
+            if r is None or r.state != "active" or not in_stage(request, o):
+                continue
+            with_it = decide(request, inputs, now=now)
+            without = decide(
+                request,
+                replace(inputs, overrides=tuple(x for x in inputs.overrides if x is not o)),
+                now=now,
+            )
+            if not isinstance(with_it, Decision) or not isinstance(without, Decision):
+                continue
+
+            def member(cluster: str, pod: str, o: Override = o) -> bool:
+                return (o.cluster in ("*", cluster)) and in_stage(
+                    request.model_copy(update={"cluster": cluster, "pod": pod}), o
+                )
+
+            found = rollouts.slowdown(
+                o,
+                with_it.backend.value,
+                without.backend.value,
+                dict(inputs.evidence.group(situation)),  # type: ignore[arg-type]
+                member,
+            )
+            if found is None:
+                continue
+            reason = found.reason(r.max_slowdown_pct)
+
+            def halt(current: Rollout, reason: str = reason) -> Rollout | None:
+                if current.state != "active":
+                    return None
+                return _halted(current, current.failures, reason)
+
+            self._change(o, halt, action="rollout.slowdown", note=reason)
+
+    # ------------------------------------------------------------------ steps
+
+    def promote_due(self, now: datetime | None = None) -> None:
+        """Promote every active rollout whose step passed with no guard fired."""
+        now = now or datetime.now(UTC)
+        for o in self._runtime.inputs.overrides:
+            r = o.rollout
+            step = None if r is None else rollouts.promotion_due(r, now)
+            if r is None or step is None:
+                continue
+
+            def promote(current: Rollout, r: Rollout = r, step: int = step) -> Rollout | None:
+                if current.state != "active" or current.percent != r.percent:
+                    return None  # halted meanwhile, or another replica promoted it
+                return current.model_copy(
+                    update={
+                        "percent": step,
+                        "stage_started_at": now,
+                        "failures": 0,
+                        "state": "complete" if step >= 100 else "active",
+                    }
+                )
+
+            note = (
+                f"promoted from {r.percent} % to {step} %: no guard fired during the "
+                f"{r.step_every} step"
+            )
+            self._change(o, promote, action="rollout.promote", note=note)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="rollout-steps", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._check_s):
+            try:
+                self.promote_due()
+            except Exception as exc:  # the store may be down: try again next tick
+                log.warning("rollout steps: %s: %s", type(exc).__name__, exc)
+
+    # ------------------------------------------------------------------ writes
+
+    def _change(
+        self, o: Override, change: Callable[[Rollout], Rollout | None], *, action: str, note: str
+    ) -> None:
+        assert o.rollout is not None
+        updated = self._runtime.store.update_rollout(
+            o.cluster, o.rollout.id, change, actor=SERVICE_ACTOR, action=action, note=note
+        )
+        if updated is None or updated.rollout is None:
+            return
+        state = updated.rollout.state
+        if state == "halted" and o.rollout.state != "halted":
+            self._runtime.metrics.rollout_changes.labels("halt").inc()
+            log.warning("rollout of %s halted: %s", o.label, updated.rollout.halted_reason)
+        elif action == "rollout.promote":
+            self._runtime.metrics.rollout_changes.labels("promote").inc()
+            log.info("rollout of %s: %s", o.label, note)
+        self._runtime.live.reload()
+
+
+def _halted(current: Rollout, failures: int, reason: str) -> Rollout:
+    return current.model_copy(
+        update={
+            "state": "halted",
+            "failures": failures,
+            "halted_reason": reason,
+            "halted_at": datetime.now(UTC),
+        }
+    )
