@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.evaluator import (
     Decision,
+    DecisionInputs,
     applicable_overrides,
     decide,
     in_stage,
 )
 from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
-from mla_switchboard.service.state import DecisionRecord
+from mla_switchboard.service.state import DecisionRecord, PodState
 
 if TYPE_CHECKING:
     from mla_switchboard.service.runtime import Runtime
@@ -212,3 +214,58 @@ def _halted(current: Rollout, failures: int, reason: str) -> Rollout:
             "halted_at": datetime.now(UTC),
         }
     )
+
+
+def progress(
+    pods: Sequence[PodState], inputs: DecisionInputs, *, now: datetime
+) -> list[dict[str, Any]]:
+    """Each staged override's progress, for the summary and the dashboard: pods in its
+    scope and in the stage, how many booted with it (their latest decision runs what
+    the override gives them), failures counted, and the stage's measured speed against
+    the rest of the scope (median TFLOP/s of each pod's own backend, from the pods'
+    own benchmarks)."""
+    out = []
+    for o in sorted(inputs.overrides, key=lambda o: o.cluster):
+        r = o.rollout
+        if r is None:
+            continue
+        scoped = in_stage_n = booted = 0
+        stage_speed: list[float] = []
+        rest_speed: list[float] = []
+        for pod in pods:
+            if o.cluster not in ("*", pod.cluster):
+                continue
+            try:
+                request = SelectRequest.model_validate_json(pod.request_json)
+            except ValueError:
+                continue
+            if o not in applicable_overrides(request, (o,), now):
+                continue
+            scoped += 1
+            inside = r.state != "halted" and in_stage(request, o)
+            in_stage_n += inside
+            if inside:
+                given = decide(request, inputs, now=now)
+                booted += isinstance(given, Decision) and given.backend.value == pod.backend
+            stats = inputs.evidence.group(situation_of(request)).get(pod.backend)  # type: ignore[call-overload]
+            if stats is not None:
+                mine = [t for c, p, t in stats.by_pod if (c, p) == (pod.cluster, pod.pod)]
+                (stage_speed if inside else rest_speed).extend(mine)
+        out.append(
+            {
+                "cluster": o.cluster,
+                "revision": o.revision,
+                "rollout": r.model_dump(mode="json"),
+                "pods_in_scope": scoped,
+                "pods_in_stage": in_stage_n,
+                "pods_booted_with_it": booted,
+                "failures": r.failures,
+                "stage_median_tflops": _median(stage_speed),
+                "rest_median_tflops": _median(rest_speed),
+            }
+        )
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None

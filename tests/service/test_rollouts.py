@@ -75,6 +75,15 @@ def test_stage_is_stable_across_replicas_and_percentages(replicas) -> None:  # t
         assert ten_a == ten_b
         assert 70 <= len(ten_a) <= 130, len(ten_a)
         assert predicted == len(ten_a)  # the dry run counted exactly the stage
+        (progress,) = [
+            x
+            for x in cb.get("/v1/selections/summary").json()["rollouts"]
+            if x["cluster"] == cluster
+        ]
+        assert progress["pods_in_scope"] == PODS + 1  # and the probe
+        assert abs(progress["pods_in_stage"] - len(ten_a)) <= 1
+        assert progress["pods_booted_with_it"] == progress["pods_in_stage"]
+        assert progress["rollout"]["percent"] == 10 and progress["failures"] == 0
         inside = pick(cb, cluster, sorted(ten_a)[0], dev)
         assert f"In the 10 % rollout of override {cluster} rev {rev}." in inside["messages"]
         assert inside["overrides"][0]["rollout"]["in_stage"] is True

@@ -16,6 +16,7 @@ from mla_switchboard.core.schemas import (
 )
 from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep, fail
 from mla_switchboard.service.regret import exclusions_by_cluster, regret_by_cluster
+from mla_switchboard.service.rollouts import progress as rollout_progress
 from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel
 
@@ -53,6 +54,7 @@ class Summary(BaseModel):
     clusters: dict[str, dict[str, int]]
     regret: dict[str, dict[str, Any]]
     excluded: dict[str, dict[str, str]] = {}
+    rollouts: list[dict[str, Any]] = []
 
 
 def _item(r: DecisionRecord) -> dict[str, Any]:
@@ -115,7 +117,8 @@ def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
     """``regret`` estimates, per cluster, the prefill throughput lost by the current
     choices against the best measured valid backend; ``excluded`` lists, per cluster,
     the backends that failure evidence excludes under policy measured, with the reason
-    (see service/regret.py)."""
+    (see service/regret.py); ``rollouts`` each staged override's progress (see
+    service/rollouts.py)."""
     runtime.recorder.flush()
     pods = runtime.store.latest_per_pod()
     inputs, now = runtime.inputs, datetime.now(UTC)
@@ -123,6 +126,7 @@ def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
         "clusters": runtime.store.summary(),
         "regret": regret_by_cluster(pods, inputs, now=now),
         "excluded": exclusions_by_cluster(pods, inputs, now=now),
+        "rollouts": rollout_progress(pods, inputs, now=now),
     }
 
 
