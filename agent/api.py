@@ -5,8 +5,11 @@ backend within the deadline. The service is the source of truth while it answers
 when it does not (down, slow, refusing our token), the pod boots on the last answer
 the service gave for the same situation (``source: cache``), else on the very same
 decision engine the service runs, with its seed rules (``source: local-fallback``).
-Only two things stop a pod: a description that is wrong (not an MLA model: bad input)
-and a decision that refuses on purpose (``strict`` with an invalid request).
+Only two things stop the Python API: a description that is wrong (not an MLA model:
+bad input) and a decision that refuses (``strict`` with an invalid request, or no
+backend the pod's serving engine accepts: NoBackendError, with every candidate's
+reasons). The CLI turns the second kind into "no engine flags, exit 0" so that an
+init container does not stop a pod whose engine can still choose on its own.
 
 The deadline bounds the time spent obtaining the decision (cache, service, local
 fallback); probing the device and reading the config happen before it starts, since
@@ -15,13 +18,13 @@ they are local and the serving engine pays for the same torch import anyway.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from mla_switchboard.agent.cache import AnswerCache, default_cache_dir
 from mla_switchboard.agent.client import (
@@ -36,31 +39,16 @@ from mla_switchboard.agent.client import (
 )
 from mla_switchboard.agent.errors import BadInputError, NoBackendError
 from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_order
-from mla_switchboard.agent.model_config import ModelDims, read_model
 from mla_switchboard.agent.notes import Notes
-from mla_switchboard.agent.probe import DeviceProbe, probe_device, probe_packages
+from mla_switchboard.agent.pod import ModelSource, PodSpec, describe_pod
 from mla_switchboard.core.evaluator import SEED_RULES, Refusal, decide_locally
-from mla_switchboard.core.schemas import Candidate, SelectRequest, SelectResponse
-from mla_switchboard.core.specs import Backend, Dtype, parse_backend
-from pydantic import ValidationError
+from mla_switchboard.core.schemas import Candidate, EngineInfo, SelectRequest, SelectResponse
+from mla_switchboard.core.specs import Backend
 
-__all__ = ["PodDescription", "SelectionResult", "decide", "describe_pod", "select_backend"]
+__all__ = ["SelectionResult", "decide", "select_backend"]
 
-DEFAULT_DTYPE = Dtype.BFLOAT16
 FALLBACK_RESERVE_S = 0.02
 """Kept back from the service's share of the deadline for the local fallback (~1 ms)."""
-
-PackagesArg = Mapping[str, str] | Literal["any", "probe"] | None
-
-
-@dataclass(frozen=True)
-class PodDescription:
-    """What the agent tells the service, and what it learnt on the way."""
-
-    request: SelectRequest
-    model: ModelDims
-    device: DeviceProbe
-    pretend: bool  # capability or device name given: a dry run, nothing is built
 
 
 @dataclass
@@ -90,6 +78,9 @@ class SelectionResult:
     revalidated: bool = False
     pretend: bool = False
     evidence: dict[str, Any] | None = None  # what measured selection based the answer on
+    engine: EngineInfo = field(default_factory=EngineInfo)
+    engine_args: list[str] = field(default_factory=list)  # argv for the engine, verbatim
+    engine_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def reasons(self) -> dict[str, list[str]]:
@@ -114,154 +105,12 @@ class SelectionResult:
             "build_failures": [{"backend": b, "error": e} for b, e in self.build_failures],
             "pretend": self.pretend,
             "evidence": self.evidence,
+            "engine": self.engine.model_dump(mode="json"),
+            "engine_args": list(self.engine_args),
+            "engine_env": dict(self.engine_env),
+            "refusal": None,
             "request": self.request.model_dump(mode="json"),
         }
-
-
-# ------------------------------------------------------------------ describing
-
-
-def _parse_capability(value: str | Sequence[int]) -> tuple[int, int] | None:
-    """``"9.0"``, ``"10"``, ``(9, 0)``; ``"none"`` pretends there is no GPU."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("none", "null", "cpu", ""):
-            return None
-        major, _, minor = text.partition(".")
-        try:
-            return int(major), int(minor or 0)
-        except ValueError:
-            raise BadInputError(
-                f"capability {value!r} is not major.minor (e.g. 9.0) or 'none'"
-            ) from None
-    parts = tuple(value)
-    if len(parts) != 2 or not all(isinstance(p, int) for p in parts):
-        raise BadInputError(f"capability {value!r} is not a (major, minor) pair")
-    return parts[0], parts[1]
-
-
-def parse_packages(spec: str) -> PackagesArg:
-    """``torch=2.11.0,flashinfer=0.7.2``, ``any`` (assume all present) or ``probe``."""
-    text = spec.strip()
-    if text.lower() in ("any", "probe"):
-        return text.lower()  # type: ignore[return-value]
-    packages: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        name, _, version = item.partition("=")
-        if not name.strip():
-            raise BadInputError(f"package entry {item!r} has no name (want name=version)")
-        packages[name.strip()] = version.strip() or "unknown"
-    return packages
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "request"
-        parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
-
-
-def describe_pod(
-    model: str | os.PathLike[str] | Mapping[str, Any] | None = None,
-    *,
-    cluster: str | None = None,
-    dtype: str | Dtype | None = None,
-    requested_backend: str | Backend | None = None,
-    strict: bool = False,
-    qk_nope_head_dim: int | None = None,
-    qk_rope_head_dim: int | None = None,
-    v_head_dim: int | None = None,
-    num_heads: int | None = None,
-    model_name: str | None = None,
-    capability: str | Sequence[int] | None = None,
-    device_name: str | None = None,
-    packages: PackagesArg = None,
-    node: str | None = None,
-    pod: str | None = None,
-    notes: Notes | None = None,
-) -> PodDescription:
-    """Probe the pod and read the model into the request the service expects.
-
-    ``capability``/``device_name`` pretend to be another GPU (a dry run). ``packages``
-    None probes them, except in a dry run, where it means ``"any"`` (assume every
-    package present: the packages of this machine say nothing about the pretended
-    one). Raises BadInputError for anything that makes the description wrong.
-    """
-    notes = notes if notes is not None else Notes()
-    cluster = cluster or os.environ.get("SWITCHBOARD_CLUSTER")
-    if not cluster:
-        raise BadInputError("no cluster given (--cluster or SWITCHBOARD_CLUSTER)")
-    if model is None and None in (qk_nope_head_dim, qk_rope_head_dim, v_head_dim):
-        raise BadInputError(
-            "no model given: pass a config.json or model directory, or all three of "
-            "qk_nope_head_dim, qk_rope_head_dim and v_head_dim"
-        )
-    dims = read_model(
-        None if isinstance(model, Mapping) else model,
-        config=model if isinstance(model, Mapping) else None,
-        qk_nope_head_dim=qk_nope_head_dim,
-        qk_rope_head_dim=qk_rope_head_dim,
-        v_head_dim=v_head_dim,
-        num_heads=num_heads,
-        dtype=dtype,
-        name=model_name,
-    )
-    requested: Backend | None = None
-    if requested_backend is not None:
-        try:
-            requested = parse_backend(str(requested_backend))
-        except ValueError as exc:
-            raise BadInputError(str(exc)) from None
-    pretend = capability is not None or device_name is not None
-    given_capability = _parse_capability(capability) if capability is not None else None
-    model_dtype = dims.dtype
-    if model_dtype is None:
-        model_dtype = DEFAULT_DTYPE
-        notes.info(f"the model config names no dtype; assuming {DEFAULT_DTYPE}")
-
-    # Only now the probes, which import torch: bad input fails fast.
-    if capability is not None:
-        device = DeviceProbe(name=device_name, capability=given_capability, via="given")
-    else:
-        device = probe_device()
-        if device_name is not None:
-            device = DeviceProbe(name=device_name, capability=device.capability, via="given")
-
-    if packages is None:
-        packages = "any" if pretend else "probe"
-    if packages == "probe":
-        found, problems = probe_packages()
-        for problem in problems:
-            notes.warn(problem)
-        package_map: dict[str, str] | None = found
-    elif packages == "any":
-        package_map = None
-    else:
-        package_map = dict(packages)
-
-    hostname = socket.gethostname() or None
-    try:
-        request = SelectRequest(
-            cluster=cluster,
-            node=node or os.environ.get("SWITCHBOARD_NODE") or None,
-            pod=pod or os.environ.get("SWITCHBOARD_POD") or hostname,
-            device={"name": device.name, "capability": device.capability},
-            model={
-                "name": dims.name,
-                "qk_nope_head_dim": dims.qk_nope_head_dim,
-                "qk_rope_head_dim": dims.qk_rope_head_dim,
-                "v_head_dim": dims.v_head_dim,
-                "num_heads": dims.num_heads,
-            },
-            dtype=model_dtype,
-            packages=package_map,
-            requested_backend=requested,
-            strict=strict,
-        )
-    except ValidationError as exc:
-        raise BadInputError(f"invalid pod description: {_validation_message(exc)}") from None
-    return PodDescription(request=request, model=dims, device=device, pretend=pretend)
 
 
 # -------------------------------------------------------------------- deciding
@@ -278,8 +127,7 @@ class _Answer:
 def _local_answer(request: SelectRequest) -> _Answer:
     outcome = decide_locally(request)
     if isinstance(outcome, Refusal):
-        candidates = [c.model_dump(mode="json") for c in outcome.candidates]
-        raise NoBackendError(outcome.message, candidates)
+        raise NoBackendError(outcome.message, list(outcome.candidates), kind=outcome.kind)
     response = outcome.to_response(rules_revision=SEED_RULES.revision or 0, decision_id=None)
     return _Answer(response.model_copy(update={"source": "local-fallback"}), None)
 
@@ -317,7 +165,9 @@ def decide(
             )
         except ServiceRefused as exc:
             if exc.status == 409:
-                raise NoBackendError(exc.message, exc.candidates) from None
+                raise NoBackendError(
+                    exc.message, _candidates_of(exc.candidates), kind=exc.kind
+                ) from None
             why = f"the service refused the request ({exc})"
         except ServiceUnavailable as exc:
             tried = ""
@@ -346,26 +196,33 @@ def decide(
     return _local_answer(request)
 
 
+def _candidates_of(raw: Sequence[Any]) -> list[Candidate]:
+    """The candidates of a 409 body; an entry this agent cannot read is skipped (a
+    newer service may list a backend this agent does not know)."""
+    parsed: list[Candidate] = []
+    for item in raw:
+        try:
+            parsed.append(Candidate.model_validate(item))
+        except ValueError:
+            continue
+    return parsed
+
+
 # ------------------------------------------------------------------- selecting
 
 
+def _pod_spec(spec: PodSpec | ModelSource, fields: Mapping[str, Any]) -> PodSpec:
+    """``spec`` as a PodSpec: a PodSpec with ``fields`` replaced, or a model source with
+    ``fields`` as the other PodSpec fields (TypeError names an unknown one)."""
+    if isinstance(spec, PodSpec):
+        return dataclasses.replace(spec, **fields) if fields else spec
+    return PodSpec(spec, **fields)
+
+
 def select_backend(
-    model: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    spec: PodSpec | ModelSource = None,
+    /,
     *,
-    cluster: str | None = None,
-    dtype: str | Dtype | None = None,
-    requested_backend: str | Backend | None = None,
-    strict: bool = False,
-    qk_nope_head_dim: int | None = None,
-    qk_rope_head_dim: int | None = None,
-    v_head_dim: int | None = None,
-    num_heads: int | None = None,
-    model_name: str | None = None,
-    capability: str | Sequence[int] | None = None,
-    device_name: str | None = None,
-    packages: PackagesArg = None,
-    node: str | None = None,
-    pod: str | None = None,
     urls: Sequence[str] | str | None = None,
     token: str | None = None,
     deadline: float | None = None,
@@ -373,21 +230,32 @@ def select_backend(
     use_cache: bool = True,
     build: bool = True,
     check: bool = False,
+    **fields: Any,
 ) -> SelectionResult:
     """Choose this pod's MLA prefill backend and (by default) build its kernel.
 
-    ``model`` is a ``config.json`` path, a model directory or a parsed config;
-    the dim arguments override it. Service settings default to ``SWITCHBOARD_URL``
+    ``spec`` is a :class:`PodSpec`, or its ``model`` (a ``config.json`` path, a model
+    directory or a parsed config) with the other PodSpec fields as keywords
+    (``select_backend("/models/R1", cluster="prod-east")``); keywords given with a
+    PodSpec replace its fields. Service settings default to ``SWITCHBOARD_URL``
     (comma-separated, tried in turn), ``SWITCHBOARD_TOKEN`` and
     ``SWITCHBOARD_DEADLINE`` (seconds, default 2); the cache to
     ``$SWITCHBOARD_CACHE_DIR`` or ``$XDG_CACHE_HOME/switchboard``.
 
     Raises BadInputError (not an MLA model, unreadable config, bad argument),
-    NoBackendError (a strict request that is invalid) or KernelBuildError (nothing,
-    not even TORCH_SDPA, builds).
+    NoBackendError (a refusal: a strict request that is invalid, or no backend the
+    engine accepts; its ``kind`` says which) or KernelBuildError (nothing, not even
+    TORCH_SDPA, builds).
     """
+    spec = _pod_spec(spec, fields)
     notes = Notes()
-    url_list = parse_urls(urls) if isinstance(urls, str) or urls is None else list(urls)
+    try:
+        if isinstance(urls, str) or urls is None:
+            url_list = parse_urls(urls)
+        else:
+            url_list = parse_urls(",".join(urls))
+    except ValueError as exc:
+        raise BadInputError(str(exc)) from None
     token = token if token is not None else token_from_env()
     if deadline is None:
         try:
@@ -396,24 +264,7 @@ def select_backend(
             raise BadInputError(f"SWITCHBOARD_DEADLINE: {exc}") from None
     if not deadline > 0:
         raise BadInputError(f"deadline must be positive, got {deadline!r}")
-    pod_description = describe_pod(
-        model,
-        cluster=cluster,
-        dtype=dtype,
-        requested_backend=requested_backend,
-        strict=strict,
-        qk_nope_head_dim=qk_nope_head_dim,
-        qk_rope_head_dim=qk_rope_head_dim,
-        v_head_dim=v_head_dim,
-        num_heads=num_heads,
-        model_name=model_name,
-        capability=capability,
-        device_name=device_name,
-        packages=packages,
-        node=node,
-        pod=pod,
-        notes=notes,
-    )
+    pod_description = describe_pod(spec, notes)
     request = pod_description.request
     building = build and not pod_description.pretend
     if building and pod_description.model.num_heads is None:
@@ -443,6 +294,10 @@ def select_backend(
         revalidated=answer.revalidated,
         pretend=pod_description.pretend,
         evidence=None if response.evidence is None else response.evidence.model_dump(mode="json"),
+        # the engine asked for; the answer's echo where none was named (switchboard)
+        engine=request.engine or response.engine,
+        engine_args=list(response.engine_args),
+        engine_env=dict(response.engine_env),
     )
     if pod_description.pretend and (build or check):
         notes.info("pretending to be another GPU (--capability/--device-name): nothing is built")
@@ -481,4 +336,12 @@ def select_backend(
     result.build_failures = [(b.value, why) for b, why in outcome.failures]
     if outcome.failures:
         notes.warn(f"using {outcome.backend} instead of {response.backend}")
+        if result.engine_args or result.engine_env:
+            # The answer's engine arguments select the decided backend; the agent has
+            # no mapping of its own (the answer is the one source), so it gives none.
+            notes.warn(
+                f"the engine arguments select {response.backend}, which did not build "
+                "here; giving none, so the engine chooses on its own"
+            )
+            result.engine_args, result.engine_env = [], {}
     return result

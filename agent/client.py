@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import httpx
 from mla_switchboard.core.schemas import SelectRequest, SelectResponse
+from mla_switchboard.core.version import __version__
 from pydantic import ValidationError
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
 DEFAULT_DEADLINE_S = 2.0
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 0.5
-USER_AGENT = "switchboard-agent/0.1"
+USER_AGENT = f"switchboard-agent/{__version__}"
 
 T = TypeVar("T")
 
@@ -78,6 +79,13 @@ class ServiceRefused(Exception):
             return self.detail["candidates"]
         return []
 
+    @property
+    def kind(self) -> str:
+        """A 409's kind: ``requested_invalid`` or ``no_valid_backend``."""
+        if isinstance(self.detail, dict) and isinstance(self.detail.get("kind"), str):
+            return self.detail["kind"]
+        return "no_valid_backend"
+
 
 @dataclass
 class AskResult:
@@ -89,16 +97,38 @@ class AskResult:
     decision_id: str | None
     attempts: list[str] = field(default_factory=list)
 
-    @property
-    def not_modified(self) -> bool:
-        return self.response is None
-
 
 def parse_urls(value: str | None = None) -> list[str]:
     """``http://a,http://b`` (default: ``$SWITCHBOARD_URL``) as a list, trailing slashes
-    dropped."""
+    dropped.
+
+    Raises ValueError for a URL that is not ``http(s)://host[:port][/path]``: httpx
+    would reject ``127.0.0.1:18000`` on every attempt, and the pod would spend its
+    whole deadline retrying a typo before falling back.
+    """
+    source = "--url" if value is not None else "SWITCHBOARD_URL"
     raw = value if value is not None else os.environ.get("SWITCHBOARD_URL", "")
-    return [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+    urls = [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+    for url in urls:
+        problem = _url_problem(url)
+        if problem:
+            raise ValueError(f"{source}: {url!r} {problem}")
+    return urls
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a service URL, or None."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return "has no http:// or https:// scheme (e.g. http://127.0.0.1:8000)"
+    host = rest.split("/", 1)[0]
+    if not host or host.startswith(":") or any(c.isspace() for c in url):
+        return "names no host (e.g. http://switchboard:8000)"
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        return f"is not a valid URL ({exc})"
+    return None
 
 
 def token_from_env() -> str | None:

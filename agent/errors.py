@@ -6,6 +6,12 @@ codes (2 for bad input, 1 for the rest) without importing torch or httpx first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports this module before pydantic is needed
+    from mla_switchboard.core.schemas import Candidate
+
 __all__ = ["AgentError", "BadInputError", "KernelBuildError", "NoBackendError"]
 
 
@@ -22,11 +28,29 @@ class BadInputError(AgentError):
 
 
 class NoBackendError(AgentError):
-    """The decision refused to name a backend (a strict request that is invalid)."""
+    """The decision refused to name a backend: ``kind`` is ``requested_invalid`` (a
+    strict request that is invalid) or ``no_valid_backend`` (nothing this pod, or its
+    serving engine, accepts). ``candidates`` carry every backend's reasons, because
+    "no backend" alone tells the operator nothing they can fix."""
 
-    def __init__(self, message: str, candidates: list | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        candidates: Sequence[Candidate] = (),
+        *,
+        kind: str = "no_valid_backend",
+    ) -> None:
         super().__init__(message)
-        self.candidates = candidates or []
+        self.candidates = list(candidates)
+        self.kind = kind
+
+    def explain(self) -> list[str]:
+        """One line per candidate: its backend and why it cannot run (or that it could)."""
+        lines = []
+        for c in self.candidates:
+            why = "; ".join(c.reasons) if c.reasons else ("valid" if c.valid else "no reason given")
+            lines.append(f"{c.backend}: {why}")
+        return lines
 
 
 class KernelBuildError(AgentError):

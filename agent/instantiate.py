@@ -16,6 +16,7 @@ from typing import Any
 
 from mla_switchboard.agent.errors import KernelBuildError
 from mla_switchboard.agent.notes import Notes
+from mla_switchboard.agent.probe import import_quietly
 from mla_switchboard.core.schemas import Candidate
 from mla_switchboard.core.specs import Dtype
 from mla_switchboard.kernels import Backend
@@ -106,6 +107,7 @@ def build_kernel(
     failures: list[tuple[Backend, str]] = []
     for backend in order:
         try:
+            import_quietly("torch")  # the kernels import it; first here, without the NumPy warning
             cls = get_kernel_class(backend)
             kernel = cls.create(
                 shape.num_heads,

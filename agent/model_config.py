@@ -42,6 +42,7 @@ class ModelDims:
     dtype: Dtype | None
     softmax_scale: float
     model_type: str | None = None
+    num_layers: int | None = None  # num_hidden_layers: the calls one forward pass makes
 
 
 def load_config(path: str | Path) -> tuple[dict[str, Any], Path]:
@@ -104,9 +105,11 @@ def _yarn_mscale(rope: Any) -> float:
     return mscale * mscale
 
 
-def _positive_int(value: Any, field: str, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadInputError(f"{field} in {source} must be a positive integer, got {value!r}")
+def _positive_int(value: Any, field: str, source: str, *, zero_ok: bool = False) -> int:
+    low = 0 if zero_ok else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "a non-negative" if zero_ok else "a positive"
+        raise BadInputError(f"{field} in {source} must be {kind} integer, got {value!r}")
     return value
 
 
@@ -161,14 +164,16 @@ def read_model(
     }
     dims: dict[str, int] = {}
     for key in DIM_KEYS:
+        # A rope part of 0 is a real MLA layout (GLM-5-Next: (256, 0, 256)).
+        zero_ok = key == "qk_rope_head_dim"
         if explicit[key] is not None:
-            dims[key] = _positive_int(explicit[key], key, "the arguments")
+            dims[key] = _positive_int(explicit[key], key, "the arguments", zero_ok=zero_ok)
             continue
         value = _lookup(cfg, key)
         if value is None:
             flag = "--" + key.replace("_", "-")
             raise BadInputError(f"{key} is not in {source}; give it with {flag}")
-        dims[key] = _positive_int(value, key, source)
+        dims[key] = _positive_int(value, key, source, zero_ok=zero_ok)
 
     heads: int | None
     if num_heads is not None:
@@ -191,8 +196,12 @@ def read_model(
     qk_head_dim = dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"]
     rope = _lookup(cfg, "rope_scaling", "rope_parameters")
     text = text_config(cfg)
+    layers = _lookup(cfg, "num_hidden_layers")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers <= 0:
+        layers = None  # only the bench reads it, to call as many times as a forward pass
     return ModelDims(
         name=name if name is not None else _default_name(file, cfg),
+        num_layers=layers,
         num_heads=heads,
         dtype=resolved_dtype,
         softmax_scale=qk_head_dim**-0.5 * _yarn_mscale(rope),

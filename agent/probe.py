@@ -16,9 +16,17 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import warnings
 from dataclasses import dataclass
+from types import ModuleType
 
-__all__ = ["KERNEL_PACKAGES", "DeviceProbe", "probe_device", "probe_packages"]
+__all__ = ["KERNEL_PACKAGES", "DeviceProbe", "import_quietly", "probe_device", "probe_packages"]
+
+NUMPY_WARNING = "Failed to initialize NumPy"
+"""torch warns with this at import when numpy is missing. The agent never converts a
+tensor to numpy, and GPU pods often run without numpy, so on every real probe the
+warning was noise on stderr (issue 10). It is silenced only around torch's import,
+where it is raised, and only that message."""
 
 KERNEL_PACKAGES: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
@@ -38,9 +46,20 @@ class DeviceProbe:
     via: str  # "torch", "nvml", "none" or "given"
 
 
+def import_quietly(name: str) -> ModuleType:
+    """``importlib.import_module(name)`` without torch's missing-NumPy warning.
+
+    Every place the agent may import torch first (the probe, the kernels, the bench)
+    goes through here; later imports are cached and warn no more.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=NUMPY_WARNING, category=UserWarning)
+        return importlib.import_module(name)
+
+
 def _probe_torch() -> DeviceProbe | None:
     try:
-        import torch
+        torch = import_quietly("torch")
     except Exception:  # a broken torch install is "no torch" here
         return None
     try:
@@ -104,12 +123,8 @@ def _version(import_name: str, module: object | None) -> str:
     return str(getattr(module, "__version__", "unknown"))
 
 
-def probe_packages(import_check: bool = True) -> tuple[dict[str, str], list[str]]:
-    """Kernel packages present (import name -> version), and notes about broken ones.
-
-    ``import_check=False`` only looks for the package on the path, which is faster
-    but believes a broken install.
-    """
+def probe_packages() -> tuple[dict[str, str], list[str]]:
+    """Kernel packages that import (import name -> version), and notes about broken ones."""
     found: dict[str, str] = {}
     notes: list[str] = []
     for name in KERNEL_PACKAGES:
@@ -119,12 +134,10 @@ def probe_packages(import_check: bool = True) -> tuple[dict[str, str], list[str]
             spec = None
         if spec is None:
             continue
-        module = None
-        if import_check:
-            try:
-                module = importlib.import_module(name)
-            except Exception as exc:  # any failure means unusable
-                notes.append(f"package {name} is installed but does not import: {exc}")
-                continue
+        try:
+            module = import_quietly(name)
+        except Exception as exc:  # any failure means unusable
+            notes.append(f"package {name} is installed but does not import: {exc}")
+            continue
         found[name] = _version(name, module)
     return found, notes

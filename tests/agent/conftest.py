@@ -160,6 +160,6 @@ def scripted_server(agent_service: Any) -> Iterator[ScriptedServer]:
 @pytest.fixture(autouse=True)
 def _isolated_agent_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test reads the developer's SWITCHBOARD_* settings or writes to ~/.cache."""
-    for name in ("URL", "TOKEN", "DEADLINE", "CLUSTER", "CACHE_DIR", "NODE", "POD"):
+    for name in ("URL", "TOKEN", "DEADLINE", "CLUSTER", "CACHE_DIR", "NODE", "POD", "ENGINE"):
         monkeypatch.delenv(f"SWITCHBOARD_{name}", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))

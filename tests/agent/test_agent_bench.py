@@ -19,9 +19,18 @@ from typing import Any
 
 import httpx
 import pytest
-from mla_switchboard.agent.bench import BenchShape, _iterations, parse_shapes
+from mla_switchboard.agent.bench import (
+    BenchShape,
+    iterations,
+    parse_shapes,
+    plan_bench,
+    run_bench,
+    time_forward_passes,
+)
+from mla_switchboard.agent.bench.run import forward_inputs
 from mla_switchboard.agent.cli import bench_main, select_main
 from mla_switchboard.agent.errors import BadInputError
+from mla_switchboard.agent.pod import PodSpec
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import RaggedBatch
 from mla_switchboard.kernels.torch_sdpa import TorchSdpaPrefill
@@ -120,7 +129,9 @@ def test_cpu_bench_reports_torch_sdpa(env: Any, capsys: pytest.CaptureFixture[st
     assert doc["checks"]["TORCH_SDPA"]["ok"] and len(doc["checks"]["TORCH_SDPA"]["cases"]) == 3
     # every GPU backend was left out, with the spec's reason
     assert "no CUDA device" in doc["unavailable"]["FLASHINFER"][0]
-    assert set(doc["unavailable"]) == {"TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN"}
+    assert set(doc["unavailable"]) == {
+        "TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN", "TOKENSPEED_MLA",
+    }  # fmt: skip
     # one progress line per backend and shape, and the report's receipt
     assert "bench TORCH_SDPA 2x64 H128:" in err and "bench TORCH_SDPA 1x256 H128:" in err
     assert doc["report"]["posted"] and doc["report"]["results"] == 2
@@ -176,10 +187,8 @@ def test_tiny_budget_skips_and_reports_nothing(
 
 def test_budget_stops_between_steps() -> None:
     """A budget spent after the check: the check's result stands, no shape is timed."""
-    from mla_switchboard.agent.bench import plan_bench, run_bench
-
     plan = plan_bench(
-        DSV3, cluster="bench-cpu", shapes="1x16,2x8", budget_s=0.01, iters=3, num_heads=4
+        PodSpec(DSV3, cluster="bench-cpu", num_heads=4), shapes="1x16,2x8", budget_s=0.01, iters=3
     )
     ticks = iter([0.0, 0.0])  # start, first budget test; then the clock reads late
 
@@ -187,7 +196,7 @@ def test_budget_stops_between_steps() -> None:
         return next(ticks, 1.0)
 
     outcome = run_bench(plan, clock=clock)
-    assert outcome.checks["TORCH_SDPA"]["ok"] and outcome.results == []
+    assert outcome.checks["TORCH_SDPA"].ok and outcome.results == []
     assert [(s.backend, s.shape) for s in outcome.skipped] == [
         ("TORCH_SDPA", "1x16"),
         ("TORCH_SDPA", "2x8"),
@@ -305,13 +314,10 @@ def test_parse_shapes_and_iterations() -> None:
     assert parse_shapes("4x4096, 1x16384,4x4096") == [BenchShape(4, 4096), BenchShape(1, 16384)]
     with pytest.raises(BadInputError):
         parse_shapes(" , ")
-    from mla_switchboard.agent.bench import BenchPlan
-
-    plan = BenchPlan.__new__(BenchPlan)
-    plan.iters = 20
-    assert _iterations(plan, 1.0, 100.0) == (5, 20)  # fast kernel: all iterations
-    assert _iterations(plan, 500.0, 100.0) == (1, 6)  # slow one: ~3 s of calls
-    assert _iterations(plan, 500.0, 0.0) == (1, 3)  # budget gone mid-step: a minimum
+    # (warmup, timed) forward passes
+    assert iterations(20, 1.0, 100.0) == (5, 20)  # fast kernel: all passes
+    assert iterations(20, 500.0, 100.0) == (1, 6)  # slow one: ~3 s of passes
+    assert iterations(20, 500.0, 0.0) == (1, 3)  # budget gone mid-step: a minimum
 
 
 def test_sigterm_stops_measuring_and_keeps_what_was_measured() -> None:
@@ -354,3 +360,77 @@ def test_sigterm_stops_measuring_and_keeps_what_was_measured() -> None:
     assert doc["results"][0]["shape"]["seqlens"] == [64] and doc["results"][0]["correct"]
     assert doc["skipped"] and doc["skipped"][-1]["shape"] == "2x512"
     assert all("stopped" in s["reason"] for s in doc["skipped"])
+
+
+class PlanningSdpa(TorchSdpaPrefill):
+    """The real TORCH_SDPA math, plus a one-time planning cost per batch whenever the
+    offsets tensor is not the one of the previous call, as FlashInfer's plan step or
+    a cuDNN graph lookup costs once per new batch. Counts its plans and calls."""
+
+    PLAN_S = 0.2
+
+    def _forward(self, q: Any, k: Any, v: Any, batch: RaggedBatch, **kw: Any) -> Any:
+        self.calls = getattr(self, "calls", 0) + 1
+        if batch.cu_seqlens_q is not getattr(self, "planned_for", None):
+            self.plans = getattr(self, "plans", 0) + 1
+            time.sleep(self.PLAN_S)
+            self.planned_for = batch.cu_seqlens_q
+        return super()._forward(q, k, v, batch, **kw)
+
+
+def test_timing_charges_planning_once_per_forward_pass() -> None:
+    """Issue 14: measured as serving calls the kernel, several layers with the same
+    offsets per forward pass and new offsets each pass. Planning is paid once a pass
+    and charged 1/layers per call: not on every call (a bench with new offsets per call
+    would), and not never (a bench that reuses one batch forever hides it)."""
+    kernel = PlanningSdpa.create(4, 128, 64, 128, 0.07, "bfloat16", "cpu")
+    inputs = forward_inputs(kernel, [16, 8], "bfloat16", "cpu")
+    layers = 5
+    timing = time_forward_passes(kernel, inputs, layers=layers, warmup=1, passes=3)
+    assert (timing.layers, timing.passes) == (layers, 3)
+    assert (kernel.calls, kernel.plans) == (4 * layers, 4)  # one plan per pass, warm-up too
+    plan_ms = PlanningSdpa.PLAN_S * 1e3
+    # Bounds with room for a loaded machine: the sleep guarantees the lower one, and
+    # the upper one is far below a plan per call (200 ms).
+    assert timing.median_ms >= 0.95 * plan_ms / layers
+    assert timing.median_ms < 0.6 * plan_ms
+    assert timing.host_us > 0
+
+
+def test_layers_come_from_the_config_and_the_engine_is_reported(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On a GPU a forward pass has as many calls as the model has layers (DeepSeek-V3:
+    61; on a CPU only 2, see CPU_LAYERS); ``--layers`` overrides it; the engine the pod
+    serves with is in the report."""
+    plan = plan_bench(PodSpec(DSV3, cluster="bench-cpu", num_heads=4), shapes="1x8", iters=1)
+    assert (plan.model.num_layers, plan.device, plan.layers) == (61, "cpu", 2)
+    argv = ["--model", DSV3, "--cluster", "bench-cpu", "--no-report", "--format", "json"]
+    argv += ["--shapes", "1x16", "--iters", "3", "--num-heads", "4", "--layers", "2"]
+    code, out, err = _bench([*argv, "--engine", "vllm==0.33.0"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["layers"] == 2 and "2 calls a forward pass" in err
+    assert doc["engine"] == {"name": "vllm", "version": "0.33.0"}
+    assert doc["results"][0]["impl"] == "torch-fp32-reference"
+    from mla_switchboard.agent.bench import build_report, run_bench
+
+    plan = plan_bench(
+        PodSpec(DSV3, cluster="bench-cpu", num_heads=4, engine="sglang==0.5.2"),
+        shapes="1x8",
+        iters=1,
+        layers=1,
+    )
+    report = build_report(plan, run_bench(plan))
+    assert report is not None and report.engine is not None
+    assert (report.engine.name, report.engine.version) == ("sglang", "0.5.2")
+    assert {r.impl for r in report.results} == {"torch-fp32-reference"}
+
+
+def test_bench_refuses_a_pretended_gpu_and_a_bad_url(capsys: pytest.CaptureFixture[str]) -> None:
+    plan_error = pytest.raises(BadInputError, match="cannot pretend")
+    with plan_error:
+        plan_bench(PodSpec(DSV3, cluster="c", capability="9.0"))
+    code, out, err = _bench(["--model", DSV3, "--cluster", "c", "--url", "localhost:8000"], capsys)
+    assert (code, out) == (2, "")
+    assert "argument --url" in err and "no http:// or https:// scheme" in err

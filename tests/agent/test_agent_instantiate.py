@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 from mla_switchboard.agent import KernelBuildError, select_backend
-from mla_switchboard.agent import api as agent_api
+from mla_switchboard.agent import pod as agent_pod
 from mla_switchboard.agent.client import report_failure
 from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_order
 from mla_switchboard.agent.notes import Notes
@@ -98,7 +98,7 @@ def test_when_nothing_builds_every_failure_is_reported(
     the driver): the decision names FLASH_ATTN, nothing builds on "cuda", and the agent
     says so instead of handing back a kernel that is not there."""
     monkeypatch.setattr(
-        agent_api, "probe_device", lambda: DeviceProbe("NVIDIA H200", (9, 0), "nvml")
+        agent_pod, "probe_device", lambda: DeviceProbe("NVIDIA H200", (9, 0), "nvml")
     )
     with pytest.raises(KernelBuildError, match="no MLA prefill kernel builds") as err:
         select_backend(

@@ -123,5 +123,13 @@ def test_missing_or_bad_fields(tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="unknown dtype 'float8_e4m3fn'"):
         read_model(path)
     path.write_text(json.dumps({**config, "qk_rope_head_dim": "64"}))
-    with pytest.raises(BadInputError, match=r"qk_rope_head_dim .* must be a positive integer"):
+    with pytest.raises(BadInputError, match=r"qk_rope_head_dim .* must be a non-negative integer"):
         read_model(path)
+    # a rope part of 0 is real (GLM-5-Next: (256, 0, 256)); a negative one is not
+    path.write_text(json.dumps({**config, "qk_nope_head_dim": 256, "qk_rope_head_dim": 0}))
+    assert read_model(path).qk_rope_head_dim == 0
+    path.write_text(json.dumps({**config, "qk_rope_head_dim": -1}))
+    with pytest.raises(BadInputError, match=r"qk_rope_head_dim .* must be a non-negative integer"):
+        read_model(path)
+    with pytest.raises(BadInputError, match=r"qk_nope_head_dim .* must be a positive integer"):
+        read_model(path, qk_nope_head_dim=0)

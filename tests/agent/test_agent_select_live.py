@@ -22,7 +22,8 @@ CASES: list[tuple[str, str, str | None, Any, str, str, tuple[int, int, int], int
      "FLASH_ATTN", "priority", (128, 64, 128), 16),
     ("kimi-k2.json", "10.0", "NVIDIA B200", {"torch": "2.11.0", "cudnn": "1.32.0"},
      "CUDNN", "priority", (128, 64, 128), 64),
-    ("glm-5", "10.0", "NVIDIA B200", "any", "FLASH_ATTN", "priority", (192, 64, 256), 64),
+    # TRTLLM_RAGGED also takes GLM-5's (192, 64, 256) since the TOKENSPEED_MLA spec change
+    ("glm-5", "10.0", "NVIDIA B200", "any", "TRTLLM_RAGGED", "priority", (192, 64, 256), 64),
     ("kimi-k2.5-multimodal.json", "8.0", "NVIDIA A100-SXM4-80GB", "any", "FLASH_ATTN",
      "priority", (128, 64, 128), 64),
     ("deepseek-v3.json", "none", None, {"torch": "2.13.0"}, "TORCH_SDPA", "fallback",
@@ -107,7 +108,8 @@ def test_strict_invalid_request_is_refused(agent_service: Any, cache_dir: Path) 
             token=agent_service.token,
             cache_dir=cache_dir,
         )
-    assert any(c["backend"] == "FLASHINFER" and not c["valid"] for c in err.value.candidates)
+    assert err.value.kind == "requested_invalid"
+    assert any(c.backend == "FLASHINFER" and not c.valid for c in err.value.candidates)
 
 
 def test_real_pod_on_this_machine_builds_the_kernel(agent_service: Any, cache_dir: Path) -> None:
