@@ -479,18 +479,28 @@ def host_us_per_call(fn: Callable[[], Any], device: torch.device | str, iters: i
 def host_us_interleaved(
     fns: dict[str, Callable[[], Any]], device: torch.device | str, iters: int = 40
 ) -> dict[str, float]:
-    """Median host time per call of each function, calls interleaved so drift hits all."""
+    """Median host time per call of each function, calls interleaved so drift hits all.
+
+    The order rotates every iteration, so no function always goes first (a launch
+    onto an idle GPU can cost more host time than one behind queued work), and the
+    GPU is synchronised only before and after.
+    """
     dev = canonical_device(device)
+    names = list(fns)
+    for fn in fns.values():  # one untimed call each, after the caller's warm-up
+        fn()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    times: dict[str, list[int]] = {name: [] for name in fns}
-    for _ in range(iters):
-        for name, fn in fns.items():
+    times: dict[str, list[int]] = {name: [] for name in names}
+    for i in range(iters):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            fn = fns[name]
             t0 = time.perf_counter_ns()
             fn()
             times[name].append(time.perf_counter_ns() - t0)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)  # keep the launch queue short
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
     return {name: statistics.median(t) / 1e3 for name, t in times.items()}
 
 
