@@ -13,6 +13,8 @@ from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.model_config import ModelDims
 from mla_switchboard.agent.notes import Notes, log
 from mla_switchboard.agent.pod import PodDescription, PodSpec, describe_pod
+from mla_switchboard.core.engines import resolve as resolve_engine_profile
+from mla_switchboard.core.schemas import EngineInfo, SelectRequest
 from mla_switchboard.core.specs import (
     SPECS,
     Backend,
@@ -36,6 +38,7 @@ __all__ = [
     "log_plan",
     "parse_shapes",
     "plan_bench",
+    "runnable_backends",
 ]
 
 MAX_TOKENS_PER_SHAPE = 1 << 20
@@ -190,14 +193,18 @@ def _resolve_device(
     raise BadInputError(f"--device {requested!r} is not cpu, cuda or cuda:N")
 
 
-def _runnable(
-    description: PodDescription,
+def runnable_backends(
+    request: SelectRequest,
     capability: tuple[int, int] | None,
-    wanted: Sequence[Backend] | None,
+    wanted: Sequence[Backend] | None = None,
 ) -> tuple[list[Backend], dict[str, list[str]]]:
-    """The backends the spec accepts on the device that will run (seed order, the fp32
-    reference last: it is the slowest to time), and why each other one is left out."""
-    request = description.request
+    """The backends to measure on the device that will run (seed order, the fp32
+    reference last: it is the slowest to time), and why each other one is left out.
+
+    A backend must pass our spec *and* the pod's serving engine (``core.engines``):
+    in a vLLM pod, CUDNN or a FLASHINFER vLLM runs only on Blackwell would be evidence
+    for a choice the service can never make, measured out of a boot's budget.
+    """
     ctx = SelectionContext(
         capability=None if capability is None else Capability(*capability),
         dims=MLADims(
@@ -208,13 +215,15 @@ def _runnable(
         dtype=request.dtype,
         packages=request.packages if request.packages is not None else {},
     )
+    engine = request.engine or EngineInfo()
+    profile = resolve_engine_profile(engine.name, engine.version)
     runnable: list[Backend] = []
     unavailable: dict[str, list[str]] = {}
     order = [b for b in Backend if b is not Backend.TORCH_SDPA] + [Backend.TORCH_SDPA]
     for backend in order:
         if wanted is not None and backend not in wanted:
             continue
-        reasons = SPECS[backend].validate(ctx)
+        reasons = SPECS[backend].validate(ctx) + profile.reasons(backend, ctx, engine.version)
         if reasons:
             unavailable[backend.value] = reasons
         else:
@@ -276,7 +285,7 @@ def plan_bench(
         layers = description.model.num_layers or DEFAULT_LAYERS
         if torch_device == "cpu":
             layers = min(layers, CPU_LAYERS)
-    runnable, unavailable = _runnable(description, capability, wanted)
+    runnable, unavailable = runnable_backends(description.request, capability, wanted)
     return BenchPlan(
         pod=description,
         device=torch_device,

@@ -21,16 +21,19 @@ import httpx
 import pytest
 from mla_switchboard.agent.bench import (
     BenchShape,
+    build_report,
     iterations,
     parse_shapes,
     plan_bench,
     run_bench,
     time_forward_passes,
 )
+from mla_switchboard.agent.bench.plan import runnable_backends
 from mla_switchboard.agent.bench.run import forward_inputs
 from mla_switchboard.agent.cli import bench_main, select_main
 from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.pod import PodSpec
+from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import RaggedBatch
 from mla_switchboard.kernels.torch_sdpa import TorchSdpaPrefill
@@ -407,24 +410,67 @@ def test_layers_come_from_the_config_and_the_engine_is_reported(
     assert (plan.model.num_layers, plan.device, plan.layers) == (61, "cpu", 2)
     argv = ["--model", DSV3, "--cluster", "bench-cpu", "--no-report", "--format", "json"]
     argv += ["--shapes", "1x16", "--iters", "3", "--num-heads", "4", "--layers", "2"]
-    code, out, err = _bench([*argv, "--engine", "vllm==0.33.0"], capsys)
+    code, out, err = _bench([*argv, "--engine", "switchboard"], capsys)
     assert code == 0, err
     doc = json.loads(out)
     assert doc["layers"] == 2 and "2 calls a forward pass" in err
-    assert doc["engine"] == {"name": "vllm", "version": "0.33.0"}
+    assert doc["engine"] == {"name": "switchboard", "version": None}
     assert doc["results"][0]["impl"] == "torch-fp32-reference"
-    from mla_switchboard.agent.bench import build_report, run_bench
 
     plan = plan_bench(
-        PodSpec(DSV3, cluster="bench-cpu", num_heads=4, engine="sglang==0.5.2"),
+        PodSpec(DSV3, cluster="bench-cpu", num_heads=4, engine="switchboard"),
         shapes="1x8",
         iters=1,
         layers=1,
     )
     report = build_report(plan, run_bench(plan))
     assert report is not None and report.engine is not None
-    assert (report.engine.name, report.engine.version) == ("sglang", "0.5.2")
+    assert (report.engine.name, report.engine.version) == ("switchboard", None)
     assert {r.impl for r in report.results} == {"torch-fp32-reference"}
+
+
+DIM_NAMES = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def _request(engine: dict[str, Any] | None, dims: tuple[int, int, int] = (128, 64, 128)) -> Any:
+    return SelectRequest.model_validate(
+        {
+            "cluster": "c",
+            "model": dict(
+                zip(("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), dims, strict=True)
+            ),
+            "dtype": "bf16",
+            "packages": {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0"},
+            "engine": engine,
+        }
+    )
+
+
+def test_a_bench_measures_only_what_the_engine_runs() -> None:
+    """A vLLM pod on an H200 measures FLASH_ATTN only: vLLM has no CUDNN and no
+    TORCH_SDPA, and runs FLASHINFER only on 10.x; each is left out with the engine's
+    reason. Switchboard's own kernels are all measured."""
+    runnable, unavailable = runnable_backends(
+        _request({"name": "vllm", "version": "0.33.0"}), (9, 0)
+    )
+    assert runnable == [Backend.FLASH_ATTN]
+    assert any("vLLM 0.33.0 has no CUDNN" in r for r in unavailable["CUDNN"])
+    assert any("10.x" in r for r in unavailable["FLASHINFER"])
+    assert any("TORCH_SDPA" in r for r in unavailable["TORCH_SDPA"])
+    runnable, _ = runnable_backends(_request(None), (9, 0))
+    assert runnable == [Backend.FLASHINFER, Backend.CUDNN, Backend.FLASH_ATTN, Backend.TORCH_SDPA]
+
+
+def test_a_cpu_bench_for_vllm_measures_nothing_and_says_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--model", DSV3, "--cluster", "c", "--no-report", "--format", "json", *QUICK]
+    code, out, err = _bench([*argv, "--engine", "vllm==0.33.0"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["results"] == [] and doc["engine"] == {"name": "vllm", "version": "0.33.0"}
+    assert "vLLM 0.33.0 has no TORCH_SDPA" in " ".join(doc["unavailable"]["TORCH_SDPA"])
+    assert "nothing was measured" in err
 
 
 def test_bench_refuses_a_pretended_gpu_and_a_bad_url(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import subprocess
@@ -20,12 +19,6 @@ DSV3 = str(CONFIGS / "deepseek-v3.json")
 FA_FLAG = "--attention-config.mla_prefill_backend=FLASH_ATTN\n"
 B200 = ["--capability", "10.0", "--device-name", "NVIDIA B200", "--packages", "any"]
 VLLM = ["--engine", "vllm==0.33.0"]
-ENGINE_ARGS = importlib.util.find_spec("mla_switchboard.core.engines") is not None
-needs_engine_args = pytest.mark.xfail(
-    not ENGINE_ARGS,
-    reason="the evaluator fills engine_args once core/engines.py lands (lead, issue 12)",
-    strict=False,
-)
 
 
 @pytest.fixture
@@ -65,7 +58,6 @@ def test_json_output(svc_args: list[str], capsys: pytest.CaptureFixture[str]) ->
     assert "switchboard: TRTLLM_RAGGED (priority)" in err
 
 
-@needs_engine_args
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
@@ -114,7 +106,6 @@ def test_env_output_is_shell(svc_args: list[str], capsys: pytest.CaptureFixture[
     assert values["SWITCHBOARD_VLLM_ARGS"] == ""
 
 
-@needs_engine_args
 def test_env_output_exports_the_engine_args(
     svc_args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -170,7 +161,6 @@ def test_strict_refusal_exits_1(svc_args: list[str], capsys: pytest.CaptureFixtu
     assert "compute capability 9.0 not supported (needs 10.x)" in err
 
 
-@needs_engine_args
 def test_service_down_still_exits_0(
     closed_url: str, cache_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -196,7 +186,6 @@ def test_check_builds_and_verifies_the_kernel(
     )  # fmt: skip
 
 
-@needs_engine_args
 def test_the_switchboard_command_runs_select(agent_service: Any, cache_dir: Path) -> None:
     """Through the console script's entry point, in a fresh process, as a pod would."""
     proc = subprocess.run(
@@ -216,7 +205,6 @@ def test_the_switchboard_command_runs_select(agent_service: Any, cache_dir: Path
     assert "switchboard: TRTLLM_RAGGED (priority)" in proc.stderr
 
 
-@needs_engine_args
 def test_stderr_says_why_a_request_was_not_taken(
     svc_args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,7 +5,6 @@ gives them; a refusal prints no flags, explains every candidate and lets the pod
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 from pathlib import Path
@@ -21,12 +20,6 @@ from mla_switchboard.core.specs import Backend
 CONFIGS = Path(__file__).resolve().parent / "configs"
 DSV3 = str(CONFIGS / "deepseek-v3.json")
 H200 = ["--capability", "9.0", "--device-name", "NVIDIA H200", "--packages", "any"]
-ENGINE_ARGS = importlib.util.find_spec("mla_switchboard.core.engines") is not None
-needs_engine_args = pytest.mark.xfail(
-    not ENGINE_ARGS,
-    reason="the evaluator fills engine_args once core/engines.py lands (lead, issue 12)",
-    strict=False,
-)
 
 
 def _fake_distribution(root: Path, name: str, version: str) -> None:
@@ -207,7 +200,6 @@ def test_formats_print_the_answers_engine_args_verbatim() -> None:
     assert format_result(legacy, "vllm-args") == ""
 
 
-@needs_engine_args
 def test_vllm_before_0_21_gets_no_flag_and_the_reason(
     svc_args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -217,7 +209,6 @@ def test_vllm_before_0_21_gets_no_flag_and_the_reason(
     assert "0.21" in err and "printing none" in err
 
 
-@needs_engine_args
 def test_sglang_args_select_prefill_and_pin_decode(
     svc_args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -280,3 +271,50 @@ def test_strict_refusal_lists_every_candidate_and_exits_1(
     assert (code, out) == (1, "")
     assert "TRTLLM_RAGGED: compute capability 9.0 not supported" in err
     assert "FLASH_ATTN: valid" in err
+
+
+# vLLM 0.33.0's own rules, written out from the issue's reading of its source
+# (prefill/base.py and each backend's file), independently of core/engines.py.
+VLLM_FA_DIMS = {(128, 64, 128), (192, 64, 256), (64, 64, 128), (256, 0, 256)}
+VLLM_BLACKWELL_DIMS = {
+    "FLASHINFER": {(128, 64, 128)},
+    "TRTLLM_RAGGED": {(128, 64, 128), (192, 64, 256)},
+    "TOKENSPEED_MLA": {(128, 64, 128)},
+}
+
+
+def _vllm_runs(backend: str, capability: str, dims: tuple[int, int, int], dtype: str) -> bool:
+    if capability == "none" or dtype == "fp32":
+        return False
+    if backend == "FLASH_ATTN":
+        return dims in VLLM_FA_DIMS
+    major = int(capability.split(".")[0])
+    return major == 10 and dims in VLLM_BLACKWELL_DIMS.get(backend, set())
+
+
+@pytest.mark.parametrize("capability", ["7.5", "8.0", "8.9", "9.0", "10.0", "10.3", "12.0", "none"])
+@pytest.mark.parametrize(
+    "dims", [(128, 64, 128), (192, 64, 256), (64, 64, 128), (256, 0, 256), (96, 32, 64)]
+)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_vllm_args_name_only_what_vllm_runs(
+    capability: str,
+    dims: tuple[int, int, int],
+    dtype: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 12: whatever the pod, ``--format vllm-args`` prints one flag vLLM 0.33.0
+    accepts and would run for it, or nothing (exit 0 either way). Decided locally (no
+    service URL), the path a pod takes when the service is down."""
+    nope, rope, v = (str(d) for d in dims)
+    argv = ["--cluster", "c", "--capability", capability, "--packages", "any", "--no-cache"]
+    argv += ["--qk-nope-head-dim", nope, "--qk-rope-head-dim", rope, "--v-head-dim", v]
+    argv += ["--dtype", dtype, "--engine", "vllm==0.33.0", "--format", "vllm-args"]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    if not out:
+        assert "printing no engine flags" in err or "printing none" in err
+        return
+    flag, _, backend = out.strip().partition("=")
+    assert flag == "--attention-config.mla_prefill_backend" and "\n" not in out.strip()
+    assert _vllm_runs(backend, capability, dims, dtype), out
