@@ -490,6 +490,8 @@ BAD_NUMBERS = [0, -1, -(2**63), 2**64, 10**400, 12.5, 1e308, "128", True, None, 
 def test_measurement_dims(hostile: Hostile, dim: str) -> None:
     _skip_absent(hostile, "measurements")
     for value in [*BAD_NUMBERS, 1025]:
+        if dim == "qk_rope_head_dim" and value == 0:
+            continue  # a model without a rope part (GLM-5-Next's (256, 0, 256)) is valid
         body = measurement_body()
         body["model"][dim] = value
         names(hostile.send("measurements", body), f"body.model.{dim}")
