@@ -1,32 +1,49 @@
-# MLA Switchboard service image: no torch, no GPU libraries, runs as non-root.
-#   docker build -t mla-switchboard .
-#   docker run -p 8000:8000 -v sb-data:/data mla-switchboard
+# MLA Switchboard service image: no torch, no GPU libraries, runs as uid 10001.
+#   podman build --format docker -t mla-switchboard .     (or docker build)
+#   podman run -p 8000:8000 -v sb-data:/data mla-switchboard
+# Another port: -e SWITCHBOARD_PORT=9000 (the server and the HEALTHCHECK both read it).
 # PostgreSQL instead of the embedded SQLite file:
-#   docker run -e SWITCHBOARD_DATABASE_URL=postgresql+psycopg://user@db/switchboard ...
+#   podman run -e SWITCHBOARD_DATABASE_URL=postgresql+psycopg://user@db/switchboard ...
+# CI builds and runs it: .ci/image.sh.
 
 FROM python:3.11-slim AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+# The service and its dependencies go into one venv, the only thing the final stage
+# copies: no wheels, no pip cache, no build tree left in a layer.
+RUN python -m venv /opt/switchboard
 WORKDIR /src
+COPY .ci/constraints.txt ./constraints.txt
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY service ./service
 COPY kernels ./kernels
 COPY agent ./agent
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The same pins as the tests (.ci/constraints.txt); non-editable, so the venv holds a
+# complete copy of the package and nothing points back into /src.
+# pip and setuptools are build tools: the running service needs neither (25 MB).
+RUN /opt/switchboard/bin/pip install -c constraints.txt ".[server]" \
+    && /opt/switchboard/bin/pip uninstall --yes pip setuptools
 
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 \
+ENV PATH=/opt/switchboard/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    SWITCHBOARD_DATABASE_URL=sqlite:////data/switchboard.db
+    SWITCHBOARD_DATABASE_URL=sqlite:////data/switchboard.db \
+    SWITCHBOARD_HOST=0.0.0.0 \
+    SWITCHBOARD_PORT=8000
 RUN groupadd --gid 10001 switchboard \
     && useradd --create-home --uid 10001 --gid 10001 switchboard \
     && mkdir /data && chown 10001:10001 /data
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+COPY --from=build /opt/switchboard /opt/switchboard
 # numeric, so that Kubernetes' runAsNonRoot can check it without /etc/passwd
 USER 10001:10001
 WORKDIR /home/switchboard
 VOLUME ["/data"]
 EXPOSE 8000
+# `switchboard health` asks /readyz on 127.0.0.1:$SWITCHBOARD_PORT, the port serve listens on
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2).status != 200)"]
+    CMD ["switchboard", "health"]
 ENTRYPOINT ["switchboard"]
-CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
+# --host and --port default to $SWITCHBOARD_HOST and $SWITCHBOARD_PORT
+CMD ["serve"]

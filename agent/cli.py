@@ -691,7 +691,11 @@ def bench_main(argv: Sequence[str], *, kernel_classes: Any = None) -> int:
 
 # ------------------------------------------------------------------ dispatch
 
-SERVICE_COMMANDS = {"serve": "run the central service", "token": "manage API tokens"}
+SERVICE_COMMANDS = {
+    "serve": "run the central service",
+    "token": "manage API tokens",
+    "health": "ask the local service's /readyz (the container's healthcheck)",
+}
 """Subcommands that live in the service (``mla_switchboard.service.cli``). They are
 looked up by name when invoked, so a GPU pod's plain install runs ``select`` and
 ``bench`` without FastAPI or SQLAlchemy, and says which extra ``serve`` needs."""

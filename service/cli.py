@@ -8,8 +8,10 @@ GPU pod's plain install (no server extra) can run; it hands ``serve`` and ``toke
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -76,13 +78,24 @@ def _create_token(runtime: Runtime, *, name: str, role: str, clusters: list[str]
 def _token(args: argparse.Namespace) -> int:
     from mla_switchboard.service.config import Settings
     from mla_switchboard.service.runtime import Runtime
+    from mla_switchboard.service.store.db import StoreConfigError
 
-    runtime = Runtime(Settings())
-    runtime.prepare_store()
+    settings = Settings()
+    url = settings.database_url
+    # stderr, so that `TOKEN=$(switchboard token create ...)` still captures the token only
+    print(f"switchboard: using database {_shown(url)}", file=sys.stderr)
+    problem = _store_problem(url, create=args.create)
+    if problem is not None:
+        print(f"switchboard token: {problem}", file=sys.stderr)
+        return 2
+    try:
+        runtime = Runtime(settings)
+        runtime.prepare_store()
+    except StoreConfigError as exc:
+        print(f"switchboard token: {exc}", file=sys.stderr)
+        return 2
     if args.token_command == "create":
-        token = _create_token(
-            runtime, name=args.name, role=args.role, clusters=args.clusters or None
-        )
+        token = _create_token(runtime, name=args.name, role=args.role, clusters=args.clusters)
         print(token)
         return 0
     if args.token_command == "revoke":
@@ -98,41 +111,274 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_problem(url: str, *, create: bool) -> str | None:
+    """Why ``switchboard token`` must not open the database at ``url``, or None.
+
+    The token commands work on the service's own database. Run from another directory
+    (or with the variable unset) they used to create a fresh ``./switchboard.db``
+    silently, print a token, and that token then got 401 from the running service,
+    which reads a different file. Only ``serve`` creates a database; here ``--create``
+    says the operator means it.
+    """
+    from mla_switchboard.service.store.db import StoreConfigError, make_engine
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return f"SWITCHBOARD_DATABASE_URL {url!r} is not a database URL"
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database or ":memory:"
+        if db == ":memory:":
+            return (
+                "SWITCHBOARD_DATABASE_URL names an in-memory SQLite database: a token "
+                "stored there is gone when this command exits"
+            )
+        path = Path(db).expanduser().resolve()
+        if create or (path.is_file() and path.stat().st_size > 0):
+            return None
+        return (
+            f"no database at {path}: the token would go into a new empty database that "
+            "no running service reads. Point SWITCHBOARD_DATABASE_URL at the service's "
+            "database (`switchboard serve` creates it on its first start), or pass "
+            "--create to create this one"
+        )
+    if create:
+        return None
+    try:
+        engine = make_engine(url)
+    except StoreConfigError as exc:
+        return str(exc)
+    try:
+        with engine.connect() as conn:
+            migrated = inspect(conn).has_table("alembic_version")
+    except Exception as exc:
+        first = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+        return f"cannot connect to {_shown(url)}: {type(exc).__name__}: {first}"
+    finally:
+        engine.dispose()
+    if not migrated:
+        return (
+            f"{_shown(url)} holds no Switchboard tables: point SWITCHBOARD_DATABASE_URL at "
+            "the service's database (`switchboard serve` creates the tables on its first "
+            "start), or pass --create to create them here"
+        )
+    return None
+
+
+def _shown(url: str) -> str:
+    """The database URL for a person to read: password hidden, SQLite path absolute."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return url
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        return f"sqlite:///{Path(parsed.database).expanduser().resolve()}"
+    return parsed.render_as_string(hide_password=True)
+
+
+SETTING_HELP = {
+    "flush_batch": "most decisions written in one batch",
+    "max_body_bytes": "larger request bodies get 413",
+    "measured_min_samples": "measurements a backend needs before evidence ranks it",
+    "measured_min_pods": "distinct pods those measurements must come from",
+    "measured_max_age_days": "measurements older than this are ignored",
+}
+
+
+def _port(text: str) -> int:
+    """A TCP port, from --port or SWITCHBOARD_PORT (argparse applies it to both)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a port (1-65535; from --port or SWITCHBOARD_PORT)"
+        )
+    return port
+
+
+def _health(args: argparse.Namespace) -> int:
+    """Standard library only: it runs every few seconds inside the container."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{args.host}:{args.port}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except OSError as exc:
+        print(f"switchboard health: {url}: {exc}", file=sys.stderr)
+        return 1
+    if status != 200:
+        print(f"switchboard health: {url} answered {status}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _environment_help(names: Sequence[str] | None = None) -> str:
+    """The ``SWITCHBOARD_*`` variables a subcommand reads, from ``Settings`` itself, so
+    that the help text cannot drift from what the service really reads."""
+    from mla_switchboard.service.config import Settings
+
+    lines = ["environment variables read:"]
+    for name, field in Settings.model_fields.items():
+        if names is not None and name not in names:
+            continue
+        default = "unset" if field.default is None else repr(field.default)
+        text = field.description or SETTING_HELP.get(name, "")
+        lines.append(f"  SWITCHBOARD_{name.upper():<22} {text} (default {default})")
+    if names is None:  # serve's own two
+        lines.append(f"  {'SWITCHBOARD_HOST':<34} default for --host")
+        lines.append(f"  {'SWITCHBOARD_PORT':<34} default for --port")
+    return "\n".join(lines)
+
+
+def _clusters(parser: argparse.ArgumentParser, clusters: list[str] | None) -> list[str] | None:
+    """``--clusters`` checked by the same rules as ``POST /v1/tokens``."""
+    from mla_switchboard.core.names import validate_cluster_globs
+
+    if clusters is None:
+        return None
+    try:
+        return validate_cluster_globs(clusters)
+    except ValueError as exc:
+        parser.error(f"argument --{exc}")
+    return None  # unreachable: error() exits
+
+
 def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="switchboard", description="MLA Switchboard: fleet-wide MLA prefill backend choice"
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the service (uvicorn)")
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    serve = sub.add_parser(
+        "serve",
+        help="run the service (uvicorn)",
+        description="Run the Switchboard service: the API, the dashboard at / and the API "
+        "docs at /docs. Creates and migrates the database on its first start; with no "
+        "token configured it creates an admin token and prints it once on stderr.",
+        epilog=_environment_help(),
+        formatter_class=raw,
     )
-    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False)
+    serve.add_argument(
+        "--host",
+        default=os.environ.get("SWITCHBOARD_HOST") or "127.0.0.1",
+        help="bind address (default $SWITCHBOARD_HOST, else 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--port",
+        type=_port,
+        default=os.environ.get("SWITCHBOARD_PORT") or "8000",
+        help="port (default $SWITCHBOARD_PORT, else 8000)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default info)",
+    )
+    serve.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="log every request (default off: the hot path is /v1/select)",
+    )
     serve.set_defaults(func=_serve)
 
-    token = sub.add_parser("token", help="manage API tokens directly in the database")
+    health = sub.add_parser(
+        "health",
+        help="exit 0 if the local service answers /readyz with 200 (container healthcheck)",
+        description="Ask http://HOST:PORT/readyz once; exit 0 on 200, 1 otherwise. The "
+        "container image's HEALTHCHECK runs it, so that it follows SWITCHBOARD_PORT.",
+        epilog="environment variables read:\n"
+        "  SWITCHBOARD_PORT        the port to ask (default 8000)",
+        formatter_class=raw,
+    )
+    health.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
+    health.add_argument(
+        "--port",
+        type=_port,
+        default=os.environ.get("SWITCHBOARD_PORT") or "8000",
+        help="default $SWITCHBOARD_PORT, else 8000",
+    )
+    health.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+    health.set_defaults(func=_health)
+
+    token_env = _environment_help(["database_url"])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--create",
+        action="store_true",
+        help="create the database if it does not exist yet (otherwise refused: only "
+        "`switchboard serve` creates one)",
+    )
+    token = sub.add_parser(
+        "token",
+        help="manage API tokens directly in the database",
+        description="Create, list and revoke API tokens in the service's database, without "
+        "the API (for the first tokens, or when no admin token is at hand). Says which "
+        "database it uses and refuses to create a new one unless --create is given.",
+        epilog=token_env,
+        formatter_class=raw,
+    )
     tsub = token.add_subparsers(dest="token_command", required=True)
-    create = tsub.add_parser("create", help="create a token and print it once")
+    create = tsub.add_parser(
+        "create",
+        parents=[common],
+        help="create a token and print it once",
+        description="Create a token and print it once on stdout.",
+        epilog=token_env,
+        formatter_class=raw,
+    )
     create.add_argument("--role", required=True, choices=["agent", "viewer", "admin"])
     create.add_argument("--name", default=None, help="who holds it (default: <role>-token)")
     create.add_argument(
-        "--clusters", nargs="*", default=None, metavar="GLOB", help="limit to these cluster globs"
+        "--clusters",
+        nargs="*",
+        default=None,
+        metavar="GLOB",
+        help="limit an admin token to these cluster globs (a-z 0-9 . _ - * ?), "
+        "e.g. 'prod-*'; default: every cluster",
     )
-    revoke = tsub.add_parser("revoke", help="revoke a token by id")
+    revoke = tsub.add_parser(
+        "revoke",
+        parents=[common],
+        help="revoke a token by id",
+        description="Revoke a token by its id (the part after sb_, as `token list` shows).",
+        epilog=token_env,
+        formatter_class=raw,
+    )
     revoke.add_argument("id")
-    tsub.add_parser("list", help="list tokens (never their secrets)")
+    tsub.add_parser(
+        "list",
+        parents=[common],
+        help="list tokens (never their secrets)",
+        description="List tokens: id, name, role, cluster limit, state. Never the secrets.",
+        epilog=token_env,
+        formatter_class=raw,
+    )
     token.set_defaults(func=_token)
+    parser.set_defaults(create_parser=create)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if getattr(args, "name", "") is None:
         args.name = f"{args.role}-token"
+    if getattr(args, "token_command", None) == "create":
+        args.clusters = _clusters(args.create_parser, args.clusters)
     return int(args.func(args))
 
 

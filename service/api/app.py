@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from mla_switchboard.core.version import __version__
 from mla_switchboard.service.api.middleware import BodyLimitAndMetrics
 from mla_switchboard.service.api.routes import (
     admin,
@@ -45,11 +48,14 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
     app = FastAPI(
         title="MLA Switchboard",
-        version="1.0.0",
+        version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # served by _offline_docs from packaged assets, not from a CDN
+        redoc_url=None,
     )
     app.state.runtime = runtime
+    _offline_docs(app)
     app.include_router(select.lean_router)  # first: the hot path is matched first
     for module in (select, selections, rules, overrides, measurements, admin, health, dashboard):
         app.include_router(module.router)
@@ -59,6 +65,54 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
     )
     return app
+
+
+DOCS_ASSETS_URL = "/docs-assets"
+
+# name -> media type: the files that fastapi-offline ships for Swagger UI; served from
+# this allowlist, so no request path reaches the file system
+DOCS_ASSETS: dict[str, str] = {
+    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+    "swagger-ui.css": "text/css; charset=utf-8",
+    "favicon.png": "image/png",
+}
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) with every asset served by this process.
+
+    FastAPI's defaults load Swagger UI and ReDoc from a CDN, so on an air-gapped GPU
+    cluster ``/docs`` was a blank page. The assets come from the ``fastapi-offline``
+    package (installed with the server extra, which keeps them current); only its
+    files are used, read once at start. Swagger UI's online validator badge is turned
+    off, as it would call out to swagger.io. ReDoc is not offered: its bundle still
+    loads its logo from Redocly's CDN, and Swagger UI already shows every operation.
+    """
+    static = files("fastapi_offline") / "static"
+    assets = {name: (static / name).read_bytes() for name in DOCS_ASSETS}
+    openapi_url = app.openapi_url or "/openapi.json"
+    favicon = f"{DOCS_ASSETS_URL}/favicon.png"
+
+    @app.get(f"{DOCS_ASSETS_URL}/{{name}}", include_in_schema=False)
+    async def docs_asset(name: str) -> Response:
+        if name not in assets:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return Response(
+            assets[name],
+            media_type=DOCS_ASSETS[name],
+            headers={"Cache-Control": "public, max-age=86400"},
+        )
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} {app.version} - API",
+            swagger_js_url=f"{DOCS_ASSETS_URL}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS_URL}/swagger-ui.css",
+            swagger_favicon_url=favicon,
+            swagger_ui_parameters={"validatorUrl": None},
+        )
 
 
 async def _body_errors_as_422(request: Request, exc: HTTPException) -> Response:

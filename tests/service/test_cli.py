@@ -1,4 +1,5 @@
-"""The `switchboard` command: first-start token, local token management, bad config."""
+"""The `switchboard` command: first-start token, local token management, bad config,
+which database the token commands use, help texts, version, the container health check."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
+from mla_switchboard.core.names import validate_cluster_globs
+from mla_switchboard.core.version import __version__
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, ServiceProcess, free_port
 
 TOKEN_RE = re.compile(r"sb_[0-9a-f]{12}_[A-Za-z0-9_-]+")
 
@@ -22,10 +27,16 @@ def env_for(db: Path) -> dict[str, str]:
     return env
 
 
-def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """``switchboard ARGS`` through the real entry point (the agent's dispatcher)."""
     return subprocess.run(
-        [sys.executable, "-m", "mla_switchboard.service.cli", *args],
-        cwd=ROOT,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from mla_switchboard.agent.cli import main; sys.exit(main())",
+            *args,
+        ],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -82,7 +93,7 @@ def test_first_start_prints_an_admin_token_once(tmp_path: Path) -> None:
 
 def test_token_create_list_revoke_locally(tmp_path: Path) -> None:
     env = env_for(tmp_path / "sb.db")
-    created = cli("token", "create", "--role", "viewer", "--name", "grafana", env=env)
+    created = cli("token", "create", "--create", "--role", "viewer", "--name", "grafana", env=env)
     assert created.returncode == 0, created.stderr
     token = created.stdout.strip()
     assert TOKEN_RE.fullmatch(token)
@@ -117,3 +128,184 @@ def test_service_does_not_import_torch() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------ which database the token commands use
+
+
+def test_token_commands_refuse_to_create_a_new_database(tmp_path: Path) -> None:
+    """Run from another directory with no SWITCHBOARD_DATABASE_URL, `token create` used
+    to create ./switchboard.db silently; its token then got 401 from the service."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = env_for(tmp_path / "unused.db")
+    del env["SWITCHBOARD_DATABASE_URL"]
+    for args in (["create", "--role", "admin"], ["list"], ["revoke", "0123456789ab"]):
+        r = cli("token", *args, env=env, cwd=elsewhere)
+        assert r.returncode == 2, (args, r.stderr)
+        where = elsewhere / "switchboard.db"
+        assert f"using database sqlite:///{where}" in r.stderr
+        assert f"no database at {where}" in r.stderr and "--create" in r.stderr
+        assert r.stdout == ""
+        assert list(elsewhere.iterdir()) == [], "nothing may be created"
+    r = cli("token", "create", "--create", "--role", "admin", env=env, cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert TOKEN_RE.fullmatch(r.stdout.strip())  # stdout: the token only
+    assert (elsewhere / "switchboard.db").is_file()
+    assert cli("token", "list", env=env, cwd=elsewhere).returncode == 0  # exists now
+
+
+def test_a_token_made_against_the_services_database_works(tmp_path: Path) -> None:
+    """The database `serve` created is accepted without --create, and the token printed
+    is one the running service honours."""
+    db = tmp_path / "service.db"
+    service = ServiceProcess(f"sqlite:///{db}").start(tmp_path)
+    try:
+        r = cli("token", "create", "--role", "viewer", env=env_for(db), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert f"using database sqlite:///{db}" in r.stderr
+        # the service reads new tokens within its config poll
+        for _ in range(100):
+            got = httpx.get(
+                service.url + "/v1/selections/summary",
+                headers={"Authorization": f"Bearer {r.stdout.strip()}"},
+            )
+            if got.status_code == 200:
+                break
+            time.sleep(0.1)
+        assert got.status_code == 200, got.text
+    finally:
+        service.stop()
+
+
+@pytest.mark.postgres
+def test_token_commands_refuse_a_postgres_database_without_tables(
+    tmp_path: Path, pg_url_factory: Callable[[], str]
+) -> None:
+    url = pg_url_factory()  # an empty schema: reachable, but no Switchboard tables
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    env["SWITCHBOARD_DATABASE_URL"] = url
+    r = cli("token", "list", env=env)
+    assert r.returncode == 2
+    assert "holds no Switchboard tables" in r.stderr and "--create" in r.stderr
+    assert "using database postgresql+psycopg://postgres@127.0.0.1" in r.stderr
+    created = cli("token", "create", "--create", "--role", "agent", env=env)
+    assert created.returncode == 0, created.stderr
+    assert "agent-token\tagent" in cli("token", "list", env=env).stdout
+
+
+def test_token_commands_name_an_unreachable_database(tmp_path: Path) -> None:
+    env = env_for(tmp_path / "x.db")
+    env["SWITCHBOARD_DATABASE_URL"] = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
+    r = cli("token", "list", env=env)
+    assert r.returncode == 2
+    assert "cannot connect to postgresql://postgres@127.0.0.1" in r.stderr
+
+
+# ------------------------------------------------------------------ cluster globs
+
+
+def test_cluster_globs_follow_one_rule() -> None:
+    assert validate_cluster_globs(["prod-*", "eu-west-1", "a?.b_c"]) == [
+        "prod-*",
+        "eu-west-1",
+        "a?.b_c",
+    ]
+    for bad in (["Prod East"], ["prod east"], ["PROD"], [""], ["-"], ["?."], ["x" * 64], []):
+        with pytest.raises(ValueError, match="clusters"):
+            validate_cluster_globs(bad)
+
+
+def test_token_create_refuses_cluster_globs_the_api_refuses(tmp_path: Path) -> None:
+    env = env_for(tmp_path / "sb.db")
+    for args, says in (
+        (["--clusters", "Prod East"], "'Prod East' is not a cluster glob"),
+        (["--clusters", "prod-*", "-"], "'-' is not a cluster glob"),
+        (["--clusters"], "give at least one cluster glob"),
+    ):
+        r = cli("token", "create", "--create", "--role", "admin", *args, env=env)
+        assert r.returncode == 2, r.stderr
+        assert "argument --clusters:" in r.stderr and says in r.stderr
+        assert not (tmp_path / "sb.db").exists()  # refused before touching the database
+    ok = cli("token", "create", "--create", "--role", "admin", "--clusters", "prod-*", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "\tadmin\tprod-*\tactive" in cli("token", "list", env=env).stdout
+
+
+# ------------------------------------------------------------------- help, version
+
+
+def test_help_texts_describe_each_command_and_its_environment(tmp_path: Path) -> None:
+    env = env_for(tmp_path / "sb.db")
+    serve = cli("serve", "--help", env=env)
+    assert serve.returncode == 0
+    for variable in (
+        "SWITCHBOARD_DATABASE_URL",
+        "SWITCHBOARD_ADMIN_TOKEN",
+        "SWITCHBOARD_FLUSH_INTERVAL_S",
+        "SWITCHBOARD_BUFFER_LIMIT",
+        "SWITCHBOARD_CONFIG_POLL_S",
+        "SWITCHBOARD_MAX_BODY_BYTES",
+        "SWITCHBOARD_HOST",
+        "SWITCHBOARD_PORT",
+    ):
+        assert variable in serve.stdout, variable
+    assert "Run the Switchboard service" in serve.stdout
+    for sub in (["token"], ["token", "create"], ["token", "list"], ["token", "revoke"]):
+        r = cli(*sub, "--help", env=env)
+        assert r.returncode == 0
+        assert "SWITCHBOARD_DATABASE_URL" in r.stdout, sub
+    assert "--create" in cli("token", "create", "--help", env=env).stdout
+    top = cli("--help", env=env)
+    for name in ("serve", "token", "health", "select", "bench"):
+        assert name in top.stdout
+
+
+def test_one_version_everywhere(tmp_path: Path) -> None:
+    """`switchboard --version`, the OpenAPI document and the package metadata agree."""
+    assert __version__ != "0+unknown"
+    r = cli("--version", env=env_for(tmp_path / "sb.db"))
+    assert r.returncode == 0 and r.stdout.strip() == f"switchboard {__version__}"
+    from mla_switchboard.service.api.app import create_app
+    from mla_switchboard.service.config import Settings
+
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'sb.db'}"))
+    assert app.openapi()["info"]["version"] == __version__
+
+
+# ---------------------------------------------------- SWITCHBOARD_PORT and health
+
+
+def test_serve_and_health_follow_switchboard_port(tmp_path: Path) -> None:
+    """The container sets SWITCHBOARD_PORT once; `serve` listens there and `health`
+    (its HEALTHCHECK) asks there, so changing the port cannot break the check."""
+    env = env_for(tmp_path / "sb.db")
+    port = free_port()
+    env["SWITCHBOARD_PORT"] = str(port)
+    env["SWITCHBOARD_ADMIN_TOKEN"] = "t" * 24
+    assert cli("health", env=env).returncode == 1  # nothing listens yet
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mla_switchboard.service.cli", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        ok = cli("health", env=env)
+        assert ok.returncode == 0, ok.stderr
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    env["SWITCHBOARD_PORT"] = "eighty"
+    for command in ("serve", "health"):
+        r = cli(command, env=env)
+        assert r.returncode == 2 and "'eighty' is not a port" in r.stderr
+        assert "SWITCHBOARD_PORT" in r.stderr

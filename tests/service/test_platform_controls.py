@@ -325,8 +325,12 @@ def test_audit_log(server: ServiceProcess, admin: httpx.Client) -> None:
 class TestPreview:
     """Against its own fleet of 1,200 recorded pods (the counts are exact)."""
 
+    # A classmethod: a class-scoped fixture runs once, on an instance no test sees, so
+    # pytest 9 deprecates instance-method ones (PytestRemovedIn10Warning); this one
+    # keeps no state on the class at all, it yields the service.
     @pytest.fixture(scope="class")
-    def fleet(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    @classmethod
+    def fleet(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
         d = tmp_path_factory.mktemp("fleet")
         service = ServiceProcess(f"sqlite:///{d / 'fleet.db'}").start(d)
         with service.client() as c:
