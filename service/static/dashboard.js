@@ -126,6 +126,8 @@ const state = {
   inflightToken: null,
   lastUpdated: null,
   lookupSeq: 0,
+  fleetFilter: "", // kept across refreshes, like the sort
+  fleetSort: "name", // "name" or "pods"
 };
 
 async function api(path) {
@@ -360,8 +362,34 @@ function renderSummary() {
   );
 
   $("cluster-names").replaceChildren(...names.map((n) => h("option", { value: n })));
-  drawChart(clusters, names, order);
+  renderChart();
   renderRegret((state.summary && state.summary.regret) || {});
+}
+
+/** The chart for the clusters the filter keeps, in the chosen order. With hundreds of
+ *  clusters one alphabetical list hides the big ones; sorting by pods shows them first. */
+function renderChart() {
+  const clusters = (state.summary && state.summary.clusters) || {};
+  const order = backendOrder(totals(clusters));
+  const all = Object.keys(clusters).sort();
+  const needle = state.fleetFilter.trim().toLowerCase();
+  const shown = needle ? all.filter((n) => n.toLowerCase().includes(needle)) : all;
+  if (state.fleetSort === "pods") {
+    const pods = (n) => Object.values(clusters[n]).reduce((a, b) => a + b, 0);
+    shown.sort((a, b) => pods(b) - pods(a) || (a < b ? -1 : a > b ? 1 : 0));
+  }
+  $("fleet-count").textContent = needle
+    ? `${shown.length} of ${plural(all.length, "cluster")}`
+    : plural(all.length, "cluster");
+  if (all.length && !shown.length) {
+    $("chart").replaceChildren(
+      h("div", { class: "empty", id: "chart-empty" },
+        h("strong", {}, `No cluster matches “${state.fleetFilter.trim()}”.`),
+        h("span", {}, "Clear the filter to see every cluster.")),
+    );
+    return;
+  }
+  drawChart(clusters, shown, order);
 }
 
 /** Regret per cluster (issue 6): only clusters whose pods have measured evidence. */
@@ -646,14 +674,19 @@ async function showClusterPods(cluster) {
   // Two-line cells (pod over node, device over capability) keep the table narrow.
   const stacked = (main, sub, mono) =>
     [h("div", { class: mono ? "mono" : "" }, main), h("div", { class: "sub" }, sub)];
+  // Backend comes right after the pod: it is what the table is opened for, and on a
+  // narrow screen Device, Model and Decided give way (CSS) before it does.
   const rows = latest.map((item) =>
     h("tr", { "data-pod": item.pod ?? "" },
-      h("td", { class: "wrap" }, stacked(item.pod ?? "—", `node ${item.node ?? "—"}`, true)),
-      h("td", {}, stacked((item.device && item.device.name) || "—", capText(item.device))),
-      h("td", { class: "truncate", title: (item.model && item.model.name) || "" },
+      h("td", { class: "wrap col-pod" },
+        stacked(item.pod ?? "—", `node ${item.node ?? "—"}`, true)),
+      h("td", { class: "col-backend" },
+        h("div", {}, backendTag(item.backend)), h("div", { class: "sub" }, item.source)),
+      h("td", { class: "col-device" },
+        stacked((item.device && item.device.name) || "—", capText(item.device))),
+      h("td", { class: "truncate col-model", title: (item.model && item.model.name) || "" },
         stacked((item.model && item.model.name) || "—", item.dtype || "")),
-      h("td", {}, h("div", {}, backendTag(item.backend)), h("div", { class: "sub" }, item.source)),
-      h("td", {}, timeEl(item.time)),
+      h("td", { class: "col-time" }, timeEl(item.time)),
       h("td", { class: "actions" }, h("button", { type: "button", class: "btn btn-small",
         "aria-label": `Decision detail for pod ${item.pod ?? ""}`,
         onclick: () => showDecisionById(item.decision_id, item) }, "Detail")),
@@ -667,8 +700,9 @@ async function showClusterPods(cluster) {
     h("div", { class: "table-wrap pods-wrap" },
       h("table", { class: "table pods-table" },
         h("thead", {}, h("tr", {},
-          ["Pod", "Device", "Model", "Backend", "Decided", ""].map((t) =>
-            h("th", { scope: "col" }, t)))),
+          [["Pod", "col-pod"], ["Backend", "col-backend"], ["Device", "col-device"],
+            ["Model", "col-model"], ["Decided", "col-time"], ["", "col-actions"]].map(
+            ([t, c]) => h("th", { scope: "col", class: c }, t)))),
         h("tbody", {}, rows))),
     note,
   ]);
@@ -818,11 +852,16 @@ function renderDecision(d) {
           ))))),
   );
 
+  // Reported build/run failures: their time as a local time, like every other time here.
   const failures = d.failures || [];
   if (failures.length) {
     parts.push(
       h("h3", {}, "Reported failures"),
-      h("ul", { class: "messages" }, failures.map((f) => h("li", {}, summarize(f)))),
+      h("ul", { class: "messages failures", id: "decision-failures" },
+        failures.map((f) => h("li", { "data-backend": f.backend ?? "" },
+          timeEl(f.at, `${absolute(f.at)} (${ago(f.at)})`), " ",
+          f.backend ? backendTag(f.backend) : null, " ",
+          h("span", { class: "failure-error" }, f.error ?? summarize(f))))),
     );
   }
   return h("div", { class: "decision" }, parts);
@@ -1018,6 +1057,14 @@ function init() {
   $("signin-form").addEventListener("submit", signIn);
   $("lookup").addEventListener("submit", lookup);
   $("refresh").addEventListener("click", () => refreshAll());
+  $("fleet-filter").addEventListener("input", (ev) => {
+    state.fleetFilter = ev.target.value;
+    renderChart();
+  });
+  $("fleet-sort").addEventListener("change", (ev) => {
+    state.fleetSort = ev.target.value === "pods" ? "pods" : "name";
+    renderChart();
+  });
   $("sign-out").addEventListener("click", (ev) => {
     ev.preventDefault();
     signOut("");
