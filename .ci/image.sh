@@ -100,10 +100,11 @@ say "built in $((SECONDS - build_start)) s, $((size / 1000000)) MB"
 # --- run and check ----------------------------------------------------------------------
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 say "podman run (port $port, not the image's default 8000)"
-# --health-interval=disable: no systemd here to time the checks; run once below instead
+# No systemd here to time the checks (podman says so on stderr, harmlessly): the check
+# is run once below with `podman healthcheck run`. stderr is shown only on failure.
 podman run -d --name "$NAME" --network host --health-interval=disable \
-  -e SWITCHBOARD_PORT="$port" \
-  -e SWITCHBOARD_ADMIN_TOKEN=ci-image-check-token "$IMAGE" >/dev/null
+  -e SWITCHBOARD_PORT="$port" -e SWITCHBOARD_ADMIN_TOKEN=ci-image-check-token \
+  "$IMAGE" >/dev/null 2>"$conf_dir/run.err" || { cat "$conf_dir/run.err" >&2; exit 1; }
 status=000
 for _ in $(seq 1 120); do
   status=$(python3 -c "

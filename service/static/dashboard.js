@@ -9,7 +9,9 @@
 //    header to this origin.
 "use strict";
 
-const BACKENDS = ["TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN", "TORCH_SDPA"];
+const BACKENDS = [
+  "TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN", "TOKENSPEED_MLA", "TORCH_SDPA",
+];
 const REFRESH_MS = 10_000;
 const TOKEN_KEY = "switchboard.viewerToken";
 const SVG_NS = "http://www.w3.org/2000/svg";

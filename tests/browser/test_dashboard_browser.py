@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.core.specs import Backend
 
 from tests.conftest import ADMIN, ROOT, ServiceProcess
 
@@ -232,7 +233,7 @@ def test_dashboard_in_chromium(
             )
             # Every backend has a legend entry, with its fleet-wide count.
             fleet = sum(expected.values(), Counter())
-            for backend in ("TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN", "TORCH_SDPA"):
+            for backend in Backend:
                 item = page.locator(f'#legend li[data-backend="{backend}"]')
                 expect(item.locator(".legend-count")).to_have_text(str(fleet[backend]))
             expect(page.locator("#last-updated")).to_contain_text("Last updated")
@@ -337,7 +338,7 @@ def test_dashboard_in_chromium(
                 "Requested MLA prefill backend FLASHINFER is not valid"
             )
             rows = page.locator("#candidates tbody tr")
-            expect(rows).to_have_count(5)
+            expect(rows).to_have_count(len(Backend))  # every backend, valid or not
             fi = page.locator('#candidates tr[data-backend="FLASHINFER"]')
             expect(fi).to_have_attribute("data-valid", "false")
             expect(fi).to_contain_text("✗")
