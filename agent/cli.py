@@ -27,11 +27,18 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from mla_switchboard.agent.errors import AgentError, BadInputError, NoBackendError
 from mla_switchboard.agent.notes import log
+
+if TYPE_CHECKING:  # imported when a command runs: --help stays free of pydantic
+    from mla_switchboard.agent.api import SelectionResult
+    from mla_switchboard.agent.pod import PackagesArg, PodSpec
+    from mla_switchboard.core.schemas import EngineInfo, SelectRequest
+    from mla_switchboard.core.specs import Backend
+    from mla_switchboard.kernels.base import MLAPrefillKernel
 
 __all__ = [
     "ENVIRONMENT",
@@ -117,7 +124,7 @@ def _urls(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--url: ")) from None
 
 
-def _packages(text: str) -> Any:
+def _packages(text: str) -> PackagesArg:
     from mla_switchboard.agent.pod import parse_packages
 
     try:
@@ -126,7 +133,7 @@ def _packages(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _engine(text: str) -> Any:
+def _engine(text: str) -> EngineInfo:
     from mla_switchboard.agent.engine import parse_engine
 
     try:
@@ -173,7 +180,7 @@ def _add_url_argument(group: argparse._ArgumentGroup) -> None:
     )
 
 
-def pod_spec_from(args: argparse.Namespace) -> Any:
+def pod_spec_from(args: argparse.Namespace) -> PodSpec:
     """The PodSpec the parsed flags describe (flags ``bench`` lacks stay None)."""
     from mla_switchboard.agent.pod import PodSpec
 
@@ -321,7 +328,7 @@ def _env_lines(values: dict[str, str]) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in values.items())
 
 
-def format_result(result: Any, fmt: str) -> str:
+def format_result(result: SelectionResult, fmt: str) -> str:
     """The stdout text of a SelectionResult for ``fmt``; the engine flags are the
     answer's ``engine_args`` verbatim (empty when it has none)."""
     if fmt == "json":
@@ -348,7 +355,9 @@ def format_result(result: Any, fmt: str) -> str:
     return _env_lines(values)
 
 
-def format_refusal(error: NoBackendError, request: Any, fmt: str, notes: Sequence[str]) -> str:
+def format_refusal(
+    error: NoBackendError, request: SelectRequest | None, fmt: str, notes: Sequence[str]
+) -> str:
     """The stdout text when no backend is valid: no engine flags, empty variables, or a
     JSON document whose ``refusal`` says why (every candidate with its reasons)."""
     if fmt in FORMAT_ENGINE:
@@ -411,7 +420,7 @@ def _parse(
         return int(exc.code or 0)
 
 
-def _format_engine(spec: Any, fmt: str) -> Any:
+def _format_engine(spec: PodSpec, fmt: str) -> PodSpec:
     """The PodSpec with the engine an ``--format X-args`` output needs.
 
     ``--format vllm-args`` is a promise to put the output on vLLM's command line, so
@@ -518,7 +527,7 @@ def select_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _measure_first(spec: Any, urls: list[str] | None, budget_s: float) -> None:
+def _measure_first(spec: PodSpec, urls: list[str] | None, budget_s: float) -> None:
     """``select --measure``: bench this pod in a child process, bounded by the budget.
 
     Never raises: a pod that cannot measure still boots on the decision.
@@ -628,7 +637,9 @@ def build_bench_parser() -> argparse.ArgumentParser:
     return p
 
 
-def bench_main(argv: Sequence[str], *, kernel_classes: Any = None) -> int:
+def bench_main(
+    argv: Sequence[str], *, kernel_classes: Mapping[Backend, type[MLAPrefillKernel]] | None = None
+) -> int:
     """Run ``switchboard bench`` with ``argv`` (the arguments after ``bench``).
 
     ``kernel_classes`` ({Backend: class}) stands in for ``kernels.get`` for some

@@ -22,7 +22,7 @@ from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.model_config import ModelDims, read_model
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.probe import DeviceProbe, probe_device, probe_packages
-from mla_switchboard.core.schemas import EngineInfo, SelectRequest
+from mla_switchboard.core.schemas import DeviceInfo, EngineInfo, ModelInfo, SelectRequest
 from mla_switchboard.core.specs import Backend, Dtype, parse_backend
 from pydantic import ValidationError
 
@@ -278,14 +278,14 @@ def describe_pod(spec: PodSpec, notes: Notes | None = None) -> PodDescription:
             cluster=cluster,
             node=spec.node or os.environ.get("SWITCHBOARD_NODE") or None,
             pod=spec.pod or os.environ.get("SWITCHBOARD_POD") or socket.gethostname() or None,
-            device={"name": device.name, "capability": device.capability},
-            model={
-                "name": dims.name,
-                "qk_nope_head_dim": dims.qk_nope_head_dim,
-                "qk_rope_head_dim": dims.qk_rope_head_dim,
-                "v_head_dim": dims.v_head_dim,
-                "num_heads": dims.num_heads,
-            },
+            device=DeviceInfo(name=device.name, capability=device.capability),
+            model=ModelInfo(
+                name=dims.name,
+                qk_nope_head_dim=dims.qk_nope_head_dim,
+                qk_rope_head_dim=dims.qk_rope_head_dim,
+                v_head_dim=dims.v_head_dim,
+                num_heads=dims.num_heads,
+            ),
             dtype=model_dtype,
             packages=package_map,
             requested_backend=requested,

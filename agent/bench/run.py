@@ -25,12 +25,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mla_switchboard.agent.bench.plan import CHECK_CASES, BenchPlan, BenchShape, CheckCase
 from mla_switchboard.agent.notes import log
 from mla_switchboard.agent.probe import import_quietly
 from mla_switchboard.core.specs import Backend
+
+if TYPE_CHECKING:  # torch-importing: only for the annotations
+    from mla_switchboard.kernels.base import MLAPrefillKernel
 
 __all__ = [
     "BenchInterrupted",
@@ -295,7 +298,7 @@ class _Runner:
     def __init__(
         self,
         plan: BenchPlan,
-        kernel_classes: Mapping[Backend, type] | None,
+        kernel_classes: Mapping[Backend, type[MLAPrefillKernel]] | None,
         clock: Callable[[], float],
         start: float,
     ) -> None:
@@ -476,7 +479,7 @@ class _Runner:
 def run_bench(
     plan: BenchPlan,
     *,
-    kernel_classes: Mapping[Backend, type] | None = None,
+    kernel_classes: Mapping[Backend, type[MLAPrefillKernel]] | None = None,
     started: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     interrupts: Interrupts | None = None,
