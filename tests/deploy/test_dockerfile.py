@@ -95,7 +95,7 @@ def test_healthcheck_follows_the_served_port() -> None:
     (check,) = [r for k, r in final() if k == "HEALTHCHECK"]
     options, _, command = check.partition("CMD")
     assert "--interval" in options and "--timeout" in options
-    assert exec_form(command.strip()) == ["switchboard", "health"]
+    assert exec_form(command.strip()) == ["python", "-m", "mla_switchboard.service.cli", "health"]
     assert "8000" not in command
     assert _env(final())["SWITCHBOARD_PORT"] == "8000"
 

@@ -301,6 +301,15 @@ def test_serve_and_health_follow_switchboard_port(tmp_path: Path) -> None:
                 time.sleep(0.1)
         ok = cli("health", env=env)
         assert ok.returncode == 0, ok.stderr
+        # as the image's HEALTHCHECK runs it: through the module, without the agent
+        module = subprocess.run(
+            [sys.executable, "-m", "mla_switchboard.service.cli", "health"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert module.returncode == 0, module.stderr
     finally:
         proc.terminate()
         proc.wait(20)
