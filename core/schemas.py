@@ -379,7 +379,7 @@ class RolloutSpec(_Strict):
     max_failures: Annotated[int, Field(ge=1, le=100_000, strict=True), Integral] = Field(
         default=1, description="failure reports from stage pods that halt the rollout"
     )
-    max_slowdown_pct: Annotated[float, BeforeValidator(_number), Field(gt=0, le=100)] = Field(
+    max_slowdown_pct: Annotated[float, Field(gt=0, le=100), BeforeValidator(_number)] = Field(
         default=5.0,
         description="halt when stage pods measure their backend this much slower than the "
         "one they would run without the override (at least 3 samples from 2 pods)",

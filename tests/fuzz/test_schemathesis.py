@@ -75,6 +75,22 @@ def _keep_override_rules(spec: dict[str, Any]) -> None:
     force, deny = spec.get("force"), spec.get("deny")
     if isinstance(force, str) and isinstance(deny, list):
         spec["deny"] = [b for b in deny if not (isinstance(b, str) and b.upper() == force.upper())]
+    _keep_rollout_rules(spec.get("rollout"))
+
+
+def _keep_rollout_rules(rollout: Any) -> None:
+    """A staged override's rules JSON Schema cannot state: ``steps`` and ``step_every``
+    go together, steps increase strictly and end at ``percent`` or above (the server's
+    422s for each are checked in tests/service/test_rollouts.py)."""
+    if not isinstance(rollout, dict):
+        return
+    steps, every = rollout.get("steps"), rollout.get("step_every")
+    if (steps is None) != (every is None):
+        rollout["steps"] = rollout["step_every"] = None
+    elif isinstance(steps, list) and all(type(x) is int for x in steps):
+        percent = rollout.get("percent")
+        top = [percent] if type(percent) is int and 1 <= percent <= 100 else []
+        rollout["steps"] = sorted(set(steps) | set(top))
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from mla_switchboard.core.schemas import (
     NONBLANK,
     BackendName,
     DtypeName,
+    Integral,
     MeasurementReport,
     PackageName,
     PackageVersion,
@@ -83,7 +84,8 @@ class FailureClear(BaseModel):
     device: ShortText
     capability: Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
     dims: Annotated[
-        list[Annotated[int, Field(ge=0, le=1024, strict=True)]], Field(min_length=3, max_length=3)
+        list[Annotated[int, Field(ge=0, le=1024, strict=True), Integral]],
+        Field(min_length=3, max_length=3),
     ]
     dtype: DtypeName
     packages: dict[PackageName, PackageVersion] = Field(default_factory=dict, max_length=64)
