@@ -27,7 +27,10 @@ from pydantic import (
     model_validator,
 )
 
-CLUSTER_PATTERN = r"^[a-z0-9._-]{1,63}$"
+# 1-63 characters of [a-z0-9._-] with at least one letter or digit ("." and ".." are
+# path segments, not names); the length is a separate max_length=63 (no lookahead, so
+# the pattern means the same in pydantic's Rust engine, Python's re and JSON Schema).
+CLUSTER_PATTERN = r"^[._-]{0,62}[a-z0-9][a-z0-9._-]{0,62}$"
 
 
 def _backend(value: Any) -> Any:
@@ -53,8 +56,11 @@ DtypeName = Annotated[
 ]
 ClusterName = Annotated[
     str,
-    StringConstraints(pattern=CLUSTER_PATTERN),
-    Field(description="1-63 characters of [a-z0-9._-]", examples=["prod-east"]),
+    StringConstraints(pattern=CLUSTER_PATTERN, max_length=63),
+    Field(
+        description="1-63 characters of [a-z0-9._-], at least one a letter or digit",
+        examples=["prod-east"],
+    ),
 ]
 # PostgreSQL's text cannot hold NUL (U+0000): refused at the door with the field
 # named, rather than failing a write (or a whole batch of decisions) in the store.
@@ -337,9 +343,10 @@ FLASH_ATTN (see shared/seed for the excerpt these reproduce)."""
 # ----------------------------------------------------------------------- overrides
 
 FLEET = "*"
+OVERRIDE_SCOPE_PATTERN = r"^(\*|[._-]{0,62}[a-z0-9][a-z0-9._-]{0,62})$"
 OverrideScope = Annotated[
     str,
-    StringConstraints(pattern=r"^(\*|[a-z0-9._-]{1,63})$"),
+    StringConstraints(pattern=OVERRIDE_SCOPE_PATTERN, max_length=63),
     Field(description="a cluster name, or * for the whole fleet"),
 ]
 Policy = Literal["priority", "measured", "engine-default"]
@@ -462,6 +469,17 @@ class OverrideSpec(_Strict):
         default=None,
         description="selection policy for this scope: priority (the rules), measured "
         "(the fleet's benchmarks), engine-default (the serving engine's own order)",
+    )
+    trust_clusters: (
+        Annotated[
+            list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9*?._-]{1,63}$")]],
+            Field(min_length=1, max_length=64),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="under policy measured: the cluster globs whose benchmarks this scope's "
+        "pods trust; null (the default) = only the pod's own cluster",
     )
 
     @field_validator("deny")

@@ -20,6 +20,10 @@ Role = Literal["agent", "viewer", "admin"]
 ROLES: tuple[Role, ...] = ("agent", "viewer", "admin")
 
 
+class OutOfScope(Exception):
+    """A write reaches past the token's clusters (answered 403)."""
+
+
 @dataclass(frozen=True)
 class Principal:
     name: str
@@ -36,6 +40,42 @@ class Principal:
         if cluster == "*":
             return False
         return any(fnmatch.fnmatchcase(cluster, glob) for glob in self.clusters)
+
+    def may_see(self, cluster: str) -> bool:
+        """Read scope: the token's clusters, and the fleet-wide ``*`` (fleet rules and
+        the fleet override apply to its clusters too, and name no other cluster)."""
+        return self.clusters is None or cluster == "*" or self.may_touch(cluster)
+
+    @property
+    def restricted(self) -> bool:
+        return self.clusters is not None
+
+    def covers(self, globs: tuple[str, ...] | None) -> bool:
+        """Whether every cluster matched by ``globs`` (None: every cluster) is in this
+        token's scope: what a scoped admin may list of other tokens. Sound, not
+        complete: a glob is covered when it names one cluster in scope, equals one of
+        ours, or its literal prefix extends the literal prefix of one of our ``P*``."""
+        if self.clusters is None:
+            return True
+        if globs is None:
+            return False
+        return all(self._covers(glob) for glob in globs)
+
+    def _covers(self, glob: str) -> bool:
+        wild = next((i for i, ch in enumerate(glob) if ch in "*?["), None)
+        if wild is None:
+            return self.may_touch(glob)
+        for mine in self.clusters or ():
+            if glob == mine:
+                return True
+            stem = mine[:-1]
+            if (
+                mine.endswith("*")
+                and not any(ch in stem for ch in "*?[")
+                and (glob[:wild].startswith(stem))
+            ):
+                return True
+        return False
 
 
 def hash_secret(secret: str) -> str:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from mla_switchboard.service.api.app import create_app
+    from mla_switchboard.service.api.server import server_options
     from mla_switchboard.service.config import Settings
     from mla_switchboard.service.runtime import Runtime
     from mla_switchboard.service.store.db import StoreConfigError
@@ -56,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=10,
+        **server_options(settings),
     )
     return 0
 

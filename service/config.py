@@ -43,3 +43,29 @@ class Settings(BaseSettings):
     failure_window_hours: float = Field(default=24.0, gt=0)
     # How often each replica checks whether a staged override's step is due.
     rollout_check_s: float = Field(default=1.0, gt=0)
+    # Issue 13: what a client can hold or grow (see service/api/server.py, metrics.py)
+    max_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        description="request line and headers of one request; more answers 431 and closes",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="time from a request's first byte to the end of its headers; then 408",
+    )
+    metrics_require_token: bool = Field(
+        default=False,
+        description="/metrics needs a viewer token; without a token it never names clusters",
+    )
+    metrics_max_clusters: int = Field(
+        default=200,
+        ge=1,
+        description="distinct cluster labels in metrics; decisions of further clusters "
+        "are counted under cluster='(other)'",
+    )
+    preview_cache_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="how long an impact preview is reused for the same change and config",
+    )

@@ -19,6 +19,7 @@ from typing import Any
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
 from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.service.selector import InputsFor
 from mla_switchboard.service.state import PodState
 from pydantic import BaseModel, ValidationError
 
@@ -35,7 +36,12 @@ class Preview(BaseModel):
 
 
 def replay(
-    pods: Sequence[PodState], current: DecisionInputs, proposed: DecisionInputs, *, now: datetime
+    pods: Sequence[PodState],
+    current: DecisionInputs,
+    proposed: DecisionInputs,
+    *,
+    now: datetime,
+    inputs_for: InputsFor | None = None,
 ) -> Preview:
     """Count what changes from ``current`` to ``proposed`` for each pod's latest request.
 
@@ -50,7 +56,8 @@ def replay(
     def under(index: int, inputs: DecisionInputs, request: SelectRequest) -> Decision | Refusal:
         key = decision_key(request, inputs.overrides)
         if key not in caches[index]:
-            caches[index][key] = decide(request, inputs, now=now)
+            narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
+            caches[index][key] = decide(request, narrowed, now=now)
         return caches[index][key]
 
     for pod in pods:

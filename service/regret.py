@@ -17,17 +17,22 @@ from typing import Any
 from mla_switchboard.core.evaluator import DecisionInputs, assess
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
+from mla_switchboard.service.selector import InputsFor
 from mla_switchboard.service.state import PodState
 from pydantic import ValidationError
 
 
 def regret_by_cluster(
-    pods: Sequence[PodState], inputs: DecisionInputs, *, now: datetime
+    pods: Sequence[PodState],
+    inputs: DecisionInputs,
+    *,
+    now: datetime,
+    inputs_for: InputsFor | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per cluster: pods, pods measured, pods on their best backend, the share of
     throughput lost and the best alternatives. Validity comes from the evaluator's
     ``assess`` (spec, engine, denies and, under policy measured, failure evidence)."""
-    evidence = inputs.evidence
+    fleet_inputs = inputs
     acc: dict[str, dict[str, Any]] = defaultdict(
         lambda: {
             "pods": 0,
@@ -45,6 +50,9 @@ def regret_by_cluster(
             request = SelectRequest.model_validate_json(pod.request_json)
         except ValidationError:
             continue
+        if inputs_for is not None:
+            inputs = inputs_for(request, fleet_inputs, now)
+        evidence = inputs.evidence
         assessed = assess(request, inputs, now)
         if assessed.situation is None:
             continue
@@ -80,7 +88,11 @@ def regret_by_cluster(
 
 
 def exclusions_by_cluster(
-    pods: Sequence[PodState], inputs: DecisionInputs, *, now: datetime
+    pods: Sequence[PodState],
+    inputs: DecisionInputs,
+    *,
+    now: datetime,
+    inputs_for: InputsFor | None = None,
 ) -> dict[str, dict[str, str]]:
     """Per cluster, the backends that failure evidence excludes for its pods under
     policy ``measured``, with the reason (who failed, when, with what). The summary and
@@ -92,11 +104,12 @@ def exclusions_by_cluster(
             request = SelectRequest.model_validate_json(pod.request_json)
         except ValidationError:
             continue
-        assessed = assess(request, inputs, now)
+        narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
+        assessed = assess(request, narrowed, now)
         key = (pod.cluster, assessed.situation)
         if assessed.policy != "measured" or assessed.situation is None or key in seen:
             continue
         seen.add(key)
-        for backend, reason in inputs.evidence.exclusions(assessed.situation, now).items():
+        for backend, reason in narrowed.evidence.exclusions(assessed.situation, now).items():
             out[pod.cluster].setdefault(backend.value, reason)
     return {cluster: dict(sorted(v.items())) for cluster, v in sorted(out.items())}

@@ -21,6 +21,7 @@ from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, migrate
 from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.trust import TrustedEvidence
 
 log = logging.getLogger("switchboard")
 
@@ -28,7 +29,7 @@ log = logging.getLogger("switchboard")
 class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.metrics = Metrics()
+        self.metrics = Metrics(settings.metrics_max_clusters)
         self.engine = make_engine(settings.database_url)
         self.store = Store(self.engine)
         self._evidence = self._new_index([])
@@ -49,7 +50,9 @@ class Runtime:
             batch=settings.flush_batch,
             limit=settings.buffer_limit,
         )
-        self.selector = Selector()
+        # measured selection trusts only some clusters' evidence (service/trust.py)
+        self.trusted = TrustedEvidence(self._new_index)
+        self.selector = Selector(inputs_for=self.trusted.inputs_for)
         self.rollouts = RolloutGuards(self, check_s=settings.rollout_check_s)
         self.bootstrap_token = (
             settings.admin_token.get_secret_value() if settings.admin_token else None
@@ -111,12 +114,16 @@ class Runtime:
     def reload_evidence(self) -> None:
         """Rebuild the measured-selection index from the store (last N days only)."""
         since = datetime.now(UTC) - timedelta(days=self.settings.measured_max_age_days)
-        self._publish(self._new_index(self.store.evidence(since)))
+        observations = self.store.evidence(since)
+        with self._inputs_lock:
+            self._publish(self._new_index(observations))
+            self.trusted.reset(observations, self._evidence_version)
 
     def add_evidence(self, observations: list[Observation]) -> None:
         """This replica's own new evidence, applied at once without a store read."""
         with self._inputs_lock:  # read-modify-write: two reports must not lose one
             self._publish(self._evidence.with_observations(observations))
+            self.trusted.extend(observations, self._evidence_version)
 
     @property
     def snapshot(self) -> ConfigSnapshot:

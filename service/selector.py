@@ -21,6 +21,7 @@ from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, de
 from mla_switchboard.core.schemas import SelectRequest
 
 CACHE_SIZE = 4096
+InputsFor = Callable[[SelectRequest, DecisionInputs, datetime], DecisionInputs]
 ID_PLACEHOLDER = "@@DECISION_ID@@"
 
 
@@ -53,8 +54,16 @@ class Rendered:
 
 
 class Selector:
-    def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        inputs_for: InputsFor | None = None,
+    ) -> None:
         self._clock = clock
+        # the inputs one request is decided with (the service narrows the evidence to
+        # the clusters that request's policy trusts); a function of the request's
+        # cluster and the inputs, so the cache below stays right
+        self._inputs_for = inputs_for or (lambda _request, inputs, _now: inputs)
         self._cache: OrderedDict[tuple[Any, ...], Rendered | Refusal] = OrderedDict()
         self._cache_tag: tuple[int, int] = (-1, -1)
         self._valid_until: datetime | None = None
@@ -75,7 +84,7 @@ class Selector:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        decided = decide(request, inputs, now=now)
+        decided = decide(request, self._inputs_for(request, inputs, now), now=now)
         result = (
             decided
             if isinstance(decided, Refusal)

@@ -26,7 +26,7 @@ def fail(status: int, message: str, **extra: Any) -> NoReturn:
     raise HTTPException(status_code=status, detail={"message": message, **extra})
 
 
-def invalid(location: tuple[str, ...], message: str) -> NoReturn:
+def invalid(location: tuple[str | int, ...], message: str) -> NoReturn:
     """A 422 shaped like FastAPI's own validation errors, for checks done by hand."""
     raise HTTPException(
         status_code=422,
@@ -82,3 +82,24 @@ def check_scope(principal: Principal, cluster: str) -> None:
     if not principal.may_touch(cluster):
         scope = ", ".join(principal.clusters or ())
         fail(403, f"token {principal.name!r} is limited to clusters {scope}; not {cluster!r}")
+
+
+def check_visible(principal: Principal, cluster: str, what: str) -> None:
+    """Reads outside a token's clusters are answered as if there were nothing there
+    (404): a scoped viewer learns nothing of other clusters, not even that they exist."""
+    if not principal.may_see(cluster):
+        fail(404, f"no {what}")
+
+
+def metrics_scope(request: Request, runtime: Runtime) -> Callable[[str], bool] | None:
+    """Which cluster labels ``/metrics`` may show this caller: none without a token
+    (401 when ``SWITCHBOARD_METRICS_REQUIRE_TOKEN`` is on), a viewer token's clusters."""
+    if not request.headers.get("authorization", "").strip():
+        if runtime.settings.metrics_require_token:
+            raise HTTPException(
+                401,
+                detail={"message": "metrics need a viewer token (Authorization: Bearer)"},
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return None
+    return principal_from(request, "viewer").may_see

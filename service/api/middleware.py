@@ -1,13 +1,83 @@
-"""Pure ASGI middleware (cheaper per request than Starlette's BaseHTTPMiddleware):
-a body size limit that answers 413, and the request latency histogram."""
+"""Pure ASGI middleware (cheaper per request than Starlette's BaseHTTPMiddleware): what
+every request goes through before a route sees it.
+
+- a body size limit that answers 413 (also for streamed bodies);
+- a path with a NUL in it is a 404 here: no route's parameter, and so no store
+  query, ever sees one (``GET /v1/selections/abc%00def`` reached PostgreSQL, which
+  cannot hold NUL in text, and answered 503 "store unavailable");
+- JSON write bodies must be Unicode text: a lone UTF-16 surrogate (``"\\ud800"``, or
+  its raw CESU bytes) is valid JSON syntax but no string a store can hold or an
+  answer can encode, and is refused with a 422 naming the field (issue 13, item 9);
+- the request latency histogram, with bounded labels (unknown methods are ``OTHER``).
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from mla_switchboard.service.metrics import Metrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# The hot path: its body is parsed by pydantic's own JSON parser (jiter), which
+# refuses lone surrogates by itself; it is not buffered twice.
+UNBUFFERED_PATHS = frozenset({"/v1/select"})
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def lone_surrogate(raw: bytes) -> tuple[list[Any], str] | None:
+    """Where a JSON body holds text that is not Unicode: (loc, message), else None.
+
+    Bodies that are not JSON at all are left to the route (it says what is wrong).
+    """
+    try:
+        text = raw.decode("utf-8")  # strict: raw (CESU-8) surrogates fail here
+    except UnicodeDecodeError as exc:
+        return ["body"], f"body is not valid UTF-8 (byte {exc.start})"
+    if "\\u" not in text:
+        return None  # no escape sequence, so no lone surrogate either (fast path)
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, list[Any]]] = [(document, ["body"])]
+    while stack:  # iterative: the nesting depth is whatever json.loads accepted
+        value, loc = stack.pop()
+        if isinstance(value, str):
+            if not _encodable(value):
+                return loc, "string holds a lone UTF-16 surrogate (U+D800-U+DFFF): not text"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodable(key):
+                    return loc, "object key holds a lone UTF-16 surrogate: not text"
+                stack.append((item, [*loc, key]))
+        elif isinstance(value, list):
+            stack.extend((item, [*loc, i]) for i, item in enumerate(value))
+    return None
+
+
+def _encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
+    content = json.dumps(body, ensure_ascii=True).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(content)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": content})
 
 
 class BodyLimitAndMetrics:
@@ -32,13 +102,20 @@ class BodyLimitAndMetrics:
             await send(message)
 
         try:
+            if "\x00" in scope["path"]:
+                await _answer(
+                    send_wrapper, 404, {"detail": {"message": "no such path (it holds a NUL)"}}
+                )
+                return
             length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
             if length is not None and (not length.isdigit() or int(length) > self.max_body):
                 await self._too_large(send_wrapper)
                 return
-            if length is None and scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
-                # A streamed (chunked) body: read it whole, up to the limit, before the
-                # app sees it; FastAPI would turn an error raised mid-read into a 400.
+            buffer = scope["path"] not in UNBUFFERED_PATHS and length != b"0"
+            if scope["method"] in ("POST", "PUT", "PATCH", "DELETE") and (length is None or buffer):
+                # Read the body whole, up to the limit, before the app sees it: a
+                # streamed (chunked) one because FastAPI would turn an error raised
+                # mid-read into a 400; every JSON one to check that it is text.
                 chunks: list[bytes] = []
                 seen = 0
                 while True:
@@ -52,13 +129,23 @@ class BodyLimitAndMetrics:
                         return
                     if not message.get("more_body", False):
                         break
+                body = b"".join(chunks)
+                if body and scope["path"] not in UNBUFFERED_PATHS and _is_json(scope):
+                    problem = lone_surrogate(body)
+                    if problem is not None:
+                        loc, msg = problem
+                        await _answer(
+                            send_wrapper,
+                            422,
+                            {"detail": [{"loc": loc, "msg": msg, "type": "string_unicode"}]},
+                        )
+                        return
                 replayed = False
 
                 async def replay() -> Message:
                     nonlocal replayed
                     if not replayed:
                         replayed = True
-                        body = b"".join(chunks)
                         return {"type": "http.request", "body": body, "more_body": False}
                     return await receive()
 
@@ -68,7 +155,8 @@ class BodyLimitAndMetrics:
         finally:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            self.metrics.latency.labels(scope["method"], path, str(status)).observe(
+            method = scope["method"] if scope["method"] in METHODS else "OTHER"
+            self.metrics.latency.labels(method, path, str(status)).observe(
                 time.perf_counter() - start
             )
 
@@ -88,3 +176,10 @@ class BodyLimitAndMetrics:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _is_json(scope: Scope) -> bool:
+    media = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+    media = media.partition(b";")[0].strip().lower()
+    # FastAPI reads a body without a content type as JSON too
+    return not media or media == b"application/json" or media.endswith(b"+json")

@@ -96,7 +96,11 @@ class ConfigStore:
         if_match: str | None,
         note: str | None,
         preview: dict[str, Any] | None,
+        merge: Callable[[RulesDocument], RulesDocument] | None = None,
     ) -> RulesDocument | Conflict:
+        """``merge``: what the write makes of the stored document (a token limited to
+        some clusters changes only theirs); it runs here, in the write's transaction on
+        the revision stored now, not on a replica's copy, and may raise to refuse."""
         try:
             with admin_write(self.engine) as (s, _):
                 current = s.scalars(
@@ -104,6 +108,12 @@ class ConfigStore:
                 ).one()
                 if if_match is not None and if_match != rules_etag(current.revision):
                     raise Refused(Conflict(rules_etag(current.revision)))
+                if merge is not None:
+                    document = merge(
+                        RulesDocument.model_validate(
+                            {**current.document, "revision": current.revision}
+                        )
+                    )
                 now = datetime.now(UTC)
                 new = RulesRevision(
                     revision=current.revision + 1,

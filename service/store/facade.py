@@ -43,6 +43,7 @@ class Store:
         self.latest_per_pod = d.latest_per_pod
         self.has_report = m.has_report
         self.add_measurements = m.add_measurements
+        self.has_decision_for = m.has_decision_for
         self.record_failure = m.record_failure
         self.failures_for = m.failures_for
         self.evidence = m.evidence

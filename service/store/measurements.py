@@ -36,7 +36,29 @@ class MeasurementStore:
             q = select(MeasurementRow.id).where(MeasurementRow.report_id == report_id).limit(1)
             return s.scalar(q) is not None
 
-    def add_measurements(self, report: MeasurementReport, report_id: str) -> int:
+    def has_decision_for(self, cluster: str, pod: str, situation: Situation) -> bool:
+        """Whether ``pod`` of ``cluster`` has a recorded decision for ``situation``:
+        what makes its benchmark report count as evidence (issue 13). The pod's newest
+        decisions are compared (a pod that changed packages has a newer one)."""
+        q = (
+            select(DecisionRow.request)
+            .where(DecisionRow.cluster == cluster, DecisionRow.pod == pod)
+            .order_by(DecisionRow.id.desc())
+            .limit(20)
+        )
+        with self.engine.connect() as conn:
+            for (request_json,) in conn.execute(q):
+                try:
+                    request = SelectRequest.model_validate_json(request_json)
+                except ValueError:
+                    continue
+                if situation_of(request) == situation:
+                    return True
+        return False
+
+    def add_measurements(
+        self, report: MeasurementReport, report_id: str, *, counted: bool = True
+    ) -> int:
         cap = report.device.capability
         m = report.model
         now = datetime.now(UTC)
@@ -61,6 +83,7 @@ class MeasurementStore:
                 correct=r.correct and r.error is None,
                 error=r.error,
                 engine=engine_key(report.engine),
+                counted=counted,
             )
             for r in report.results
         ]
@@ -100,6 +123,8 @@ class MeasurementStore:
                 m.device_name, m.capability, m.dims, m.dtype, m.packages, m.engine,
                 m.backend, m.pod, m.cluster, m.at, m.tflops, m.correct, m.error, m.impl,
             ).where(m.at >= since, m.capability.is_not(None), m.cleared_at.is_(None))  # fmt: skip
+            # only reports from pods the service decided for count (issue 13)
+            q = q.where(m.counted.is_(True))
             for row in conn.execute(q):
                 device, cap, dims, dtype, pkgs, engine, backend, pod, cluster, at = row[:10]
                 tflops, ok, error, impl = row[10:]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Float, Index, Integer, String, Text, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -152,3 +152,6 @@ class MeasurementRow(Base):
     # the serving engine whose code path was measured: "switchboard" or "vllm 0.33.0"
     engine: Mapped[str] = mapped_column(String(80), server_default="switchboard")
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Counted as evidence: the reporting pod has a recorded decision in this cluster
+    # for the same situation (issue 13). Reports that do not are kept, not counted.
+    counted: Mapped[bool] = mapped_column(Boolean, server_default=true())

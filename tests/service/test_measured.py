@@ -1,8 +1,9 @@
 """Measured selection (issue 6): ranking, thresholds, ties, stale evidence, failures
 excluding a backend, overrides beating evidence, and regret; through a real server.
 
-Evidence is fleet-wide per situation (device, capability, dims, dtype, packages), not
-per cluster, so each test measures on a GPU name of its own."""
+Evidence is per situation (device, capability, dims, dtype, packages) and, by default,
+trusted only within the reporting pod's cluster (issue 13); each test measures on a
+GPU name of its own as well."""
 
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ def report(
     packages: dict[str, str] = ALL,
 ) -> None:
     device = device or H200
+    # a report counts only from a pod with a decision in its cluster for the same
+    # situation (issue 13): the bench pod boots like any other first
+    select(c, cluster, pod=pod, device=device, packages=packages)
     r = c.post(
         "/v1/measurements",
         json={
@@ -85,6 +89,7 @@ def report(
         },
     )
     assert r.status_code == 201, r.text
+    assert r.json()["counted"] is True, r.text
 
 
 def measured_policy(c: httpx.Client, cluster: str) -> None:
@@ -243,15 +248,15 @@ def test_regret_in_summary(c: httpx.Client) -> None:
     for i in range(3):  # three pods on the seed choice
         select(c, cluster, pod=f"serve-{i}")
     regret = c.get("/v1/selections/summary").json()["regret"][cluster]
-    # bench pods never selected; 3 serving pods at 200.5 vs 600.5 possible
-    assert regret["pods_measured"] == 3 and regret["pods_on_best"] == 0
+    # 3 serving pods and the 2 bench pods (they boot too): at 200.5 vs 600.5 possible
+    assert regret["pods_measured"] == 5 and regret["pods_on_best"] == 0
     assert regret["throughput_lost_pct"] == pytest.approx(100 * (1 - 200.5 / 600.5), abs=0.01)
-    assert regret["best_alternatives"] == {"FLASHINFER": 3}
+    assert regret["best_alternatives"] == {"FLASHINFER": 5}
     measured_policy(c, cluster)
-    for i in range(3):
-        select(c, cluster, pod=f"serve-{i}")
+    for pod in ["serve-0", "serve-1", "serve-2", "bench-0", "bench-1"]:
+        select(c, cluster, pod=pod)
     regret = c.get("/v1/selections/summary").json()["regret"][cluster]
-    assert regret["throughput_lost_pct"] == 0 and regret["pods_on_best"] == 3
+    assert regret["throughput_lost_pct"] == 0 and regret["pods_on_best"] == 5
 
 
 def test_measurement_validation(c: httpx.Client) -> None:
@@ -322,6 +327,7 @@ def test_retried_report_is_stored_once(c: httpx.Client) -> None:
             }
         ],
     }
+    select(c, "x", pod="p", packages=ALL)  # the pod has a decision: its report counts
     first, again = c.post("/v1/measurements", json=doc), c.post("/v1/measurements", json=doc)
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json()["duplicate"] is True
@@ -364,7 +370,12 @@ def test_a_failure_report_explains_itself_and_stays_in_its_situation(c: httpx.Cl
     seed(c, prod, FLASHINFER=600, FLASH_ATTN=200)
     newer = {**ALL, "flashinfer": "0.7.3"}
     seed(c, prod, packages=newer, FLASHINFER=610, FLASH_ATTN=200)
-    measured_policy(c, prod)
+    # prod trusts staging's evidence too (by default only its own: issue 13)
+    r = c.put(
+        f"/v1/overrides/{prod}",
+        json={"policy": "measured", "trust_clusters": [prod, staging], "note": "trust staging"},
+    )
+    assert r.status_code == 200, r.text
     assert select(c, prod)["backend"] == "FLASHINFER"
     decision = select(c, staging, pod="staging-pod-1")
     r = c.post(
@@ -422,6 +433,7 @@ def test_vllm_pods_get_engine_flags_and_never_flashinfer_on_hopper(c: httpx.Clie
     cluster = fresh()
     vllm = {"name": "vllm", "version": "0.33.0"}
     for p in range(2):
+        select(c, cluster, pod=f"bench-{p}", engine=vllm)  # so that its reports count
         for sample in range(2):
             r = c.post(
                 "/v1/measurements",

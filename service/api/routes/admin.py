@@ -15,9 +15,9 @@ from mla_switchboard.core.schemas import (
     RulesDocument,
     error_responses,
 )
-from mla_switchboard.service.api.changes import preview_change
+from mla_switchboard.service.api.changes import preview_change, scoped_preview
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
-from mla_switchboard.service.auth import new_token
+from mla_switchboard.service.auth import Principal, new_token
 from mla_switchboard.service.preview import Preview
 from pydantic import (
     BaseModel,
@@ -41,7 +41,11 @@ class TokenRequest(BaseModel):
     ]
     role: Literal["agent", "viewer", "admin"]
     clusters: list[ClusterGlob] | None = Field(
-        default=None, max_length=64, description="cluster globs (prod-*); null = every cluster"
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="cluster globs (prod-*), at least one; null = every cluster "
+        "(an empty list is refused: it would limit the token to nothing)",
     )
 
 
@@ -83,8 +87,13 @@ def create_token(body: TokenRequest, runtime: RuntimeDep, principal: AdminDep) -
 
 
 @router.get("/tokens", summary="Tokens (never their secrets)")
-def list_tokens(runtime: RuntimeDep, _: AdminDep) -> dict[str, Any]:
-    tokens = sorted(runtime.snapshot.tokens.values(), key=lambda t: t.created_at)
+def list_tokens(runtime: RuntimeDep, principal: AdminDep) -> dict[str, Any]:
+    """An admin token limited to some clusters lists only the tokens whose every
+    cluster lies in its scope (never an unrestricted one)."""
+    tokens = sorted(
+        (t for t in runtime.snapshot.tokens.values() if principal.covers(t.clusters)),
+        key=lambda t: t.created_at,
+    )
     return {
         "items": [
             {
@@ -126,7 +135,7 @@ def revoke_token(
 )
 def audit(
     runtime: RuntimeDep,
-    _: ViewerDep,
+    principal: ViewerDep,
     action: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
     target: Annotated[str | None, Query(max_length=100, pattern=NO_NUL)] = None,
     actor: Annotated[str | None, Query(max_length=100, pattern=NO_NUL)] = None,
@@ -136,12 +145,57 @@ def audit(
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
 ) -> dict[str, Any]:
     before = None if cursor is None else int(cursor)
-    rows = runtime.store.list_audit(
-        action=action, target=target, actor=actor, limit=limit + 1, before_id=before
-    )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None}
+    if not principal.restricted:
+        rows = runtime.store.list_audit(
+            action=action, target=target, actor=actor, limit=limit + 1, before_id=before
+        )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None}
+    # A token limited to some clusters: those clusters' override entries, and rules
+    # changes shown with only the fleet lists and its clusters' rule sets; token
+    # entries are not shown. Paged by scanning, at most SCAN_LIMIT rows a request.
+    found: list[dict[str, Any]] = []
+    scanned = 0
+    while len(found) < limit and scanned < SCAN_LIMIT:
+        batch = runtime.store.list_audit(
+            action=action, target=target, actor=actor, limit=500, before_id=before
+        )
+        for row in batch:
+            scanned += 1
+            before = row["id"]
+            shown = _audit_entry_for(principal, row)
+            if shown is not None:
+                found.append(shown)
+                if len(found) == limit:
+                    break
+        if len(batch) < 500 and len(found) < limit:
+            return {"items": found, "next_cursor": None}
+    return {"items": found, "next_cursor": None if before is None else str(before)}
+
+
+SCAN_LIMIT = 10_000
+
+
+def _audit_entry_for(principal: Principal, row: dict[str, Any]) -> dict[str, Any] | None:
+    action = str(row["action"])
+    if isinstance(row.get("preview"), dict):
+        row = {**row, "preview": scoped_preview(principal, row["preview"])}
+    if action.startswith("override."):
+        return row if principal.may_see(str(row["target"])) else None
+    if action == "rules.replace":
+
+        def visible(document: Any) -> Any:
+            if not isinstance(document, dict):
+                return document
+            clusters = document.get("clusters") or {}
+            return {
+                **document,
+                "clusters": {c: r for c, r in clusters.items() if principal.may_see(c)},
+            }
+
+        return {**row, "before": visible(row["before"]), "after": visible(row["after"])}
+    return None
 
 
 class OverrideProposal(OverrideSpec):
@@ -193,11 +247,13 @@ class PreviewRequest(BaseModel):
     responses=error_responses(413, 503),
     summary="What a change would do to the fleet",
 )
-def preview(body: PreviewRequest, runtime: RuntimeDep, _: ViewerDep) -> Preview:
+def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDep) -> Preview:
+    """A token limited to some clusters previews the change on its clusters' pods."""
     from datetime import UTC, datetime
 
+    visible = principal.may_see if principal.restricted else None
     if body.rules is not None:
-        return preview_change(runtime, rules=body.rules)
+        return preview_change(runtime, rules=body.rules, visible=visible)
     if body.override is not None:
         now = datetime.now(UTC)
         proposed = Override.model_validate(
@@ -209,5 +265,9 @@ def preview(body: PreviewRequest, runtime: RuntimeDep, _: ViewerDep) -> Preview:
                 "revision": 0,
             }
         )
-        return preview_change(runtime, override_scope=body.override.cluster, override=proposed)
-    return preview_change(runtime, override_scope=body.delete_override, override=None)
+        return preview_change(
+            runtime, override_scope=body.override.cluster, override=proposed, visible=visible
+        )
+    return preview_change(
+        runtime, override_scope=body.delete_override, override=None, visible=visible
+    )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from mla_switchboard.service.api.deps import RuntimeDep
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from mla_switchboard.service.api.deps import RuntimeDep, metrics_scope
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(tags=["health"])
 
@@ -39,9 +40,18 @@ async def readyz(runtime: RuntimeDep) -> Response:
     return JSONResponse(body, status_code=200 if snap is not None else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-async def metrics(runtime: RuntimeDep) -> Response:
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={401: {"description": "SWITCHBOARD_METRICS_REQUIRE_TOKEN is on and no token"}},
+)
+async def metrics(request: Request, runtime: RuntimeDep) -> Response:
+    """Cluster names only to a viewer token (of its clusters); rendered in a worker
+    thread, so a scrape never holds the event loop (issue 13)."""
+    clusters = metrics_scope(request, runtime)
     m = runtime.metrics
     m.buffered.set(runtime.recorder.pending)
     m.store_degraded.set(1 if runtime.degraded() else 0)
-    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+    body = await run_in_threadpool(m.render, clusters)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Response
 from mla_switchboard.core.evidence import Situation, dims_key, observations_of_report, packages_key
+from mla_switchboard.core.hardware import peak_bf16_tflops
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
@@ -27,6 +28,7 @@ from mla_switchboard.service.api.deps import (
     ViewerDep,
     check_scope,
     fail,
+    invalid,
 )
 from mla_switchboard.service.ids import new_id
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -49,17 +51,47 @@ def report(
     body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep, response: Response
 ) -> dict[str, Any]:
     check_scope(principal, body.cluster)
+    peak, known = peak_bf16_tflops(body.device.name)
+    for i, result in enumerate(body.results):
+        if result.tflops is not None and result.tflops > peak:
+            gpu = f"the {known}'s" if known else "an unknown GPU's generous"
+            invalid(
+                ("body", "results", i, "tflops"),
+                f"{result.tflops:g} TFLOP/s is above {gpu} dense bf16 peak of {peak:g} "
+                "TFLOP/s: not a measurement",
+            )
     report_id = body.report_id or new_id()
     if body.report_id is not None and runtime.store.has_report(report_id):
         # the agent retried a report whose answer it never got: already stored
         response.status_code = 200
         return {"measurement_id": report_id, "results": len(body.results), "duplicate": True}
-    count = runtime.store.add_measurements(body, report_id)
-    # this replica at once; every replica (this one too) rebuilds from the store
-    # within the poll interval
-    runtime.add_evidence(observations_of_report(body, datetime.now(UTC)))
-    runtime.rollouts.on_measurements(body)
-    return {"measurement_id": report_id, "results": count, "duplicate": False}
+    observations = observations_of_report(body, datetime.now(UTC))
+    reason = None
+    if observations:
+        # Evidence only from a pod the service decided for, in this cluster, in this
+        # situation: a token cannot invent pods (or GPUs) to outvote real ones.
+        runtime.recorder.flush()  # the pod's decision may still be in the buffer
+        if not runtime.store.has_decision_for(body.cluster, body.pod, observations[0].situation):
+            reason = (
+                f"pod {body.pod!r} has no recorded decision in cluster {body.cluster!r} for "
+                "this device, capability, dims, dtype, packages and engine: stored, not "
+                "counted as evidence (call /v1/select as this pod first)"
+            )
+    count = runtime.store.add_measurements(body, report_id, counted=reason is None)
+    if reason is None:
+        # this replica at once; every replica (this one too) rebuilds from the store
+        # within the poll interval
+        runtime.add_evidence(observations)
+        runtime.rollouts.on_measurements(body)
+    return {
+        "measurement_id": report_id,
+        "results": count,
+        "duplicate": False,
+        "counted": reason is None and bool(observations),
+        "not_counted_reason": reason
+        if reason is not None or observations
+        else "no GPU capability in the report: nothing to compare",
+    }
 
 
 @router.get("/summary", summary="Evidence per situation and backend")

@@ -12,7 +12,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse
 from mla_switchboard.core import rollouts
-from mla_switchboard.core.schemas import NO_NUL, Override, OverrideSpec, error_responses
+from mla_switchboard.core.schemas import (
+    NO_NUL,
+    OVERRIDE_SCOPE_PATTERN,
+    Override,
+    OverrideSpec,
+    error_responses,
+)
 from mla_switchboard.service.api.changes import committed, preview_change
 from mla_switchboard.service.api.deps import (
     AdminDep,
@@ -30,7 +36,8 @@ router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_r
 Scope = Annotated[
     str,
     Path(
-        pattern=r"^(\*|[a-z0-9._-]{1,63})$",
+        pattern=OVERRIDE_SCOPE_PATTERN,
+        max_length=63,
         description="a cluster name, or * for the whole fleet",
     ),
 ]
@@ -45,10 +52,11 @@ def _shown(o: Override, now: datetime) -> dict[str, Any]:
 
 
 @router.get("", summary="Every override, expired ones flagged")
-def list_overrides(runtime: RuntimeDep, _: ViewerDep) -> Response:
+def list_overrides(runtime: RuntimeDep, principal: ViewerDep) -> Response:
     snap = runtime.snapshot
     now = datetime.now(UTC)
-    items = [_shown(o, now) for o in sorted(snap.overrides, key=lambda o: o.cluster)]
+    mine = [o for o in snap.overrides if principal.may_see(o.cluster)]
+    items = [_shown(o, now) for o in sorted(mine, key=lambda o: o.cluster)]
     return JSONResponse({"items": items}, headers={"ETag": f'"overrides-{snap.version}"'})
 
 
@@ -60,11 +68,11 @@ def list_overrides(runtime: RuntimeDep, _: ViewerDep) -> Response:
 def get_override(
     cluster: Scope,
     runtime: RuntimeDep,
-    _: ViewerDep,
+    principal: ViewerDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     found = next((o for o in runtime.snapshot.overrides if o.cluster == cluster), None)
-    if found is None:
+    if found is None or not principal.may_see(cluster):
         fail(404, f"no override for {cluster!r}")
     etag = override_etag(cluster, found.revision)
     if etag_matches(if_none_match, etag):

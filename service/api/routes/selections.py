@@ -74,11 +74,17 @@ def _item(r: DecisionRecord) -> dict[str, Any]:
     }
 
 
+# A token limited to some clusters pages through the log with the others filtered
+# out; one request reads at most this many rows, then answers what it found with the
+# cursor where it stopped (a short page, or an empty one, with a next_cursor).
+SCAN_LIMIT = 10_000
+
+
 @router.get("", response_model=SelectionPage, summary="Recorded decisions, newest first")
 def list_selections(
     runtime: RuntimeDep,
-    _: ViewerDep,
-    cluster: Annotated[str | None, Query(pattern=CLUSTER_PATTERN)] = None,
+    principal: ViewerDep,
+    cluster: Annotated[str | None, Query(pattern=CLUSTER_PATTERN, max_length=63)] = None,
     backend: BackendName | None = None,
     pod: Annotated[str | None, Query(max_length=253, pattern=NO_NUL)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -92,20 +98,45 @@ def list_selections(
 ) -> dict[str, Any]:
     # The cursor is the last item's decision id: every value the pattern admits is a
     # position in the time-ordered log (schemathesis: any schema-valid cursor works).
+    if cluster is not None and not principal.may_see(cluster):
+        return {"items": [], "next_cursor": None}
     runtime.recorder.flush()
-    rows = runtime.store.list_decisions(
-        cluster=cluster,
-        backend=None if backend is None else backend.value,
-        pod=pod,
-        limit=limit + 1,
-        before_id=cursor,
-    )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {
-        "items": [_item(r) for r in rows],
-        "next_cursor": rows[-1].id if more else None,
-    }
+    if cluster is not None or not principal.restricted:
+        rows = runtime.store.list_decisions(
+            cluster=cluster,
+            backend=None if backend is None else backend.value,
+            pod=pod,
+            limit=limit + 1,
+            before_id=cursor,
+        )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {
+            "items": [_item(r) for r in rows],
+            "next_cursor": rows[-1].id if more else None,
+        }
+    found: list[DecisionRecord] = []
+    scanned, before = 0, cursor
+    while len(found) < limit and scanned < SCAN_LIMIT:
+        batch = runtime.store.list_decisions(
+            cluster=None,
+            backend=None if backend is None else backend.value,
+            pod=pod,
+            limit=1000,
+            before_id=before,
+        )
+        if not batch:
+            return {"items": [_item(r) for r in found], "next_cursor": None}
+        for r in batch:
+            scanned += 1
+            before = r.id
+            if principal.may_see(r.cluster):
+                found.append(r)
+                if len(found) == limit:
+                    break
+        if len(batch) < 1000 and len(found) < limit:
+            return {"items": [_item(r) for r in found], "next_cursor": None}
+    return {"items": [_item(r) for r in found], "next_cursor": before}
 
 
 @router.get(
@@ -113,19 +144,21 @@ def list_selections(
     response_model=Summary,
     summary="Pods per cluster and backend, counting each pod's latest decision",
 )
-def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
+def summary(runtime: RuntimeDep, principal: ViewerDep) -> dict[str, Any]:
     """``regret`` estimates, per cluster, the prefill throughput lost by the current
     choices against the best measured valid backend; ``excluded`` lists, per cluster,
     the backends that failure evidence excludes under policy measured, with the reason
     (see service/regret.py); ``rollouts`` each staged override's progress (see
-    service/rollouts.py)."""
+    service/rollouts.py). A token limited to some clusters sees those clusters only."""
     runtime.recorder.flush()
-    pods = runtime.store.latest_per_pod()
+    pods = [p for p in runtime.store.latest_per_pod() if principal.may_see(p.cluster)]
     inputs, now = runtime.inputs, datetime.now(UTC)
+    trusted = runtime.trusted.inputs_for
+    clusters = {c: n for c, n in runtime.store.summary().items() if principal.may_see(c)}
     return {
-        "clusters": runtime.store.summary(),
-        "regret": regret_by_cluster(pods, inputs, now=now),
-        "excluded": exclusions_by_cluster(pods, inputs, now=now),
+        "clusters": clusters,
+        "regret": regret_by_cluster(pods, inputs, now=now, inputs_for=trusted),
+        "excluded": exclusions_by_cluster(pods, inputs, now=now, inputs_for=trusted),
         "rollouts": rollout_progress(pods, inputs, now=now),
     }
 
@@ -136,10 +169,10 @@ def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
     responses=error_responses(404),
     summary="One decision in full",
 )
-def get_selection(decision_id: str, runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
+def get_selection(decision_id: str, runtime: RuntimeDep, principal: ViewerDep) -> dict[str, Any]:
     runtime.recorder.flush()
     record = runtime.store.get_decision(decision_id)
-    if record is None:
+    if record is None or not principal.may_see(record.cluster):
         fail(404, f"no decision {decision_id!r}")
     return {
         **_item(record),
