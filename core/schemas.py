@@ -16,6 +16,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+from mla_switchboard.core.hardware import UNKNOWN_PEAK_TFLOPS
 from mla_switchboard.core.specs import Backend, Dtype, parse_backend, parse_dtype
 from pydantic import (
     BaseModel,
@@ -575,7 +576,18 @@ class MeasurementResult(_Strict):
     )
     shape: MeasuredShape
     median_ms: Annotated[float, Field(gt=0, lt=3_600_000, strict=True)] | None = None
-    tflops: Annotated[float, Field(ge=0, lt=100_000, strict=True)] | None = None
+    tflops: (
+        Annotated[
+            float,
+            Field(
+                ge=0,
+                le=UNKNOWN_PEAK_TFLOPS,
+                strict=True,
+                description="at most the GPU's dense bf16 peak (core/hardware.py)",
+            ),
+        ]
+        | None
+    ) = None
     correct: StrictBool
     error: Annotated[str, StringConstraints(max_length=8000, pattern=NO_NUL)] | None = None
 

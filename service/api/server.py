@@ -24,6 +24,8 @@ from typing import Any
 
 from mla_switchboard.service.config import Settings
 
+REFUSED_LINGER_S = 0.25
+
 
 def _response(status: int, reason: str, message: str) -> bytes:
     body = json.dumps({"detail": {"message": message}}).encode()
@@ -125,7 +127,12 @@ def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[Any
             self._disarm()
             if not self.transport.is_closing():
                 self.transport.write(answer)
-                self.transport.close()
+                # Read no more, and close a moment later rather than at once: closing
+                # with unread bytes pending resets the connection, and the client may
+                # lose the answer; and a client that reconnects as soon as it is cut
+                # off (a loop of oversized requests) is paced to a few a second.
+                self.transport.pause_reading()
+                self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+from mla_switchboard.core.hardware import peak_bf16_tflops
 from pydantic import TypeAdapter, ValidationError
 
 from tests.conftest import ADMIN, ServiceProcess
@@ -93,6 +94,18 @@ def _keep_rollout_rules(rollout: Any) -> None:
         rollout["steps"] = sorted(set(steps) | set(top))
 
 
+def _keep_figures_physical(report: dict[str, Any]) -> None:
+    """The schema bounds ``tflops`` by the fastest GPU; the server also by the named
+    GPU's own peak (core/hardware.py), which JSON Schema cannot state: a generated
+    figure above it is lowered to it (the refusal is tests/security/test_evidence.py's)."""
+    device = report.get("device")
+    name = device.get("name") if isinstance(device, dict) else None
+    peak, _ = peak_bf16_tflops(name if isinstance(name, str) else None)
+    for result in report.get("results") or []:
+        if isinstance(result, dict) and isinstance(result.get("tflops"), int | float):
+            result["tflops"] = min(result["tflops"], peak)
+
+
 @pytest.fixture(scope="module")
 def api_schema(fuzz_service: ServiceProcess) -> schemathesis.BaseSchema:
     config = schemathesis.Config.from_dict(
@@ -132,6 +145,8 @@ def api_schema(fuzz_service: ServiceProcess) -> schemathesis.BaseSchema:
             _keep_override_rules(body)
         elif case.path == "/v1/preview" and isinstance(body.get("override"), dict):
             _keep_override_rules(body["override"])
+        elif case.method.upper() == "POST" and case.path == "/v1/measurements":
+            _keep_figures_physical(body)
         return case
 
     return schema
