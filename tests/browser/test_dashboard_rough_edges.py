@@ -88,6 +88,8 @@ def test_failure_times_are_local_times(live_service: ServiceProcess) -> None:
             expect(when).to_have_attribute("datetime", failure["at"])
             expect(when).to_contain_text(local)
             assert failure["at"][:16] not in item.inner_text()  # no raw ISO text
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.locator("#decision-failures").screenshot(path=str(ARTIFACTS / "failures.png"))
         finally:
             browser.close()
     assert not console_errors, console_errors
