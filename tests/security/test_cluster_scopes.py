@@ -52,6 +52,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
                 assert r.status_code == 200, r.text
             r = c.put(f"/v1/overrides/{cluster}", json={"deny": ["CUDNN"], "note": cluster})
             assert r.status_code == 200, r.text
+        for cluster in (PROD, "dev-staged"):  # staged overrides: summary's rollouts
+            r = c.put(
+                f"/v1/overrides/{cluster}",
+                json={"deny": ["FLASHINFER"], "note": "staged", "rollout": {"percent": 50}},
+            )
+            assert r.status_code == 200, r.text
         rules = c.get("/v1/rules").json()
         rules["clusters"] = {PROD: {"default": ["FLASHINFER"]}, DEV: {"default": ["CUDNN"]}}
         assert c.put("/v1/rules", json=rules).status_code == 200
@@ -96,12 +102,15 @@ def test_summary_and_regret(viewer: httpx.Client) -> None:
     summary = viewer.get("/v1/selections/summary").json()
     assert set(summary["clusters"]) == {PROD, "prod-west"}
     assert set(summary["regret"]) <= {PROD, "prod-west"}
+    assert [r["cluster"] for r in summary["rollouts"]] == [PROD]
+    assert set(summary["excluded"]) <= {PROD, "prod-west"}
 
 
 def test_overrides_and_rules(viewer: httpx.Client) -> None:
     listed = {o["cluster"] for o in viewer.get("/v1/overrides").json()["items"]}
     assert listed == {PROD, "prod-west"}
     assert viewer.get(f"/v1/overrides/{DEV}").status_code == 404
+    assert viewer.get("/v1/overrides/dev-staged").status_code == 404
     assert viewer.get(f"/v1/overrides/{PROD}").status_code == 200
     assert set(viewer.get("/v1/rules").json()["clusters"]) == {PROD}
 
@@ -110,7 +119,7 @@ def test_audit(viewer: httpx.Client) -> None:
     items = viewer.get("/v1/audit", params={"limit": 500}).json()["items"]
     assert items, "the scoped viewer sees its clusters' entries"
     text = str(items)
-    assert DEV not in text
+    assert DEV not in text and "dev-staged" not in text
     assert not any(i["action"].startswith("token.") for i in items)
     assert {i["target"] for i in items if i["action"].startswith("override.")} == {
         PROD,

@@ -152,7 +152,7 @@ def audit(
         more = len(rows) > limit
         rows = rows[:limit]
         return {"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None}
-    # A token limited to some clusters: those clusters' override entries, and rules
+    # A token limited to some clusters: those clusters' override (and rollout) entries, and rules
     # changes shown with only the fleet lists and its clusters' rule sets; token
     # entries are not shown. Paged by scanning, at most SCAN_LIMIT rows a request.
     found: list[dict[str, Any]] = []
@@ -181,7 +181,7 @@ def _audit_entry_for(principal: Principal, row: dict[str, Any]) -> dict[str, Any
     action = str(row["action"])
     if isinstance(row.get("preview"), dict):
         row = {**row, "preview": scoped_preview(principal, row["preview"])}
-    if action.startswith("override."):
+    if action.startswith(("override.", "rollout.")):
         return row if principal.may_see(str(row["target"])) else None
     if action == "rules.replace":
 

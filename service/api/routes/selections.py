@@ -159,7 +159,9 @@ def summary(runtime: RuntimeDep, principal: ViewerDep) -> dict[str, Any]:
         "clusters": clusters,
         "regret": regret_by_cluster(pods, inputs, now=now, inputs_for=trusted),
         "excluded": exclusions_by_cluster(pods, inputs, now=now, inputs_for=trusted),
-        "rollouts": rollout_progress(pods, inputs, now=now),
+        "rollouts": [
+            r for r in rollout_progress(pods, inputs, now=now) if principal.may_see(r["cluster"])
+        ],
     }
 
 
