@@ -17,8 +17,10 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from mla_switchboard.core.hardware import UNKNOWN_PEAK_TFLOPS
+from mla_switchboard.core.names import validate_cluster_globs
 from mla_switchboard.core.specs import Backend, Dtype, parse_backend, parse_dtype
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -343,6 +345,16 @@ FLASH_ATTN (see shared/seed for the excerpt these reproduce)."""
 
 # ----------------------------------------------------------------------- overrides
 
+# Cluster globs (a token's scope, an override's trust_clusters): one rule, in
+# core/names.py, for the API and the CLI; the pattern says the same in JSON Schema
+# (a letter, digit or * somewhere, 1-63 characters: the length is max_length).
+CLUSTER_GLOB_PATTERN = r"^[?._-]{0,62}[a-z0-9*][a-z0-9*?._-]{0,62}$"
+ClusterGlobs = Annotated[
+    list[Annotated[str, StringConstraints(pattern=CLUSTER_GLOB_PATTERN, max_length=63)]],
+    Field(min_length=1, max_length=64, description="cluster globs (prod-*), at least one"),
+    AfterValidator(validate_cluster_globs),
+]
+
 FLEET = "*"
 OVERRIDE_SCOPE_PATTERN = r"^(\*|[._-]{0,62}[a-z0-9][a-z0-9._-]{0,62})$"
 OverrideScope = Annotated[
@@ -471,13 +483,7 @@ class OverrideSpec(_Strict):
         description="selection policy for this scope: priority (the rules), measured "
         "(the fleet's benchmarks), engine-default (the serving engine's own order)",
     )
-    trust_clusters: (
-        Annotated[
-            list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9*?._-]{1,63}$")]],
-            Field(min_length=1, max_length=64),
-        ]
-        | None
-    ) = Field(
+    trust_clusters: ClusterGlobs | None = Field(
         default=None,
         description="under policy measured: the cluster globs whose benchmarks this scope's "
         "pods trust; null (the default) = only the pod's own cluster",

@@ -175,3 +175,9 @@ def test_empty_cluster_list_is_refused(fleet: ServiceProcess) -> None:
         r = admin.post("/v1/tokens", json={"name": "nothing", "role": "admin", "clusters": []})
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"][:2] == ["body", "clusters"]
+        # the CLI's rule (core/names.py), the same at the API: a glob must mean something
+        for bad in (["-"], ["?."], ["Prod-*"], ["prod east"], ["prod-*", ""]):
+            r = admin.post("/v1/tokens", json={"name": "bad", "role": "viewer", "clusters": bad})
+            assert r.status_code == 422, (bad, r.text)
+        ok = {"name": "ok", "role": "viewer", "clusters": ["prod-*", "eu-west-1", "a?.b_c"]}
+        assert admin.post("/v1/tokens", json=ok).status_code == 201

@@ -9,6 +9,7 @@ from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
+    ClusterGlobs,
     Override,
     OverrideScope,
     OverrideSpec,
@@ -30,8 +31,6 @@ from pydantic import (
 
 router = APIRouter(prefix="/v1", tags=["admin"], responses=error_responses(401, 403))
 
-ClusterGlob = Annotated[str, StringConstraints(pattern=r"^[a-z0-9._*?\[\]-]{1,63}$")]
-
 
 class TokenRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -40,10 +39,8 @@ class TokenRequest(BaseModel):
         StringConstraints(strip_whitespace=True, min_length=1, max_length=100, pattern=NONBLANK),
     ]
     role: Literal["agent", "viewer", "admin"]
-    clusters: list[ClusterGlob] | None = Field(
+    clusters: ClusterGlobs | None = Field(
         default=None,
-        min_length=1,
-        max_length=64,
         description="cluster globs (prod-*), at least one; null = every cluster "
         "(an empty list is refused: it would limit the token to nothing)",
     )
