@@ -367,6 +367,9 @@ def format_refusal(
             {
                 "SWITCHBOARD_BACKEND": "",
                 "SWITCHBOARD_SOURCE": "refused",
+                "SWITCHBOARD_ENGINE": ""
+                if request is None or request.engine is None
+                else request.engine.name,
                 "SWITCHBOARD_ENGINE_ARGS": "",
                 "SWITCHBOARD_VLLM_ARGS": "",
                 "SWITCHBOARD_REFUSAL": str(error),
@@ -375,7 +378,9 @@ def format_refusal(
     document = {
         "backend": None,
         "source": "refused",
-        "engine": None if request is None or request.engine is None else request.engine.name,
+        "engine": None
+        if request is None or request.engine is None
+        else request.engine.model_dump(mode="json"),
         "engine_args": [],
         "engine_env": {},
         "refusal": {

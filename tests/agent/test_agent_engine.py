@@ -252,6 +252,22 @@ def test_no_valid_backend_prints_no_flags_explains_and_exits_0(
     assert code == 1 and "TORCH_SDPA: required package torch" in err
 
 
+def test_refusal_for_vllm_names_the_engine_in_json_and_env(
+    svc_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM on a pod without a GPU: nothing vLLM runs. The documents say which engine
+    refused, in the same shape as an answer's ``engine``."""
+    argv = ["--model", DSV3, *svc_args, "--capability", "none", "--engine", "vllm==0.33.0"]
+    code, out, err = _run([*argv, "--format", "json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["engine"] == {"name": "vllm", "version": "0.33.0"} and doc["backend"] is None
+    assert all(not c["valid"] for c in doc["refusal"]["candidates"])
+    assert "vLLM 0.33.0" in err
+    code, out, _ = _run([*argv, "--format", "env"], capsys)
+    assert code == 0 and "export SWITCHBOARD_ENGINE=vllm" in out
+
+
 def test_local_refusal_explains_itself_too(
     closed_url: str, cache_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
