@@ -707,19 +707,34 @@ def bench_main(
 
 # ------------------------------------------------------------------ dispatch
 
-SERVICE_COMMANDS = {
-    "serve": "run the central service",
-    "token": "manage API tokens",
-    "health": "ask the local service's /readyz (the container's healthcheck)",
-}
+SERVICE_COMMANDS = {"serve": "run the central service", "token": "manage API tokens"}
 """Subcommands that live in the service (``mla_switchboard.service.cli``). They are
 looked up by name when invoked, so a GPU pod's plain install runs ``select`` and
 ``bench`` without FastAPI or SQLAlchemy, and says which extra ``serve`` needs."""
+
+SERVER_MODULES = (
+    "fastapi",
+    "fastapi_offline",
+    "pydantic_settings",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "prometheus_client",
+)
+"""What the ``server`` extra installs (import names; psycopg is needed for PostgreSQL
+only). The plain install has the service's own modules but none of these, and a
+missing one would otherwise surface as a traceback from deep inside ``serve``."""
 
 AGENT_COMMANDS = {
     "select": "choose this pod's MLA prefill backend and print the engine flags for it",
     "bench": "measure every backend valid on this pod and report it to the service",
 }
+
+
+def _missing_server_modules() -> list[str]:
+    import importlib.util
+
+    return [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -747,11 +762,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in SERVICE_COMMANDS:
         import importlib
 
+        missing = _missing_server_modules()
         try:
+            if missing:
+                raise ImportError(f"missing {', '.join(missing)}")
             service_cli = importlib.import_module("mla_switchboard.service.cli")
         except ImportError as exc:
             print(
-                f"switchboard {argv[0]}: the service is not installed here ({exc}); "
+                f"switchboard {argv[0]}: the server extra is not installed here ({exc}); "
                 "install it with: pip install 'mla-switchboard[server]'",
                 file=sys.stderr,
             )

@@ -202,16 +202,24 @@ def test_no_agent_module_imports_the_service() -> None:
 
 BLOCKER = """
 import importlib.abc, sys
-BLOCKED = ("fastapi", "sqlalchemy", "uvicorn", "alembic", "starlette", "psycopg",
-           "mla_switchboard.service")
+# what the server extra installs: absent from a GPU pod's plain install, which still
+# has the service's own modules (they are part of the distribution)
+BLOCKED = ("fastapi", "fastapi_offline", "pydantic_settings", "uvicorn", "sqlalchemy",
+           "alembic", "prometheus_client", "starlette", "psycopg")
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED or name.startswith(BLOCKED):
+        if name.split(".")[0] in BLOCKED:
             raise ModuleNotFoundError(f"No module named {name!r} (plain install)")
 sys.meta_path.insert(0, Block())
+import importlib.util
+_find_spec = importlib.util.find_spec
+def find_spec(name, package=None):
+    return None if name.split(".")[0] in BLOCKED else _find_spec(name, package)
+importlib.util.find_spec = find_spec
 from mla_switchboard.agent.cli import main
 code = main(sys.argv[1:])
-loaded = sorted(m for m in sys.modules if m.startswith(BLOCKED))
+loaded = sorted(m for m in sys.modules
+                if m.split(".")[0] in BLOCKED or m.startswith("mla_switchboard.service"))
 print("LOADED", loaded, file=sys.stderr)
 sys.exit(code)
 """
@@ -227,14 +235,17 @@ sys.exit(code)
         (["bench", "--model", DSV3, "--cluster", "c", "--no-report", "--shapes", "1x8",
           "--iters", "1", "--num-heads", "2"], 0, "torch-fp32-reference"),
         (["serve"], 2, "pip install 'mla-switchboard[server]'"),
+        (["token", "create", "--help"], 2, "missing fastapi, fastapi_offline, pydantic_settings"),
     ],
 )  # fmt: skip
 def test_select_and_bench_run_without_the_service_packages(
     argv: list[str], code: int, expected: str, closed_url: str, tmp_path: Path
 ) -> None:
-    """A GPU pod's plain install has no FastAPI, SQLAlchemy or service package: with
-    them unimportable, select and bench still work (the select asks a closed URL and
-    decides locally) and ``serve`` names the extra to install."""
+    """A GPU pod's plain install has the service's modules but not the server extra's
+    packages: with those unimportable, select and bench still work (the select asks a
+    closed URL and decides locally) without loading any service module, and ``serve``
+    and ``token`` name the extra to install instead of a traceback from inside the
+    service (``serve`` used to fail on ``pydantic_settings``)."""
     argv = [closed_url if a == "URL" else a for a in argv]
     proc = subprocess.run(
         [sys.executable, "-c", BLOCKER, *argv],
