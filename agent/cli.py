@@ -707,7 +707,11 @@ def bench_main(
 
 # ------------------------------------------------------------------ dispatch
 
-SERVICE_COMMANDS = {"serve": "run the central service", "token": "manage API tokens"}
+SERVICE_COMMANDS = {
+    "serve": "run the central service",
+    "token": "manage API tokens",
+    "health": "exit 0 if the local service answers /readyz (container healthcheck)",
+}
 """Subcommands that live in the service (``mla_switchboard.service.cli``). They are
 looked up by name when invoked, so a GPU pod's plain install runs ``select`` and
 ``bench`` without FastAPI or SQLAlchemy, and says which extra ``serve`` needs."""
@@ -762,7 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in SERVICE_COMMANDS:
         import importlib
 
-        missing = _missing_server_modules()
+        missing = _missing_server_modules() if argv[0] != "health" else []  # httpx only
         try:
             if missing:
                 raise ImportError(f"missing {', '.join(missing)}")
