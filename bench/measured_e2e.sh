@@ -94,10 +94,10 @@ done
 
 stamp "switchboard select (cluster e2e: measured) and the same pod on the seed rules"
 sel=(--model "$model" --model-name "$model_name" --url "$url" --no-cache --deadline 10)
-python3 -m service.cli select "${sel[@]}" --cluster e2e --pod e2e-pod-c --format json \
+python3 -m mla_switchboard.agent.cli select "${sel[@]}" --cluster e2e --pod e2e-pod-c --format json \
   >"$work/select.json"
 echo "exit $?"
-python3 -m service.cli select "${sel[@]}" --cluster e2e-seed --pod e2e-pod-c --format json \
+python3 -m mla_switchboard.agent.cli select "${sel[@]}" --cluster e2e-seed --pod e2e-pod-c --format json \
   >"$work/seed.json"
 echo "exit $?"
 api GET /v1/measurements/summary '' "$admin" >"$out/summary.json" || exit 6
