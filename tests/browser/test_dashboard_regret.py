@@ -27,7 +27,7 @@ H200 = {"name": "NVIDIA H200", "capability": [9, 0]}
 
 def measurement(pod: str, speeds: dict[str, float]) -> dict[str, object]:
     return {
-        "cluster": "bench",
+        "cluster": "slow",  # evidence is trusted within the reporting pod's cluster
         "pod": pod,
         "device": H200,
         "model": {
@@ -59,6 +59,10 @@ def test_regret_panel(service_factory: type[ServiceProcess], sqlite_url: str) ->
     service = service_factory(sqlite_url).start()
     with service.client() as api:
         for pod in ("b0", "b1"):
+            # a report counts only from a pod that booted (has a decision) like this one
+            booted = body("slow", "n-0", pod, [9, 0])
+            booted["device"], booted["packages"] = H200, ALL
+            assert api.post("/v1/select", json=booted).status_code == 200
             for _ in range(2):
                 r = api.post(
                     "/v1/measurements",
@@ -85,8 +89,9 @@ def test_regret_panel(service_factory: type[ServiceProcess], sqlite_url: str) ->
             expect(row).to_have_count(1)
             lost = 100 * (1 - 200.0 / 600.0)
             assert float(row.get_attribute("data-lost")) == pytest.approx(lost, abs=0.01)
-            expect(row).to_contain_text("0/4")
-            expect(row).to_contain_text("FLASHINFER (4)")
+            # 4 serving pods and the 2 bench pods (they booted too)
+            expect(row).to_contain_text("0/6")
+            expect(row).to_contain_text("FLASHINFER (6)")
             # a cluster without evidence is not listed
             expect(page.locator('#regret tr[data-cluster="cpu-only"]')).to_have_count(0)
             ARTIFACTS.mkdir(exist_ok=True)
