@@ -275,9 +275,13 @@ def select_backend(
         directory = cache_dir or os.environ.get("SWITCHBOARD_CACHE_DIR") or default_cache_dir()
         cache = AnswerCache(directory)
 
-    answer = decide(
-        request, urls=url_list, token=token, deadline_s=deadline, cache=cache, notes=notes
-    )
+    try:
+        answer = decide(
+            request, urls=url_list, token=token, deadline_s=deadline, cache=cache, notes=notes
+        )
+    except NoBackendError as exc:
+        exc.request = request  # the caller's report of the refusal shows what was asked
+        raise
     response = answer.response
     result = SelectionResult(
         backend=response.backend,

@@ -355,9 +355,7 @@ def format_result(result: SelectionResult, fmt: str) -> str:
     return _env_lines(values)
 
 
-def format_refusal(
-    error: NoBackendError, request: SelectRequest | None, fmt: str, notes: Sequence[str]
-) -> str:
+def format_refusal(error: NoBackendError, request: SelectRequest | None, fmt: str) -> str:
     """The stdout text when no backend is valid: no engine flags, empty variables, or a
     JSON document whose ``refusal`` says why (every candidate with its reasons)."""
     if fmt in FORMAT_ENGINE:
@@ -375,7 +373,7 @@ def format_refusal(
                 "SWITCHBOARD_REFUSAL": str(error),
             }
         )
-    document = {
+    document: dict[str, object] = {
         "backend": None,
         "source": "refused",
         "engine": None
@@ -388,7 +386,6 @@ def format_refusal(
             "message": str(error),
             "candidates": [c.model_dump(mode="json") for c in error.candidates],
         },
-        "notes": list(notes),
         "request": None if request is None else request.model_dump(mode="json"),
     }
     return json.dumps(document, indent=2) + "\n"
@@ -477,8 +474,6 @@ def select_main(argv: Sequence[str]) -> int:
         return args
 
     from mla_switchboard.agent.api import select_backend
-    from mla_switchboard.agent.notes import Notes
-    from mla_switchboard.agent.pod import describe_pod
 
     with _stderr_logging():
         try:
@@ -506,13 +501,9 @@ def select_main(argv: Sequence[str]) -> int:
             _explain_refusal(exc)
             if exc.kind == "requested_invalid":
                 return 1  # --strict asked for exactly this
-            try:  # the request, for the JSON document (describing again is local and cheap)
-                request = describe_pod(spec, Notes()).request
-            except AgentError:
-                request = None
             if args.format in FORMAT_ENGINE:
                 log.warning("printing no engine flags: the engine keeps its own choice")
-            sys.stdout.write(format_refusal(exc, request, args.format, []))
+            sys.stdout.write(format_refusal(exc, exc.request, args.format))
             sys.stdout.flush()
             return 1 if args.fail_if_unavailable else 0
         except AgentError as exc:

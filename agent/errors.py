@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI imports this module before pydantic is needed
-    from mla_switchboard.core.schemas import Candidate
+    from mla_switchboard.core.schemas import Candidate, SelectRequest
 
 __all__ = ["AgentError", "BadInputError", "KernelBuildError", "NoBackendError"]
 
@@ -43,6 +43,7 @@ class NoBackendError(AgentError):
         super().__init__(message)
         self.candidates = list(candidates)
         self.kind = kind
+        self.request: SelectRequest | None = None  # what was asked (set by select_backend)
 
     def explain(self) -> list[str]:
         """One line per candidate: its backend and why it cannot run (or that it could)."""

@@ -239,6 +239,7 @@ def test_no_valid_backend_prints_no_flags_explains_and_exits_0(
     assert code == 0
     doc = json.loads(out)
     assert doc["backend"] is None and doc["engine_args"] == []
+    assert doc["request"]["packages"] == {"cudnn": "1.32.0"}  # what was asked
     assert doc["refusal"]["kind"] == "no_valid_backend"
     by_backend = {c["backend"]: c for c in doc["refusal"]["candidates"]}
     assert set(by_backend) == {b.value for b in Backend}
