@@ -147,6 +147,11 @@ def main() -> int:
                     flush=True,
                 )
         metrics = httpx.get(f"http://127.0.0.1:{sb_port}/metrics").text
+        writer_cpu_s = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("switchboard_decision_writer_cpu_seconds_total ")
+        )
         answered_by_server = int(
             sum(
                 float(line.rsplit(" ", 1)[1])
@@ -191,6 +196,11 @@ def main() -> int:
             "cpu_us_per_request": med("bare", "cpu_us_per_request"),
         },
         "ratio_rps": med("switchboard", "rps") / med("bare", "rps"),
+        "ratio_p99": med("switchboard", "p99_us") / med("bare", "p99_us"),
+        # the writer thread's own CPU per decision, and the rate it could sustain on
+        # one core at that cost (against the answers/s the replica reached)
+        "writer_cpu_us_per_decision": writer_cpu_s / max(answered_by_server, 1) * 1e6,
+        "writer_rows_per_cpu_second": answered_by_server / writer_cpu_s if writer_cpu_s else None,
         "ratio_cpu_per_request": med("bare", "cpu_us_per_request")
         / med("switchboard", "cpu_us_per_request"),
         "decisions_answered_by_server": answered_by_server,

@@ -6,6 +6,9 @@ SQLite in a file in the working directory, loopback only, seeded rules.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -29,6 +32,23 @@ class Settings(BaseSettings):
         default=200_000,
         ge=1000,
         description="decisions held in memory while the database is unreachable",
+    )
+    spill_path: str | None = Field(
+        default=None,
+        description="where decisions the store cannot take at shutdown are written, for the "
+        "next start to store (default: beside the SQLite file, else "
+        "./switchboard-spill-<hash of the database URL>.jsonl)",
+    )
+    shutdown_flush_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="how long a shutdown waits for the store before spilling to the file",
+    )
+    max_config_staleness_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="/readyz answers 503 once the replica could not check the configuration "
+        "for this long (off by default: a database outage would empty the load balancer)",
     )
     config_poll_s: float = Field(
         default=0.5, gt=0, description="how often a replica looks for others' admin writes"
@@ -69,3 +89,17 @@ class Settings(BaseSettings):
         ge=0,
         description="how long an impact preview is reused for the same change and config",
     )
+
+    def resolved_spill_path(self) -> Path:
+        """The spill file: configured, or found again by a restart with the same
+        settings and working directory (beside an SQLite file; else in the working
+        directory, named after the database URL so two databases never share one)."""
+        if self.spill_path:
+            return Path(self.spill_path).expanduser()
+        url = self.database_url
+        if url.startswith("sqlite:///"):
+            db = url.removeprefix("sqlite:///").split("?", 1)[0]
+            if db and db != ":memory:":
+                return Path(db).expanduser().with_name(Path(db).name + "-spill.jsonl")
+        digest = hashlib.sha256(url.encode()).hexdigest()[:12]
+        return Path(f"switchboard-spill-{digest}.jsonl")

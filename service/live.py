@@ -43,12 +43,14 @@ class LiveConfig:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.snapshot: ConfigSnapshot | None = None
+        self.checked_at: float | None = None  # monotonic: last time the store confirmed it
         self.degraded: str | None = None
 
     def reload(self) -> ConfigSnapshot:
         """Load the snapshot now (after our own writes, and at start)."""
         with self._lock:
             snap = self._store.load_config()
+            self.checked_at = time.monotonic()
             if self.snapshot is None or snap.version >= self.snapshot.version:
                 self.snapshot = snap
                 self._on_snapshot(snap)
@@ -78,6 +80,8 @@ class LiveConfig:
                 version = versions.get("config_version", 0)
                 if self.snapshot is None or version != self.snapshot.version:
                     self.reload()
+                else:
+                    self.checked_at = time.monotonic()
                 evidence = versions.get("evidence_version")
                 stale = time.monotonic() - self._evidence_loaded_at > self._evidence_refresh_s
                 if evidence != self._evidence_version or stale:

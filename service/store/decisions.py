@@ -2,15 +2,57 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from mla_switchboard.service.state import DecisionRecord, PodState
 from mla_switchboard.service.store.base import aware
 from mla_switchboard.service.store.models import AnswerRow, DecisionRow, PodLatest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.orm import Session
+
+_POD_LATEST_CONFLICT = (
+    "ON CONFLICT (cluster, node, pod) DO UPDATE SET "
+    "decision_id = excluded.decision_id, backend = excluded.backend, "
+    "source = excluded.source, created_at = excluded.created_at, "
+    "answer_id = excluded.answer_id "
+    "WHERE excluded.decision_id > pod_latest.decision_id"
+)
+
+# One round trip after the COPY: the staged batch into decisions (known ids skipped),
+# then each named pod's newest decision of the batch into pod_latest, in key order
+# (replicas writing overlapping pods lock them in the same order: no deadlock).
+_PG_FROM_STAGE = (
+    "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, source, "
+    "rules_revision, request, answer_id) SELECT id, created_at, cluster, node, pod, backend, "
+    "source, rules_revision, request, answer_id FROM sb_stage ON CONFLICT (id) DO NOTHING; "
+    "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, source, created_at, "
+    "answer_id) SELECT DISTINCT ON (cluster, coalesce(node, ''), pod) cluster, "
+    "coalesce(node, ''), pod, id, backend, source, created_at, answer_id FROM sb_stage "
+    "WHERE pod IS NOT NULL ORDER BY cluster, coalesce(node, ''), pod, id DESC "
+    f"{_POD_LATEST_CONFLICT}"
+)
+
+
+def rows_of(records: Iterable[DecisionRecord]) -> list[tuple[Any, ...]]:
+    """``DecisionRecord`` values as the writer's rows (same field order)."""
+    return [
+        (
+            d.id,
+            d.created_at,
+            d.cluster,
+            d.node,
+            d.pod,
+            d.backend,
+            d.source,
+            d.rules_revision,
+            d.request_json,
+            d.answer_id,
+            d.answer_json,
+        )
+        for d in records
+    ]
 
 
 def _decision(r: DecisionRow, answer_json: str | None = None) -> DecisionRecord:
@@ -43,60 +85,81 @@ class DecisionStore:
             self._timestamp = lambda d: d
 
     def record_decisions(self, batch: Sequence[DecisionRecord]) -> None:
-        """Insert a batch, its new answers, and move each pod's latest pointer, in one
-        transaction.
+        """Insert a batch of ``DecisionRecord`` values (see ``record_rows``)."""
+        self.record_rows(rows_of(batch))
 
-        This is the one place that bypasses SQLAlchemy's statement compiler: rows go
-        to the driver's ``executemany`` as plain tuples. At fleet boot-storm rates the
-        compiler's per-row parameter processing cost more CPU (and GIL) than the
-        request path itself (bench/select_load.py). The SQL is the same on SQLite and
-        PostgreSQL (``ON CONFLICT`` is shared syntax); only the placeholder differs.
+    def record_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert a batch, its new answers, and move each pod's latest pointer, in one
+        transaction. Rows are plain tuples in ``DecisionRecord``'s field order, the
+        request already JSON text.
+
+        This bypasses SQLAlchemy's statement compiler, and keeps the number of calls
+        into the driver per batch small and fixed: every call releases the GIL, and on
+        a replica at full load getting it back costs up to the interpreter's switch
+        interval (5 ms), so per-row calls made the writer slower than the service it
+        records (issue 13). PostgreSQL: one ``COPY`` into a temporary staging table,
+        then one round trip of ``INSERT ... SELECT`` (decisions, each pod's newest) in
+        the same transaction. SQLite: ``executemany`` in one transaction (a C loop).
+        Inserts skip known ids (``ON CONFLICT DO NOTHING``): a batch whose commit went
+        through unacknowledged, or a replayed spill file, is harmless.
         """
-        if not batch:
+        if not rows:
             return
-        latest: dict[tuple[str, str, str], DecisionRecord] = {}
         answers: dict[str, str] = {}
-        for d in batch:
-            if d.answer_id not in self._known_answers and d.answer_json is not None:
-                answers[d.answer_id] = d.answer_json
-            if d.pod is None:
-                continue  # an unnamed pod cannot be counted as one pod
-            key = (d.cluster, d.node or "", d.pod)
-            if key not in latest or latest[key].id < d.id:
-                latest[key] = d
-        ts = self._timestamp
+        known = self._known_answers
+        for r in rows:
+            if r[9] not in known and r[10] is not None:
+                answers[r[9]] = r[10]
         with self.engine.begin() as conn:
             if answers:
                 # sorted, like pod_latest below: replicas writing overlapping rows in
                 # the same order cannot deadlock each other on PostgreSQL
                 conn.exec_driver_sql(self._sql["answers"], sorted(answers.items()))
+            if self.engine.dialect.name == "postgresql":
+                self._copy_postgres(conn, rows)
+            else:
+                self._insert_sqlite(conn, rows)
+        known.update(answers)
+
+    def _insert_sqlite(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        ts = self._timestamp
+        conn.exec_driver_sql(self._sql["decisions"], [(r[0], ts(r[1]), *r[2:10]) for r in rows])
+        latest: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        for r in rows:
+            if r[4] is None:
+                continue  # an unnamed pod cannot be counted as one pod
+            key = (r[2], r[3] or "", r[4])
+            if key not in latest or latest[key][0] < r[0]:
+                latest[key] = r
+        if latest:
             conn.exec_driver_sql(
-                self._sql["decisions"],
+                self._sql["pod_latest"],
                 [
-                    (
-                        d.id,
-                        ts(d.created_at),
-                        d.cluster,
-                        d.node,
-                        d.pod,
-                        d.backend,
-                        d.source,
-                        d.rules_revision,
-                        d.request_json,
-                        d.answer_id,
-                    )
-                    for d in batch
+                    (c, n, p, r[0], r[5], r[6], ts(r[1]), r[9])
+                    for (c, n, p), r in sorted(latest.items())
                 ],
             )
-            if latest:
-                conn.exec_driver_sql(
-                    self._sql["pod_latest"],
-                    [
-                        (c, n, p, d.id, d.backend, d.source, ts(d.created_at), d.answer_id)
-                        for (c, n, p), d in sorted(latest.items())
-                    ],
+
+    def _copy_postgres(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        info = conn.connection.info
+        with dbapi.cursor() as cur:
+            if not info.get("sb_stage"):
+                cur.execute(
+                    "CREATE TEMPORARY TABLE IF NOT EXISTS sb_stage (id text, created_at "
+                    "timestamptz, cluster text, node text, pod text, backend text, source text, "
+                    "rules_revision integer, request text, answer_id text) "
+                    "ON COMMIT DELETE ROWS"
                 )
-        self._known_answers.update(answers)
+                info["sb_stage"] = True
+            with cur.copy(
+                "COPY sb_stage (id, created_at, cluster, node, pod, backend, source, "
+                "rules_revision, request, answer_id) FROM STDIN"
+            ) as copy:
+                for r in rows:
+                    copy.write_row(r[:10])
+            cur.execute(_PG_FROM_STAGE)
 
     def _prepare_sql(self) -> dict[str, str]:
         mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
@@ -107,19 +170,12 @@ class DecisionStore:
         return {
             "answers": f"INSERT INTO answers (id, answer) VALUES {values(2)} "
             "ON CONFLICT (id) DO NOTHING",
-            # ON CONFLICT DO NOTHING: a batch whose commit went through but whose
-            # acknowledgement was lost (database restarted mid-commit) is retried by
-            # the recorder; the retry must not fail forever on the primary key.
             "decisions": "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, "
             f"source, rules_revision, request, answer_id) VALUES {values(10)} "
             "ON CONFLICT (id) DO NOTHING",
             "pod_latest": "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, "
             f"source, created_at, answer_id) VALUES {values(8)} "
-            "ON CONFLICT (cluster, node, pod) DO UPDATE SET "
-            "decision_id = excluded.decision_id, backend = excluded.backend, "
-            "source = excluded.source, created_at = excluded.created_at, "
-            "answer_id = excluded.answer_id "
-            "WHERE excluded.decision_id > pod_latest.decision_id",
+            f"{_POD_LATEST_CONFLICT}",
         }
 
     def count_decisions(self) -> int:

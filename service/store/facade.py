@@ -36,6 +36,7 @@ class Store:
         self.count_tokens = t.count_tokens
         self.list_audit = self.audit.list_audit
         self.record_decisions = d.record_decisions
+        self.record_rows = d.record_rows
         self.count_decisions = d.count_decisions
         self.list_decisions = d.list_decisions
         self.get_decision = d.get_decision

@@ -36,6 +36,7 @@ API_VERSIONS = {
     "Deployment": "apps/v1",
     "Job": "batch/v1",
     "PodDisruptionBudget": "policy/v1",
+    "PersistentVolumeClaim": "v1",
 }
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 

@@ -21,23 +21,35 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     summary="Rules are in memory: ready to answer /v1/select",
-    responses={503: {"description": "no rules loaded yet"}},
+    responses={503: {"description": "no rules loaded yet, or the configuration is too old"}},
 )
 async def readyz(runtime: RuntimeDep) -> Response:
     """Ready while rules are in memory, even if the database blips: emptying the load
     balancer because the store is down would turn a degraded service into an outage.
-    The store's state is reported in the body (and in metrics)."""
+    The store's state is reported in the body (and in metrics): its kind of error
+    only, never a host, port or URL (this route is open without a token).
+
+    ``config_age_s`` is how old the replica's view of the configuration is (seconds
+    since the store last confirmed it). With ``SWITCHBOARD_MAX_CONFIG_STALENESS_S``
+    set, a replica whose view is older than that is not ready: it may be honouring a
+    revoked token or missing an override. Off by default (see docs/reliability.md)."""
     snap = runtime.live.snapshot
     degraded = runtime.degraded()
+    age = runtime.config_age_s()
+    stale = runtime.config_stale()
+    ready = snap is not None and not stale
     body: dict[str, Any] = {
-        "status": "ready" if snap is not None else "not ready",
+        "status": "ready" if ready else "not ready",
         "rules_revision": None if snap is None else snap.rules.revision,
         "config_version": None if snap is None else snap.version,
+        "config_age_s": None if age is None else round(age, 3),
+        "max_config_staleness_s": runtime.settings.max_config_staleness_s,
+        "config_stale": stale,
         "store": "degraded" if degraded else "ok",
-        "store_error": degraded,
+        "store_error": None if degraded is None else degraded.split(":", 1)[0],
         "decisions_buffered": runtime.recorder.pending,
     }
-    return JSONResponse(body, status_code=200 if snap is not None else 503)
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get(

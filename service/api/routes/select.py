@@ -23,7 +23,6 @@ from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_from
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.runtime import Runtime
-from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 
@@ -127,19 +126,20 @@ async def select(body: SelectRequest, request: Request) -> Response:
     rendered, decision = result, result.decision
     decision_id = new_id()
     now = datetime.now(UTC)
+    # one tuple in DecisionRecord's field order; the writer serialises the request
     runtime.recorder.submit(
-        DecisionRecord(
-            id=decision_id,
-            created_at=now,
-            cluster=body.cluster,
-            node=body.node,
-            pod=body.pod,
-            backend=decision.backend.value,
-            source=decision.source,
-            rules_revision=inputs.rules.revision or 0,
-            request_json=body.model_dump_json(),
-            answer_id=rendered.answer_id,
-            answer_json=rendered.answer_json,
+        (
+            decision_id,
+            now,
+            body.cluster,
+            body.node,
+            body.pod,
+            decision.backend.value,
+            decision.source,
+            inputs.rules.revision or 0,
+            body,
+            rendered.answer_id,
+            rendered.answer_json,
         )
     )
     runtime.metrics.decisions.labels(decision.backend.value, decision.source, body.cluster).inc()

@@ -1,0 +1,378 @@
+"""Issue 13 items 1, 2, 3 and 9, with real parts: nothing acknowledged is lost
+silently, a writer faster than the service, backoff that holds, bounded staleness.
+
+The fault tests start their own PostgreSQL (``PrivatePostgres``), never the shared
+one; every load is bounded in time and on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mla_switchboard.service.config import Settings
+from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.store.recorder import DecisionRecorder
+
+from tests.conftest import ADMIN, ServiceProcess
+from tests.reliability.conftest import (
+    PrivatePostgres,
+    SelectLoad,
+    metric,
+    readyz,
+    select_body,
+    stored_decision_ids,
+    wait_until,
+)
+
+# ------------------------------------------------------- spill file, in process
+
+
+class FlakyStore:
+    """A store whose writes fail until ``up`` is set; records what it was given."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.rows: dict[str, tuple[Any, ...]] = {}
+        self.calls = 0
+
+    def record_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        self.calls += 1
+        if not self.up:
+            raise ConnectionError("connection refused")
+        for r in rows:
+            self.rows.setdefault(r[0], r)
+
+
+def row(i: int) -> tuple[Any, ...]:
+    request = json.dumps({"cluster": "c", "pod": f"p{i}"})
+    return (f"id{i:05d}", datetime.now(UTC), "c", "n", f"p{i}", "FLASH_ATTN", "priority", 1,
+            request, "a1", "{}")  # fmt: skip
+
+
+def recorder(store: FlakyStore, spill: Path | None, metrics: Metrics) -> DecisionRecorder:
+    return DecisionRecorder(
+        store,  # type: ignore[arg-type]
+        metrics,
+        interval_s=0.01,
+        batch=100,
+        limit=10_000,
+        spill_path=spill,
+        shutdown_flush_s=0.3,
+    )
+
+
+def counter(metrics: Metrics, name: str) -> float:
+    return metrics.registry.get_sample_value(name) or 0.0
+
+
+def test_stop_with_store_down_spills_and_next_start_replays(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spill = tmp_path / "spill" / "decisions.jsonl"
+    store, m1 = FlakyStore(), Metrics()
+    rec = recorder(store, spill, m1)
+    rec.start()
+    for i in range(250):
+        rec.submit(row(i))
+    rec.stop()  # the store is down: nothing written, all spilled
+    assert store.rows == {}
+    assert len(spill.read_text().splitlines()) == 250
+    assert counter(m1, "switchboard_decisions_spilled_total") == 250
+    assert counter(m1, "switchboard_decisions_dropped_total") == 0
+    assert "spilled 250 decisions" in caplog.text
+
+    store.up = True
+    m2 = Metrics()
+    again = recorder(store, spill, m2)
+    assert again.replay_spill() == 250
+    assert sorted(store.rows) == [f"id{i:05d}" for i in range(250)]
+    assert store.rows["id00007"][1].tzinfo is not None  # times survive the round trip
+    assert not spill.exists() and not list(spill.parent.iterdir())
+    assert counter(m2, "switchboard_decisions_replayed_total") == 250
+    assert "replayed 250 spilled decisions" in caplog.text
+    assert again.replay_spill() == 0  # nothing left: a second start is a no-op
+
+
+def test_a_spill_that_cannot_be_written_is_a_counted_logged_drop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    store, metrics = FlakyStore(), Metrics()
+    rec = recorder(store, blocker / "spill.jsonl", metrics)
+    rec.start()
+    for i in range(40):
+        rec.submit(row(i))
+    rec.stop()
+    assert counter(metrics, "switchboard_decisions_dropped_total") == 40
+    assert "dropped 40 decisions: could not write the spill file" in caplog.text
+
+
+def test_default_spill_path_is_found_again_by_the_same_settings() -> None:
+    sqlite = Settings(database_url="sqlite:////var/lib/sb/switchboard.db")
+    assert str(sqlite.resolved_spill_path()) == "/var/lib/sb/switchboard.db-spill.jsonl"
+    pg = "postgresql+psycopg://sb@db/sb"
+    a, b = Settings(database_url=pg), Settings(database_url=pg + "2")
+    assert a.resolved_spill_path() == Settings(database_url=pg).resolved_spill_path()
+    assert a.resolved_spill_path() != b.resolved_spill_path()
+    assert not a.resolved_spill_path().is_absolute()  # the working directory
+    assert str(Settings(spill_path="/data/s.jsonl").resolved_spill_path()) == "/data/s.jsonl"
+
+
+def test_flush_waiters_do_not_make_the_writer_busy_loop() -> None:
+    """Ten threads waiting for flushes while the store is down: the writer keeps to
+    its backoff (before: every waiter's wake-up was a new attempt, thousands a second)."""
+    store = FlakyStore()
+    rec = recorder(store, None, Metrics())
+    rec.start()
+    rec.submit(row(0))
+    stop = threading.Event()
+
+    def waiter() -> None:
+        while not stop.is_set():
+            rec.flush(0.05)
+
+    threads = [threading.Thread(target=waiter) for _ in range(10)]
+    for t in threads:
+        t.start()
+    time.sleep(3.0)
+    stop.set()
+    for t in threads:
+        t.join(5)
+    attempts = store.calls
+    store.up = True
+    rec.stop()
+    # backoff 0.1, 0.2, 0.4, 0.8, 1.6 s: about 6 attempts in 3 s
+    assert attempts <= 10, attempts
+
+
+# ------------------------------------------------- SIGTERM with the database down
+
+
+@pytest.mark.postgres
+def test_sigterm_while_database_down_spills_and_restart_stores_all(tmp_path: Path) -> None:
+    """Before: the recorder gave up after 30 s and the process exited with every
+    buffered decision lost, nothing logged, no metric moved (6,043 of 6,043)."""
+    pg = PrivatePostgres()
+    spill = tmp_path / "volume" / "spill.jsonl"
+    env = {"SWITCHBOARD_SPILL_PATH": str(spill), "SWITCHBOARD_SHUTDOWN_FLUSH_S": "2"}
+    try:
+        pg.init().start()
+        service = ServiceProcess(pg.url, env=env).start(tmp_path)
+        try:
+            load = SelectLoad([service.url], cluster="spill", threads=2, pause_s=0.002)
+            load.start()
+            load.wait_for(100)
+            pg.stop("fast")
+            wait_until(lambda: readyz(service)[1]["store"] == "degraded", 10, what="degraded")
+            load.wait_for(len(load.answers) + 300)
+            load.stop()
+            assert not load.failures, load.failures[:5]
+            buffered = readyz(service)[1]["decisions_buffered"]
+            assert buffered > 0
+            t0 = time.monotonic()
+            assert service.proc is not None
+            service.proc.send_signal(signal.SIGTERM)
+            assert service.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+            exit_s = time.monotonic() - t0
+        finally:
+            service.stop()
+        log = service.log_path.read_text() if service.log_path else ""
+        spilled = len(spill.read_text().splitlines())
+        assert spilled >= buffered and f"spilled {spilled} decisions" in log, log[-2000:]
+
+        pg.start()
+        again = ServiceProcess(pg.url, env=env).start(tmp_path)
+        try:
+            replayed = metric(again, "switchboard_decisions_replayed_total")
+        finally:
+            again.stop()
+        stored = stored_decision_ids(pg.url, "spill")
+        print(
+            f"\nSIGTERM with the database down: {len(load.answers)} answers, {buffered} "
+            f"buffered at SIGTERM, exit after {exit_s:.1f}s, {spilled} spilled; restart "
+            f"replayed {replayed:.0f}; stored {len(stored)} of {len(load.answers)}"
+        )
+        assert stored == set(load.answers)
+        assert replayed == spilled
+        assert not spill.exists()
+    finally:
+        pg.cleanup()
+
+
+# ---------------------------------------------------- backoff, staleness, readyz
+
+
+def write_attempts(service: ServiceProcess) -> float:
+    """Failed decision writes so far (each one a connection attempt to the database)."""
+    text = httpx.get(service.url + "/metrics", timeout=5).text
+    key = 'switchboard_store_errors_total{op="record_decisions"}'
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(key))
+
+
+@pytest.mark.postgres
+def test_outage_backoff_staleness_and_readyz_without_connection_details(
+    tmp_path: Path,
+) -> None:
+    """Database down for ~4 s while readers wait for flushes. Before: 8,896 connection
+    attempts in 9 s (a busy loop); /readyz named the database host and port; no
+    replica ever reported how old its configuration was."""
+    pg = PrivatePostgres()
+    try:
+        pg.init().start()
+        plain = ServiceProcess(pg.url).start(tmp_path)
+        strict = ServiceProcess(pg.url, env={"SWITCHBOARD_MAX_CONFIG_STALENESS_S": "1"})
+        strict.start(tmp_path)
+        try:
+            assert readyz(plain)[1]["config_age_s"] < 2
+            assert readyz(strict)[0] == 200
+            load = SelectLoad([plain.url], cluster="backoff", threads=1, pause_s=0.01)
+            load.start()
+            load.wait_for(20)
+            pg.stop("fast")
+            wait_until(lambda: readyz(plain)[1]["store"] == "degraded", 10, what="degraded")
+            errors0 = write_attempts(plain)
+            stop = threading.Event()
+
+            def reader() -> None:  # every listing waits for a flush first
+                with httpx.Client(headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+                    while not stop.is_set():
+                        c.get(plain.url + "/v1/selections", params={"limit": 1}, timeout=10)
+
+            readers = [threading.Thread(target=reader) for _ in range(4)]
+            for t in readers:
+                t.start()
+            time.sleep(4.0)
+            stop.set()
+            for t in readers:
+                t.join(15)
+            attempts = write_attempts(plain) - errors0
+
+            status, body = readyz(plain)
+            text = httpx.get(plain.url + "/readyz").text
+            strict_status, strict_body = readyz(strict)
+            load.stop()
+            pg.start()
+            wait_until(lambda: readyz(strict)[0] == 200, 15, interval=0.1, what="ready again")
+            age_after = readyz(strict)[1]["config_age_s"]
+        finally:
+            plain.stop()
+            strict.stop()
+        print(
+            f"\noutage: {attempts:.0f} decision-write attempts in 4 s with 4 readers "
+            f"waiting for flushes; readyz plain {status} "
+            f"(config_age_s {body['config_age_s']}), with a 1 s maximum {strict_status}; "
+            f"after recovery config_age_s {age_after}"
+        )
+        # backoff 0.1, 0.2, ... 2 s: at most 7 attempts in 4 s, however many wait
+        assert attempts <= 8, attempts
+        assert status == 200 and body["store"] == "degraded" and body["config_age_s"] > 3
+        assert strict_status == 503 and strict_body["config_stale"] is True
+        assert body["store_error"] == "OperationalError"
+        assert "127.0.0.1" not in text and str(pg.port) not in text and "postgres" not in text
+        assert age_after < 2
+    finally:
+        pg.cleanup()
+
+
+# ------------------------------------------------- kill -9 at the maximum rate
+
+
+async def _max_rate(port: int, deadline: float, answers: list[tuple[float, str]]) -> None:
+    """64 keep-alive connections posting distinct pods as fast as the replica answers."""
+    payloads: list[bytes] = []
+    for i in range(20_000):
+        body = json.dumps(select_body("kill9max", f"pod-{i}")).encode()
+        payloads.append(
+            b"POST /v1/select HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + ADMIN.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+    nxt = iter(payloads)
+
+    async def conn() -> None:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return
+        try:
+            while time.monotonic() < deadline:
+                payload = next(nxt, None)
+                if payload is None:
+                    return
+                writer.write(payload)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length, decision = 0, None
+                for line in head.split(b"\r\n")[1:]:
+                    k, _, v = line.partition(b":")
+                    k = k.strip().lower()
+                    if k == b"content-length":
+                        length = int(v)
+                    elif k == b"x-decision-id":
+                        decision = v.strip().decode()
+                await reader.readexactly(length)
+                if head.startswith(b"HTTP/1.1 200") and decision:
+                    answers.append((time.monotonic(), decision))
+        except (OSError, asyncio.IncompleteReadError):
+            return  # the replica was killed
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(conn() for _ in range(64)))
+
+
+@pytest.mark.postgres
+def test_kill9_at_maximum_rate_loses_only_the_last_100ms(
+    pg_url_factory: Callable[[], str], tmp_path: Path
+) -> None:
+    """Before: at full speed kill -9 lost 8,559 of 15,000 acknowledged decisions,
+    some answered 2.1 s before the kill (the writer was slower than the service)."""
+    url = pg_url_factory()
+    service = ServiceProcess(url).start(tmp_path)
+    answers: list[tuple[float, str]] = []
+    killed: list[float] = []
+    assert service.proc is not None
+    proc = service.proc
+
+    def killer() -> None:
+        wait_until(lambda: len(answers) >= 500, 30, what="load running")
+        time.sleep(3.0)  # sustained maximal load
+        proc.kill()
+        killed.append(time.monotonic())
+
+    k = threading.Thread(target=killer)
+    k.start()
+    try:
+        asyncio.run(_max_rate(service.port, time.monotonic() + 30, answers))
+    finally:
+        k.join(60)
+        service.stop()
+    assert killed and proc.wait(10) == -9
+    t_kill = killed[0]
+    first = answers[0][0]
+    rate = sum(1 for t, _ in answers if t <= t_kill) / (t_kill - first)
+    stored = stored_decision_ids(url, "kill9max")
+    lost = [(t_kill - t, d) for t, d in answers if d not in stored]
+    window = max((age for age, _ in lost), default=0.0)
+    print(
+        f"\nkill -9 at maximum rate: {len(answers)} answers at {rate:.0f}/s, "
+        f"{len(lost)} lost, all answered in the last {window * 1000:.0f} ms before the kill"
+    )
+    assert len(answers) > 1000
+    # ~100 ms by design (50 ms interval + one batch in flight); measured 0-115 ms in 5 of 6
+    # runs and 182 ms once on the shared 2-core machine with PostgreSQL on the same
+    # cores. The bound still fails the old writer (2.1 s) by an order of magnitude.
+    assert window <= 0.25, sorted(lost)[-5:]
