@@ -156,7 +156,7 @@ class DecisionRecorder:
     def _run(self) -> None:
         backoff = self._interval
         while not self._stopping.is_set():
-            if self.degraded is None:
+            if self.degraded is None or not self._queue:
                 self._wake.wait(self._interval)
             else:  # failing: only the backoff (or stop) ends the wait, never a flush
                 self._stopping.wait(max(0.0, self._retry_at - time.monotonic()))
