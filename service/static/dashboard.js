@@ -123,6 +123,7 @@ const state = {
   token: null,
   summary: null, // last good summary, kept across failed refreshes
   activeOverrides: null,
+  overrides: [], // the last override list, for the rollouts panel's effects
   timer: null,
   inflight: null,
   inflightToken: null,
@@ -223,16 +224,20 @@ function signOut(message) {
   state.token = null;
   state.summary = null;
   state.activeOverrides = null;
+  state.overrides = [];
   state.lastUpdated = null;
   state.lookupSeq += 1; // drop answers still in flight
   clearInterval(state.timer);
   state.timer = null;
   // Data read with a token that is now gone must not stay in the page.
   for (const id of ["chart", "legend", "fleet-kpis", "cluster-pods", "detail", "overrides",
-    "audit", "overrides-count", "audit-count", "cluster-names"]) {
+    "audit", "overrides-count", "audit-count", "cluster-names", "rollouts", "rollouts-count",
+    "excluded", "excluded-count", "regret"]) {
     $(id).replaceChildren();
   }
   $("cluster-pods").hidden = true;
+  $("rollouts-card").hidden = true;
+  $("excluded-card").hidden = true;
   renderUpdated();
   showSignin(message);
 }
@@ -366,6 +371,8 @@ function renderSummary() {
   $("cluster-names").replaceChildren(...names.map((n) => h("option", { value: n })));
   renderChart();
   renderRegret((state.summary && state.summary.regret) || {});
+  renderExcluded((state.summary && state.summary.excluded) || {});
+  renderRollouts();
 }
 
 /** The chart for the clusters the filter keeps, in the chosen order. With hundreds of
@@ -919,6 +926,8 @@ function renderOverrides(items) {
   const now = Date.now();
   const active = items.filter((o) => !isExpired(o, now));
   state.activeOverrides = active.length;
+  state.overrides = items;
+  renderRollouts(); // its rows name each override's effect
   const kpi = $("kpi-overrides");
   if (kpi) kpi.textContent = String(active.length);
   $("overrides-count").textContent = items.length ? `${active.length} active` : "";
@@ -929,10 +938,12 @@ function renderOverrides(items) {
     );
     return;
   }
-  // Active first, soonest expiry first; never-expiring ones after; expired last.
+  // Halted rollouts first (they need someone); then active ones, soonest expiry first,
+  // never-expiring ones after; expired last.
   const key = (o) => {
     const t = parseTime(o.expires_at);
-    return [isExpired(o, now) ? 1 : 0, t === null ? Infinity : t];
+    const rank = isExpired(o, now) ? 2 : o.rollout && o.rollout.state === "halted" ? 0 : 1;
+    return [rank, t === null ? Infinity : t];
   };
   const sorted = [...items].sort((a, b) => {
     const [ea, ta] = key(a);
@@ -944,15 +955,23 @@ function renderOverrides(items) {
   );
 }
 
-function overrideItem(o, now) {
-  const expired = isExpired(o, now);
+/** What an override does, as tags: force X, deny Y, policy Z. */
+function overrideEffects(o) {
   const effects = [];
   if (o.force) effects.push(h("span", { class: "effect" }, "force ", backendTag(o.force)));
   for (const b of o.deny || []) {
     effects.push(h("span", { class: "effect effect-deny" }, "deny ", backendTag(b)));
   }
   if (o.policy) effects.push(h("span", { class: "effect" }, `policy ${o.policy}`));
+  return effects;
+}
+
+function overrideItem(o, now) {
+  const expired = isExpired(o, now);
+  const effects = overrideEffects(o);
   if (!effects.length) effects.push(h("span", { class: "muted" }, "no effect"));
+  const rollout = o.rollout || null;
+  const halted = Boolean(rollout && rollout.state === "halted");
 
   const t = parseTime(o.expires_at);
   let expiry;
@@ -962,18 +981,232 @@ function overrideItem(o, now) {
 
   return h(
     "li",
-    { class: `override${expired ? " expired" : ""}`, "data-cluster": o.cluster,
-      "data-expired": String(expired) },
+    { class: `override${expired ? " expired" : ""}${halted ? " override-halted" : ""}`,
+      "data-cluster": o.cluster, "data-expired": String(expired),
+      "data-rollout": rollout ? String(rollout.state ?? "") : null },
     h("div", { class: "override-head" },
       h("span", { class: `scope${o.cluster === "*" ? " scope-fleet" : ""}` },
         scopeText(o.cluster)),
       o.model ? h("span", { class: "muted small" }, "models ", h("code", {}, o.model)) : null,
       h("span", { class: "expiry" }, expiry)),
     h("div", { class: "effects" }, effects),
+    rollout ? rolloutLine(rollout, now) : null,
+    halted ? haltedBox(rollout) : null,
     o.note ? h("p", { class: "note" }, o.note) : null,
     h("p", { class: "meta" },
       `by ${o.created_by ?? "unknown"} · `, timeEl(o.created_at, `set ${ago(o.created_at)}`),
       o.revision !== undefined ? ` · rev ${o.revision}` : ""),
+  );
+}
+
+// ---------------------------------------------------------------- rollouts
+
+const ROLLOUT_STATES = ["active", "halted", "complete"];
+
+function rolloutBadge(r) {
+  const known = ROLLOUT_STATES.includes(r.state);
+  return h("span", { class: `rollout-state rollout-${known ? r.state : "other"}` },
+    known ? r.state : String(r.state ?? "unknown"));
+}
+
+/** "30m" -> milliseconds (the API's durations: a whole number and s, m, h or d). */
+function durationMs(text) {
+  const m = /^(\d+)\s*([smhd])$/.exec(String(text ?? "").trim());
+  return m ? Number(m[1]) * { s: 1e3, m: 6e4, h: 36e5, d: 864e5 }[m[2]] : null;
+}
+
+/** When the service promotes this rollout by itself next, if it will. */
+function nextStep(r, now) {
+  if (r.state !== "active" || !Array.isArray(r.steps)) return null;
+  const next = r.steps.find((pct) => pct > r.percent);
+  const every = durationMs(r.step_every);
+  const started = parseTime(r.stage_started_at);
+  if (next === undefined || every === null || started === null) return null;
+  const due = started + every;
+  return due > now
+    ? timeEl(new Date(due).toISOString(), `next ${next} % in ${span(due - now)}`)
+    : `next ${next} % due now`;
+}
+
+/** A rollout's settings and state on one line: badge, share, steps, failures. */
+function rolloutLine(r, now) {
+  const parts = [h("span", { class: "rollout-pct" }, `${r.percent ?? "?"} % of pods`)];
+  if (Array.isArray(r.steps) && r.steps.length) {
+    parts.push(h("span", { class: "rollout-steps" },
+      `steps ${r.steps.map((pct) => `${pct} %`).join(" → ")}`,
+      r.step_every ? ` every ${r.step_every}` : ""));
+  }
+  const failures = r.failures ?? 0;
+  const max = r.max_failures ?? 1;
+  parts.push(h("span", { class: `rollout-failures${failures ? " has-failures" : ""}` },
+    `failures ${failures}/${max}`));
+  if (r.max_slowdown_pct !== undefined && r.max_slowdown_pct !== null) {
+    parts.push(h("span", { class: "muted" }, `halts if ${r.max_slowdown_pct} % slower`));
+  }
+  if (r.state === "active" && r.stage_started_at) {
+    parts.push(timeEl(r.stage_started_at, `stage started ${ago(r.stage_started_at)}`));
+  }
+  const next = nextStep(r, now);
+  if (next) parts.push(h("span", { class: "rollout-next" }, next));
+  const sep = () => h("span", { class: "sep", "aria-hidden": "true" }, "·");
+  return h("div", { class: "rollout-line", "data-state": r.state ?? "" },
+    h("span", { class: "rollout-label" }, "Rollout"), rolloutBadge(r),
+    parts.flatMap((part, i) => (i ? [sep(), part] : [part])));
+}
+
+/** A halted rollout: when (local time, like every time here) and the service's reason. */
+function haltedBox(r) {
+  return h("div", { class: "halted", "data-halted-at": r.halted_at ?? "" },
+    h("p", { class: "halted-head" },
+      h("strong", {}, "Halted"),
+      r.halted_at
+        ? [" ", timeEl(r.halted_at, `${absolute(r.halted_at)} (${ago(r.halted_at)})`)]
+        : null,
+      h("span", { class: "muted" },
+        " · applies to no pod until an admin writes the override again or deletes it")),
+    h("p", { class: "halted-reason" }, r.halted_reason || "No reason recorded."));
+}
+
+/** The summary's rollouts: halted first (they need someone), then active, then done. */
+function renderRollouts() {
+  const list = (state.summary && Array.isArray(state.summary.rollouts) && state.summary.rollouts)
+    || [];
+  const card = $("rollouts-card");
+  card.hidden = !list.length;
+  if (!list.length) {
+    $("rollouts-count").textContent = "";
+    $("rollouts").replaceChildren();
+    return;
+  }
+  const rank = (p) => {
+    const i = ["halted", "active", "complete"].indexOf(p.rollout && p.rollout.state);
+    return i < 0 ? 3 : i;
+  };
+  const sorted = [...list].sort((a, b) =>
+    rank(a) - rank(b) || (a.cluster < b.cluster ? -1 : a.cluster > b.cluster ? 1 : 0));
+  const halted = list.filter((p) => p.rollout && p.rollout.state === "halted").length;
+  $("rollouts-count").textContent = halted
+    ? `${halted} halted of ${list.length}`
+    : `${list.length} staged`;
+  const now = Date.now();
+  $("rollouts").replaceChildren(
+    h("ul", { class: "rollout-list" }, sorted.map((p) => rolloutProgress(p, now))));
+}
+
+function rolloutProgress(p, now) {
+  const r = p.rollout || {};
+  const scope = Math.max(0, Number(p.pods_in_scope) || 0);
+  const stage = Math.min(Math.max(0, Number(p.pods_in_stage) || 0), scope);
+  const booted = Math.min(Math.max(0, Number(p.pods_booted_with_it) || 0), stage);
+  const override = state.overrides.find((o) => o.cluster === p.cluster);
+  const effects = override ? overrideEffects(override) : [];
+  const share = scope ? ` (${Math.round((stage / scope) * 100)} %)` : "";
+  const failures = p.failures ?? r.failures ?? 0;
+  const max = r.max_failures ?? 1;
+  const next = nextStep(r, now);
+  return h(
+    "li",
+    { class: `rollout rollout-item-${ROLLOUT_STATES.includes(r.state) ? r.state : "other"}`,
+      "data-cluster": p.cluster, "data-state": r.state ?? "", "data-in-scope": scope,
+      "data-in-stage": stage, "data-booted": booted, "data-failures": failures },
+    h("div", { class: "override-head" },
+      h("span", { class: `scope${p.cluster === "*" ? " scope-fleet" : ""}` },
+        scopeText(p.cluster)),
+      rolloutBadge(r),
+      h("span", { class: "muted small" },
+        `${r.percent ?? "?"} %`, p.revision !== undefined ? ` · rev ${p.revision}` : ""),
+      effects.length ? h("span", { class: "effects inline" }, effects) : null),
+    stageBar(scope, stage, booted),
+    h("p", { class: "rollout-counts" },
+      h("span", {},
+        h("span", { class: "key key-stage", "aria-hidden": "true" }),
+        `${stage} of ${plural(scope, "pod")} in the stage${share}`,
+        r.state === "halted" ? h("span", { class: "muted" }, " (halted: it applies to none)")
+          : null),
+      h("span", {},
+        h("span", { class: "key key-booted", "aria-hidden": "true" }),
+        `${booted} booted with it`),
+      h("span", { class: `rollout-failures${failures ? " has-failures" : ""}` },
+        `failures ${failures}/${max}`)),
+    speedLine(p, r),
+    r.state === "halted"
+      ? h("p", { class: "halted-reason small" },
+        h("strong", {}, "Halted"),
+        r.halted_at ? [" ", timeEl(r.halted_at, absolute(r.halted_at))] : null,
+        ": ", r.halted_reason || "no reason recorded")
+      : next ? h("p", { class: "muted small rollout-next" }, next) : null,
+  );
+}
+
+/** Pods in the stage out of the scope, booted ones darker; drawn in SVG (no inline
+ *  styles under the CSP): the widths are attributes. */
+function stageBar(scope, stage, booted) {
+  const x = (n) => (scope ? (n / scope) * 100 : 0);
+  const label = `${stage} of ${plural(scope, "pod")} in the stage, ${booted} booted with it`;
+  return s("svg", { class: "stage-bar", viewBox: "0 0 100 10", preserveAspectRatio: "none",
+    role: "img", "aria-label": label },
+  s("title", {}, label),
+  s("rect", { class: "track", x: 0, y: 0, width: 100, height: 10 }),
+  s("rect", { class: "in-stage", x: 0, y: 0, width: x(stage), height: 10 }),
+  s("rect", { class: "booted", x: 0, y: 0, width: x(booted), height: 10 }));
+}
+
+function tflops(v) {
+  return `${Number(v).toFixed(1)}`;
+}
+
+/** The stage's median TFLOP/s against the rest of the scope, once both are measured. */
+function speedLine(p, r) {
+  const stage = p.stage_median_tflops;
+  const rest = p.rest_median_tflops;
+  const known = (v) => v !== null && v !== undefined && Number.isFinite(Number(v));
+  if (!known(stage) || !known(rest)) {
+    const have = known(stage) ? `stage ${tflops(stage)} TFLOP/s, rest not measured`
+      : known(rest) ? `rest ${tflops(rest)} TFLOP/s, stage not measured`
+        : "neither side measured yet";
+    return h("p", { class: "rollout-speed muted small", "data-compared": "false" },
+      `Speed: ${have}.`);
+  }
+  const diff = rest > 0 ? ((stage - rest) / rest) * 100 : 0;
+  const limit = r.max_slowdown_pct ?? null;
+  const cls = diff < 0 && limit !== null && -diff > limit ? "slower" : diff < 0 ? "behind" : "faster";
+  const sign = diff > 0 ? "+" : diff < 0 ? "−" : "±";
+  return h("p", { class: "rollout-speed small", "data-compared": "true" },
+    "Speed: stage ", h("strong", {}, tflops(stage)), " vs rest ", h("strong", {}, tflops(rest)),
+    " TFLOP/s median ",
+    h("span", { class: `speed-diff ${cls}` }, `(${sign}${Math.abs(diff).toFixed(1)} %)`));
+}
+
+// ---------------------------------------------------------------- excluded by evidence
+
+/** Per cluster, the backends failure evidence rules out and the service's reason;
+ *  the panel stays hidden while nothing is excluded. */
+function renderExcluded(excluded) {
+  const clusters = Object.keys(excluded || {})
+    .filter((c) => excluded[c] && Object.keys(excluded[c]).length)
+    .sort();
+  $("excluded-card").hidden = !clusters.length;
+  if (!clusters.length) {
+    $("excluded-count").textContent = "";
+    $("excluded").replaceChildren();
+    return;
+  }
+  const total = clusters.reduce((n, c) => n + Object.keys(excluded[c]).length, 0);
+  $("excluded-count").textContent =
+    `${plural(total, "backend")} in ${plural(clusters.length, "cluster")}`;
+  const ordered = (names) => {
+    const known = BACKENDS.filter((b) => names.includes(b));
+    return [...known, ...names.filter((b) => !BACKENDS.includes(b)).sort()];
+  };
+  $("excluded").replaceChildren(
+    h("ul", { class: "excluded-list" }, clusters.map((c) =>
+      h("li", { class: "excluded-cluster", "data-cluster": c },
+        h("span", { class: `scope${c === "*" ? " scope-fleet" : ""}` }, scopeText(c)),
+        h("ul", { class: "excluded-backends" },
+          ordered(Object.keys(excluded[c])).map((b) =>
+            h("li", { "data-backend": b },
+              backendTag(b),
+              h("p", { class: "excluded-reason" }, String(excluded[c][b] ?? "")))))))),
   );
 }
 
@@ -1019,8 +1252,9 @@ function auditItem(e) {
     "li",
     { class: "audit-entry", "data-action": action, "data-id": e.id ?? "" },
     h("div", { class: "audit-head" },
-      h("span", { class: `action action-${["override", "rules", "token"].includes(kind)
-        ? kind : "other"}` }, action),
+      h("span", { class: `action action-${
+        ["override", "rules", "token", "rollout", "evidence"].includes(kind) ? kind : "other"}` },
+      action),
       e.target ? h("span", { class: "mono target" }, scopeText(e.target)) : null,
       h("span", { class: "when" }, timeEl(e.at))),
     e.note ? h("p", { class: "note" }, e.note) : null,
