@@ -169,10 +169,13 @@ def test_seeding_is_idempotent(engines: Callable[[], Engine]) -> None:
     assert count(store, "rules_revisions") == 1
 
 
-def test_replicas_migrate_and_seed_concurrently(engines: Callable[[], Engine]) -> None:
+def test_replicas_migrate_and_seed_concurrently(db_url: str) -> None:
     """Four replicas starting at once on an empty database: one migration, one seed,
-    no replica fails."""
-    replicas = [engines() for _ in range(4)]
+    no replica fails. On SQLite they queue on the write lock; the busy timeout is raised
+    from 15 s to 120 s here because a 2-core machine shared by other jobs has been seen
+    to take longer than 15 s for the first replica's migration."""
+    url = f"{db_url}?timeout=120" if db_url.startswith("sqlite") and "?" not in db_url else db_url
+    replicas = [make_engine(url) for _ in range(4)]
 
     def start(i: int) -> int:
         migrate(replicas[i])
@@ -180,10 +183,14 @@ def test_replicas_migrate_and_seed_concurrently(engines: Callable[[], Engine]) -
         store.ensure_seeded()
         return store.load_config().rules.revision or 0
 
-    assert run_together(4, start) == [1, 1, 1, 1]
-    store = Store(replicas[0])
-    assert count(store, "rules_revisions") == 1
-    assert store.config_version() == 1
+    try:
+        assert run_together(4, start) == [1, 1, 1, 1]
+        store = Store(replicas[0])
+        assert count(store, "rules_revisions") == 1
+        assert store.config_version() == 1
+    finally:
+        for engine in replicas:
+            engine.dispose()
 
 
 # ------------------------------------------------------------------------- rules
