@@ -42,9 +42,7 @@ def preview_change(
     """
     current = runtime.inputs
     key = _proposal_key(current.tag, rules, override_scope, override, visible)
-    cache = _CACHES.get(runtime)
-    if cache is None:
-        cache = _CACHES.setdefault(runtime, PreviewCache())
+    cache = _cache_of(runtime)
     ttl = runtime.settings.preview_cache_s
     hit = cache.get(key, ttl)
     if hit is not None:
@@ -71,6 +69,27 @@ def preview_change(
         )
         cache.put(key, result)
         return result
+
+
+def cached_preview(
+    runtime: Runtime,
+    *,
+    rules: RulesDocument | None = None,
+    override_scope: str | None = None,
+    override: Override | None = None,
+    visible: Callable[[str], bool] | None = None,
+) -> Preview | None:
+    """The kept answer of ``preview_change`` for these arguments, if there is one: no
+    I/O and little CPU, so the event loop may ask before handing a miss to a thread."""
+    key = _proposal_key(runtime.inputs.tag, rules, override_scope, override, visible)
+    return _cache_of(runtime).get(key, runtime.settings.preview_cache_s)
+
+
+def _cache_of(runtime: Runtime) -> PreviewCache:
+    cache = _CACHES.get(runtime)
+    if cache is None:
+        cache = _CACHES.setdefault(runtime, PreviewCache())
+    return cache
 
 
 class PreviewCache:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
-from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
@@ -16,7 +15,7 @@ from mla_switchboard.core.schemas import (
     RulesDocument,
     error_responses,
 )
-from mla_switchboard.service.api.changes import preview_change, scoped_preview
+from mla_switchboard.service.api.changes import cached_preview, preview_change, scoped_preview
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
 from mla_switchboard.service.auth import Principal, new_token
 from mla_switchboard.service.preview import Preview
@@ -28,6 +27,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(prefix="/v1", tags=["admin"], responses=error_responses(401, 403))
 
@@ -244,27 +244,31 @@ class PreviewRequest(BaseModel):
     responses=error_responses(413, 503),
     summary="What a change would do to the fleet",
 )
-def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDep) -> Preview:
-    """A token limited to some clusters previews the change on its clusters' pods."""
+async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDep) -> Response:
+    """A token limited to some clusters previews the change on its clusters' pods.
+
+    A kept answer (``SWITCHBOARD_PREVIEW_CACHE_S``) is sent from the event loop at once;
+    a replay runs in a worker thread."""
     from datetime import UTC, datetime
 
-    visible = principal.may_see if principal.restricted else None
+    proposal: dict[str, Any] = {"visible": principal.may_see if principal.restricted else None}
     if body.rules is not None:
-        return preview_change(runtime, rules=body.rules, visible=visible)
-    if body.override is not None:
-        now = datetime.now(UTC)
-        proposed = Override.model_validate(
+        proposal["rules"] = body.rules
+    elif body.override is not None:
+        spec = body.override.model_dump(exclude={"cluster"})
+        proposal["override_scope"] = body.override.cluster
+        proposal["override"] = Override.model_validate(
             {
-                **rollouts.stored_payload(body.override.cluster, body.override, now),
+                **spec,
                 "cluster": body.override.cluster,
-                "created_at": now,
+                "created_at": datetime.now(UTC),
                 "created_by": "preview",
                 "revision": 0,
             }
         )
-        return preview_change(
-            runtime, override_scope=body.override.cluster, override=proposed, visible=visible
-        )
-    return preview_change(
-        runtime, override_scope=body.delete_override, override=None, visible=visible
-    )
+    else:
+        proposal["override_scope"], proposal["override"] = body.delete_override, None
+    answer = cached_preview(runtime, **proposal)
+    if answer is None:
+        answer = await run_in_threadpool(lambda: preview_change(runtime, **proposal))
+    return Response(answer.model_dump_json(), media_type="application/json")
