@@ -29,6 +29,7 @@ from mla_switchboard.core.evaluator import (
 )
 from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
+from mla_switchboard.service.selector import InputsFor
 from mla_switchboard.service.state import DecisionRecord, PodState
 
 if TYPE_CHECKING:
@@ -107,10 +108,12 @@ class RolloutGuards:
             r = o.rollout
             if r is None or r.state != "active" or not in_stage(request, o):
                 continue
-            with_it = decide(request, inputs, now=now)
+            # the inputs a live decision for this pod uses (evidence it trusts)
+            given = self._runtime.trusted.inputs_for(request, inputs, now)
+            with_it = decide(request, given, now=now)
             without = decide(
                 request,
-                replace(inputs, overrides=tuple(x for x in inputs.overrides if x is not o)),
+                replace(given, overrides=tuple(x for x in given.overrides if x is not o)),
                 now=now,
             )
             if not isinstance(with_it, Decision) or not isinstance(without, Decision):
@@ -217,7 +220,11 @@ def _halted(current: Rollout, failures: int, reason: str) -> Rollout:
 
 
 def progress(
-    pods: Sequence[PodState], inputs: DecisionInputs, *, now: datetime
+    pods: Sequence[PodState],
+    inputs: DecisionInputs,
+    *,
+    now: datetime,
+    inputs_for: InputsFor | None = None,
 ) -> list[dict[str, Any]]:
     """Each staged override's progress, for the summary and the dashboard: pods in its
     scope and in the stage, how many booted with it (their latest decision runs what
@@ -245,7 +252,8 @@ def progress(
             inside = r.state != "halted" and in_stage(request, o)
             in_stage_n += inside
             if inside:
-                given = decide(request, inputs, now=now)
+                narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
+                given = decide(request, narrowed, now=now)
                 booted += isinstance(given, Decision) and given.backend.value == pod.backend
             stats = inputs.evidence.group(situation_of(request)).get(pod.backend)  # type: ignore[call-overload]
             if stats is not None:

@@ -160,7 +160,9 @@ def summary(runtime: RuntimeDep, principal: ViewerDep) -> dict[str, Any]:
         "regret": regret_by_cluster(pods, inputs, now=now, inputs_for=trusted),
         "excluded": exclusions_by_cluster(pods, inputs, now=now, inputs_for=trusted),
         "rollouts": [
-            r for r in rollout_progress(pods, inputs, now=now) if principal.may_see(r["cluster"])
+            r
+            for r in rollout_progress(pods, inputs, now=now, inputs_for=trusted)
+            if principal.may_see(r["cluster"])
         ],
     }
 
