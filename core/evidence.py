@@ -18,6 +18,7 @@ An :class:`EvidenceIndex` is immutable: new observations give a new index
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -107,6 +108,7 @@ class Observation:
     at: datetime | None = None
     error: str | None = None
     impl: str | None = None
+    source: str = ""  # the stored report it comes from, so a reload can tell it apart
 
 
 @dataclass(frozen=True)
@@ -317,9 +319,10 @@ class EvidenceIndex:
 
 
 def observations_of_report(
-    report: MeasurementReport, at: datetime | None = None
+    report: MeasurementReport, at: datetime | None = None, report_id: str | None = None
 ) -> list[Observation]:
-    """The observations a measurement report contributes (none without a GPU)."""
+    """The observations a measurement report contributes (none without a GPU); each
+    names its source (``report_id`` and the result's index), as the store's read does."""
     cap = report.device.capability
     if cap is None:
         return []
@@ -343,20 +346,43 @@ def observations_of_report(
             at=at,
             error=r.error if r.error is not None else (None if r.correct else "wrong result"),
             impl=r.impl,
+            source="" if report_id is None else measurement_source(report_id, i),
         )
-        for r in report.results
+        for i, r in enumerate(report.results)
     ]
 
 
+def measurement_source(report_id: str, index: int) -> str:
+    return f"m:{report_id}:{index}"
+
+
+def failure_source(decision_id: str, backend: str, error: str) -> str:
+    digest = hashlib.blake2b(error.encode(), digest_size=6).hexdigest()
+    return f"f:{decision_id}:{backend}:{digest}"
+
+
 def failure_observation(
-    request: SelectRequest, backend: str, error: str, at: datetime | None, pod: str | None
+    request: SelectRequest,
+    backend: str,
+    error: str,
+    at: datetime | None,
+    pod: str | None,
+    decision_id: str = "",
 ) -> Observation | None:
     """A failure a pod reported for its decision, keyed by that pod's situation."""
     situation = situation_of(request)
     if situation is None:
         return None
     return Observation(
-        situation, backend, pod or "", None, ok=False, cluster=request.cluster, at=at, error=error
+        situation,
+        backend,
+        pod or "",
+        None,
+        ok=False,
+        cluster=request.cluster,
+        at=at,
+        error=error,
+        source=failure_source(decision_id, backend, error) if decision_id else "",
     )
 
 

@@ -39,6 +39,7 @@ class Runtime:
         self._evidence = self._new_index([])
         self._evidence_version = 0
         self._inputs_lock = threading.RLock()
+        self._local_added: list[Observation] = []  # applied here since a reload began
         self._inputs: DecisionInputs | None = None
         self.live = LiveConfig(
             self.store,
@@ -134,16 +135,27 @@ class Runtime:
         return inputs
 
     def reload_evidence(self) -> None:
-        """Rebuild the measured-selection index from the store (last N days only)."""
+        """Rebuild the measured-selection index from the store (last N days only).
+
+        A report this replica applied while the store was being read may be missing
+        from the read (its commit came after the read's snapshot): it is kept, unless
+        the read has it already (same source), so "this replica at once" holds."""
         since = datetime.now(UTC) - timedelta(days=self.settings.measured_max_age_days)
+        with self._inputs_lock:
+            self._local_added = []
         observations = self.store.evidence(since)
         with self._inputs_lock:
+            have = {o.source for o in observations if o.source}
+            late = [o for o in self._local_added if not o.source or o.source not in have]
+            observations = [*observations, *late]
+            self._local_added = []
             self._publish(self._new_index(observations))
             self.trusted.reset(observations, self._evidence_version)
 
     def add_evidence(self, observations: list[Observation]) -> None:
         """This replica's own new evidence, applied at once without a store read."""
         with self._inputs_lock:  # read-modify-write: two reports must not lose one
+            self._local_added.extend(observations)
             self._publish(self._evidence.with_observations(observations))
             self.trusted.extend(observations, self._evidence_version)
 

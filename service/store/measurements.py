@@ -16,6 +16,7 @@ from mla_switchboard.core.evidence import (
     dims_key,
     engine_key,
     failure_observation,
+    measurement_source,
     packages_key,
     situation_of,
 )
@@ -122,12 +123,15 @@ class MeasurementStore:
             q = select(
                 m.device_name, m.capability, m.dims, m.dtype, m.packages, m.engine,
                 m.backend, m.pod, m.cluster, m.at, m.tflops, m.correct, m.error, m.impl,
+                m.report_id,
             ).where(m.at >= since, m.capability.is_not(None), m.cleared_at.is_(None))  # fmt: skip
             # only reports from pods the service decided for count (issue 13)
-            q = q.where(m.counted.is_(True))
+            q = q.where(m.counted.is_(True)).order_by(m.id)
+            index: dict[str, int] = {}  # a result's place in its report: its source
             for row in conn.execute(q):
                 device, cap, dims, dtype, pkgs, engine, backend, pod, cluster, at = row[:10]
-                tflops, ok, error, impl = row[10:]
+                tflops, ok, error, impl, report_id = row[10:]
+                index[report_id] = index.get(report_id, -1) + 1
                 out.append(
                     Observation(
                         Situation(device, cap, dims, dtype, pkgs, engine),
@@ -139,14 +143,18 @@ class MeasurementStore:
                         at=aware(at),
                         error=error if error is not None else (None if ok else "wrong result"),
                         impl=impl,
+                        source=measurement_source(report_id, index[report_id]),
                     )
                 )
-            for backend, error, at, request_json, pod in conn.execute(self._failures(since)):
+            failures = conn.execute(self._failures(since))
+            for backend, error, at, request_json, pod, decision_id in failures:
                 try:
                     request = SelectRequest.model_validate_json(request_json)
                 except ValueError:
                     continue  # recorded under an older schema
-                observation = failure_observation(request, backend, error, aware(at), pod)
+                observation = failure_observation(
+                    request, backend, error, aware(at), pod, decision_id
+                )
                 if observation is not None:
                     out.append(observation)
         return out
@@ -160,6 +168,7 @@ class MeasurementStore:
                 FailureRow.at,
                 DecisionRow.request,
                 DecisionRow.pod,
+                FailureRow.decision_id,
             )
             .join(DecisionRow, DecisionRow.id == FailureRow.decision_id)
             .where(FailureRow.at >= since, FailureRow.cleared_at.is_(None))

@@ -65,7 +65,7 @@ def report(
         # the agent retried a report whose answer it never got: already stored
         response.status_code = 200
         return {"measurement_id": report_id, "results": len(body.results), "duplicate": True}
-    observations = observations_of_report(body, datetime.now(UTC))
+    observations = observations_of_report(body, datetime.now(UTC), report_id)
     reason = None
     if observations:
         # Evidence only from a pod the service decided for, in this cluster, in this

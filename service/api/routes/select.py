@@ -184,6 +184,7 @@ def report_failure(
         report.error,
         datetime.now(UTC),
         record.pod,
+        decision_id,
     )
     if observation is not None:
         runtime.add_evidence([observation])
