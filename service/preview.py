@@ -21,7 +21,7 @@ from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, de
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.service.selector import InputsFor
 from mla_switchboard.service.state import PodState
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 
 class Preview(BaseModel):
@@ -61,9 +61,8 @@ def replay(
         return caches[index][key]
 
     for pod in pods:
-        try:
-            request = SelectRequest.model_validate_json(pod.request_json)
-        except ValidationError:
+        request = pod.request
+        if request is None:
             unreadable += 1  # recorded under an older schema; cannot be replayed
             continue
         before, after = under(0, current, request), under(1, proposed, request)

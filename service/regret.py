@@ -15,11 +15,9 @@ from datetime import datetime
 from typing import Any
 
 from mla_switchboard.core.evaluator import DecisionInputs, assess
-from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.selector import InputsFor
 from mla_switchboard.service.state import PodState
-from pydantic import ValidationError
 
 
 def regret_by_cluster(
@@ -46,9 +44,8 @@ def regret_by_cluster(
     for pod in pods:
         a = acc[pod.cluster]
         a["pods"] += 1
-        try:
-            request = SelectRequest.model_validate_json(pod.request_json)
-        except ValidationError:
+        request = pod.request
+        if request is None:
             continue
         if inputs_for is not None:
             inputs = inputs_for(request, fleet_inputs, now)
@@ -100,9 +97,8 @@ def exclusions_by_cluster(
     out: dict[str, dict[str, str]] = defaultdict(dict)
     seen: set[tuple[str, Any]] = set()
     for pod in pods:
-        try:
-            request = SelectRequest.model_validate_json(pod.request_json)
-        except ValidationError:
+        request = pod.request
+        if request is None:
             continue
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         assessed = assess(request, narrowed, now)

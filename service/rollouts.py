@@ -242,11 +242,8 @@ def progress(
         for pod in pods:
             if o.cluster not in ("*", pod.cluster):
                 continue
-            try:
-                request = SelectRequest.model_validate_json(pod.request_json)
-            except ValueError:
-                continue
-            if o not in applicable_overrides(request, (o,), now):
+            request = pod.request
+            if request is None or o not in applicable_overrides(request, (o,), now):
                 continue
             scoped += 1
             inside = r.state != "halted" and in_stage(request, o)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
-from mla_switchboard.core.schemas import Override, RulesDocument
+from mla_switchboard.core.schemas import Override, RulesDocument, SelectRequest
+from pydantic import ValidationError
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,16 @@ class PodState:
     backend: str
     source: str
     request_json: str
+
+    @cached_property
+    def request(self) -> SelectRequest | None:
+        """The request the pod sent, parsed once however many readers replay it (the
+        summary's regret, exclusions and rollout progress; the preview); None when it
+        was recorded under an older schema and cannot be replayed."""
+        try:
+            return SelectRequest.model_validate_json(self.request_json)
+        except ValidationError:
+            return None
 
 
 @dataclass(frozen=True)
