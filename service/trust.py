@@ -65,10 +65,17 @@ class TrustedEvidence:
             self._indexes = {}
 
     def extend(self, observations: Sequence[Observation], version: int) -> None:
+        """Fold a report into the indexes already built (each takes what its scope
+        trusts), rather than dropping them: otherwise every report made the next
+        decision of every scope rebuild its index from all observations on the hot
+        path."""
         with self._lock:
             self._observations = self._observations + tuple(observations)
             self._version = version
-            self._indexes = {}
+            self._indexes = {
+                scope: index.with_observations([o for o in observations if _trusted(o, scope)])
+                for scope, index in self._indexes.items()
+            }
 
     def index(self, scope: Scope) -> EvidenceIndex:
         with self._lock:
