@@ -167,15 +167,21 @@ class FailurePolicy:
 class BackendStats:
     """What the fleet measured for one backend in one situation."""
 
-    tflops: tuple[float, ...] = ()
-    pods: frozenset[str] = frozenset()
+    by_pod: tuple[tuple[str, str, float], ...] = ()  # (cluster, pod, TFLOP/s) per sample
     failures: tuple[FailureNote, ...] = ()
     impls: frozenset[str] = frozenset()
-    by_pod: tuple[tuple[str, str, float], ...] = ()  # (cluster, pod, TFLOP/s) per sample
+
+    @property
+    def tflops(self) -> tuple[float, ...]:
+        return tuple(t for _, _, t in self.by_pod)
+
+    @property
+    def pods(self) -> frozenset[str]:
+        return frozenset(p for _, p, _ in self.by_pod)
 
     @property
     def samples(self) -> int:
-        return len(self.tflops)
+        return len(self.by_pod)
 
     @property
     def median_tflops(self) -> float | None:
@@ -185,8 +191,6 @@ class BackendStats:
         if o.ok and o.tflops is not None:
             return replace(
                 self,
-                tflops=(*self.tflops, o.tflops),
-                pods=self.pods | {o.pod},
                 by_pod=(*self.by_pod, (o.cluster, o.pod, o.tflops)),
                 impls=self.impls | ({o.impl} if o.impl else set()),
             )
