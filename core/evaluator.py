@@ -20,7 +20,6 @@ FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,6 +45,7 @@ from mla_switchboard.core.schemas import (
     Source,
 )
 from mla_switchboard.core.specs import SPECS, Backend, Capability, MLADims, SelectionContext
+from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
 
 __all__ = [
     "FALLBACK_CHAIN",
@@ -87,19 +87,25 @@ LOCAL_INPUTS = DecisionInputs(rules=SEED_RULES)
 """The agent's fail-static inputs: the seed rules, no overrides, no evidence."""
 
 
-def decision_key(request: SelectRequest, overrides: Sequence[Override] = ()) -> tuple[Any, ...]:
+def decision_key(
+    request: SelectRequest, overrides: Sequence[Override] = (), bucket: int | None = None
+) -> tuple[Any, ...]:
     """Everything in ``request`` that the evaluator reads, as a hashable key.
 
     ``node`` and ``pod`` are left out: they name the pod, they do not describe it. The
     one thing a pod's name does decide, whether it is in the stage of a staged
     override, is in the key as one bit per such override (``overrides``: those in the
-    inputs). ``tests/core`` changes every other field of a request one at a time and
-    fails if the key does not change, so a field added to the schema cannot be
-    forgotten here.
+    inputs; ``bucket``: the pod's stage bucket when the caller knows it, else it is
+    computed from the request). ``tests/core`` changes every other field of a request
+    one at a time and fails if the key does not change, so a field added to the schema
+    cannot be forgotten here.
     """
     m = request.model
     d = request.device
     e = request.engine
+    partial = [o for o in overrides if _partial(o)]
+    if partial and bucket is None:
+        bucket = stage_bucket(request.cluster, request.pod)
     return (
         request.cluster,
         d.name,
@@ -114,7 +120,7 @@ def decision_key(request: SelectRequest, overrides: Sequence[Override] = ()) -> 
         request.requested_backend,
         request.strict,
         None if e is None else (e.name, e.version),
-        tuple(in_stage(request, o) for o in overrides if _partial(o)),
+        tuple(bucket_in_stage(bucket, o.rollout) for o in partial if o.rollout is not None),
     )
 
 
@@ -123,25 +129,16 @@ def _partial(o: Override) -> bool:
     return r is not None and r.state == "active" and r.percent < 100
 
 
-def in_stage(request: SelectRequest, o: Override) -> bool:
-    """Whether a staged override applies to this pod.
-
-    A pod is in the stage by a stable hash of (cluster, pod name, rollout id): the
-    same on every replica and every call, and a pod in at 10 % is still in at 50 %.
-    Pods without a name are never in a partial stage; a halted rollout applies to no
-    pod, a complete one (or 100 %) to every pod."""
+def in_stage(request: SelectRequest, o: Override, bucket: int | None = None) -> bool:
+    """Whether a staged override applies to this pod (``core/stages.py``: a stable
+    bucket per pod, a range of buckets per rollout). ``bucket``: the pod's, when the
+    caller has it (a replay of stored pods); else computed from the request."""
     r = o.rollout
-    if r is None or r.state == "complete":
+    if r is None:
         return True
-    if r.state == "halted":
-        return False
-    if r.percent >= 100:
-        return True
-    if not request.pod:
-        return False
-    raw = f"{request.cluster}\0{request.pod}\0{r.id}".encode()
-    bucket = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") % 10_000
-    return bucket < r.percent * 100
+    if bucket is None:
+        bucket = stage_bucket(request.cluster, request.pod)
+    return bucket_in_stage(bucket, r)
 
 
 @dataclass(frozen=True)
@@ -268,12 +265,18 @@ class Assessment:
         return [b for b in Backend if not self.reasons[b]]
 
 
-def assess(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> Assessment:
+def assess(
+    request: SelectRequest, inputs: DecisionInputs, now: datetime, bucket: int | None = None
+) -> Assessment:
     """Every backend's reasons for ``request`` under ``inputs``: the one place validity is
-    decided (the decision, the preview and the regret all read it from here)."""
+    decided (the decision, the preview and the regret all read it from here).
+    ``bucket``: the pod's stage bucket when the caller has it (see ``in_stage``)."""
     matched = applicable_overrides(request, inputs.overrides, now)
-    staged = tuple((o, in_stage(request, o)) for o in matched if o.rollout is not None)
-    active = [o for o in matched if in_stage(request, o)]
+    if bucket is None and any(o.rollout is not None for o in matched):
+        bucket = stage_bucket(request.cluster, request.pod)
+    staged = tuple((o, in_stage(request, o, bucket)) for o in matched if o.rollout is not None)
+    inside = {id(o) for o, yes in staged if yes}
+    active = [o for o in matched if o.rollout is None or id(o) in inside]
     policy = effective_policy(active)
     engine = request.engine or DEFAULT_ENGINE
     profile = resolve(engine.name, engine.version)
@@ -342,10 +345,14 @@ def _effects(o: Override) -> list[str]:
     return effects
 
 
-def decide(request: SelectRequest, inputs: DecisionInputs, *, now: datetime) -> Decision | Refusal:
-    """Choose a backend for ``request``; see the module docstring for precedence."""
+def decide(
+    request: SelectRequest, inputs: DecisionInputs, *, now: datetime, bucket: int | None = None
+) -> Decision | Refusal:
+    """Choose a backend for ``request``; see the module docstring for precedence.
+    ``bucket``: the pod's stage bucket when the caller has it (a replay of stored pods
+    by group); else it is computed from the request's cluster and pod name."""
     cap = request.device.capability
-    a = assess(request, inputs, now)
+    a = assess(request, inputs, now, bucket)
     reasons = a.reasons
     refs = _refs(a)
     ctx = context_of(request)

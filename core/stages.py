@@ -1,0 +1,59 @@
+"""Who is in the stage of a staged override: one stable bucket per pod.
+
+Every named pod has a bucket in ``0..STAGE_BUCKETS-1``, a stable hash of (cluster,
+pod name) that no rollout changes; a rollout covers ``percent`` consecutive buckets
+starting at an offset drawn from its id (wrapping around). So
+
+- the share of pods in a stage is its percent (one bucket per percent point);
+- raising the percent keeps every pod that was in (the range only grows);
+- a new rollout (a new id) starts elsewhere, so it does not always draw the same pods;
+- the bucket can be stored with each pod once, and "how many pods of this group are
+  in the stage" is a sum over at most 100 counters: fleet reads count buckets, they
+  never hash pod names again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from mla_switchboard.core.schemas import Rollout
+
+__all__ = ["STAGE_BUCKETS", "bucket_in_stage", "rollout_offset", "stage_bucket", "stage_buckets"]
+
+STAGE_BUCKETS = 100
+"""Percent is a whole number from 1 to 100, so 100 buckets decide every stage exactly."""
+
+
+def stage_bucket(cluster: str, pod: str | None) -> int | None:
+    """A named pod's bucket; None for a pod without a name (never in a partial stage)."""
+    if not pod:
+        return None
+    digest = hashlib.blake2b(f"{cluster}\0{pod}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % STAGE_BUCKETS
+
+
+def rollout_offset(rollout_id: str) -> int:
+    """Where a rollout's range of buckets starts."""
+    digest = hashlib.blake2b(rollout_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % STAGE_BUCKETS
+
+
+def bucket_in_stage(bucket: int | None, rollout: Rollout) -> bool:
+    """Whether a pod in ``bucket`` is in the stage of ``rollout``.
+
+    A halted rollout applies to no pod, a complete one (or 100 %) to every pod; pods
+    without a name (``bucket`` None) are never in a partial stage."""
+    if rollout.state == "complete":
+        return True
+    if rollout.state == "halted":
+        return False
+    if rollout.percent >= 100:
+        return True
+    if bucket is None:
+        return False
+    return (bucket - rollout_offset(rollout.id)) % STAGE_BUCKETS < rollout.percent
+
+
+def stage_buckets(rollout: Rollout) -> frozenset[int]:
+    """Every bucket in the stage of ``rollout`` (for counting pods per bucket)."""
+    return frozenset(b for b in range(STAGE_BUCKETS) if bucket_in_stage(b, rollout))
