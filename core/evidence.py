@@ -248,6 +248,11 @@ class EvidenceIndex:
     def group(self, situation: Situation | None) -> Group:
         return {} if situation is None else self._groups.get(situation, {})
 
+    def samples(self, situation: Situation, backend: Backend) -> list[tuple[str, str, float]]:
+        """(cluster, pod, TFLOP/s) of every counted sample of ``backend`` there."""
+        stats = self._groups.get(situation, {}).get(backend)
+        return [] if stats is None else list(stats.by_pod)
+
     def exclusions(self, situation: Situation | None, now: datetime) -> dict[Backend, str]:
         """Backends the failure policy excludes in ``situation``, with the reason."""
         out: dict[Backend, str] = {}

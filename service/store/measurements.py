@@ -21,9 +21,10 @@ from mla_switchboard.core.evidence import (
     situation_of,
 )
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
+from mla_switchboard.service.shapes import request_from_shape
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import aware, bump
-from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow
+from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow, ShapeRow
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
@@ -42,16 +43,16 @@ class MeasurementStore:
         what makes its benchmark report count as evidence (issue 13). The pod's newest
         decisions are compared (a pod that changed packages has a newer one)."""
         q = (
-            select(DecisionRow.request)
+            select(DecisionRow.request, ShapeRow.request, DecisionRow.node)
+            .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
             .where(DecisionRow.cluster == cluster, DecisionRow.pod == pod)
             .order_by(DecisionRow.id.desc())
             .limit(20)
         )
         with self.engine.connect() as conn:
-            for (request_json,) in conn.execute(q):
-                try:
-                    request = SelectRequest.model_validate_json(request_json)
-                except ValueError:
+            for request_json, shape_json, node in conn.execute(q):
+                request = _request(request_json, shape_json, cluster, node, pod)
+                if request is None:
                     continue
                 if situation_of(request) == situation:
                     return True
@@ -147,10 +148,19 @@ class MeasurementStore:
                     )
                 )
             failures = conn.execute(self._failures(since))
-            for backend, error, at, request_json, pod, decision_id in failures:
-                try:
-                    request = SelectRequest.model_validate_json(request_json)
-                except ValueError:
+            for (
+                backend,
+                error,
+                at,
+                request_json,
+                shape_json,
+                cluster,
+                node,
+                pod,
+                decision_id,
+            ) in failures:
+                request = _request(request_json, shape_json, cluster, node, pod)
+                if request is None:
                     continue  # recorded under an older schema
                 observation = failure_observation(
                     request, backend, error, aware(at), pod, decision_id
@@ -167,10 +177,14 @@ class MeasurementStore:
                 FailureRow.error,
                 FailureRow.at,
                 DecisionRow.request,
+                ShapeRow.request,
+                DecisionRow.cluster,
+                DecisionRow.node,
                 DecisionRow.pod,
                 FailureRow.decision_id,
             )
             .join(DecisionRow, DecisionRow.id == FailureRow.decision_id)
+            .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
             .where(FailureRow.at >= since, FailureRow.cleared_at.is_(None))
         )
 
@@ -196,17 +210,27 @@ class MeasurementStore:
                 wrong.append(m.backend == backend)
             cleared = s.execute(update(m).where(*wrong).values(cleared_at=now)).rowcount or 0
             ids = []
-            q = select(FailureRow.id, FailureRow.backend, DecisionRow.request).join(
-                DecisionRow, DecisionRow.id == FailureRow.decision_id
+            q = (
+                select(
+                    FailureRow.id,
+                    FailureRow.backend,
+                    DecisionRow.request,
+                    ShapeRow.request,
+                    DecisionRow.cluster,
+                    DecisionRow.node,
+                    DecisionRow.pod,
+                )
+                .join(DecisionRow, DecisionRow.id == FailureRow.decision_id)
+                .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
             )
-            for fid, fbackend, request in s.execute(q.where(FailureRow.cleared_at.is_(None))):
+            for fid, fbackend, request_json, shape_json, cluster, node, pod in s.execute(
+                q.where(FailureRow.cleared_at.is_(None))
+            ):
                 if backend is not None and fbackend != backend:
                     continue
-                try:
-                    if situation_of(SelectRequest.model_validate_json(request)) == situation:
-                        ids.append(fid)
-                except ValueError:
-                    continue
+                request = _request(request_json, shape_json, cluster, node, pod)
+                if request is not None and situation_of(request) == situation:
+                    ids.append(fid)
             if ids:
                 s.execute(update(FailureRow).where(FailureRow.id.in_(ids)).values(cleared_at=now))
             cleared += len(ids)
@@ -222,3 +246,22 @@ class MeasurementStore:
             )
             bump(s, "evidence_version")
         return cleared
+
+
+def _request(
+    request_json: str | None,
+    shape_json: str | None,
+    cluster: str,
+    node: str | None,
+    pod: str | None,
+) -> SelectRequest | None:
+    """A decision's request, from its own text (older rows) or its shape; None when it
+    no longer validates (recorded under an older schema)."""
+    try:
+        if request_json is not None:
+            return SelectRequest.model_validate_json(request_json)
+        if shape_json is None:
+            return None
+        return SelectRequest.model_validate(request_from_shape(shape_json, cluster, node, pod))
+    except ValueError:
+        return None

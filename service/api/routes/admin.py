@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
@@ -15,7 +16,7 @@ from mla_switchboard.core.schemas import (
     RulesDocument,
     error_responses,
 )
-from mla_switchboard.service.api.changes import cached_preview, preview_change, scoped_preview
+from mla_switchboard.service.api.changes import preview_change, scoped_preview
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
 from mla_switchboard.service.auth import Principal, new_token
 from mla_switchboard.service.preview import Preview
@@ -245,13 +246,10 @@ class PreviewRequest(BaseModel):
     summary="What a change would do to the fleet",
 )
 async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDep) -> Response:
-    """A token limited to some clusters previews the change on its clusters' pods.
-
-    A kept answer (``SWITCHBOARD_PREVIEW_CACHE_S``) is sent from the event loop at once;
-    a replay runs in a worker thread."""
-    from datetime import UTC, datetime
-
-    proposal: dict[str, Any] = {"visible": principal.may_see if principal.restricted else None}
+    """A token limited to some clusters previews the change on its clusters' pods. The
+    fleet is replayed by group, and the answer kept until a version it depends on
+    moves (see service/fleet_reads.py)."""
+    proposal: dict[str, Any] = {"principal": principal}
     if body.rules is not None:
         proposal["rules"] = body.rules
     elif body.override is not None:
@@ -268,7 +266,6 @@ async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDe
         )
     else:
         proposal["override_scope"], proposal["override"] = body.delete_override, None
-    answer = cached_preview(runtime, **proposal)
-    if answer is None:
-        answer = await run_in_threadpool(lambda: preview_change(runtime, **proposal))
+    # in a worker thread: even a kept answer needs the fleet's version from the store
+    answer = await run_in_threadpool(lambda: preview_change(runtime, **proposal))
     return Response(answer.model_dump_json(), media_type="application/json")
