@@ -27,6 +27,7 @@ from mla_switchboard.service.api.routes import (
 )
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.fleet import OverBudget
+from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.runtime import Runtime
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
@@ -198,9 +199,8 @@ async def _store_unavailable(request: Request, exc: SQLAlchemyError) -> Response
     (each write is one transaction). /v1/select never gets here: it runs from memory."""
     runtime: Runtime = request.app.state.runtime
     runtime.metrics.store_errors.labels(op="request").inc()
-    first_line = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
     return JSONResponse(
-        {"detail": {"message": f"store unavailable, nothing was changed: {first_line}"}},
+        {"detail": {"message": f"store unavailable, nothing was changed: {first_line(exc, 300)}"}},
         status_code=503,
         headers={"Retry-After": "2"},
     )

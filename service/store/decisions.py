@@ -132,14 +132,14 @@ _PG_POD_LATEST_FROM_STAGE = (
     "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, source, created_at, "
     "answer_id, shape_id, bucket) SELECT DISTINCT ON (cluster, coalesce(node, ''), pod) "
     "cluster, coalesce(node, ''), pod, id, backend, source, created_at, answer_id, shape_id, "
-    "bucket FROM sb_stage WHERE pod IS NOT NULL "
+    "bucket FROM sb_stage WHERE pod <> '' "
     "ORDER BY cluster, coalesce(node, ''), pod, id DESC "
     f"{_POD_LATEST_CONFLICT}"
 )
 _PG_OLD_LATEST = (
     "SELECT p.cluster, p.node, p.pod, p.decision_id, p.shape_id, p.backend, p.source, "
     "p.bucket FROM pod_latest p JOIN (SELECT DISTINCT cluster, coalesce(node, '') AS node, pod "
-    "FROM sb_stage WHERE pod IS NOT NULL) s "
+    "FROM sb_stage WHERE pod <> '') s "
     "ON p.cluster = s.cluster AND p.node = s.node AND p.pod = s.pod"
 )
 # One writer at a time moves pods between groups, per schema (the tests and several
@@ -466,7 +466,7 @@ class DecisionStore:
 def _newest_per_pod(rows: Sequence[Row]) -> dict[PodKey, Row]:
     newest: dict[PodKey, Row] = {}
     for r in rows:
-        if r[4] is None:
+        if not r[4]:
             continue  # an unnamed pod cannot be counted as one pod
         key = (r[2], r[3] or "", r[4])
         if key not in newest or newest[key][0] < r[0]:

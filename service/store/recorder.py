@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.shapes import shape_of_json
 from mla_switchboard.service.store import Store
@@ -167,7 +168,7 @@ class DecisionRecorder:
                         self._inflight = []
                     if self.degraded is None:
                         log.warning("decision store unavailable, buffering: %s", exc)
-                    self.degraded = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
                     self._metrics.store_errors.labels(op="record_decisions").inc()
                     backoff = min(max(backoff * 2, 0.1), MAX_BACKOFF_S)
                     self._retry_at = time.monotonic() + backoff

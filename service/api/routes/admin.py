@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
@@ -18,8 +18,10 @@ from mla_switchboard.core.schemas import (
 )
 from mla_switchboard.service.api.changes import preview_change, scoped_preview
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
+from mla_switchboard.service.api.etags import conditional
 from mla_switchboard.service.auth import Principal, new_token
 from mla_switchboard.service.preview import Preview
+from mla_switchboard.service.runtime import Runtime
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -141,6 +143,21 @@ def audit(
     # ASCII digits only, at most 18 (below 2**63): str.isdigit() let "²" through to
     # int() and 20 digits overflowed the database's integer, both answered 500.
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Answered with an ETag of its content: a poll that finds nothing new gets 304."""
+    page = _audit_page(runtime, principal, action, target, actor, limit, cursor)
+    return conditional(page, if_none_match)
+
+
+def _audit_page(
+    runtime: Runtime,
+    principal: Principal,
+    action: str | None,
+    target: str | None,
+    actor: str | None,
+    limit: int,
+    cursor: str | None,
 ) -> dict[str, Any]:
     before = None if cursor is None else int(cursor)
     if not principal.restricted:

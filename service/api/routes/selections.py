@@ -16,7 +16,7 @@ from mla_switchboard.core.schemas import (
     error_responses,
 )
 from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep, fail
-from mla_switchboard.service.api.routes.rules import etag_matches
+from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel
 
