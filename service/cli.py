@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mla_switchboard.service.messages import first_line
+
 if TYPE_CHECKING:
-    from mla_switchboard.service.messages import first_line
-from mla_switchboard.service.runtime import Runtime
+    from mla_switchboard.service.runtime import Runtime
 
 # Imports stay inside the subcommands: `switchboard token list` need not load FastAPI.
 

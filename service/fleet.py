@@ -180,22 +180,37 @@ def each_group(snapshot: FleetSnapshot, deadline: Deadline | None = None) -> Ite
 class Fleet:
     """The store's fleet counts as of its ``fleet_version``, read once per version.
 
-    ``current()`` costs one small query when nothing changed, and a read of
-    O(groups) rows when something did; shapes are read once each (they never change).
-    """
+    Which version is the latest is known without asking the store: this replica's
+    writer says what each of its batches made, and the config poller sees the others'
+    (every ``SWITCHBOARD_CONFIG_POLL_S``). So ``current()`` is a lookup while nothing
+    changed, and a read of O(groups) rows when something did (shapes are read once
+    each: they never change); another replica's decisions show within the poll."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._lock = threading.Lock()
         self._snapshot: FleetSnapshot | None = None
+        self._seen = 0  # the newest fleet_version the poller reported
+
+    def saw(self, version: int) -> None:
+        self._seen = max(self._seen, version)
+
+    @property
+    def latest(self) -> int:
+        return max(self._seen, self._store.decisions.fleet_version_written)
+
+    def kept(self) -> FleetSnapshot | None:
+        """The snapshot, when it is the latest known (no I/O: for the event loop)."""
+        snap = self._snapshot
+        return snap if snap is not None and snap.version >= self.latest else None
 
     def current(self) -> FleetSnapshot:
-        store = self._store
         with self._lock:
-            snap = self._snapshot
-            if snap is not None and store.fleet_version() == snap.version:
+            snap = self.kept()
+            if snap is not None:
                 return snap
-            version, rows = store.fleet_groups()
-            shapes = store.shapes({r.shape_id for r in rows})
+            version, rows = self._store.fleet_groups()
+            shapes = self._store.shapes({r.shape_id for r in rows})
+            self.saw(version)
             self._snapshot = FleetSnapshot.build(version, rows, shapes)
             return self._snapshot

@@ -80,28 +80,41 @@ class FleetReads:
         self._summaries: Computed[Answer] = Computed(64)
         self._previews: Computed[Preview] = Computed(256)
 
-    def _fresh(self) -> tuple[DecisionInputs, FleetSnapshot, datetime]:
-        """The inputs and the fleet as of now: this replica's own decisions so far are
-        written first, so the caller sees the pods it just booted."""
+    def _fresh(self, own: bool) -> tuple[DecisionInputs, FleetSnapshot, datetime]:
+        """The inputs and the fleet as of now. ``own``: this replica's own decisions so
+        far are written first, so the caller sees the pods it just booted (the
+        summary; a preview does not wait for the writer, whose small batches would
+        otherwise follow a client looping on previews)."""
         runtime = self._runtime
-        runtime.recorder.flush()
+        if own and runtime.recorder.pending:
+            runtime.recorder.flush()
         return runtime.inputs, runtime.fleet.current(), datetime.now(UTC)
+
+    def _kept_state(self, own: bool) -> tuple[DecisionInputs, FleetSnapshot, datetime] | None:
+        """Like ``_fresh`` but without I/O, for the event loop: None when the fleet's
+        snapshot is behind (or, with ``own``, this replica has decisions to write)."""
+        runtime = self._runtime
+        fleet = runtime.fleet.kept()
+        if fleet is None or (own and runtime.recorder.pending):
+            return None
+        return runtime.inputs, fleet, datetime.now(UTC)
 
     def _deadline(self) -> Deadline:
         return Deadline(self._runtime.settings.fleet_read_budget_s)
 
     def summary(self, scope: tuple[str, ...] | None, visible: Visible) -> Answer:
         """``/v1/selections/summary`` for a caller whose token covers ``scope``."""
-        inputs, fleet, now = self._fresh()
+        inputs, fleet, now = self._fresh(own=True)
         key = ("summary", *_versions(inputs, fleet, now), scope)
         return self._summaries.get(key, lambda: self._summary(key, inputs, fleet, now, visible))
 
-    def summary_etag(self, scope: tuple[str, ...] | None) -> str | None:
-        """The ETag a summary request would get now, when it is already kept (no work
-        beyond reading the versions): a matching If-None-Match is answered 304."""
-        inputs, fleet, now = self._fresh()
-        kept = self._summaries.peek(("summary", *_versions(inputs, fleet, now), scope))
-        return None if kept is None else kept.etag
+    def kept_summary(self, scope: tuple[str, ...] | None) -> Answer | None:
+        """The summary ``summary`` would answer now, when it is kept and current: no
+        I/O, so the event loop answers a polling dashboard without a worker thread."""
+        state = self._kept_state(own=True)
+        if state is None:
+            return None
+        return self._summaries.peek(("summary", *_versions(*state), scope))
 
     def _summary(
         self,
@@ -138,7 +151,7 @@ class FleetReads:
         self, proposal: Proposal, scope: tuple[str, ...] | None, visible: Visible
     ) -> Preview:
         """What ``proposal`` would change for the pods ``visible`` to the caller."""
-        inputs, fleet, now = self._fresh()
+        inputs, fleet, now = self._fresh(own=False)
         key = ("preview", *_versions(inputs, fleet, now), proposal.digest(), scope)
         return self._previews.get(
             key,
@@ -153,10 +166,11 @@ class FleetReads:
         )
 
     def kept_preview(self, proposal: Proposal, scope: tuple[str, ...] | None) -> Preview | None:
-        inputs, fleet, now = self._runtime.inputs, self._runtime.fleet.current(), datetime.now(UTC)
-        return self._previews.peek(
-            ("preview", *_versions(inputs, fleet, now), proposal.digest(), scope)
-        )
+        """The preview ``preview`` would answer now, when kept and current (no I/O)."""
+        state = self._kept_state(own=False)
+        if state is None:
+            return None
+        return self._previews.peek(("preview", *_versions(*state), proposal.digest(), scope))
 
     @property
     def preview_computations(self) -> int:

@@ -31,7 +31,9 @@ class LiveConfig:
         on_evidence: Callable[[], None] = lambda: None,
         evidence_refresh_s: float = 60.0,
         on_snapshot: Callable[[ConfigSnapshot], None] = lambda _snap: None,
+        on_versions: Callable[[dict[str, int]], None] = lambda _versions: None,
     ) -> None:
+        self._on_versions = on_versions
         self._store = store
         self._on_snapshot = on_snapshot
         self._on_evidence = on_evidence
@@ -78,6 +80,7 @@ class LiveConfig:
         while not self._stop.wait(self._poll_s):
             try:
                 versions = self._store.versions()
+                self._on_versions(versions)
                 version = versions.get("config_version", 0)
                 if self.snapshot is None or version != self.snapshot.version:
                     self.reload()

@@ -38,6 +38,7 @@ class Runtime:
         self.metrics = Metrics(settings.metrics_max_clusters)
         self.engine = make_engine(settings.database_url)
         self.store = Store(self.engine)
+        self.fleet = Fleet(self.store)
         self._evidence = self._new_index([])
         self._evidence_version = 0
         self._inputs_lock = threading.RLock()
@@ -49,6 +50,7 @@ class Runtime:
             settings.config_poll_s,
             on_evidence=self.reload_evidence,
             on_snapshot=lambda _snap: self._publish(),
+            on_versions=lambda versions: self.fleet.saw(versions.get("fleet_version", 0)),
         )
         self.recorder = DecisionRecorder(
             self.store,
@@ -68,7 +70,6 @@ class Runtime:
             registry=self.metrics.registry,
         ).set_function(lambda: self.config_age_s() or 0.0)
         self.rollouts = RolloutGuards(self, check_s=settings.rollout_check_s)
-        self.fleet = Fleet(self.store)
         self.reads = FleetReads(self)
         self.bootstrap_token = (
             settings.admin_token.get_secret_value() if settings.admin_token else None

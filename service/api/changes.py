@@ -32,6 +32,20 @@ def preview_change(
     return runtime.reads.preview(Proposal(rules, override_scope, override), scope, visible)
 
 
+def kept_preview(
+    runtime: Runtime,
+    *,
+    rules: RulesDocument | None = None,
+    override_scope: str | None = None,
+    override: Override | None = None,
+    principal: Principal | None = None,
+) -> Preview | None:
+    """``preview_change``'s answer when it is kept and current, without I/O (the event
+    loop may ask before handing a miss to a worker thread)."""
+    scope, _ = _scope_of(principal)
+    return runtime.reads.kept_preview(Proposal(rules, override_scope, override), scope)
+
+
 def _scope_of(
     principal: Principal | None,
 ) -> tuple[tuple[str, ...] | None, Callable[[str], bool] | None]:

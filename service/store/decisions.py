@@ -41,6 +41,8 @@ source, rules_revision, shape_id, answer_id, shape_json, answer_json)``. The two
 texts are shared by every decision of one shape or answer and stored once each."""
 
 ROW_FIELDS = 12
+KNOWN_LIMIT = 100_000
+"""Shape and answer ids a writer remembers having stored (memory stays bounded)."""
 
 
 def decision_row(
@@ -156,6 +158,9 @@ class DecisionStore:
         self._known_answers: set[str] = set()
         self._known_shapes: set[str] = set()
         self._shapes: dict[str, str] = {}  # id -> JSON, read back once (immutable)
+        self._bumped = 0
+        # the fleet_version this writer's last committed batch made (0: none yet)
+        self.fleet_version_written = 0
         self._postgres = engine.dialect.name == "postgresql"
         self._sql = self._prepare_sql()
         if engine.dialect.name == "sqlite":
@@ -192,6 +197,7 @@ class DecisionStore:
             r[9]: r[11] for r in rows if r[9] not in self._known_answers and r[11] is not None
         }
         newest = _newest_per_pod(rows)
+        self._bumped = 0
         with self.engine.begin() as conn:
             if not self._postgres:
                 # the write lock now, so the pod_latest read below is what is committed
@@ -206,8 +212,12 @@ class DecisionStore:
                 self._copy_postgres(conn, rows, newest)
             else:
                 self._insert_sqlite(conn, rows, newest)
-        self._known_shapes.update(shapes)
-        self._known_answers.update(answers)
+        if self._bumped:
+            self.fleet_version_written = max(self.fleet_version_written, self._bumped)
+        for known, new in ((self._known_shapes, shapes), (self._known_answers, answers)):
+            if len(known) > KNOWN_LIMIT:
+                known.clear()  # forgetting costs one harmless ON CONFLICT DO NOTHING each
+            known.update(new)
 
     def _insert_sqlite(
         self, conn: Connection, rows: Sequence[Row], newest: dict[PodKey, Row]
@@ -323,7 +333,8 @@ class DecisionStore:
             conn.exec_driver_sql(self._sql["fleet_upsert"], upserts)
         if deletes:
             conn.exec_driver_sql(self._sql["fleet_delete"], deletes)
-        conn.exec_driver_sql(self._sql["fleet_bump"])
+        bumped = conn.exec_driver_sql(self._sql["fleet_bump"]).scalar()
+        self._bumped = int(bumped or 0)
 
     def _prepare_sql(self) -> dict[str, str]:
         mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
@@ -347,7 +358,8 @@ class DecisionStore:
             "DO UPDATE SET pods = excluded.pods, buckets = excluded.buckets",
             "fleet_delete": f"DELETE FROM fleet_counts WHERE cluster = {mark} AND "
             f"shape_id = {mark} AND backend = {mark} AND source = {mark}",
-            "fleet_bump": "UPDATE meta SET value = value + 1 WHERE key = 'fleet_version'",
+            "fleet_bump": "UPDATE meta SET value = value + 1 WHERE key = 'fleet_version' "
+            "RETURNING value",
         }
 
     # -------------------------------------------------------------------- reads

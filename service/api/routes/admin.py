@@ -16,7 +16,7 @@ from mla_switchboard.core.schemas import (
     RulesDocument,
     error_responses,
 )
-from mla_switchboard.service.api.changes import preview_change, scoped_preview
+from mla_switchboard.service.api.changes import kept_preview, preview_change, scoped_preview
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
 from mla_switchboard.service.api.etags import conditional
 from mla_switchboard.service.auth import Principal, new_token
@@ -264,8 +264,9 @@ class PreviewRequest(BaseModel):
 )
 async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDep) -> Response:
     """A token limited to some clusters previews the change on its clusters' pods. The
-    fleet is replayed by group, and the answer kept until a version it depends on
-    moves (see service/fleet_reads.py)."""
+    fleet is replayed by group in a worker thread, and the answer kept until a version
+    it depends on moves (see service/fleet_reads.py); a kept one is sent from the
+    event loop at once."""
     proposal: dict[str, Any] = {"principal": principal}
     if body.rules is not None:
         proposal["rules"] = body.rules
@@ -283,6 +284,7 @@ async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDe
         )
     else:
         proposal["override_scope"], proposal["override"] = body.delete_override, None
-    # in a worker thread: even a kept answer needs the fleet's version from the store
-    answer = await run_in_threadpool(lambda: preview_change(runtime, **proposal))
+    answer = kept_preview(runtime, **proposal)
+    if answer is None:
+        answer = await run_in_threadpool(lambda: preview_change(runtime, **proposal))
     return Response(answer.model_dump_json(), media_type="application/json")

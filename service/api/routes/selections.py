@@ -19,6 +19,7 @@ from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep, fail
 from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(
     prefix="/v1/selections", tags=["selections"], responses=error_responses(401, 403, 503)
@@ -145,7 +146,7 @@ def list_selections(
     responses={304: {"description": "If-None-Match matched: nothing changed"}},
     summary="Pods per cluster and backend, counting each pod's latest decision",
 )
-def summary(
+async def summary(
     runtime: RuntimeDep,
     principal: ViewerDep,
     if_none_match: Annotated[str | None, Header()] = None,
@@ -158,10 +159,10 @@ def summary(
     Computed from the fleet's counts by group, kept until something it depends on
     changes; the ETag says so (a matching If-None-Match gets 304)."""
     scope = principal.clusters if principal.restricted else None
-    kept = runtime.reads.summary_etag(scope)
-    if kept is not None and etag_matches(if_none_match, kept):
-        return Response(status_code=304, headers={"ETag": kept})
-    answer = runtime.reads.summary(scope, principal.may_see if principal.restricted else None)
+    answer = runtime.reads.kept_summary(scope)  # a polling dashboard: no worker thread
+    if answer is None:
+        visible = principal.may_see if principal.restricted else None
+        answer = await run_in_threadpool(runtime.reads.summary, scope, visible)
     if etag_matches(if_none_match, answer.etag):
         return Response(status_code=304, headers={"ETag": answer.etag})
     return JSONResponse(answer.body, headers={"ETag": answer.etag})
