@@ -128,7 +128,7 @@ class RolloutGuards:
                 o,
                 with_it.backend.value,
                 without.backend.value,
-                dict(inputs.evidence.group(situation)),  # type: ignore[arg-type]
+                lambda backend: inputs.evidence.samples(situation, backend),
                 member,
             )
             if found is None:
@@ -252,10 +252,10 @@ def progress(
                 narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
                 given = decide(request, narrowed, now=now)
                 booted += isinstance(given, Decision) and given.backend.value == pod.backend
-            stats = inputs.evidence.group(situation_of(request)).get(pod.backend)  # type: ignore[call-overload]
-            if stats is not None:
-                mine = [t for c, p, t in stats.by_pod if (c, p) == (pod.cluster, pod.pod)]
-                (stage_speed if inside else rest_speed).extend(mine)
+            mine = inputs.evidence.pod_samples(
+                situation_of(request), pod.backend, pod.cluster, pod.pod
+            )
+            (stage_speed if inside else rest_speed).extend(mine)
         out.append(
             {
                 "cluster": o.cluster,
