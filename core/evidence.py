@@ -34,6 +34,7 @@ import bisect
 import hashlib
 import json
 import math
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -401,7 +402,8 @@ class EvidenceIndex:
         if o.ok:
             if o.tflops is None or math.isnan(o.tflops):
                 return False
-            sample = (_sample_key(o.at), float(o.tflops), o.impl)
+            impl = sys.intern(o.impl) if o.impl else None  # one string per code path
+            sample = (_sample_key(o.at), float(o.tflops), impl)
             if not self._tally(o.situation, backend).add_sample(pod, sample, self.per_pod):
                 return False
             if sample[0] > -math.inf:

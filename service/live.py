@@ -4,7 +4,9 @@
 (one attribute read, swapped atomically). A poller reloads the snapshot when another
 replica bumps ``config_version``, so a write on one replica is honoured by all within
 ``config_poll_s`` (0.5 s by default). When the database is unreachable the last
-snapshot stays in force and the service reports itself degraded, not unready.
+snapshot stays in force and the service reports itself degraded, not unready. The
+same read hands the evidence versions on (``on_versions``): the evidence is read and
+applied by ``service/evidence_sync.py`` in a thread of its own.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.state import ConfigSnapshot
@@ -27,16 +29,12 @@ class LiveConfig:
         store: Store,
         metrics: Metrics,
         poll_s: float,
-        on_evidence: Callable[[], None] = lambda: None,
-        evidence_refresh_s: float = 60.0,
+        on_versions: Callable[[Mapping[str, int]], None] = lambda _versions: None,
         on_snapshot: Callable[[ConfigSnapshot], None] = lambda _snap: None,
     ) -> None:
         self._store = store
         self._on_snapshot = on_snapshot
-        self._on_evidence = on_evidence
-        self._evidence_version: int | None = None
-        self._evidence_refresh_s = evidence_refresh_s
-        self._evidence_loaded_at = 0.0
+        self._on_versions = on_versions  # the evidence's versions ride on the same read
         self._metrics = metrics
         self._poll_s = poll_s
         self._stop = threading.Event()
@@ -59,14 +57,8 @@ class LiveConfig:
 
     def start(self) -> None:
         self.reload()
-        self._evidence_version = self._store.versions().get("evidence_version")
-        self._reload_evidence()
         self._thread = threading.Thread(target=self._poll, name="config-poller", daemon=True)
         self._thread.start()
-
-    def _reload_evidence(self) -> None:
-        self._on_evidence()
-        self._evidence_loaded_at = time.monotonic()
 
     def stop(self) -> None:
         self._stop.set()
@@ -82,12 +74,7 @@ class LiveConfig:
                     self.reload()
                 else:
                     self.checked_at = time.monotonic()
-                evidence = versions.get("evidence_version")
-                stale = time.monotonic() - self._evidence_loaded_at > self._evidence_refresh_s
-                if evidence != self._evidence_version or stale:
-                    # periodic too: evidence ages out of its window without any write
-                    self._evidence_version = evidence
-                    self._reload_evidence()
+                self._on_versions(versions)  # never blocks: evidence is read elsewhere
                 if self.degraded is not None:
                     log.warning("config store reachable again")
                 self.degraded = None
