@@ -37,7 +37,7 @@ import math
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -234,18 +234,98 @@ PodSample = tuple[str, str, float]
 _NO_GROUP: Group = MappingProxyType({})
 
 
+class _SortedFloats:
+    """A sorted multiset of floats, in chunks of ``CHUNK`` to ``2 * CHUNK`` items.
+
+    An insertion or removal is a binary search and a memmove within one chunk, so its
+    cost does not grow with the number of samples (one flat sorted list moved half of
+    them each time); the median walks the chunks' lengths."""
+
+    CHUNK = 256
+    __slots__ = ("_chunks", "_len", "_maxes")
+
+    def __init__(self) -> None:
+        self._chunks: list[list[float]] = []
+        self._maxes: list[float] = []  # each chunk's largest item, for the binary search
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[float]:
+        for chunk in self._chunks:
+            yield from chunk
+
+    def add(self, value: float) -> None:
+        self._len += 1
+        if not self._chunks:
+            self._chunks.append([value])
+            self._maxes.append(value)
+            return
+        i = min(bisect.bisect_left(self._maxes, value), len(self._maxes) - 1)
+        chunk = self._chunks[i]
+        bisect.insort(chunk, value)
+        self._maxes[i] = chunk[-1]
+        if len(chunk) > 2 * self.CHUNK:
+            upper = chunk[self.CHUNK :]
+            del chunk[self.CHUNK :]
+            self._chunks.insert(i + 1, upper)
+            self._maxes[i] = chunk[-1]
+            self._maxes.insert(i + 1, upper[-1])
+
+    def remove(self, value: float) -> None:
+        """Remove one item equal to ``value`` (which must be there)."""
+        i = bisect.bisect_left(self._maxes, value)
+        chunk = self._chunks[i]
+        del chunk[bisect.bisect_left(chunk, value)]
+        self._len -= 1
+        if not chunk:
+            del self._chunks[i]
+            del self._maxes[i]
+            return
+        self._maxes[i] = chunk[-1]
+        if len(chunk) < self.CHUNK // 2 and len(self._chunks) > 1:
+            self._merge(min(i, len(self._chunks) - 2))
+
+    def _merge(self, i: int) -> None:
+        """Join chunk ``i`` with the next one (split again when too large)."""
+        merged = self._chunks[i] + self._chunks[i + 1]
+        del self._chunks[i + 1], self._maxes[i + 1]
+        if len(merged) > 2 * self.CHUNK:
+            half = len(merged) // 2
+            self._chunks[i : i + 1] = [merged[:half], merged[half:]]
+            self._maxes[i : i + 1] = [merged[half - 1], merged[-1]]
+        else:
+            self._chunks[i] = merged
+            self._maxes[i] = merged[-1]
+
+    def __getitem__(self, k: int) -> float:
+        for chunk in self._chunks:
+            if k < len(chunk):
+                return chunk[k]
+            k -= len(chunk)
+        raise IndexError(k)
+
+    def median(self) -> float | None:
+        n = self._len
+        if n == 0:
+            return None
+        mid = n // 2
+        return self[mid] if n % 2 else (self[mid - 1] + self[mid]) / 2
+
+
 class _Tally:
     """One backend in one situation, as the index's writer changes it.
 
     Each pod keeps at most ``per_pod`` samples, oldest first; every counted TFLOP/s is
-    also in ``values``, kept sorted, so the median is an index and a new sample costs a
-    binary search and a memmove, never a copy of the samples."""
+    also in ``values``, kept sorted, so the median is a lookup and a new sample costs a
+    binary search and a memmove within one chunk, never a copy of the samples."""
 
     __slots__ = ("_failures_newest_first", "by_pod", "failures", "impls", "values")
 
     def __init__(self) -> None:
         self.by_pod: dict[PodKey, list[Sample]] = {}
-        self.values: list[float] = []
+        self.values = _SortedFloats()
         self.impls: Counter[str] = Counter()
         self.failures: dict[PodKey, FailureNote] = {}
         self._failures_newest_first: tuple[FailureNote, ...] | None = ()
@@ -254,7 +334,10 @@ class _Tally:
         samples = self.by_pod.setdefault(pod, [])
         if len(samples) >= per_pod and sample[0] < samples[0][0]:
             return False  # older than all this pod counts: it would make room for nothing
-        bisect.insort_right(samples, sample, key=_time_of)
+        if not samples or sample[0] >= samples[-1][0]:
+            samples.append(sample)  # the usual case: newer than all the pod has
+        else:
+            bisect.insort_right(samples, sample, key=_time_of)
         self._count(sample)
         if len(samples) > per_pod:
             self._uncount(samples.pop(0))
@@ -269,12 +352,12 @@ class _Tally:
         return True
 
     def _count(self, sample: Sample) -> None:
-        bisect.insort(self.values, sample[1])
+        self.values.add(sample[1])
         if sample[2]:
             self.impls[sample[2]] += 1
 
     def _uncount(self, sample: Sample) -> None:
-        del self.values[bisect.bisect_left(self.values, sample[1])]
+        self.values.remove(sample[1])
         impl = sample[2]
         if impl:
             self.impls[impl] -= 1
@@ -311,7 +394,7 @@ class _Tally:
                 sorted(self.failures.values(), key=lambda f: _failure_key(f.at), reverse=True)
             )
         return BackendStats(
-            median_tflops=_median_of_sorted(self.values),
+            median_tflops=self.values.median(),
             samples=len(self.values),
             pods=len(self.by_pod),
             impls=frozenset(self.impls),
@@ -321,14 +404,6 @@ class _Tally:
 
 def _time_of(sample: Sample) -> float:
     return sample[0]
-
-
-def _median_of_sorted(values: Sequence[float]) -> float | None:
-    n = len(values)
-    if n == 0:
-        return None
-    mid = n // 2
-    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 class EvidenceIndex:
@@ -390,27 +465,41 @@ class EvidenceIndex:
             raise TypeError("this evidence index is shared and read-only")
         with self._lock:
             touched: dict[Situation, set[Backend]] = {}
+            # a report's results share one situation: find each tally once per call
+            found: dict[tuple[Situation, str], tuple[Backend, _Tally] | None] = {}
             for o in observations:
-                backend = _backend(o.backend)
-                if backend is not None and self._apply(o, backend):
-                    touched.setdefault(o.situation, set()).add(backend)
+                key = (o.situation, o.backend)
+                if key not in found:
+                    backend = _backend(o.backend)
+                    found[key] = (
+                        None if backend is None else (backend, self._tally(*key[:1], backend))
+                    )
+                target = found[key]
+                if target is not None and self._apply(o, target[1]):
+                    touched.setdefault(o.situation, set()).add(target[0])
+            for situation, backend_name in list(found):  # tallies made for nothing
+                target = found[(situation, backend_name)]
+                if target is not None and target[1].empty():
+                    self._tallies[situation].pop(target[0], None)
+                    if not self._tallies[situation]:
+                        del self._tallies[situation]
             self._publish(touched)
             return bool(touched)
 
-    def _apply(self, o: Observation, backend: Backend) -> bool:
+    def _apply(self, o: Observation, tally: _Tally) -> bool:
         pod = (o.cluster, o.pod)
         if o.ok:
             if o.tflops is None or math.isnan(o.tflops):
                 return False
             impl = sys.intern(o.impl) if o.impl else None  # one string per code path
             sample = (_sample_key(o.at), float(o.tflops), impl)
-            if not self._tally(o.situation, backend).add_sample(pod, sample, self.per_pod):
+            if not tally.add_sample(pod, sample, self.per_pod):
                 return False
             if sample[0] > -math.inf:
                 self._earliest = min(self._earliest, sample[0])
             return True
         note = FailureNote(o.cluster, o.pod, o.at, o.error or "wrong result or failed build")
-        if not self._tally(o.situation, backend).add_failure(pod, note):
+        if not tally.add_failure(pod, note):
             return False
         if o.at is not None:
             at = o.at.timestamp()
