@@ -232,3 +232,26 @@ def test_cost_grows_linearly_with_the_history_of_one_situation() -> None:
     started = time.perf_counter()
     index.add(_one_situation(256))
     assert time.perf_counter() - started < 0.05
+
+
+def test_the_chunked_sorted_list_reads_as_a_sorted_list() -> None:
+    from mla_switchboard.core.evidence import _SortedFloats
+
+    class Small(_SortedFloats):
+        CHUNK = 4  # splits and merges within a few dozen items
+
+    rng = random.Random(3)
+    chunked, flat = Small(), []
+    for step in range(3000):
+        if flat and rng.random() < 0.45:
+            value = rng.choice(flat)
+            chunked.remove(value)
+            flat.remove(value)
+        else:
+            value = float(rng.randrange(40))
+            chunked.add(value)
+            flat.append(value)
+        if step % 50 == 0:
+            flat.sort()
+            assert list(chunked) == flat and len(chunked) == len(flat)
+            assert chunked.median() == (statistics.median(flat) if flat else None)
