@@ -736,7 +736,8 @@ def observations_of_report(
     report: MeasurementReport, at: datetime | None = None, report_id: str | None = None
 ) -> list[Observation]:
     """The observations a measurement report contributes (none without a GPU); each
-    names its source (``report_id`` and the result's index), as the store's read does."""
+    names its source (``report_id`` and the result's index): the store's read names the
+    same report (:func:`report_key`), so a replica counts it once."""
     cap = report.device.capability
     if cap is None:
         return []
@@ -767,6 +768,7 @@ def observations_of_report(
 
 
 def measurement_source(report_id: str, index: int) -> str:
+    """One result's source: its report, and its place in it (or its stored row's id)."""
     return f"m:{report_id}:{index}"
 
 
