@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mla_switchboard.service.runtime import Runtime
+    from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.runtime import Runtime
 
 # Imports stay inside the subcommands: `switchboard token list` need not load FastAPI.
 
@@ -156,7 +157,7 @@ def _store_problem(url: str, *, create: bool) -> str | None:
         with engine.connect() as conn:
             migrated = inspect(conn).has_table("alembic_version")
     except Exception as exc:
-        first = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+        first = first_line(exc, 300)
         return f"cannot connect to {_shown(url)}: {type(exc).__name__}: {first}"
     finally:
         engine.dispose()

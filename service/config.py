@@ -87,10 +87,11 @@ class Settings(BaseSettings):
         description="distinct cluster labels in metrics; decisions of further clusters "
         "are counted under cluster='(other)'",
     )
-    preview_cache_s: float = Field(
-        default=30.0,
-        ge=0,
-        description="how long an impact preview is reused for the same change and config",
+    fleet_read_budget_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="the most CPU time one fleet read (summary, preview) may take; past it "
+        "the answer is 503 and the caller may retry",
     )
 
     def resolved_spill_path(self) -> Path:

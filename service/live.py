@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store import Store
@@ -81,5 +82,5 @@ class LiveConfig:
             except Exception as exc:
                 if self.degraded is None:
                     log.warning("config store unreachable, serving the rules in memory: %s", exc)
-                self.degraded = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
                 self._metrics.store_errors.labels(op="config_poll").inc()

@@ -1,13 +1,15 @@
-"""Impact preview: replay a proposed rules or override change against every pod's
-latest recorded decision, without changing anything.
+"""Impact preview: replay a proposed rules or override change against what every pod
+runs now, without changing anything.
 
-Each pod's latest request is replayed twice, exactly as the pod sent it: under the
-config in force ("from") and under the proposal ("to"), so the counts say what *this*
-change does, not what earlier changes already did to pods that have not rebooted since
-(those are counted apart as ``pods_pending``: their recorded backend differs from what
-the config in force gives them). Pods the proposal would refuse outright (a strict
-request that is no longer valid, or nothing valid at all) are reported as invalid with
-the reason.
+Each group of pods (cluster, request shape, stage class: see ``service/fleet.py``) is
+decided twice, exactly as its pods asked: under the config in force ("from") and under
+the proposal ("to"), so the counts say what *this* change does, not what earlier
+changes already did to pods that have not rebooted since (those are counted apart as
+``pods_pending``: their recorded backend differs from what the config in force gives
+them). Pods the proposal would refuse outright (a strict request that is no longer
+valid, or nothing valid at all) are reported as invalid with the reason. One group is
+decided once per stage class whatever its number of pods, so a preview of the whole
+fleet costs O(clusters x situations).
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
-from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.schemas import Override
+from mla_switchboard.service.fleet import (
+    ClassCache,
+    Deadline,
+    FleetSnapshot,
+    each_group,
+    partial_rollouts,
+)
 from mla_switchboard.service.selector import InputsFor
-from mla_switchboard.service.state import PodState
 from pydantic import BaseModel
 
 
@@ -36,46 +44,56 @@ class Preview(BaseModel):
 
 
 def replay(
-    pods: Sequence[PodState],
+    fleet: FleetSnapshot,
     current: DecisionInputs,
     proposed: DecisionInputs,
     *,
     now: datetime,
     inputs_for: InputsFor | None = None,
+    deadline: Deadline | None = None,
 ) -> Preview:
-    """Count what changes from ``current`` to ``proposed`` for each pod's latest request.
+    """Count what changes from ``current`` to ``proposed`` for every pod of ``fleet``.
 
     Both sides are full ``DecisionInputs``, evidence included, and go through the same
     evaluator as ``/v1/select``: a preview of a ``measured`` policy sees the evidence
     the live path will use."""
     changes: Counter[tuple[str, str, str]] = Counter()
     invalid: Counter[tuple[str, str, str]] = Counter()
-    caches: tuple[dict[tuple[Any, ...], Decision | Refusal], ...] = ({}, {})
-    unreadable = pending = 0
+    unreadable = pending = total = 0
+    classes = ClassCache()
 
-    def under(index: int, inputs: DecisionInputs, request: SelectRequest) -> Decision | Refusal:
-        key = decision_key(request, inputs.overrides)
-        if key not in caches[index]:
-            narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-            caches[index][key] = decide(request, narrowed, now=now)
-        return caches[index][key]
+    def under(inputs: DecisionInputs, request: Any, bucket: int | None) -> Decision | Refusal:
+        narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
+        return decide(request, narrowed, now=now, bucket=bucket)
 
-    for pod in pods:
-        request = pod.request
+    for group in each_group(fleet, deadline):
+        total += group.pods
+        request = group.request
         if request is None:
-            unreadable += 1  # recorded under an older schema; cannot be replayed
+            unreadable += group.pods  # recorded under an older schema; cannot be replayed
             continue
-        before, after = under(0, current, request), under(1, proposed, request)
-        was = pod.backend if isinstance(before, Refusal) else before.backend.value
-        pending += was != pod.backend
-        if isinstance(after, Refusal):
-            if not isinstance(before, Refusal):
-                invalid[(pod.cluster, was, after.message)] += 1
-        elif after.backend.value != was:
-            changes[(pod.cluster, was, after.backend.value)] += 1
+        staged = _union(
+            partial_rollouts(request, current.overrides, now),
+            partial_rollouts(request, proposed.overrides, now),
+        )
+        for stage in classes.of(staged):
+            before = under(current, request, stage.bucket)
+            after = under(proposed, request, stage.bucket)
+            for row in group.rows:
+                n = stage.count(row)
+                if not n:
+                    continue
+                was = row.backend if isinstance(before, Refusal) else before.backend.value
+                if was != row.backend:
+                    pending += n
+                if isinstance(after, Refusal):
+                    if not isinstance(before, Refusal):
+                        invalid[(group.cluster, was, after.message)] += n
+                elif after.backend.value != was:
+                    changes[(group.cluster, was, after.backend.value)] += n
     affected = sorted({c for c, _, _ in changes} | {c for c, _, _ in invalid})
     return Preview(
-        pods_total=len(pods),
+        pods_total=total,
         pods_changed=sum(changes.values()),
         pods_invalid=sum(invalid.values()),
         changes=[
@@ -90,6 +108,11 @@ def replay(
         pods_pending=pending,
         pods_unreadable=unreadable,
     )
+
+
+def _union(a: Sequence[Override], b: Sequence[Override]) -> tuple[Override, ...]:
+    seen = {id(o) for o in a}
+    return (*a, *(o for o in b if id(o) not in seen))
 
 
 def with_override(

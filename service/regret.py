@@ -4,33 +4,34 @@ For every pod whose situation has measured evidence, compare the median TFLOP/s 
 backend it runs with the best *valid* backend measured for that situation (valid for
 that pod, overrides' denies included). Per cluster the figure is
 ``1 - sum(chosen) / sum(best)`` over those pods: the share of attention-prefill
-throughput lost, as a fleet operator would add it up.
+throughput lost, as a fleet operator would add it up. Pods are taken by group
+(``service/fleet.py``): one assessment per cluster, shape and stage class.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from mla_switchboard.core.evaluator import DecisionInputs, assess
 from mla_switchboard.core.specs import Backend
+from mla_switchboard.service.fleet import ClassCache, Deadline, FleetSnapshot, each_group
+from mla_switchboard.service.fleet import partial_rollouts as _partials
 from mla_switchboard.service.selector import InputsFor
-from mla_switchboard.service.state import PodState
 
 
 def regret_by_cluster(
-    pods: Sequence[PodState],
+    fleet: FleetSnapshot,
     inputs: DecisionInputs,
     *,
     now: datetime,
     inputs_for: InputsFor | None = None,
+    deadline: Deadline | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per cluster: pods, pods measured, pods on their best backend, the share of
     throughput lost and the best alternatives. Validity comes from the evaluator's
     ``assess`` (spec, engine, denies and, under policy measured, failure evidence)."""
-    fleet_inputs = inputs
     acc: dict[str, dict[str, Any]] = defaultdict(
         lambda: {
             "pods": 0,
@@ -41,36 +42,40 @@ def regret_by_cluster(
             "switch_to": defaultdict(int),
         }
     )
-    for pod in pods:
-        a = acc[pod.cluster]
-        a["pods"] += 1
-        request = pod.request
+    classes = ClassCache()
+    for group in each_group(fleet, deadline):
+        a = acc[group.cluster]
+        a["pods"] += group.pods
+        request = group.request
         if request is None:
             continue
-        if inputs_for is not None:
-            inputs = inputs_for(request, fleet_inputs, now)
-        evidence = inputs.evidence
-        assessed = assess(request, inputs, now)
-        if assessed.situation is None:
-            continue
-        try:
-            chosen = evidence.group(assessed.situation).get(Backend(pod.backend))
-        except ValueError:
-            continue
-        if chosen is None or chosen.median_tflops is None:
-            continue
-        ranked = evidence.eligible(assessed.situation, assessed.valid())
-        if not ranked:
-            continue
-        best_backend, best = ranked[0]
-        best_tflops = max(best.median_tflops or 0.0, chosen.median_tflops)
-        a["pods_measured"] += 1
-        a["chosen"] += chosen.median_tflops
-        a["best"] += best_tflops
-        if best_backend.value == pod.backend or best_tflops <= chosen.median_tflops:
-            a["pods_on_best"] += 1
-        else:
-            a["switch_to"][best_backend.value] += 1
+        narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
+        evidence = narrowed.evidence
+        for stage in classes.of(_partials(request, inputs.overrides, now)):
+            assessed = assess(request, narrowed, now, stage.bucket)
+            if assessed.situation is None:
+                break
+            measured = evidence.group(assessed.situation)
+            ranked = evidence.eligible(assessed.situation, assessed.valid())
+            if not ranked:
+                continue
+            best_backend, best = ranked[0]
+            for row in group.rows:
+                n = stage.count(row)
+                try:
+                    chosen = measured.get(Backend(row.backend))
+                except ValueError:
+                    continue
+                if not n or chosen is None or chosen.median_tflops is None:
+                    continue
+                best_tflops = max(best.median_tflops or 0.0, chosen.median_tflops)
+                a["pods_measured"] += n
+                a["chosen"] += n * chosen.median_tflops
+                a["best"] += n * best_tflops
+                if best_backend.value == row.backend or best_tflops <= chosen.median_tflops:
+                    a["pods_on_best"] += n
+                else:
+                    a["switch_to"][best_backend.value] += n
     out: dict[str, dict[str, Any]] = {}
     for cluster, a in sorted(acc.items()):
         lost = 0.0 if a["best"] <= 0 else 1.0 - a["chosen"] / a["best"]
@@ -85,27 +90,30 @@ def regret_by_cluster(
 
 
 def exclusions_by_cluster(
-    pods: Sequence[PodState],
+    fleet: FleetSnapshot,
     inputs: DecisionInputs,
     *,
     now: datetime,
     inputs_for: InputsFor | None = None,
+    deadline: Deadline | None = None,
 ) -> dict[str, dict[str, str]]:
     """Per cluster, the backends that failure evidence excludes for its pods under
     policy ``measured``, with the reason (who failed, when, with what). The summary and
     the dashboard show it, so an exclusion is never a silent gap."""
     out: dict[str, dict[str, str]] = defaultdict(dict)
     seen: set[tuple[str, Any]] = set()
-    for pod in pods:
-        request = pod.request
+    classes = ClassCache()
+    for group in each_group(fleet, deadline):
+        request = group.request
         if request is None:
             continue
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-        assessed = assess(request, narrowed, now)
-        key = (pod.cluster, assessed.situation)
-        if assessed.policy != "measured" or assessed.situation is None or key in seen:
-            continue
-        seen.add(key)
-        for backend, reason in narrowed.evidence.exclusions(assessed.situation, now).items():
-            out[pod.cluster].setdefault(backend.value, reason)
+        for stage in classes.of(_partials(request, inputs.overrides, now)):
+            assessed = assess(request, narrowed, now, stage.bucket)
+            key = (group.cluster, assessed.situation)
+            if assessed.policy != "measured" or assessed.situation is None or key in seen:
+                continue
+            seen.add(key)
+            for backend, reason in narrowed.evidence.exclusions(assessed.situation, now).items():
+                out[group.cluster].setdefault(backend.value, reason)
     return {cluster: dict(sorted(v.items())) for cluster, v in sorted(out.items())}

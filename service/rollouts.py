@@ -14,7 +14,7 @@ import json
 import logging
 import statistics
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -29,8 +29,17 @@ from mla_switchboard.core.evaluator import (
 )
 from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
+from mla_switchboard.core.specs import Backend
+from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
+from mla_switchboard.service.fleet import (
+    ClassCache,
+    Deadline,
+    FleetSnapshot,
+    each_group,
+    partial_rollouts,
+)
 from mla_switchboard.service.selector import InputsFor
-from mla_switchboard.service.state import DecisionRecord, PodState
+from mla_switchboard.service.state import DecisionRecord
 
 if TYPE_CHECKING:
     from mla_switchboard.service.runtime import Runtime
@@ -220,18 +229,20 @@ def _halted(current: Rollout, failures: int, reason: str) -> Rollout:
 
 
 def progress(
-    pods: Sequence[PodState],
+    fleet: FleetSnapshot,
     inputs: DecisionInputs,
     *,
     now: datetime,
     inputs_for: InputsFor | None = None,
+    deadline: Deadline | None = None,
 ) -> list[dict[str, Any]]:
     """Each staged override's progress, for the summary and the dashboard: pods in its
-    scope and in the stage, how many booted with it (their latest decision runs what
+    scope and in the stage, how many booted with it (their newest decision runs what
     the override gives them), failures counted, and the stage's measured speed against
-    the rest of the scope (median TFLOP/s of each pod's own backend, from the pods'
-    own benchmarks)."""
+    the rest of the scope (median TFLOP/s of the backends each part runs, from the
+    samples of its own pods). Counted per group and stage bucket, never per pod."""
     out = []
+    classes = ClassCache()
     for o in sorted(inputs.overrides, key=lambda o: o.cluster):
         r = o.rollout
         if r is None:
@@ -239,23 +250,42 @@ def progress(
         scoped = in_stage_n = booted = 0
         stage_speed: list[float] = []
         rest_speed: list[float] = []
-        for pod in pods:
-            if o.cluster not in ("*", pod.cluster):
+        sampled: set[tuple[str, Any, str]] = set()
+        for group in each_group(fleet, deadline):
+            request = group.request
+            if o.cluster not in ("*", group.cluster) or request is None:
                 continue
-            request = pod.request
-            if request is None or o not in applicable_overrides(request, (o,), now):
+            if not any(x is o for x in applicable_overrides(request, (o,), now)):
                 continue
-            scoped += 1
-            inside = r.state != "halted" and in_stage(request, o)
-            in_stage_n += inside
-            if inside:
-                narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-                given = decide(request, narrowed, now=now)
-                booted += isinstance(given, Decision) and given.backend.value == pod.backend
-            mine = inputs.evidence.pod_samples(
-                situation_of(request), pod.backend, pod.cluster, pod.pod
-            )
-            (stage_speed if inside else rest_speed).extend(mine)
+            scoped += group.pods
+            narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
+            for stage in classes.of(partial_rollouts(request, inputs.overrides, now)):
+                inside = in_stage(request, o, stage.bucket)
+                given = decide(request, narrowed, now=now, bucket=stage.bucket) if inside else None
+                for row in group.rows:
+                    n = stage.count(row)
+                    if not n:
+                        continue
+                    in_stage_n += n if inside else 0
+                    if isinstance(given, Decision) and given.backend.value == row.backend:
+                        booted += n
+            situation = situation_of(request)
+            if situation is None:
+                continue
+            for row in group.rows:
+                key = (group.cluster, situation, row.backend)
+                if key in sampled:
+                    continue  # shapes that differ only in what the evidence ignores
+                sampled.add(key)
+                try:
+                    samples = inputs.evidence.samples(situation, Backend(row.backend))
+                except ValueError:
+                    continue
+                for cluster, pod, tflops in samples:
+                    if cluster != group.cluster:
+                        continue
+                    inside = r.state != "halted" and bucket_in_stage(stage_bucket(cluster, pod), r)
+                    (stage_speed if inside else rest_speed).append(tflops)
         out.append(
             {
                 "cluster": o.cluster,

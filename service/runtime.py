@@ -17,6 +17,8 @@ from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observation
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.evidence_sync import EvidenceSync
+from mla_switchboard.service.fleet import Fleet
+from mla_switchboard.service.fleet_reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.rollouts import RolloutGuards
@@ -73,6 +75,8 @@ class Runtime:
             registry=self.metrics.registry,
         ).set_function(lambda: self.config_age_s() or 0.0)
         self.rollouts = RolloutGuards(self, check_s=settings.rollout_check_s)
+        self.fleet = Fleet(self.store)
+        self.reads = FleetReads(self)
         self.bootstrap_token = (
             settings.admin_token.get_secret_value() if settings.admin_token else None
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
 from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.service.shapes import Shape, shape_of
 
 CACHE_SIZE = 4096
 InputsFor = Callable[[SelectRequest, DecisionInputs, datetime], DecisionInputs]
@@ -27,17 +28,19 @@ ID_PLACEHOLDER = "@@DECISION_ID@@"
 
 @dataclass(frozen=True)
 class Rendered:
-    """A decision serialised once: the response template, its ETag, and the stored
-    answer (without decision id) with the content hash it is filed under."""
+    """A decision serialised once: the response template, its ETag, the stored answer
+    (without decision id) with the content hash it is filed under, and the shape of the
+    requests it answers (every request with this cache key has the same shape)."""
 
     decision: Decision
     template: str
     etag: str
     answer_id: str
     answer_json: str
+    shape: Shape
 
     @classmethod
-    def of(cls, decision: Decision, rules_revision: int) -> Rendered:
+    def of(cls, decision: Decision, rules_revision: int, request: SelectRequest) -> Rendered:
         response = decision.to_response(rules_revision=rules_revision, decision_id=ID_PLACEHOLDER)
         template = response.model_dump_json()
         digest = hashlib.blake2b(template.encode(), digest_size=12).hexdigest()
@@ -47,6 +50,7 @@ class Rendered:
             etag=f'"{digest}"',
             answer_id=digest,
             answer_json=response.model_dump_json(exclude={"decision_id"}),
+            shape=shape_of(request),
         )
 
     def body(self, decision_id: str) -> str:
@@ -88,7 +92,7 @@ class Selector:
         result = (
             decided
             if isinstance(decided, Refusal)
-            else Rendered.of(decided, inputs.rules.revision or 0)
+            else Rendered.of(decided, inputs.rules.revision or 0, request)
         )
         self._cache[key] = result
         if len(self._cache) > CACHE_SIZE:

@@ -26,6 +26,8 @@ from mla_switchboard.service.api.routes import (
     selections,
 )
 from mla_switchboard.service.config import Settings
+from mla_switchboard.service.fleet import OverBudget
+from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.runtime import Runtime
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
@@ -65,6 +67,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_errors)  # type: ignore[arg-type]
     app.add_exception_handler(SQLAlchemyError, _store_unavailable)  # type: ignore[arg-type]
+    app.add_exception_handler(OverBudget, _over_budget)  # type: ignore[arg-type]
     app.add_middleware(
         BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
     )
@@ -181,14 +184,23 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+async def _over_budget(request: Request, exc: OverBudget) -> Response:
+    """A fleet read ran past its time budget: say so and when to retry, rather than
+    letting one request hold a worker (and the GIL) indefinitely."""
+    return JSONResponse(
+        {"detail": {"message": f"{exc}; try again shortly"}},
+        status_code=503,
+        headers={"Retry-After": "5"},
+    )
+
+
 async def _store_unavailable(request: Request, exc: SQLAlchemyError) -> Response:
     """The database failed under an admin or read request: 503, nothing half-written
     (each write is one transaction). /v1/select never gets here: it runs from memory."""
     runtime: Runtime = request.app.state.runtime
     runtime.metrics.store_errors.labels(op="request").inc()
-    first_line = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
     return JSONResponse(
-        {"detail": {"message": f"store unavailable, nothing was changed: {first_line}"}},
+        {"detail": {"message": f"store unavailable, nothing was changed: {first_line(exc, 300)}"}},
         status_code=503,
         headers={"Retry-After": "2"},
     )

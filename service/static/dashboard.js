@@ -133,22 +133,29 @@ const state = {
   fleetSort: "name", // "name" or "pods"
 };
 
+// The last answer and ETag of each polled path: a poll sends If-None-Match, and a
+// 304 (nothing changed) reuses the body without the service recomputing anything.
+const etags = new Map();
+
 async function api(path) {
   const token = state.token;
+  const kept = etags.get(path);
+  const headers = { Authorization: `Bearer ${token}`, Accept: "application/json" };
+  if (kept && kept.token === token) headers["If-None-Match"] = kept.etag;
   let res;
   try {
-    res = await fetch(path, {
-      headers: { Authorization: `Bearer ${token}`, Accept: "application/json" },
-      cache: "no-store",
-    });
+    res = await fetch(path, { headers, cache: "no-store" });
   } catch (err) {
     throw new ApiError(0, "the service cannot be reached", path);
   }
   // Signed out (or in as someone else) meanwhile: nothing from this answer may show.
   if (state.token !== token) throw new StaleError();
+  if (res.status === 304 && kept) return kept.body;
   if (res.ok) {
     const body = await res.json();
     if (state.token !== token) throw new StaleError();
+    const etag = res.headers.get("ETag");
+    if (etag) etags.set(path, { etag, body, token });
     return body;
   }
   let message = `${res.status} ${res.statusText}`;
@@ -222,6 +229,7 @@ function showApp() {
 function signOut(message) {
   sessionStorage.removeItem(TOKEN_KEY);
   state.token = null;
+  etags.clear();
   state.summary = null;
   state.activeOverrides = null;
   state.overrides = [];

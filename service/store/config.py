@@ -59,7 +59,7 @@ class ConfigStore:
                 )
                 .on_conflict_do_nothing(index_elements=["revision"])
             )
-            for key in ("config_version", "evidence_version", "evidence_epoch"):
+            for key in ("config_version", "evidence_version", "evidence_epoch", "fleet_version"):
                 s.execute(
                     insert(Meta)
                     .values(key=key, value=1)

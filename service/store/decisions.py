@@ -1,80 +1,162 @@
-"""Recorded decisions: batch inserts from the recorder, listings, each pod's latest."""
+"""Recorded decisions: batch inserts from the recorder, listings, and the fleet's counts.
+
+Three tables move together in each batch's transaction: ``decisions`` (the log),
+``pod_latest`` (each named pod's newest decision, with its stage bucket) and
+``fleet_counts`` (how many pods' newest decision is in each (cluster, shape, backend,
+source) group, per stage bucket). The counts are what every fleet read uses, so
+those reads cost O(clusters x situations) however many pods there are; keeping them
+exact needs the old and the new group of every pod a batch moves, which is why the
+pod_latest part of a batch runs under one lock across replicas (a PostgreSQL
+advisory lock per schema, SQLite's write lock).
+"""
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
+from mla_switchboard.service.shapes import Shape, request_from_shape, shape_of_json
 from mla_switchboard.service.state import DecisionRecord, PodState
 from mla_switchboard.service.store.base import aware
-from mla_switchboard.service.store.models import AnswerRow, DecisionRow, PodLatest
+from mla_switchboard.service.store.models import (
+    AnswerRow,
+    DecisionRow,
+    FleetCount,
+    Meta,
+    PodLatest,
+    ShapeRow,
+)
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.orm import Session
+
+Row = tuple[Any, ...]
+"""One decision as the writer takes it: ``(id, created_at, cluster, node, pod, backend,
+source, rules_revision, shape_id, answer_id, shape_json, answer_json)``. The two JSON
+texts are shared by every decision of one shape or answer and stored once each."""
+
+ROW_FIELDS = 12
+
+
+def decision_row(
+    decision_id: str,
+    created_at: datetime,
+    request: SelectRequest,
+    backend: str,
+    source: str,
+    rules_revision: int,
+    shape: Shape,
+    answer_id: str,
+    answer_json: str,
+) -> Row:
+    """The row ``/v1/select`` hands the recorder (``shape``: ``shape_of(request)``, which
+    the selector computed once for every pod of that shape)."""
+    return (
+        decision_id,
+        created_at,
+        request.cluster,
+        request.node,
+        request.pod,
+        backend,
+        source,
+        rules_revision,
+        shape.id,
+        answer_id,
+        shape.json,
+        answer_json,
+    )
+
+
+def rows_of(records: Iterable[DecisionRecord]) -> list[Row]:
+    """``DecisionRecord`` values (a whole request as JSON text) as the writer's rows."""
+    out = []
+    for d in records:
+        shape = shape_of_json(d.request_json)
+        out.append(
+            (
+                d.id,
+                d.created_at,
+                d.cluster,
+                d.node,
+                d.pod,
+                d.backend,
+                d.source,
+                d.rules_revision,
+                shape.id,
+                d.answer_id,
+                shape.json,
+                d.answer_json,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class FleetGroup:
+    """Pods whose newest decision is in one (cluster, shape, backend, source) group;
+    ``buckets[b]`` of them are in stage bucket ``b``."""
+
+    cluster: str
+    shape_id: str
+    backend: str
+    source: str
+    pods: int
+    buckets: tuple[int, ...]
+
 
 _POD_LATEST_CONFLICT = (
     "ON CONFLICT (cluster, node, pod) DO UPDATE SET "
     "decision_id = excluded.decision_id, backend = excluded.backend, "
     "source = excluded.source, created_at = excluded.created_at, "
-    "answer_id = excluded.answer_id "
+    "answer_id = excluded.answer_id, shape_id = excluded.shape_id, bucket = excluded.bucket "
     "WHERE excluded.decision_id > pod_latest.decision_id"
 )
 
-# One round trip after the COPY: the staged batch into decisions (known ids skipped),
-# then each named pod's newest decision of the batch into pod_latest, in key order
-# (replicas writing overlapping pods lock them in the same order: no deadlock).
-_PG_FROM_STAGE = (
+_STAGE_COLUMNS = (
+    "id, created_at, cluster, node, pod, backend, source, rules_revision, shape_id, "
+    "answer_id, bucket"
+)
+_PG_DECISIONS_FROM_STAGE = (
     "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, source, "
-    "rules_revision, request, answer_id) SELECT id, created_at, cluster, node, pod, backend, "
-    "source, rules_revision, request, answer_id FROM sb_stage ON CONFLICT (id) DO NOTHING; "
+    "rules_revision, shape_id, answer_id) SELECT id, created_at, cluster, node, pod, "
+    "backend, source, rules_revision, shape_id, answer_id FROM sb_stage "
+    "ON CONFLICT (id) DO NOTHING"
+)
+# each named pod's newest decision of the batch, in key order
+_PG_POD_LATEST_FROM_STAGE = (
     "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, source, created_at, "
-    "answer_id) SELECT DISTINCT ON (cluster, coalesce(node, ''), pod) cluster, "
-    "coalesce(node, ''), pod, id, backend, source, created_at, answer_id FROM sb_stage "
-    "WHERE pod IS NOT NULL ORDER BY cluster, coalesce(node, ''), pod, id DESC "
+    "answer_id, shape_id, bucket) SELECT DISTINCT ON (cluster, coalesce(node, ''), pod) "
+    "cluster, coalesce(node, ''), pod, id, backend, source, created_at, answer_id, shape_id, "
+    "bucket FROM sb_stage WHERE pod <> '' "
+    "ORDER BY cluster, coalesce(node, ''), pod, id DESC "
     f"{_POD_LATEST_CONFLICT}"
 )
+_PG_OLD_LATEST = (
+    "SELECT p.cluster, p.node, p.pod, p.decision_id, p.shape_id, p.backend, p.source, "
+    "p.bucket FROM pod_latest p JOIN (SELECT DISTINCT cluster, coalesce(node, '') AS node, pod "
+    "FROM sb_stage WHERE pod <> '') s "
+    "ON p.cluster = s.cluster AND p.node = s.node AND p.pod = s.pod"
+)
+# One writer at a time moves pods between groups, per schema (the tests and several
+# services share one PostgreSQL database in different schemas).
+_PG_FLEET_LOCK = "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':fleet_counts'))"
 
-
-def rows_of(records: Iterable[DecisionRecord]) -> list[tuple[Any, ...]]:
-    """``DecisionRecord`` values as the writer's rows (same field order)."""
-    return [
-        (
-            d.id,
-            d.created_at,
-            d.cluster,
-            d.node,
-            d.pod,
-            d.backend,
-            d.source,
-            d.rules_revision,
-            d.request_json,
-            d.answer_id,
-            d.answer_json,
-        )
-        for d in records
-    ]
-
-
-def _decision(r: DecisionRow, answer_json: str | None = None) -> DecisionRecord:
-    return DecisionRecord(
-        id=r.id,
-        created_at=aware(r.created_at),
-        cluster=r.cluster,
-        node=r.node,
-        pod=r.pod,
-        backend=r.backend,
-        source=r.source,
-        rules_revision=r.rules_revision,
-        request_json=r.request,
-        answer_id=r.answer_id,
-        answer_json=answer_json,
-    )
+PodKey = tuple[str, str, str]
+GroupKey = tuple[str, str, str, str]
 
 
 class DecisionStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._known_answers: set[str] = set()
+        self._known_shapes: set[str] = set()
+        self._shapes: dict[str, str] = {}  # id -> JSON, read back once (immutable)
+        self._postgres = engine.dialect.name == "postgresql"
         self._sql = self._prepare_sql()
         if engine.dialect.name == "sqlite":
             # SQLAlchemy's own SQLite DateTime text format, naive UTC
@@ -84,82 +166,164 @@ class DecisionStore:
         else:
             self._timestamp = lambda d: d
 
+    # ------------------------------------------------------------------- writes
     def record_decisions(self, batch: Sequence[DecisionRecord]) -> None:
         """Insert a batch of ``DecisionRecord`` values (see ``record_rows``)."""
         self.record_rows(rows_of(batch))
 
-    def record_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Insert a batch, its new answers, and move each pod's latest pointer, in one
-        transaction. Rows are plain tuples in ``DecisionRecord``'s field order, the
-        request already JSON text.
+    def record_rows(self, rows: Sequence[Row]) -> None:
+        """Insert a batch, its new shapes and answers, move each pod's newest pointer and
+        the fleet's counts, in one transaction.
 
-        This bypasses SQLAlchemy's statement compiler, and keeps the number of calls
-        into the driver per batch small and fixed: every call releases the GIL, and on
-        a replica at full load getting it back costs up to the interpreter's switch
-        interval (5 ms), so per-row calls made the writer slower than the service it
-        records (issue 13). PostgreSQL: one ``COPY`` into a temporary staging table,
-        then one round trip of ``INSERT ... SELECT`` (decisions, each pod's newest) in
-        the same transaction. SQLite: ``executemany`` in one transaction (a C loop).
-        Inserts skip known ids (``ON CONFLICT DO NOTHING``): a batch whose commit went
-        through unacknowledged, or a replayed spill file, is harmless.
+        This bypasses SQLAlchemy's statement compiler and keeps the number of calls into
+        the driver per batch small and fixed: every call releases the GIL, and on a
+        replica at full load getting it back costs up to the interpreter's switch
+        interval, so per-row calls made the writer slower than the service it records.
+        PostgreSQL: one ``COPY`` into a temporary staging table, then set-based
+        statements from it. SQLite: ``executemany`` (a C loop). Inserts skip known ids
+        (``ON CONFLICT DO NOTHING``): a batch whose commit went through unacknowledged,
+        or a replayed spill file, is harmless, and so is its fleet part, which only moves
+        pods whose stored newest decision is older than the batch's.
         """
         if not rows:
             return
-        answers: dict[str, str] = {}
-        known = self._known_answers
-        for r in rows:
-            if r[9] not in known and r[10] is not None:
-                answers[r[9]] = r[10]
+        shapes = {r[8]: r[10] for r in rows if r[8] not in self._known_shapes}
+        answers = {
+            r[9]: r[11] for r in rows if r[9] not in self._known_answers and r[11] is not None
+        }
+        newest = _newest_per_pod(rows)
         with self.engine.begin() as conn:
+            if not self._postgres:
+                # the write lock now, so the pod_latest read below is what is committed
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            if shapes:
+                # sorted: replicas writing overlapping rows in the same order cannot
+                # deadlock each other on PostgreSQL
+                conn.exec_driver_sql(self._sql["shapes"], sorted(shapes.items()))
             if answers:
-                # sorted, like pod_latest below: replicas writing overlapping rows in
-                # the same order cannot deadlock each other on PostgreSQL
                 conn.exec_driver_sql(self._sql["answers"], sorted(answers.items()))
-            if self.engine.dialect.name == "postgresql":
-                self._copy_postgres(conn, rows)
+            if self._postgres:
+                self._copy_postgres(conn, rows, newest)
             else:
-                self._insert_sqlite(conn, rows)
-        known.update(answers)
+                self._insert_sqlite(conn, rows, newest)
+        self._known_shapes.update(shapes)
+        self._known_answers.update(answers)
 
-    def _insert_sqlite(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    def _insert_sqlite(
+        self, conn: Connection, rows: Sequence[Row], newest: dict[PodKey, Row]
+    ) -> None:
         ts = self._timestamp
-        conn.exec_driver_sql(self._sql["decisions"], [(r[0], ts(r[1]), *r[2:10]) for r in rows])
-        latest: dict[tuple[str, str, str], tuple[Any, ...]] = {}
-        for r in rows:
-            if r[4] is None:
-                continue  # an unnamed pod cannot be counted as one pod
-            key = (r[2], r[3] or "", r[4])
-            if key not in latest or latest[key][0] < r[0]:
-                latest[key] = r
-        if latest:
+        conn.exec_driver_sql(
+            self._sql["decisions"],
+            [(r[0], ts(r[1]), *r[2:8], r[8], r[9]) for r in rows],
+        )
+        if not newest:
+            return
+        old = self._old_latest_sqlite(conn, list(newest))
+        moved = self._move(conn, newest, old)
+        if moved:
             conn.exec_driver_sql(
                 self._sql["pod_latest"],
                 [
-                    (c, n, p, r[0], r[5], r[6], ts(r[1]), r[9])
-                    for (c, n, p), r in sorted(latest.items())
+                    (c, n, p, r[0], r[5], r[6], ts(r[1]), r[9], r[8], stage_bucket(c, p))
+                    for (c, n, p), r in sorted(moved.items())
                 ],
             )
 
-    def _copy_postgres(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    def _old_latest_sqlite(self, conn: Connection, keys: list[PodKey]) -> dict[PodKey, Row]:
+        out: dict[PodKey, Row] = {}
+        for i in range(0, len(keys), 300):
+            chunk = keys[i : i + 300]
+            marks = ", ".join(["(?, ?, ?)"] * len(chunk))
+            result = conn.exec_driver_sql(
+                "SELECT cluster, node, pod, decision_id, shape_id, backend, source, bucket "
+                f"FROM pod_latest WHERE (cluster, node, pod) IN (VALUES {marks})",
+                tuple(v for key in chunk for v in key),
+            )
+            for row in result:
+                out[(row[0], row[1], row[2])] = tuple(row)
+        return out
+
+    def _copy_postgres(
+        self, conn: Connection, rows: Sequence[Row], newest: dict[PodKey, Row]
+    ) -> None:
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
         info = conn.connection.info
         with dbapi.cursor() as cur:
-            if not info.get("sb_stage"):
+            if not info.get("sb_stage_v2"):
+                cur.execute("DROP TABLE IF EXISTS sb_stage")
                 cur.execute(
-                    "CREATE TEMPORARY TABLE IF NOT EXISTS sb_stage (id text, created_at "
-                    "timestamptz, cluster text, node text, pod text, backend text, source text, "
-                    "rules_revision integer, request text, answer_id text) "
+                    "CREATE TEMPORARY TABLE sb_stage (id text, created_at timestamptz, "
+                    "cluster text, node text, pod text, backend text, source text, "
+                    "rules_revision integer, shape_id text, answer_id text, bucket integer) "
                     "ON COMMIT DELETE ROWS"
                 )
-                info["sb_stage"] = True
-            with cur.copy(
-                "COPY sb_stage (id, created_at, cluster, node, pod, backend, source, "
-                "rules_revision, request, answer_id) FROM STDIN"
-            ) as copy:
+                info["sb_stage_v2"] = True
+            with cur.copy(f"COPY sb_stage ({_STAGE_COLUMNS}) FROM STDIN") as copy:
                 for r in rows:
-                    copy.write_row(r[:10])
-            cur.execute(_PG_FROM_STAGE)
+                    copy.write_row((*r[:10], stage_bucket(r[2], r[4])))
+            cur.execute(_PG_DECISIONS_FROM_STAGE)
+            if not newest:
+                return
+            cur.execute(_PG_FLEET_LOCK)
+            cur.execute(_PG_OLD_LATEST)
+            old = {(r[0], r[1], r[2]): tuple(r) for r in cur.fetchall()}
+        if self._move(conn, newest, old):
+            conn.exec_driver_sql(_PG_POD_LATEST_FROM_STAGE)
+
+    def _move(
+        self, conn: Connection, newest: dict[PodKey, Row], old: dict[PodKey, Row]
+    ) -> dict[PodKey, Row]:
+        """Apply to ``fleet_counts`` what the batch's newest decisions do to each pod's
+        group; returns the pods that move (their stored decision is older)."""
+        moved: dict[PodKey, Row] = {}
+        delta: dict[GroupKey, list[int]] = defaultdict(lambda: [0] * STAGE_BUCKETS)
+        for key, r in newest.items():
+            before = old.get(key)
+            if before is not None and before[3] >= r[0]:
+                continue  # the store holds a newer decision of this pod
+            moved[key] = r
+            cluster, _, pod = key
+            bucket = stage_bucket(cluster, pod)
+            assert bucket is not None  # only named pods are counted
+            if before is not None and before[4] is not None:
+                was = before[7] if before[7] is not None else bucket
+                delta[(cluster, before[4], before[5], before[6])][was] -= 1
+            delta[(cluster, r[8], r[5], r[6])][bucket] += 1
+        changed = {k: v for k, v in delta.items() if any(v)}
+        if changed:
+            self._apply_counts(conn, changed)
+        return moved
+
+    def _apply_counts(self, conn: Connection, delta: dict[GroupKey, list[int]]) -> None:
+        mark = "?" if not self._postgres else "%s"
+        keys = sorted(delta)
+        current: dict[GroupKey, list[int]] = {}
+        for i in range(0, len(keys), 200):
+            chunk = keys[i : i + 200]
+            values = ", ".join([f"({mark}, {mark}, {mark}, {mark})"] * len(chunk))
+            result = conn.exec_driver_sql(
+                "SELECT cluster, shape_id, backend, source, buckets FROM fleet_counts "
+                f"WHERE (cluster, shape_id, backend, source) IN (VALUES {values})",
+                tuple(v for key in chunk for v in key),
+            )
+            for c, s, b, src, buckets in result:
+                current[(c, s, b, src)] = json.loads(buckets)
+        upserts, deletes = [], []
+        for key in keys:
+            counts = current.get(key) or [0] * STAGE_BUCKETS
+            merged = [max(0, a + d) for a, d in zip(counts, delta[key], strict=True)]
+            total = sum(merged)
+            if total:
+                upserts.append((*key, total, json.dumps(merged, separators=(",", ":"))))
+            elif key in current:
+                deletes.append(key)
+        if upserts:
+            conn.exec_driver_sql(self._sql["fleet_upsert"], upserts)
+        if deletes:
+            conn.exec_driver_sql(self._sql["fleet_delete"], deletes)
+        conn.exec_driver_sql(self._sql["fleet_bump"])
 
     def _prepare_sql(self) -> dict[str, str]:
         mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
@@ -168,19 +332,33 @@ class DecisionStore:
             return "(" + ", ".join([mark] * n) + ")"
 
         return {
+            "shapes": f"INSERT INTO shapes (id, request) VALUES {values(2)} "
+            "ON CONFLICT (id) DO NOTHING",
             "answers": f"INSERT INTO answers (id, answer) VALUES {values(2)} "
             "ON CONFLICT (id) DO NOTHING",
             "decisions": "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, "
-            f"source, rules_revision, request, answer_id) VALUES {values(10)} "
+            f"source, rules_revision, shape_id, answer_id) VALUES {values(10)} "
             "ON CONFLICT (id) DO NOTHING",
             "pod_latest": "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, "
-            f"source, created_at, answer_id) VALUES {values(8)} "
+            f"source, created_at, answer_id, shape_id, bucket) VALUES {values(10)} "
             f"{_POD_LATEST_CONFLICT}",
+            "fleet_upsert": "INSERT INTO fleet_counts (cluster, shape_id, backend, source, pods, "
+            f"buckets) VALUES {values(6)} ON CONFLICT (cluster, shape_id, backend, source) "
+            "DO UPDATE SET pods = excluded.pods, buckets = excluded.buckets",
+            "fleet_delete": f"DELETE FROM fleet_counts WHERE cluster = {mark} AND "
+            f"shape_id = {mark} AND backend = {mark} AND source = {mark}",
+            "fleet_bump": "UPDATE meta SET value = value + 1 WHERE key = 'fleet_version'",
         }
 
+    # -------------------------------------------------------------------- reads
     def count_decisions(self) -> int:
         with Session(self.engine) as s:
             return s.scalar(select(func.count()).select_from(DecisionRow)) or 0
+
+    def _with_request(self) -> Any:
+        return select(DecisionRow, ShapeRow.request).outerjoin(
+            ShapeRow, ShapeRow.id == DecisionRow.shape_id
+        )
 
     def list_decisions(
         self,
@@ -191,7 +369,7 @@ class DecisionStore:
         limit: int,
         before_id: str | None,
     ) -> list[DecisionRecord]:
-        q = select(DecisionRow).order_by(DecisionRow.id.desc()).limit(limit)
+        q = self._with_request().order_by(DecisionRow.id.desc()).limit(limit)
         if cluster is not None:
             q = q.where(DecisionRow.cluster == cluster)
         if backend is not None:
@@ -201,36 +379,120 @@ class DecisionStore:
         if before_id is not None:
             q = q.where(DecisionRow.id < before_id)
         with Session(self.engine) as s:
-            return [_decision(r) for r in s.scalars(q)]
+            return [_decision(r, shape) for r, shape in s.execute(q)]
 
     def get_decision(self, decision_id: str) -> DecisionRecord | None:
         with Session(self.engine) as s:
-            row = s.get(DecisionRow, decision_id)
-            if row is None:
+            found = s.execute(self._with_request().where(DecisionRow.id == decision_id)).first()
+            if found is None:
                 return None
+            row, shape = found
             answer = s.get(AnswerRow, row.answer_id)
-            return _decision(row, None if answer is None else answer.answer)
+            return _decision(row, shape, None if answer is None else answer.answer)
 
     def summary(self) -> dict[str, dict[str, int]]:
-        q = select(PodLatest.cluster, PodLatest.backend, func.count()).group_by(
-            PodLatest.cluster, PodLatest.backend
+        """Pods per cluster and backend (each named pod's newest decision)."""
+        q = select(FleetCount.cluster, FleetCount.backend, func.sum(FleetCount.pods)).group_by(
+            FleetCount.cluster, FleetCount.backend
         )
         out: dict[str, dict[str, int]] = {}
         with Session(self.engine) as s:
             for cluster, backend, n in s.execute(q):
-                out.setdefault(cluster, {})[backend] = n
+                if n:
+                    out.setdefault(cluster, {})[backend] = int(n)
         return {c: dict(sorted(b.items())) for c, b in sorted(out.items())}
 
+    def fleet_version(self) -> int:
+        with Session(self.engine) as s:
+            return s.scalar(select(Meta.value).where(Meta.key == "fleet_version")) or 0
+
+    def fleet_groups(self) -> tuple[int, list[FleetGroup]]:
+        """Every group with its per-bucket counts, and the ``fleet_version`` they are as
+        of (read in one transaction): O(clusters x shapes x backends) rows."""
+        with self.engine.connect() as conn, conn.begin():
+            version = conn.execute(
+                select(Meta.value).where(Meta.key == "fleet_version")
+            ).scalar_one_or_none()
+            q = select(
+                FleetCount.cluster,
+                FleetCount.shape_id,
+                FleetCount.backend,
+                FleetCount.source,
+                FleetCount.pods,
+                FleetCount.buckets,
+            )
+            groups = [
+                FleetGroup(c, s, b, src, n, tuple(json.loads(buckets)))
+                for c, s, b, src, n, buckets in conn.execute(q)
+            ]
+        return version or 0, groups
+
+    def shapes(self, ids: Iterable[str]) -> dict[str, str]:
+        """Shape JSON by id; shapes never change, so each is read from the store once."""
+        wanted = [i for i in set(ids) if i not in self._shapes]
+        if wanted:
+            with self.engine.connect() as conn:
+                for i in range(0, len(wanted), 500):
+                    q = select(ShapeRow.id, ShapeRow.request).where(
+                        ShapeRow.id.in_(wanted[i : i + 500])
+                    )
+                    self._shapes.update({k: v for k, v in conn.execute(q)})
+        return {i: self._shapes[i] for i in ids if i in self._shapes}
+
     def latest_per_pod(self) -> list[PodState]:
-        """Every named pod's newest decision, with the request it sent (for replay)."""
-        q = select(
-            PodLatest.cluster,
-            PodLatest.node,
-            PodLatest.pod,
-            PodLatest.decision_id,
-            PodLatest.backend,
-            PodLatest.source,
-            DecisionRow.request,
-        ).join(DecisionRow, DecisionRow.id == PodLatest.decision_id)
+        """Every named pod's newest decision, with the request it sent. O(pods): for
+        tests and diagnostics; the service's fleet reads use ``fleet_groups``."""
+        q = (
+            select(
+                PodLatest.cluster,
+                PodLatest.node,
+                PodLatest.pod,
+                PodLatest.decision_id,
+                PodLatest.backend,
+                PodLatest.source,
+                DecisionRow.request,
+                ShapeRow.request,
+            )
+            .join(DecisionRow, DecisionRow.id == PodLatest.decision_id)
+            .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
+        )
         with self.engine.connect() as conn:
-            return [PodState(*row) for row in conn.execute(q)]
+            return [
+                PodState(c, n, p, d, b, src, _request_json(request, shape, c, n or None, p))
+                for c, n, p, d, b, src, request, shape in conn.execute(q)
+            ]
+
+
+def _newest_per_pod(rows: Sequence[Row]) -> dict[PodKey, Row]:
+    newest: dict[PodKey, Row] = {}
+    for r in rows:
+        if not r[4]:
+            continue  # an unnamed pod cannot be counted as one pod
+        key = (r[2], r[3] or "", r[4])
+        if key not in newest or newest[key][0] < r[0]:
+            newest[key] = r
+    return newest
+
+
+def _request_json(
+    request: str | None, shape: str | None, cluster: str, node: str | None, pod: str | None
+) -> str:
+    if request is not None:
+        return request
+    return json.dumps(request_from_shape(shape or "{}", cluster, node, pod))
+
+
+def _decision(r: DecisionRow, shape: str | None, answer_json: str | None = None) -> DecisionRecord:
+    return DecisionRecord(
+        id=r.id,
+        created_at=aware(r.created_at),
+        cluster=r.cluster,
+        node=r.node,
+        pod=r.pod,
+        backend=r.backend,
+        source=r.source,
+        rules_revision=r.rules_revision,
+        request_json=_request_json(r.request, shape, r.cluster, r.node, r.pod),
+        answer_id=r.answer_id,
+        answer_json=answer_json,
+    )

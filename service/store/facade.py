@@ -42,6 +42,9 @@ class Store:
         self.get_decision = d.get_decision
         self.summary = d.summary
         self.latest_per_pod = d.latest_per_pod
+        self.fleet_groups = d.fleet_groups
+        self.fleet_version = d.fleet_version
+        self.shapes = d.shapes
         self.has_report = m.has_report
         self.add_measurements = m.add_measurements
         self.has_decision_for = m.has_decision_for

@@ -22,9 +22,10 @@ from mla_switchboard.core.evidence import (
     situation_of,
 )
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
+from mla_switchboard.service.shapes import request_from_shape
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import aware, bump
-from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow
+from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow, ShapeRow
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
 
@@ -63,10 +64,19 @@ class MeasurementStore:
         """Whether ``pod`` of ``cluster`` has a recorded decision for ``situation``:
         what makes its benchmark report count as evidence (issue 13). The pod's newest
         decisions are compared (a pod that changed packages has a newer one)."""
+        q = (
+            select(DecisionRow.request, ShapeRow.request, DecisionRow.node)
+            .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
+            .where(DecisionRow.cluster == cluster, DecisionRow.pod == pod)
+            .order_by(DecisionRow.id.desc())
+            .limit(20)
+        )
         with self.engine.connect() as conn:
-            for (request_json,) in conn.execute(_newest_requests_of(cluster, pod)):
-                request = _request_of(request_json)
-                if request is not None and situation_of(request) == situation:
+            for request_json, shape_json, node in conn.execute(q):
+                request = _request(request_json, shape_json, cluster, node, pod)
+                if request is None:
+                    continue
+                if situation_of(request) == situation:
                     return True
         return False
 
@@ -131,8 +141,9 @@ class MeasurementStore:
         failures), read in pages: a convenience over :meth:`measurement_rows` and
         :meth:`failure_rows` for tools and tests."""
         out: list[Observation] = []
-        for read in (self.measurement_rows, self.failure_rows):
-            after = self.first_id(read is self.failure_rows, since) - 1
+        for failures in (False, True):
+            read = self.failure_rows if failures else self.measurement_rows
+            after = self.first_id(failures, since) - 1
             while True:
                 page = read(since, after=after)
                 out.extend(page.observations)
@@ -212,12 +223,13 @@ class MeasurementStore:
         out = EvidenceRows()
         with self.engine.connect() as conn:
             for row in conn.execute(q):
-                fid, backend, error, at, cleared_at, request_json, pod, decision_id = row
+                fid, backend, error, at, cleared_at, request_json, shape_json = row[:7]
+                cluster, node, pod, decision_id = row[7:]
                 out.ids.append(fid)
                 at = aware(at)
                 if cleared_at is not None or at < since:
                     continue
-                request = _request_of(request_json)
+                request = _request(request_json, shape_json, cluster, node, pod)
                 if request is None:
                     continue  # recorded under an older schema
                 observation = failure_observation(request, backend, error, at, pod, decision_id)
@@ -249,10 +261,11 @@ class MeasurementStore:
             cleared = s.execute(update(m).where(*wrong).values(cleared_at=now)).rowcount or 0
             ids = []
             q = _failures_with_requests().where(FailureRow.cleared_at.is_(None))
-            for fid, fbackend, _error, _at, _cleared, request_json, _pod, _did in s.execute(q):
+            for row in s.execute(q):
+                fid, fbackend, request_json, shape_json = row[0], row[1], row[5], row[6]
                 if backend is not None and fbackend != backend:
                     continue
-                request = _request_of(request_json)
+                request = _request(request_json, shape_json, row[7], row[8], row[9])
                 if request is not None and situation_of(request) == situation:
                     ids.append(fid)
             if ids:
@@ -281,37 +294,43 @@ def _page(q: Any, id_column: Any, after: int | None, ids: Collection[int], limit
     return q.where(id_column.in_(sorted(ids))).order_by(id_column)
 
 
-def _request_of(request_json: str | None) -> SelectRequest | None:
-    """A decision's recorded request, or None when it cannot be read (an older schema)."""
-    if request_json is None:
-        return None
-    try:
-        return SelectRequest.model_validate_json(request_json)
-    except ValueError:
-        return None
-
-
-def _newest_requests_of(cluster: str, pod: str) -> Any:
-    """The recorded requests of a pod's 20 newest decisions (for ``has_decision_for``)."""
+def _failures_with_requests() -> Any:
+    """Failure rows with what their decision recorded: (id, backend, error, at,
+    cleared_at, request JSON, shape JSON, cluster, node, pod, decision id). Outer joins,
+    so a failure row is read (its id seen) even when its decision cannot be."""
     return (
-        select(DecisionRow.request)
-        .where(DecisionRow.cluster == cluster, DecisionRow.pod == pod)
-        .order_by(DecisionRow.id.desc())
-        .limit(20)
+        select(
+            FailureRow.id,
+            FailureRow.backend,
+            FailureRow.error,
+            FailureRow.at,
+            FailureRow.cleared_at,
+            DecisionRow.request,
+            ShapeRow.request,
+            DecisionRow.cluster,
+            DecisionRow.node,
+            DecisionRow.pod,
+            FailureRow.decision_id,
+        )
+        .join(DecisionRow, DecisionRow.id == FailureRow.decision_id, isouter=True)
+        .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
     )
 
 
-def _failures_with_requests() -> Any:
-    """Failure rows with their decision's recorded request and pod: (id, backend, error,
-    at, cleared_at, request JSON, pod, decision id). An outer join, so a failure row is
-    read (its id seen) even when its decision cannot be."""
-    return select(
-        FailureRow.id,
-        FailureRow.backend,
-        FailureRow.error,
-        FailureRow.at,
-        FailureRow.cleared_at,
-        DecisionRow.request,
-        DecisionRow.pod,
-        FailureRow.decision_id,
-    ).join(DecisionRow, DecisionRow.id == FailureRow.decision_id, isouter=True)
+def _request(
+    request_json: str | None,
+    shape_json: str | None,
+    cluster: str,
+    node: str | None,
+    pod: str | None,
+) -> SelectRequest | None:
+    """A decision's request, from its own text (older rows) or its shape; None when it
+    no longer validates (recorded under an older schema)."""
+    try:
+        if request_json is not None:
+            return SelectRequest.model_validate_json(request_json)
+        if shape_json is None:
+            return None
+        return SelectRequest.model_validate(request_from_shape(shape_json, cluster, node, pod))
+    except ValueError:
+        return None

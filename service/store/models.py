@@ -7,7 +7,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, Index, Integer, String, Text, true
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    true,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -44,9 +55,12 @@ class DecisionRow(Base):
     backend: Mapped[str] = mapped_column(String(32))
     source: Mapped[str] = mapped_column(String(32))
     rules_revision: Mapped[int] = mapped_column(Integer)
-    # JSON text serialised on the request path by pydantic (fast) rather than by the
-    # writer thread; answers are shared by every pod that got the same one.
-    request: Mapped[str] = mapped_column(Text)
+    # The request is the pod's cluster, node and name here plus its shape (everything
+    # else it sent), stored once per distinct shape: thousands of pods of one kind
+    # send the same description. Rows written before shapes existed keep their whole
+    # request as JSON text in ``request`` and have no shape.
+    request: Mapped[str | None] = mapped_column(Text, nullable=True)
+    shape_id: Mapped[str | None] = mapped_column(String(24), nullable=True)
     answer_id: Mapped[str] = mapped_column(String(24))
 
     __table_args__ = (
@@ -63,8 +77,17 @@ class AnswerRow(Base):
     answer: Mapped[str] = mapped_column(Text)
 
 
+class ShapeRow(Base):
+    """A request without its cluster, node and pod name, by content hash (canonical JSON):
+    the part of a request that decides everything but the pod's stage bucket."""
+
+    __tablename__ = "shapes"
+    id: Mapped[str] = mapped_column(String(24), primary_key=True)
+    request: Mapped[str] = mapped_column(Text)
+
+
 class PodLatest(Base):
-    """Each pod's newest decision: what the summary counts and the preview replays."""
+    """Each pod's newest decision: the fleet table lists it, ``fleet_counts`` counts it."""
 
     __tablename__ = "pod_latest"
     cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
@@ -75,6 +98,26 @@ class PodLatest(Base):
     source: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     answer_id: Mapped[str] = mapped_column(String(24))
+    shape_id: Mapped[str | None] = mapped_column(String(24), nullable=True)
+    # core/stages.py: the pod's stage bucket, a function of (cluster, pod) only
+    bucket: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class FleetCount(Base):
+    """How many pods' newest decision is in each group: (cluster, shape, backend,
+    source), with the same count split over the 100 stage buckets (JSON list).
+
+    Kept in step with ``pod_latest`` by the decision writer, in the same transaction
+    and under one lock, so every fleet read (summary, regret, previews, rollout
+    progress) costs O(clusters x situations), never O(pods)."""
+
+    __tablename__ = "fleet_counts"
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    shape_id: Mapped[str] = mapped_column(String(24), primary_key=True)
+    backend: Mapped[str] = mapped_column(String(32), primary_key=True)
+    source: Mapped[str] = mapped_column(String(32), primary_key=True)
+    pods: Mapped[int] = mapped_column(Integer)
+    buckets: Mapped[str] = mapped_column(Text)
 
 
 class TokenRow(Base):
@@ -118,7 +161,7 @@ class Meta(Base):
 
     __tablename__ = "meta"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[int] = mapped_column(Integer)
+    value: Mapped[int] = mapped_column(BigInteger)
 
 
 class MeasurementRow(Base):

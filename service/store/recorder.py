@@ -28,27 +28,17 @@ from collections import deque
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
+from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.shapes import shape_of_json
 from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.decisions import ROW_FIELDS, Row
 from prometheus_client import Counter
 
 log = logging.getLogger("switchboard.recorder")
 
-Row = tuple[Any, ...]
-"""One decision: ``(id, created_at, cluster, node, pod, backend, source, rules_revision,
-request, answer_id, answer_json)`` in ``DecisionRecord``'s field order; ``request`` is
-the request model (serialised by the writer) or its JSON text."""
-
 MAX_BACKOFF_S = 2.0
-
-
-def _serialised(row: Row) -> Row:
-    request = row[8]
-    if isinstance(request, str):
-        return row
-    return (*row[:8], request.model_dump_json(), *row[9:])
 
 
 class DecisionRecorder:
@@ -170,17 +160,15 @@ class DecisionRecorder:
                     self._inflight = batch
                 cpu0 = time.thread_time()
                 try:
-                    rows = [_serialised(r) for r in batch]
-                    self._inflight = rows
                     self.attempts += 1
-                    self._store.record_rows(rows)
+                    self._store.record_rows(batch)
                 except Exception as exc:  # the database is down or refusing: keep them
                     with self._take:
                         self._queue.extendleft(reversed(self._inflight))
                         self._inflight = []
                     if self.degraded is None:
                         log.warning("decision store unavailable, buffering: %s", exc)
-                    self.degraded = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
                     self._metrics.store_errors.labels(op="record_decisions").inc()
                     backoff = min(max(backoff * 2, 0.1), MAX_BACKOFF_S)
                     self._retry_at = time.monotonic() + backoff
@@ -223,7 +211,7 @@ class DecisionRecorder:
             self._drop(len(rows), "the store could not take them at shutdown and no spill path")
             return
         try:
-            lines = "".join(_spill_line(_serialised(r)) for r in rows)
+            lines = "".join(_spill_line(r) for r in rows)
             _append_locked(self.spill_path, lines)
         except Exception as exc:
             self._drop(len(rows), f"could not write the spill file {self.spill_path}: {exc}")
@@ -287,7 +275,21 @@ def _read_spill(path: Path) -> tuple[list[Row], int]:
         for line in f:
             try:
                 v = json.loads(line)
-                rows.append((v[0], datetime.fromisoformat(v[1]), *v[2:11]))
+                if len(v) == ROW_FIELDS:
+                    rows.append((v[0], datetime.fromisoformat(v[1]), *v[2:]))
+                else:  # spilled before shapes: the whole request as JSON text
+                    shape = shape_of_json(v[8])
+                    rows.append(
+                        (
+                            v[0],
+                            datetime.fromisoformat(v[1]),
+                            *v[2:8],
+                            shape.id,
+                            v[9],
+                            shape.json,
+                            v[10],
+                        )
+                    )
             except (ValueError, IndexError, TypeError):
                 bad += 1  # a line cut short by a crash while spilling
     return rows, bad

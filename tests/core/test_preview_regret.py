@@ -8,6 +8,7 @@ import pytest
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, decide
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_of
 from mla_switchboard.core.schemas import SEED_RULES, SelectRequest
+from mla_switchboard.service.fleet import FleetSnapshot
 from mla_switchboard.service.preview import replay, with_override
 from mla_switchboard.service.regret import regret_by_cluster
 from mla_switchboard.service.state import PodState
@@ -58,7 +59,7 @@ def test_preview_of_a_measured_policy_sees_the_evidence() -> None:
         current,
         overrides=tuple(with_override(current.overrides, "*", override("*", policy="measured"))),
     )
-    p = replay(pods, current, proposed, now=NOW)
+    p = replay(FleetSnapshot.of_pods(pods), current, proposed, now=NOW)
     assert (p.pods_total, p.pods_changed, p.pods_pending) == (58, 58, 0)
     assert p.changes == [
         {"cluster": "prod-west", "from": "FLASH_ATTN", "to": "FLASHINFER", "pods": 58}
@@ -74,7 +75,7 @@ def test_preview_counts_refusals_and_pending_pods_apart() -> None:
         replace(fleet(1, H200, "east", current)[0], backend="CUDNN")
     ]  # booted under older rules
     proposed = replace(current, overrides=(override("east", deny=["TRTLLM_RAGGED"]),))
-    p = replay(pods, current, proposed, now=NOW)
+    p = replay(FleetSnapshot.of_pods(pods), current, proposed, now=NOW)
     assert (p.pods_invalid, p.pods_changed, p.pods_pending) == (4, 0, 1)
     assert "denied by override east" in p.invalid[0]["reason"]
 
@@ -82,7 +83,7 @@ def test_preview_counts_refusals_and_pending_pods_apart() -> None:
 def test_regret_against_the_best_valid_measured_backend() -> None:
     inputs = DecisionInputs(SEED_RULES, (), evidence(FLASHINFER=600, FLASH_ATTN=200, CUDNN=400))
     pods = fleet(3, H200, "west", inputs)  # priority: FLASH_ATTN
-    r = regret_by_cluster(pods, inputs, now=NOW)["west"]
+    r = regret_by_cluster(FleetSnapshot.of_pods(pods), inputs, now=NOW)["west"]
     assert (r["pods_measured"], r["pods_on_best"], r["best_alternatives"]) == (
         3,
         0,
@@ -90,7 +91,7 @@ def test_regret_against_the_best_valid_measured_backend() -> None:
     )
     assert r["throughput_lost_pct"] == pytest.approx(100 * (1 - 200 / 600), abs=0.01)
     denied = replace(inputs, overrides=(override("west", deny=["FLASHINFER"]),))
-    r = regret_by_cluster(pods, denied, now=NOW)["west"]
+    r = regret_by_cluster(FleetSnapshot.of_pods(pods), denied, now=NOW)["west"]
     assert r["best_alternatives"] == {"CUDNN": 3}  # what this pod may run, not the fastest
 
 
@@ -111,5 +112,5 @@ def test_regret_skips_backends_failure_evidence_excludes() -> None:
     inputs = DecisionInputs(SEED_RULES, (override("*", policy="measured"),), ev)
     pods = fleet(2, H200, "west", inputs)
     assert {p.backend for p in pods} == {"FLASH_ATTN"}
-    r = regret_by_cluster(pods, inputs, now=NOW)["west"]
+    r = regret_by_cluster(FleetSnapshot.of_pods(pods), inputs, now=NOW)["west"]
     assert (r["pods_on_best"], r["throughput_lost_pct"]) == (2, 0.0)

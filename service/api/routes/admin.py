@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
@@ -15,10 +16,12 @@ from mla_switchboard.core.schemas import (
     RulesDocument,
     error_responses,
 )
-from mla_switchboard.service.api.changes import cached_preview, preview_change, scoped_preview
+from mla_switchboard.service.api.changes import preview_change, scoped_preview
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
+from mla_switchboard.service.api.etags import conditional
 from mla_switchboard.service.auth import Principal, new_token
 from mla_switchboard.service.preview import Preview
+from mla_switchboard.service.runtime import Runtime
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -140,6 +143,21 @@ def audit(
     # ASCII digits only, at most 18 (below 2**63): str.isdigit() let "²" through to
     # int() and 20 digits overflowed the database's integer, both answered 500.
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Answered with an ETag of its content: a poll that finds nothing new gets 304."""
+    page = _audit_page(runtime, principal, action, target, actor, limit, cursor)
+    return conditional(page, if_none_match)
+
+
+def _audit_page(
+    runtime: Runtime,
+    principal: Principal,
+    action: str | None,
+    target: str | None,
+    actor: str | None,
+    limit: int,
+    cursor: str | None,
 ) -> dict[str, Any]:
     before = None if cursor is None else int(cursor)
     if not principal.restricted:
@@ -245,13 +263,10 @@ class PreviewRequest(BaseModel):
     summary="What a change would do to the fleet",
 )
 async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDep) -> Response:
-    """A token limited to some clusters previews the change on its clusters' pods.
-
-    A kept answer (``SWITCHBOARD_PREVIEW_CACHE_S``) is sent from the event loop at once;
-    a replay runs in a worker thread."""
-    from datetime import UTC, datetime
-
-    proposal: dict[str, Any] = {"visible": principal.may_see if principal.restricted else None}
+    """A token limited to some clusters previews the change on its clusters' pods. The
+    fleet is replayed by group, and the answer kept until a version it depends on
+    moves (see service/fleet_reads.py)."""
+    proposal: dict[str, Any] = {"principal": principal}
     if body.rules is not None:
         proposal["rules"] = body.rules
     elif body.override is not None:
@@ -268,7 +283,6 @@ async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDe
         )
     else:
         proposal["override_scope"], proposal["override"] = body.delete_override, None
-    answer = cached_preview(runtime, **proposal)
-    if answer is None:
-        answer = await run_in_threadpool(lambda: preview_change(runtime, **proposal))
+    # in a worker thread: even a kept answer needs the fleet's version from the store
+    answer = await run_in_threadpool(lambda: preview_change(runtime, **proposal))
     return Response(answer.model_dump_json(), media_type="application/json")

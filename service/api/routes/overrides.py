@@ -28,7 +28,7 @@ from mla_switchboard.service.api.deps import (
     fail,
     invalid,
 )
-from mla_switchboard.service.api.routes.rules import etag_matches
+from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.state import override_etag
 
 router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
@@ -51,13 +51,26 @@ def _shown(o: Override, now: datetime) -> dict[str, Any]:
     return d
 
 
-@router.get("", summary="Every override, expired ones flagged")
-def list_overrides(runtime: RuntimeDep, principal: ViewerDep) -> Response:
+@router.get(
+    "",
+    summary="Every override, expired ones flagged",
+    responses={304: {"description": "If-None-Match matched: nothing changed"}},
+)
+def list_overrides(
+    runtime: RuntimeDep,
+    principal: ViewerDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
     snap = runtime.snapshot
     now = datetime.now(UTC)
     mine = [o for o in snap.overrides if principal.may_see(o.cluster)]
+    # what is shown changes with the config version and with each expiry passing
+    expired = sum(1 for o in mine if o.expires_at is not None and o.expires_at <= now)
+    etag = f'"overrides-{snap.version}-{expired}"'
+    if etag_matches(if_none_match, etag):
+        return Response(status_code=304, headers={"ETag": etag})
     items = [_shown(o, now) for o in sorted(mine, key=lambda o: o.cluster)]
-    return JSONResponse({"items": items}, headers={"ETag": f'"overrides-{snap.version}"'})
+    return JSONResponse({"items": items}, headers={"ETag": etag})
 
 
 @router.get(

@@ -10,17 +10,11 @@ from fastapi.responses import JSONResponse
 from mla_switchboard.core.schemas import NO_NUL, RulesDocument, error_responses
 from mla_switchboard.service.api.changes import committed, preview_change
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
+from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.state import rules_etag
 
 router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=error_responses(401, 403))
-
-
-def etag_matches(header: str | None, etag: str) -> bool:
-    if header is None:
-        return False
-    tags = {t.strip().removeprefix("W/") for t in header.split(",")}
-    return "*" in tags or etag in tags
 
 
 @router.get(

@@ -23,6 +23,7 @@ from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_from
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.store.decisions import decision_row
 from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 
@@ -126,18 +127,15 @@ async def select(body: SelectRequest, request: Request) -> Response:
     rendered, decision = result, result.decision
     decision_id = new_id()
     now = datetime.now(UTC)
-    # one tuple in DecisionRecord's field order; the writer serialises the request
     runtime.recorder.submit(
-        (
+        decision_row(
             decision_id,
             now,
-            body.cluster,
-            body.node,
-            body.pod,
+            body,
             decision.backend.value,
             decision.source,
             inputs.rules.revision or 0,
-            body,
+            rendered.shape,
             rendered.answer_id,
             rendered.answer_json,
         )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.responses import JSONResponse
 from mla_switchboard.core.schemas import (
     CLUSTER_PATTERN,
     NO_NUL,
@@ -15,8 +16,7 @@ from mla_switchboard.core.schemas import (
     error_responses,
 )
 from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep, fail
-from mla_switchboard.service.regret import exclusions_by_cluster, regret_by_cluster
-from mla_switchboard.service.rollouts import progress as rollout_progress
+from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel
 
@@ -142,29 +142,29 @@ def list_selections(
 @router.get(
     "/summary",
     response_model=Summary,
+    responses={304: {"description": "If-None-Match matched: nothing changed"}},
     summary="Pods per cluster and backend, counting each pod's latest decision",
 )
-def summary(runtime: RuntimeDep, principal: ViewerDep) -> dict[str, Any]:
+def summary(
+    runtime: RuntimeDep,
+    principal: ViewerDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
     """``regret`` estimates, per cluster, the prefill throughput lost by the current
     choices against the best measured valid backend; ``excluded`` lists, per cluster,
     the backends that failure evidence excludes under policy measured, with the reason
     (see service/regret.py); ``rollouts`` each staged override's progress (see
-    service/rollouts.py). A token limited to some clusters sees those clusters only."""
-    runtime.recorder.flush()
-    pods = [p for p in runtime.store.latest_per_pod() if principal.may_see(p.cluster)]
-    inputs, now = runtime.inputs, datetime.now(UTC)
-    trusted = runtime.trusted.inputs_for
-    clusters = {c: n for c, n in runtime.store.summary().items() if principal.may_see(c)}
-    return {
-        "clusters": clusters,
-        "regret": regret_by_cluster(pods, inputs, now=now, inputs_for=trusted),
-        "excluded": exclusions_by_cluster(pods, inputs, now=now, inputs_for=trusted),
-        "rollouts": [
-            r
-            for r in rollout_progress(pods, inputs, now=now, inputs_for=trusted)
-            if principal.may_see(r["cluster"])
-        ],
-    }
+    service/rollouts.py). A token limited to some clusters sees those clusters only.
+    Computed from the fleet's counts by group, kept until something it depends on
+    changes; the ETag says so (a matching If-None-Match gets 304)."""
+    scope = principal.clusters if principal.restricted else None
+    kept = runtime.reads.summary_etag(scope)
+    if kept is not None and etag_matches(if_none_match, kept):
+        return Response(status_code=304, headers={"ETag": kept})
+    answer = runtime.reads.summary(scope, principal.may_see if principal.restricted else None)
+    if etag_matches(if_none_match, answer.etag):
+        return Response(status_code=304, headers={"ETag": answer.etag})
+    return JSONResponse(answer.body, headers={"ETag": answer.etag})
 
 
 @router.get(

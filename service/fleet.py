@@ -1,0 +1,201 @@
+"""What the fleet runs, by group: the one input of every fleet read.
+
+The store keeps, per (cluster, shape, backend, source), how many pods' newest decision
+is there, split over the 100 stage buckets (``service/store/decisions.py``). A
+``FleetSnapshot`` is those counts with each shape's request parsed once, and
+``Fleet.groups`` hands them out per (cluster, shape) together with the *stage
+classes* a set of overrides makes: the buckets split by which staged rollouts they
+are in, so a pod group is decided once per class, never once per pod. The summary,
+the regret, the exclusions, the rollout progress and the previews all read the fleet
+this way, so their cost grows with clusters x situations, not with pods.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from mla_switchboard.core.evaluator import applicable_overrides
+from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bucket
+from mla_switchboard.service.shapes import shape_of_json, shape_request
+from mla_switchboard.service.state import PodState
+from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.decisions import FleetGroup
+
+__all__ = [
+    "Fleet",
+    "FleetSnapshot",
+    "OverBudget",
+    "PodGroup",
+    "StageClass",
+    "partial_rollouts",
+    "stage_classes",
+]
+
+
+class OverBudget(Exception):
+    """A fleet read took longer than its time budget (answered 503, retry later)."""
+
+
+@dataclass(frozen=True)
+class StageClass:
+    """Buckets that every staged rollout in play treats alike: ``bucket`` is one of them
+    (what the evaluator is given), ``buckets`` all of them (None: every bucket, as no
+    partial rollout is in play)."""
+
+    bucket: int | None
+    buckets: frozenset[int] | None
+
+    def count(self, group: FleetGroup) -> int:
+        if self.buckets is None:
+            return group.pods
+        b = group.buckets
+        return sum(b[i] for i in self.buckets)
+
+
+EVERY_POD = StageClass(None, None)
+
+
+@dataclass(frozen=True)
+class PodGroup:
+    """Pods of one cluster and shape; ``rows`` per (backend, source) they run now;
+    ``request`` is None when the shape no longer validates (recorded under an older
+    schema): such pods are counted, never replayed."""
+
+    cluster: str
+    shape_id: str
+    request: SelectRequest | None
+    rows: tuple[FleetGroup, ...]
+
+    @property
+    def pods(self) -> int:
+        return sum(r.pods for r in self.rows)
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    version: int
+    groups: tuple[PodGroup, ...]
+
+    @property
+    def pods(self) -> int:
+        return sum(g.pods for g in self.groups)
+
+    def visible(self, may_see: Callable[[str], bool] | None) -> FleetSnapshot:
+        if may_see is None:
+            return self
+        return FleetSnapshot(self.version, tuple(g for g in self.groups if may_see(g.cluster)))
+
+    @classmethod
+    def build(
+        cls, version: int, rows: Iterable[FleetGroup], shapes: dict[str, str]
+    ) -> FleetSnapshot:
+        by_group: dict[tuple[str, str], list[FleetGroup]] = defaultdict(list)
+        for row in rows:
+            by_group[(row.cluster, row.shape_id)].append(row)
+        groups = []
+        for (cluster, shape_id), members in sorted(by_group.items()):
+            shape = shapes.get(shape_id)
+            request = None if shape is None else shape_request(shape, cluster)
+            members.sort(key=lambda r: (r.backend, r.source))
+            groups.append(PodGroup(cluster, shape_id, request, tuple(members)))
+        return cls(version, tuple(groups))
+
+    @classmethod
+    def of_pods(cls, pods: Iterable[PodState], version: int = 0) -> FleetSnapshot:
+        """The snapshot the store would hold for these pods (tests and tools)."""
+        counts: dict[tuple[str, str, str, str], list[int]] = defaultdict(
+            lambda: [0] * STAGE_BUCKETS
+        )
+        shapes: dict[str, str] = {}
+        for p in pods:
+            shape = shape_of_json(p.request_json)
+            shapes[shape.id] = shape.json
+            bucket = stage_bucket(p.cluster, p.pod)
+            counts[(p.cluster, shape.id, p.backend, p.source)][bucket or 0] += 1
+        rows = [FleetGroup(c, s, b, src, sum(v), tuple(v)) for (c, s, b, src), v in counts.items()]
+        return cls.build(version, rows, shapes)
+
+
+def partial_rollouts(
+    request: SelectRequest, overrides: Sequence[Override], now: datetime
+) -> tuple[Override, ...]:
+    """The staged overrides in force for ``request`` whose stage is a part of the pods."""
+    return tuple(
+        o
+        for o in applicable_overrides(request, overrides, now)
+        if o.rollout is not None and o.rollout.state == "active" and o.rollout.percent < 100
+    )
+
+
+def stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
+    """The buckets split by which of ``rollouts`` they are in the stage of."""
+    if not rollouts:
+        return (EVERY_POD,)
+    by_bits: dict[tuple[bool, ...], list[int]] = defaultdict(list)
+    for b in range(STAGE_BUCKETS):
+        bits = tuple(bucket_in_stage(b, o.rollout) for o in rollouts if o.rollout is not None)
+        by_bits[bits].append(b)
+    return tuple(StageClass(members[0], frozenset(members)) for members in by_bits.values())
+
+
+class ClassCache:
+    """Stage classes per set of partial rollouts, within one fleet read."""
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[int, ...], tuple[StageClass, ...]] = {}
+
+    def of(self, rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
+        key = tuple(id(o) for o in rollouts)
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = stage_classes(rollouts)
+        return found
+
+
+class Deadline:
+    """A fleet read's time budget, checked between groups."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        self._at = None if budget_s is None else time.monotonic() + budget_s
+        self._budget = budget_s
+
+    def check(self) -> None:
+        if self._at is not None and time.monotonic() > self._at:
+            raise OverBudget(f"fleet read over its {self._budget:g} s budget")
+
+
+def each_group(snapshot: FleetSnapshot, deadline: Deadline | None = None) -> Iterator[PodGroup]:
+    for group in snapshot.groups:
+        if deadline is not None:
+            deadline.check()
+        yield group
+
+
+class Fleet:
+    """The store's fleet counts as of its ``fleet_version``, read once per version.
+
+    ``current()`` costs one small query when nothing changed, and a read of
+    O(groups) rows when something did; shapes are read once each (they never change).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._snapshot: FleetSnapshot | None = None
+
+    def current(self) -> FleetSnapshot:
+        store = self._store
+        with self._lock:
+            snap = self._snapshot
+            if snap is not None and store.fleet_version() == snap.version:
+                return snap
+            version, rows = store.fleet_groups()
+            shapes = store.shapes({r.shape_id for r in rows})
+            self._snapshot = FleetSnapshot.build(version, rows, shapes)
+            return self._snapshot

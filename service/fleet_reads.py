@@ -1,0 +1,172 @@
+"""The reads dashboards and admins make of the whole fleet: the summary and previews.
+
+Each is computed from the fleet's counts by group (``service/fleet.py``), in the
+caller's worker thread, within a time budget (``SWITCHBOARD_FLEET_READ_BUDGET_S``),
+and kept per every version it depends on: the configuration and evidence in force
+(``DecisionInputs.tag``), which overrides have expired, the fleet's counts
+(``fleet_version``) and the caller's cluster scope. Identical requests at the same
+time share one computation; a repeated one is a lookup, and its ETag lets a polling
+dashboard get a 304 without a body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from mla_switchboard.core.evaluator import DecisionInputs
+from mla_switchboard.core.schemas import Override, RulesDocument
+from mla_switchboard.service.computed import Computed
+from mla_switchboard.service.fleet import Deadline, FleetSnapshot
+from mla_switchboard.service.preview import Preview, replay, with_override
+from mla_switchboard.service.regret import exclusions_by_cluster, regret_by_cluster
+from mla_switchboard.service.rollouts import progress
+
+if TYPE_CHECKING:
+    from mla_switchboard.service.runtime import Runtime
+
+Visible = Callable[[str], bool] | None
+"""Which clusters the caller may see (None: every cluster)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A fleet read's result with the ETag naming everything it depends on."""
+
+    body: dict[str, Any]
+    etag: str
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A change to preview: new rules, or one scope's override put (or deleted: None)."""
+
+    rules: RulesDocument | None = None
+    override_scope: str | None = None
+    override: Override | None = None
+
+    def digest(self) -> str:
+        body = {
+            "rules": None if self.rules is None else self.rules.rules_only(),
+            "scope": self.override_scope,
+            "override": None
+            if self.override is None
+            else self.override.model_dump(
+                mode="json", exclude={"created_at", "created_by", "revision"}
+            ),
+        }
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    def applied_to(self, current: DecisionInputs) -> DecisionInputs:
+        overrides = current.overrides
+        if self.override_scope is not None:
+            overrides = tuple(with_override(overrides, self.override_scope, self.override))
+        return replace(
+            current,
+            rules=self.rules if self.rules is not None else current.rules,
+            overrides=overrides,
+            tag=(-1, -1),
+        )
+
+
+class FleetReads:
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._summaries: Computed[Answer] = Computed(64)
+        self._previews: Computed[Preview] = Computed(256)
+
+    def _fresh(self) -> tuple[DecisionInputs, FleetSnapshot, datetime]:
+        """The inputs and the fleet as of now: this replica's own decisions so far are
+        written first, so the caller sees the pods it just booted."""
+        runtime = self._runtime
+        runtime.recorder.flush()
+        return runtime.inputs, runtime.fleet.current(), datetime.now(UTC)
+
+    def _deadline(self) -> Deadline:
+        return Deadline(self._runtime.settings.fleet_read_budget_s)
+
+    def summary(self, scope: tuple[str, ...] | None, visible: Visible) -> Answer:
+        """``/v1/selections/summary`` for a caller whose token covers ``scope``."""
+        inputs, fleet, now = self._fresh()
+        key = ("summary", *_versions(inputs, fleet, now), scope)
+        return self._summaries.get(key, lambda: self._summary(key, inputs, fleet, now, visible))
+
+    def summary_etag(self, scope: tuple[str, ...] | None) -> str | None:
+        """The ETag a summary request would get now, when it is already kept (no work
+        beyond reading the versions): a matching If-None-Match is answered 304."""
+        inputs, fleet, now = self._fresh()
+        kept = self._summaries.peek(("summary", *_versions(inputs, fleet, now), scope))
+        return None if kept is None else kept.etag
+
+    def _summary(
+        self,
+        key: tuple[Any, ...],
+        inputs: DecisionInputs,
+        fleet: FleetSnapshot,
+        now: datetime,
+        visible: Visible,
+    ) -> Answer:
+        fleet = fleet.visible(visible)
+        trusted = self._runtime.trusted.inputs_for
+        deadline = self._deadline()
+        clusters: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for group in fleet.groups:
+            for row in group.rows:
+                clusters[group.cluster][row.backend] += row.pods
+        body = {
+            "clusters": {c: dict(sorted(b.items())) for c, b in sorted(clusters.items())},
+            "regret": regret_by_cluster(
+                fleet, inputs, now=now, inputs_for=trusted, deadline=deadline
+            ),
+            "excluded": exclusions_by_cluster(
+                fleet, inputs, now=now, inputs_for=trusted, deadline=deadline
+            ),
+            "rollouts": [
+                r
+                for r in progress(fleet, inputs, now=now, inputs_for=trusted, deadline=deadline)
+                if visible is None or visible(r["cluster"])
+            ],
+        }
+        return Answer(body, _etag(key))
+
+    def preview(
+        self, proposal: Proposal, scope: tuple[str, ...] | None, visible: Visible
+    ) -> Preview:
+        """What ``proposal`` would change for the pods ``visible`` to the caller."""
+        inputs, fleet, now = self._fresh()
+        key = ("preview", *_versions(inputs, fleet, now), proposal.digest(), scope)
+        return self._previews.get(
+            key,
+            lambda: replay(
+                fleet.visible(visible),
+                inputs,
+                proposal.applied_to(inputs),
+                now=now,
+                inputs_for=self._runtime.trusted.inputs_for,
+                deadline=self._deadline(),
+            ),
+        )
+
+    def kept_preview(self, proposal: Proposal, scope: tuple[str, ...] | None) -> Preview | None:
+        inputs, fleet, now = self._runtime.inputs, self._runtime.fleet.current(), datetime.now(UTC)
+        return self._previews.peek(
+            ("preview", *_versions(inputs, fleet, now), proposal.digest(), scope)
+        )
+
+    @property
+    def preview_computations(self) -> int:
+        return self._previews.computations
+
+
+def _versions(inputs: DecisionInputs, fleet: FleetSnapshot, now: datetime) -> tuple[Any, ...]:
+    expired = tuple(o.expires_at is not None and o.expires_at <= now for o in inputs.overrides)
+    return (inputs.tag, expired, fleet.version)
+
+
+def _etag(key: tuple[Any, ...]) -> str:
+    return '"' + hashlib.blake2b(repr(key).encode(), digest_size=12).hexdigest() + '"'
