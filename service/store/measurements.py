@@ -131,8 +131,9 @@ class MeasurementStore:
         failures), read in pages: a convenience over :meth:`measurement_rows` and
         :meth:`failure_rows` for tools and tests."""
         out: list[Observation] = []
-        for read in (self.measurement_rows, self.failure_rows):
-            after = self.first_id(read is self.failure_rows, since) - 1
+        for failures in (False, True):
+            read = self.failure_rows if failures else self.measurement_rows
+            after = self.first_id(failures, since) - 1
             while True:
                 page = read(since, after=after)
                 out.extend(page.observations)
