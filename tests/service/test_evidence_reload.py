@@ -263,3 +263,23 @@ def _row(cluster: str, pod: str, tflops: float, report_id: str) -> MeasurementRo
         dtype=SITUATION.dtype, packages=SITUATION.packages, backend="FLASHINFER", shape="{}",
         median_ms=1.0, tflops=tflops, correct=True, engine=SITUATION.engine, counted=True,
     )  # fmt: skip
+
+
+def test_the_whole_window_reads_both_tables(runtime: Runtime) -> None:
+    """Each table is read from its own first row in the window."""
+    store_and_apply(runtime, report("c1", "p1", 500.0, "report-0001"))
+    with Session(runtime.engine) as s, s.begin():
+        s.execute(update(MeasurementRow).values(at=datetime.now(UTC) - timedelta(days=40)))
+    store_and_apply(runtime, report("c1", "p2", 510.0, "report-0002"))
+    measurements = runtime.store.measurements
+    asked: list[bool] = []
+    first_id = measurements.first_id
+    measurements.first_id = lambda failures, since: (
+        asked.append(failures)
+        or first_id(  # type: ignore[method-assign]
+            failures, since
+        )
+    )
+    since = datetime.now(UTC) - timedelta(days=30)
+    assert [o.tflops for o in measurements.evidence(since)] == [510.0]
+    assert asked == [False, True]
