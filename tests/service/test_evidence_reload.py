@@ -274,12 +274,12 @@ def test_the_whole_window_reads_both_tables(runtime: Runtime) -> None:
     measurements = runtime.store.measurements
     asked: list[bool] = []
     first_id = measurements.first_id
-    measurements.first_id = lambda failures, since: (
+
+    def recording(failures: bool, since: datetime) -> int:
         asked.append(failures)
-        or first_id(  # type: ignore[method-assign]
-            failures, since
-        )
-    )
+        return first_id(failures, since)
+
+    measurements.first_id = recording  # type: ignore[method-assign]
     since = datetime.now(UTC) - timedelta(days=30)
     assert [o.tflops for o in measurements.evidence(since)] == [510.0]
     assert asked == [False, True]
