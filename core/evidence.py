@@ -12,18 +12,35 @@ expire with the window and an admin can clear them; every exclusion is a reason 
 answer shows ("failed on 2 pods in the last 24 h: staging/pod-a 2026-11-30 15:37 UTC:
 ..."), never a silent gap.
 
-An :class:`EvidenceIndex` is immutable: new observations give a new index
-(:meth:`EvidenceIndex.with_observations`), which the service swaps in atomically.
+**What counts is bounded.** Per situation, backend and pod (cluster and pod name) only
+the ``per_pod`` most recent correct results count (:data:`SAMPLES_PER_POD`, 8 by
+default; the service reads ``SWITCHBOARD_MEASURED_SAMPLES_PER_POD``), and a failing pod
+counts once, with its newest failure. A pod that benchmarks at every boot for a month
+therefore weighs as much as one that booted twice this week, and memory and ranking
+cost follow the number of pods, not the history. A pod's older results make room for
+newer ones; results older than the evidence window are dropped by
+:meth:`EvidenceIndex.prune`.
+
+An :class:`EvidenceIndex` changes in place: adding an observation costs a binary search
+and a memmove in a sorted list (never a copy of the samples), and a write publishes
+immutable per-situation summaries (:class:`BackendStats`) with one assignment, which
+readers use without a lock. :meth:`EvidenceIndex.with_observations` still gives a new
+index, by copying (for tests and one-off comparisons).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+import math
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from mla_switchboard.core.schemas import EngineInfo, Evidence, MeasurementReport, SelectRequest
@@ -31,22 +48,28 @@ from mla_switchboard.core.specs import Backend
 
 __all__ = [
     "KERNEL_PACKAGES",
+    "SAMPLES_PER_POD",
     "BackendStats",
     "EvidenceIndex",
     "FailureNote",
     "FailurePolicy",
     "Observation",
+    "PodSample",
     "Situation",
     "dims_key",
     "engine_key",
     "failure_observation",
     "observations_of_report",
     "packages_key",
+    "report_key",
     "situation_of",
 ]
 
 KERNEL_PACKAGES = ("torch", "flash_attn", "flashinfer", "cudnn", "tokenspeed_mla")
 """Only these packages' versions change kernel speed; others don't split the evidence."""
+
+SAMPLES_PER_POD = 8
+"""How many of a pod's most recent results count per situation and backend."""
 
 
 @dataclass(frozen=True, order=True)
@@ -147,66 +170,265 @@ class FailurePolicy:
         return f"failures from at least {pods} within {hours:g} h exclude a backend"
 
     def exclusion(self, failures: Sequence[FailureNote], now: datetime) -> str | None:
-        """The reason ``failures`` exclude their backend at ``now``, or None."""
-        since = now - self.window
-        recent = [f for f in failures if f.at is None or f.at >= since]
-        latest: dict[str, FailureNote] = {}
-        for f in sorted(recent, key=lambda f: f.at or datetime.min.replace(tzinfo=UTC)):
-            latest[f"{f.cluster}/{f.pod}"] = f
-        if not latest or len(latest) < self.min_pods:
+        """The reason ``failures`` (any notes, several per pod allowed) exclude their
+        backend at ``now``, or None."""
+        latest: dict[tuple[str, str], FailureNote] = {}
+        for f in failures:
+            known = latest.get((f.cluster, f.pod))
+            if known is None or _failure_key(f.at) >= _failure_key(known.at):
+                latest[(f.cluster, f.pod)] = f
+        newest_first = sorted(latest.values(), key=lambda f: _failure_key(f.at), reverse=True)
+        return self.exclusion_of_latest(newest_first, now)
+
+    def exclusion_of_latest(self, latest: Sequence[FailureNote], now: datetime) -> str | None:
+        """As :meth:`exclusion`, for one note per pod, newest first (what
+        :attr:`BackendStats.failures` holds): a binary search finds the pods within the
+        window, so a decision never walks every failing pod."""
+        since = -(now - self.window).timestamp()
+        recent = bisect.bisect_right(latest, since, key=lambda f: -_failure_key(f.at))
+        if recent == 0 or recent < self.min_pods:
             return None
-        notes = sorted(latest.values(), key=lambda f: f.at or now, reverse=True)
-        shown = "; ".join(n.describe() for n in notes[:3])
-        more = "" if len(notes) <= 3 else f"; and {len(notes) - 3} more"
+        shown = "; ".join(n.describe() for n in latest[: min(recent, 3)])
+        more = "" if recent <= 3 else f"; and {recent - 3} more"
         hours = self.window.total_seconds() / 3600
-        pods = "1 pod" if len(notes) == 1 else f"{len(notes)} pods"
+        pods = "1 pod" if recent == 1 else f"{recent} pods"
         return f"failed on {pods} in the last {hours:g} h (measured policy): {shown}{more}"
+
+
+def _sample_key(at: datetime | None) -> float:
+    """A sample's place in its pod's history: one without a time is the oldest (the
+    first to make room) and never expires."""
+    return -math.inf if at is None else at.timestamp()
+
+
+def _failure_key(at: datetime | None) -> float:
+    """A failure note's age: one without a time is the newest and never expires, as
+    the failure policy has always read it."""
+    return math.inf if at is None else at.timestamp()
 
 
 @dataclass(frozen=True)
 class BackendStats:
-    """What the fleet measured for one backend in one situation."""
+    """What the fleet measured for one backend in one situation: a summary that a
+    write to the index publishes and nothing changes afterwards.
 
-    by_pod: tuple[tuple[str, str, float], ...] = ()  # (cluster, pod, TFLOP/s) per sample
-    failures: tuple[FailureNote, ...] = ()
+    ``samples`` and ``pods`` count only what counts (each pod's ``per_pod`` most recent
+    correct results); ``failures`` holds each failing pod's newest note, newest first.
+    """
+
+    median_tflops: float | None = None
+    samples: int = 0
+    pods: int = 0
     impls: frozenset[str] = frozenset()
-
-    @property
-    def tflops(self) -> tuple[float, ...]:
-        return tuple(t for _, _, t in self.by_pod)
-
-    @property
-    def pods(self) -> frozenset[str]:
-        return frozenset(p for _, p, _ in self.by_pod)
-
-    @property
-    def samples(self) -> int:
-        return len(self.by_pod)
-
-    @property
-    def median_tflops(self) -> float | None:
-        return statistics.median(self.tflops) if self.tflops else None
-
-    def plus(self, o: Observation) -> BackendStats:
-        if o.ok and o.tflops is not None:
-            return replace(
-                self,
-                by_pod=(*self.by_pod, (o.cluster, o.pod, o.tflops)),
-                impls=self.impls | ({o.impl} if o.impl else set()),
-            )
-        if not o.ok:
-            note = FailureNote(o.cluster, o.pod, o.at, o.error or "wrong result or failed build")
-            return replace(self, failures=(*self.failures, note))
-        return self
+    failures: tuple[FailureNote, ...] = ()
 
 
 Group = Mapping[Backend, BackendStats]
+Sample = tuple[float, float, str | None]
+"""(time key, TFLOP/s, impl) of one counted result"""
+PodKey = tuple[str, str]
+"""(cluster, pod)"""
+PodSample = tuple[str, str, float]
+"""(cluster, pod, TFLOP/s) of one counted sample"""
+
+_NO_GROUP: Group = MappingProxyType({})
+
+
+class _SortedFloats:
+    """A sorted multiset of floats, in chunks of ``CHUNK`` to ``2 * CHUNK`` items.
+
+    An insertion or removal is a binary search and a memmove within one chunk, so its
+    cost does not grow with the number of samples (one flat sorted list moved half of
+    them each time); the median walks the chunks' lengths."""
+
+    CHUNK = 256
+    __slots__ = ("_chunks", "_len", "_maxes")
+
+    def __init__(self) -> None:
+        self._chunks: list[list[float]] = []
+        self._maxes: list[float] = []  # each chunk's largest item, for the binary search
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[float]:
+        for chunk in self._chunks:
+            yield from chunk
+
+    def add(self, value: float) -> None:
+        self._len += 1
+        if not self._chunks:
+            self._chunks.append([value])
+            self._maxes.append(value)
+            return
+        i = min(bisect.bisect_left(self._maxes, value), len(self._maxes) - 1)
+        chunk = self._chunks[i]
+        bisect.insort(chunk, value)
+        self._maxes[i] = chunk[-1]
+        if len(chunk) > 2 * self.CHUNK:
+            upper = chunk[self.CHUNK :]
+            del chunk[self.CHUNK :]
+            self._chunks.insert(i + 1, upper)
+            self._maxes[i] = chunk[-1]
+            self._maxes.insert(i + 1, upper[-1])
+
+    def remove(self, value: float) -> None:
+        """Remove one item equal to ``value`` (which must be there)."""
+        i = bisect.bisect_left(self._maxes, value)
+        chunk = self._chunks[i]
+        del chunk[bisect.bisect_left(chunk, value)]
+        self._len -= 1
+        if not chunk:
+            del self._chunks[i]
+            del self._maxes[i]
+            return
+        self._maxes[i] = chunk[-1]
+        if len(chunk) < self.CHUNK // 2 and len(self._chunks) > 1:
+            self._merge(min(i, len(self._chunks) - 2))
+
+    def _merge(self, i: int) -> None:
+        """Join chunk ``i`` with the next one (split again when too large)."""
+        merged = self._chunks[i] + self._chunks[i + 1]
+        del self._chunks[i + 1], self._maxes[i + 1]
+        if len(merged) > 2 * self.CHUNK:
+            half = len(merged) // 2
+            self._chunks[i : i + 1] = [merged[:half], merged[half:]]
+            self._maxes[i : i + 1] = [merged[half - 1], merged[-1]]
+        else:
+            self._chunks[i] = merged
+            self._maxes[i] = merged[-1]
+
+    def __getitem__(self, k: int) -> float:
+        for chunk in self._chunks:
+            if k < len(chunk):
+                return chunk[k]
+            k -= len(chunk)
+        raise IndexError(k)
+
+    def median(self) -> float | None:
+        n = self._len
+        if n == 0:
+            return None
+        mid = n // 2
+        return self[mid] if n % 2 else (self[mid - 1] + self[mid]) / 2
+
+
+class _Tally:
+    """One backend in one situation, as the index's writer changes it.
+
+    Each pod keeps at most ``per_pod`` samples, oldest first; every counted TFLOP/s is
+    also in ``values``, kept sorted, so the median is a lookup and a new sample costs a
+    binary search and a memmove within one chunk, never a copy of the samples."""
+
+    __slots__ = ("_failures_newest_first", "by_pod", "failures", "impls", "values")
+
+    def __init__(self) -> None:
+        self.by_pod: dict[PodKey, list[Sample]] = {}
+        self.values = _SortedFloats()
+        self.impls: Counter[str] = Counter()
+        self.failures: dict[PodKey, FailureNote] = {}
+        self._failures_newest_first: tuple[FailureNote, ...] | None = ()
+
+    def add_sample(self, pod: PodKey, sample: Sample, per_pod: int) -> bool:
+        samples = self.by_pod.setdefault(pod, [])
+        if len(samples) >= per_pod and sample[0] < samples[0][0]:
+            return False  # older than all this pod counts: it would make room for nothing
+        if not samples or sample[0] >= samples[-1][0]:
+            samples.append(sample)  # the usual case: newer than all the pod has
+        else:
+            bisect.insort_right(samples, sample, key=_time_of)
+        self._count(sample)
+        if len(samples) > per_pod:
+            self._uncount(samples.pop(0))
+        return True
+
+    def add_failure(self, pod: PodKey, note: FailureNote) -> bool:
+        known = self.failures.get(pod)
+        if known is not None and _failure_key(note.at) < _failure_key(known.at):
+            return False  # a pod counts once, with its newest note
+        self.failures[pod] = note
+        self._failures_newest_first = None
+        return True
+
+    def _count(self, sample: Sample) -> None:
+        self.values.add(sample[1])
+        if sample[2]:
+            self.impls[sample[2]] += 1
+
+    def _uncount(self, sample: Sample) -> None:
+        self.values.remove(sample[1])
+        impl = sample[2]
+        if impl:
+            self.impls[impl] -= 1
+            if self.impls[impl] <= 0:
+                del self.impls[impl]
+
+    def prune(self, cutoff: float) -> bool:
+        """Drop samples and failures older than ``cutoff`` (a time key)."""
+        changed = False
+        for pod in list(self.by_pod):
+            samples = self.by_pod[pod]
+            first = bisect.bisect_right(samples, -math.inf, key=_time_of)  # undated stay
+            last = bisect.bisect_left(samples, cutoff, key=_time_of)
+            if last > first:
+                for sample in samples[first:last]:
+                    self._uncount(sample)
+                del samples[first:last]
+                changed = True
+            if not samples:
+                del self.by_pod[pod]
+        for pod, note in list(self.failures.items()):
+            if _failure_key(note.at) < cutoff:
+                del self.failures[pod]
+                self._failures_newest_first = None
+                changed = True
+        return changed
+
+    def empty(self) -> bool:
+        return not self.by_pod and not self.failures
+
+    def stats(self) -> BackendStats:
+        if self._failures_newest_first is None:
+            self._failures_newest_first = tuple(
+                sorted(self.failures.values(), key=lambda f: _failure_key(f.at), reverse=True)
+            )
+        return BackendStats(
+            median_tflops=self.values.median(),
+            samples=len(self.values),
+            pods=len(self.by_pod),
+            impls=frozenset(self.impls),
+            failures=self._failures_newest_first,
+        )
+
+
+def _time_of(sample: Sample) -> float:
+    return sample[0]
 
 
 class EvidenceIndex:
-    """Evidence per situation and backend. Immutable: build a new one to change it."""
+    """Evidence per situation and backend, with a bounded cost (module docstring).
 
-    __slots__ = ("_groups", "failure_policy", "min_pods", "min_samples")
+    Writers (:meth:`add`, :meth:`prune`) take an internal lock and, when done, publish
+    each changed situation's summaries as a new mapping with one assignment; readers
+    (:meth:`group`, :meth:`exclusions`, :meth:`eligible`, :meth:`rank`) take no lock and
+    read only those published mappings. ``version`` changes on every write that
+    changed something.
+    """
+
+    __slots__ = (
+        "_earliest",
+        "_frozen",
+        "_lock",
+        "_next_lapse",
+        "_published",
+        "_tallies",
+        "_version",
+        "failure_policy",
+        "min_pods",
+        "min_samples",
+        "per_pod",
+    )
 
     def __init__(
         self,
@@ -215,50 +437,220 @@ class EvidenceIndex:
         min_samples: int = 3,
         min_pods: int = 2,
         failure_policy: FailurePolicy | None = None,
-        _groups: dict[Situation, dict[Backend, BackendStats]] | None = None,
+        per_pod: int = SAMPLES_PER_POD,
     ) -> None:
+        if per_pod < 1:
+            raise ValueError("per_pod must be at least 1")
         self.min_samples = min_samples
         self.min_pods = min_pods
         self.failure_policy = failure_policy or FailurePolicy()
-        self._groups: dict[Situation, dict[Backend, BackendStats]] = dict(_groups or {})
-        self._fold(observations, copied=set())
+        self.per_pod = per_pod
+        self._lock = threading.Lock()
+        self._tallies: dict[Situation, dict[Backend, _Tally]] = {}
+        self._published: dict[Situation, Group] = {}
+        self._version = 0
+        self._frozen = False
+        self._earliest = math.inf  # no sample or failure is older: prune has nothing to do
+        self._next_lapse = math.inf  # when a failure next leaves the policy's window
+        self.add(observations)
 
-    def _fold(self, observations: Iterable[Observation], copied: set[Situation]) -> None:
-        for o in observations:
-            try:
-                backend = Backend(o.backend)
-            except ValueError:
-                continue
-            if o.situation not in copied:  # copy-on-write: never touch a shared group
-                self._groups[o.situation] = dict(self._groups.get(o.situation, {}))
-                copied.add(o.situation)
-            group = self._groups[o.situation]
-            group[backend] = group.get(backend, BackendStats()).plus(o)
+    # ---------------------------------------------------------------- writes
+
+    def add(self, observations: Iterable[Observation]) -> bool:
+        """Fold ``observations`` in; True when anything that counts changed.
+
+        Per observation: a dict lookup, a binary search and a memmove in the sorted
+        TFLOP/s of its backend; each changed situation is published once at the end."""
+        if self._frozen:
+            raise TypeError("this evidence index is shared and read-only")
+        with self._lock:
+            touched: dict[Situation, set[Backend]] = {}
+            # a report's results share one situation: find each tally once per call
+            found: dict[tuple[Situation, str], tuple[Backend, _Tally] | None] = {}
+            for o in observations:
+                key = (o.situation, o.backend)
+                if key not in found:
+                    backend = _backend(o.backend)
+                    found[key] = (
+                        None if backend is None else (backend, self._tally(*key[:1], backend))
+                    )
+                target = found[key]
+                if target is not None and self._apply(o, target[1]):
+                    touched.setdefault(o.situation, set()).add(target[0])
+            for situation, backend_name in list(found):  # tallies made for nothing
+                target = found[(situation, backend_name)]
+                if target is not None and target[1].empty():
+                    self._tallies[situation].pop(target[0], None)
+                    if not self._tallies[situation]:
+                        del self._tallies[situation]
+            self._publish(touched)
+            return bool(touched)
+
+    def _apply(self, o: Observation, tally: _Tally) -> bool:
+        pod = (o.cluster, o.pod)
+        if o.ok:
+            if o.tflops is None or math.isnan(o.tflops):
+                return False
+            impl = sys.intern(o.impl) if o.impl else None  # one string per code path
+            sample = (_sample_key(o.at), float(o.tflops), impl)
+            if not tally.add_sample(pod, sample, self.per_pod):
+                return False
+            if sample[0] > -math.inf:
+                self._earliest = min(self._earliest, sample[0])
+            return True
+        note = FailureNote(o.cluster, o.pod, o.at, o.error or "wrong result or failed build")
+        if not tally.add_failure(pod, note):
+            return False
+        if o.at is not None:
+            at = o.at.timestamp()
+            self._earliest = min(self._earliest, at)
+            self._next_lapse = min(
+                self._next_lapse, at + self.failure_policy.window.total_seconds()
+            )
+        return True
+
+    def _tally(self, situation: Situation, backend: Backend) -> _Tally:
+        group = self._tallies.setdefault(situation, {})
+        found = group.get(backend)
+        if found is None:
+            found = group[backend] = _Tally()
+        return found
+
+    def _publish(self, touched: Mapping[Situation, Iterable[Backend]]) -> None:
+        """Replace each touched situation's summaries (one assignment each): a reader
+        sees all of one write's changes to a situation, or none."""
+        for situation, backends in touched.items():
+            tallies = self._tallies.get(situation, {})
+            group = dict(self._published.get(situation, _NO_GROUP))
+            for backend in backends:
+                tally = tallies.get(backend)
+                if tally is None or tally.empty():
+                    tallies.pop(backend, None)
+                    group.pop(backend, None)
+                else:
+                    group[backend] = tally.stats()
+            if group:
+                self._published[situation] = MappingProxyType(group)
+            else:
+                self._published.pop(situation, None)
+                self._tallies.pop(situation, None)
+        if touched:
+            self._version += 1
+
+    def prune(self, now: datetime, max_age: timedelta) -> bool:
+        """Drop samples and failures older than ``max_age`` (the evidence window).
+
+        True when anything changed, or when a failure left the failure policy's window
+        since the last prune (an exclusion a cached decision holds has lapsed). Costs
+        O(1) while nothing is due, so it can run every poll."""
+        cutoff = (now - max_age).timestamp()
+        now_ts = now.timestamp()
+        with self._lock:
+            lapsed = now_ts >= self._next_lapse
+            if cutoff <= self._earliest and not lapsed:
+                return False
+            touched: dict[Situation, list[Backend]] = {}
+            earliest = next_lapse = math.inf
+            window = self.failure_policy.window.total_seconds()
+            for situation, tallies in self._tallies.items():
+                for backend, tally in tallies.items():
+                    if tally.prune(cutoff):
+                        touched.setdefault(situation, []).append(backend)
+                    for samples in tally.by_pod.values():
+                        first = bisect.bisect_right(samples, -math.inf, key=_time_of)
+                        if first < len(samples):
+                            earliest = min(earliest, samples[first][0])
+                    for note in tally.failures.values():
+                        if note.at is not None:
+                            at = note.at.timestamp()
+                            earliest = min(earliest, at)
+                            if at + window > now_ts:
+                                next_lapse = min(next_lapse, at + window)
+            self._earliest, self._next_lapse = earliest, next_lapse
+            self._publish(touched)
+            if lapsed and not touched:
+                self._version += 1
+            return lapsed or bool(touched)
+
+    def freeze(self) -> EvidenceIndex:
+        """Make :meth:`add` refuse: for an index that callers share (:data:`EMPTY`)."""
+        self._frozen = True
+        return self
+
+    # ----------------------------------------------------------------- reads
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def group(self, situation: Situation | None) -> Group:
+        if situation is None:
+            return _NO_GROUP
+        return self._published.get(situation, _NO_GROUP)
+
+    def samples(self, situation: Situation | None, backend: Backend | str) -> list[PodSample]:
+        """(cluster, pod, TFLOP/s) of every counted sample, a snapshot: for the rollout
+        guards, which compare the stage pods' own samples."""
+        found = _backend(backend) if isinstance(backend, str) else backend
+        if situation is None or found is None:
+            return []
+        with self._lock:
+            tally = self._tallies.get(situation, {}).get(found)
+            if tally is None:
+                return []
+            return [(c, p, s[1]) for (c, p), samples in tally.by_pod.items() for s in samples]
+
+    def pod_samples(
+        self, situation: Situation | None, backend: Backend | str, cluster: str, pod: str
+    ) -> list[float]:
+        """TFLOP/s of one pod's counted samples (at most ``per_pod``), oldest first."""
+        found = _backend(backend) if isinstance(backend, str) else backend
+        if situation is None or found is None:
+            return []
+        with self._lock:
+            tally = self._tallies.get(situation, {}).get(found)
+            samples = None if tally is None else tally.by_pod.get((cluster, pod))
+            return [] if samples is None else [s[1] for s in samples]
+
+    def counted(self) -> list[Observation]:
+        """Everything that counts, as observations (a snapshot): what another index
+        needs to hold the same evidence."""
+        out: list[Observation] = []
+        with self._lock:
+            for situation, tallies in self._tallies.items():
+                for backend, tally in tallies.items():
+                    for (cluster, pod), samples in tally.by_pod.items():
+                        out.extend(
+                            Observation(situation, backend.value, pod, t, ok=True,
+                                        cluster=cluster, at=_time_back(key), impl=impl)
+                            for key, t, impl in samples
+                        )  # fmt: skip
+                    out.extend(
+                        Observation(situation, backend.value, n.pod, None, ok=False,
+                                    cluster=n.cluster, at=n.at, error=n.error)
+                        for n in tally.failures.values()
+                    )  # fmt: skip
+        return out
 
     def with_observations(self, observations: Iterable[Observation]) -> EvidenceIndex:
-        """A new index with ``observations`` folded in; this one is unchanged."""
-        return EvidenceIndex(
-            observations,
+        """A new index with ``observations`` folded in; this one is unchanged (a copy:
+        for tests and previews, not for the service's reports)."""
+        new = EvidenceIndex(
+            self.counted(),
             min_samples=self.min_samples,
             min_pods=self.min_pods,
             failure_policy=self.failure_policy,
-            _groups=self._groups,
+            per_pod=self.per_pod,
         )
-
-    def group(self, situation: Situation | None) -> Group:
-        return {} if situation is None else self._groups.get(situation, {})
-
-    def samples(self, situation: Situation, backend: Backend) -> list[tuple[str, str, float]]:
-        """(cluster, pod, TFLOP/s) of every counted sample of ``backend`` there."""
-        stats = self._groups.get(situation, {}).get(backend)
-        return [] if stats is None else list(stats.by_pod)
+        new.add(observations)
+        return new
 
     def exclusions(self, situation: Situation | None, now: datetime) -> dict[Backend, str]:
         """Backends the failure policy excludes in ``situation``, with the reason."""
         out: dict[Backend, str] = {}
         for backend, stats in self.group(situation).items():
             if stats.failures:
-                reason = self.failure_policy.exclusion(stats.failures, now)
+                reason = self.failure_policy.exclusion_of_latest(stats.failures, now)
                 if reason is not None:
                     out[backend] = reason
         return out
@@ -275,7 +667,7 @@ class EvidenceIndex:
             for b in valid
             if b in group
             and group[b].samples >= self.min_samples
-            and len(group[b].pods) >= self.min_pods
+            and group[b].pods >= self.min_pods
         ]
         ranked.sort(key=lambda bs: (-(bs[1].median_tflops or 0.0), order[bs[0]]))
         return ranked
@@ -292,7 +684,7 @@ class EvidenceIndex:
             backend=best,
             median_tflops=round(best_tflops, 3),
             samples=stats.samples,
-            pods=len(stats.pods),
+            pods=stats.pods,
             runner_up=None if runner is None else runner[0],
             runner_up_tflops=None if runner_tflops is None else round(runner_tflops, 3),
             margin=None
@@ -302,10 +694,12 @@ class EvidenceIndex:
 
     def summary(self, now: datetime | None = None) -> list[dict[str, Any]]:
         now = now or datetime.now(UTC)
+        with self._lock:
+            published = dict(self._published)
         out = []
-        for situation in sorted(self._groups):
+        for situation in sorted(published):
             excluded = self.exclusions(situation, now)
-            for backend, stats in sorted(self._groups[situation].items()):
+            for backend, stats in sorted(published[situation].items()):
                 median = stats.median_tflops
                 out.append(
                     {
@@ -318,7 +712,7 @@ class EvidenceIndex:
                         "impls": sorted(stats.impls),
                         "packages": json.loads(situation.packages),
                         "samples": stats.samples,
-                        "pods": len(stats.pods),
+                        "pods": stats.pods,
                         "failures": len(stats.failures),
                         "excluded": excluded.get(backend),
                         "median_tflops": None if median is None else round(median, 3),
@@ -327,11 +721,23 @@ class EvidenceIndex:
         return out
 
 
+def _backend(name: str) -> Backend | None:
+    try:
+        return Backend(name)
+    except ValueError:
+        return None
+
+
+def _time_back(key: float) -> datetime | None:
+    return None if key == -math.inf else datetime.fromtimestamp(key, UTC)
+
+
 def observations_of_report(
     report: MeasurementReport, at: datetime | None = None, report_id: str | None = None
 ) -> list[Observation]:
     """The observations a measurement report contributes (none without a GPU); each
-    names its source (``report_id`` and the result's index), as the store's read does."""
+    names its source (``report_id`` and the result's index): the store's read names the
+    same report (:func:`report_key`), so a replica counts it once."""
     cap = report.device.capability
     if cap is None:
         return []
@@ -362,7 +768,16 @@ def observations_of_report(
 
 
 def measurement_source(report_id: str, index: int) -> str:
+    """One result's source: its report, and its place in it (or its stored row's id)."""
     return f"m:{report_id}:{index}"
+
+
+def report_key(source: str) -> str:
+    """What tells one stored report from another: a measurement's report (all its
+    results are stored and applied together), or a failure's own source."""
+    if source.startswith("m:"):
+        return source.rsplit(":", 1)[0]
+    return source
 
 
 def failure_source(decision_id: str, backend: str, error: str) -> str:
@@ -395,5 +810,5 @@ def failure_observation(
     )
 
 
-EMPTY = EvidenceIndex()
+EMPTY = EvidenceIndex().freeze()
 """No evidence: what the agent's local fallback and a preview without a store use."""

@@ -8,11 +8,11 @@ are in a stage is the evaluator's ``in_stage``.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from mla_switchboard.core.evidence import BackendStats
+from mla_switchboard.core.evidence import PodSample
 from mla_switchboard.core.schemas import (
     Override,
     OverrideSpec,
@@ -102,24 +102,26 @@ def slowdown(
     override: Override,
     staged: str,
     without: str,
-    group: dict[str, BackendStats],
+    samples: Callable[[str], Sequence[PodSample]],
     in_stage: Callable[[str, str], bool],
 ) -> Slowdown | None:
     """The guard on speed: compare the stage pods' own samples of the backend the
     override gives them with their samples of the one they would run without it
-    (at least 3 samples from 2 pods each, in one situation)."""
+    (at least 3 samples from 2 pods each, in one situation). ``samples(backend)`` gives
+    a backend's counted (cluster, pod, TFLOP/s) samples in that situation
+    (``EvidenceIndex.samples``)."""
     r = override.rollout
-    if r is None or staged == without or staged not in group or without not in group:
+    if r is None or staged == without:
         return None
 
-    def stage_samples(stats: BackendStats) -> tuple[list[float], set[str]]:
-        picked = [(c, p, t) for c, p, t in stats.by_pod if in_stage(c, p)]
+    def stage_samples(backend: str) -> tuple[list[float], set[str]]:
+        picked = [(c, p, t) for c, p, t in samples(backend) if in_stage(c, p)]
         return [t for _, _, t in picked], {f"{c}/{p}" for c, p, _ in picked}
 
-    on, on_pods = stage_samples(group[staged])
-    off, off_pods = stage_samples(group[without])
+    on, on_pods = stage_samples(staged)
     if len(on) < MIN_SAMPLES or len(on_pods) < MIN_PODS:
         return None
+    off, off_pods = stage_samples(without)
     if len(off) < MIN_SAMPLES or len(off_pods) < MIN_PODS:
         return None
     on_median, off_median = statistics.median(on), statistics.median(off)

@@ -190,6 +190,7 @@ SETTING_HELP = {
     "measured_min_samples": "measurements a backend needs before evidence ranks it",
     "measured_min_pods": "distinct pods those measurements must come from",
     "measured_max_age_days": "measurements older than this are ignored",
+    "measured_samples_per_pod": "a pod's most recent results that count per situation and backend",
 }
 
 

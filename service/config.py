@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     measured_min_samples: int = Field(default=3, ge=1)
     measured_min_pods: int = Field(default=2, ge=1)
     measured_max_age_days: float = Field(default=30.0, gt=0)
+    # Per situation, backend and pod only this many of the pod's most recent results
+    # count (core/evidence.py): memory and ranking cost follow pods, not history.
+    measured_samples_per_pod: int = Field(default=8, ge=1, le=1000)
     # The failure policy (core/evidence.py FailurePolicy): under policy measured, a
     # backend is excluded for a situation while at least this many pods reported it
     # failing within the window; older failures expire by themselves.

@@ -4,7 +4,9 @@
 (one attribute read, swapped atomically). A poller reloads the snapshot when another
 replica bumps ``config_version``, so a write on one replica is honoured by all within
 ``config_poll_s`` (0.5 s by default). When the database is unreachable the last
-snapshot stays in force and the service reports itself degraded, not unready.
+snapshot stays in force and the service reports itself degraded, not unready. The
+same read hands the evidence versions on (``on_versions``): the evidence is read and
+applied by ``service/evidence_sync.py`` in a thread of its own.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
@@ -28,18 +30,12 @@ class LiveConfig:
         store: Store,
         metrics: Metrics,
         poll_s: float,
-        on_evidence: Callable[[], None] = lambda: None,
-        evidence_refresh_s: float = 60.0,
+        on_versions: Callable[[Mapping[str, int]], None] = lambda _versions: None,
         on_snapshot: Callable[[ConfigSnapshot], None] = lambda _snap: None,
-        on_versions: Callable[[dict[str, int]], None] = lambda _versions: None,
     ) -> None:
-        self._on_versions = on_versions
         self._store = store
         self._on_snapshot = on_snapshot
-        self._on_evidence = on_evidence
-        self._evidence_version: int | None = None
-        self._evidence_refresh_s = evidence_refresh_s
-        self._evidence_loaded_at = 0.0
+        self._on_versions = on_versions  # the evidence's versions ride on the same read
         self._metrics = metrics
         self._poll_s = poll_s
         self._stop = threading.Event()
@@ -62,14 +58,8 @@ class LiveConfig:
 
     def start(self) -> None:
         self.reload()
-        self._evidence_version = self._store.versions().get("evidence_version")
-        self._reload_evidence()
         self._thread = threading.Thread(target=self._poll, name="config-poller", daemon=True)
         self._thread.start()
-
-    def _reload_evidence(self) -> None:
-        self._on_evidence()
-        self._evidence_loaded_at = time.monotonic()
 
     def stop(self) -> None:
         self._stop.set()
@@ -80,18 +70,13 @@ class LiveConfig:
         while not self._stop.wait(self._poll_s):
             try:
                 versions = self._store.versions()
-                self._on_versions(versions)
                 version = versions.get("config_version", 0)
                 if self.snapshot is None or version != self.snapshot.version:
                     self.reload()
                 else:
                     self.checked_at = time.monotonic()
-                evidence = versions.get("evidence_version")
-                stale = time.monotonic() - self._evidence_loaded_at > self._evidence_refresh_s
-                if evidence != self._evidence_version or stale:
-                    # periodic too: evidence ages out of its window without any write
-                    self._evidence_version = evidence
-                    self._reload_evidence()
+                # never blocks: the fleet and the evidence are read elsewhere
+                self._on_versions(versions)
                 if self.degraded is not None:
                     log.warning("config store reachable again")
                 self.degraded = None

@@ -137,7 +137,7 @@ class RolloutGuards:
                 o,
                 with_it.backend.value,
                 without.backend.value,
-                dict(inputs.evidence.group(situation)),  # type: ignore[arg-type]
+                lambda backend: inputs.evidence.samples(situation, backend),
                 member,
             )
             if found is None:

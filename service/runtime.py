@@ -11,11 +11,12 @@ import logging
 import sys
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observation
 from mla_switchboard.service.config import Settings
+from mla_switchboard.service.evidence_sync import EvidenceSync
 from mla_switchboard.service.fleet import Fleet
 from mla_switchboard.service.fleet_reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
@@ -39,18 +40,25 @@ class Runtime:
         self.engine = make_engine(settings.database_url)
         self.store = Store(self.engine)
         self.fleet = Fleet(self.store)
-        self._evidence = self._new_index([])
         self._evidence_version = 0
         self._inputs_lock = threading.RLock()
-        self._local_added: list[Observation] = []  # applied here since a reload began
         self._inputs: DecisionInputs | None = None
+        # measured selection trusts only some clusters' evidence (service/trust.py);
+        # the indexes are kept up to date off the event loop (service/evidence_sync.py)
+        self.trusted = TrustedEvidence(self._new_index, on_change=self._evidence_changed)
+        self.evidence_sync = EvidenceSync(
+            self.store,
+            self.trusted,
+            max_age=timedelta(days=settings.measured_max_age_days),
+            poll_s=settings.config_poll_s,
+            on_change=self._evidence_changed,
+        )
         self.live = LiveConfig(
             self.store,
             self.metrics,
             settings.config_poll_s,
-            on_evidence=self.reload_evidence,
+            on_versions=self._versions_seen,
             on_snapshot=lambda _snap: self._publish(),
-            on_versions=lambda versions: self.fleet.saw(versions.get("fleet_version", 0)),
         )
         self.recorder = DecisionRecorder(
             self.store,
@@ -61,8 +69,6 @@ class Runtime:
             spill_path=settings.resolved_spill_path(),
             shutdown_flush_s=settings.shutdown_flush_s,
         )
-        # measured selection trusts only some clusters' evidence (service/trust.py)
-        self.trusted = TrustedEvidence(self._new_index)
         self.selector = Selector(inputs_for=self.trusted.inputs_for)
         Gauge(
             "switchboard_config_staleness_seconds",
@@ -75,6 +81,12 @@ class Runtime:
             settings.admin_token.get_secret_value() if settings.admin_token else None
         )
 
+    def _versions_seen(self, versions: dict[str, int]) -> None:
+        """What the config poller read of the store's counters: other replicas'
+        decisions (``fleet_version``) and evidence (``evidence_version``, its epoch)."""
+        self.fleet.saw(versions.get("fleet_version", 0))
+        self.evidence_sync.notify(versions)
+
     def prepare_store(self) -> None:
         """Migrate and seed; safe to run from several replicas at once."""
         migrate(self.engine)
@@ -84,6 +96,7 @@ class Runtime:
         self.prepare_store()
         self.recorder.replay_spill()  # a previous shutdown's decisions, before any new
         self.live.start()
+        self.evidence_sync.start()  # the first full load, before the first request
         self.recorder.start()
         self.rollouts.start()
         # Everything loaded so far (modules, schemas, the snapshot) lives as long as the
@@ -100,38 +113,46 @@ class Runtime:
     def stop(self) -> None:
         self.rollouts.stop()
         self.recorder.stop()
+        self.evidence_sync.stop()
         self.live.stop()
         self.engine.dispose()
 
-    def _new_index(self, observations: list[Observation]) -> EvidenceIndex:
+    def _new_index(self) -> EvidenceIndex:
         s = self.settings
         return EvidenceIndex(
-            observations,
             min_samples=s.measured_min_samples,
             min_pods=s.measured_min_pods,
             failure_policy=FailurePolicy(
                 min_pods=s.failure_min_pods, window=timedelta(hours=s.failure_window_hours)
             ),
+            per_pod=s.measured_samples_per_pod,
         )
 
-    def _publish(self, evidence: EvidenceIndex | None = None) -> None:
+    def _publish(self, evidence_changed: bool = False) -> None:
         """Build the one ``DecisionInputs`` every decision reads and swap it in.
 
         Called whenever the config snapshot or the evidence changes; the hot path only
-        ever reads ``self.inputs`` (one attribute), never a half-applied change."""
+        ever reads ``self.inputs`` (one attribute), never a half-applied change. The
+        evidence index of every trust scope the snapshot's overrides name is built
+        here, before the snapshot is in force, so no decision has to build one. A new
+        evidence version drops the decisions cached under the old one."""
         with self._inputs_lock:
-            if evidence is not None:
-                self._evidence = evidence
-                self._evidence_version += 1
             snap = self.live.snapshot
+            if snap is not None and self.trusted.ensure_scopes(snap.overrides):
+                evidence_changed = True
+            if evidence_changed:
+                self._evidence_version += 1
             if snap is None:
                 return
             self._inputs = DecisionInputs(
                 rules=snap.rules,
                 overrides=snap.overrides,
-                evidence=self._evidence,
+                evidence=self.trusted.all,
                 tag=(snap.version, self._evidence_version),
             )
+
+    def _evidence_changed(self) -> None:
+        self._publish(evidence_changed=True)
 
     @property
     def inputs(self) -> DecisionInputs:
@@ -140,29 +161,14 @@ class Runtime:
         return inputs
 
     def reload_evidence(self) -> None:
-        """Rebuild the measured-selection index from the store (last N days only).
-
-        A report this replica applied while the store was being read may be missing
-        from the read (its commit came after the read's snapshot): it is kept, unless
-        the read has it already (same source), so "this replica at once" holds."""
-        since = datetime.now(UTC) - timedelta(days=self.settings.measured_max_age_days)
-        with self._inputs_lock:
-            self._local_added = []
-        observations = self.store.evidence(since)
-        with self._inputs_lock:
-            have = {o.source for o in observations if o.source}
-            late = [o for o in self._local_added if not o.source or o.source not in have]
-            observations = [*observations, *late]
-            self._local_added = []
-            self._publish(self._new_index(observations))
-            self.trusted.reset(observations, self._evidence_version)
+        """Rebuild every evidence index from the store (the window only) in this
+        thread and swap them in (at start, and after an admin cleared failures)."""
+        self.evidence_sync.full_reload()
 
     def add_evidence(self, observations: list[Observation]) -> None:
-        """This replica's own new evidence, applied at once without a store read."""
-        with self._inputs_lock:  # read-modify-write: two reports must not lose one
-            self._local_added.extend(observations)
-            self._publish(self._evidence.with_observations(observations))
-            self.trusted.extend(observations, self._evidence_version)
+        """This replica's own new evidence (already stored), applied at once without a
+        store read; other replicas read it from the store."""
+        self.evidence_sync.apply_local(observations)
 
     @property
     def snapshot(self) -> ConfigSnapshot:
@@ -182,4 +188,4 @@ class Runtime:
         return limit is not None and age is not None and age > limit
 
     def degraded(self) -> str | None:
-        return self.recorder.degraded or self.live.degraded
+        return self.recorder.degraded or self.live.degraded or self.evidence_sync.degraded

@@ -1,11 +1,11 @@
-"""Whose benchmarks a decision trusts (issue 13: evidence nobody can forge).
+"""Whose benchmarks a decision trusts (evidence nobody can forge).
 
 Measured selection ranks backends by the fleet's own reports. A report is evidence
 only from a pod the service decided for (``POST /v1/measurements``), and, on top of
 that, a pod under policy ``measured`` trusts only the reports of some clusters:
 
 - by default its **own cluster** only: a token limited to ``prod-*`` can then sway
-  ``prod-*`` pods at most, never ``dev-victim``'s (the finding);
+  ``prod-*`` pods at most, never ``dev-victim``'s;
 - an override's ``trust_clusters: [globs]`` widens (or moves) that, e.g. a fleet
   override ``{"policy": "measured", "trust_clusters": ["bench-*"]}`` lets every pod
   use the benchmark clusters' figures. The most specific override in force that sets
@@ -13,26 +13,44 @@ that, a pod under policy ``measured`` trusts only the reports of some clusters:
 
 Failure evidence (wrong results, build failures) is narrowed the same way: failures
 forged in one cluster for every other backend would otherwise push other clusters'
-pods onto the one left (the finding's TORCH_SDPA, by exclusion instead of by speed).
-To let failures seen in staging protect prod, say so: ``trust_clusters: ["prod-*",
-"staging"]`` on prod's override. Indexes are built per trust scope on first use and
-kept until the evidence changes.
+pods onto the one left (TORCH_SDPA, by exclusion instead of by speed). To let failures
+seen in staging protect prod, say so: ``trust_clusters: ["prod-*", "staging"]`` on
+prod's override.
+
+How the indexes are kept, so that no decision ever builds one: every cluster that
+reported has an index of its own (the default scope; a new cluster's is made when its
+first report is added), ``*`` is the all-clusters index, and each other scope that an
+override names (``bench-*``, or several clusters) has an index built when the
+configuration that names it is published, before any decision can use it (in the
+config poller's or the admin write's thread). Every new observation goes into each
+index whose scope trusts its cluster. A decision on the event loop that still meets a
+scope without an index (a race with a configuration change) is answered from an empty
+index, so the priority list decides and says why, and the index is built in the
+background; any other thread (a preview, a guard) builds it and waits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
+import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.evidence import EvidenceIndex, Observation
-from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.core.schemas import Override, SelectRequest
+
+log = logging.getLogger("switchboard.trust")
 
 Scope = tuple[bool, tuple[str, ...]]
 """(set by an override, the cluster globs trusted)"""
+Globs = tuple[str, ...]
+"""A scope's globs, sorted and without repeats: what its index is filed under"""
+
+GLOB_CHARS = frozenset("*?[")
 
 
 def trust_scope(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> Scope:
@@ -44,46 +62,186 @@ def trust_scope(request: SelectRequest, inputs: DecisionInputs, now: datetime) -
     return trusted
 
 
-def _trusted(o: Observation, scope: Scope) -> bool:
-    return any(fnmatch.fnmatchcase(o.cluster, glob) for glob in scope[1])
+def scopes_of(overrides: Iterable[Override]) -> set[Globs]:
+    """The scopes that ``overrides`` name and that need an index of their own."""
+    named = (_globs(o.trust_clusters) for o in overrides if o.trust_clusters is not None)
+    return {globs for globs in named if _own_index(globs)}
+
+
+def _globs(globs: Sequence[str]) -> Globs:
+    return tuple(sorted(set(globs)))
+
+
+def _literal(glob: str) -> bool:
+    return not GLOB_CHARS.intersection(glob)
+
+
+def _own_index(globs: Globs) -> bool:
+    """Whether a scope needs an index of its own: not ``*`` (the all-clusters index)
+    and not one cluster by name (that cluster's index)."""
+    return "*" not in globs and not (len(globs) == 1 and _literal(globs[0]))
+
+
+def _trusts(globs: Globs, cluster: str) -> bool:
+    return any(fnmatch.fnmatchcase(cluster, glob) for glob in globs)
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class Indexes:
+    """One consistent set of indexes over the same evidence: all clusters, one per
+    cluster, and one per scope an override names. Changed only under
+    :class:`TrustedEvidence`'s lock (or before it is published, while it is built)."""
+
+    def __init__(self, make_index: Callable[[], EvidenceIndex], scopes: Iterable[Globs]) -> None:
+        self._make_index = make_index
+        self.all = make_index()
+        self.clusters: dict[str, EvidenceIndex] = {}
+        self.scopes: dict[Globs, EvidenceIndex] = {globs: make_index() for globs in scopes}
+
+    def add(self, observations: Iterable[Observation]) -> bool:
+        """Every observation into each index whose scope trusts its cluster."""
+        batch = list(observations)
+        if not self.all.add(batch):
+            return False  # what the all-clusters index ignores, every other one ignores
+        by_cluster: dict[str, list[Observation]] = {}
+        for o in batch:
+            by_cluster.setdefault(o.cluster, []).append(o)
+        for cluster, mine in by_cluster.items():
+            index = self.clusters.get(cluster)
+            if index is None:
+                index = self.clusters[cluster] = self._make_index()
+            index.add(mine)
+            for globs, scoped in self.scopes.items():
+                if _trusts(globs, cluster):
+                    scoped.add(mine)
+        return True
+
+    def build_scope(self, globs: Globs) -> EvidenceIndex:
+        """A new scope's index, from the indexes of the clusters it trusts."""
+        index = self._make_index()
+        for cluster, mine in list(self.clusters.items()):
+            if _trusts(globs, cluster):
+                index.add(mine.counted())
+        return index
+
+    def every_index(self) -> list[EvidenceIndex]:
+        return [self.all, *self.clusters.values(), *self.scopes.values()]
 
 
 class TrustedEvidence:
-    """Evidence indexes narrowed to trust scopes, over one set of observations."""
+    """The evidence indexes narrowed to trust scopes, kept up to date incrementally.
 
-    def __init__(self, make_index: Callable[[list[Observation]], EvidenceIndex]) -> None:
+    Writers (:meth:`add`, :meth:`swap`, :meth:`ensure_scopes`, :meth:`prune`) take one
+    lock; a decision (:meth:`inputs_for`) takes none: it reads the current
+    :class:`Indexes` (one attribute) and one dict entry of it."""
+
+    def __init__(
+        self,
+        make_index: Callable[[], EvidenceIndex],
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
         self._make_index = make_index
+        self._on_change = on_change  # a scope built late: decisions cached without it go
         self._lock = threading.Lock()
-        self._observations: tuple[Observation, ...] = ()
-        self._version = -1
-        self._indexes: dict[Scope, EvidenceIndex] = {}
+        self._current = Indexes(make_index, ())
+        self._empty = make_index().freeze()
+        self._wanted: set[Globs] = set()  # the scopes the last configuration named
+        self._building: set[Globs] = set()
+        self._building_lock = threading.Lock()
 
-    def reset(self, observations: Sequence[Observation], version: int) -> None:
-        with self._lock:
-            self._observations = tuple(observations)
-            self._version = version
-            self._indexes = {}
+    @property
+    def all(self) -> EvidenceIndex:
+        """Every cluster's evidence (the summary's, the guards', a ``*`` scope's)."""
+        return self._current.all
 
-    def extend(self, observations: Sequence[Observation], version: int) -> None:
-        """Fold a report into the indexes already built (each takes what its scope
-        trusts), rather than dropping them: otherwise every report made the next
-        decision of every scope rebuild its index from all observations on the hot
-        path."""
+    def add(self, observations: Iterable[Observation]) -> bool:
+        """New observations into every index that trusts them; True when any changed."""
         with self._lock:
-            self._observations = self._observations + tuple(observations)
-            self._version = version
-            self._indexes = {
-                scope: index.with_observations([o for o in observations if _trusted(o, scope)])
-                for scope, index in self._indexes.items()
-            }
+            return self._current.add(observations)
+
+    def fresh(self) -> Indexes:
+        """An empty set of indexes with the current scopes, for a full rebuild."""
+        return Indexes(self._make_index, list(self._current.scopes))
+
+    def swap(self, fresh: Indexes) -> None:
+        """Put a rebuilt set in force, with any scope named while it was built."""
+        with self._lock:
+            for globs in self._current.scopes.keys() - fresh.scopes.keys():
+                fresh.scopes[globs] = fresh.build_scope(globs)
+            self._current = fresh
+
+    def ensure_scopes(self, overrides: Iterable[Override]) -> bool:
+        """Build the index of every scope ``overrides`` name that has none yet (before
+        a configuration naming them is published); drop those that neither this nor
+        the previous configuration names. True when one was built."""
+        wanted = scopes_of(overrides)
+        built = False
+        with self._lock:
+            current = self._current
+            for globs in sorted(wanted - current.scopes.keys()):
+                current.scopes[globs] = current.build_scope(globs)
+                built = True
+            for globs in list(current.scopes):
+                if globs not in wanted and globs not in self._wanted:
+                    del current.scopes[globs]
+            self._wanted = wanted
+        return built
+
+    def prune(self, now: datetime, max_age: timedelta) -> bool:
+        """Drop expired evidence from every index (see ``EvidenceIndex.prune``)."""
+        with self._lock:
+            changed = [index.prune(now, max_age) for index in self._current.every_index()]
+        return any(changed)
 
     def index(self, scope: Scope) -> EvidenceIndex:
-        with self._lock:
-            found = self._indexes.get(scope)
-            if found is None:
-                found = self._make_index([o for o in self._observations if _trusted(o, scope)])
-                self._indexes[scope] = found
+        """The index of ``scope``; never built on the event loop (module docstring)."""
+        current = self._current
+        globs = _globs(scope[1])
+        if "*" in globs:
+            return current.all
+        if len(globs) == 1 and _literal(globs[0]):
+            return current.clusters.get(globs[0], self._empty)
+        found = current.scopes.get(globs)
+        if found is not None:
             return found
+        if _on_event_loop():
+            self._build_later(globs)
+            return self._empty
+        with self._lock:
+            current = self._current
+            found = current.scopes.get(globs)
+            if found is None:
+                found = current.scopes[globs] = current.build_scope(globs)
+            return found
+
+    def _build_later(self, globs: Globs) -> None:
+        with self._building_lock:
+            if globs in self._building:
+                return
+            self._building.add(globs)
+        threading.Thread(
+            target=self._build, args=(globs,), name="evidence-scope", daemon=True
+        ).start()
+
+    def _build(self, globs: Globs) -> None:
+        try:
+            with self._lock:
+                current = self._current
+                if globs not in current.scopes:
+                    current.scopes[globs] = current.build_scope(globs)
+            self._on_change()
+        except Exception:  # a thread of its own: say why, the next decision tries again
+            log.exception("building the evidence index of scope %s", globs)
+        finally:
+            with self._building_lock:
+                self._building.discard(globs)
 
     def inputs_for(
         self, request: SelectRequest, inputs: DecisionInputs, now: datetime

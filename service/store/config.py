@@ -59,7 +59,7 @@ class ConfigStore:
                 )
                 .on_conflict_do_nothing(index_elements=["revision"])
             )
-            for key in ("config_version", "evidence_version", "fleet_version"):
+            for key in ("config_version", "evidence_version", "evidence_epoch", "fleet_version"):
                 s.execute(
                     insert(Meta)
                     .values(key=key, value=1)
@@ -70,7 +70,9 @@ class ConfigStore:
         return self.versions().get("config_version", 0)
 
     def versions(self) -> dict[str, int]:
-        """``config_version`` and ``evidence_version`` in one round trip (the poller's)."""
+        """``config_version``, ``evidence_version`` (bumped by every new evidence row) and
+        ``evidence_epoch`` (bumped when evidence is cleared) in one round trip (the
+        poller's)."""
         with Session(self.engine) as s:
             return {k: v for k, v in s.execute(select(Meta.key, Meta.value))}
 

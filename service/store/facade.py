@@ -51,4 +51,7 @@ class Store:
         self.record_failure = m.record_failure
         self.failures_for = m.failures_for
         self.evidence = m.evidence
+        self.first_id = m.first_id
+        self.measurement_rows = m.measurement_rows
+        self.failure_rows = m.failure_rows
         self.clear_failures = m.clear_failures

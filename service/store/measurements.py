@@ -6,7 +6,8 @@ this module only maps columns to its functions' arguments.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,8 +26,29 @@ from mla_switchboard.service.shapes import request_from_shape
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import aware, bump
 from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow, ShapeRow
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
+
+PAGE_ROWS = 5000
+"""Rows per page of a full read: its memory stays bounded whatever the history."""
+
+
+@dataclass
+class EvidenceRows:
+    """One read of an evidence table: the id of every row read (counted or not, so
+    the reader knows which ids it has seen) and the observations that count."""
+
+    observations: list[Observation] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    more: bool = False  # the page was full: read on from its last id
+    _situations: dict[tuple[str, ...], Situation] = field(default_factory=dict, repr=False)
+
+    def situation(self, *parts: str) -> Situation:
+        """One ``Situation`` object per distinct situation of a read, not one per row."""
+        found = self._situations.get(parts)
+        if found is None:
+            found = self._situations[parts] = Situation(*parts)
+        return found
 
 
 class MeasurementStore:
@@ -115,78 +137,106 @@ class MeasurementStore:
             ]
 
     def evidence(self, since: datetime) -> list[Observation]:
-        """Measured results since ``since``, plus build failures pods reported on
-        decisions made since then (keyed by the situation of the failing pod); what an
-        admin cleared is left out."""
+        """Every counted observation since ``since`` (measured results, then build
+        failures), read in pages: a convenience over :meth:`measurement_rows` and
+        :meth:`failure_rows` for tools and tests."""
         out: list[Observation] = []
-        m = MeasurementRow
+        for failures in (False, True):
+            read = self.failure_rows if failures else self.measurement_rows
+            after = self.first_id(failures, since) - 1
+            while True:
+                page = read(since, after=after)
+                out.extend(page.observations)
+                if not page.more:
+                    break
+                after = page.ids[-1]
+        return out
+
+    def first_id(self, failures: bool, since: datetime) -> int:
+        """The lowest row id (of ``failures`` or of measurements) stored at or after
+        ``since``, or one past the highest when there is none: where a full read starts
+        (found through the ``at`` index, not by scanning older history)."""
+        table = FailureRow if failures else MeasurementRow
         with self.engine.connect() as conn:
-            q = select(
-                m.device_name, m.capability, m.dims, m.dtype, m.packages, m.engine,
-                m.backend, m.pod, m.cluster, m.at, m.tflops, m.correct, m.error, m.impl,
-                m.report_id,
-            ).where(m.at >= since, m.capability.is_not(None), m.cleared_at.is_(None))  # fmt: skip
-            # only reports from pods the service decided for count (issue 13)
-            q = q.where(m.counted.is_(True)).order_by(m.id)
-            index: dict[str, int] = {}  # a result's place in its report: its source
+            first = conn.scalar(select(func.min(table.id)).where(table.at >= since))
+            if first is None:
+                first = (conn.scalar(select(func.max(table.id))) or 0) + 1
+        return int(first)
+
+    def measurement_rows(
+        self,
+        since: datetime,
+        *,
+        after: int | None = None,
+        ids: Collection[int] = (),
+        limit: int = PAGE_ROWS,
+    ) -> EvidenceRows:
+        """Measurement rows with an id above ``after`` (ordered by id, at most
+        ``limit``), or those with the given ``ids``: every row read is in ``ids`` of
+        the answer, and those that count (from pods the service decided for, not
+        cleared, not older than ``since``, with a GPU) are its observations."""
+        m = MeasurementRow
+        q = select(
+            m.id, m.device_name, m.capability, m.dims, m.dtype, m.packages, m.engine,
+            m.backend, m.pod, m.cluster, m.at, m.tflops, m.correct, m.error, m.impl,
+            m.report_id, m.counted, m.cleared_at,
+        )  # fmt: skip
+        q = _page(q, m.id, after, ids, limit)
+        out = EvidenceRows()
+        with self.engine.connect() as conn:
             for row in conn.execute(q):
-                device, cap, dims, dtype, pkgs, engine, backend, pod, cluster, at = row[:10]
-                tflops, ok, error, impl, report_id = row[10:]
-                index[report_id] = index.get(report_id, -1) + 1
-                out.append(
+                out.ids.append(row[0])
+                device, cap, dims, dtype, pkgs, engine, backend, pod, cluster, at = row[1:11]
+                tflops, ok, error, impl, report_id, counted, cleared_at = row[11:]
+                at = aware(at)
+                if not counted or cleared_at is not None or cap is None or at < since:
+                    continue
+                out.observations.append(
                     Observation(
-                        Situation(device, cap, dims, dtype, pkgs, engine),
+                        out.situation(device, cap, dims, dtype, pkgs, engine),
                         backend,
                         pod,
                         tflops,
                         ok=bool(ok),
                         cluster=cluster,
-                        at=aware(at),
+                        at=at,
                         error=error if error is not None else (None if ok else "wrong result"),
                         impl=impl,
-                        source=measurement_source(report_id, index[report_id]),
+                        source=measurement_source(report_id, row[0]),
                     )
                 )
-            failures = conn.execute(self._failures(since))
-            for (
-                backend,
-                error,
-                at,
-                request_json,
-                shape_json,
-                cluster,
-                node,
-                pod,
-                decision_id,
-            ) in failures:
+        out.more = after is not None and len(out.ids) >= limit
+        return out
+
+    def failure_rows(
+        self,
+        since: datetime,
+        *,
+        after: int | None = None,
+        ids: Collection[int] = (),
+        limit: int = PAGE_ROWS,
+    ) -> EvidenceRows:
+        """Build-failure rows, as :meth:`measurement_rows` reads measurements: each
+        keyed by the situation of the failing pod's decision (what an admin cleared,
+        or older than ``since``, does not count)."""
+        q = _page(_failures_with_requests(), FailureRow.id, after, ids, limit)
+        out = EvidenceRows()
+        with self.engine.connect() as conn:
+            for row in conn.execute(q):
+                fid, backend, error, at, cleared_at, request_json, shape_json = row[:7]
+                cluster, node, pod, decision_id = row[7:]
+                out.ids.append(fid)
+                at = aware(at)
+                if cleared_at is not None or at < since:
+                    continue
                 request = _request(request_json, shape_json, cluster, node, pod)
                 if request is None:
                     continue  # recorded under an older schema
-                observation = failure_observation(
-                    request, backend, error, aware(at), pod, decision_id
-                )
+                observation = failure_observation(request, backend, error, at, pod, decision_id)
                 if observation is not None:
-                    out.append(observation)
+                    out.observations.append(observation)
+        out.more = after is not None and len(out.ids) >= limit
         return out
-
-    @staticmethod
-    def _failures(since: datetime) -> Any:
-        return (
-            select(
-                FailureRow.backend,
-                FailureRow.error,
-                FailureRow.at,
-                DecisionRow.request,
-                ShapeRow.request,
-                DecisionRow.cluster,
-                DecisionRow.node,
-                DecisionRow.pod,
-                FailureRow.decision_id,
-            )
-            .join(DecisionRow, DecisionRow.id == FailureRow.decision_id)
-            .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
-            .where(FailureRow.at >= since, FailureRow.cleared_at.is_(None))
-        )
 
     def clear_failures(
         self, situation: Situation, backend: str | None, *, actor: str, note: str
@@ -210,25 +260,12 @@ class MeasurementStore:
                 wrong.append(m.backend == backend)
             cleared = s.execute(update(m).where(*wrong).values(cleared_at=now)).rowcount or 0
             ids = []
-            q = (
-                select(
-                    FailureRow.id,
-                    FailureRow.backend,
-                    DecisionRow.request,
-                    ShapeRow.request,
-                    DecisionRow.cluster,
-                    DecisionRow.node,
-                    DecisionRow.pod,
-                )
-                .join(DecisionRow, DecisionRow.id == FailureRow.decision_id)
-                .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
-            )
-            for fid, fbackend, request_json, shape_json, cluster, node, pod in s.execute(
-                q.where(FailureRow.cleared_at.is_(None))
-            ):
+            q = _failures_with_requests().where(FailureRow.cleared_at.is_(None))
+            for row in s.execute(q):
+                fid, fbackend, request_json, shape_json = row[0], row[1], row[5], row[6]
                 if backend is not None and fbackend != backend:
                     continue
-                request = _request(request_json, shape_json, cluster, node, pod)
+                request = _request(request_json, shape_json, row[7], row[8], row[9])
                 if request is not None and situation_of(request) == situation:
                     ids.append(fid)
             if ids:
@@ -245,7 +282,39 @@ class MeasurementStore:
                 preview=None,
             )
             bump(s, "evidence_version")
+            # every replica rebuilds its evidence from the store: the incremental read
+            # only adds rows, it never sees that old ones were cleared
+            bump(s, "evidence_epoch")
         return cleared
+
+
+def _page(q: Any, id_column: Any, after: int | None, ids: Collection[int], limit: int) -> Any:
+    if after is not None:
+        return q.where(id_column > after).order_by(id_column).limit(limit)
+    return q.where(id_column.in_(sorted(ids))).order_by(id_column)
+
+
+def _failures_with_requests() -> Any:
+    """Failure rows with what their decision recorded: (id, backend, error, at,
+    cleared_at, request JSON, shape JSON, cluster, node, pod, decision id). Outer joins,
+    so a failure row is read (its id seen) even when its decision cannot be."""
+    return (
+        select(
+            FailureRow.id,
+            FailureRow.backend,
+            FailureRow.error,
+            FailureRow.at,
+            FailureRow.cleared_at,
+            DecisionRow.request,
+            ShapeRow.request,
+            DecisionRow.cluster,
+            DecisionRow.node,
+            DecisionRow.pod,
+            FailureRow.decision_id,
+        )
+        .join(DecisionRow, DecisionRow.id == FailureRow.decision_id, isouter=True)
+        .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
+    )
 
 
 def _request(

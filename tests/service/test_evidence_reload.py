@@ -1,42 +1,285 @@
-"""A report this replica applies while it rebuilds the evidence from the store is not
-lost by the rebuild (it used to vanish until the next poll: "this replica at once")."""
+"""A replica's evidence follows the store without rebuilding it: a full reload keeps
+what this replica applied meanwhile, another replica's reports arrive through the
+incremental read (late commits included), nothing counts twice, and expiry is a
+background prune."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-from mla_switchboard.core.evidence import Observation, Situation
+import pytest
+from mla_switchboard.core.evidence import Observation, Situation, observations_of_report
+from mla_switchboard.core.schemas import MeasurementReport
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.config import Settings
+from mla_switchboard.service.evidence_sync import RowCursor
 from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.store.models import MeasurementRow, Meta
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
 
 SITUATION = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
 
 
-def test_a_report_applied_during_a_reload_is_kept(tmp_path: Path) -> None:
-    runtime = Runtime(Settings(database_url=f"sqlite:///{tmp_path / 'sb.db'}"))
-    runtime.start()
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Runtime]:
+    rt = Runtime(Settings(database_url=f"sqlite:///{tmp_path / 'sb.db'}"))
+    rt.start()
+    yield rt
+    rt.stop()
+
+
+def samples(rt: Runtime, backend: Backend = Backend.FLASHINFER) -> list[float]:
+    return sorted(t for _, _, t in rt.inputs.evidence.samples(SITUATION, backend))
+
+
+def test_a_report_applied_during_a_reload_is_kept(runtime: Runtime) -> None:
+    late = Observation(
+        SITUATION, "FLASHINFER", "pod-a", 600.0, ok=True, cluster="c", at=datetime.now(UTC),
+        source="m:late-report:0",
+    )  # fmt: skip
+    read = runtime.store.measurement_rows
+
+    def racing(*args: Any, **kw: Any) -> Any:
+        rows = read(*args, **kw)  # the read's snapshot predates the report's commit
+        runtime.add_evidence([late])  # ...which this replica applies meanwhile
+        return rows
+
+    runtime.store.measurement_rows = racing  # type: ignore[method-assign]
+    runtime.reload_evidence()
+    runtime.store.measurement_rows = read  # type: ignore[method-assign]
+    assert samples(runtime) == [600.0]
+    assert runtime.inputs.evidence.group(SITUATION)[Backend.FLASHINFER].samples == 1
+
+
+# ------------------------------------------------------------ two replicas, one store
+
+
+def report(cluster: str, pod: str, tflops: float, report_id: str) -> MeasurementReport:
+    return MeasurementReport.model_validate(
+        {
+            "report_id": report_id,
+            "cluster": cluster,
+            "pod": pod,
+            "device": {"name": "NVIDIA H200", "capability": [9, 0]},
+            "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+            "dtype": "bfloat16",
+            "packages": {},
+            "results": [
+                {
+                    "backend": "FLASHINFER",
+                    "shape": {"seqlens": [4096], "num_heads": 128},
+                    "median_ms": 1.0,
+                    "tflops": tflops,
+                    "correct": True,
+                }
+            ],
+        }
+    )
+
+
+def store_and_apply(rt: Runtime, r: MeasurementReport) -> None:
+    """What the report route does: store, then apply on this replica at once."""
+    assert r.report_id is not None
+    rt.store.add_measurements(r, r.report_id)
+    rt.add_evidence(observations_of_report(r, datetime.now(UTC), r.report_id))
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not seen in time"
+        time.sleep(0.02)
+
+
+def two_replicas(url: str) -> tuple[Runtime, Runtime]:
+    settings = Settings(database_url=url, config_poll_s=0.05)
+    a, b = Runtime(settings), Runtime(settings)
+    a.start()
+    b.start()
+    return a, b
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_another_replicas_reports_arrive_incrementally(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = (
+        f"sqlite:///{tmp_path / 'sb.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("pg_url_factory")()
+    )
+    a, b = two_replicas(url)
     try:
-        late = Observation(
-            SITUATION, "FLASHINFER", "pod-a", 600.0, ok=True, cluster="c", at=datetime.now(UTC),
-            source="m:late-report:0",
-        )  # fmt: skip
-        read = runtime.store.evidence
-
-        def racing(since: datetime) -> list[Observation]:
-            rows = read(since)  # the read's snapshot predates the report's commit
-            runtime.add_evidence([late])  # ...which this replica applies meanwhile
-            return rows
-
-        runtime.store.evidence = racing  # type: ignore[method-assign]
-        runtime.reload_evidence()
-        stats = runtime.inputs.evidence.group(SITUATION)[Backend.FLASHINFER]
-        assert stats.tflops == (600.0,)
-        # and a report the read already has is not counted twice
-        runtime.store.evidence = lambda since: [late]  # type: ignore[method-assign]
-        runtime.add_evidence([late])
-        runtime.reload_evidence()
-        assert runtime.inputs.evidence.group(SITUATION)[Backend.FLASHINFER].tflops == (600.0,)
+        full_reads = []
+        first_id = b.store.first_id
+        b.store.first_id = lambda *args: full_reads.append(args) or first_id(*args)  # type: ignore[method-assign]
+        store_and_apply(a, report("c1", "p1", 500.0, "report-0001"))
+        assert samples(a) == [500.0]  # at once on the replica that took it
+        wait_for(lambda: samples(b) == [500.0])
+        store_and_apply(b, report("c1", "p2", 510.0, "report-0002"))
+        wait_for(lambda: samples(a) == [500.0, 510.0])
+        time.sleep(0.3)  # several polls: nothing is counted twice
+        assert samples(a) == samples(b) == [500.0, 510.0]
+        assert full_reads == []  # no full reload: only the new rows were read
+        # a row committed late, with an id below one already read (PostgreSQL hands ids
+        # out before commit): a third party's rows, written with explicit ids
+        store_and_apply(a, report("c1", "p3", 520.0, "report-0003"))
+        wait_for(lambda: len(samples(b)) == 3)
+        with Session(a.engine) as s:
+            top = s.scalar(select(MeasurementRow.id).order_by(MeasurementRow.id.desc()).limit(1))
+        assert top is not None
+        _late_row(a, top + 10, "c1", "p4", 530.0, "report-0004")
+        wait_for(lambda: len(samples(b)) == 4)
+        _late_row(a, top + 5, "c1", "p5", 540.0, "report-0005")  # below top + 10
+        wait_for(lambda: samples(b) == [500.0, 510.0, 520.0, 530.0, 540.0])
+        assert samples(a) == samples(b)
+        assert full_reads == []
+        # and the same rows from a full reload: counted once
+        b.reload_evidence()
+        assert samples(b) == [500.0, 510.0, 520.0, 530.0, 540.0]
     finally:
-        runtime.stop()
+        a.stop()
+        b.stop()
+
+
+def _late_row(
+    rt: Runtime, row_id: int, cluster: str, pod: str, tflops: float, report_id: str
+) -> None:
+    """A third party's report whose row id is below the highest one already read, as a
+    transaction that commits late leaves it; its commit bumps the evidence version."""
+    with Session(rt.engine) as s, s.begin():
+        s.execute(
+            insert(MeasurementRow).values(
+                id=row_id, report_id=report_id, at=datetime.now(UTC), cluster=cluster,
+                pod=pod, device_name=SITUATION.device, capability=SITUATION.capability,
+                dims=SITUATION.dims, dtype=SITUATION.dtype, packages=SITUATION.packages,
+                backend="FLASHINFER", shape="{}", median_ms=1.0, tflops=tflops,
+                correct=True, engine=SITUATION.engine, counted=True,
+            )
+        )  # fmt: skip
+        s.execute(update(Meta).where(Meta.key == "evidence_version").values(value=Meta.value + 1))
+
+
+def test_clearing_failures_rebuilds_every_replica(tmp_path: Path) -> None:
+    a, b = two_replicas(f"sqlite:///{tmp_path / 'sb.db'}")
+    try:
+        wrong = report("c1", "p1", 500.0, "report-0001").model_copy(deep=True)
+        wrong.results[0] = wrong.results[0].model_copy(update={"correct": False})
+        store_and_apply(a, wrong)
+        wait_for(lambda: bool(b.inputs.evidence.group(SITUATION)))
+        assert b.inputs.evidence.exclusions(SITUATION, datetime.now(UTC))
+        a.store.clear_failures(SITUATION, None, actor="admin", note="fixed")
+        a.reload_evidence()
+        assert not a.inputs.evidence.group(SITUATION)
+        wait_for(lambda: not b.inputs.evidence.group(SITUATION))  # epoch: a full reload
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_expired_evidence_is_pruned_in_the_background(tmp_path: Path) -> None:
+    rt = Runtime(
+        Settings(
+            database_url=f"sqlite:///{tmp_path / 'sb.db'}",
+            measured_max_age_days=1.0 / 86400,  # one second
+            config_poll_s=0.05,
+        )
+    )
+    rt.start()
+    try:
+        store_and_apply(rt, report("c1", "p1", 500.0, "report-0001"))
+        assert samples(rt) == [500.0]
+        tag = rt.inputs.tag
+        wait_for(lambda: samples(rt) == [])
+        assert rt.inputs.tag != tag  # cached decisions are dropped with it
+    finally:
+        rt.stop()
+
+
+def test_a_cursor_remembers_gaps_for_a_while() -> None:
+    c = RowCursor(after=10)
+    c.advance([11, 14, 15], now=0.0)
+    assert (c.after, sorted(c.gaps)) == (15, [12, 13])
+    c.advance([13], now=1.0)  # a late commit: no longer a gap
+    assert sorted(c.gaps) == [12]
+    c.advance([], now=61.0)  # a rolled-back insert never shows: forgotten after a while
+    assert c.gaps == {}
+    full = RowCursor(after=99)  # a full read from the first row of the window
+    full.advance([100, 102], now=0.0, start=99)
+    assert (full.after, sorted(full.gaps)) == (102, [101])
+
+
+def test_old_rows_outside_the_window_are_not_read(runtime: Runtime) -> None:
+    since = datetime.now(UTC) - timedelta(days=30)
+    assert runtime.store.first_id(False, since) == 1  # an empty table: from the start
+    store_and_apply(runtime, report("c1", "p1", 500.0, "report-0001"))
+    with Session(runtime.engine) as s, s.begin():
+        s.execute(update(MeasurementRow).values(at=datetime.now(UTC) - timedelta(days=40)))
+    store_and_apply(runtime, report("c1", "p2", 510.0, "report-0002"))
+    assert runtime.store.first_id(False, since) == 2
+    runtime.reload_evidence()
+    assert samples(runtime) == [510.0]
+
+
+@pytest.mark.postgres
+def test_a_transaction_that_commits_late_is_read_on_postgres(
+    pg_url_factory: Callable[[], str],
+) -> None:
+    """A real late commit: a transaction takes its row id, a later one commits first,
+    the replica reads past the first's id; the first commits, and is read after all."""
+    a, b = two_replicas(pg_url_factory())
+    try:
+        slow = Session(a.engine)
+        slow.begin()
+        slow.add(_row("c1", "p1", 500.0, "report-slow"))
+        slow.flush()  # the id is taken now; the row is invisible until commit
+        store_and_apply(a, report("c1", "p2", 510.0, "report-fast"))
+        wait_for(lambda: samples(b) == [510.0])
+        time.sleep(0.2)
+        assert b.evidence_sync._measurements.gaps  # the slow row's id, not seen yet
+        slow.execute(
+            update(Meta).where(Meta.key == "evidence_version").values(value=Meta.value + 1)
+        )
+        slow.commit()
+        slow.close()
+        wait_for(lambda: samples(b) == [500.0, 510.0])
+        wait_for(lambda: samples(a) == [500.0, 510.0])
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _row(cluster: str, pod: str, tflops: float, report_id: str) -> MeasurementRow:
+    return MeasurementRow(
+        report_id=report_id, at=datetime.now(UTC), cluster=cluster, pod=pod,
+        device_name=SITUATION.device, capability=SITUATION.capability, dims=SITUATION.dims,
+        dtype=SITUATION.dtype, packages=SITUATION.packages, backend="FLASHINFER", shape="{}",
+        median_ms=1.0, tflops=tflops, correct=True, engine=SITUATION.engine, counted=True,
+    )  # fmt: skip
+
+
+def test_the_whole_window_reads_both_tables(runtime: Runtime) -> None:
+    """Each table is read from its own first row in the window."""
+    store_and_apply(runtime, report("c1", "p1", 500.0, "report-0001"))
+    with Session(runtime.engine) as s, s.begin():
+        s.execute(update(MeasurementRow).values(at=datetime.now(UTC) - timedelta(days=40)))
+    store_and_apply(runtime, report("c1", "p2", 510.0, "report-0002"))
+    measurements = runtime.store.measurements
+    asked: list[bool] = []
+    first_id = measurements.first_id
+
+    def recording(failures: bool, since: datetime) -> int:
+        asked.append(failures)
+        return first_id(failures, since)
+
+    measurements.first_id = recording  # type: ignore[method-assign]
+    since = datetime.now(UTC) - timedelta(days=30)
+    assert [o.tflops for o in measurements.evidence(since)] == [510.0]
+    assert asked == [False, True]

@@ -79,8 +79,8 @@ def report(
             )
     count = runtime.store.add_measurements(body, report_id, counted=reason is None)
     if reason is None:
-        # this replica at once; every replica (this one too) rebuilds from the store
-        # within the poll interval
+        # this replica at once; the others read the new rows from the store within
+        # their poll interval (service/evidence_sync.py)
         runtime.add_evidence(observations)
         runtime.rollouts.on_measurements(body)
     return {

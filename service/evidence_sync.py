@@ -1,0 +1,295 @@
+"""Keeping a replica's evidence indexes in step with the store, off the event loop.
+
+- **Full reload** (at start, and when an admin cleared failures: the store bumps
+  ``evidence_epoch``): a new set of indexes is built from the store, page by page, in
+  the calling thread (never the event loop) and swapped in at once.
+- **This replica's reports** are applied as they are accepted (``apply_local``).
+- **Other replicas' reports**: when ``evidence_version`` changes, only the rows this
+  replica has not read yet are read (:class:`RowCursor`: every id up to a high-water
+  mark, except the *gaps*, ids below it not seen yet; PostgreSQL assigns ids before
+  commit, so a row can become visible after a higher one was read; gaps are asked for
+  again for ``GAP_TTL_S`` and then forgotten, as a rolled-back insert leaves one for
+  good).
+- Nothing is counted twice: a report applied here is remembered (by its report id)
+  until the store read meets it, and a report read from the store in the last
+  ``RECENT_S`` is not applied again when this replica's own route applies it late.
+- **Expiry**: evidence older than the window (``SWITCHBOARD_MEASURED_MAX_AGE_DAYS``)
+  is pruned in the background; a prune that changed something counts as new evidence.
+
+There is no periodic full reload: an idle replica reads nothing but the version row.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+
+from mla_switchboard.core.evidence import Observation, report_key
+from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.measurements import EvidenceRows
+from mla_switchboard.service.trust import TrustedEvidence
+
+log = logging.getLogger("switchboard.evidence")
+
+GAP_TTL_S = 60.0
+"""How long an id below the high-water mark is asked for again before it is forgotten."""
+MAX_GAPS = 1000
+"""Most gaps remembered per table (the highest ids are kept)."""
+RECENT_S = 120.0
+"""How long a report read from the store is remembered, for the route that stored it."""
+LOCAL_TTL_S = 3600.0
+"""How long a report applied here waits for the store read to meet it."""
+
+
+class RowCursor:
+    """Which rows of one table this replica has read: every id up to ``after``, except
+    the ``gaps`` (id -> monotonic time it is forgotten)."""
+
+    def __init__(self, after: int = 0) -> None:
+        self.after = after
+        self.gaps: dict[int, float] = {}
+
+    def advance(self, seen: Iterable[int], now: float, start: int | None = None) -> None:
+        """Note the ids one read returned. Ids between ``start`` (default: the old
+        high-water mark) and the highest seen that were not returned become gaps."""
+        ids = sorted(set(seen))
+        for i in ids:
+            self.gaps.pop(i, None)
+        if ids and ids[-1] > self.after:
+            low = self.after if start is None else start
+            missing: list[int] = []
+            previous = low
+            for i in ids:
+                if i > previous + 1:
+                    missing.extend(range(max(previous + 1, i - MAX_GAPS), i))
+                    missing = missing[-MAX_GAPS:]
+                previous = max(previous, i)
+            for i in missing:
+                self.gaps.setdefault(i, now + GAP_TTL_S)
+            self.after = ids[-1]
+        for i, until in list(self.gaps.items()):
+            if until <= now:
+                del self.gaps[i]
+        if len(self.gaps) > MAX_GAPS:
+            for i in sorted(self.gaps)[: len(self.gaps) - MAX_GAPS]:
+                del self.gaps[i]
+
+
+class EvidenceSync:
+    """Full reloads, incremental reads, local reports and expiry for one replica's
+    :class:`TrustedEvidence` (module docstring). ``on_change`` is called, outside any
+    lock, after every change that decisions must see (the runtime re-publishes its
+    inputs, which drops cached decisions)."""
+
+    def __init__(
+        self,
+        store: Store,
+        trusted: TrustedEvidence,
+        *,
+        max_age: timedelta,
+        poll_s: float,
+        on_change: Callable[[], None],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._store = store
+        self._trusted = trusted
+        self._max_age = max_age
+        self._poll_s = poll_s
+        self._on_change = on_change
+        self._clock = clock
+        # prune at most this often: a pass walks every pod (nothing when nothing expired)
+        self._prune_every_s = min(60.0, max_age.total_seconds() / 10)
+        self._pruned_at = 0.0
+        self._sync_lock = threading.Lock()  # one store read (full or incremental) at a time
+        self._apply_lock = threading.Lock()  # dedupe and apply, atomically
+        self._local: dict[str, float] = {}  # report key -> when applied here
+        self._recent: dict[str, float] = {}  # report key -> when read from the store
+        self._pending: list[Observation] | None = None  # applied here during a full read
+        self._measurements = RowCursor()
+        self._failures = RowCursor()
+        self._versions: dict[str, int] = {}  # the latest the poller saw
+        self._applied: dict[str, int] = {}  # the versions the indexes reflect
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.degraded: str | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """The first full load, in the caller's thread, then the background thread."""
+        self.notify(self._store.versions())
+        self.full_reload()
+        self._thread = threading.Thread(target=self._loop, name="evidence-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def notify(self, versions: Mapping[str, int]) -> None:
+        """The store's versions, as the config poller just read them (never blocks)."""
+        self._versions = dict(versions)
+        if any(self._versions.get(k) != self._applied.get(k) for k in _KEYS):
+            self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.step()
+                if self.degraded is not None:
+                    log.warning("evidence store reachable again")
+                self.degraded = None
+            except Exception as exc:  # the store may be down: try again next tick
+                if self.degraded is None:
+                    log.warning("evidence not refreshed: %s: %s", type(exc).__name__, exc)
+                self.degraded = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+    def step(self) -> None:
+        """What the background thread does on each tick: a full reload when the epoch
+        changed, an incremental read when the version did, a prune when one is due."""
+        versions = self._versions
+        if versions.get("evidence_epoch") != self._applied.get("evidence_epoch"):
+            self.full_reload()
+        elif versions.get("evidence_version") != self._applied.get("evidence_version"):
+            self.catch_up()
+        if time.monotonic() - self._pruned_at >= self._prune_every_s:
+            self.prune()
+
+    # ---------------------------------------------------------------- writes
+
+    def apply_local(self, observations: Iterable[Observation]) -> bool:
+        """This replica's own new evidence (already stored), applied at once."""
+        now = time.monotonic()
+        with self._apply_lock:
+            fresh = [o for o in observations if not o.source or _key(o) not in self._recent]
+            for o in fresh:
+                if o.source:
+                    self._local[_key(o)] = now
+            if self._pending is not None:
+                self._pending.extend(fresh)
+            changed = self._trusted.add(fresh)
+        if changed:
+            self._on_change()
+        return changed
+
+    def full_reload(self) -> None:
+        """Rebuild every index from the store (the window only) and swap them in.
+
+        A report applied here while the store is read may be missing from the read
+        (its commit came after the read's snapshot): it is kept, unless the read has it
+        already, so "this replica at once" holds and nothing counts twice."""
+        with self._sync_lock:
+            versions = self._store.versions()
+            with self._apply_lock:
+                self._pending = []
+            try:
+                fresh = self._trusted.fresh()
+                since = self._clock() - self._max_age
+                read_keys: dict[str, datetime | None] = {}
+                cursors = []
+                for failures in (False, True):
+                    start = self._store.first_id(failures, since) - 1
+                    cursor = RowCursor(start)
+                    seen = self._read_pages(failures, since, start, fresh.add, read_keys)
+                    cursor.advance(seen, time.monotonic(), start=start)
+                    cursors.append(cursor)
+                with self._apply_lock:
+                    pending = self._pending or []
+                    fresh.add(o for o in pending if not o.source or _key(o) not in read_keys)
+                    self._trusted.swap(fresh)
+                    self._met(read_keys)
+                    self._measurements, self._failures = cursors
+            finally:
+                with self._apply_lock:
+                    self._pending = None
+            self._applied = {k: versions.get(k, 0) for k in _KEYS}
+        self._on_change()
+
+    def catch_up(self) -> bool:
+        """Read and apply only the rows this replica has not read (module docstring)."""
+        with self._sync_lock:
+            versions = self._store.versions()
+            since = self._clock() - self._max_age
+            read: list[Observation] = []
+            for failures, cursor in ((False, self._measurements), (True, self._failures)):
+                now = time.monotonic()
+                seen = self._read_pages(failures, since, cursor.after, read.extend, {})
+                if cursor.gaps:
+                    again = self._read(failures)(since, ids=sorted(cursor.gaps))
+                    read.extend(again.observations)
+                    seen.extend(again.ids)
+                cursor.advance(seen, now)
+            with self._apply_lock:
+                new = [o for o in read if not o.source or _key(o) not in self._local]
+                self._met({_key(o): o.at for o in read if o.source})
+                changed = self._trusted.add(new)
+            self._applied["evidence_version"] = versions.get("evidence_version", 0)
+        if changed:
+            self._on_change()
+        return changed
+
+    def prune(self) -> bool:
+        """Drop evidence older than the window; True (and ``on_change``) when any went."""
+        self._pruned_at = time.monotonic()
+        changed = self._trusted.prune(self._clock(), self._max_age)
+        if changed:
+            self._on_change()
+        return changed
+
+    # --------------------------------------------------------------- helpers
+
+    def _read(self, failures: bool) -> Callable[..., EvidenceRows]:
+        return self._store.failure_rows if failures else self._store.measurement_rows
+
+    def _read_pages(
+        self,
+        failures: bool,
+        since: datetime,
+        after: int,
+        sink: Callable[[list[Observation]], object],
+        keys: dict[str, datetime | None],
+    ) -> list[int]:
+        """Every row with an id above ``after``, page by page, each page's observations
+        into ``sink`` (and their report keys, with a time, into ``keys``); the ids read."""
+        seen: list[int] = []
+        while True:
+            page = self._read(failures)(since, after=after)
+            sink(page.observations)
+            keys.update((_key(o), o.at) for o in page.observations if o.source)
+            seen.extend(page.ids)
+            if not page.more:
+                return seen
+            after = page.ids[-1]
+
+    def _met(self, keys: Mapping[str, datetime | None]) -> None:
+        """Reports a store read returned (report key -> stored at): no longer waiting
+        to be met, and the recent ones remembered for a while in case this replica's
+        route applies one late. Caller holds the apply lock."""
+        now = time.monotonic()
+        for key in [k for k in self._local if k in keys]:
+            del self._local[key]
+        recent = self._clock() - timedelta(seconds=RECENT_S)
+        for key, at in keys.items():
+            if at is None or at >= recent:
+                self._recent[key] = now
+        for table, ttl in ((self._recent, RECENT_S), (self._local, LOCAL_TTL_S)):
+            stale = [k for k, at in table.items() if now - at > ttl]
+            for k in stale:
+                del table[k]
+
+
+_KEYS = ("evidence_version", "evidence_epoch")
+
+
+def _key(o: Observation) -> str:
+    return report_key(o.source)

@@ -1,0 +1,257 @@
+"""The evidence index's bounds: what counts per pod, what a write costs, what readers
+see while it is written, and expiry."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from mla_switchboard.core.evidence import (
+    EMPTY,
+    EvidenceIndex,
+    FailureNote,
+    FailurePolicy,
+    Observation,
+    Situation,
+)
+from mla_switchboard.core.specs import Backend
+
+S = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+FI = Backend.FLASHINFER
+
+
+def ok(pod: str, tflops: float, at: datetime | None = T0, *, cluster: str = "c", impl: str = "fa3",
+       backend: str = "FLASHINFER") -> Observation:  # fmt: skip
+    return Observation(S, backend, pod, tflops, ok=True, cluster=cluster, at=at, impl=impl)
+
+
+def failed(
+    pod: str, at: datetime | None = T0, error: str = "boom", cluster: str = "c"
+) -> Observation:
+    return Observation(S, "FLASHINFER", pod, None, ok=False, cluster=cluster, at=at, error=error)
+
+
+def minutes(n: float) -> datetime:
+    return T0 + timedelta(minutes=n)
+
+
+def test_only_a_pods_most_recent_samples_count() -> None:
+    index = EvidenceIndex([ok("p", float(i), minutes(i)) for i in range(10)], per_pod=8)
+    stats = index.group(S)[FI]
+    assert (stats.samples, stats.pods) == (8, 1)
+    assert sorted(t for _, _, t in index.samples(S, FI)) == [float(i) for i in range(2, 10)]
+    assert stats.median_tflops == 5.5  # of 2..9
+
+
+def test_an_older_sample_arriving_late_takes_its_place_in_time() -> None:
+    index = EvidenceIndex([ok("p", 10.0, minutes(10)), ok("p", 30.0, minutes(30))], per_pod=2)
+    index.add([ok("p", 20.0, minutes(20))])  # newer than 10: 10 makes room
+    assert index.pod_samples(S, FI, "c", "p") == [20.0, 30.0]
+    assert not index.add([ok("p", 5.0, minutes(5))])  # older than all it counts: nothing
+    assert index.pod_samples(S, FI, "c", "p") == [20.0, 30.0]
+
+
+def test_eviction_keeps_median_samples_and_pods_right() -> None:
+    """Against a brute-force reading of the same observations."""
+    rng = random.Random(7)
+    observations = [
+        ok(f"pod-{rng.randrange(12)}", float(rng.randrange(50)), minutes(rng.randrange(500)),
+           cluster=rng.choice(["a", "b"]), impl=rng.choice(["fa2", "fa3"]))
+        for _ in range(600)
+    ]  # fmt: skip
+    index = EvidenceIndex(per_pod=3)
+    for start in range(0, len(observations), 37):  # in batches, as reports arrive
+        index.add(observations[start : start + 37])
+    kept: dict[tuple[str, str], list[Observation]] = {}
+    for o in observations:  # stable sort by time: ties keep arrival order
+        kept.setdefault((o.cluster, o.pod), []).append(o)
+    counted = [o for mine in kept.values() for o in sorted(mine, key=lambda o: o.at or T0)[-3:]]
+    stats = index.group(S)[FI]
+    assert stats.samples == len(counted)
+    assert stats.pods == len(kept)
+    assert stats.median_tflops == statistics.median(o.tflops or 0.0 for o in counted)
+    assert stats.impls == {o.impl for o in counted}
+    assert sorted(index.samples(S, FI)) == sorted((o.cluster, o.pod, o.tflops) for o in counted)
+
+
+def test_the_same_pod_name_in_two_clusters_is_two_pods() -> None:
+    index = EvidenceIndex([ok("p", 1.0, cluster="a"), ok("p", 2.0, cluster="b")])
+    assert index.group(S)[FI].pods == 2
+
+
+def test_a_failing_pod_counts_once_with_its_newest_note() -> None:
+    index = EvidenceIndex(
+        [failed("p", minutes(5), "newer"), failed("p", minutes(1), "older"), failed("q")]
+    )
+    failures = index.group(S)[FI].failures
+    assert [(f.pod, f.error) for f in failures] == [("p", "newer"), ("q", "boom")]  # newest first
+    assert index.summary(minutes(10))[0]["failures"] == 2
+
+
+@pytest.mark.parametrize("min_pods", [1, 2, 3])
+def test_the_fast_exclusion_reads_as_the_general_one(min_pods: int) -> None:
+    rng = random.Random(min_pods)
+    policy = FailurePolicy(min_pods=min_pods, window=timedelta(hours=1))
+    notes = [
+        FailureNote("c", f"p{rng.randrange(6)}", minutes(rng.randrange(-180, 0)), f"e{i}")
+        for i in range(20)
+    ]
+    index = EvidenceIndex([failed(n.pod, n.at, n.error) for n in notes], failure_policy=policy)
+    for now in (T0, minutes(30), minutes(-60)):
+        assert index.exclusions(S, now).get(FI) == policy.exclusion(notes, now)
+
+
+def test_prune_drops_what_left_the_window_and_says_so() -> None:
+    policy = FailurePolicy(window=timedelta(hours=1))
+    index = EvidenceIndex(
+        [ok("p", 1.0, minutes(0)), ok("p", 2.0, minutes(60)), ok("q", 3.0, None),
+         failed("r", minutes(0))],
+        failure_policy=policy,
+    )  # fmt: skip
+    version = index.version
+    assert not index.prune(minutes(30), timedelta(days=1))  # nothing due: no change
+    assert index.version == version
+    assert index.exclusions(S, minutes(30))
+    # the failure leaves the policy's window: cached decisions must go
+    assert index.prune(minutes(61), timedelta(days=1))
+    assert index.version > version and not index.exclusions(S, minutes(61))
+    assert not index.prune(minutes(62), timedelta(days=1))
+    # 30 minutes of evidence window: the sample at 0 and the failure go, the undated stays
+    assert index.prune(minutes(70), timedelta(minutes=30))
+    stats = index.group(S)[FI]
+    assert (stats.samples, stats.pods, stats.failures) == (2, 2, ())
+    assert index.prune(minutes(200), timedelta(minutes=30))
+    assert index.group(S)[FI].samples == 1  # only the undated sample is left
+    index.prune(minutes(200), timedelta(minutes=30))
+    assert [t for _, _, t in index.samples(S, FI)] == [3.0]
+
+
+def test_a_situation_with_nothing_left_disappears() -> None:
+    index = EvidenceIndex([ok("p", 1.0, minutes(0))])
+    assert index.prune(minutes(100), timedelta(minutes=10))
+    assert index.group(S) == {} and index.summary() == []
+
+
+def test_version_changes_only_when_something_counts() -> None:
+    index = EvidenceIndex()
+    assert index.version == 0
+    assert index.add([ok("p", 1.0)])
+    assert index.version == 1
+    assert not index.add([Observation(S, "NOT_A_BACKEND", "p", 1.0, ok=True)])
+    assert not index.add([])
+    assert index.version == 1
+
+
+def test_with_observations_copies() -> None:
+    old = EvidenceIndex([ok("p", 1.0, minutes(0))], per_pod=2)
+    new = old.with_observations([ok("p", 2.0, minutes(1)), ok("p", 3.0, minutes(2))])
+    assert old.pod_samples(S, FI, "c", "p") == [1.0]
+    assert new.pod_samples(S, FI, "c", "p") == [2.0, 3.0]  # the bound carries over
+    assert new.per_pod == 2
+
+
+def test_the_shared_empty_index_cannot_be_written() -> None:
+    with pytest.raises(TypeError):
+        EMPTY.add([ok("p", 1.0)])
+
+
+def test_readers_never_see_half_a_write() -> None:
+    """Each write adds one sample to two backends of one situation; a reader on
+    another thread always finds them equal."""
+    index = EvidenceIndex(per_pod=4)
+    stop = threading.Event()
+    seen: list[tuple[int, int]] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            group = index.group(S)
+            if group:
+                seen.append((group[FI].samples, group[Backend.CUDNN].samples))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(3000):
+            at = minutes(i)
+            index.add([ok(f"p{i % 50}", 1.0, at), ok(f"p{i % 50}", 2.0, at, backend="CUDNN")])
+    finally:
+        stop.set()
+        reader.join()
+    assert seen and all(a == b for a, b in seen)
+
+
+# ------------------------------------------------------------------- growth
+
+
+def _one_situation(n: int, pods: int = 2000, situation: Situation = S) -> list[Observation]:
+    """``n`` results in one situation: ``pods`` pods boot again and again."""
+    backends = ["FLASHINFER", "CUDNN", "FLASH_ATTN", "TORCH_SDPA"]
+    return [
+        Observation(
+            situation, backends[i % 4], f"pod-{i % pods}", 100.0 + (i * 7919) % 500, ok=True,
+            cluster="c", at=minutes(i / 60), impl="fa3",
+        )
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def _build_s(observations: list[Observation]) -> float:
+    """The best of three builds, in reports of 256 results."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        index = EvidenceIndex()
+        for start in range(0, len(observations), 256):
+            index.add(observations[start : start + 256])
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def test_cost_grows_linearly_with_the_history_of_one_situation() -> None:
+    """64,000 results in one situation cost about what 64,000 spread over ten
+    situations cost (the same memory, so the machine's caches weigh the same), and
+    about ten times 6,400 (a copy per observation made that 54x for 4x)."""
+    large = _one_situation(64_000)
+    spread = [
+        o
+        for k in range(10)
+        for o in _one_situation(6_400, pods=200, situation=replace(S, device=f"GPU {k}"))
+    ]
+    small = _one_situation(6_400, pods=200)
+    large_s, spread_s, small_s = _build_s(large), _build_s(spread), _build_s(small)
+    assert large_s < 1.5 * spread_s, (large_s, spread_s)
+    assert large_s < 15 * small_s, (large_s, small_s)
+    # one more report on top of 64,000 results costs what it costs on an empty index
+    index = EvidenceIndex(large)
+    started = time.perf_counter()
+    index.add(_one_situation(256))
+    assert time.perf_counter() - started < 0.05
+
+
+def test_the_chunked_sorted_list_reads_as_a_sorted_list() -> None:
+    from mla_switchboard.core.evidence import _SortedFloats
+
+    class Small(_SortedFloats):
+        CHUNK = 4  # splits and merges within a few dozen items
+
+    rng = random.Random(3)
+    chunked, flat = Small(), []
+    for step in range(3000):
+        if flat and rng.random() < 0.45:
+            value = rng.choice(flat)
+            chunked.remove(value)
+            flat.remove(value)
+        else:
+            value = float(rng.randrange(40))
+            chunked.add(value)
+            flat.append(value)
+        if step % 50 == 0:
+            flat.sort()
+            assert list(chunked) == flat and len(chunked) == len(flat)
+            assert chunked.median() == (statistics.median(flat) if flat else None)
