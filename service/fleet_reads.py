@@ -80,22 +80,22 @@ class FleetReads:
         self._summaries: Computed[Answer] = Computed(64)
         self._previews: Computed[Preview] = Computed(256)
 
-    def _fresh(self, own: bool) -> tuple[DecisionInputs, FleetSnapshot, datetime]:
-        """The inputs and the fleet as of now. ``own``: this replica's own decisions so
-        far are written first, so the caller sees the pods it just booted (the
-        summary; a preview does not wait for the writer, whose small batches would
-        otherwise follow a client looping on previews)."""
+    def _fresh(self) -> tuple[DecisionInputs, FleetSnapshot, datetime]:
+        """The inputs and the fleet as of now: this replica's own decisions so far are
+        in it, so the caller sees the pods it just booted. It waits for the writer's
+        next batch (at most the flush interval) rather than waking it: a client
+        looping on reads must not make the writer write smaller, more batches."""
         runtime = self._runtime
-        if own and runtime.recorder.pending:
-            runtime.recorder.flush()
+        if runtime.recorder.pending:
+            runtime.recorder.flush(wake=False)
         return runtime.inputs, runtime.fleet.current(), datetime.now(UTC)
 
-    def _kept_state(self, own: bool) -> tuple[DecisionInputs, FleetSnapshot, datetime] | None:
-        """Like ``_fresh`` but without I/O, for the event loop: None when the fleet's
-        snapshot is behind (or, with ``own``, this replica has decisions to write)."""
+    def _kept_state(self) -> tuple[DecisionInputs, FleetSnapshot, datetime] | None:
+        """Like ``_fresh`` but without I/O or waiting, for the event loop: None when
+        the fleet's snapshot is behind or this replica has decisions to write."""
         runtime = self._runtime
         fleet = runtime.fleet.kept()
-        if fleet is None or (own and runtime.recorder.pending):
+        if fleet is None or runtime.recorder.pending:
             return None
         return runtime.inputs, fleet, datetime.now(UTC)
 
@@ -104,14 +104,14 @@ class FleetReads:
 
     def summary(self, scope: tuple[str, ...] | None, visible: Visible) -> Answer:
         """``/v1/selections/summary`` for a caller whose token covers ``scope``."""
-        inputs, fleet, now = self._fresh(own=True)
+        inputs, fleet, now = self._fresh()
         key = ("summary", *_versions(inputs, fleet, now), scope)
         return self._summaries.get(key, lambda: self._summary(key, inputs, fleet, now, visible))
 
     def kept_summary(self, scope: tuple[str, ...] | None) -> Answer | None:
         """The summary ``summary`` would answer now, when it is kept and current: no
         I/O, so the event loop answers a polling dashboard without a worker thread."""
-        state = self._kept_state(own=True)
+        state = self._kept_state()
         if state is None:
             return None
         return self._summaries.peek(("summary", *_versions(*state), scope))
@@ -151,7 +151,7 @@ class FleetReads:
         self, proposal: Proposal, scope: tuple[str, ...] | None, visible: Visible
     ) -> Preview:
         """What ``proposal`` would change for the pods ``visible`` to the caller."""
-        inputs, fleet, now = self._fresh(own=False)
+        inputs, fleet, now = self._fresh()
         key = ("preview", *_versions(inputs, fleet, now), proposal.digest(), scope)
         return self._previews.get(
             key,
@@ -167,7 +167,7 @@ class FleetReads:
 
     def kept_preview(self, proposal: Proposal, scope: tuple[str, ...] | None) -> Preview | None:
         """The preview ``preview`` would answer now, when kept and current (no I/O)."""
-        state = self._kept_state(own=False)
+        state = self._kept_state()
         if state is None:
             return None
         return self._previews.peek(("preview", *_versions(*state), proposal.digest(), scope))

@@ -108,17 +108,20 @@ class DecisionRecorder:
     def pending(self) -> int:
         return len(self._queue) + len(self._inflight)
 
-    def flush(self, timeout_s: float = 3.0) -> bool:
+    def flush(self, timeout_s: float = 3.0, *, wake: bool = True) -> bool:
         """Wait until everything submitted before this call is written (or dropped).
 
         Readers call it first so that a listing shows the caller's own decisions.
         Returns False when the database could not take them in time. A waiter only
         wakes a healthy writer early: while the store is failing, retries keep to the
-        backoff however many requests wait.
+        backoff however many requests wait. ``wake=False`` waits for the writer's next
+        batch (at most the flush interval) instead: a client looping on a read then
+        costs no extra, smaller batches.
         """
         target = self._submitted
         deadline = time.monotonic() + timeout_s
-        self._wake.set()
+        if wake:
+            self._wake.set()
         with self._cond:
             while self._written + self._dropped < target:
                 remaining = deadline - time.monotonic()
