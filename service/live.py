@@ -6,7 +6,7 @@ replica bumps ``config_version``, so a write on one replica is honoured by all w
 ``config_poll_s`` (0.5 s by default). When the database is unreachable the last
 snapshot stays in force and the service reports itself degraded, not unready. The
 same read hands the evidence versions on (``on_versions``): the evidence is read and
-applied by ``service/evidence_sync.py`` in a thread of its own.
+applied by ``service/evidence/sync.py`` in a thread of its own.
 """
 
 from __future__ import annotations

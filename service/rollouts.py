@@ -31,7 +31,7 @@ from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
-from mla_switchboard.service.fleet import (
+from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
     FleetSnapshot,

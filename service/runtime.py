@@ -16,9 +16,10 @@ from datetime import timedelta
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observation
 from mla_switchboard.service.config import Settings
-from mla_switchboard.service.evidence_sync import EvidenceSync
-from mla_switchboard.service.fleet import Fleet
-from mla_switchboard.service.fleet_reads import FleetReads
+from mla_switchboard.service.evidence.sync import EvidenceSync
+from mla_switchboard.service.evidence.trust import TrustedEvidence
+from mla_switchboard.service.fleet.groups import Fleet
+from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.rollouts import RolloutGuards
@@ -27,7 +28,6 @@ from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, migrate
 from mla_switchboard.service.store.recorder import DecisionRecorder
-from mla_switchboard.service.trust import TrustedEvidence
 from prometheus_client import Gauge
 
 log = logging.getLogger("switchboard")
@@ -43,8 +43,8 @@ class Runtime:
         self._evidence_version = 0
         self._inputs_lock = threading.RLock()
         self._inputs: DecisionInputs | None = None
-        # measured selection trusts only some clusters' evidence (service/trust.py);
-        # the indexes are kept up to date off the event loop (service/evidence_sync.py)
+        # measured selection trusts only some clusters' evidence (service/evidence/trust.py);
+        # the indexes are kept up to date off the event loop (service/evidence/sync.py)
         self.trusted = TrustedEvidence(self._new_index, on_change=self._evidence_changed)
         self.evidence_sync = EvidenceSync(
             self.store,

@@ -19,7 +19,7 @@ from typing import Any
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.shapes import Shape, shape_of
+from mla_switchboard.service.fleet.shapes import Shape, shape_of
 
 CACHE_SIZE = 4096
 InputsFor = Callable[[SelectRequest, DecisionInputs, datetime], DecisionInputs]

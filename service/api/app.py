@@ -26,7 +26,7 @@ from mla_switchboard.service.api.routes import (
     selections,
 )
 from mla_switchboard.service.config import Settings
-from mla_switchboard.service.fleet import OverBudget
+from mla_switchboard.service.fleet.groups import OverBudget
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.runtime import Runtime
 from sqlalchemy.exc import SQLAlchemyError

@@ -8,8 +8,8 @@ from typing import Any
 from mla_switchboard.core.schemas import Override, RulesDocument
 from mla_switchboard.service.api.deps import fail
 from mla_switchboard.service.auth import Principal
-from mla_switchboard.service.fleet_reads import Proposal
-from mla_switchboard.service.preview import Preview
+from mla_switchboard.service.fleet.preview import Preview
+from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.state import Conflict
 
@@ -26,8 +26,8 @@ def preview_change(
 
     ``override_scope`` set with ``override=None`` previews deleting that override.
     ``principal``: the caller, when it may see only some clusters' pods (None: all).
-    The fleet is replayed by group (``service/preview.py``) and the answer kept per
-    versions and proposal (``service/fleet_reads.py``)."""
+    The fleet is replayed by group (``service/fleet/preview.py``) and the answer kept per
+    versions and proposal (``service/fleet/reads.py``)."""
     scope, visible = _scope_of(principal)
     return runtime.reads.preview(Proposal(rules, override_scope, override), scope, visible)
 

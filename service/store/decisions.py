@@ -21,7 +21,7 @@ from typing import Any
 
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
-from mla_switchboard.service.shapes import Shape, request_from_shape, shape_of_json
+from mla_switchboard.service.fleet.shapes import Shape, request_from_shape, shape_of_json
 from mla_switchboard.service.state import DecisionRecord, PodState
 from mla_switchboard.service.store.base import aware
 from mla_switchboard.service.store.models import (

@@ -22,7 +22,7 @@ from mla_switchboard.core.evidence import (
     situation_of,
 )
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
-from mla_switchboard.service.shapes import request_from_shape
+from mla_switchboard.service.fleet.shapes import request_from_shape
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import aware, bump
 from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow, ShapeRow

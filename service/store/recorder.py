@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from mla_switchboard.service.fleet.shapes import shape_of_json
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.shapes import shape_of_json
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.decisions import ROW_FIELDS, Row
 from prometheus_client import Counter

@@ -16,8 +16,8 @@ from dataclasses import replace
 import pytest
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, in_stage
 from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, rollout_id
-from mla_switchboard.service.fleet import FleetSnapshot
-from mla_switchboard.service.preview import replay, with_override
+from mla_switchboard.service.fleet.groups import FleetSnapshot
+from mla_switchboard.service.fleet.preview import replay, with_override
 from mla_switchboard.service.rollouts import progress
 from mla_switchboard.service.state import PodState
 

@@ -8,9 +8,9 @@ import pytest
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, decide
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_of
 from mla_switchboard.core.schemas import SEED_RULES, SelectRequest
-from mla_switchboard.service.fleet import FleetSnapshot
-from mla_switchboard.service.preview import replay, with_override
-from mla_switchboard.service.regret import regret_by_cluster
+from mla_switchboard.service.fleet.groups import FleetSnapshot
+from mla_switchboard.service.fleet.preview import replay, with_override
+from mla_switchboard.service.fleet.regret import regret_by_cluster
 from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override, request

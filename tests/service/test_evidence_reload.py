@@ -16,7 +16,7 @@ from mla_switchboard.core.evidence import Observation, Situation, observations_o
 from mla_switchboard.core.schemas import MeasurementReport
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.config import Settings
-from mla_switchboard.service.evidence_sync import RowCursor
+from mla_switchboard.service.evidence.sync import RowCursor
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store.models import MeasurementRow, Meta
 from sqlalchemy import insert, select, update

@@ -11,7 +11,7 @@ from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, Situation
 from mla_switchboard.core.schemas import SEED_RULES, Override, SelectRequest
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.trust import TrustedEvidence, scopes_of
+from mla_switchboard.service.evidence.trust import TrustedEvidence, scopes_of
 
 S = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

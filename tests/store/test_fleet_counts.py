@@ -16,7 +16,7 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
-from mla_switchboard.service.shapes import shape_of_json
+from mla_switchboard.service.fleet.shapes import shape_of_json
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import MIGRATIONS, make_engine, migrate

@@ -20,7 +20,7 @@ from mla_switchboard.service.api.changes import kept_preview, preview_change, sc
 from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
 from mla_switchboard.service.api.etags import conditional
 from mla_switchboard.service.auth import Principal, new_token
-from mla_switchboard.service.preview import Preview
+from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.runtime import Runtime
 from pydantic import (
     BaseModel,
@@ -265,7 +265,7 @@ class PreviewRequest(BaseModel):
 async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDep) -> Response:
     """A token limited to some clusters previews the change on its clusters' pods. The
     fleet is replayed by group in a worker thread, and the answer kept until a version
-    it depends on moves (see service/fleet_reads.py); a kept one is sent from the
+    it depends on moves (see service/fleet/reads.py); a kept one is sent from the
     event loop at once."""
     proposal: dict[str, Any] = {"principal": principal}
     if body.rules is not None:

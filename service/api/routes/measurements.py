@@ -80,7 +80,7 @@ def report(
     count = runtime.store.add_measurements(body, report_id, counted=reason is None)
     if reason is None:
         # this replica at once; the others read the new rows from the store within
-        # their poll interval (service/evidence_sync.py)
+        # their poll interval (service/evidence/sync.py)
         runtime.add_evidence(observations)
         runtime.rollouts.on_measurements(body)
     return {

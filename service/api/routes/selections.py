@@ -154,7 +154,7 @@ async def summary(
     """``regret`` estimates, per cluster, the prefill throughput lost by the current
     choices against the best measured valid backend; ``excluded`` lists, per cluster,
     the backends that failure evidence excludes under policy measured, with the reason
-    (see service/regret.py); ``rollouts`` each staged override's progress (see
+    (see service/fleet/regret.py); ``rollouts`` each staged override's progress (see
     service/rollouts.py). A token limited to some clusters sees those clusters only.
     Computed from the fleet's counts by group, kept until something it depends on
     changes; the ETag says so (a matching If-None-Match gets 304)."""

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import Observation, report_key
+from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.measurements import EvidenceRows
-from mla_switchboard.service.trust import TrustedEvidence
 
 log = logging.getLogger("switchboard.evidence")
 

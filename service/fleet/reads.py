@@ -1,6 +1,6 @@
 """The reads dashboards and admins make of the whole fleet: the summary and previews.
 
-Each is computed from the fleet's counts by group (``service/fleet.py``), in the
+Each is computed from the fleet's counts by group (``service/fleet/groups.py``), in the
 caller's worker thread, within a time budget (``SWITCHBOARD_FLEET_READ_BUDGET_S``),
 and kept per every version it depends on: the configuration and evidence in force
 (``DecisionInputs.tag``), which overrides have expired, the fleet's counts
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import Override, RulesDocument
-from mla_switchboard.service.computed import Computed
-from mla_switchboard.service.fleet import Deadline, FleetSnapshot
-from mla_switchboard.service.preview import Preview, replay, with_override
-from mla_switchboard.service.regret import exclusions_by_cluster, regret_by_cluster
+from mla_switchboard.service.fleet.computed import Computed
+from mla_switchboard.service.fleet.groups import Deadline, FleetSnapshot
+from mla_switchboard.service.fleet.preview import Preview, replay, with_override
+from mla_switchboard.service.fleet.regret import exclusions_by_cluster, regret_by_cluster
 from mla_switchboard.service.rollouts import progress
 
 if TYPE_CHECKING:

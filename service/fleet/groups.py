@@ -22,7 +22,7 @@ from datetime import datetime
 from mla_switchboard.core.evaluator import applicable_overrides
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bucket
-from mla_switchboard.service.shapes import shape_of_json, shape_request
+from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
 from mla_switchboard.service.state import PodState
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.decisions import FleetGroup

@@ -1,7 +1,7 @@
 """Impact preview: replay a proposed rules or override change against what every pod
 runs now, without changing anything.
 
-Each group of pods (cluster, request shape, stage class: see ``service/fleet.py``) is
+Each group of pods (cluster, request shape, stage class: see ``service/fleet/groups.py``) is
 decided twice, exactly as its pods asked: under the config in force ("from") and under
 the proposal ("to"), so the counts say what *this* change does, not what earlier
 changes already did to pods that have not rebooted since (those are counted apart as
@@ -21,7 +21,7 @@ from typing import Any
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
 from mla_switchboard.core.schemas import Override
-from mla_switchboard.service.fleet import (
+from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
     FleetSnapshot,

@@ -5,7 +5,7 @@ backend it runs with the best *valid* backend measured for that situation (valid
 that pod, overrides' denies included). Per cluster the figure is
 ``1 - sum(chosen) / sum(best)`` over those pods: the share of attention-prefill
 throughput lost, as a fleet operator would add it up. Pods are taken by group
-(``service/fleet.py``): one assessment per cluster, shape and stage class.
+(``service/fleet/groups.py``): one assessment per cluster, shape and stage class.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 from mla_switchboard.core.evaluator import DecisionInputs, assess
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.fleet import ClassCache, Deadline, FleetSnapshot, each_group
-from mla_switchboard.service.fleet import partial_rollouts as _partials
+from mla_switchboard.service.fleet.groups import ClassCache, Deadline, FleetSnapshot, each_group
+from mla_switchboard.service.fleet.groups import partial_rollouts as _partials
 from mla_switchboard.service.selector import InputsFor
 
 
