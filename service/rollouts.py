@@ -12,33 +12,21 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.evaluator import (
     Decision,
-    DecisionInputs,
     applicable_overrides,
     decide,
     in_stage,
 )
 from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
-from mla_switchboard.core.specs import Backend
-from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
-from mla_switchboard.service.fleet.groups import (
-    ClassCache,
-    Deadline,
-    FleetSnapshot,
-    each_group,
-    partial_rollouts,
-)
-from mla_switchboard.service.selector import InputsFor
 from mla_switchboard.service.state import DecisionRecord
 
 if TYPE_CHECKING:
@@ -226,81 +214,3 @@ def _halted(current: Rollout, failures: int, reason: str) -> Rollout:
             "halted_at": datetime.now(UTC),
         }
     )
-
-
-def progress(
-    fleet: FleetSnapshot,
-    inputs: DecisionInputs,
-    *,
-    now: datetime,
-    inputs_for: InputsFor | None = None,
-    deadline: Deadline | None = None,
-) -> list[dict[str, Any]]:
-    """Each staged override's progress, for the summary and the dashboard: pods in its
-    scope and in the stage, how many booted with it (their newest decision runs what
-    the override gives them), failures counted, and the stage's measured speed against
-    the rest of the scope (median TFLOP/s of the backends each part runs, from the
-    samples of its own pods). Counted per group and stage bucket, never per pod."""
-    out = []
-    classes = ClassCache()
-    for o in sorted(inputs.overrides, key=lambda o: o.cluster):
-        r = o.rollout
-        if r is None:
-            continue
-        scoped = in_stage_n = booted = 0
-        stage_speed: list[float] = []
-        rest_speed: list[float] = []
-        sampled: set[tuple[str, Any, str]] = set()
-        for group in each_group(fleet, deadline):
-            request = group.request
-            if o.cluster not in ("*", group.cluster) or request is None:
-                continue
-            if not any(x is o for x in applicable_overrides(request, (o,), now)):
-                continue
-            scoped += group.pods
-            narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-            for stage in classes.of(partial_rollouts(request, inputs.overrides, now)):
-                inside = in_stage(request, o, stage.bucket)
-                given = decide(request, narrowed, now=now, bucket=stage.bucket) if inside else None
-                for row in group.rows:
-                    n = stage.count(row)
-                    if not n:
-                        continue
-                    in_stage_n += n if inside else 0
-                    if isinstance(given, Decision) and given.backend.value == row.backend:
-                        booted += n
-            situation = situation_of(request)
-            if situation is None:
-                continue
-            for row in group.rows:
-                key = (group.cluster, situation, row.backend)
-                if key in sampled:
-                    continue  # shapes that differ only in what the evidence ignores
-                sampled.add(key)
-                try:
-                    samples = inputs.evidence.samples(situation, Backend(row.backend))
-                except ValueError:
-                    continue
-                for cluster, pod, tflops in samples:
-                    if cluster != group.cluster:
-                        continue
-                    inside = r.state != "halted" and bucket_in_stage(stage_bucket(cluster, pod), r)
-                    (stage_speed if inside else rest_speed).append(tflops)
-        out.append(
-            {
-                "cluster": o.cluster,
-                "revision": o.revision,
-                "rollout": r.model_dump(mode="json"),
-                "pods_in_scope": scoped,
-                "pods_in_stage": in_stage_n,
-                "pods_booted_with_it": booted,
-                "failures": r.failures,
-                "stage_median_tflops": _median(stage_speed),
-                "rest_median_tflops": _median(rest_speed),
-            }
-        )
-    return out
-
-
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 3) if values else None

@@ -24,8 +24,8 @@ from mla_switchboard.core.schemas import Override, RulesDocument
 from mla_switchboard.service.fleet.computed import Computed
 from mla_switchboard.service.fleet.groups import Deadline, FleetSnapshot
 from mla_switchboard.service.fleet.preview import Preview, replay, with_override
+from mla_switchboard.service.fleet.progress import progress
 from mla_switchboard.service.fleet.regret import exclusions_by_cluster, regret_by_cluster
-from mla_switchboard.service.rollouts import progress
 
 if TYPE_CHECKING:
     from mla_switchboard.service.runtime import Runtime

@@ -18,7 +18,7 @@ from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, de
 from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, rollout_id
 from mla_switchboard.service.fleet.groups import FleetSnapshot
 from mla_switchboard.service.fleet.preview import replay, with_override
-from mla_switchboard.service.rollouts import progress
+from mla_switchboard.service.fleet.progress import progress
 from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override, request
