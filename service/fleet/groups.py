@@ -18,8 +18,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
-from mla_switchboard.core.evaluator import applicable_overrides
+from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bucket
 from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
@@ -27,12 +28,16 @@ from mla_switchboard.service.state import PodState
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.decisions import FleetGroup
 
+T = TypeVar("T")
+
 __all__ = [
+    "DecisionMemo",
     "Fleet",
     "FleetSnapshot",
     "OverBudget",
     "PodGroup",
     "StageClass",
+    "cluster_dependence",
     "partial_rollouts",
     "stage_classes",
 ]
@@ -142,6 +147,46 @@ def stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
         bits = tuple(bucket_in_stage(b, o.rollout) for o in rollouts if o.rollout is not None)
         by_bits[bits].append(b)
     return tuple(StageClass(members[0], frozenset(members)) for members in by_bits.values())
+
+
+def cluster_dependence(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> str:
+    """What a decision for ``request`` depends on besides its shape and stage bucket:
+    its cluster's name when the cluster has a rule set or an override of its own, or
+    when policy ``measured`` may decide on the cluster's own evidence (the default
+    trust scope); otherwise nothing (``""``), and every cluster of the fleet decides
+    this shape alike. A fleet read then decides such a shape once for all those
+    clusters: with 1,000 clusters that is the difference between O(clusters x
+    shapes) and O(shapes) evaluations."""
+    cluster = request.cluster
+    if cluster in inputs.rules.clusters:
+        return cluster
+    applicable = applicable_overrides(request, inputs.overrides, now)
+    if any(o.cluster == cluster for o in applicable):
+        return cluster
+    measured = any(o.policy == "measured" for o in applicable)
+    trusted = any(o.trust_clusters is not None for o in applicable)
+    return cluster if measured and not trusted else ""
+
+
+class DecisionMemo:
+    """Decisions within one fleet read, shared by every group they hold for alike:
+    keyed by what they depend on (``cluster_dependence`` under each set of inputs
+    in play, the shape, the stage class)."""
+
+    def __init__(self, now: datetime) -> None:
+        self._now = now
+        self._found: dict[tuple[object, ...], object] = {}
+
+    def key(
+        self, request: SelectRequest, shape_id: str, stage: StageClass, *sides: DecisionInputs
+    ) -> tuple[object, ...]:
+        depends = tuple(cluster_dependence(request, side, self._now) for side in sides)
+        return (depends, shape_id, stage.buckets)
+
+    def get(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+        if key not in self._found:
+            self._found[key] = compute()
+        return self._found[key]  # type: ignore[return-value]
 
 
 class ClassCache:

@@ -24,7 +24,9 @@ from mla_switchboard.core.schemas import Override
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
+    DecisionMemo,
     FleetSnapshot,
+    StageClass,
     each_group,
     partial_rollouts,
 )
@@ -61,10 +63,18 @@ def replay(
     invalid: Counter[tuple[str, str, str]] = Counter()
     unreadable = pending = total = 0
     classes = ClassCache()
+    memo = DecisionMemo(now)
 
     def under(inputs: DecisionInputs, request: Any, bucket: int | None) -> Decision | Refusal:
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         return decide(request, narrowed, now=now, bucket=bucket)
+
+    def both(request: Any, shape_id: str, stage: StageClass) -> tuple[Any, Any]:
+        key = memo.key(request, shape_id, stage, current, proposed)
+        return memo.get(
+            key,
+            lambda: (under(current, request, stage.bucket), under(proposed, request, stage.bucket)),
+        )
 
     for group in each_group(fleet, deadline):
         total += group.pods
@@ -77,8 +87,7 @@ def replay(
             partial_rollouts(request, proposed.overrides, now),
         )
         for stage in classes.of(staged):
-            before = under(current, request, stage.bucket)
-            after = under(proposed, request, stage.bucket)
+            before, after = both(request, group.shape_id, stage)
             for row in group.rows:
                 n = stage.count(row)
                 if not n:

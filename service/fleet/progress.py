@@ -21,6 +21,7 @@ from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
+    DecisionMemo,
     FleetSnapshot,
     each_group,
     partial_rollouts,
@@ -43,6 +44,7 @@ def progress(
     samples of its own pods). Counted per group and stage bucket, never per pod."""
     out = []
     classes = ClassCache()
+    memo = DecisionMemo(now)
     for o in sorted(inputs.overrides, key=lambda o: o.cluster):
         r = o.rollout
         if r is None:
@@ -61,7 +63,16 @@ def progress(
             narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
             for stage in classes.of(partial_rollouts(request, inputs.overrides, now)):
                 inside = in_stage(request, o, stage.bucket)
-                given = decide(request, narrowed, now=now, bucket=stage.bucket) if inside else None
+                given = (
+                    memo.get(
+                        memo.key(request, group.shape_id, stage, inputs),
+                        lambda r=request, n=narrowed, b=stage.bucket: decide(
+                            r, n, now=now, bucket=b
+                        ),
+                    )
+                    if inside
+                    else None
+                )
                 for row in group.rows:
                     n = stage.count(row)
                     if not n:

@@ -14,7 +14,8 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from mla_switchboard.core.evaluator import DecisionInputs, assess
+from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides, assess
+from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.fleet.groups import ClassCache, Deadline, FleetSnapshot, each_group
 from mla_switchboard.service.fleet.groups import partial_rollouts as _partials
@@ -51,6 +52,8 @@ def regret_by_cluster(
             continue
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         evidence = narrowed.evidence
+        if not evidence.group(situation_of(request)):
+            continue  # nothing measured for these pods: no assessment needed
         for stage in classes.of(_partials(request, inputs.overrides, now)):
             assessed = assess(request, narrowed, now, stage.bucket)
             if assessed.situation is None:
@@ -107,6 +110,9 @@ def exclusions_by_cluster(
         request = group.request
         if request is None:
             continue
+        applicable = applicable_overrides(request, inputs.overrides, now)
+        if not any(o.policy == "measured" for o in applicable):
+            continue  # failure evidence excludes only under policy measured
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         for stage in classes.of(_partials(request, inputs.overrides, now)):
             assessed = assess(request, narrowed, now, stage.bucket)

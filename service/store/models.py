@@ -66,6 +66,8 @@ class DecisionRow(Base):
     __table_args__ = (
         Index("ix_decisions_cluster_id", "cluster", "id"),
         Index("ix_decisions_backend_id", "backend", "id"),
+        # one pod's decisions, newest first: evidence checks and the pod filter
+        Index("ix_decisions_cluster_pod_id", "cluster", "pod", "id"),
     )
 
 

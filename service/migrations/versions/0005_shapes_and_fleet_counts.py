@@ -46,6 +46,7 @@ def upgrade() -> None:
     with op.batch_alter_table("decisions") as batch:
         batch.alter_column("request", existing_type=sa.Text(), nullable=True)
         batch.add_column(sa.Column("shape_id", sa.String(length=24), nullable=True))
+        batch.create_index("ix_decisions_cluster_pod_id", ["cluster", "pod", "id"])
     with op.batch_alter_table("pod_latest") as batch:
         batch.add_column(sa.Column("shape_id", sa.String(length=24), nullable=True))
         batch.add_column(sa.Column("bucket", sa.Integer(), nullable=True))
@@ -127,6 +128,7 @@ def downgrade() -> None:
             ],
         )
     with op.batch_alter_table("decisions") as batch:
+        batch.drop_index("ix_decisions_cluster_pod_id")
         batch.drop_column("shape_id")
         batch.alter_column("request", existing_type=sa.Text(), nullable=False)
     op.drop_table("fleet_counts")
