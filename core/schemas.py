@@ -396,8 +396,15 @@ class RolloutSpec(_Strict):
     in the stage report failures or measure slower than they would run without it."""
 
     percent: Percent = Field(description="1-100: the share of named pods in the stage")
-    max_failures: Annotated[int, Field(ge=1, le=100_000, strict=True), Integral] = Field(
-        default=1, description="failure reports from stage pods that halt the rollout"
+    max_failures: Annotated[int, Field(ge=1, le=10_000, strict=True), Integral] = Field(
+        default=1,
+        description="distinct stage pods reporting a failure of what the rollout gave them "
+        "(decided since the stage began) that halt it; a pod's repeated reports count once",
+    )
+    guard_clusters: ClusterGlobs | None = Field(
+        default=None,
+        description="cluster globs whose stage pods may halt the rollout (failures and "
+        "slowdowns); null (the default) = every cluster the rollout covers",
     )
     max_slowdown_pct: Annotated[float, Field(gt=0, le=100), BeforeValidator(_number)] = Field(
         default=5.0,
@@ -440,6 +447,8 @@ class Rollout(RolloutSpec):
     halted_reason: str | None = None
     halted_at: datetime | None = None
     failures: int = 0
+    # "cluster/pod" of the stage pods whose failures count in this stage
+    failed_pods: list[str] = Field(default_factory=list)
 
 
 class OverrideSpec(_Strict):

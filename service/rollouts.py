@@ -10,6 +10,7 @@ it within its poll interval (0.5 s by default), this one at once.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import threading
@@ -27,6 +28,7 @@ from mla_switchboard.core.evaluator import (
 )
 from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
+from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
 from mla_switchboard.service.state import DecisionRecord
 
 if TYPE_CHECKING:
@@ -51,7 +53,10 @@ class RolloutGuards:
 
     def on_failure(self, record: DecisionRecord, backend: str, error: str) -> None:
         """A pod reported that the backend it was given failed. If an active rollout put
-        it there, count it; at ``max_failures`` the rollout halts."""
+        it there, in a cluster whose pods may halt it, and the decision was made in the
+        current stage (not before the last resume or step), the pod counts once; at
+        ``max_failures`` distinct pods the rollout halts. One pod reporting the same
+        failure again, or an old decision's failure, can never halt a rollout."""
         if record.answer_json is None or backend != record.backend:
             return
         refs = json.loads(record.answer_json).get("overrides") or []
@@ -67,18 +72,25 @@ class RolloutGuards:
             if r is None or (o.cluster, r.id) not in staged:
                 continue
 
-            def count(current: Rollout, o: Override = o) -> Rollout | None:
-                if current.state != "active":
+            def count(current: Rollout) -> Rollout | None:
+                if current.state != "active" or where in current.failed_pods:
                     return None
-                failures = current.failures + 1
-                if failures < current.max_failures:
-                    return current.model_copy(update={"failures": failures})
+                started = current.stage_started_at
+                if started is not None and record.created_at < started:
+                    return None  # decided before this stage began
+                if not guards(current, record.cluster):
+                    return None
+                failed = [*current.failed_pods, where]
+                if len(failed) < current.max_failures:
+                    return current.model_copy(
+                        update={"failures": len(failed), "failed_pods": failed}
+                    )
                 reason = (
-                    f"{failures} failure report(s) from pods in the stage reached "
-                    f"max_failures {current.max_failures}; latest: {where} ran {backend}: "
-                    f"{first_line}"
+                    f"{len(failed)} stage pod(s) reported a failure of what the rollout gave "
+                    f"them, reaching max_failures {current.max_failures}: "
+                    f"{_pods_and_clusters(failed)}; latest: {where} ran {backend}: {first_line}"
                 )
-                return _halted(current, failures, reason)
+                return _halted(current, failed, reason)
 
             self._change(o, count, action="rollout.failure", note=f"{where}: {first_line}")
 
@@ -105,6 +117,8 @@ class RolloutGuards:
             r = o.rollout
             if r is None or r.state != "active" or not in_stage(request, o):
                 continue
+            if not guards(r, request.cluster):
+                continue  # this cluster's pods may not halt this rollout
             # the inputs a live decision for this pod uses (evidence it trusts)
             given = self._runtime.trusted.inputs_for(request, inputs, now)
             with_it = decide(request, given, now=now)
@@ -116,9 +130,11 @@ class RolloutGuards:
             if not isinstance(with_it, Decision) or not isinstance(without, Decision):
                 continue
 
-            def member(cluster: str, pod: str, o: Override = o) -> bool:
-                return (o.cluster in ("*", cluster)) and in_stage(
-                    request.model_copy(update={"cluster": cluster, "pod": pod}), o
+            def member(cluster: str, pod: str, o: Override = o, r: Rollout = r) -> bool:
+                return (
+                    o.cluster in ("*", cluster)
+                    and guards(r, cluster)
+                    and bucket_in_stage(stage_bucket(cluster, pod), r)
                 )
 
             found = rollouts.slowdown(
@@ -135,7 +151,7 @@ class RolloutGuards:
             def halt(current: Rollout, reason: str = reason) -> Rollout | None:
                 if current.state != "active":
                     return None
-                return _halted(current, current.failures, reason)
+                return _halted(current, current.failed_pods, reason)
 
             self._change(o, halt, action="rollout.slowdown", note=reason)
 
@@ -158,6 +174,7 @@ class RolloutGuards:
                         "percent": step,
                         "stage_started_at": now,
                         "failures": 0,
+                        "failed_pods": [],
                         "state": "complete" if step >= 100 else "active",
                     }
                 )
@@ -205,12 +222,25 @@ class RolloutGuards:
         self._runtime.live.reload()
 
 
-def _halted(current: Rollout, failures: int, reason: str) -> Rollout:
+def _halted(current: Rollout, failed: list[str], reason: str) -> Rollout:
     return current.model_copy(
         update={
             "state": "halted",
-            "failures": failures,
+            "failures": len(failed),
+            "failed_pods": failed,
             "halted_reason": reason,
             "halted_at": datetime.now(UTC),
         }
     )
+
+
+def guards(rollout: Rollout, cluster: str) -> bool:
+    """Whether the stage pods of ``cluster`` may halt ``rollout`` (``guard_clusters``)."""
+    globs = rollout.guard_clusters
+    return globs is None or any(fnmatch.fnmatchcase(cluster, g) for g in globs)
+
+
+def _pods_and_clusters(pods: list[str]) -> str:
+    clusters = sorted({p.split("/", 1)[0] for p in pods})
+    shown = ", ".join(pods[:10]) + (f" and {len(pods) - 10} more" if len(pods) > 10 else "")
+    return f"pods {shown} (clusters {', '.join(clusters)})"
