@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,15 @@ _PG_FROM_STAGE = (
     "WHERE pod IS NOT NULL ORDER BY cluster, coalesce(node, ''), pod, id DESC "
     f"{_POD_LATEST_CONFLICT}"
 )
+
+
+# Rows per SQLite statement: 64 x 10 parameters stays under SQLite's oldest limit
+# of 999 parameters per statement.
+SQLITE_ROWS = 64
+
+
+def _flat(rows: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    return tuple(itertools.chain.from_iterable(rows))
 
 
 def rows_of(records: Iterable[DecisionRecord]) -> list[tuple[Any, ...]]:
@@ -75,7 +85,7 @@ class DecisionStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._known_answers: set[str] = set()
-        self._sql = self._prepare_sql()
+        self._sql: dict[Any, str] = self._prepare_sql()  # type: ignore[assignment]
         if engine.dialect.name == "sqlite":
             # SQLAlchemy's own SQLite DateTime text format, naive UTC
             self._timestamp: Callable[[datetime], Any] = lambda d: (
@@ -123,7 +133,7 @@ class DecisionStore:
 
     def _insert_sqlite(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
         ts = self._timestamp
-        conn.exec_driver_sql(self._sql["decisions"], [(r[0], ts(r[1]), *r[2:10]) for r in rows])
+        self._sqlite_rows(conn, "decisions", [(r[0], ts(r[1]), *r[2:10]) for r in rows])
         latest: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         for r in rows:
             if r[4] is None:
@@ -132,13 +142,49 @@ class DecisionStore:
             if key not in latest or latest[key][0] < r[0]:
                 latest[key] = r
         if latest:
-            conn.exec_driver_sql(
-                self._sql["pod_latest"],
+            self._sqlite_rows(
+                conn,
+                "pod_latest",
                 [
                     (c, n, p, r[0], r[5], r[6], ts(r[1]), r[9])
                     for (c, n, p), r in sorted(latest.items())
                 ],
             )
+
+    def _sqlite_rows(self, conn: Connection, name: str, params: list[tuple[Any, ...]]) -> None:
+        """Insert ``params`` with statement ``name``, up to ``SQLITE_ROWS`` rows per
+        statement.
+
+        Python's sqlite3 releases the GIL around every step of every statement, even
+        inside ``executemany``; while the event loop is busy, taking the GIL back waits
+        up to the switch interval each time, so one row per step held the writer to
+        about a thousand rows a second under full load (its backlog then made every
+        full garbage collection longer). A statement of many rows is one step. Sizes
+        are powers of two, so that a few statements, prepared once, fit any batch.
+        """
+        done = len(params) - len(params) % SQLITE_ROWS
+        if done:
+            conn.exec_driver_sql(
+                self._sqlite_sql(name, SQLITE_ROWS),
+                [_flat(params[i : i + SQLITE_ROWS]) for i in range(0, done, SQLITE_ROWS)],
+            )
+        size = SQLITE_ROWS // 2
+        while done < len(params):
+            if len(params) - done >= size:
+                conn.exec_driver_sql(
+                    self._sqlite_sql(name, size), _flat(params[done : done + size])
+                )
+                done += size
+            size //= 2
+
+    def _sqlite_sql(self, name: str, rows: int) -> str:
+        sql = self._sql.get((name, rows))
+        if sql is None:
+            head, _, rest = self._sql[name].partition(" VALUES ")
+            group, _, tail = rest.partition(")")  # the one row's "(?, ..., ?" and the rest
+            sql = f"{head} VALUES {', '.join([group + ')'] * rows)}{tail}"
+            self._sql[(name, rows)] = sql
+        return sql
 
     def _copy_postgres(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
         dbapi = conn.connection.dbapi_connection
