@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.resources import files
-from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from mla_switchboard.core.version import __version__
+from mla_switchboard.service.api.errors import validation_error_response
 from mla_switchboard.service.api.middleware import BodyLimitAndMetrics
 from mla_switchboard.service.api.routes import (
     admin,
@@ -120,35 +119,7 @@ def _offline_docs(app: FastAPI) -> None:
 
 
 async def _validation_errors(request: Request, exc: RequestValidationError) -> Response:
-    """FastAPI's 422, with a body that can always be encoded: an echoed ``input`` that
-    is not text (a lone surrogate, bytes that are not UTF-8) made the answer itself
-    fail, a 500 (issue 13). Such strings are sent with U+FFFD in place."""
-    errors: list[Any] = []
-    for error in exc.errors():
-        try:
-            errors.append(_text_only(jsonable_encoder(error)))
-        except (UnicodeError, ValueError, TypeError):
-            errors.append(
-                _text_only(jsonable_encoder({k: v for k, v in error.items() if k in _KEPT}))
-            )
-    return JSONResponse({"detail": errors}, status_code=422)
-
-
-_KEPT = ("type", "loc", "msg")
-
-
-def _text_only(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
-        return value
-    if isinstance(value, dict):
-        return {_text_only(k): _text_only(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_text_only(v) for v in value]
-    return value
+    return validation_error_response(exc.errors())
 
 
 async def _body_errors_as_422(request: Request, exc: HTTPException) -> Response:
