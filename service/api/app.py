@@ -24,11 +24,13 @@ from mla_switchboard.service.api.routes import (
     select,
     selections,
 )
+from mla_switchboard.service.api.select_asgi import SelectHandler, is_select
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.runtime import Runtime
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
+from starlette.types import Receive, Scope, Send
 
 DESCRIPTION = """\
 Fleet-wide choice of the MLA prefill attention backend. Serving pods call
@@ -37,7 +39,22 @@ was rejected. See docs/api.md for the contract.
 """
 
 
-def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
+class SwitchboardAPI(FastAPI):
+    """The FastAPI app, with ``POST /v1/select`` answered in front of it by a plain ASGI
+    handler (service/api/select_asgi.py): the outermost layer a server calls, so the
+    hot path skips FastAPI's middleware and routing; every other request, and the
+    route's OpenAPI description, are FastAPI's as usual."""
+
+    select_handler: SelectHandler | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.select_handler is not None and is_select(scope):
+            await self.select_handler(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> SwitchboardAPI:
     runtime = runtime or Runtime(settings or Settings())
 
     @asynccontextmanager
@@ -48,7 +65,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         finally:
             runtime.stop()
 
-    app = FastAPI(
+    app = SwitchboardAPI(
         title="MLA Switchboard",
         version=__version__,
         description=DESCRIPTION,
@@ -58,7 +75,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     )
     app.state.runtime = runtime
     _offline_docs(app)
-    app.include_router(select.lean_router)  # first: the hot path is matched first
+    app.include_router(select.lean_router)  # first: documented first, matched first
     for module in (select, selections, rules, overrides, measurements, admin, health, dashboard):
         app.include_router(module.router)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
@@ -67,6 +84,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.add_middleware(
         BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
     )
+    app.select_handler = SelectHandler(runtime, runtime.settings.max_body_bytes)
     return app
 
 
