@@ -1,12 +1,13 @@
 """Load benchmark of ``POST /v1/select`` against a bare FastAPI endpoint, same run.
 
 Both servers run as one uvicorn process each on loopback; wrk (Debian package ``wrk``)
-drives a mix of distinct pods (bench/select_mix.lua). Rounds alternate between the
-two so that the shared 2-core machine's noise hits both alike; the figure that
-matters is the ratio of their requests/s. Afterwards every 200 answer of the
-Switchboard rounds must be in the store (counted).
+drives a mix of distinct pods (bench/select_mix.lua). Each round runs both servers
+back to back, in alternating order, so that the shared 2-core machine's noise hits
+both alike; the figures that matter are the ratios within a round (requests/s, p99,
+CPU per request), reported per round and as their medians, with their spread.
+Afterwards every 200 answer of the Switchboard rounds must be in the store (counted).
 
-    python bench/select_load.py [--rounds 3] [--duration 8] [--connections 32]
+    python bench/select_load.py [--rounds 7] [--duration 8] [--connections 32]
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def run_wrk(url: str, duration: int, connections: int) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--duration", type=int, default=8, help="seconds per round")
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "select_load.json"))
@@ -134,18 +135,40 @@ def main() -> int:
         # warm-up, not timed (its answers are still counted against the store below)
         warmup = run_wrk(f"http://127.0.0.1:{sb_port}", 2, args.connections)
         run_wrk(f"http://127.0.0.1:{bare_port}", 2, args.connections)
+        per_round: list[dict[str, float]] = []
         for i in range(args.rounds):
-            for name, port in (("switchboard", sb_port), ("bare", bare_port)):
+            order = [("switchboard", sb_port), ("bare", bare_port)]
+            if i % 2:
+                order.reverse()  # neither always runs right after the other's load
+            got: dict[str, dict[str, float]] = {}
+            for name, port in order:
                 cpu0 = cpu_seconds(pids[name])
                 r = run_wrk(f"http://127.0.0.1:{port}", args.duration, args.connections)
                 r["cpu_us_per_request"] = (cpu_seconds(pids[name]) - cpu0) / r["requests"] * 1e6
+                r["load_average_1m"] = os.getloadavg()[0]
                 rounds[name].append(r)
+                got[name] = r
                 print(
                     f"round {i + 1}/{args.rounds} {name:12s} {r['rps']:8.0f} req/s  "
                     f"p50 {r['p50_us'] / 1000:6.2f} ms  p99 {r['p99_us'] / 1000:6.2f} ms  "
-                    f"cpu/req {r['cpu_us_per_request']:5.0f} us  non-2xx {r['non2xx']}",
+                    f"cpu/req {r['cpu_us_per_request']:5.0f} us  non-2xx {r['non2xx']}  "
+                    f"load {r['load_average_1m']:.1f}",
                     flush=True,
                 )
+            sb_r, bare_r = got["switchboard"], got["bare"]
+            per_round.append(
+                {
+                    "ratio_rps": sb_r["rps"] / bare_r["rps"],
+                    "ratio_p99": sb_r["p99_us"] / bare_r["p99_us"],
+                    "ratio_cpu_per_request": bare_r["cpu_us_per_request"]
+                    / sb_r["cpu_us_per_request"],
+                }
+            )
+            print(
+                f"round {i + 1}/{args.rounds} ratios: requests/s "
+                f"{per_round[-1]['ratio_rps']:.2f}, p99 {per_round[-1]['ratio_p99']:.2f}x",
+                flush=True,
+            )
         metrics = httpx.get(f"http://127.0.0.1:{sb_port}/metrics").text
         writer_cpu_s = sum(
             float(line.rsplit(" ", 1)[1])
@@ -176,12 +199,27 @@ def main() -> int:
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in rounds[name])
 
+    def spread(key: str) -> dict[str, float]:
+        values = [r[key] for r in per_round]
+        return {
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+            "rounds_meeting_target": sum(
+                (v >= 1.0) if key == "ratio_rps" else (v <= 1.5) for v in values
+            ),
+        }
+
     result = {
         "benchmark": "POST /v1/select vs bare FastAPI endpoint, same run",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores (shared)",
         "load": f"wrk -t1 -c{args.connections}, {args.duration}s rounds x {args.rounds}, "
         "10,000 distinct pods (bench/select_mix.lua)",
+        "load_average_1m": {
+            "min": min(r["load_average_1m"] for n in rounds for r in rounds[n]),
+            "max": max(r["load_average_1m"] for n in rounds for r in rounds[n]),
+        },
         "switchboard": {
             "rps": med("switchboard", "rps"),
             "p50_ms": med("switchboard", "p50_us") / 1000,
@@ -195,21 +233,27 @@ def main() -> int:
             "p99_ms": med("bare", "p99_us") / 1000,
             "cpu_us_per_request": med("bare", "cpu_us_per_request"),
         },
-        "ratio_rps": med("switchboard", "rps") / med("bare", "rps"),
-        "ratio_p99": med("switchboard", "p99_us") / med("bare", "p99_us"),
+        # ratios within each round (same minutes of the machine), then their median;
+        # targets: requests/s >= 1.0, p99 <= 1.5x
+        "ratio_rps": spread("ratio_rps")["median"],
+        "ratio_p99": spread("ratio_p99")["median"],
+        "ratio_rps_rounds": spread("ratio_rps"),
+        "ratio_p99_rounds": spread("ratio_p99"),
         # the writer thread's own CPU per decision, and the rate it could sustain on
         # one core at that cost (against the answers/s the replica reached)
         "writer_cpu_us_per_decision": writer_cpu_s / max(answered_by_server, 1) * 1e6,
         "writer_rows_per_cpu_second": answered_by_server / writer_cpu_s if writer_cpu_s else None,
-        "ratio_cpu_per_request": med("bare", "cpu_us_per_request")
-        / med("switchboard", "cpu_us_per_request"),
+        "ratio_cpu_per_request": spread("ratio_cpu_per_request")["median"],
         "decisions_answered_by_server": answered_by_server,
         "decisions_seen_by_wrk": seen_by_wrk,
         "decisions_in_store": stored,
         "all_decisions_stored": stored == answered_by_server and stored >= seen_by_wrk,
+        "per_round": per_round,
         "rounds": rounds,
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
+    print(
+        json.dumps({k: v for k, v in result.items() if k not in ("rounds", "per_round")}, indent=2)
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

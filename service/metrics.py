@@ -25,6 +25,27 @@ from prometheus_client.metrics_core import Metric
 OTHER_CLUSTERS = "(other)"
 
 
+class Children:
+    """A labelled metric's children by label values, for label values drawn from a
+    small bounded set (statuses, refusal kinds, route templates).
+
+    ``.labels()`` checks its arguments, builds a tuple and takes a lock on every call;
+    the request path asks for the same few children thousands of times a second.
+    """
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class BoundedClusterCounter:
     """A ``Counter`` whose ``cluster`` label (the last one) admits ``limit`` values."""
 
@@ -33,8 +54,15 @@ class BoundedClusterCounter:
         self._limit = limit
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+        # children of admitted clusters and of (other), by the labels asked for: at
+        # most (limit + 1) x the other labels' few values; a cluster refused admission
+        # is looked up under (other), so no caller can grow this
+        self._children: dict[tuple[str, ...], Any] = {}
 
     def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is not None:
+            return child
         *rest, cluster = values
         if cluster not in self._seen:
             with self._lock:
@@ -42,7 +70,11 @@ class BoundedClusterCounter:
                     self._seen.add(cluster)
                 else:
                     cluster = OTHER_CLUSTERS
-        return self._counter.labels(*rest, cluster)
+        key = (*rest, cluster)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._counter.labels(*key)
+        return child
 
 
 class Metrics:
@@ -68,6 +100,8 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
+        self.latency_of = Children(self.latency)  # (method, route, status) -> child
+        self.refusals_of = Children(self.refusals)  # kind -> child
         self.rollout_changes = Counter(
             "switchboard_rollout_changes_total",
             "Staged overrides halted by a guard or promoted by a step, by the service itself",

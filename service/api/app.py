@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.resources import files
-from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from mla_switchboard.core.version import __version__
+from mla_switchboard.service.api.errors import validation_error_response
 from mla_switchboard.service.api.middleware import BodyLimitAndMetrics
 from mla_switchboard.service.api.routes import (
     admin,
@@ -25,6 +24,7 @@ from mla_switchboard.service.api.routes import (
     select,
     selections,
 )
+from mla_switchboard.service.api.select_asgi import SelectHandler, is_select
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.fleet.groups import OverBudget
 from mla_switchboard.service.messages import first_line
@@ -32,6 +32,7 @@ from mla_switchboard.service.runtime import Runtime
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
+from starlette.types import Receive, Scope, Send
 
 DESCRIPTION = """\
 Fleet-wide choice of the MLA prefill attention backend. Serving pods call
@@ -40,7 +41,22 @@ was rejected. See docs/api.md for the contract.
 """
 
 
-def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
+class SwitchboardAPI(FastAPI):
+    """The FastAPI app, with ``POST /v1/select`` answered in front of it by a plain ASGI
+    handler (service/api/select_asgi.py): the outermost layer a server calls, so the
+    hot path skips FastAPI's middleware and routing; every other request, and the
+    route's OpenAPI description, are FastAPI's as usual."""
+
+    select_handler: SelectHandler | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.select_handler is not None and is_select(scope):
+            await self.select_handler(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> SwitchboardAPI:
     runtime = runtime or Runtime(settings or Settings())
 
     @asynccontextmanager
@@ -51,7 +67,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         finally:
             runtime.stop()
 
-    app = FastAPI(
+    app = SwitchboardAPI(
         title="MLA Switchboard",
         version=__version__,
         description=DESCRIPTION,
@@ -61,7 +77,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     )
     app.state.runtime = runtime
     _offline_docs(app)
-    app.include_router(select.lean_router)  # first: the hot path is matched first
+    app.include_router(select.lean_router)  # first: documented first, matched first
     for module in (select, selections, rules, overrides, measurements, admin, health, dashboard):
         app.include_router(module.router)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
@@ -71,6 +87,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.add_middleware(
         BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
     )
+    app.select_handler = SelectHandler(runtime, runtime.settings.max_body_bytes)
     return app
 
 
@@ -123,35 +140,7 @@ def _offline_docs(app: FastAPI) -> None:
 
 
 async def _validation_errors(request: Request, exc: RequestValidationError) -> Response:
-    """FastAPI's 422, with a body that can always be encoded: an echoed ``input`` that
-    is not text (a lone surrogate, bytes that are not UTF-8) made the answer itself
-    fail, a 500 (issue 13). Such strings are sent with U+FFFD in place."""
-    errors: list[Any] = []
-    for error in exc.errors():
-        try:
-            errors.append(_text_only(jsonable_encoder(error)))
-        except (UnicodeError, ValueError, TypeError):
-            errors.append(
-                _text_only(jsonable_encoder({k: v for k, v in error.items() if k in _KEPT}))
-            )
-    return JSONResponse({"detail": errors}, status_code=422)
-
-
-_KEPT = ("type", "loc", "msg")
-
-
-def _text_only(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
-        return value
-    if isinstance(value, dict):
-        return {_text_only(k): _text_only(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_text_only(v) for v in value]
-    return value
+    return validation_error_response(exc.errors())
 
 
 async def _body_errors_as_422(request: Request, exc: HTTPException) -> Response:

@@ -35,20 +35,25 @@ def invalid(location: tuple[str | int, ...], message: str) -> NoReturn:
 
 
 def principal_from(request: Request, role: Role) -> Principal:
-    """Authenticate the request's bearer token and check its role; raises 401/403.
+    """Authenticate the request's bearer token and check its role; raises 401/403."""
+    return authorize(request.headers.get("authorization", ""), request.app.state.runtime, role)
 
-    Called directly by the hot path (``/v1/select``), where FastAPI's dependency
-    machinery costs more than the check itself; everywhere else through ``require``.
+
+def authorize(authorization: str, runtime: Runtime, role: Role) -> Principal:
+    """The principal of an ``Authorization`` header's bearer token, if it has ``role``;
+    raises 401/403.
+
+    Takes the header's text rather than a request, so that the lean ``/v1/select``
+    handler (service/api/select_asgi.py), which has no Starlette request, gives the
+    same answers as every other route (which call it through ``require``).
     """
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise HTTPException(
             401,
             detail={"message": "missing bearer token (Authorization: Bearer <token>)"},
             headers={"WWW-Authenticate": "Bearer"},
         )
-    runtime: Runtime = request.app.state.runtime
     principal = authenticate(token.strip(), runtime.snapshot.tokens, runtime.bootstrap_token)
     if principal is None:
         raise HTTPException(

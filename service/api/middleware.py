@@ -156,26 +156,24 @@ class BodyLimitAndMetrics:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in METHODS else "OTHER"
-            self.metrics.latency.labels(method, path, str(status)).observe(
-                time.perf_counter() - start
-            )
+            self.metrics.latency_of(method, path, str(status)).observe(time.perf_counter() - start)
 
     async def _too_large(self, send: Send) -> None:
-        body = json.dumps(
-            {"detail": {"message": f"request body over {self.max_body} bytes"}}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
+        headers, body = too_large(self.max_body)
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def too_large(max_body: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The 413 answer's headers and body (the connection is closed: the rest of the
+    body is not read)."""
+    body = json.dumps({"detail": {"message": f"request body over {max_body} bytes"}}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    return headers, body
 
 
 def _is_json(scope: Scope) -> bool:

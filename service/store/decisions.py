@@ -12,6 +12,7 @@ advisory lock per schema, SQLite's write lock).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +42,8 @@ source, rules_revision, shape_id, answer_id, shape_json, answer_json)``. The two
 texts are shared by every decision of one shape or answer and stored once each."""
 
 ROW_FIELDS = 12
+SQLITE_ROWS = 64
+"""Rows per SQLite statement (see ``DecisionStore._sqlite_rows``)."""
 KNOWN_LIMIT = 100_000
 """Shape and answer ids a writer remembers having stored (memory stays bounded)."""
 
@@ -223,22 +226,56 @@ class DecisionStore:
         self, conn: Connection, rows: Sequence[Row], newest: dict[PodKey, Row]
     ) -> None:
         ts = self._timestamp
-        conn.exec_driver_sql(
-            self._sql["decisions"],
-            [(r[0], ts(r[1]), *r[2:8], r[8], r[9]) for r in rows],
-        )
+        self._sqlite_rows(conn, "decisions", [(r[0], ts(r[1]), *r[2:10]) for r in rows])
         if not newest:
             return
         old = self._old_latest_sqlite(conn, list(newest))
         moved = self._move(conn, newest, old)
         if moved:
-            conn.exec_driver_sql(
-                self._sql["pod_latest"],
+            self._sqlite_rows(
+                conn,
+                "pod_latest",
                 [
                     (c, n, p, r[0], r[5], r[6], ts(r[1]), r[9], r[8], stage_bucket(c, p))
                     for (c, n, p), r in sorted(moved.items())
                 ],
             )
+
+    def _sqlite_rows(self, conn: Connection, name: str, params: list[tuple[Any, ...]]) -> None:
+        """Insert ``params`` with statement ``name``, up to ``SQLITE_ROWS`` rows per
+        statement.
+
+        Python's sqlite3 releases the GIL around every step of every statement, even
+        inside ``executemany``; while the event loop is busy, taking the GIL back waits
+        up to the switch interval each time, so one row per step held the writer to
+        about a thousand rows a second under full load (its backlog then made every
+        full garbage collection longer). A statement of many rows is one step. Sizes
+        are powers of two, so that a few statements, prepared once, fit any batch.
+        """
+        done = len(params) - len(params) % SQLITE_ROWS
+        if done:
+            conn.exec_driver_sql(
+                self._sqlite_sql(name, SQLITE_ROWS),
+                [_flat(params[i : i + SQLITE_ROWS]) for i in range(0, done, SQLITE_ROWS)],
+            )
+        size = SQLITE_ROWS // 2
+        while done < len(params):
+            if len(params) - done >= size:
+                conn.exec_driver_sql(
+                    self._sqlite_sql(name, size), _flat(params[done : done + size])
+                )
+                done += size
+            size //= 2
+
+    def _sqlite_sql(self, name: str, rows: int) -> str:
+        key = f"{name}*{rows}"
+        sql = self._sql.get(key)
+        if sql is None:
+            head, _, rest = self._sql[name].partition(" VALUES ")
+            group, _, tail = rest.partition(")")  # the one row's "(?, ..., ?" and the rest
+            sql = f"{head} VALUES {', '.join([group + ')'] * rows)}{tail}"
+            self._sql[key] = sql
+        return sql
 
     def _old_latest_sqlite(self, conn: Connection, keys: list[PodKey]) -> dict[PodKey, Row]:
         out: dict[PodKey, Row] = {}
@@ -473,6 +510,10 @@ class DecisionStore:
                 PodState(c, n, p, d, b, src, _request_json(request, shape, c, n or None, p))
                 for c, n, p, d, b, src, request, shape in conn.execute(q)
             ]
+
+
+def _flat(rows: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    return tuple(itertools.chain.from_iterable(rows))
 
 
 def _newest_per_pod(rows: Sequence[Row]) -> dict[PodKey, Row]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +27,37 @@ from mla_switchboard.service.store.decisions import decision_row
 from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 
+def json_media_errors(content_type: str) -> list[dict[str, Any]] | None:
+    """The 422 problem of a body whose ``Content-Type`` is not JSON, else None (FastAPI's
+    own routes do not read such a body as JSON either)."""
+    media = content_type.partition(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    problem: dict[str, Any] = {"type": "content_type", "loc": ("body",), "input": media or None}
+    problem["msg"] = "expected Content-Type: application/json"
+    return [problem]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_json_body(model: type[M], raw: bytes) -> M:
+    """``raw`` validated as ``model`` by pydantic's own JSON parser; raises
+    ``RequestValidationError`` shaped as FastAPI's (``loc`` starts with ``"body"``)."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for e in errors:
+            e["loc"] = ("body", *e["loc"])
+            if e.get("type") == "json_invalid":
+                # The input of a JSON syntax error is the raw body: bytes, maybe not
+                # UTF-8, and not worth echoing; ``msg`` already says what and where.
+                e.pop("ctx", None)
+                e.pop("input", None)
+        raise RequestValidationError(errors, body=raw) from None
+
+
 class LeanJSONRoute(APIRoute):
     """An APIRoute whose handler validates the JSON body with pydantic directly.
 
@@ -43,26 +74,10 @@ class LeanJSONRoute(APIRoute):
         endpoint = self.endpoint
 
         async def handler(request: Request) -> Response:
-            media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-            if media != "application/json" and not media.endswith("+json"):
-                # FastAPI's own routes do not read such a body as JSON either
-                problem = {"type": "content_type", "loc": ("body",), "input": media or None}
-                problem["msg"] = "expected Content-Type: application/json"
-                raise RequestValidationError([problem])
-            raw = await request.body()
-            try:
-                body = model.model_validate_json(raw)
-            except ValidationError as exc:
-                errors = exc.errors(include_url=False)
-                for e in errors:
-                    e["loc"] = ("body", *e["loc"])
-                    if e.get("type") == "json_invalid":
-                        # The input of a JSON syntax error is the raw body: bytes, maybe
-                        # not UTF-8 (FastAPI's encoder raised on them: a 500), and not
-                        # worth echoing; ``msg`` already says what and where.
-                        e.pop("ctx", None)
-                        e.pop("input", None)
-                raise RequestValidationError(errors, body=raw) from None
+            errors = json_media_errors(request.headers.get("content-type", ""))
+            if errors is not None:
+                raise RequestValidationError(errors)
+            body = parse_json_body(model, await request.body())
             return await endpoint(body, request)
 
         return handler
@@ -105,50 +120,74 @@ class RefusalBody(BaseModel):
     },
 )
 async def select(body: SelectRequest, request: Request) -> Response:
-    # Only the body goes through FastAPI's dependency machinery: on this path the
-    # machinery costs more than the work (see bench/select_load.py).
+    """The route as FastAPI serves it: documented in the OpenAPI schema, and the
+    reference the lean handler in front of the app (service/api/select_asgi.py) is
+    tested against. Both answer through :func:`select_answer`."""
     runtime: Runtime = request.app.state.runtime
     principal = principal_from(request, "agent")
     check_scope(principal, body.cluster)
-    if_none_match = request.headers.get("if-none-match")
+    status, headers, content = select_answer(runtime, body, request.headers.get("if-none-match"))
+    response = Response(content, status_code=status)
+    response.raw_headers = headers
+    return response
+
+
+Headers = list[tuple[bytes, bytes]]
+JSON_TYPE = (b"content-type", b"application/json")
+
+
+def select_answer(
+    runtime: Runtime, body: SelectRequest, if_none_match: str | None
+) -> tuple[int, Headers, bytes]:
+    """Decide for an authorised request, record the decision, count it: the status,
+    headers and body to send.
+
+    Plain bytes, so that the lean handler sends them as they are and the FastAPI
+    route wraps them, with the same headers in the same order."""
     inputs = runtime.inputs
     result = runtime.selector.select(body, inputs)
     if isinstance(result, Refusal):
-        runtime.metrics.refusals.labels(result.kind).inc()
-        return Response(
-            status_code=409,
-            media_type="application/json",
-            content=RefusalBody(
-                detail=RefusalDetail(
-                    message=result.message, kind=result.kind, candidates=list(result.candidates)
-                )
-            ).model_dump_json(),
-        )
-    rendered, decision = result, result.decision
+        runtime.metrics.refusals_of(result.kind).inc()
+        content = refusal_json(result)
+        return 409, [(b"content-length", str(len(content)).encode()), JSON_TYPE], content
     decision_id = new_id()
-    now = datetime.now(UTC)
+    decision = result.decision
     runtime.recorder.submit(
         decision_row(
             decision_id,
-            now,
+            datetime.now(UTC),
             body,
-            decision.backend.value,
+            result.backend,
             decision.source,
             inputs.rules.revision or 0,
-            rendered.shape,
-            rendered.answer_id,
-            rendered.answer_json,
+            result.shape,
+            result.answer_id,
+            result.answer_json,
         )
     )
-    runtime.metrics.decisions.labels(decision.backend.value, decision.source, body.cluster).inc()
-    headers = {"ETag": rendered.etag, "X-Decision-Id": decision_id}
-    if if_none_match is not None and rendered.etag in {t.strip() for t in if_none_match.split(",")}:
-        return Response(status_code=304, headers=headers)
-    return Response(
-        content=rendered.body(decision_id),
-        media_type="application/json",
-        headers=headers,
+    runtime.metrics.decisions.labels(result.backend, decision.source, body.cluster).inc()
+    id_header = decision_id.encode()
+    if if_none_match is not None and result.etag in {t.strip() for t in if_none_match.split(",")}:
+        return 304, [(b"etag", result.etag_header), (b"x-decision-id", id_header)], b""
+    content = result.body(id_header)
+    return (
+        200,
+        [
+            (b"etag", result.etag_header),
+            (b"x-decision-id", id_header),
+            (b"content-length", str(len(content)).encode()),
+            JSON_TYPE,
+        ],
+        content,
     )
+
+
+def refusal_json(refusal: Refusal) -> bytes:
+    """The 409 body: the refusal's message, kind and every candidate's reasons."""
+    detail = RefusalDetail(
+        message=refusal.message, kind=refusal.kind, candidates=list(refusal.candidates)
+    )
+    return RefusalBody(detail=detail).model_dump_json().encode()
 
 
 class FailureReport(BaseModel):

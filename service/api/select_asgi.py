@@ -1,0 +1,159 @@
+"""``POST /v1/select`` as a plain ASGI handler, answered before FastAPI sees the request.
+
+Every serving pod calls it at boot, thousands at once in a rollout. FastAPI's
+middleware stack, router, request and response objects cost more per call than the
+decision itself does (``bench/select_load.py``), so the app (``SwitchboardAPI`` in
+service/api/app.py) hands this one method and path to :class:`SelectHandler` and
+everything else to FastAPI.
+
+The contract is the FastAPI route's, which stays registered: it documents the route in
+the OpenAPI schema, and it is the reference that tests/service/test_select_fast_path.py
+compares this handler with, byte for byte. The same checks, in the same order:
+
+1. 413 for a body over the size limit (by ``Content-Length``, or counted as a streamed
+   body is read), answered as the body-limit middleware does;
+2. 422 for a ``Content-Type`` that is not JSON, then for a body that is not a valid
+   request, through the app's own validation-error encoder;
+3. 401/403 for the token and its role, 403 for a cluster outside its scope;
+4. the answer of :func:`select_answer`: 409 refusal, 304 on ``If-None-Match``, or 200
+   with ``ETag`` and ``X-Decision-Id``.
+
+Each answer is observed in ``switchboard_request_seconds`` under route ``/v1/select``.
+The decision path never touches the store, so the store's 503 cannot arise here.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.service.api.deps import authorize, check_scope
+from mla_switchboard.service.api.errors import http_error_response, validation_error_response
+from mla_switchboard.service.api.middleware import too_large
+from mla_switchboard.service.api.routes.select import (
+    Headers,
+    json_media_errors,
+    parse_json_body,
+    select_answer,
+)
+from mla_switchboard.service.runtime import Runtime
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+SELECT_PATH = "/v1/select"
+Answer = tuple[int, Headers, bytes]
+
+# what Starlette's ServerErrorMiddleware answers for an unexpected exception
+SERVER_ERROR: Answer = (
+    500,
+    [(b"content-length", b"21"), (b"content-type", b"text/plain; charset=utf-8")],
+    b"Internal Server Error",
+)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body was read: there is no one to answer."""
+
+
+def is_select(scope: Scope) -> bool:
+    """Whether the lean handler answers this request (every other goes to FastAPI,
+    including other methods on the path: 405 with ``Allow: POST``)."""
+    return scope["type"] == "http" and scope["path"] == SELECT_PATH and scope["method"] == "POST"
+
+
+class SelectHandler:
+    """The ASGI callable for ``POST /v1/select``; one per app."""
+
+    def __init__(self, runtime: Runtime, max_body: int) -> None:
+        self._runtime = runtime
+        self._max_body = max_body
+        headers, body = too_large(max_body)
+        self._too_large: Answer = (413, headers, body)
+        self._latency: dict[int, Any] = {}  # status -> histogram child
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = perf_counter()
+        status = 500
+        try:
+            try:
+                answer = await self._answer(scope, receive)
+            except ClientGone:
+                return
+            except Exception:
+                await _send(send, SERVER_ERROR)
+                raise
+            status = answer[0]
+            await _send(send, answer)
+        finally:
+            self._observe(status, perf_counter() - start)
+
+    async def _answer(self, scope: Scope, receive: Receive) -> Answer:
+        # Starlette's ``headers.get`` reads the first of repeated headers; so does this
+        headers: dict[bytes, bytes] = dict(reversed(scope["headers"]))
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self._max_body):
+            return self._too_large
+        raw = await self._read_body(receive)
+        if raw is None:
+            return self._too_large
+        problems = json_media_errors(headers.get(b"content-type", b"").decode("latin-1"))
+        if problems is not None:
+            return _unpack(validation_error_response(problems))
+        try:
+            body = parse_json_body(SelectRequest, raw)
+        except RequestValidationError as exc:
+            return _unpack(validation_error_response(exc.errors()))
+        runtime = self._runtime
+        try:
+            authorization = headers.get(b"authorization", b"").decode("latin-1")
+            check_scope(authorize(authorization, runtime, "agent"), body.cluster)
+        except HTTPException as exc:
+            return _unpack(http_error_response(exc))
+        if_none_match = headers.get(b"if-none-match")
+        return select_answer(
+            runtime, body, None if if_none_match is None else if_none_match.decode("latin-1")
+        )
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None once it is over the limit (a streamed body is
+        counted as it comes, so no more than the limit and one chunk is held)."""
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientGone
+        body: bytes = message.get("body", b"")
+        if message.get("more_body", False):
+            chunks = [body]
+            size = len(body)
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self._max_body:
+                    return None
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+        return None if len(body) > self._max_body else body
+
+    def _observe(self, status: int, seconds: float) -> None:
+        child = self._latency.get(status)
+        if child is None:
+            child = self._runtime.metrics.latency_of("POST", SELECT_PATH, str(status))
+            self._latency[status] = child
+        child.observe(seconds)
+
+
+def _unpack(response: Response) -> Answer:
+    return response.status_code, response.raw_headers, bytes(response.body)
+
+
+async def _send(send: Send, answer: Answer) -> None:
+    status, headers, body = answer
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
