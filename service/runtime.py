@@ -28,6 +28,7 @@ from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, migrate
 from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.writes import Writes
 from prometheus_client import Gauge
 
 log = logging.getLogger("switchboard")
@@ -77,6 +78,7 @@ class Runtime:
         ).set_function(lambda: self.config_age_s() or 0.0)
         self.rollouts = RolloutGuards(self, check_s=settings.rollout_check_s)
         self.reads = FleetReads(self)
+        self.writes = Writes(self)
         self.bootstrap_token = (
             settings.admin_token.get_secret_value() if settings.admin_token else None
         )

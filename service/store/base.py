@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mla_switchboard.service.store.models import Meta
-from sqlalchemy import Engine, select, update
+from mla_switchboard.service.store.models import IdempotencyRow, Meta
+from sqlalchemy import Engine, delete, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 
@@ -30,16 +33,98 @@ def bump(s: Session, key: str = "config_version") -> int:
     return s.scalar(select(Meta.value).where(Meta.key == key)) or 0
 
 
+class OutcomeUnknown(Exception):
+    """The database failed while committing: the write may or may not be stored. A
+    caller that sent an ``Idempotency-Key`` retries with it and learns which."""
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """An earlier request with the same ``Idempotency-Key``: what it was answered, or
+    ``same_request`` False when that key came with a different request."""
+
+    status: int
+    body: dict[str, Any]
+    same_request: bool
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """A write's ``Idempotency-Key``: ``respond`` makes the answer to keep from what the
+    write stored (inside its transaction)."""
+
+    actor: str
+    key: str
+    request_hash: str
+    respond: Callable[[Any], tuple[int, dict[str, Any]]]
+
+    def recall(self, s: Session) -> Replayed | None:
+        row = s.get(IdempotencyRow, (self.actor, self.key))
+        if row is None:
+            return None
+        return Replayed(row.status, json.loads(row.body), row.request_hash == self.request_hash)
+
+    def keep(self, s: Session, stored: Any) -> None:
+        status, body = self.respond(stored)
+        s.add(
+            IdempotencyRow(
+                actor=self.actor,
+                key=self.key,
+                request_hash=self.request_hash,
+                status=status,
+                body=json.dumps(body, default=str),
+                created_at=datetime.now(UTC),
+            )
+        )
+
+
+IDEMPOTENCY_TTL = timedelta(hours=24)
+
+
+def recall_idempotency(engine: Engine, actor: str, key: str) -> Replayed | None:
+    """What a write with this key was answered, outside any write (None: not used)."""
+    with Session(engine) as s:
+        row = s.get(IdempotencyRow, (actor, key))
+        if row is None:
+            return None
+        return Replayed(row.status, json.loads(row.body), True)
+
+
 @contextmanager
-def admin_write(engine: Engine) -> Iterator[tuple[Session, int]]:
+def admin_write(
+    engine: Engine, idempotency: Idempotency | None = None
+) -> Iterator[tuple[Session, int]]:
     """One admin write's transaction, with ``config_version`` bumped *first*.
 
     The bump's row lock (PostgreSQL) or write lock (SQLite) serialises admin writes
     across replicas and threads, so the If-Match check that follows reads what is
     committed and two writers holding the same ETag cannot both apply (without it,
     SQLite ran the check outside any transaction and every racer won). Raise
-    ``Refused`` inside to answer without changing anything: it rolls back.
-    Yields the session and the new ``config_version``.
+    ``Refused`` inside to answer without changing anything: it rolls back. With an
+    ``idempotency`` key already used, the write is refused with what the first one
+    was answered (``Replayed``), under the same lock, so two racing retries apply
+    once. A failure at commit raises ``OutcomeUnknown``: unlike a failure before it,
+    the change may be stored. Yields the session and the new ``config_version``.
     """
-    with Session(engine) as s, s.begin():
-        yield s, bump(s)
+    with Session(engine) as s:
+        s.begin()
+        version = bump(s)
+        if idempotency is not None:
+            s.execute(
+                delete(IdempotencyRow).where(
+                    IdempotencyRow.created_at < datetime.now(UTC) - IDEMPOTENCY_TTL
+                )
+            )
+            replayed = idempotency.recall(s)
+            if replayed is not None:
+                s.rollback()
+                raise Refused(replayed)
+        try:
+            yield s, version
+        except BaseException:
+            s.rollback()
+            raise
+        try:
+            s.commit()
+        except SQLAlchemyError as exc:
+            raise OutcomeUnknown(str(exc)) from exc

@@ -15,7 +15,13 @@ from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, Rollout, RulesDocument
 from mla_switchboard.service.state import ConfigSnapshot, Conflict, override_etag, rules_etag
 from mla_switchboard.service.store.audit import add_audit
-from mla_switchboard.service.store.base import Refused, admin_write, aware
+from mla_switchboard.service.store.base import (
+    Idempotency,
+    Refused,
+    Replayed,
+    admin_write,
+    aware,
+)
 from mla_switchboard.service.store.models import Meta, OverrideRow, RulesRevision
 from mla_switchboard.service.store.tokens import load_tokens
 from sqlalchemy import Engine, select
@@ -99,12 +105,13 @@ class ConfigStore:
         note: str | None,
         preview: dict[str, Any] | None,
         merge: Callable[[RulesDocument], RulesDocument] | None = None,
-    ) -> RulesDocument | Conflict:
+        idempotency: Idempotency | None = None,
+    ) -> RulesDocument | Conflict | Replayed:
         """``merge``: what the write makes of the stored document (a token limited to
         some clusters changes only theirs); it runs here, in the write's transaction on
         the revision stored now, not on a replica's copy, and may raise to refuse."""
         try:
-            with admin_write(self.engine) as (s, _):
+            with admin_write(self.engine, idempotency) as (s, _):
                 current = s.scalars(
                     select(RulesRevision).order_by(RulesRevision.revision.desc()).limit(1)
                 ).one()
@@ -137,6 +144,8 @@ class ConfigStore:
                 stored = RulesDocument.model_validate(
                     {**new.document, "revision": new.revision, "updated_at": now}
                 )
+                if idempotency is not None:
+                    idempotency.keep(s, stored)
         except Refused as refused:
             return refused.result
         except IntegrityError:
@@ -159,9 +168,10 @@ class ConfigStore:
         actor: str,
         if_match: str | None,
         preview: dict[str, Any] | None,
-    ) -> Override | Conflict:
+        idempotency: Idempotency | None = None,
+    ) -> Override | Conflict | Replayed:
         try:
-            with admin_write(self.engine) as (s, version):
+            with admin_write(self.engine, idempotency) as (s, version):
                 row = s.get(OverrideRow, cluster, with_for_update=True)
                 current_etag = None if row is None else override_etag(cluster, row.revision)
                 if if_match is not None and if_match != (current_etag or '"none"'):
@@ -186,6 +196,8 @@ class ConfigStore:
                     note=spec.note,
                     preview=preview,
                 )
+                if idempotency is not None:
+                    idempotency.keep(s, after)
         except Refused as refused:
             return refused.result
         return after
@@ -199,13 +211,14 @@ class ConfigStore:
         actor: str,
         action: str,
         note: str,
-    ) -> Override | None:
+        idempotency: Idempotency | None = None,
+    ) -> Override | Replayed | None:
         """Change the rollout of ``cluster``'s override in one transaction against what
         is stored, audited: ``change`` gets the stored rollout and returns its new state,
         or None when there is nothing to do (another replica got there first, or the
         override changed). Returns the new override, or None when nothing changed."""
         try:
-            with admin_write(self.engine) as (s, version):
+            with admin_write(self.engine, idempotency) as (s, version):
                 row = s.get(OverrideRow, cluster, with_for_update=True)
                 current = None if row is None else _override(row)
                 if current is None or current.rollout is None or current.rollout.id != rollout_id:
@@ -228,8 +241,10 @@ class ConfigStore:
                     note=note,
                     preview=None,
                 )
-        except Refused:
-            return None
+                if idempotency is not None:
+                    idempotency.keep(s, after)
+        except Refused as refused:
+            return refused.result if isinstance(refused.result, Replayed) else None
         return after
 
     def delete_override(
@@ -240,9 +255,10 @@ class ConfigStore:
         if_match: str | None,
         note: str | None,
         preview: dict[str, Any] | None,
-    ) -> Override | Conflict | None:
+        idempotency: Idempotency | None = None,
+    ) -> Override | Conflict | Replayed | None:
         try:
-            with admin_write(self.engine) as (s, _):
+            with admin_write(self.engine, idempotency) as (s, _):
                 row = s.get(OverrideRow, cluster, with_for_update=True)
                 if row is None:
                     raise Refused(None)
@@ -260,6 +276,8 @@ class ConfigStore:
                     note=note,
                     preview=preview,
                 )
+                if idempotency is not None:
+                    idempotency.keep(s, before)
         except Refused as refused:
             return refused.result
         return before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mla_switchboard.service.store.audit import AuditStore
+from mla_switchboard.service.store.base import Replayed, recall_idempotency
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.measurements import MeasurementStore
@@ -55,3 +56,6 @@ class Store:
         self.measurement_rows = m.measurement_rows
         self.failure_rows = m.failure_rows
         self.clear_failures = m.clear_failures
+
+    def recall_idempotency(self, actor: str, key: str) -> Replayed | None:
+        return recall_idempotency(self.engine, actor, key)

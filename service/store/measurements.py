@@ -24,7 +24,14 @@ from mla_switchboard.core.evidence import (
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
 from mla_switchboard.service.fleet.shapes import request_from_shape
 from mla_switchboard.service.store.audit import add_audit
-from mla_switchboard.service.store.base import aware, bump
+from mla_switchboard.service.store.base import (
+    Idempotency,
+    Refused,
+    Replayed,
+    admin_write,
+    aware,
+    bump,
+)
 from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow, ShapeRow
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
@@ -239,12 +246,32 @@ class MeasurementStore:
         return out
 
     def clear_failures(
-        self, situation: Situation, backend: str | None, *, actor: str, note: str
-    ) -> int:
+        self,
+        situation: Situation,
+        backend: str | None,
+        *,
+        actor: str,
+        note: str,
+        idempotency: Idempotency | None = None,
+    ) -> int | Replayed:
         """Mark a situation's failures (wrong results and failed builds, one backend or
-        all) cleared, audited; measured selection stops counting them. Returns how many."""
+        all) cleared, audited; measured selection stops counting them. Returns how many
+        (or what an earlier request with the same ``idempotency`` key was answered)."""
+        try:
+            return self._clear_failures(situation, backend, actor, note, idempotency)
+        except Refused as refused:
+            return refused.result  # type: ignore[no-any-return]
+
+    def _clear_failures(
+        self,
+        situation: Situation,
+        backend: str | None,
+        actor: str,
+        note: str,
+        idempotency: Idempotency | None,
+    ) -> int:
         now = datetime.now(UTC)
-        with Session(self.engine) as s, s.begin():
+        with admin_write(self.engine, idempotency) as (s, _):
             m = MeasurementRow
             wrong = [
                 m.correct.is_(False),
@@ -285,6 +312,8 @@ class MeasurementStore:
             # every replica rebuilds its evidence from the store: the incremental read
             # only adds rows, it never sees that old ones were cleared
             bump(s, "evidence_epoch")
+            if idempotency is not None:
+                idempotency.keep(s, cleared)
         return cleared
 
 

@@ -158,6 +158,20 @@ class FailureRow(Base):
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+class IdempotencyRow(Base):
+    """The answer an admin write gave, by the caller's ``Idempotency-Key``: written in the
+    write's own transaction, so a retry after a lost answer finds either nothing (the
+    write did not happen) or exactly what the first request was told."""
+
+    __tablename__ = "idempotency_keys"
+    actor: Mapped[str] = mapped_column(String(100), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[int] = mapped_column(Integer)
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
 class Meta(Base):
     """``config_version`` is bumped by every admin write so replicas notice it cheaply."""
 

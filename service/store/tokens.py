@@ -7,7 +7,13 @@ from datetime import UTC, datetime
 
 from mla_switchboard.service.state import TokenRecord
 from mla_switchboard.service.store.audit import add_audit
-from mla_switchboard.service.store.base import Refused, admin_write, aware
+from mla_switchboard.service.store.base import (
+    Idempotency,
+    Refused,
+    Replayed,
+    admin_write,
+    aware,
+)
 from mla_switchboard.service.store.models import TokenRow
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
@@ -43,8 +49,26 @@ class TokenStore:
         clusters: Sequence[str] | None,
         secret_hash: str,
         actor: str,
+        idempotency: Idempotency | None = None,
+    ) -> Replayed | None:
+        """Create a token; a retry with the same ``idempotency`` key is answered with
+        what the first request stored (never the secret: it is not stored)."""
+        try:
+            return self._create(token_id, name, role, clusters, secret_hash, actor, idempotency)
+        except Refused as refused:
+            return refused.result  # type: ignore[no-any-return]
+
+    def _create(
+        self,
+        token_id: str,
+        name: str,
+        role: str,
+        clusters: Sequence[str] | None,
+        secret_hash: str,
+        actor: str,
+        idempotency: Idempotency | None,
     ) -> None:
-        with admin_write(self.engine) as (s, _):
+        with admin_write(self.engine, idempotency) as (s, _):
             s.add(
                 TokenRow(
                     id=token_id,
@@ -66,10 +90,14 @@ class TokenStore:
                 note=None,
                 preview=None,
             )
+            if idempotency is not None:
+                idempotency.keep(s, token_id)
 
-    def revoke_token(self, token_id: str, *, actor: str) -> bool:
+    def revoke_token(
+        self, token_id: str, *, actor: str, idempotency: Idempotency | None = None
+    ) -> bool | Replayed:
         try:
-            with admin_write(self.engine) as (s, _):
+            with admin_write(self.engine, idempotency) as (s, _):
                 row = s.get(TokenRow, token_id, with_for_update=True)
                 if row is None or row.revoked_at is not None:
                     raise Refused(False)
@@ -84,8 +112,11 @@ class TokenStore:
                     note=None,
                     preview=None,
                 )
+                if idempotency is not None:
+                    idempotency.keep(s, token_id)
         except Refused as refused:
-            return bool(refused.result)
+            result = refused.result
+            return result if isinstance(result, Replayed) else bool(result)
         return True
 
     def count_tokens(self) -> int:

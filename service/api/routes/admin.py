@@ -16,12 +16,13 @@ from mla_switchboard.core.schemas import (
     RulesDocument,
     error_responses,
 )
-from mla_switchboard.service.api.changes import kept_preview, preview_change, scoped_preview
-from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep, fail
+from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep
 from mla_switchboard.service.api.etags import conditional
-from mla_switchboard.service.auth import Principal, new_token
+from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
+from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.writes import IdempotencyKey
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -64,26 +65,24 @@ class TokenCreated(BaseModel):
     responses=error_responses(413, 503),
     summary="Create a token",
 )
-def create_token(body: TokenRequest, runtime: RuntimeDep, principal: AdminDep) -> dict[str, Any]:
-    if principal.clusters is not None:
-        fail(403, "only an unrestricted admin token may create tokens")
-    token_id, token, secret_hash = new_token()
-    runtime.store.create_token(
-        token_id=token_id,
-        name=body.name,
-        role=body.role,
-        clusters=body.clusters,
-        secret_hash=secret_hash,
-        actor=principal.name,
+def create_token(
+    body: TokenRequest,
+    runtime: RuntimeDep,
+    principal: AdminDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response:
+    """The token's secret is in this answer only (the store keeps its hash): a retry with
+    the same Idempotency-Key says the token exists, without the secret."""
+    key = (
+        None
+        if idempotency_key is None
+        else IdempotencyKey(idempotency_key, "POST tokens", body.model_dump(mode="json"))
     )
-    runtime.live.reload()
-    return {
-        "id": token_id,
-        "name": body.name,
-        "role": body.role,
-        "clusters": body.clusters,
-        "token": token,
-    }
+    return respond(
+        runtime.writes.create_token(
+            principal, name=body.name, role=body.role, clusters=body.clusters, key=key
+        )
+    )
 
 
 @router.get("/tokens", summary="Tokens (never their secrets)")
@@ -119,13 +118,14 @@ def revoke_token(
     token_id: Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")],
     runtime: RuntimeDep,
     principal: AdminDep,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
-    if principal.clusters is not None:
-        fail(403, "only an unrestricted admin token may revoke tokens")
-    if not runtime.store.revoke_token(token_id, actor=principal.name):
-        fail(404, f"no active token {token_id!r}")
-    runtime.live.reload()
-    return Response(status_code=204)
+    key = (
+        None
+        if idempotency_key is None
+        else IdempotencyKey(idempotency_key, "DELETE tokens", token_id)
+    )
+    return respond(runtime.writes.revoke_token(principal, token_id, key=key))
 
 
 @router.get(
@@ -284,7 +284,25 @@ async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDe
         )
     else:
         proposal["override_scope"], proposal["override"] = body.delete_override, None
-    answer = kept_preview(runtime, **proposal)
+    answer = runtime.writes.kept_preview(**proposal)
     if answer is None:
-        answer = await run_in_threadpool(lambda: preview_change(runtime, **proposal))
+        answer = await run_in_threadpool(lambda: runtime.writes.preview(**proposal))
     return Response(answer.model_dump_json(), media_type="application/json")
+
+
+def scoped_preview(principal: Principal, preview: dict[str, Any]) -> dict[str, Any]:
+    """A stored preview as a token limited to some clusters may see it: the rows of
+    its clusters only."""
+    if not principal.restricted:
+        return preview
+    out = dict(preview)
+    for field in ("changes", "invalid"):
+        if isinstance(out.get(field), list):
+            out[field] = [
+                row
+                for row in out[field]
+                if isinstance(row, dict) and principal.may_see(str(row.get("cluster")))
+            ]
+    if isinstance(out.get("clusters_affected"), list):
+        out["clusters_affected"] = [c for c in out["clusters_affected"] if principal.may_see(c)]
+    return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -27,10 +26,11 @@ from mla_switchboard.service.api.deps import (
     RuntimeDep,
     ViewerDep,
     check_scope,
-    fail,
     invalid,
 )
+from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
 from mla_switchboard.service.ids import new_id
+from mla_switchboard.service.writes import IdempotencyKey
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 router = APIRouter(
@@ -136,12 +136,15 @@ class FailureClear(BaseModel):
     summary="Clear a situation's failure evidence (audited)",
     responses=error_responses(413, 503),
 )
-def clear_failures(body: FailureClear, runtime: RuntimeDep, principal: AdminDep) -> dict[str, Any]:
+def clear_failures(
+    body: FailureClear,
+    runtime: RuntimeDep,
+    principal: AdminDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response:
     """Evidence is fleet-wide per situation, so only an unrestricted admin may clear it.
     Measured selection stops counting the cleared failures on every replica within the
     poll interval (this one at once)."""
-    if principal.clusters is not None:
-        fail(403, "only an unrestricted admin token may clear fleet-wide evidence")
     situation = Situation(
         device=body.device,
         capability=body.capability,
@@ -151,6 +154,11 @@ def clear_failures(body: FailureClear, runtime: RuntimeDep, principal: AdminDep)
         engine=body.engine,
     )
     backend = None if body.backend is None else body.backend.value
-    cleared = runtime.store.clear_failures(situation, backend, actor=principal.name, note=body.note)
-    runtime.reload_evidence()
-    return {"cleared": cleared, "situation": asdict(situation), "backend": backend}
+    key = (
+        None
+        if idempotency_key is None
+        else IdempotencyKey(idempotency_key, "POST failures/clear", body.model_dump(mode="json"))
+    )
+    return respond(
+        runtime.writes.clear_failures(principal, situation, backend, note=body.note, key=key)
+    )

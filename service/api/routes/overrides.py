@@ -7,29 +7,26 @@ and can be tried first with ``?dry_run=true`` (answers the preview, changes noth
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse
-from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import (
     NO_NUL,
     OVERRIDE_SCOPE_PATTERN,
-    Override,
     OverrideSpec,
     error_responses,
 )
-from mla_switchboard.service.api.changes import committed, preview_change
 from mla_switchboard.service.api.deps import (
     AdminDep,
     RuntimeDep,
     ViewerDep,
-    check_scope,
     fail,
-    invalid,
 )
 from mla_switchboard.service.api.etags import etag_matches
+from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
 from mla_switchboard.service.state import override_etag
+from mla_switchboard.service.writes import IdempotencyKey, shown
 
 router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
 
@@ -43,12 +40,6 @@ Scope = Annotated[
 ]
 DryRun = Annotated[bool, Query(description="answer the preview and change nothing")]
 IfMatch = Annotated[str | None, Header(description="ETag from a GET; stale -> 412")]
-
-
-def _shown(o: Override, now: datetime) -> dict[str, Any]:
-    d = o.model_dump(mode="json")
-    d["expired"] = o.expires_at is not None and o.expires_at <= now
-    return d
 
 
 @router.get(
@@ -69,7 +60,7 @@ def list_overrides(
     etag = f'"overrides-{snap.version}-{expired}"'
     if etag_matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
-    items = [_shown(o, now) for o in sorted(mine, key=lambda o: o.cluster)]
+    items = [shown(o, now) for o in sorted(mine, key=lambda o: o.cluster)]
     return JSONResponse({"items": items}, headers={"ETag": etag})
 
 
@@ -90,7 +81,7 @@ def get_override(
     etag = override_etag(cluster, found.revision)
     if etag_matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
-    return JSONResponse(_shown(found, datetime.now(UTC)), headers={"ETag": etag})
+    return JSONResponse(shown(found, datetime.now(UTC)), headers={"ETag": etag})
 
 
 @router.put(
@@ -105,38 +96,19 @@ def put_override(
     principal: AdminDep,
     dry_run: DryRun = False,
     if_match: IfMatch = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
-    check_scope(principal, cluster)
-    now = datetime.now(UTC)
-    if spec.expires_at is not None and spec.expires_at <= now:
-        invalid(("body", "expires_at"), "expires_at is in the past")
-    proposed = Override.model_validate(
-        {
-            **rollouts.stored_payload(cluster, spec, now),
-            "cluster": cluster,
-            "created_at": now,
-            "created_by": principal.name,
-            "revision": 0,
-        }
+    key = (
+        None
+        if idempotency_key is None
+        else IdempotencyKey(
+            idempotency_key, "PUT override", cluster, spec.model_dump(mode="json"), if_match
+        )
     )
-    preview = preview_change(runtime, override_scope=cluster, override=proposed)
-    if dry_run:
-        return JSONResponse({"dry_run": True, "preview": preview.model_dump()})
-    stored = committed(
-        runtime,
-        runtime.store.put_override(
-            cluster,
-            spec,
-            actor=principal.name,
-            if_match=if_match,
-            preview=_counts(preview.model_dump()),
-        ),
-        f"override {cluster!r}",
-    )
-    runtime.metrics.override_writes.labels("put").inc()
-    return JSONResponse(
-        {"override": _shown(stored, now), "preview": preview.model_dump()},
-        headers={"ETag": override_etag(cluster, stored.revision)},
+    return respond(
+        runtime.writes.put_override(
+            principal, cluster, spec, if_match=if_match, dry_run=dry_run, key=key
+        )
     )
 
 
@@ -152,33 +124,15 @@ def delete_override(
     dry_run: DryRun = False,
     if_match: IfMatch = None,
     note: Annotated[str | None, Query(max_length=2000, pattern=NO_NUL)] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
-    check_scope(principal, cluster)
-    if not any(o.cluster == cluster for o in runtime.snapshot.overrides):
-        runtime.live.reload()  # it may have been written on another replica just now
-        if not any(o.cluster == cluster for o in runtime.snapshot.overrides):
-            fail(404, f"no override for {cluster!r}")
-    preview = preview_change(runtime, override_scope=cluster, override=None)
-    if dry_run:
-        return JSONResponse({"dry_run": True, "preview": preview.model_dump()})
-    deleted = runtime.store.delete_override(
-        cluster,
-        actor=principal.name,
-        if_match=if_match,
-        note=note,
-        preview=_counts(preview.model_dump()),
+    key = (
+        None
+        if idempotency_key is None
+        else IdempotencyKey(idempotency_key, "DELETE override", cluster, note, if_match)
     )
-    if deleted is None:
-        fail(404, f"no override for {cluster!r}")
-    committed(runtime, deleted, f"override {cluster!r}")
-    runtime.metrics.override_writes.labels("delete").inc()
-    return JSONResponse(
-        {"deleted": deleted.model_dump(mode="json"), "preview": preview.model_dump()}
+    return respond(
+        runtime.writes.delete_override(
+            principal, cluster, if_match=if_match, dry_run=dry_run, note=note, key=key
+        )
     )
-
-
-def _counts(preview: dict[str, Any]) -> dict[str, Any]:
-    """What the audit log keeps of a preview: the counts, not every change row."""
-    return {k: preview[k] for k in ("pods_total", "pods_changed", "pods_invalid")} | {
-        "changes": preview["changes"][:20]
-    }

@@ -1,0 +1,39 @@
+"""The HTTP edge of ``service/outcomes.py``: values into responses, with the same error
+shapes as every other route (``{"detail": {"message": ...}}``; a 422 naming the
+field as FastAPI's validation errors do)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Header
+from fastapi.responses import JSONResponse, Response
+from mla_switchboard.service.api.deps import fail, invalid
+from mla_switchboard.service.outcomes import Done, Outcome
+from mla_switchboard.service.writes import IDEMPOTENCY_KEY_PATTERN
+
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="makes a retry safe: a second request with the same key gets the first "
+        "one's answer instead of a second change (kept 24 h, per token); 1-200 printable "
+        "ASCII characters, e.g. a UUID",
+    ),
+]
+
+
+def respond(outcome: Outcome) -> Response:
+    """``outcome`` as the HTTP answer; a problem is raised as the usual error."""
+    if not isinstance(outcome, Done):
+        if outcome.status == 422 and outcome.field is not None:
+            invalid(outcome.field, outcome.message)
+        fail(outcome.status, outcome.message, **outcome.extra)
+    headers = {}
+    if outcome.etag is not None:
+        headers["ETag"] = outcome.etag
+    if outcome.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    if outcome.status == 204:
+        return Response(status_code=204, headers=headers)
+    return JSONResponse(outcome.body, status_code=outcome.status, headers=headers)

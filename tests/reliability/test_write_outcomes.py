@@ -1,0 +1,143 @@
+"""Admin writes say what happened, against a PostgreSQL server this test starts itself.
+
+The database refuses for real: the service's own role loses the right to read the
+tokens table after it started (so every configuration reload fails right after a
+committed write), and a deferred constraint trigger fails token creations at commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import ADMIN, ServiceProcess
+from tests.reliability.conftest import PrivatePostgres, wait_until
+
+pytestmark = pytest.mark.postgres
+
+FORCE = {"force": "FLASH_ATTN", "note": "INC-7 back to FA", "rollout": {"percent": 10}}
+
+
+class Database:
+    """The private server's database ``sb``, owned by the service's role ``svc``."""
+
+    def __init__(self, pg: PrivatePostgres) -> None:
+        self.pg = pg
+        self.admin(dbname="postgres", sql="CREATE ROLE svc LOGIN")
+        self.admin(dbname="postgres", sql="CREATE DATABASE sb OWNER svc")
+        self.url = f"postgresql+psycopg://svc@127.0.0.1:{pg.port}/sb"
+
+    def admin(self, sql: str, dbname: str = "sb") -> list[tuple[Any, ...]]:
+        with psycopg.connect(
+            host="127.0.0.1", port=self.pg.port, user="postgres", dbname=dbname, autocommit=True
+        ) as conn:
+            cur = conn.execute(sql)
+            return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture
+def db(private_postgres: PrivatePostgres) -> Database:
+    return Database(private_postgres)
+
+
+@pytest.fixture
+def service(db: Database, tmp_path: Path) -> Iterator[ServiceProcess]:
+    s = ServiceProcess(db.url).start(tmp_path)
+    yield s
+    s.stop()
+
+
+def test_a_committed_write_is_answered_as_committed(db: Database, service: ServiceProcess) -> None:
+    db.admin("REVOKE SELECT ON tokens FROM svc")  # reloads fail from now on
+    key = str(uuid.uuid4())
+    with service.client() as c:
+        r = c.put("/v1/overrides/prod-east", json=FORCE, headers={"Idempotency-Key": key})
+        assert r.status_code == 200, r.text
+        first = r.json()
+        assert first["reload_pending"] is True
+        assert "stored and audited" in first["message"]
+        assert first["override"]["force"] == "FLASH_ATTN"
+        # the retry a client makes after a lost answer: the same answer, no second change
+        again = c.put("/v1/overrides/prod-east", json=FORCE, headers={"Idempotency-Key": key})
+        assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+        assert again.json()["override"] == first["override"]
+        # the same key for a different change is refused, naming the header
+        other = c.put(
+            "/v1/overrides/prod-east",
+            json={**FORCE, "force": "CUDNN"},
+            headers={"Idempotency-Key": key},
+        )
+        assert other.status_code == 422 and "idempotency-key" in str(other.json()["detail"])
+        created = c.post("/v1/tokens", json={"name": "ops", "role": "viewer"})
+        assert created.status_code == 201, created.text
+        assert created.json()["token"].startswith("sb_") and created.json()["reload_pending"]
+    rows = db.admin("SELECT count(*) FROM audit WHERE action = 'override.put'")
+    assert rows == [(1,)]
+    stored = db.admin("SELECT spec->'rollout'->>'stage_started_at' FROM overrides")
+    assert stored[0][0] == first["override"]["rollout"]["stage_started_at"]  # clock kept
+    # the database lets the service read again: it applies the change at its next poll
+    db.admin("GRANT SELECT ON tokens TO svc")
+    with service.client() as c:
+        wait_until(lambda: c.get("/v1/overrides/prod-east").status_code == 200, 10)
+        viewer = created.json()["token"]
+        r = c.get("/v1/rules", headers={"Authorization": f"Bearer {viewer}"})
+        assert r.status_code == 200
+
+
+def test_racing_retries_with_one_key_apply_once(db: Database, service: ServiceProcess) -> None:
+    key = str(uuid.uuid4())
+    answers: list[dict[str, Any]] = []
+
+    def put() -> None:
+        with service.client() as c:
+            r = c.put("/v1/overrides/*", json=FORCE, headers={"Idempotency-Key": key})
+            assert r.status_code == 200, r.text
+            answers.append(r.json())
+
+    threads = [threading.Thread(target=put) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(answers) == 6
+    assert len({a["override"]["revision"] for a in answers}) == 1
+    assert db.admin("SELECT count(*) FROM audit WHERE action = 'override.put'") == [(1,)]
+
+
+def test_a_token_whose_commit_fails_is_never_left_usable(
+    db: Database, service: ServiceProcess
+) -> None:
+    db.admin(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'commit refused by the test'; END $$"
+    )
+    db.admin(
+        "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON tokens "
+        "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse()"
+    )
+    with service.client() as c:
+        r = c.post("/v1/tokens", json={"name": "lost", "role": "admin"})
+        assert r.status_code == 503, r.text
+        message = r.json()["detail"]["message"]
+        assert "may or may not" not in message  # the service found out which
+        assert "was not stored" in message
+    assert db.admin("SELECT count(*) FROM tokens WHERE revoked_at IS NULL") == [(0,)]
+
+
+def test_admin_writes_without_a_key_still_work(service: ServiceProcess) -> None:
+    with service.client(ADMIN) as c:
+        r = c.put("/v1/overrides/prod-west", json={"deny": ["CUDNN"], "note": "x"})
+        assert r.status_code == 200 and "reload_pending" not in r.json()
+        assert r.headers["ETag"].startswith('"override-prod-west-')
+        bad = c.put(
+            "/v1/overrides/prod-west",
+            json={"deny": ["CUDNN"], "note": "x"},
+            headers={"Idempotency-Key": "has space"},
+        )
+        assert bad.status_code == 422 and "idempotency-key" in str(bad.json()["detail"])
