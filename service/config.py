@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         description="distinct cluster labels in metrics; decisions of further clusters "
         "are counted under cluster='(other)'",
     )
+    pod_ttl_days: float = Field(
+        default=7.0,
+        gt=0,
+        description="a pod that has not asked for a decision for this long leaves the live "
+        "fleet (summary, previews, fleet table); its decisions stay in the log",
+    )
     fleet_read_budget_s: float = Field(
         default=10.0,
         gt=0,

@@ -18,6 +18,7 @@ from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observat
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.evidence.sync import EvidenceSync
 from mla_switchboard.service.evidence.trust import TrustedEvidence
+from mla_switchboard.service.fleet.expiry import PodExpiry
 from mla_switchboard.service.fleet.groups import Fleet
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
@@ -41,6 +42,7 @@ class Runtime:
         self.engine = make_engine(settings.database_url)
         self.store = Store(self.engine)
         self.fleet = Fleet(self.store)
+        self.pod_expiry = PodExpiry(self.store, timedelta(days=settings.pod_ttl_days))
         self._evidence_version = 0
         self._inputs_lock = threading.RLock()
         self._inputs: DecisionInputs | None = None
@@ -101,6 +103,7 @@ class Runtime:
         self.evidence_sync.start()  # the first full load, before the first request
         self.recorder.start()
         self.rollouts.start()
+        self.pod_expiry.start()
         # Everything loaded so far (modules, schemas, the snapshot) lives as long as the
         # process: take it out of the cycle collector's scans. Without this every
         # full collection under load walked ~120,000 startup objects on the event
@@ -113,6 +116,7 @@ class Runtime:
         sys.setswitchinterval(0.001)
 
     def stop(self) -> None:
+        self.pod_expiry.stop()
         self.rollouts.stop()
         self.recorder.stop()
         self.evidence_sync.stop()

@@ -33,7 +33,7 @@ from mla_switchboard.service.store.models import (
     PodLatest,
     ShapeRow,
 )
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, delete, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 Row = tuple[Any, ...]
@@ -99,6 +99,35 @@ def rows_of(records: Iterable[DecisionRecord]) -> list[Row]:
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class LivePod:
+    """One pod of the live fleet: its newest decision, when it was made, its shape."""
+
+    cluster: str
+    node: str
+    pod: str
+    decision_id: str
+    backend: str
+    source: str
+    seen_at: datetime
+    shape_id: str | None
+    bucket: int | None
+
+
+@dataclass(frozen=True)
+class PodFilter:
+    """What ``list_pods`` selects; every field narrows (None: no condition). Cluster
+    globs use the token rule (``*`` and ``?`` over [a-z0-9._-]), so a token's scope is
+    a filter the database applies, not a scan."""
+
+    cluster_globs: tuple[str, ...] | None = None
+    backends: tuple[str, ...] | None = None
+    sources: tuple[str, ...] | None = None
+    shape_ids: tuple[str, ...] | None = None
+    buckets: tuple[int, ...] | None = None
+    prefix: str | None = None  # of the pod's or the node's name
 
 
 @dataclass(frozen=True)
@@ -488,6 +517,79 @@ class DecisionStore:
                     self._shapes.update({k: v for k, v in conn.execute(q)})
         return {i: self._shapes[i] for i in ids if i in self._shapes}
 
+    def list_pods(
+        self, where: PodFilter, *, after: tuple[str, str, str] | None, limit: int
+    ) -> list[LivePod]:
+        """Live pods in (cluster, node, pod) order after the cursor ``after``: one page
+        costs an index range scan of the primary key, however large the fleet."""
+        p = PodLatest
+        q = select(
+            p.cluster, p.node, p.pod, p.decision_id, p.backend, p.source, p.created_at,
+            p.shape_id, p.bucket,
+        )  # fmt: skip
+        if where.cluster_globs is not None:
+            q = q.where(or_(*(_glob(p.cluster, g) for g in where.cluster_globs)))
+        if where.backends is not None:
+            q = q.where(p.backend.in_(where.backends))
+        if where.sources is not None:
+            q = q.where(p.source.in_(where.sources))
+        if where.shape_ids is not None:
+            q = q.where(p.shape_id.in_(where.shape_ids))
+        if where.buckets is not None:
+            q = q.where(p.bucket.in_(where.buckets))
+        if where.prefix:
+            start = _like_escape(where.prefix) + "%"
+            q = q.where(or_(p.pod.like(start, escape="\\"), p.node.like(start, escape="\\")))
+        if after is not None:
+            q = q.where(tuple_(p.cluster, p.node, p.pod) > tuple_(*after))
+        q = q.order_by(p.cluster, p.node, p.pod).limit(limit)
+        with self.engine.connect() as conn:
+            return [
+                LivePod(c, n, pod, d, b, src, aware(at), shape, bucket)
+                for c, n, pod, d, b, src, at, shape, bucket in conn.execute(q)
+            ]
+
+    def expire_pods(self, seen_before: datetime, limit: int = 5000) -> int:
+        """Take pods whose newest decision is older than ``seen_before`` out of the live
+        fleet (``pod_latest`` and the counts), at most ``limit`` per call so the fleet
+        lock is held briefly; their decisions stay in the log. Returns how many."""
+        with self.engine.begin() as conn:
+            if not self._postgres:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                conn.exec_driver_sql(_PG_FLEET_LOCK)
+            p = PodLatest
+            stale = conn.execute(
+                select(
+                    p.cluster, p.node, p.pod, p.decision_id, p.shape_id, p.backend, p.source,
+                    p.bucket,
+                )
+                .where(p.created_at < seen_before)
+                .order_by(p.created_at)
+                .limit(limit)
+            ).all()  # fmt: skip
+            if not stale:
+                return 0
+            delta: dict[GroupKey, list[int]] = defaultdict(lambda: [0] * STAGE_BUCKETS)
+            for c, _n, pod, _d, shape, backend, source, bucket in stale:
+                if shape is not None:
+                    b = bucket if bucket is not None else (stage_bucket(c, pod) or 0)
+                    delta[(c, shape, backend, source)][b] -= 1
+            for i in range(0, len(stale), 300):
+                chunk = stale[i : i + 300]
+                conn.execute(
+                    delete(p).where(
+                        tuple_(p.cluster, p.node, p.pod, p.decision_id).in_(
+                            [(r[0], r[1], r[2], r[3]) for r in chunk]
+                        )
+                    )
+                )
+            if delta:
+                self._apply_counts(conn, delta)
+            else:
+                conn.exec_driver_sql(self._sql["fleet_bump"])
+        return len(stale)
+
     def latest_per_pod(self) -> list[PodState]:
         """Every named pod's newest decision, with the request it sent. O(pods): for
         tests and diagnostics; the service's fleet reads use ``fleet_groups``."""
@@ -510,6 +612,18 @@ class DecisionStore:
                 PodState(c, n, p, d, b, src, _request_json(request, shape, c, n or None, p))
                 for c, n, p, d, b, src, request, shape in conn.execute(q)
             ]
+
+
+def _glob(column: Any, glob: str) -> Any:
+    """A cluster glob (``*``, ``?`` over [a-z0-9._-]) as SQL LIKE."""
+    if not any(ch in glob for ch in "*?"):
+        return column == glob
+    pattern = _like_escape(glob).replace("*", "%").replace("?", "_")
+    return column.like(pattern, escape="\\")
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _flat(rows: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:

@@ -104,6 +104,9 @@ class PodLatest(Base):
     # core/stages.py: the pod's stage bucket, a function of (cluster, pod) only
     bucket: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
+    # pods not seen for a while leave the live fleet, oldest first (fleet/expiry.py)
+    __table_args__ = (Index("ix_pod_latest_created_at", "created_at"),)
+
 
 class FleetCount(Base):
     """How many pods' newest decision is in each group: (cluster, shape, backend,

@@ -14,6 +14,7 @@ which would disturb the tests that share ``shared_service``.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -88,10 +89,15 @@ def _keep_rollout_rules(rollout: Any) -> None:
     steps, every = rollout.get("steps"), rollout.get("step_every")
     if (steps is None) != (every is None):
         rollout["steps"] = rollout["step_every"] = None
-    elif isinstance(steps, list) and all(type(x) is int for x in steps):
+    elif isinstance(steps, list) and all(_whole(x) for x in steps):
         percent = rollout.get("percent")
-        top = [percent] if type(percent) is int and 1 <= percent <= 100 else []
-        rollout["steps"] = sorted(set(steps) | set(top))
+        top = [int(percent)] if _whole(percent) and 1 <= percent <= 100 else []
+        rollout["steps"] = sorted({int(x) for x in steps} | set(top))
+
+
+def _whole(value: Any) -> bool:
+    """JSON's integers: 47 and 47.0 alike (the server reads both as 47)."""
+    return type(value) is int or (type(value) is float and value.is_integer())
 
 
 def _keep_figures_physical(report: dict[str, Any]) -> None:
@@ -139,6 +145,12 @@ def api_schema(fuzz_service: ServiceProcess) -> schemathesis.BaseSchema:
         body = case.body
         if case.meta is None or not case.meta.generation.mode.is_positive:
             return case
+        if case.headers and "idempotency-key" in {k.lower() for k in case.headers}:
+            # a key reused for another request is a (correct) 422; each case its own key
+            case.headers = {
+                k: (uuid.uuid4().hex if k.lower() == "idempotency-key" else v)
+                for k, v in case.headers.items()
+            }
         if not isinstance(body, dict):
             return case
         if case.method.upper() == "PUT" and case.path.startswith("/v1/overrides/"):

@@ -1,0 +1,225 @@
+"""``GET /v1/pods``: the live fleet, one row per pod, paged by the server.
+
+Every pod whose newest decision is recent (``SWITCHBOARD_POD_TTL_DAYS``), filtered in
+the database by cluster, backend, source and stage bucket and, through the request
+shapes in the fleet's counts, by engine, GPU and model; a page is an index range scan
+of at most ``limit`` rows whatever the fleet's size, continued with an opaque cursor.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from mla_switchboard.core.evaluator import applicable_overrides
+from mla_switchboard.core.schemas import (
+    CLUSTER_PATTERN,
+    NO_NUL,
+    OVERRIDE_SCOPE_PATTERN,
+    BackendName,
+    EngineName,
+    Override,
+    SelectRequest,
+    Source,
+    error_responses,
+)
+from mla_switchboard.core.stages import bucket_in_stage, stage_buckets
+from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep
+from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.store.decisions import LivePod, PodFilter
+from pydantic import BaseModel
+
+router = APIRouter(prefix="/v1/pods", tags=["selections"], responses=error_responses(401, 403))
+
+
+class PodItem(BaseModel):
+    cluster: str
+    node: str
+    pod: str
+    decision_id: str
+    backend: str
+    source: str
+    last_seen: datetime
+    device: dict[str, Any]
+    model: str | None
+    engine: dict[str, Any] | None
+    in_stage: list[str]
+
+
+class PodPage(BaseModel):
+    items: list[PodItem]
+    next_cursor: str | None
+
+
+Cursor = Annotated[
+    str | None,
+    Query(
+        max_length=1400,
+        pattern=r"^[A-Za-z0-9_-]+={0,2}$",
+        description="next_cursor of the previous page",
+    ),
+]
+
+
+@router.get("", response_model=PodPage, summary="The live fleet: every pod's newest decision")
+def list_pods(
+    runtime: RuntimeDep,
+    principal: ViewerDep,
+    cluster: Annotated[str | None, Query(pattern=CLUSTER_PATTERN, max_length=63)] = None,
+    backend: BackendName | None = None,
+    source: Source | None = None,
+    engine: EngineName | None = None,
+    gpu: Annotated[
+        str | None,
+        Query(min_length=1, max_length=253, pattern=NO_NUL, description="GPU name, exact"),
+    ] = None,
+    stage: Annotated[
+        str | None,
+        Query(
+            pattern=OVERRIDE_SCOPE_PATTERN,
+            max_length=63,
+            description="only pods in the stage of this scope's active rollout (a cluster or *)",
+        ),
+    ] = None,
+    q: Annotated[
+        str | None,
+        Query(min_length=1, max_length=253, pattern=NO_NUL, description="pod or node name prefix"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Cursor = None,
+) -> dict[str, Any]:
+    after = _cursor(cursor)
+    globs = _scope(principal, cluster)
+    if globs == ():
+        return {"items": [], "next_cursor": None}
+    if runtime.recorder.pending:  # the caller's own pods: written by the next batch
+        runtime.recorder.flush(wake=False)
+    fleet = runtime.fleet.current()
+    shapes = {g.shape_id: g.request for g in fleet.groups}
+    rollout = _rollout(runtime, stage)
+    if stage is not None and rollout is None:
+        return {"items": [], "next_cursor": None}  # no active staged rollout there
+    if rollout is not None and rollout.cluster != "*":
+        globs = (rollout.cluster,) if globs is None or _covers(globs, rollout.cluster) else ()
+        if globs == ():
+            return {"items": [], "next_cursor": None}
+    wanted = _shapes(shapes, engine, gpu, rollout)
+    if wanted == ():
+        return {"items": [], "next_cursor": None}
+    where = PodFilter(
+        cluster_globs=globs,
+        backends=None if backend is None else (backend.value,),
+        sources=None if source is None else (source,),
+        shape_ids=wanted,
+        buckets=None
+        if rollout is None or rollout.rollout is None
+        else tuple(sorted(stage_buckets(rollout.rollout))),
+        prefix=q,
+    )
+    rows = runtime.store.decisions.list_pods(where, after=after, limit=limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    now = datetime.now(UTC)
+    overrides = runtime.inputs.overrides
+    items = [_item(p, shapes.get(p.shape_id or ""), overrides, now) for p in rows]
+    last = rows[-1] if rows else None
+    next_cursor = None if not more or last is None else _encode((last.cluster, last.node, last.pod))
+    return {"items": items, "next_cursor": next_cursor}
+
+
+def _scope(principal: Principal, cluster: str | None) -> tuple[str, ...] | None:
+    """The cluster globs to list: the asked cluster within the token's scope, else the
+    token's scope (None: every cluster); ``()``: nothing the caller may see."""
+    if cluster is not None:
+        return (cluster,) if principal.may_see(cluster) else ()
+    return principal.clusters if principal.restricted else None
+
+
+def _covers(globs: tuple[str, ...], cluster: str) -> bool:
+    return any(fnmatch.fnmatchcase(cluster, g) for g in globs)
+
+
+def _rollout(runtime: Runtime, scope: str | None) -> Override | None:
+    if scope is None:
+        return None
+    o = next((o for o in runtime.inputs.overrides if o.cluster == scope), None)
+    r = None if o is None else o.rollout
+    return o if r is not None and r.state == "active" and r.percent < 100 else None
+
+
+def _shapes(
+    shapes: dict[str, SelectRequest | None],
+    engine: EngineName | None,
+    gpu: str | None,
+    rollout: Override | None,
+) -> tuple[str, ...] | None:
+    """The shapes a filter on what pods sent keeps (None: no such filter)."""
+    if engine is None and gpu is None and (rollout is None or rollout.model is None):
+        return None
+    kept = []
+    for shape_id, request in shapes.items():
+        if request is None:
+            continue
+        if engine is not None and (request.engine.name if request.engine else "switchboard") != (
+            engine
+        ):
+            continue
+        if gpu is not None and request.device.name != gpu:
+            continue
+        model = rollout.model if rollout is not None else None
+        if model is not None and not fnmatch.fnmatchcase(request.model.name or "", model):
+            continue
+        kept.append(shape_id)
+    return tuple(sorted(kept))
+
+
+def _item(
+    p: LivePod, request: SelectRequest | None, overrides: tuple[Override, ...], now: datetime
+) -> dict[str, Any]:
+    staged: list[str] = []
+    if request is not None:
+        named = request.model_copy(update={"cluster": p.cluster, "pod": p.pod})
+        for o in applicable_overrides(named, overrides, now):
+            r = o.rollout
+            if r is not None and r.state == "active" and bucket_in_stage(p.bucket, r):
+                staged.append(o.cluster)
+    return {
+        "cluster": p.cluster,
+        "node": p.node,
+        "pod": p.pod,
+        "decision_id": p.decision_id,
+        "backend": p.backend,
+        "source": p.source,
+        "last_seen": p.seen_at,
+        "device": {} if request is None else request.device.model_dump(mode="json"),
+        "model": None if request is None else request.model.name,
+        "engine": None
+        if request is None or request.engine is None
+        else request.engine.model_dump(mode="json"),
+        "in_stage": staged,
+    }
+
+
+def _encode(key: tuple[str, str, str]) -> str:
+    return base64.urlsafe_b64encode("\t".join(key).encode()).decode()
+
+
+def _cursor(cursor: str | None) -> tuple[str, str, str] | None:
+    """The position a cursor names: the (cluster, node, pod) after which the page starts.
+    Every value the parameter's pattern admits decodes to *some* position, so a cursor
+    edited by hand pages from somewhere rather than failing."""
+    if cursor is None:
+        return None
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode(
+            "utf-8", errors="replace"
+        )
+    except ValueError:  # not base64 after all: the text itself is the position
+        text = cursor
+    parts = text.replace("\x00", "").split("\t", 2)
+    parts += [""] * (3 - len(parts))
+    return (parts[0], parts[1], parts[2])

@@ -1,0 +1,59 @@
+"""Pods not seen for a while leave the live fleet (their decisions stay in the log).
+
+A pod that was deleted, rescheduled under another name or scaled away never says so;
+without this, the fleet's counts, the summary, previews and the fleet table would
+count it for ever. A pod is *seen* when it asks for a decision; one not seen for
+``SWITCHBOARD_POD_TTL_DAYS`` (7 by default) is taken out, in small batches, by a
+background thread of every replica (the store's fleet lock makes them take turns).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+
+from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.store import Store
+
+log = logging.getLogger("switchboard.fleet")
+
+SWEEP_EVERY_S = 300.0
+
+
+class PodExpiry:
+    def __init__(self, store: Store, ttl: timedelta, every_s: float = SWEEP_EVERY_S) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sweep(self, now: datetime | None = None) -> int:
+        """Take every pod not seen within the TTL out of the live fleet; how many."""
+        cutoff = (now or datetime.now(UTC)) - self._ttl
+        total = 0
+        while not self._stop.is_set():
+            n = self._store.decisions.expire_pods(cutoff)
+            total += n
+            if n < 5000:
+                break
+        if total:
+            log.info("%d pods not seen for %s left the live fleet", total, self._ttl)
+        return total
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="pod-expiry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                self.sweep()
+            except Exception as exc:  # the store may be down: try again next time
+                log.warning("pod expiry: %s", first_line(exc))
