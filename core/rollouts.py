@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
 from mla_switchboard.core.evidence import PodSample
 from mla_switchboard.core.schemas import (
@@ -23,7 +24,9 @@ from mla_switchboard.core.schemas import (
 )
 
 __all__ = [
+    "RolloutAction",
     "Slowdown",
+    "acted",
     "next_step",
     "promotion_due",
     "start",
@@ -54,6 +57,54 @@ def stored_payload(cluster: str, spec: OverrideSpec, now: datetime) -> dict[str,
     if spec.rollout is not None:
         payload["rollout"] = start(cluster, spec.rollout, spec, now).model_dump(mode="json")
     return payload
+
+
+RolloutAction = Literal["halt", "resume", "promote"]
+
+
+def acted(
+    r: Rollout, action: RolloutAction, *, by: str, note: str, now: datetime, to: int | None = None
+) -> Rollout | str:
+    """What an admin's halt, resume or promote makes of rollout ``r``, or why it cannot
+    (a string, answered 409): halt an active rollout (its pods go back to what they
+    ran without it); resume a halted one (a new stage starts: failures and the stage
+    clock start again); promote an active one to ``to`` percent, by default its next
+    step (a new stage; 100 completes it)."""
+    if action == "halt":
+        if r.state != "active":
+            return f"the rollout is {r.state}: only an active rollout can be halted"
+        return r.model_copy(
+            update={"state": "halted", "halted_reason": f"halted by {by}: {note}", "halted_at": now}
+        )
+    if action == "resume":
+        if r.state != "halted":
+            return f"the rollout is {r.state}: only a halted rollout can be resumed"
+        return r.model_copy(
+            update={
+                "state": "active",
+                "stage_started_at": now,
+                "failures": 0,
+                "failed_pods": [],
+                "halted_reason": None,
+                "halted_at": None,
+            }
+        )
+    if r.state != "active":
+        return f"the rollout is {r.state}: resume it before promoting it"
+    target = to if to is not None else next_step(r)
+    if target is None:
+        return "the rollout has no next step: give the percentage to promote to"
+    if target <= r.percent:
+        return f"promote raises the stage: {target} % is not above the current {r.percent} %"
+    return r.model_copy(
+        update={
+            "percent": target,
+            "stage_started_at": now,
+            "failures": 0,
+            "failed_pods": [],
+            "state": "complete" if target >= 100 else "active",
+        }
+    )
 
 
 def next_step(r: Rollout) -> int | None:

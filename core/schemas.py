@@ -245,9 +245,11 @@ _ERRORS = {
     401: "missing or unknown token",
     403: "the token lacks the role, or is limited to other clusters",
     404: "not found",
+    409: "the resource's state does not allow it (the message says why); nothing changed",
     412: "If-Match is stale; nothing changed",
     413: "request body over the size limit (64 KiB)",
-    503: "the store is unavailable; nothing changed (see Retry-After)",
+    503: "the store is unavailable; nothing changed unless the message says the outcome "
+    "is unknown (then retry with the same Idempotency-Key)",
 }
 
 

@@ -169,15 +169,10 @@ class RolloutGuards:
             def promote(current: Rollout, r: Rollout = r, step: int = step) -> Rollout | None:
                 if current.state != "active" or current.percent != r.percent:
                     return None  # halted meanwhile, or another replica promoted it
-                return current.model_copy(
-                    update={
-                        "percent": step,
-                        "stage_started_at": now,
-                        "failures": 0,
-                        "failed_pods": [],
-                        "state": "complete" if step >= 100 else "active",
-                    }
+                promoted = rollouts.acted(
+                    current, "promote", by=SERVICE_ACTOR, note="step", now=now, to=step
                 )
+                return promoted if isinstance(promoted, Rollout) else None
 
             note = (
                 f"promoted from {r.percent} % to {step} %: no guard fired during the "
@@ -210,7 +205,7 @@ class RolloutGuards:
         updated = self._runtime.store.update_rollout(
             o.cluster, o.rollout.id, change, actor=SERVICE_ACTOR, action=action, note=note
         )
-        if updated is None or updated.rollout is None:
+        if not isinstance(updated, Override) or updated.rollout is None:
             return
         state = updated.rollout.state
         if state == "halted" and o.rollout.state != "halted":

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.evidence import Situation
-from mla_switchboard.core.schemas import Override, OverrideSpec, RulesDocument
+from mla_switchboard.core.rollouts import RolloutAction
+from mla_switchboard.core.schemas import Override, OverrideSpec, Rollout, RulesDocument
 from mla_switchboard.service.auth import OutOfScope, Principal, new_token
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.fleet.reads import Proposal
@@ -160,6 +161,74 @@ class Writes:
         )
         if isinstance(outcome, Done) and not outcome.replayed:
             runtime.metrics.override_writes.labels("delete").inc()
+        return outcome
+
+    def rollout_action(
+        self,
+        principal: Principal,
+        cluster: str,
+        action: RolloutAction,
+        *,
+        note: str,
+        to: int | None,
+        if_match: str | None,
+        dry_run: bool,
+        key: IdempotencyKey | None,
+    ) -> Outcome:
+        """Halt, resume or promote the staged override of ``cluster``, previewed first
+        (``dry_run`` answers what would change and changes nothing); audited as
+        ``rollout.<action>`` with the admin as actor."""
+        runtime = self._runtime
+        if not principal.may_touch(cluster):
+            return _out_of_scope(principal, cluster)
+        current = next((o for o in runtime.snapshot.overrides if o.cluster == cluster), None)
+        if current is None or current.rollout is None:
+            runtime.live.reload()  # it may have been written on another replica just now
+            current = next((o for o in runtime.snapshot.overrides if o.cluster == cluster), None)
+        if current is None or current.rollout is None:
+            return Problem(404, f"no staged override for {cluster!r}")
+        now = datetime.now(UTC)
+        changed = rollouts.acted(
+            current.rollout, action, by=principal.name, note=note, now=now, to=to
+        )
+        if isinstance(changed, str):
+            return Problem(409, changed, extra={"state": current.rollout.state})
+        proposed = current.model_copy(update={"rollout": changed})
+        preview = self.preview(principal=None, override_scope=cluster, override=proposed)
+        if dry_run:
+            return Done({"dry_run": True, "rollout": changed.model_dump(mode="json"),
+                         "preview": preview.model_dump()})  # fmt: skip
+
+        def change(stored: Rollout) -> Rollout | None:
+            again = rollouts.acted(stored, action, by=principal.name, note=note, now=now, to=to)
+            return again if isinstance(again, Rollout) else None
+
+        def respond(stored: Override) -> tuple[int, dict[str, Any]]:
+            return 200, {"override": shown(stored, now), "preview": preview.model_dump()}
+
+        outcome = self._write(
+            principal,
+            key,
+            respond,
+            lambda idem: runtime.store.update_rollout(
+                cluster,
+                current.rollout.id,  # type: ignore[union-attr]
+                change,
+                actor=principal.name,
+                action=f"rollout.{action}",
+                note=note,
+                idempotency=idem,
+                if_match=if_match,
+                preview=audit_counts(preview),
+            ),
+            what=f"override {cluster!r}",
+            missing=f"the rollout of {cluster!r} changed meanwhile (read it again)",
+        )
+        if isinstance(outcome, Done):
+            if not outcome.replayed:
+                runtime.metrics.rollout_changes.labels(action).inc()
+            revision = outcome.body.get("override", {}).get("revision")
+            outcome = _with_etag(outcome, override_etag(cluster, revision))
         return outcome
 
     # ------------------------------------------------------------------- rules

@@ -212,15 +212,24 @@ class ConfigStore:
         action: str,
         note: str,
         idempotency: Idempotency | None = None,
-    ) -> Override | Replayed | None:
+        if_match: str | None = None,
+        preview: dict[str, Any] | None = None,
+    ) -> Override | Replayed | Conflict | None:
         """Change the rollout of ``cluster``'s override in one transaction against what
         is stored, audited: ``change`` gets the stored rollout and returns its new state,
         or None when there is nothing to do (another replica got there first, or the
-        override changed). Returns the new override, or None when nothing changed."""
+        override changed). Returns the new override, or None when nothing changed; a
+        stale ``if_match`` (an admin's action on what they saw) is a ``Conflict``."""
         try:
             with admin_write(self.engine, idempotency) as (s, version):
                 row = s.get(OverrideRow, cluster, with_for_update=True)
                 current = None if row is None else _override(row)
+                stale = row is not None and if_match not in (
+                    None,
+                    override_etag(cluster, row.revision),
+                )
+                if stale and row is not None:
+                    raise Refused(Conflict(override_etag(cluster, row.revision)))
                 if current is None or current.rollout is None or current.rollout.id != rollout_id:
                     raise Refused(None)
                 changed = change(current.rollout)
@@ -239,12 +248,13 @@ class ConfigStore:
                     before=current.model_dump(mode="json"),
                     after=after.model_dump(mode="json"),
                     note=note,
-                    preview=None,
+                    preview=preview,
                 )
                 if idempotency is not None:
                     idempotency.keep(s, after)
         except Refused as refused:
-            return refused.result if isinstance(refused.result, Replayed) else None
+            result = refused.result
+            return result if isinstance(result, Replayed | Conflict) else None
         return after
 
     def delete_override(

@@ -124,3 +124,49 @@ def test_guard_clusters_are_checked_like_every_cluster_glob(api: httpx.Client) -
     assert r.status_code == 422 and "guard_clusters" in str(r.json()["detail"][0]["loc"])
     bad["rollout"]["guard_clusters"] = ["Prod East"]  # type: ignore[index]
     assert api.put("/v1/overrides/*", json=bad).status_code == 422
+
+
+def test_halt_resume_and_promote_by_hand(api: httpx.Client) -> None:
+    spec = {**FORCE, "rollout": {"percent": 10, "steps": [10, 50, 100], "step_every": "1h"}}
+    r = api.put("/v1/overrides/*", json=spec)
+    etag = r.headers["ETag"]
+    stage_pods(api, "prod-east", 3)
+
+    def act(body: dict[str, Any], **params: Any) -> httpx.Response:
+        return api.post("/v1/overrides/*/rollout", json=body, params=params)
+
+    # the confirmation's dry run: what would change, nothing changed
+    dry = act({"action": "halt", "note": "INC-2 looks wrong"}, dry_run="true")
+    assert dry.status_code == 200 and dry.json()["rollout"]["state"] == "halted"
+    assert dry.json()["preview"]["pods_changed"] >= 3  # the stage pods go back
+    assert rollout(api)["state"] == "active"
+    # If-Match: a stale view is refused
+    r = api.post(
+        "/v1/overrides/*/rollout",
+        json={"action": "halt", "note": "INC-2"},
+        headers={"If-Match": '"override-*-999"'},
+    )
+    assert r.status_code == 412 and r.json()["detail"]["current_etag"] == etag
+    r = api.post(
+        "/v1/overrides/*/rollout", json={"action": "halt", "note": "x"}, headers={"If-Match": etag}
+    )
+    assert r.status_code == 200 and rollout(api)["state"] == "halted"
+    assert "halted by bootstrap-admin: x" in rollout(api)["halted_reason"]
+    # impossible actions say why
+    r = act({"action": "halt", "note": "again"})
+    assert r.status_code == 409 and "only an active rollout" in r.json()["detail"]["message"]
+    r = act({"action": "promote", "note": "go"})
+    assert r.status_code == 409 and "resume it" in r.json()["detail"]["message"]
+    assert act({"action": "resume", "note": "fixed"}).status_code == 200
+    r = act({"action": "promote", "note": "go"})  # to the next step
+    assert r.status_code == 200 and r.json()["override"]["rollout"]["percent"] == 50
+    r = act({"action": "promote", "note": "all", "percent": 100})
+    assert r.json()["override"]["rollout"]["state"] == "complete"
+    actions = [e["action"] for e in api.get("/v1/audit", params={"limit": 5}).json()["items"]]
+    assert actions[:4] == ["rollout.promote", "rollout.promote", "rollout.resume", "rollout.halt"]
+    r = act({"action": "halt", "note": "x", "percent": 20})
+    assert r.status_code == 422
+    assert (
+        api.post("/v1/overrides/nowhere/rollout", json={"action": "halt", "note": "x"}).status_code
+        == 404
+    )

@@ -11,10 +11,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse
+from mla_switchboard.core.rollouts import RolloutAction
 from mla_switchboard.core.schemas import (
     NO_NUL,
+    NONBLANK,
     OVERRIDE_SCOPE_PATTERN,
     OverrideSpec,
+    Percent,
     error_responses,
 )
 from mla_switchboard.service.api.deps import (
@@ -27,6 +30,7 @@ from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
 from mla_switchboard.service.state import override_etag
 from mla_switchboard.service.writes import IdempotencyKey, shown
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
 
@@ -134,5 +138,63 @@ def delete_override(
     return respond(
         runtime.writes.delete_override(
             principal, cluster, if_match=if_match, dry_run=dry_run, note=note, key=key
+        )
+    )
+
+
+class RolloutActionBody(BaseModel):
+    """An admin's hand on a staged override."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: RolloutAction = Field(
+        description="halt (pods go back to what they ran without it), resume (a new stage "
+        "starts) or promote (to `percent`, by default the next step)"
+    )
+    percent: Percent | None = Field(default=None, description="promote only: the new stage")
+    note: Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=2000, pattern=NONBLANK),
+    ] = Field(description="why, for the audit log")
+
+    @model_validator(mode="after")
+    def _percent_for_promote(self) -> RolloutActionBody:
+        if self.percent is not None and self.action != "promote":
+            raise ValueError("percent goes with action promote only")
+        return self
+
+
+@router.post(
+    "/{cluster}/rollout",
+    summary="Halt, resume or promote a staged override",
+    responses=error_responses(404, 409, 412, 413, 503),
+)
+def rollout_action(
+    cluster: Scope,
+    body: RolloutActionBody,
+    runtime: RuntimeDep,
+    principal: AdminDep,
+    dry_run: DryRun = False,
+    if_match: IfMatch = None,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response:
+    """``?dry_run=true`` answers the rollout it would store and the preview of the pods
+    that would change, and changes nothing: what the dashboard's confirmation shows."""
+    key = (
+        None
+        if idempotency_key is None
+        else IdempotencyKey(
+            idempotency_key, "POST rollout", cluster, body.model_dump(mode="json"), if_match
+        )
+    )
+    return respond(
+        runtime.writes.rollout_action(
+            principal,
+            cluster,
+            body.action,
+            note=body.note,
+            to=body.percent,
+            if_match=if_match,
+            dry_run=dry_run,
+            key=key,
         )
     )
