@@ -81,6 +81,16 @@ class Metrics:
     def __init__(self, max_clusters: int = 200) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.refused_selects = BoundedClusterCounter(
+            Counter(
+                "switchboard_refused_selects_total",
+                "Selects refused for their token (401/403), by reason and claimed cluster: "
+                "pods with a missing or mistyped token show here",
+                ["reason", "cluster"],
+                registry=r,
+            ),
+            max_clusters,
+        )
         self.decisions = BoundedClusterCounter(
             Counter(
                 "switchboard_decisions_total",

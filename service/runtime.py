@@ -23,6 +23,7 @@ from mla_switchboard.service.fleet.groups import Fleet
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.refused import RefusedSelects
 from mla_switchboard.service.rollouts import RolloutGuards
 from mla_switchboard.service.selector import Selector
 from mla_switchboard.service.state import ConfigSnapshot
@@ -43,6 +44,9 @@ class Runtime:
         self.store = Store(self.engine)
         self.fleet = Fleet(self.store)
         self.pod_expiry = PodExpiry(self.store, timedelta(days=settings.pod_ttl_days))
+        self.refused_selects = RefusedSelects(
+            self.store, self.metrics, settings.metrics_max_clusters
+        )
         self._evidence_version = 0
         self._inputs_lock = threading.RLock()
         self._inputs: DecisionInputs | None = None
@@ -104,6 +108,7 @@ class Runtime:
         self.recorder.start()
         self.rollouts.start()
         self.pod_expiry.start()
+        self.refused_selects.start()
         # Everything loaded so far (modules, schemas, the snapshot) lives as long as the
         # process: take it out of the cycle collector's scans. Without this every
         # full collection under load walked ~120,000 startup objects on the event
@@ -117,6 +122,7 @@ class Runtime:
 
     def stop(self) -> None:
         self.pod_expiry.stop()
+        self.refused_selects.stop()
         self.rollouts.stop()
         self.recorder.stop()
         self.evidence_sync.stop()

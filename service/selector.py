@@ -74,6 +74,12 @@ class Rendered:
         """The answer for one decision: the template with its id put in."""
         return self.body_head + decision_id + self.body_tail
 
+    @property
+    def dry_body(self) -> bytes:
+        """The answer of a dry run: no decision was recorded, so ``decision_id`` is null
+        (the template's quotes around the id go with it)."""
+        return self.body_head[:-1] + b"null" + self.body_tail[1:]
+
 
 class Selector:
     def __init__(

@@ -14,7 +14,9 @@ compares this handler with, byte for byte. The same checks, in the same order:
    body is read), answered as the body-limit middleware does;
 2. 422 for a ``Content-Type`` that is not JSON, then for a body that is not a valid
    request, through the app's own validation-error encoder;
-3. 401/403 for the token and its role, 403 for a cluster outside its scope;
+   (and for a ``dry_run`` query parameter that is not a boolean);
+3. 401/403 for the token and its role, 403 for a cluster outside its scope, each
+   counted per claimed cluster (``service/refused.py``: misconfigured pods show);
 4. the answer of :func:`select_answer`: 409 refusal, 304 on ``If-None-Match``, or 200
    with ``ETag`` and ``X-Decision-Id``.
 
@@ -34,6 +36,7 @@ from mla_switchboard.service.api.errors import http_error_response, validation_e
 from mla_switchboard.service.api.middleware import too_large
 from mla_switchboard.service.api.routes.select import (
     Headers,
+    dry_run_of,
     json_media_errors,
     parse_json_body,
     select_answer,
@@ -104,6 +107,7 @@ class SelectHandler:
             return _unpack(validation_error_response(problems))
         try:
             body = parse_json_body(SelectRequest, raw)
+            dry_run = dry_run_of(scope["query_string"])
         except RequestValidationError as exc:
             return _unpack(validation_error_response(exc.errors()))
         runtime = self._runtime
@@ -111,10 +115,14 @@ class SelectHandler:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
             check_scope(authorize(authorization, runtime, "agent"), body.cluster)
         except HTTPException as exc:
+            runtime.refused_selects.count(body.cluster, exc)
             return _unpack(http_error_response(exc))
         if_none_match = headers.get(b"if-none-match")
         return select_answer(
-            runtime, body, None if if_none_match is None else if_none_match.decode("latin-1")
+            runtime,
+            body,
+            None if if_none_match is None else if_none_match.decode("latin-1"),
+            dry_run,
         )
 
     async def _read_body(self, receive: Receive) -> bytes | None:

@@ -7,6 +7,7 @@ from mla_switchboard.service.store.base import Replayed, recall_idempotency
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.measurements import MeasurementStore
+from mla_switchboard.service.store.refusals import RefusalStore
 from mla_switchboard.service.store.tokens import TokenStore
 from sqlalchemy import Engine
 
@@ -21,6 +22,7 @@ class Store:
         self.audit = AuditStore(engine)
         self.decisions = DecisionStore(engine)
         self.measurements = MeasurementStore(engine)
+        self.refusals = RefusalStore(engine)
 
         c, t, d, m = self.config, self.tokens, self.decisions, self.measurements
         self.ensure_seeded = c.ensure_seeded

@@ -175,6 +175,18 @@ class IdempotencyRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
 
 
+class RefusedSelectRow(Base):
+    """Selects refused for their token, counted per claimed cluster, reason and hour:
+    a fleet whose secret is mistyped shows up here instead of only in pods' logs."""
+
+    __tablename__ = "refused_selects"
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(64), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 class Meta(Base):
     """``config_version`` is bumped by every admin write so replicas notice it cheaply."""
 

@@ -70,6 +70,7 @@ class Case:
     body: bytes | Callable[[], Iterator[bytes]] = RAW
     headers: dict[str, str] | None = None  # None: JSON with the admin token
     token: str | None = None  # a token of the ``tokens`` fixture, by name
+    query: str = ""  # the request's query string, "?dry_run=true"
 
     def request_headers(self, tokens: dict[str, str]) -> dict[str, str]:
         headers = dict(JSON if self.headers is None else self.headers)
@@ -123,7 +124,14 @@ CASES = [
         ).encode(),
     ),
     Case("if-none-match-other", 200, headers={**JSON, "if-none-match": '"nope"'}),
+    Case("dry-run", 200, query="?dry_run=true"),
+    Case("dry-run-false", 200, query="?dry_run=false"),
+    Case("dry-run-one", 200, query="?dry_run=1"),
+    Case("dry-run-not-a-boolean", 422, query="?dry_run=maybe"),
+    Case("dry-run-bad-body-first", 422, b"{}", query="?dry_run=maybe"),
+    Case("dry-run-no-token", 401, headers={**JSON, "authorization": ""}, query="?dry_run=1"),
 ]
+DRY = {"dry-run", "dry-run-one"}
 
 # Headers a server adds by itself, whichever answered.
 SERVER_HEADERS = {b"date", b"server"}
@@ -177,7 +185,9 @@ def make_tokens(admin: httpx.Client) -> dict[str, str]:
 
 
 def send(client: httpx.Client, case: Case, tokens: dict[str, str]) -> httpx.Response:
-    return client.post("/v1/select", content=case.content(), headers=case.request_headers(tokens))
+    return client.post(
+        "/v1/select" + case.query, content=case.content(), headers=case.request_headers(tokens)
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -296,10 +306,24 @@ def test_metrics_count_the_route(apps: Apps) -> None:
     assert ("unmatched", "413") not in after or after[("unmatched", "413")] == before.get(
         ("unmatched", "413")
     )
-    answered = sum(1 for c in CASES if c.status == 200 and c.token != "scoped")
+    answered = sum(
+        1 for c in CASES if c.status == 200 and c.token != "scoped" and c.name not in DRY
+    )
     assert _decisions(apps.lean, "prod-east") - decisions_before == answered
     refusals = apps.lean.get("/metrics").text
     assert 'switchboard_refusals_total{kind="requested_invalid"}' in refusals
+
+
+def test_a_dry_run_records_nothing(apps: Apps) -> None:
+    r = apps.lean.post(
+        "/v1/select?dry_run=true", content=RAW.replace(b"r1-0", b"dry-1"), headers=JSON
+    )
+    assert r.status_code == 200 and r.json()["decision_id"] is None
+    assert "x-decision-id" not in r.headers and r.headers["etag"]
+    assert r.json()["backend"] and r.json()["candidates"]
+    apps.lean.app.state.runtime.recorder.flush()  # type: ignore[attr-defined]
+    assert apps.lean.get("/v1/selections", params={"pod": "dry-1"}).json()["items"] == []
+    assert apps.lean.get("/v1/pods", params={"q": "dry-1"}).json()["items"] == []
 
 
 def test_decisions_are_stored(apps: Apps) -> None:

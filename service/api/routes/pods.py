@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -33,7 +33,7 @@ from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store.decisions import LivePod, PodFilter
 from pydantic import BaseModel
 
-router = APIRouter(prefix="/v1/pods", tags=["selections"], responses=error_responses(401, 403))
+router = APIRouter(prefix="/v1", tags=["selections"], responses=error_responses(401, 403))
 
 
 class PodItem(BaseModel):
@@ -65,7 +65,7 @@ Cursor = Annotated[
 ]
 
 
-@router.get("", response_model=PodPage, summary="The live fleet: every pod's newest decision")
+@router.get("/pods", response_model=PodPage, summary="The live fleet: every pod's newest decision")
 def list_pods(
     runtime: RuntimeDep,
     principal: ViewerDep,
@@ -223,3 +223,38 @@ def _cursor(cursor: str | None) -> tuple[str, str, str] | None:
     parts = text.replace("\x00", "").split("\t", 2)
     parts += [""] * (3 - len(parts))
     return (parts[0], parts[1], parts[2])
+
+
+class RefusedItem(BaseModel):
+    cluster: str
+    reason: str
+    count: int
+    last_at: datetime
+
+
+class RefusedPage(BaseModel):
+    hours: int
+    items: list[RefusedItem]
+
+
+@router.get(
+    "/refusals",
+    response_model=RefusedPage,
+    summary="Selects refused for their token, per claimed cluster: misconfigured pods",
+)
+def refusals(
+    runtime: RuntimeDep,
+    principal: ViewerDep,
+    hours: Annotated[int, Query(ge=1, le=168, description="how far back (hours)")] = 1,
+) -> dict[str, Any]:
+    """Pods whose agent sent no token, an unknown or revoked one, one without the agent
+    role, or one limited to other clusters: each such pod still boots (its agent
+    decides locally), so this is where a fleet with a wrong secret shows. Counted by
+    every replica, per claimed cluster (bounded: further names count as "(other)")."""
+    since = datetime.now(UTC) - timedelta(hours=hours)
+    items = [
+        {"cluster": c, "reason": r, "count": n, "last_at": last}
+        for c, r, n, last in runtime.refused_selects.recent(since)
+        if principal.may_see(c)
+    ]
+    return {"hours": hours, "items": items}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -24,7 +25,8 @@ from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, check_scope, 
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store.decisions import decision_row
-from pydantic import BaseModel, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, Field, StringConstraints, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException
 
 
 def json_media_errors(content_type: str) -> list[dict[str, Any]] | None:
@@ -115,7 +117,15 @@ class RefusalBody(BaseModel):
                 "required": False,
                 "schema": {"type": "string"},
                 "description": "ETag of a cached answer: 304 when it still holds",
-            }
+            },
+            {
+                "name": "dry_run",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "boolean", "default": False},
+                "description": "decide and answer, record nothing (decision_id null): "
+                "what switchboard select's dry runs send",
+            },
         ],
     },
 )
@@ -124,9 +134,16 @@ async def select(body: SelectRequest, request: Request) -> Response:
     reference the lean handler in front of the app (service/api/select_asgi.py) is
     tested against. Both answer through :func:`select_answer`."""
     runtime: Runtime = request.app.state.runtime
-    principal = principal_from(request, "agent")
-    check_scope(principal, body.cluster)
-    status, headers, content = select_answer(runtime, body, request.headers.get("if-none-match"))
+    dry_run = dry_run_of(request.scope["query_string"])
+    try:
+        principal = principal_from(request, "agent")
+        check_scope(principal, body.cluster)
+    except HTTPException as exc:
+        runtime.refused_selects.count(body.cluster, exc)
+        raise
+    status, headers, content = select_answer(
+        runtime, body, request.headers.get("if-none-match"), dry_run
+    )
     response = Response(content, status_code=status)
     response.raw_headers = headers
     return response
@@ -136,20 +153,53 @@ Headers = list[tuple[bytes, bytes]]
 JSON_TYPE = (b"content-type", b"application/json")
 
 
+def dry_run_of(query_string: bytes) -> bool:
+    """The ``dry_run`` query parameter (false when absent), read as FastAPI reads a
+    boolean; anything else raises ``RequestValidationError`` naming it."""
+    values = [v for k, v in parse_qsl(query_string.decode("latin-1")) if k == "dry_run"]
+    if not values:
+        return False
+    try:
+        return _BOOL.validate_python(values[0])
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for e in errors:
+            e["loc"] = ("query", "dry_run")
+        raise RequestValidationError(errors) from None
+
+
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+
+
 def select_answer(
-    runtime: Runtime, body: SelectRequest, if_none_match: str | None
+    runtime: Runtime, body: SelectRequest, if_none_match: str | None, dry_run: bool = False
 ) -> tuple[int, Headers, bytes]:
     """Decide for an authorised request, record the decision, count it: the status,
-    headers and body to send.
+    headers and body to send. A dry run decides and answers (``decision_id`` null, no
+    ``X-Decision-Id``) and records and counts nothing: a laptop trying a flag is not a
+    pod of the fleet.
 
     Plain bytes, so that the lean handler sends them as they are and the FastAPI
     route wraps them, with the same headers in the same order."""
     inputs = runtime.inputs
     result = runtime.selector.select(body, inputs)
     if isinstance(result, Refusal):
-        runtime.metrics.refusals_of(result.kind).inc()
+        if not dry_run:
+            runtime.metrics.refusals_of(result.kind).inc()
         content = refusal_json(result)
         return 409, [(b"content-length", str(len(content)).encode()), JSON_TYPE], content
+    if dry_run:
+        if if_none_match is not None and result.etag in {
+            t.strip() for t in if_none_match.split(",")
+        }:
+            return 304, [(b"etag", result.etag_header)], b""
+        content = result.dry_body
+        return (
+            200,
+            [(b"etag", result.etag_header), (b"content-length", str(len(content)).encode()),
+             JSON_TYPE],
+            content,
+        )  # fmt: skip
     decision_id = new_id()
     decision = result.decision
     runtime.recorder.submit(
