@@ -34,14 +34,14 @@ def invalid(location: tuple[str | int, ...], message: str) -> NoReturn:
     )
 
 
-def principal_from(request: Request, role: Role) -> Principal:
+def principal_from(request: Request, role: Role | None) -> Principal:
     """Authenticate the request's bearer token and check its role; raises 401/403."""
     return authorize(request.headers.get("authorization", ""), request.app.state.runtime, role)
 
 
-def authorize(authorization: str, runtime: Runtime, role: Role) -> Principal:
-    """The principal of an ``Authorization`` header's bearer token, if it has ``role``;
-    raises 401/403.
+def authorize(authorization: str, runtime: Runtime, role: Role | None) -> Principal:
+    """The principal of an ``Authorization`` header's bearer token, if it has ``role``
+    (None: any role); raises 401/403.
 
     Takes the header's text rather than a request, so that the lean ``/v1/select``
     handler (service/api/select_asgi.py), which has no Starlette request, gives the
@@ -61,12 +61,12 @@ def authorize(authorization: str, runtime: Runtime, role: Role) -> Principal:
             detail={"message": "unknown or revoked token"},
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
-    if not principal.has(role):
+    if role is not None and not principal.has(role):
         fail(403, f"token {principal.name!r} has role {principal.role}; this needs {role}")
     return principal
 
 
-def require(role: Role) -> Callable[..., Principal]:
+def require(role: Role | None) -> Callable[..., Principal]:
     async def dependency(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -74,13 +74,15 @@ def require(role: Role) -> Callable[..., Principal]:
         # ``credentials`` is declared so that OpenAPI shows the bearer scheme.
         return principal_from(request, role)
 
-    dependency.__name__ = f"require_{role}"
+    dependency.__name__ = f"require_{role or 'token'}"
     return dependency
 
 
 AgentDep = Annotated[Principal, Depends(require("agent"))]
 ViewerDep = Annotated[Principal, Depends(require("viewer"))]
 AdminDep = Annotated[Principal, Depends(require("admin"))]
+TokenDep = Annotated[Principal, Depends(require(None))]
+"""Any valid token, whatever its role."""
 
 
 def check_scope(principal: Principal, cluster: str) -> None:

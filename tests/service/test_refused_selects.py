@@ -63,3 +63,18 @@ def test_a_dry_run_leaves_the_decision_count_unchanged(sqlite_url: str) -> None:
             assert r.status_code == 200 and r.json()["decision_id"] is None
         assert c.get("/v1/selections/summary").json()["clusters"] == before
         assert len(c.get("/v1/selections").json()["items"]) == 1
+
+
+def test_whoami_says_what_a_token_may_do(sqlite_url: str) -> None:
+    with make_inprocess_client(sqlite_url) as c:  # type: ignore[attr-defined]
+        me = c.get("/v1/whoami", headers=ADMIN_AUTH).json()
+        assert me == {"name": "bootstrap-admin", "role": "admin", "clusters": None,
+                      "may_edit_fleet": True}  # fmt: skip
+        scoped = token(c, "ops", "admin", ["prod-*"])
+        me = c.get("/v1/whoami", headers={"Authorization": f"Bearer {scoped}"}).json()
+        assert (me["role"], me["clusters"], me["may_edit_fleet"]) == ("admin", ["prod-*"], False)
+        agent = token(c, "pod", "agent")
+        assert c.get("/v1/whoami", headers={"Authorization": f"Bearer {agent}"}).json()["role"] == (
+            "agent"
+        )
+        assert c.get("/v1/whoami", headers={"Authorization": "Bearer nope"}).status_code == 401

@@ -16,7 +16,7 @@ from mla_switchboard.core.schemas import (
     RulesDocument,
     error_responses,
 )
-from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep
+from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, TokenDep, ViewerDep
 from mla_switchboard.service.api.etags import conditional
 from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
 from mla_switchboard.service.auth import Principal
@@ -83,6 +83,24 @@ def create_token(
             principal, name=body.name, role=body.role, clusters=body.clusters, key=key
         )
     )
+
+
+class Identity(BaseModel):
+    name: str
+    role: str
+    clusters: list[str] | None = Field(description="cluster globs the token is limited to")
+    may_edit_fleet: bool = Field(description="an unrestricted admin: fleet rules, `*`, tokens")
+
+
+@router.get("/whoami", response_model=Identity, summary="The caller's token: name, role, scope")
+async def whoami(principal: TokenDep) -> dict[str, Any]:
+    """What the dashboard needs to show only the controls a token may use (any role)."""
+    return {
+        "name": principal.name,
+        "role": principal.role,
+        "clusters": None if principal.clusters is None else list(principal.clusters),
+        "may_edit_fleet": principal.role == "admin" and not principal.restricted,
+    }
 
 
 @router.get("/tokens", summary="Tokens (never their secrets)")
