@@ -133,11 +133,12 @@ class ModelInfo(_Strict):
 
 
 EngineName = Literal["vllm", "sglang", "switchboard"]
+ENGINE_VERSION_PATTERN = r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$"
+"""What the contract accepts as an engine version; the agent trims a detected one to it."""
+ENGINE_VERSION_MAX_LENGTH = 64
 EngineVersion = Annotated[
     str,
-    StringConstraints(
-        pattern=r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$", max_length=64
-    ),
+    StringConstraints(pattern=ENGINE_VERSION_PATTERN, max_length=ENGINE_VERSION_MAX_LENGTH),
     Field(description="the engine's version, e.g. 0.33.0", examples=["0.33.0"]),
 ]
 
