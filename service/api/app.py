@@ -16,6 +16,7 @@ from mla_switchboard.service.api.errors import validation_error_response
 from mla_switchboard.service.api.middleware import BodyLimitAndMetrics
 from mla_switchboard.service.api.routes import (
     admin,
+    backends,
     dashboard,
     health,
     measurements,
@@ -78,7 +79,17 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.state.runtime = runtime
     _offline_docs(app)
     app.include_router(select.lean_router)  # first: documented first, matched first
-    for module in (select, selections, rules, overrides, measurements, admin, health, dashboard):
+    for module in (
+        select,
+        selections,
+        rules,
+        overrides,
+        measurements,
+        backends,
+        admin,
+        health,
+        dashboard,
+    ):
         app.include_router(module.router)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_errors)  # type: ignore[arg-type]
