@@ -19,6 +19,7 @@ COPY core ./core
 COPY service ./service
 COPY kernels ./kernels
 COPY agent ./agent
+COPY cli ./cli
 # The same pins as the tests (.ci/constraints.txt); non-editable, so the venv holds a
 # complete copy of the package and nothing points back into /src.
 # pip and setuptools are build tools: the running service needs neither (25 MB).

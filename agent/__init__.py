@@ -1,7 +1,7 @@
 """The GPU-side agent: describe the pod, ask the service, fail static, build the kernel.
 
 ``from mla_switchboard.agent import PodSpec, select_backend`` is the Python API;
-``switchboard select`` the CLI (``mla_switchboard.agent.cli.select_main``). Importing
+``switchboard select`` the CLI (``mla_switchboard.agent.commands.select``). Importing
 this package never imports torch (the probe and the kernel build import it when they
 run) nor anything from the service (a GPU pod's plain install has none of it).
 """

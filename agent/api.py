@@ -45,7 +45,7 @@ from mla_switchboard.core.evaluator import SEED_RULES, Refusal, decide_locally
 from mla_switchboard.core.schemas import Candidate, EngineInfo, SelectRequest, SelectResponse
 from mla_switchboard.core.specs import Backend
 
-__all__ = ["SelectionResult", "decide", "select_backend"]
+__all__ = ["SelectionResult", "decide", "refusal_document", "select_backend"]
 
 FALLBACK_RESERVE_S = 0.02
 """Kept back from the service's share of the deadline for the local fallback (~1 ms)."""
@@ -88,29 +88,114 @@ class SelectionResult:
         return {c.backend.value: list(c.reasons) for c in self.candidates if not c.valid}
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``--format json`` document."""
-        return {
-            "backend": self.backend.value,
-            "source": self.source,
-            "decided_backend": self.decided_backend.value,
-            "decision_id": self.decision_id,
-            "rules_revision": self.rules_revision,
-            "candidates": [c.model_dump(mode="json") for c in self.candidates],
-            "messages": list(self.messages),
-            "notes": list(self.notes),
-            "cached_source": self.cached_source,
-            "revalidated": self.revalidated,
-            "service_url": self.service_url,
-            "kernel": None if self.kernel is None else getattr(self.kernel, "impl", "built"),
-            "build_failures": [{"backend": b, "error": e} for b, e in self.build_failures],
-            "pretend": self.pretend,
-            "evidence": self.evidence,
-            "engine": self.engine.model_dump(mode="json"),
-            "engine_args": list(self.engine_args),
-            "engine_env": dict(self.engine_env),
-            "refusal": None,
-            "request": self.request.model_dump(mode="json"),
-        }
+        """The answer as one JSON document (``--format json``, and what every other
+        format is printed from); a refusal has the same shape, see
+        :func:`refusal_document`."""
+        return _document(
+            backend=self.backend.value,
+            source=self.source,
+            decided_backend=self.decided_backend.value,
+            decision_id=self.decision_id,
+            rules_revision=self.rules_revision,
+            candidates=self.candidates,
+            messages=self.messages,
+            notes=self.notes,
+            cached_source=self.cached_source,
+            revalidated=self.revalidated,
+            service_url=self.service_url,
+            kernel=None if self.kernel is None else getattr(self.kernel, "impl", "built"),
+            build_failures=[{"backend": b, "error": e} for b, e in self.build_failures],
+            pretend=self.pretend,
+            evidence=self.evidence,
+            engine=self.engine,
+            engine_args=self.engine_args,
+            engine_env=self.engine_env,
+            refusal=None,
+            request=self.request,
+        )
+
+
+def refusal_document(error: NoBackendError) -> dict[str, Any]:
+    """A refusal as the answer's own document: the same keys as
+    :meth:`SelectionResult.to_dict`, with ``backend`` null, ``source`` ``refused``, no
+    engine flags, and ``refusal`` saying why (its kind, message and every candidate),
+    so a consumer reads one shape whatever the outcome."""
+    request = error.request
+    engine = request.engine if request is not None and request.engine is not None else None
+    return _document(
+        backend=None,
+        source="refused",
+        decided_backend=None,
+        decision_id=None,
+        rules_revision=None,
+        candidates=error.candidates,
+        messages=[str(error)],
+        notes=error.notes,
+        cached_source=None,
+        revalidated=False,
+        service_url=None,
+        kernel=None,
+        build_failures=[],
+        pretend=error.pretend,
+        evidence=None,
+        engine=engine or EngineInfo(),
+        engine_args=[],
+        engine_env={},
+        refusal={
+            "kind": error.kind,
+            "message": str(error),
+            "candidates": [c.model_dump(mode="json") for c in error.candidates],
+        },
+        request=request,
+    )
+
+
+def _document(
+    *,
+    backend: str | None,
+    source: str,
+    decided_backend: str | None,
+    decision_id: str | None,
+    rules_revision: int | None,
+    candidates: Sequence[Candidate],
+    messages: Sequence[str],
+    notes: Sequence[str],
+    cached_source: str | None,
+    revalidated: bool,
+    service_url: str | None,
+    kernel: str | None,
+    build_failures: list[dict[str, str]],
+    pretend: bool,
+    evidence: dict[str, Any] | None,
+    engine: EngineInfo,
+    engine_args: Sequence[str],
+    engine_env: Mapping[str, str],
+    refusal: dict[str, Any] | None,
+    request: SelectRequest | None,
+) -> dict[str, Any]:
+    """The one JSON shape of what ``select`` decided: every key, always present."""
+    return {
+        "backend": backend,
+        "source": source,
+        "decided_backend": decided_backend,
+        "decision_id": decision_id,
+        "rules_revision": rules_revision,
+        "candidates": [c.model_dump(mode="json") for c in candidates],
+        "messages": list(messages),
+        "notes": list(notes),
+        "cached_source": cached_source,
+        "revalidated": revalidated,
+        "service_url": service_url,
+        "kernel": kernel,
+        "build_failures": build_failures,
+        "pretend": pretend,
+        "evidence": evidence,
+        "engine": engine.model_dump(mode="json"),
+        "engine_args": list(engine_args),
+        "engine_env": dict(engine_env),
+        "refusal": refusal,
+        "request": None if request is None else request.model_dump(mode="json"),
+    }
 
 
 # -------------------------------------------------------------------- deciding
@@ -280,7 +365,8 @@ def select_backend(
             request, urls=url_list, token=token, deadline_s=deadline, cache=cache, notes=notes
         )
     except NoBackendError as exc:
-        exc.request = request  # the caller's report of the refusal shows what was asked
+        # the caller's report of the refusal shows what was asked and what was seen
+        exc.request, exc.notes, exc.pretend = request, list(notes), pod_description.pretend
         raise
     response = answer.response
     result = SelectionResult(

@@ -1,30 +1,48 @@
-"""Which serving engine will run the decision: detected, or given with ``--engine``.
+"""Which serving engine will run the decision: the one place the agent decides it.
 
 The service answers with the exact arguments that select a backend in *that* engine
 (``engine_args``), and refuses backends the engine would reject at boot, so the
-agent must say which engine it is. It reads the installed distributions' metadata
-(never imports them: importing vLLM takes seconds and initialises CUDA): vLLM
-first, then SGLang, as issue 12 specifies; with neither installed the pod runs
-Switchboard's own kernels (``switchboard``, what a request without ``engine``
-means). An init container that runs the agent in an image without the engine says
-so with ``--engine vllm==0.33.0``.
+agent must say which engine it is. In order: the engine given (``--engine``, else
+``$SWITCHBOARD_ENGINE``), else the one installed here, read from the distributions'
+metadata (never imported: importing vLLM takes seconds and initialises CUDA) in the
+registry's detection order, else none: the pod runs Switchboard's own kernels, what a
+request without ``engine`` means. An ``--format NAME-args`` output is a promise to
+put the flags on that engine's command line, so it names the engine when nothing
+else does, and contradicting it is bad input.
+
+The engines, their distributions and format names come from
+``mla_switchboard.core.engine_names``; this module spells none of them.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 
-from mla_switchboard.core.schemas import EngineInfo
+from mla_switchboard.agent.errors import BadInputError
+from mla_switchboard.agent.notes import Notes
+from mla_switchboard.core.engine_names import (
+    ENGINE_NAMES,
+    by_format,
+    detection_order,
+    engine_entries,
+)
+from mla_switchboard.core.schemas import (
+    ENGINE_VERSION_MAX_LENGTH,
+    ENGINE_VERSION_PATTERN,
+    EngineInfo,
+)
 
-__all__ = ["ENGINE_DISTRIBUTIONS", "ENGINE_NAMES", "detect_engine", "parse_engine"]
+__all__ = [
+    "ENGINE_NAMES",
+    "detect_engine",
+    "given_engine",
+    "parse_engine",
+    "resolve_engine",
+]
 
-ENGINE_DISTRIBUTIONS: tuple[tuple[str, str], ...] = (("vllm", "vllm"), ("sglang", "sglang"))
-"""(engine name, distribution name) in detection order: vLLM first, then SGLang."""
-ENGINE_NAMES = ("vllm", "sglang", "switchboard")
-
-# What the wire contract accepts as a version (core/schemas.py EngineVersion).
-_WIRE_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$")
+_WIRE_VERSION = re.compile(ENGINE_VERSION_PATTERN)
 _RELEASE = re.compile(r"^[0-9]+(\.[0-9]+){0,3}")
 
 
@@ -37,7 +55,7 @@ def _wire_version(raw: str) -> str | None:
     """
     text = raw.strip()
     for candidate in (text, text.split("+", 1)[0]):
-        if len(candidate) <= 64 and _WIRE_VERSION.match(candidate):
+        if len(candidate) <= ENGINE_VERSION_MAX_LENGTH and _WIRE_VERSION.match(candidate):
             return candidate
     match = _RELEASE.match(text)
     return match.group(0) if match else None
@@ -50,22 +68,27 @@ def _installed_version(distribution: str) -> str | None:
         return None
 
 
+def _engine(name: str, version: str | None = None) -> EngineInfo:
+    return EngineInfo(name=name, version=version)  # type: ignore[arg-type]
+
+
 def detect_engine() -> EngineInfo | None:
-    """The serving engine installed here (vLLM first, then SGLang), or None.
+    """The serving engine installed here (the first found in detection order), or None.
 
     None means no engine package is installed: the pod runs Switchboard's kernels,
     which is what the service assumes for a request without ``engine``.
     """
-    for name, distribution in ENGINE_DISTRIBUTIONS:
-        raw = _installed_version(distribution)
+    for entry in detection_order():
+        assert entry.distribution is not None
+        raw = _installed_version(entry.distribution)
         if raw is not None:
-            return EngineInfo(name=name, version=_wire_version(raw))  # type: ignore[arg-type]
+            return _engine(entry.name, _wire_version(raw))
     return None
 
 
 def parse_engine(text: str) -> EngineInfo:
-    """``vllm==0.33.0``, ``vllm=0.33.0``, ``sglang==0.5.2``, ``switchboard`` or a bare
-    engine name (its version read from the installed package, when there is one).
+    """``NAME==VERSION``, ``NAME=VERSION``, a bare engine name (its version read from
+    the installed package, when there is one) or our own engine, which has no version.
 
     Raises ValueError naming what is accepted, for the CLI to report as a bad flag.
     """
@@ -73,21 +96,77 @@ def parse_engine(text: str) -> EngineInfo:
     name, sep, version = raw.partition("=")
     name = name.strip().lower()
     version = version.lstrip("=").strip()
-    if name not in ENGINE_NAMES:
+    entries = {e.name: e for e in engine_entries()}
+    example = f"{detection_order()[0].name}==0.33.0"
+    if name not in entries:
         raise ValueError(
             f"unknown engine {text!r}; want one of {', '.join(ENGINE_NAMES)}, "
-            "optionally with ==VERSION (e.g. vllm==0.33.0)"
+            f"optionally with ==VERSION (e.g. {example})"
         )
     if sep and not version:
-        raise ValueError(f"engine {text!r} has '=' but no version (e.g. vllm==0.33.0)")
-    if name == "switchboard":
+        raise ValueError(f"engine {text!r} has '=' but no version (e.g. {example})")
+    distribution = entries[name].distribution
+    if distribution is None:
         if version:
-            raise ValueError("the switchboard engine takes no version (it is this package)")
-        return EngineInfo(name="switchboard")
+            raise ValueError(f"the {name} engine takes no version (it is this package)")
+        return _engine(name)
     if not version:
-        installed = dict(ENGINE_DISTRIBUTIONS)[name]
-        found = _installed_version(installed)
-        return EngineInfo(name=name, version=None if found is None else _wire_version(found))  # type: ignore[arg-type]
+        found = _installed_version(distribution)
+        return _engine(name, None if found is None else _wire_version(found))
     if _wire_version(version) != version:
         raise ValueError(f"engine version {version!r} is not a version such as 0.33.0")
-    return EngineInfo(name=name, version=version)  # type: ignore[arg-type]
+    return _engine(name, version)
+
+
+def given_engine(engine: EngineInfo | str | None) -> tuple[EngineInfo | None, str]:
+    """The engine the caller named, and where: the argument (``--engine``), else
+    ``$SWITCHBOARD_ENGINE``; (None, "") when neither names one. BadInputError names
+    the source of a value that does not parse."""
+    if isinstance(engine, EngineInfo):
+        return engine, "--engine"
+    source = "--engine"
+    if engine is None:
+        engine, source = os.environ.get("SWITCHBOARD_ENGINE") or None, "SWITCHBOARD_ENGINE"
+    if engine is None:
+        return None, ""
+    try:
+        return parse_engine(engine), source
+    except ValueError as exc:
+        raise BadInputError(f"{source}: {exc}") from None
+
+
+def resolve_engine(
+    engine: EngineInfo | str | None, notes: Notes, *, output_format: str | None = None
+) -> EngineInfo | None:
+    """The engine to name in the request: the given one (argument, then
+    ``$SWITCHBOARD_ENGINE``), else the installed one, else None (Switchboard's kernels,
+    the service's default).
+
+    ``output_format`` is the ``--format`` the answer will be printed in. One that
+    prints an engine's flags needs the decision to be one that engine accepts: with
+    no engine given or installed (an init container without it) the request names
+    that engine, version unknown (the service then applies its newest rules); a
+    different engine, given or installed, is a contradiction the operator must
+    resolve, so BadInputError names both.
+    """
+    resolved, origin = given_engine(engine)
+    if resolved is None:
+        resolved, origin = detect_engine(), "the installed engine"
+        if resolved is not None:
+            version = resolved.version or "of unknown version"
+            notes.info(f"serving engine: {resolved.name} {version} (installed here)")
+    wanted = None if output_format is None else by_format(output_format)
+    if wanted is None:
+        return resolved
+    if resolved is None:
+        notes.info(
+            f"{wanted.name} is not installed here; asking for {wanted.name} of unknown "
+            f"version (give --engine {wanted.name}==VERSION to be exact)"
+        )
+        return _engine(wanted.name)
+    if resolved.name != wanted.name:
+        raise BadInputError(
+            f"--format {output_format} prints {wanted.name} flags, but {origin} is "
+            f"{resolved.name}; give --engine {wanted.name}==VERSION or another --format"
+        )
+    return resolved

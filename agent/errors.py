@@ -43,7 +43,10 @@ class NoBackendError(AgentError):
         super().__init__(message)
         self.candidates = list(candidates)
         self.kind = kind
-        self.request: SelectRequest | None = None  # what was asked (set by select_backend)
+        # what was asked and what the agent observed on the way (set by select_backend)
+        self.request: SelectRequest | None = None
+        self.notes: list[str] = []
+        self.pretend = False
 
     def explain(self) -> list[str]:
         """One line per candidate: its backend and why it cannot run (or that it could)."""

@@ -9,9 +9,12 @@ sends wherever it sends its logs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
+from collections.abc import Iterator
 
-__all__ = ["Notes", "log"]
+__all__ = ["Notes", "log", "to_stderr"]
 
 log = logging.getLogger("switchboard.agent")
 
@@ -26,3 +29,25 @@ class Notes(list[str]):
     def warn(self, message: str) -> None:
         self.append(message)
         log.warning(message)
+
+
+@contextlib.contextmanager
+def to_stderr() -> Iterator[None]:
+    """Send the agent's log to stderr, prefixed ``switchboard:``, while a command runs.
+
+    stdout carries only the answer (it is expanded into the engine's command line);
+    everything for a person goes here. The logger's own settings come back afterwards,
+    so a process that calls a command in-process keeps its logging as it was.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("switchboard: %(message)s"))
+    previous = (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(previous[0])
+        log.propagate = previous[1]

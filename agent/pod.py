@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mla_switchboard.agent.engine import detect_engine, parse_engine
+from mla_switchboard.agent.engine import resolve_engine
 from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.model_config import ModelDims, read_model
 from mla_switchboard.agent.notes import Notes
@@ -193,37 +193,6 @@ def _validation_message(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in error["loc"]) or "request"
         parts.append(f"{where}: {error['msg']}")
     return "; ".join(parts)
-
-
-def given_engine(engine: EngineInfo | str | None) -> tuple[EngineInfo | None, str]:
-    """The engine the caller named, and where: the argument (``--engine``), else
-    ``$SWITCHBOARD_ENGINE``; (None, "") when neither names one. BadInputError names
-    the source of a value that does not parse."""
-    if isinstance(engine, EngineInfo):
-        return engine, "--engine"
-    source = "--engine"
-    if engine is None:
-        engine, source = os.environ.get("SWITCHBOARD_ENGINE") or None, "SWITCHBOARD_ENGINE"
-    if engine is None:
-        return None, ""
-    try:
-        return parse_engine(engine), source
-    except ValueError as exc:
-        raise BadInputError(f"{source}: {exc}") from None
-
-
-def resolve_engine(engine: EngineInfo | str | None, notes: Notes) -> EngineInfo | None:
-    """The engine to name in the request: the given one (argument, then
-    ``$SWITCHBOARD_ENGINE``), else the installed one, else None (no engine installed:
-    Switchboard's kernels, the service's default)."""
-    given, _ = given_engine(engine)
-    if given is not None:
-        return given
-    detected = detect_engine()
-    if detected is not None:
-        version = detected.version or "of unknown version"
-        notes.info(f"serving engine: {detected.name} {version} (installed here)")
-    return detected
 
 
 def describe_pod(spec: PodSpec, notes: Notes | None = None) -> PodDescription:

@@ -20,21 +20,15 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
-__all__ = ["KERNEL_PACKAGES", "DeviceProbe", "import_quietly", "probe_device", "probe_packages"]
+from mla_switchboard.core.specs import KERNEL_PACKAGES
+
+__all__ = ["DeviceProbe", "import_quietly", "probe_device", "probe_packages"]
 
 NUMPY_WARNING = "Failed to initialize NumPy"
 """torch warns with this at import when numpy is missing. The agent never converts a
 tensor to numpy, and GPU pods often run without numpy, so on every real probe the
 warning was noise on stderr (issue 10). It is silenced only around torch's import,
 where it is raised, and only that message."""
-
-KERNEL_PACKAGES: dict[str, tuple[str, ...]] = {
-    "torch": ("torch",),
-    "flash_attn": ("flash-attn", "flash_attn"),
-    "flashinfer": ("flashinfer-python", "flashinfer"),
-    "cudnn": ("nvidia-cudnn-frontend",),
-}
-"""Import name -> distribution names to read its version from, in order."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +108,10 @@ def probe_device() -> DeviceProbe:
     return _probe_torch() or _probe_nvml() or DeviceProbe(None, None, "none")
 
 
-def _version(import_name: str, module: object | None) -> str:
-    for dist in KERNEL_PACKAGES.get(import_name, (import_name,)):
+def _version(distributions: tuple[str, ...], module: object | None) -> str:
+    """The first of ``distributions`` that is installed gives the version; else the
+    module's own ``__version__`` (a source build may carry no metadata)."""
+    for dist in distributions:
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -124,10 +120,14 @@ def _version(import_name: str, module: object | None) -> str:
 
 
 def probe_packages() -> tuple[dict[str, str], list[str]]:
-    """Kernel packages that import (import name -> version), and notes about broken ones."""
+    """Kernel packages that import (import name -> version), and notes about broken ones.
+
+    The packages are the backend registry's (``core/specs.py``): every package some
+    backend needs or uses, so a backend whose package is installed is never reported
+    missing for want of a probe."""
     found: dict[str, str] = {}
     notes: list[str] = []
-    for name in KERNEL_PACKAGES:
+    for name, package in KERNEL_PACKAGES.items():
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
@@ -139,5 +139,5 @@ def probe_packages() -> tuple[dict[str, str], list[str]]:
         except Exception as exc:  # any failure means unusable
             notes.append(f"package {name} is installed but does not import: {exc}")
             continue
-        found[name] = _version(name, module)
+        found[name] = _version(package.distributions, module)
     return found, notes

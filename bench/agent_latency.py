@@ -98,7 +98,7 @@ def timed(fn: Callable[[int], Any], iterations: int, expect: str) -> dict[str, A
 
 def cli(url: str, cache_dir: Path, *extra: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "mla_switchboard.agent.cli",
+        [sys.executable, "-m", "mla_switchboard.cli",
          "select", "--model", str(MODEL), "--cluster", "bench", "--url", url,
          "--cache-dir", str(cache_dir), "--format", "json", *extra],
         cwd=ROOT, env={**os.environ, "SWITCHBOARD_TOKEN": TOKEN},

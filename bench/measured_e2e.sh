@@ -87,17 +87,17 @@ for pod in a b; do
   budget=$budget_a
   [ "$pod" = b ] && budget=$budget_b
   stamp "switchboard bench as pod e2e-pod-$pod (budget ${budget}s)"
-  python3 -m mla_switchboard.agent.cli bench "${common[@]}" --pod "e2e-pod-$pod" --node "$(hostname)" \
+  python3 -m mla_switchboard.cli bench "${common[@]}" --pod "e2e-pod-$pod" --node "$(hostname)" \
     --budget "$budget" >"$out/bench-pod-$pod.json"
   echo "exit $?"
 done
 
 stamp "switchboard select (cluster e2e: measured) and the same pod on the seed rules"
 sel=(--model "$model" --model-name "$model_name" --url "$url" --no-cache --deadline 10)
-python3 -m mla_switchboard.agent.cli select "${sel[@]}" --cluster e2e --pod e2e-pod-c --format json \
+python3 -m mla_switchboard.cli select "${sel[@]}" --cluster e2e --pod e2e-pod-c --format json \
   >"$work/select.json"
 echo "exit $?"
-python3 -m mla_switchboard.agent.cli select "${sel[@]}" --cluster e2e-seed --pod e2e-pod-c --format json \
+python3 -m mla_switchboard.cli select "${sel[@]}" --cluster e2e-seed --pod e2e-pod-c --format json \
   >"$work/seed.json"
 echo "exit $?"
 api GET /v1/measurements/summary '' "$admin" >"$out/summary.json" || exit 6

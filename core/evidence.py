@@ -44,6 +44,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mla_switchboard.core.schemas import EngineInfo, Evidence, MeasurementReport, SelectRequest
+from mla_switchboard.core.specs import KERNEL_PACKAGES as _PACKAGES
 from mla_switchboard.core.specs import Backend
 
 __all__ = [
@@ -65,8 +66,9 @@ __all__ = [
     "situation_of",
 ]
 
-KERNEL_PACKAGES = ("torch", "flash_attn", "flashinfer", "cudnn", "tokenspeed_mla")
-"""Only these packages' versions change kernel speed; others don't split the evidence."""
+KERNEL_PACKAGES: tuple[str, ...] = tuple(_PACKAGES)
+"""Only the packages some backend needs or uses (``core/specs.py``) change kernel speed;
+others' versions don't split the evidence."""
 
 SAMPLES_PER_POD = 8
 """How many of a pod's most recent results count per situation and backend."""

@@ -18,7 +18,15 @@ from typing import Annotated, Any, Literal
 
 from mla_switchboard.core.hardware import UNKNOWN_PEAK_TFLOPS
 from mla_switchboard.core.names import validate_cluster_globs
-from mla_switchboard.core.specs import Backend, Dtype, parse_backend, parse_dtype
+from mla_switchboard.core.specs import (
+    SPECS,
+    Backend,
+    BackendSpec,
+    Dtype,
+    KernelPackage,
+    parse_backend,
+    parse_dtype,
+)
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -133,11 +141,12 @@ class ModelInfo(_Strict):
 
 
 EngineName = Literal["vllm", "sglang", "switchboard"]
+ENGINE_VERSION_PATTERN = r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$"
+"""What the contract accepts as an engine version; the agent trims a detected one to it."""
+ENGINE_VERSION_MAX_LENGTH = 64
 EngineVersion = Annotated[
     str,
-    StringConstraints(
-        pattern=r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$", max_length=64
-    ),
+    StringConstraints(pattern=ENGINE_VERSION_PATTERN, max_length=ENGINE_VERSION_MAX_LENGTH),
     Field(description="the engine's version, e.g. 0.33.0", examples=["0.33.0"]),
 ]
 
@@ -174,6 +183,85 @@ class Candidate(BaseModel):
     valid: bool
     reasons: list[str]
     role: CandidateRole
+
+
+class BackendPackage(BaseModel):
+    """A package a backend imports: the name a request's ``packages`` uses, and the
+    distributions (wheels) that install it, in the order the agent reads their version."""
+
+    import_name: str
+    distributions: list[str]
+
+
+class BackendInfo(BaseModel):
+    """One backend as the registry (``core/specs.py``) describes it: what it runs on, and
+    how the dashboard shows it (``order`` in lists, ``colour`` a fixed palette slot)."""
+
+    name: Backend
+    order: int = Field(description="position in displays; the list is in this order")
+    colour: int = Field(description="palette slot, fixed per backend and never reused")
+    summary: str
+    needs_gpu: bool
+    capability: str = Field(description="compute capabilities it runs on, for people")
+    capability_majors: list[int] | None = Field(
+        description="the exact major versions it runs on; null: min_major or newer"
+    )
+    min_major: int
+    dtypes: list[Dtype]
+    dims: str = Field(description="MLA dims (qk_nope, qk_rope, v) it runs, for people")
+    allowed_dims: list[tuple[int, int, int]] | None = Field(
+        description="the exact dims it runs; null: any within the maxima"
+    )
+    max_qk_head_dim: int | None
+    max_v_head_dim: int | None
+    packages: list[BackendPackage] = Field(description="needed: it cannot build without them")
+    optional_packages: list[BackendPackage] = Field(
+        description="used when present; their versions split measurements like the needed ones"
+    )
+
+
+class BackendsDocument(BaseModel):
+    """``GET /v1/backends``: every backend this service knows, in display order."""
+
+    backends: list[BackendInfo]
+
+
+def _package_info(package: KernelPackage) -> BackendPackage:
+    return BackendPackage(
+        import_name=package.import_name, distributions=list(package.distributions)
+    )
+
+
+def _backend_info(order: int, spec: BackendSpec) -> BackendInfo:
+    return BackendInfo(
+        name=spec.backend,
+        order=order,
+        colour=spec.colour,
+        summary=spec.summary,
+        needs_gpu=spec.needs_gpu,
+        capability=spec.capability_text,
+        capability_majors=None
+        if spec.capability_majors is None
+        else sorted(spec.capability_majors),
+        min_major=spec.min_major,
+        dtypes=[d for d in Dtype if d in spec.dtypes],
+        dims=spec.dims_text,
+        allowed_dims=None
+        if spec.allowed_dims is None
+        else sorted(
+            (d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim) for d in spec.allowed_dims
+        ),
+        max_qk_head_dim=spec.max_qk_head_dim,
+        max_v_head_dim=spec.max_v_head_dim,
+        packages=[_package_info(p) for p in spec.packages],
+        optional_packages=[_package_info(p) for p in spec.optional_packages],
+    )
+
+
+def backends_document() -> BackendsDocument:
+    """The backend registry as the API gives it: one entry per backend, in the order
+    ``Backend`` lists them (the order every display uses)."""
+    return BackendsDocument(backends=[_backend_info(i, SPECS[b]) for i, b in enumerate(Backend)])
 
 
 class RolloutRef(BaseModel):
@@ -505,7 +593,9 @@ class OverrideSpec(_Strict):
     def _deny(cls, value: list[Backend]) -> list[Backend]:
         _unique(value)
         if Backend.TORCH_SDPA in value:
-            raise ValueError("TORCH_SDPA is the last-resort fallback and cannot be denied")
+            raise ValueError(
+                f"{Backend.TORCH_SDPA} is the last-resort fallback and cannot be denied"
+            )
         return value
 
     @field_validator("expires_at")

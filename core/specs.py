@@ -1,9 +1,17 @@
 """What each MLA prefill backend *is*: the one table of what it supports.
 
+This is the backend registry: the only place a backend's name, the packages it needs
+(import and distribution names), its capability, dims and dtypes are written. The
+agent's package probe, the evidence situation key (``core/evidence.py``), the
+dashboard's backend list (``GET /v1/backends``) and the README's backend table
+(``scripts/gen_docs_tables.py``) are all derived from it, and a test fails when a
+backend's name is spelt anywhere else; adding a backend touches this table and its
+wrapper in ``kernels/``.
+
 This module is deliberately torch-free (standard library only). The service, the
 agent's local fallback and the kernel wrappers all import it, so importing it must
-never pull in torch, flashinfer, cudnn or flash_attn. Each spec answers "can this
-backend run here?" with a list of human-readable reasons, modelled on vLLM's
+never pull in torch or a kernel package. Each spec answers "can this backend run
+here?" with a list of human-readable reasons, modelled on vLLM's
 ``validate_configuration`` and PyTorch's SDPA dispatcher: an empty list means valid,
 and every non-empty list names the fact that rules the backend out.
 """
@@ -15,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "KERNEL_PACKAGES",
     "KIMI_LINEAR_DIMS",
     "R1_DIMS",
     "SPECS",
@@ -22,6 +31,7 @@ __all__ = [
     "BackendSpec",
     "Capability",
     "Dtype",
+    "KernelPackage",
     "MLADims",
     "SelectionContext",
     "parse_backend",
@@ -136,6 +146,29 @@ class SelectionContext:
 
 
 @dataclass(frozen=True)
+class KernelPackage:
+    """A Python package a kernel imports, under both of its names.
+
+    ``import_name`` is what the kernel imports, what the agent's probe imports and what
+    a request's ``packages`` map is keyed by. ``distributions`` are the installed
+    distributions whose metadata gives its version, tried in order: a wheel is often
+    named differently from what it installs (``flashinfer`` comes from
+    ``flashinfer-python``, ``cudnn`` from ``nvidia-cudnn-frontend``), and a probe that
+    asked for the wrong one reported the package as missing.
+    """
+
+    import_name: str
+    distributions: tuple[str, ...]
+
+
+TORCH = KernelPackage("torch", ("torch",))
+FLASHINFER_PACKAGE = KernelPackage("flashinfer", ("flashinfer-python", "flashinfer"))
+CUDNN_PACKAGE = KernelPackage("cudnn", ("nvidia-cudnn-frontend",))
+FLASH_ATTN_PACKAGE = KernelPackage("flash_attn", ("flash-attn", "flash_attn"))
+TOKENSPEED_MLA_PACKAGE = KernelPackage("tokenspeed_mla", ("tokenspeed-mla", "tokenspeed_mla"))
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     """The static facts about one backend and the check that applies them.
 
@@ -144,20 +177,44 @@ class BackendSpec:
     ``allowed_dims`` is None (any dims) or the exact dims the kernel is built for;
     ``max_qk``/``max_v`` bound kernels limited only by head size.
     ``class_path`` is the lazy ``module:Class`` of the wrapper in ``kernels``.
+    ``packages`` must import for the kernel to build; ``optional_packages`` are used
+    when present (FLASH_ATTN runs the flash_attn package's kernel, else PyTorch's
+    bundled one), so their versions, like the required ones', split the evidence.
+    ``colour`` is the backend's slot in the dashboard's palette: fixed per backend and
+    never reused, so adding a backend recolours none of the others.
     """
 
     backend: Backend
     needs_gpu: bool
     capability_text: str
     dtypes: frozenset[Dtype]
-    packages: tuple[str, ...]
+    packages: tuple[KernelPackage, ...]
     class_path: str
     summary: str
+    colour: int
     capability_majors: frozenset[int] | None = None  # None: any major >= min_major
     min_major: int = 0
     allowed_dims: frozenset[MLADims] | None = None
     max_qk_head_dim: int | None = None
     max_v_head_dim: int | None = None
+    optional_packages: tuple[KernelPackage, ...] = ()
+
+    @property
+    def package_names(self) -> tuple[str, ...]:
+        """The import names of the packages the kernel cannot build without."""
+        return tuple(p.import_name for p in self.packages)
+
+    @property
+    def dims_text(self) -> str:
+        """The MLA dims the kernel runs, as the docs and the dashboard spell them."""
+        limits = []
+        if self.max_qk_head_dim is not None:
+            limits.append(f"qk_nope+qk_rope <= {self.max_qk_head_dim}")
+        if self.max_v_head_dim is not None:
+            limits.append(f"v <= {self.max_v_head_dim}")
+        if self.allowed_dims is not None:
+            limits.append(" or ".join(sorted(str(d) for d in self.allowed_dims)))
+        return ", ".join(limits) or "any"
 
     def capability_ok(self, cap: Capability) -> bool:
         if self.capability_majors is not None:
@@ -195,9 +252,9 @@ class BackendSpec:
             )
         if ctx.packages is not None:
             reasons.extend(
-                f"required package {pkg} not installed"
-                for pkg in self.packages
-                if pkg not in ctx.packages
+                f"required package {name} not installed"
+                for name in self.package_names
+                if name not in ctx.packages
             )
         return reasons
 
@@ -215,9 +272,10 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="10.x",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS, KIMI_LINEAR_DIMS}),
-            packages=("torch", "flashinfer"),
+            packages=(TORCH, FLASHINFER_PACKAGE),
             class_path="mla_switchboard.kernels.trtllm_ragged:TrtllmRaggedPrefill",
             summary="FlashInfer's TensorRT-LLM ragged DeepSeek kernel (Blackwell only)",
+            colour=0,
         ),
         BackendSpec(
             backend=Backend.FLASHINFER,
@@ -227,9 +285,10 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="8.x, 9.x or 10.x",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS}),
-            packages=("torch", "flashinfer"),
+            packages=(TORCH, FLASHINFER_PACKAGE),
             class_path="mla_switchboard.kernels.flashinfer:FlashInferPrefill",
             summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80)",
+            colour=1,
         ),
         BackendSpec(
             backend=Backend.CUDNN,
@@ -238,9 +297,10 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="8.0 or newer",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS}),
-            packages=("torch", "cudnn"),
+            packages=(TORCH, CUDNN_PACKAGE),
             class_path="mla_switchboard.kernels.cudnn:CudnnPrefill",
             summary="cuDNN frontend SDPA graph with ragged offsets",
+            colour=2,
         ),
         BackendSpec(
             backend=Backend.FLASH_ATTN,
@@ -250,9 +310,11 @@ SPECS: dict[Backend, BackendSpec] = {
             dtypes=_HALF,
             max_qk_head_dim=256,
             max_v_head_dim=256,
-            packages=("torch",),
+            packages=(TORCH,),
+            optional_packages=(FLASH_ATTN_PACKAGE,),
             class_path="mla_switchboard.kernels.flash_attn:FlashAttnPrefill",
             summary="FlashAttention varlen (FA3, FA2, or PyTorch's bundled FA2)",
+            colour=3,
         ),
         BackendSpec(
             backend=Backend.TOKENSPEED_MLA,
@@ -262,18 +324,40 @@ SPECS: dict[Backend, BackendSpec] = {
             capability_text="10.x",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS}),
-            packages=("torch", "tokenspeed_mla"),
+            packages=(TORCH, TOKENSPEED_MLA_PACKAGE),
             class_path="mla_switchboard.kernels.tokenspeed_mla:TokenspeedMlaPrefill",
             summary="TokenSpeed's MLA prefill kernel (Blackwell only; package tokenspeed_mla)",
+            colour=4,
         ),
         BackendSpec(
             backend=Backend.TORCH_SDPA,
             needs_gpu=False,
             capability_text="any",
             dtypes=frozenset(Dtype),
-            packages=("torch",),
+            packages=(TORCH,),
             class_path="mla_switchboard.kernels.torch_sdpa:TorchSdpaPrefill",
             summary="PyTorch reference path (fp32 math); runs anywhere",
+            colour=5,
         ),
     )
 }
+
+
+def _kernel_packages(specs: Mapping[Backend, BackendSpec]) -> dict[str, KernelPackage]:
+    """Every package a backend needs or uses, by import name, in the table's order.
+
+    One name must mean one package: two specs naming the same import with different
+    distributions would make the probe's answer depend on which was read first.
+    """
+    found: dict[str, KernelPackage] = {}
+    for spec in specs.values():
+        for package in (*spec.packages, *spec.optional_packages):
+            known = found.setdefault(package.import_name, package)
+            if known != package:
+                raise ValueError(f"package {package.import_name} is declared twice, differently")
+    return found
+
+
+KERNEL_PACKAGES: dict[str, KernelPackage] = _kernel_packages(SPECS)
+"""The packages whose presence and version decide what a pod can run and how fast:
+what the agent probes and what splits the fleet's evidence into situations."""

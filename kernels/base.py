@@ -333,7 +333,7 @@ class MLAPrefillKernel(abc.ABC):
             capability=cap,
             dims=dims,
             dtype=spec_dtype,
-            packages=_installed(spec.packages),
+            packages=_installed(spec.package_names),
         )
         reasons = spec.validate(ctx)
         if not spec.needs_gpu and dev.type == "cuda" and cap is None:

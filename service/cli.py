@@ -1,6 +1,6 @@
 """The service's subcommands of ``switchboard``: ``serve`` and ``token``.
 
-The ``switchboard`` entry point itself is :func:`mla_switchboard.agent.cli.main`, which a
+The ``switchboard`` entry point itself is :func:`mla_switchboard.cli.main`, which a
 GPU pod's plain install (no server extra) can run; it hands ``serve`` and ``token`` to
 :func:`main` here. ``python -m mla_switchboard.service.cli serve`` works as well.
 """

@@ -50,7 +50,7 @@ def measure_in_child(
     post_s = min(3.0, max(0.5, budget_s * 0.1))
     measure_s = max(0.05, budget_s - post_s - 1.0)
     argv = [
-        sys.executable, "-m", "mla_switchboard.agent.cli", "bench", *bench_argv,
+        sys.executable, "-m", "mla_switchboard.agent.commands.bench", *bench_argv,
         "--budget", f"{measure_s:.3f}", "--deadline", f"{post_s:.3f}", "--format", "json",
     ]  # fmt: skip
     try:

@@ -273,7 +273,7 @@ def plan_bench(
         if torch_device == "cpu":
             gpu = ", ".join(s.label for s in DEFAULT_GPU_SHAPES)
             notes.info(
-                f"no GPU: only TORCH_SDPA can run, on shapes scaled down from the GPU "
+                f"no GPU: only {Backend.TORCH_SDPA} can run, on shapes scaled down from the GPU "
                 f"defaults ({gpu}) to {', '.join(s.label for s in chosen)}"
             )
     elif isinstance(shapes, str):

@@ -16,6 +16,7 @@ from mla_switchboard.service.api.errors import validation_error_response
 from mla_switchboard.service.api.middleware import BodyLimitAndMetrics
 from mla_switchboard.service.api.routes import (
     admin,
+    backends,
     dashboard,
     health,
     measurements,
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         rules,
         overrides,
         measurements,
+        backends,
         admin,
         health,
         dashboard,

@@ -9,9 +9,6 @@
 //    header to this origin.
 "use strict";
 
-const BACKENDS = [
-  "TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN", "TOKENSPEED_MLA", "TORCH_SDPA",
-];
 const REFRESH_MS = 10_000;
 const TOKEN_KEY = "switchboard.viewerToken";
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -51,13 +48,31 @@ function s(tag, attrs, ...children) {
   return append(setAttrs(document.createElementNS(SVG_NS, tag), attrs), children);
 }
 
-/** A CSS class for a backend's colour; unknown (future) backends share one. */
+// ---------------------------------------------------------------- backends
+// The backends, their order and colours come from GET /v1/backends (the service's
+// registry): this file names none, so a new backend needs no edit here.
+
+/** The known backends' names, in the registry's display order. */
+function knownBackends() {
+  return state.backends.map((b) => b.name);
+}
+
+/** The CSS class of a backend's palette slot; unknown backends get none, and the
+ *  stylesheet's fallback colour. */
 function backendClass(name) {
-  return BACKENDS.includes(name) ? `b-${name.toLowerCase()}` : "b-other";
+  const known = state.backends.find((b) => b.name === name);
+  return known ? `bc-${known.colour}` : "";
+}
+
+/** ``names`` with the known backends first, in display order, then any others sorted. */
+function orderBackends(names) {
+  const known = knownBackends();
+  const others = names.filter((b) => !known.includes(b)).sort();
+  return [...known.filter((b) => names.includes(b)), ...others];
 }
 
 function swatch(name) {
-  return h("span", { class: `swatch ${backendClass(name)}`, "aria-hidden": "true" });
+  return h("span", { class: `swatch ${backendClass(name)}`.trim(), "aria-hidden": "true" });
 }
 
 function backendTag(name) {
@@ -121,6 +136,7 @@ class StaleError extends Error {}
 
 const state = {
   token: null,
+  backends: [], // GET /v1/backends: {name, order, colour, ...} in display order
   summary: null, // last good summary, kept across failed refreshes
   activeOverrides: null,
   overrides: [], // the last override list, for the rollouts panel's effects
@@ -231,6 +247,7 @@ function signOut(message) {
   state.token = null;
   etags.clear();
   state.summary = null;
+  state.backends = [];
   state.activeOverrides = null;
   state.overrides = [];
   state.lastUpdated = null;
@@ -263,8 +280,11 @@ async function signIn(event) {
   button.disabled = true;
   state.token = token;
   try {
-    // Check the token before showing anything, so a bad one stays on this form.
+    // Check the token before showing anything, so a bad one stays on this form. The
+    // backend list comes along (a failure there shows on the next refresh).
+    const backends = loadBackends().catch(() => null);
     const summary = await api("/v1/selections/summary");
+    await backends;
     sessionStorage.setItem(TOKEN_KEY, token);
     start(summary);
   } catch (err) {
@@ -303,7 +323,10 @@ function refreshAll() {
   if (state.inflight && state.inflightToken === state.token) return state.inflight;
   state.inflightToken = state.token;
   const run = (async () => {
-    const results = await Promise.allSettled([loadSummary(), loadOverrides(), loadAudit()]);
+    // The backend list first, once: every panel's colours and order come from it.
+    const first = state.backends.length ? [] : await Promise.allSettled([loadBackends()]);
+    const rest = await Promise.allSettled([loadSummary(), loadOverrides(), loadAudit()]);
+    const results = [...first, ...rest];
     const failures = results.filter((r) => r.status === "rejected").map((r) => r.reason);
     for (const err of failures) {
       if (handleAuthError(err)) return;
@@ -329,6 +352,12 @@ function renderUpdated() {
   el.setAttribute("data-updated", state.lastUpdated ? state.lastUpdated.toISOString() : "");
 }
 
+async function loadBackends() {
+  const doc = await api("/v1/backends");
+  state.backends = [...doc.backends].sort((a, b) => a.order - b.order);
+  if (state.summary) renderSummary();
+}
+
 async function loadSummary() {
   state.summary = await api("/v1/selections/summary");
   state.lastUpdated = new Date();
@@ -349,8 +378,7 @@ function totals(clusters) {
 
 /** Known backends in their fixed order, then any others the API reports. */
 function backendOrder(fleet) {
-  const extra = Object.keys(fleet).filter((b) => !BACKENDS.includes(b)).sort();
-  return [...BACKENDS, ...extra];
+  return orderBackends([...new Set([...knownBackends(), ...Object.keys(fleet)])]);
 }
 
 function renderSummary() {
@@ -364,7 +392,7 @@ function renderSummary() {
 
   $("legend").replaceChildren(
     ...order
-      .filter((b) => BACKENDS.includes(b) || fleet[b])
+      .filter((b) => knownBackends().includes(b) || fleet[b])
       .map((b) =>
         h(
           "li",
@@ -602,7 +630,7 @@ function drawChart(clusters, names, order) {
         s(
           "rect",
           {
-            class: `seg ${backendClass(backend)}`,
+            class: `seg ${backendClass(backend)}`.trim(),
             x: cx,
             y,
             // a hairline gap keeps neighbouring segments apart
@@ -1202,16 +1230,12 @@ function renderExcluded(excluded) {
   const total = clusters.reduce((n, c) => n + Object.keys(excluded[c]).length, 0);
   $("excluded-count").textContent =
     `${plural(total, "backend")} in ${plural(clusters.length, "cluster")}`;
-  const ordered = (names) => {
-    const known = BACKENDS.filter((b) => names.includes(b));
-    return [...known, ...names.filter((b) => !BACKENDS.includes(b)).sort()];
-  };
   $("excluded").replaceChildren(
     h("ul", { class: "excluded-list" }, clusters.map((c) =>
       h("li", { class: "excluded-cluster", "data-cluster": c },
         h("span", { class: `scope${c === "*" ? " scope-fleet" : ""}` }, scopeText(c)),
         h("ul", { class: "excluded-backends" },
-          ordered(Object.keys(excluded[c])).map((b) =>
+          orderBackends(Object.keys(excluded[c])).map((b) =>
             h("li", { "data-backend": b },
               backendTag(b),
               h("p", { class: "excluded-reason" }, String(excluded[c][b] ?? "")))))))),

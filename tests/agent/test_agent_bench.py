@@ -30,7 +30,8 @@ from mla_switchboard.agent.bench import (
 )
 from mla_switchboard.agent.bench.plan import runnable_backends
 from mla_switchboard.agent.bench.run import forward_inputs
-from mla_switchboard.agent.cli import bench_main, select_main
+from mla_switchboard.agent.commands.bench import bench_main
+from mla_switchboard.agent.commands.select import select_main
 from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.pod import PodSpec
 from mla_switchboard.core.schemas import SelectRequest
@@ -335,7 +336,7 @@ def test_sigterm_stops_measuring_and_keeps_what_was_measured() -> None:
     argv = [
         sys.executable,
         "-m",
-        "mla_switchboard.agent.cli",
+        "mla_switchboard.cli",
         "bench",
         "--model",
         DSV3,

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mla_switchboard.agent.cli import select_main
+from mla_switchboard.agent.commands.select import select_main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -189,7 +189,7 @@ def test_check_builds_and_verifies_the_kernel(
 def test_the_switchboard_command_runs_select(agent_service: Any, cache_dir: Path) -> None:
     """Through the console script's entry point, in a fresh process, as a pod would."""
     proc = subprocess.run(
-        [sys.executable, "-m", "mla_switchboard.agent.cli",
+        [sys.executable, "-m", "mla_switchboard.cli",
          "select", "--model", str(CONFIGS / "glm-5"), "--cluster", "agent-cli",
          "--url", agent_service.url, "--cache-dir", str(cache_dir), *B200, *VLLM,
          "--format", "vllm-args"],

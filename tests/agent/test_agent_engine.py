@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from mla_switchboard.agent.api import SelectionResult
-from mla_switchboard.agent.cli import format_result, select_main
+from mla_switchboard.agent.commands.formats import format_document
+from mla_switchboard.agent.commands.select import select_main
 from mla_switchboard.agent.engine import detect_engine, parse_engine
 from mla_switchboard.core.schemas import Candidate, EngineInfo, SelectRequest
 from mla_switchboard.core.specs import Backend
@@ -185,19 +186,20 @@ def test_formats_print_the_answers_engine_args_verbatim() -> None:
         {"SGLANG_X": "1 2", "bad name": "x"},
     )
     expected = "--prefill-attention-backend fa3 --decode-attention-backend flashmla\n"
-    assert format_result(sglang, "sglang-args") == expected
+    assert format_document(sglang.to_dict(), "sglang-args") == expected
     env = dict(
-        shlex.split(line)[1].split("=", 1) for line in format_result(sglang, "env").splitlines()
+        shlex.split(line)[1].split("=", 1)
+        for line in format_document(sglang.to_dict(), "env").splitlines()
     )
     assert env["SWITCHBOARD_ENGINE"] == "sglang"
     assert env["SWITCHBOARD_ENGINE_ARGS"] == expected.strip()
     assert env["SWITCHBOARD_VLLM_ARGS"] == ""
     assert env["SGLANG_X"] == "1 2" and "bad name" not in env  # not a shell name: left out
-    doc = json.loads(format_result(sglang, "json"))
+    doc = json.loads(format_document(sglang.to_dict(), "json"))
     assert doc["engine_args"] == sglang.engine_args and doc["engine"]["name"] == "sglang"
 
     legacy = _result(EngineInfo(name="vllm", version="0.20.0"), [], {})
-    assert format_result(legacy, "vllm-args") == ""
+    assert format_document(legacy.to_dict(), "vllm-args") == ""
 
 
 def test_vllm_before_0_21_gets_no_flag_and_the_reason(

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mla_switchboard.core.specs import Backend
+from mla_switchboard.core.specs import SPECS, Backend
 
 from tests.conftest import ADMIN, ROOT, ServiceProcess
 
@@ -236,6 +236,16 @@ def test_dashboard_in_chromium(
             for backend in Backend:
                 item = page.locator(f'#legend li[data-backend="{backend}"]')
                 expect(item.locator(".legend-count")).to_have_text(str(fleet[backend]))
+                # its colour is its registry slot (from GET /v1/backends), as in the chart
+                slot = re.compile(rf"\bbc-{SPECS[backend].colour}\b")
+                expect(item.locator(".swatch")).to_have_class(slot)
+            colours = page.eval_on_selector_all(
+                "#legend .swatch", "els => els.map((e) => getComputedStyle(e).backgroundColor)"
+            )
+            assert len(set(colours)) == len(Backend), colours  # no two alike, none the fallback
+            segment = page.locator("#fleet-chart rect.seg").first
+            backend = Backend(segment.get_attribute("data-backend"))
+            expect(segment).to_have_class(re.compile(rf"\bbc-{SPECS[backend].colour}\b"))
             expect(page.locator("#last-updated")).to_contain_text("Last updated")
             assert page.evaluate("sessionStorage.length") == 1
 

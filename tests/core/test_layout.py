@@ -2,69 +2,161 @@
 
 Reads every module's imports with ``ast`` (no import side effects): the core imports
 nothing of ours but itself; kernels and the service stand on the core; the agent on
-the core and the kernels, never on the service.
+the core and the kernels, never on the service; the ``switchboard`` program
+(``cli/``) above the agent and the service, and nothing on it. An import counts
+however it is written: an ``import`` statement, ``importlib.import_module`` (or
+``__import__``, ``find_spec``, ``run_module``) with a name, or any string that names
+one of our modules (``python -m mla_switchboard.service.cli`` in an argv), so a
+dependency cannot hide in a string.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = {"core": "core", "kernels": "kernels", "service": "service", "agent": "agent"}
+PARTS = {"core": "core", "kernels": "kernels", "service": "service", "agent": "agent", "cli": "cli"}
 ALLOWED = {
     "core": {"core"},
     "kernels": {"core", "kernels"},
     "service": {"core", "service"},
     "agent": {"core", "kernels", "agent"},
+    "cli": {"core", "agent", "service", "cli"},
 }
+GENERIC_NAMES = {"service", "agent", "kernels", "bench", "core", "cli"}
 # third-party packages the core may use: pydantic only (the wire schemas)
 CORE_THIRD_PARTY = {"pydantic"}
+# (part, other part) -> why a string in the part may name the other's modules
+STRING_ONLY = {
+    ("core", "kernels"): "BackendSpec.class_path names the wrapper; kernels.get imports it",
+}
+IMPORT_CALLS = {"import_module", "__import__", "find_spec", "run_module", "import_quietly"}
+OUR_MODULE = re.compile(r"\bmla_switchboard\.(\w+)")
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """Module-level ``NAME = "text"``: what ``import_module(NAME)`` imports."""
+    found = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            found.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
+    return found
+
+
+def _references(source: str, filename: str = "<source>") -> tuple[set[str], set[str]]:
+    """(modules imported, modules of ours only named in a string) by ``source``."""
+    tree = ast.parse(source, filename=filename)
+    docstrings = _docstrings(tree)
+    constants = _constants(tree)
+    imported: set[str] = set()
+    named: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
+            imported.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == "mla_switchboard":  # from mla_switchboard import kernels
-                names.update(f"mla_switchboard.{a.name}" for a in node.names)
+                imported.update(f"mla_switchboard.{a.name}" for a in node.names)
             else:
-                names.add(node.module)
-    return names
+                imported.add(node.module)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            arg = node.args[0]
+            if name in IMPORT_CALLS:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    imported.add(arg.value)
+                elif isinstance(arg, ast.Name) and arg.id in constants:
+                    imported.add(constants[arg.id])
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
+            named.update(f"mla_switchboard.{m}" for m in OUR_MODULE.findall(node.value))
+    return imported, named - imported
+
+
+def _check(part: str, rel: str, imported: set[str], named: set[str]) -> None:
+    for name in imported | named:
+        top = name.split(".")
+        if top[0] == "mla_switchboard":
+            ours = top[1] if len(top) > 1 else ""
+            if name in named and (part, ours) in STRING_ONLY:
+                continue
+            how = "names in a string" if name in named else "imports"
+            assert ours in ALLOWED[part], f"{rel} {how} {name}"
+        else:
+            assert top[0] not in GENERIC_NAMES, f"{rel} imports {name} by a generic top-level name"
+            if part == "core":
+                assert top[0] in CORE_THIRD_PARTY or top[0] in sys.stdlib_module_names, (
+                    f"the core must stay neutral: {rel} imports {name}"
+                )
 
 
 @pytest.mark.parametrize("part", sorted(PARTS))
 def test_import_graph(part: str) -> None:
     for path in sorted((ROOT / PARTS[part]).rglob("*.py")):
-        for name in _imports(path):
-            top = name.split(".")
-            if top[0] == "mla_switchboard":
-                ours = top[1] if len(top) > 1 else ""
-                assert ours in ALLOWED[part], f"{path.relative_to(ROOT)} imports {name}"
-            else:
-                assert top[0] not in {"service", "agent", "kernels", "bench"}, (
-                    f"{path.relative_to(ROOT)} imports {name} by a generic top-level name"
-                )
-                if part == "core":
-                    assert top[0] in CORE_THIRD_PARTY or top[0] in sys.stdlib_module_names, (
-                        f"the core must stay neutral: {path.relative_to(ROOT)} imports {name}"
-                    )
+        imported, named = _references(path.read_text(), str(path))
+        _check(part, str(path.relative_to(ROOT)), imported, named)
+
+
+def test_nothing_imports_the_switchboard_program() -> None:
+    """``cli/`` dispatches to the parts; a part that imported it would depend upward."""
+    assert all("cli" not in allowed for part, allowed in ALLOWED.items() if part != "cli")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import mla_switchboard.service.cli",
+        "from mla_switchboard.service import cli",
+        "import importlib\nimportlib.import_module('mla_switchboard.service.cli')",
+        "from importlib import import_module\nimport_module('mla_switchboard.service.cli')",
+        "import importlib\nNAME = 'mla_switchboard.service.cli'\nimportlib.import_module(NAME)",
+        "__import__('mla_switchboard.service')",
+        "ARGV = ['python', '-m', 'mla_switchboard.service.cli', 'serve']",
+        "import importlib.util\nimportlib.util.find_spec('mla_switchboard.service.api')",
+    ],
+)
+def test_the_check_sees_the_service_however_the_agent_names_it(source: str) -> None:
+    imported, named = _references(textwrap.dedent(source))
+    with pytest.raises(AssertionError, match=r"mla_switchboard\.service"):
+        _check("agent", "agent/x.py", imported, named)
+
+
+def test_a_docstring_may_mention_a_module() -> None:
+    imported, named = _references('"""Run by ``mla_switchboard.cli``."""\n')
+    assert (imported, named) == (set(), set())
 
 
 def test_no_generic_top_level_names_are_installed(tmp_path: Path) -> None:
     """From outside the checkout, only mla_switchboard.* is importable."""
     code = (
         "import importlib.util as u\n"
-        "bad = [n for n in ('service', 'agent', 'kernels', 'core') if u.find_spec(n)]\n"
+        f"bad = [n for n in {sorted(GENERIC_NAMES - {'bench'})!r} if u.find_spec(n)]\n"
         "assert not bad, bad\n"
-        "import mla_switchboard.core.evaluator, mla_switchboard.agent.cli\n"
+        "import mla_switchboard.core.evaluator, mla_switchboard.cli\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -158,7 +158,10 @@ def test_everything_copied_exists_and_is_not_dockerignored() -> None:
     for source in copied:
         assert (ROOT / source).exists(), source
         assert not _ignored(source.rstrip("/"), patterns), source
-    for needed in ("pyproject.toml", "core", "service", "kernels", "agent"):
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].values()
+    for needed in ("pyproject.toml", *folders):
         assert needed in copied, f"the wheel build needs {needed}"
 
 

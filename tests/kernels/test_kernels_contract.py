@@ -61,7 +61,7 @@ def test_create_rejects_bad_arguments_with_the_argument_named() -> None:
 
 
 def _installed_for(backend: Backend) -> dict[str, str]:
-    return base._installed(SPECS[backend].packages)
+    return base._installed(SPECS[backend].package_names)
 
 
 @pytest.mark.parametrize("backend", GPU_ONLY, ids=str)

@@ -33,7 +33,7 @@ def cli(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.Complet
         [
             sys.executable,
             "-c",
-            "import sys; from mla_switchboard.agent.cli import main; sys.exit(main())",
+            "import sys; from mla_switchboard.cli import main; sys.exit(main())",
             *args,
         ],
         cwd=cwd,
