@@ -47,6 +47,8 @@ __all__ = [
 DEFAULT_DEADLINE_S = 2.0
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 0.5
+FIRST_TRY_S = 0.1
+"""The least time one attempt gets, so that every call tries the service at least once."""
 USER_AGENT = f"switchboard-agent/{__version__}"
 
 T = TypeVar("T")
@@ -235,11 +237,13 @@ def _rounds(
         retry_after = 0.0
         for index, url in enumerate(urls):
             remaining = deadline_at - time.monotonic()
-            if remaining <= 0 or abandoned.is_set():
+            if (remaining <= 0 and attempts) or abandoned.is_set():
                 raise ServiceUnavailable("deadline passed", attempts)
             # Share what is left among the URLs not yet tried this round, so that
-            # one hanging replica cannot eat the time of the others.
-            budget = remaining / (len(urls) - index)
+            # one hanging replica cannot eat the time of the others; the first URL is
+            # always tried (briefly), so a failure says what went wrong, not only that
+            # time ran out on a slow machine before anything was asked.
+            budget = max(remaining / (len(urls) - index), FIRST_TRY_S)
             try:
                 response = client.post(f"{url}{path}", json=body, timeout=budget)
             except httpx.TransportError as exc:

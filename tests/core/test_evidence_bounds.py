@@ -202,14 +202,15 @@ def _one_situation(n: int, pods: int = 2000, situation: Situation = S) -> list[O
 
 
 def _build_s(observations: list[Observation]) -> float:
-    """The best of three builds, in reports of 256 results."""
+    """The best of three builds, in reports of 256 results, in this thread's CPU time:
+    other processes on a shared machine delay the wall clock, not this count."""
     best = float("inf")
     for _ in range(3):
-        started = time.perf_counter()
+        started = time.thread_time()
         index = EvidenceIndex()
         for start in range(0, len(observations), 256):
             index.add(observations[start : start + 256])
-        best = min(best, time.perf_counter() - started)
+        best = min(best, time.thread_time() - started)
     return best
 
 
@@ -229,9 +230,9 @@ def test_cost_grows_linearly_with_the_history_of_one_situation() -> None:
     assert large_s < 15 * small_s, (large_s, small_s)
     # one more report on top of 64,000 results costs what it costs on an empty index
     index = EvidenceIndex(large)
-    started = time.perf_counter()
+    started = time.thread_time()
     index.add(_one_situation(256))
-    assert time.perf_counter() - started < 0.05
+    assert time.thread_time() - started < 0.05
 
 
 def test_the_chunked_sorted_list_reads_as_a_sorted_list() -> None:
