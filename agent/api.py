@@ -37,7 +37,7 @@ from mla_switchboard.agent.client import (
     report_failure,
     token_from_env,
 )
-from mla_switchboard.agent.errors import BadInputError, NoBackendError
+from mla_switchboard.agent.errors import BadInputError, NoBackendError, TokenRefused
 from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_order
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.pod import ModelSource, PodSpec, describe_pod
@@ -209,12 +209,31 @@ class _Answer:
     revalidated: bool = False
 
 
-def _local_answer(request: SelectRequest) -> _Answer:
+def _local_answer(request: SelectRequest, source: str = "local-fallback") -> _Answer:
     outcome = decide_locally(request)
     if isinstance(outcome, Refusal):
         raise NoBackendError(outcome.message, list(outcome.candidates), kind=outcome.kind)
     response = outcome.to_response(rules_revision=SEED_RULES.revision or 0, decision_id=None)
-    return _Answer(response.model_copy(update={"source": "local-fallback"}), None)
+    return _Answer(response.model_copy(update={"source": source}), None)
+
+
+def token_problem(exc: ServiceRefused) -> str:
+    """What a refused token means and how to fix it, for the pod's log."""
+    if exc.status == 401:
+        fix = (
+            "set SWITCHBOARD_TOKEN (or --token) to an agent token "
+            "(`switchboard token create --role agent --name <fleet>` on the service)"
+        )
+    else:
+        fix = (
+            "give the pod a token with the agent role whose clusters include this pod's "
+            "cluster (`switchboard token create --role agent --clusters <glob>`)"
+        )
+    return (
+        f"configuration error: the service refused this pod's token ({exc}); {fix}. The "
+        "pod boots on a local decision meanwhile (source auth-fallback); the service "
+        "counts these refusals per cluster (GET /v1/refusals, the dashboard)"
+    )
 
 
 def decide(
@@ -225,9 +244,13 @@ def decide(
     deadline_s: float,
     cache: AnswerCache | None,
     notes: Notes,
+    dry_run: bool = False,
+    fail_on_auth_error: bool = False,
 ) -> _Answer:
     """The service's answer, else the cached one, else the local engine's, in
-    ``deadline_s``. Raises NoBackendError when the decision is a refusal."""
+    ``deadline_s``. Raises NoBackendError when the decision is a refusal, TokenRefused
+    when the service refused the token and ``fail_on_auth_error`` says to stop.
+    ``dry_run``: the service records nothing (a pretend GPU, not this pod)."""
     started = time.monotonic()
     entry = None
     if cache is not None:
@@ -247,12 +270,23 @@ def decide(
                 token=token,
                 deadline_s=max(0.0, budget),
                 etag=entry.etag if entry is not None else None,
+                dry_run=dry_run,
             )
         except ServiceRefused as exc:
             if exc.status == 409:
                 raise NoBackendError(
                     exc.message, _candidates_of(exc.candidates), kind=exc.kind
                 ) from None
+            if exc.about_the_token:
+                problem = token_problem(exc)
+                if fail_on_auth_error:
+                    raise TokenRefused(problem) from None
+                notes.error(problem)
+                if entry is not None:
+                    notes.warn(f"using the answer cached {entry.age_s:.0f}s ago meanwhile")
+                    response = entry.response.model_copy(update={"source": "cache"})
+                    return _Answer(response, None, cached_source=entry.response.source)
+                return _local_answer(request, source="auth-fallback")
             why = f"the service refused the request ({exc})"
         except ServiceUnavailable as exc:
             tried = ""
@@ -315,6 +349,7 @@ def select_backend(
     use_cache: bool = True,
     build: bool = True,
     check: bool = False,
+    fail_on_auth_error: bool = False,
     **fields: Any,
 ) -> SelectionResult:
     """Choose this pod's MLA prefill backend and (by default) build its kernel.
@@ -329,8 +364,11 @@ def select_backend(
 
     Raises BadInputError (not an MLA model, unreadable config, bad argument),
     NoBackendError (a refusal: a strict request that is invalid, or no backend the
-    engine accepts; its ``kind`` says which) or KernelBuildError (nothing, not even
-    TORCH_SDPA, builds).
+    engine accepts; its ``kind`` says which), KernelBuildError (nothing, not even
+    TORCH_SDPA, builds) or, with ``fail_on_auth_error``, TokenRefused (the service
+    refused the token; without it the pod decides locally and says why on its log).
+    A pod description that pretends to be another GPU (``capability``/``device_name``)
+    is a dry run: the service records nothing (no ``decision_id``), nothing is built.
     """
     spec = _pod_spec(spec, fields)
     notes = Notes()
@@ -362,7 +400,14 @@ def select_backend(
 
     try:
         answer = decide(
-            request, urls=url_list, token=token, deadline_s=deadline, cache=cache, notes=notes
+            request,
+            urls=url_list,
+            token=token,
+            deadline_s=deadline,
+            cache=cache,
+            notes=notes,
+            dry_run=pod_description.pretend,
+            fail_on_auth_error=fail_on_auth_error,
         )
     except NoBackendError as exc:
         # the caller's report of the refusal shows what was asked and what was seen

@@ -76,6 +76,12 @@ class ServiceRefused(Exception):
         return _detail_text(self.detail)
 
     @property
+    def about_the_token(self) -> bool:
+        """401/403: the pod's token is missing, unknown, revoked, of the wrong role or
+        limited to other clusters: a configuration error, not an answer."""
+        return self.status in (401, 403)
+
+    @property
     def candidates(self) -> list[dict[str, Any]]:
         if isinstance(self.detail, dict) and isinstance(self.detail.get("candidates"), list):
             return self.detail["candidates"]
@@ -283,6 +289,7 @@ def _exchange(
     deadline_at: float,
     abandoned: threading.Event,
     attempts: list[str],
+    dry_run: bool = False,
 ) -> AskResult:
     def accept(url: str, response: httpx.Response) -> AskResult | None:
         status = response.status_code
@@ -313,8 +320,9 @@ def _exchange(
             attempts,
         )
 
+    path = "/v1/select?dry_run=true" if dry_run else "/v1/select"
     with httpx.Client(headers=_headers(token, etag), verify=_verify(urls)) as client:
-        return _rounds(client, "/v1/select", body, urls, deadline_at, abandoned, attempts, accept)
+        return _rounds(client, path, body, urls, deadline_at, abandoned, attempts, accept)
 
 
 def ask_service(
@@ -324,8 +332,10 @@ def ask_service(
     token: str | None,
     deadline_s: float,
     etag: str | None = None,
+    dry_run: bool = False,
 ) -> AskResult:
     """``POST /v1/select`` to ``urls`` in turn, retrying, for at most ``deadline_s``.
+    ``dry_run``: the service decides and records nothing (a pretend GPU is no pod).
 
     Raises ServiceUnavailable (outage or deadline) or ServiceRefused (a 4xx answer).
     """
@@ -343,6 +353,7 @@ def ask_service(
             deadline_at,
             abandoned,
             attempts,
+            dry_run,
         ),
         deadline_s,
     )

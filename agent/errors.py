@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the CLI imports this module before pydantic is needed
     from mla_switchboard.core.schemas import Candidate, SelectRequest
 
-__all__ = ["AgentError", "BadInputError", "KernelBuildError", "NoBackendError"]
+__all__ = ["AgentError", "BadInputError", "KernelBuildError", "NoBackendError", "TokenRefused"]
 
 
 class AgentError(Exception):
@@ -63,3 +63,8 @@ class KernelBuildError(AgentError):
     def __init__(self, message: str, failures: list[tuple[str, str]]) -> None:
         super().__init__(message)
         self.failures = failures
+
+
+class TokenRefused(AgentError):
+    """The service refused the pod's token (401/403) and the caller asked to fail on it
+    (``--fail-on-auth-error``) rather than boot on the seed rules (exit code 3)."""

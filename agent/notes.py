@@ -30,6 +30,11 @@ class Notes(list[str]):
         self.append(message)
         log.warning(message)
 
+    def error(self, message: str) -> None:
+        """A configuration error the pod survives but someone must fix."""
+        self.append(message)
+        log.error(message)
+
 
 @contextlib.contextmanager
 def to_stderr() -> Iterator[None]:

@@ -107,7 +107,14 @@ def _not_a_number(value: Any) -> Any:
 IsoDateTime = Annotated[datetime, BeforeValidator(_not_a_number)]
 Dim = Annotated[int, Field(gt=0, le=1024, strict=True), Integral]
 Source = Literal[
-    "requested", "priority", "fallback", "override", "measured", "cache", "local-fallback"
+    "requested",
+    "priority",
+    "fallback",
+    "override",
+    "measured",
+    "cache",
+    "local-fallback",
+    "auth-fallback",
 ]
 CandidateRole = Literal["forced", "requested", "measured", "priority", "fallback", "unlisted"]
 

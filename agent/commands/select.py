@@ -5,7 +5,10 @@ stdout carries only the machine-readable answer, so that
 ``eval "$(switchboard select ... --format env)"`` work; everything meant for a person
 (fallbacks, warnings, why) goes to stderr. Exit codes: 0 the pod may boot (a backend
 was chosen, or none is valid for the engine and it keeps its own choice), 2 bad input,
-1 anything else. ``--measure`` first runs ``switchboard bench`` within a time budget.
+3 the service refused the token and ``--fail-on-auth-error`` was given, 1 anything
+else. Without that flag a refused token is a configuration error said on stderr, and
+the pod boots on a local decision (source ``auth-fallback``). ``--measure`` first runs
+``switchboard bench`` within a time budget.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from mla_switchboard.agent.commands.parsing import (
     positive_float,
     url_list,
 )
-from mla_switchboard.agent.errors import AgentError, BadInputError, NoBackendError
+from mla_switchboard.agent.errors import AgentError, BadInputError, NoBackendError, TokenRefused
 from mla_switchboard.agent.notes import Notes, log, to_stderr
 
 if TYPE_CHECKING:
@@ -79,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="fail (exit 1) instead of auto-selecting when --requested is not valid",
     )
 
-    dry = p.add_argument_group("dry runs (nothing is built or measured)")
+    dry = p.add_argument_group(
+        "dry runs (nothing is built, measured, cached or recorded by the service)"
+    )
     dry.add_argument("--capability", help="pretend compute capability, e.g. 9.0, or 'none'")
     dry.add_argument("--device-name", help='pretend device name, e.g. "NVIDIA H200"')
     dry.add_argument(
@@ -104,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer cache (default: $SWITCHBOARD_CACHE_DIR, else $XDG_CACHE_HOME/switchboard)",
     )
     svc.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    svc.add_argument(
+        "--fail-on-auth-error",
+        action="store_true",
+        help="exit 3 when the service refuses the token (401/403) instead of booting on a "
+        "local decision (for teams that prefer a crash loop to a misconfigured pod)",
+    )
 
     measure = p.add_argument_group("measured selection")
     measure.add_argument(
@@ -205,10 +216,14 @@ def select_main(argv: Sequence[str]) -> int:
                 use_cache=not args.no_cache,
                 build=args.check,
                 check=args.check,
+                fail_on_auth_error=args.fail_on_auth_error,
             )
         except BadInputError as exc:
             log.error("error: %s", exc)
             return 2
+        except TokenRefused as exc:
+            log.error("error: %s", exc)
+            return 3
         except NoBackendError as exc:
             return _refused(exc, args)
         except AgentError as exc:

@@ -163,3 +163,20 @@ def _isolated_agent_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     for name in ("URL", "TOKEN", "DEADLINE", "CLUSTER", "CACHE_DIR", "NODE", "POD", "ENGINE"):
         monkeypatch.delenv(f"SWITCHBOARD_{name}", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Make the probe see a GPU (this machine has none): ``gpu("NVIDIA H200", (9, 0))``.
+
+    A pod on a real GPU is recorded by the service; ``--capability``/``--device-name``
+    pretend instead, which is a dry run (nothing recorded). Tests that need a recorded
+    GPU decision set the probe's answer here, at the hardware boundary."""
+    from mla_switchboard.agent import pod as agent_pod
+    from mla_switchboard.agent.probe import DeviceProbe
+
+    def see(name: str | None, capability: tuple[int, int] | None) -> None:
+        via = "nvml" if capability is not None else "none"
+        monkeypatch.setattr(agent_pod, "probe_device", lambda: DeviceProbe(name, capability, via))
+
+    return see

@@ -50,7 +50,7 @@ def test_json_output(svc_args: list[str], capsys: pytest.CaptureFixture[str]) ->
     assert code == 0
     doc = json.loads(out)
     assert (doc["backend"], doc["source"]) == ("TRTLLM_RAGGED", "priority")
-    assert doc["decision_id"] and doc["rules_revision"] == 1
+    assert doc["decision_id"] is None and doc["rules_revision"] == 1  # a dry run (B200 pretend)
     assert [c["backend"] for c in doc["candidates"]][:4] == [
         "TRTLLM_RAGGED", "FLASHINFER", "CUDNN", "FLASH_ATTN",
     ]  # fmt: skip
@@ -101,7 +101,7 @@ def test_env_output_is_shell(svc_args: list[str], capsys: pytest.CaptureFixture[
     values = _env(out)
     assert values["SWITCHBOARD_BACKEND"] == "TRTLLM_RAGGED"
     assert values["SWITCHBOARD_SOURCE"] == "priority"
-    assert values["SWITCHBOARD_DECISION_ID"]
+    assert values["SWITCHBOARD_DECISION_ID"] == ""  # a dry run (B200 pretend): none recorded
     assert values["SWITCHBOARD_ENGINE"] == "switchboard"
     assert values["SWITCHBOARD_VLLM_ARGS"] == ""
 
@@ -213,3 +213,33 @@ def test_stderr_says_why_a_request_was_not_taken(
     assert (code, out) == (0, FA_FLAG)
     assert "Requested MLA prefill backend CUDNN is not valid" in err
     assert "model MLA dims (192, 64, 256) not supported" in err
+
+
+def test_a_dry_run_is_never_recorded(
+    svc_args: list[str], agent_service: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--capability``/``--device-name`` pretend to be another GPU: the service decides
+    and records nothing, so the fleet's counts and latest pods do not move."""
+    args = [*svc_args[:1], "agent-dry-run", *svc_args[2:]]
+    before = _selections(agent_service, "agent-dry-run")
+    code, out, _ = _run(["--model", DSV3, *args, "--capability", "9.0"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["source"] == "priority" and doc["decision_id"] is None
+    assert _selections(agent_service, "agent-dry-run") == before == 0
+
+
+def test_a_refused_token_is_a_configuration_error(
+    svc_args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWITCHBOARD_TOKEN", "sb_000000000000_mistyped")
+    code, out, err = _run(["--model", DSV3, *svc_args, *B200, "--format", "json"], capsys)
+    assert code == 0  # the pod still boots...
+    assert json.loads(out)["source"] == "auth-fallback"  # ...on a local decision, marked
+    assert "configuration error: the service refused this pod's token" in err
+    assert "SWITCHBOARD_TOKEN" in err and "HTTP 401" in err
+    code, out, err = _run(
+        ["--model", DSV3, *svc_args, *B200, "--no-cache", "--fail-on-auth-error"], capsys
+    )
+    assert (code, out) == (3, "")
+    assert "configuration error" in err

@@ -21,6 +21,7 @@ from mla_switchboard.core.specs import Backend
 CONFIGS = Path(__file__).resolve().parent / "configs"
 DSV3 = str(CONFIGS / "deepseek-v3.json")
 H200 = ["--capability", "9.0", "--device-name", "NVIDIA H200", "--packages", "any"]
+H200_PACKAGES = ["--packages", "any"]  # with the probe seeing an H200 (the gpu fixture)
 
 
 def _fake_distribution(root: Path, name: str, version: str) -> None:
@@ -102,15 +103,21 @@ def test_bad_engine_exits_2_naming_the_flag(
 
 
 def test_the_request_names_the_detected_or_given_engine(
-    site: Path, svc_args: list[str], agent_service: Any, capsys: pytest.CaptureFixture[str]
+    site: Path,
+    svc_args: list[str],
+    agent_service: Any,
+    capsys: pytest.CaptureFixture[str],
+    gpu: Any,
 ) -> None:
-    """What the service received, read back from it: the engine the pod will run."""
-    code, out, err = _run(["--model", DSV3, *svc_args, *H200], capsys)
+    """What the service received, read back from it: the engine the pod will run (the
+    probe sees an H200: a real pod, recorded)."""
+    gpu("NVIDIA H200", (9, 0))
+    code, out, err = _run(["--model", DSV3, *svc_args, *H200_PACKAGES], capsys)
     assert code == 0, err
     assert json.loads(out)["request"]["engine"] is None  # nothing installed: switchboard
 
     _fake_distribution(site, "vllm", "0.33.0")
-    code, out, err = _run(["--model", DSV3, *svc_args, *H200], capsys)
+    code, out, err = _run(["--model", DSV3, *svc_args, *H200_PACKAGES], capsys)
     assert code == 0, err
     doc = json.loads(out)
     assert doc["request"]["engine"] == {"name": "vllm", "version": "0.33.0"}
@@ -120,7 +127,8 @@ def test_the_request_names_the_detected_or_given_engine(
     assert seen["request"]["engine"] == {"name": "vllm", "version": "0.33.0"}
 
     # --engine overrides what is installed
-    code, out, err = _run(["--model", DSV3, *svc_args, *H200, "--engine", "switchboard"], capsys)
+    argv = ["--model", DSV3, *svc_args, *H200_PACKAGES, "--engine", "switchboard"]
+    code, out, err = _run(argv, capsys)
     assert code == 0, err
     assert json.loads(out)["request"]["engine"] == {"name": "switchboard", "version": None}
 

@@ -47,17 +47,21 @@ def test_build_order_follows_the_decision_then_torch_sdpa() -> None:
     ]
 
 
-def test_a_backend_that_does_not_build_falls_back_and_is_reported(agent_service: Any) -> None:
+def test_a_backend_that_does_not_build_falls_back_and_is_reported(
+    agent_service: Any, gpu: Any
+) -> None:
     """FLASH_ATTN cannot build on this CPU machine: the failure reaches the service and
-    TORCH_SDPA, the next valid candidate, is built instead."""
+    TORCH_SDPA, the next valid candidate, is built instead. (The probe sees an H200: a
+    real pod, whose decision the service recorded.)"""
+    gpu("NVIDIA H200", (9, 0))
     decision = select_backend(
         CONFIGS / "deepseek-v2-lite.json",
         cluster="agent-build",
-        capability="9.0",
         packages="any",
         urls=[agent_service.url],
         token=agent_service.token,
         use_cache=False,
+        build=False,
     )
     assert decision.backend is Backend.FLASH_ATTN and decision.decision_id
     reported: list[tuple[Backend, str | None]] = []

@@ -37,6 +37,7 @@ CASES: list[tuple[str, str, str | None, Any, str, str, tuple[int, int, int], int
 def test_real_configs_give_the_right_request_and_answer(
     agent_service: Any,
     cache_dir: Path,
+    gpu: Any,
     config: str,
     capability: str,
     device: str | None,
@@ -46,21 +47,22 @@ def test_real_configs_give_the_right_request_and_answer(
     dims: tuple[int, int, int],
     heads: int,
 ) -> None:
+    cap = None if capability == "none" else (int(capability[0:-2]), int(capability[-1]))
+    gpu(device, cap)  # the probe sees this GPU: a real pod, recorded by the service
     result = select_backend(
         CONFIGS / config,
         cluster=CLUSTER,
-        capability=capability,
-        device_name=device,
         packages=packages,
         node="gpu-node-1",
         pod=f"pod-{config}",
         urls=[agent_service.url],
         token=agent_service.token,
         cache_dir=cache_dir,
+        build=False,  # no CUDA here to build on
     )
     assert (result.backend.value, result.source) == (backend, source)
     assert result.decision_id and result.service_url == agent_service.url
-    assert result.kernel is None and result.pretend  # a dry run builds nothing
+    assert result.kernel is None and not result.pretend
 
     # The service saw the pod as described, and decided as the local engine would.
     with agent_service.client() as client:
@@ -78,9 +80,10 @@ def test_real_configs_give_the_right_request_and_answer(
     assert list(local.candidates) == result.candidates
 
 
-def test_second_boot_revalidates_with_etag(agent_service: Any, cache_dir: Path) -> None:
+def test_second_boot_revalidates_with_etag(agent_service: Any, cache_dir: Path, gpu: Any) -> None:
+    gpu("NVIDIA H200", (9, 0))
     kwargs: dict[str, Any] = dict(
-        cluster=CLUSTER, capability="9.0", device_name="NVIDIA H200", packages="any",
+        cluster=CLUSTER, packages="any", build=False,
         urls=[agent_service.url], token=agent_service.token, cache_dir=cache_dir,
     )  # fmt: skip
     first = select_backend(CONFIGS / "deepseek-v3.json", pod="r1-0", **kwargs)
@@ -93,6 +96,22 @@ def test_second_boot_revalidates_with_etag(agent_service: Any, cache_dir: Path) 
     assert (second.backend, second.source) == (first.backend, first.source)
     assert second.decision_id and second.decision_id != first.decision_id
     assert second.candidates == first.candidates
+
+
+def test_a_pretend_gpu_is_a_dry_run(agent_service: Any, cache_dir: Path) -> None:
+    """``capability``/``device_name`` describe another GPU than this machine's: the
+    service answers and records nothing, so the fleet never counts a laptop."""
+    result = select_backend(
+        CONFIGS / "deepseek-v3.json", cluster="agent-dry", capability="10.0",
+        device_name="NVIDIA B200", packages="any", pod="laptop",
+        urls=[agent_service.url], token=agent_service.token, cache_dir=cache_dir,
+    )  # fmt: skip
+    assert (result.backend.value, result.source) == ("TRTLLM_RAGGED", "priority")
+    assert result.service_url == agent_service.url and result.pretend
+    assert result.decision_id is None and result.kernel is None
+    with agent_service.client() as client:
+        listed = client.get("/v1/selections", params={"cluster": "agent-dry"}).json()
+    assert listed["items"] == []
 
 
 def test_strict_invalid_request_is_refused(agent_service: Any, cache_dir: Path) -> None:
