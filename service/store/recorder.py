@@ -55,16 +55,18 @@ DROP_LOG_S = 5.0  # drops are logged at most this often, one line with the count
 
 # ------------------------------------------------------------ memory estimate
 
-_getsizeof = sys.getsizeof
-_ROW_FIXED = ((_getsizeof((0,) * 12) + 15) & ~15) + 8 + 48
-"""The 12-slot tuple (rounded up to the allocator's 16 bytes), its deque slot, and the
-``created_at`` datetime: what every buffered row costs before its strings."""
-_SHARED_ENTRY = 64
-"""A shape or answer text counted once: its id's slot in the set of those counted."""
+_ROW_FIXED = 144 + 8 + 48 + 4 * 64
+"""What every buffered row costs before the characters of its own strings: the 12-slot
+tuple (136 bytes, 144 as allocated), its deque slot, the ``created_at`` datetime, and
+four string objects (id, cluster, node, pod: 49 bytes of header each, rounded up)."""
+_SHARED_ENTRY = 64 + 64
+"""A shape or answer text counted once: its object's header and its id's set slot."""
 
 
-def _str_bytes(text: str | None) -> int:
-    return 0 if text is None else (_getsizeof(text) + 15) & ~15
+def _chars(text: str | None) -> int:
+    if text is None:
+        return -64  # no string object
+    return len(text) if text.isascii() else 4 * len(text) + 24
 
 
 def row_bytes(row: Row) -> int:
@@ -72,23 +74,19 @@ def row_bytes(row: Row) -> int:
 
     Those two (a few KB) are shared by every decision of one shape or answer (the
     selector hands out the same strings), so they are counted once per distinct id
-    while buffered (``DecisionRecorder.submit``). The backend, source and small
-    revision numbers are shared constants. Cluster and node names are counted per row
-    although the JSON parser often shares them too: the estimate errs on the safe side
-    (docs/reliability.md: 0.47 KB estimated against 0.34 KB measured per decision)."""
-    revision = row[7]
-    return (
-        _ROW_FIXED
-        + _str_bytes(row[0])
-        + _str_bytes(row[2])
-        + _str_bytes(row[3])
-        + _str_bytes(row[4])
-        + (0 if -5 <= revision <= 256 else 32)
-    )
+    while buffered (``DecisionRecorder.submit``). The backend, source and revision are
+    shared constants. Cluster and node names are counted per row although the JSON
+    parser often shares them too: the estimate errs on the safe side (measured against
+    RSS in tests/reliability/test_durability.py). Lengths, not ``sys.getsizeof``: this
+    runs on the hot path, and getsizeof costs four times as much."""
+    node, pod = row[3], row[4]
+    size = _ROW_FIXED + len(row[0]) + len(row[2])
+    size += -64 if node is None else len(node) if node.isascii() else 4 * len(node) + 24
+    return size + (-64 if pod is None else len(pod) if pod.isascii() else 4 * len(pod) + 24)
 
 
 def _shared_bytes(text: str | None) -> int:
-    return _str_bytes(text) + _SHARED_ENTRY
+    return 0 if text is None else _SHARED_ENTRY + _chars(text)
 
 
 class DecisionRecorder:
@@ -118,18 +116,20 @@ class DecisionRecorder:
         self._inflight: list[Row] = []
         self._take = threading.Lock()  # writer vs. stop(): a batch is in the queue or in flight
         # Counters written by one thread each (no lock on the hot path): submit() owns
-        # the *_in ones and the hot drops, the writer the rest.
+        # the memory taken in (``_in``, less what it dropped) and the hot drops, the
+        # writer the memory released (``_out``) and the rest.
         self._submitted = 0
-        self._bytes_in = 0
+        self._in = 0
         self._shared_in = 0
         self._hot_dropped = 0
-        self._hot_dropped_bytes = 0
         self._shared_seen: set[str] = set()
+        self._out = 0
+        self._in_limit = budget_bytes  # _out + the budget, kept by the writer
+        self._count_limited = limit is not None
+        self._shared_released = 0
         self._written = 0
         self._spilled = 0
         self._dropped = 0
-        self._bytes_out = 0
-        self._shared_out = 0
         self._drops_logged = 0
         self._drops_logged_at = 0.0
         self._cond = threading.Condition()
@@ -179,31 +179,46 @@ class DecisionRecorder:
     def submit(self, row: Row) -> None:
         """Hot path: an append and a few additions, no lock, no I/O, no serialising.
 
-        Past the memory budget the oldest decision is dropped here; that only happens
-        when the writer could not move the excess to the spill file (it tries from
-        nine tenths of the budget on)."""
-        size = row_bytes(row)
+        The size is ``row_bytes`` written out (a call costs as much as the sum). Past
+        the memory budget the oldest decision is dropped here; that only happens when
+        the writer could not move the excess to the spill file (it tries from nine
+        tenths of the budget on)."""
+        node, pod = row[3], row[4]
+        size = _ROW_FIXED + len(row[0]) + len(row[2])
+        size += -64 if node is None else len(node) if node.isascii() else 4 * len(node) + 24
+        size += -64 if pod is None else len(pod) if pod.isascii() else 4 * len(pod) + 24
         seen = self._shared_seen
-        if row[8] not in seen:
-            seen.add(row[8])
-            self._shared_in += _shared_bytes(row[10])
-        if row[9] not in seen:
-            seen.add(row[9])
-            self._shared_in += _shared_bytes(row[11])
-        self._bytes_in += size
+        if row[8] not in seen or row[9] not in seen:
+            size += self._count_shared(seen, row)
+        self._in += size
         queue = self._queue
-        for _ in range(8):  # a few at most: a burst of new shapes must not empty the queue
-            if not (self.buffered_bytes > self._budget or len(queue) >= self._limit):
-                break
+        if self._in > self._in_limit or (self._count_limited and len(queue) >= self._limit):
+            self._drop_oldest(queue)
+        queue.append(row)
+        self._submitted += 1
+
+    def _count_shared(self, seen: set[str], row: Row) -> int:
+        """A shape or answer text not yet counted while buffered: its bytes, once."""
+        added = 0
+        for key, text in ((row[8], row[10]), (row[9], row[11])):
+            if key not in seen:
+                seen.add(key)
+                added += _shared_bytes(text)
+        self._shared_in += added
+        return added
+
+    def _drop_oldest(self, queue: deque[Row]) -> None:
+        """A few at most: a burst of new shapes must not empty the whole queue."""
+        for _ in range(8):
             try:
                 old = queue.popleft()
             except IndexError:  # the writer took them meanwhile
-                break
+                return
+            self._in -= row_bytes(old)
             self._hot_dropped += 1
-            self._hot_dropped_bytes += row_bytes(old)
             self._metrics.decisions_dropped.inc()
-        queue.append(row)
-        self._submitted += 1
+            if self._in <= self._in_limit and len(queue) < self._limit:
+                return
 
     @property
     def pending(self) -> int:
@@ -213,13 +228,7 @@ class DecisionRecorder:
     @property
     def buffered_bytes(self) -> int:
         """The estimated memory the decisions in memory hold (``row_bytes``)."""
-        return (
-            self._bytes_in
-            + self._shared_in
-            - self._bytes_out
-            - self._shared_out
-            - self._hot_dropped_bytes
-        )
+        return self._in - self._out
 
     @property
     def spill_pending(self) -> bool:
@@ -314,7 +323,7 @@ class DecisionRecorder:
                 break
         if i < len(rows):
             rest = rows[i:]
-            self._bytes_out += sum(row_bytes(r) for r in rest)
+            self._release(sum(row_bytes(r) for r in rest))
             self._drop_at_stop(len(rest))
 
     def _drop_at_stop(self, n: int) -> None:
@@ -486,17 +495,24 @@ class DecisionRecorder:
         """Rows that left memory: written to the store or appended to the spill file."""
         with self._take:
             self._inflight = []
-        self._bytes_out += sum(row_bytes(r) for r in rows)
+        released = sum(row_bytes(r) for r in rows)
+        if not self._queue:
+            # nothing buffered: the shapes and answers counted once are free again
+            self._shared_seen = set()
+            shared_in = self._shared_in
+            released += shared_in - self._shared_released
+            self._shared_released = shared_in
+        self._release(released)
         if written:
             self._metrics.decisions_written.inc(written)
         with self._cond:
             self._written += written
             self._spilled += spilled
-            if not self._queue:
-                # nothing buffered: the shapes and answers counted once are free again
-                self._shared_seen = set()
-                self._shared_out = self._shared_in
             self._cond.notify_all()
+
+    def _release(self, size: int) -> None:
+        self._out += size
+        self._in_limit = self._out + self._budget
 
     # ------------------------------------------------------------ spilling
     def _probe_spill(self) -> None:

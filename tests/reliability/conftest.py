@@ -134,6 +134,7 @@ class SelectLoad:
         self.pause_s = pause_s
         self.token = token
         self.answers: list[str] = []
+        self.times: list[float] = []  # when each answer arrived (time.monotonic())
         self.by_url: dict[str, int] = {u: 0 for u in urls}
         self.failures: list[tuple[float, str, str]] = []
         self._stop = threading.Event()
@@ -176,6 +177,7 @@ class SelectLoad:
                 with self._lock:
                     if r.status_code == 200:
                         self.answers.append(r.json()["decision_id"])
+                        self.times.append(time.monotonic())
                         self.by_url[url] += 1
                     else:
                         self.failures.append((self._elapsed(), url, f"HTTP {r.status_code}"))
