@@ -316,7 +316,10 @@ def test_memory_budget_in_bytes_against_rss_and_an_unwritable_spill_path(
     assert full["decisions_buffered_bytes"] <= budget_mb * 2**20
     assert rss2 - rss0 <= budget_mb * 2**20 * 1.1
     assert dropped == len(outage) - full["decisions_buffered"] > 0
-    assert stored == set(warm) | set(outage[int(dropped) :])  # the oldest were dropped
+    assert len(stored) == len(warm) + len(outage) - dropped and stored <= set(warm + outage)
+    # the oldest were dropped (answers arrive over 32 connections, in nearly that order)
+    cut = int(dropped)
+    assert not stored & set(outage[: cut - 32]) and set(outage[cut + 32 :]) <= stored
     drops = [x for x in log.splitlines() if "dropped" in x]
     assert 1 <= len(drops) <= 4, drops  # counts in a line, not a line per decision
     assert f"{dropped:.0f} dropped since start" in drops[-1]

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from mla_switchboard.service.config import Settings
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store import spill as spill_module
 from mla_switchboard.service.store.recorder import DecisionRecorder, row_bytes
 from mla_switchboard.service.store.spill import LineEncoder, parse_line
@@ -319,3 +321,18 @@ def test_an_unwritable_spill_path_is_reported_at_start_without_the_path(tmp_path
     ok = recorder(FlakyStore(), tmp_path / "new" / "spill.jsonl", Metrics())
     assert ok.check_spill() is None
     assert not list((tmp_path / "new").iterdir())  # the probe leaves nothing behind
+
+
+def test_the_old_count_limit_still_applies_and_says_it_is_deprecated(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'sb.db'}", buffer_limit=5000)
+    runtime = Runtime(settings)
+    runtime.start()
+    try:
+        assert runtime.recorder._limit == 5000
+        assert runtime.recorder._budget == 128 * 2**20
+    finally:
+        runtime.stop()
+    assert "SWITCHBOARD_BUFFER_LIMIT is deprecated" in caplog.text
+    assert "SWITCHBOARD_BUFFER_LIMIT_MB (128)" in caplog.text
