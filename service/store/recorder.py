@@ -52,6 +52,7 @@ SPILL_CHUNK = 5000  # rows encoded and appended at once (bounds the writer's own
 SPILL_RETRY_S = 1.0  # a spill file that refused is tried again this often, not every tick
 SPILL_CHECK_S = 5.0  # how often a healthy writer looks for other replicas' spill files
 DROP_LOG_S = 5.0  # drops are logged at most this often, one line with the counts
+START_REPLAY_S = 10.0  # how long a start replays spill files before it serves
 
 # ------------------------------------------------------------ memory estimate
 
@@ -336,20 +337,22 @@ class DecisionRecorder:
         log.error("dropped %d decisions at shutdown: the store could not take them and %s", n, why)
         self._drops_logged += n
 
-    def replay_spill(self) -> int:
-        """At start, before serving: drain every spill file found into the store. Safe
-        to repeat (inserts skip known ids; a drain cut short leaves its file for the next
-        one, or for this replica's writer once the store answers). Returns the number of
-        decisions written."""
+    def replay_spill(self, budget_s: float = START_REPLAY_S) -> int:
+        """At start, before serving: drain the spill files found into the store, for at
+        most ``budget_s`` (a 512 MB file takes about a minute; a start must not); the
+        writer goes on with the rest in the background. Safe to repeat (inserts skip
+        known ids; a drain cut short leaves its file for the next one). Returns the
+        number of decisions written."""
         before = self._replayed
         self._next_spill_check = 0.0
-        self._drain()
+        self._drain(until=time.monotonic() + budget_s)
         if self._replay is not None:
-            log.error(
-                "could not replay spill file %s yet (%s); the writer goes on once the "
-                "store answers",
+            log.warning(
+                "replayed %d spilled decisions at start; the rest of %s follows in the "
+                "background%s",
+                self._replayed - before,
                 self._replay.path,
-                self.degraded,
+                f" once the store answers ({self.degraded})" if self.degraded else "",
             )
         return self._replayed - before
 
@@ -601,7 +604,7 @@ class DecisionRecorder:
         self._next_spill_check = now + SPILL_CHECK_S
         return self._spill.has_work()
 
-    def _drain(self, *, probe: bool = False) -> None:
+    def _drain(self, *, probe: bool = False, until: float | None = None) -> None:
         """Spilled decisions (this replica's or another's on the same path) into the
         store, a batch at a time, with this replica's new decisions between batches so a
         long drain does not hold them up. ``probe``: files with nothing for the store
@@ -609,6 +612,8 @@ class DecisionRecorder:
         if self._spill is None or (self._replay is None and not self._spill_work_due(force=probe)):
             return
         while not self._stopping.is_set() and (self.degraded is None or probe):
+            if until is not None and time.monotonic() >= until:
+                return
             if self._replay is None:
                 gen = self._spill_gen
                 self._replay = self._spill.claim()

@@ -202,9 +202,11 @@ class FlakyStore:
         self.rows: dict[str, tuple[Any, ...]] = {}
         self.calls = 0
         self.refuse: set[str] = set()
+        self.delay_s = 0.0  # per batch: a slow store
         self._lock = threading.Lock()
 
     def record_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        time.sleep(self.delay_s)
         with self._lock:
             self.calls += 1
             if not self.up:

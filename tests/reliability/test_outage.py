@@ -123,6 +123,7 @@ def test_kill9_during_an_outage_loses_only_the_last_100ms(
         load.stop()
         service.stop()
     on_disk = lines_in(spill)
+    line_bytes = spill.stat().st_size / max(on_disk, 1)
 
     pg.start()
     again = ServiceProcess(pg.url, env=env).start(tmp_path)
@@ -138,7 +139,8 @@ def test_kill9_during_an_outage_loses_only_the_last_100ms(
     window = max((age for age, _ in lost), default=0.0)
     print(
         f"\nkill -9 after {killed - outage:.1f}s of outage at {rate:.0f} answers/s: "
-        f"{len(during)} answered during the outage, {on_disk} in the spill file, "
+        f"{len(during)} answered during the outage, {on_disk} in the spill file "
+        f"({line_bytes:.0f} bytes a line), "
         f"{replayed:.0f} replayed at restart; lost {len(lost)} of {len(answered)}, all "
         f"answered in the last {window * 1000:.0f} ms before the kill"
     )

@@ -116,6 +116,28 @@ def test_replicas_sharing_a_spill_path_each_line_is_drained_once(tmp_path: Path)
     assert not list(tmp_path.iterdir())
 
 
+def test_a_start_replays_for_a_bounded_time_and_the_writer_does_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A spill file of the size limit (512 MB) takes about a minute to store: a start
+    that waited for all of it would keep a replica out of service that long."""
+    spill = tmp_path / "spill.jsonl"
+    spill.write_bytes(b"".join(good_lines(3000)))
+    store, metrics = FlakyStore(), Metrics()
+    store.up, store.delay_s = True, 0.02  # 100 rows a batch: 0.6 s in all
+    rec = recorder(store, spill, metrics)
+    first = rec.replay_spill(budget_s=0.1)
+    assert 0 < first < 3000
+    rec.start()
+    rec.submit(row(5000))
+    assert rec.flush(5)  # a new decision does not wait for the rest of the file
+    assert "id05000" in store.rows and len(store.rows) < 3001
+    wait_until(lambda: len(store.rows) == 3001, 10, what="the rest, in the background")
+    rec.stop()
+    assert counter(metrics, "switchboard_decisions_replayed_total") == 3000
+    assert not spill.exists() and not list(tmp_path.glob("spill.jsonl.replay-*"))
+
+
 # ------------------------------------------------------------ bad lines
 
 
