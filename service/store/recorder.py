@@ -152,6 +152,9 @@ class DecisionRecorder:
         self._replayed = 0
         self._spill_off = spill_limit_bytes <= 0
         self._next_spill_check = 0.0
+        self._drain_blocked_until = 0.0
+        self._drain_error: str | None = None
+        self._bug_logged_at = 0.0
         r = metrics.registry
         self._spilled_total = Counter(
             "switchboard_decisions_spilled",
@@ -367,7 +370,9 @@ class DecisionRecorder:
             try:
                 self._tick()
             except Exception:  # the writer must outlive a bug in one step
-                log.exception("decision writer: unexpected error (retrying)")
+                if time.monotonic() - self._bug_logged_at > DROP_LOG_S:
+                    self._bug_logged_at = time.monotonic()
+                    log.exception("decision writer: unexpected error (retrying)")
             with self._cond:
                 self._cond.notify_all()
 
@@ -596,9 +601,11 @@ class DecisionRecorder:
     def _spill_work_due(self, *, force: bool = False) -> bool:
         if self._spill is None:
             return False
+        now = time.monotonic()
+        if now < self._drain_blocked_until:
+            return False
         if self._replay is not None or self.spill_pending:
             return True
-        now = time.monotonic()
         if not force and now < self._next_spill_check:
             return False
         self._next_spill_check = now + SPILL_CHECK_S
@@ -614,14 +621,18 @@ class DecisionRecorder:
         while not self._stopping.is_set() and (self.degraded is None or probe):
             if until is not None and time.monotonic() >= until:
                 return
-            if self._replay is None:
-                gen = self._spill_gen
-                self._replay = self._spill.claim()
-                if self._replay is None:  # every append so far is in a file already taken
-                    self._mark_drained(gen)
-                    return
-            replay = self._replay
-            rows = replay.read(self._batch)
+            try:
+                if self._replay is None:
+                    gen = self._spill_gen
+                    self._replay = self._spill.claim()
+                    if self._replay is None:  # every append so far is in a file taken
+                        self._mark_drained(gen)
+                        return
+                replay = self._replay
+                rows = replay.read(self._batch)
+            except OSError as exc:
+                self._drain_failed(exc)
+                return
             self._count_rejected(replay)
             if rows:
                 if not self._write(rows):
@@ -636,7 +647,22 @@ class DecisionRecorder:
             if not probe:
                 self._write_memory()
 
+    def _drain_failed(self, exc: OSError) -> None:
+        """A spill file that cannot be read (permissions, an I/O error): left where it
+        is for a later try or another replica, logged once per kind of error."""
+        if self._replay is not None:
+            self._replay.close()
+            self._replay = None
+        self._drain_blocked_until = time.monotonic() + SPILL_CHECK_S
+        reason = f"{type(exc).__name__}: {exc}"
+        if reason != self._drain_error:
+            log.error(
+                "cannot drain the spill file (retried every %.0f s): %s", SPILL_CHECK_S, reason
+            )
+        self._drain_error = reason
+
     def _finish_replay(self, replay: Replay) -> None:
+        self._drain_error = None
         replay.finish()
         rejected = replay.rejected_total
         assert self._spill is not None

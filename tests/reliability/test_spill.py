@@ -138,6 +138,31 @@ def test_a_start_replays_for_a_bounded_time_and_the_writer_does_the_rest(
     assert not spill.exists() and not list(tmp_path.glob("spill.jsonl.replay-*"))
 
 
+def test_a_spill_file_that_cannot_be_read_is_left_and_logged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spill = tmp_path / "spill.jsonl"
+    spill.write_bytes(b"".join(good_lines(10)))
+    store = FlakyStore()
+    store.up = True
+
+    def unreadable(self: spill_module.SpillFile) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(spill_module.SpillFile, "claim", unreadable)
+    rec = recorder(store, spill, Metrics())
+    assert rec.replay_spill() == 0
+    rec.start()
+    for i in range(100, 150):
+        rec.submit(row(i))
+    assert rec.flush(2)  # new decisions are written all the same
+    rec._next_spill_check = rec._drain_blocked_until = 0.0
+    rec.flush(0.2)
+    rec.stop()
+    assert len(store.rows) == 50 and spill.exists()
+    assert caplog.text.count("cannot drain the spill file") == 1
+
+
 # ------------------------------------------------------------ bad lines
 
 
