@@ -121,13 +121,11 @@ class DecisionRecorder:
         # writer the memory released (``_out``) and the rest.
         self._submitted = 0
         self._in = 0
-        self._shared_in = 0
         self._hot_dropped = 0
         self._shared_seen: set[str] = set()
         self._out = 0
         self._in_limit = budget_bytes  # _out + the budget, kept by the writer
         self._count_limited = limit is not None
-        self._shared_released = 0
         self._written = 0
         self._spilled = 0
         self._dropped = 0
@@ -208,7 +206,6 @@ class DecisionRecorder:
             if key not in seen:
                 seen.add(key)
                 added += _shared_bytes(text)
-        self._shared_in += added
         return added
 
     def _drop_oldest(self, queue: deque[Row]) -> None:
@@ -326,9 +323,8 @@ class DecisionRecorder:
             if done < len(chunk):
                 break
         if i < len(rows):
-            rest = rows[i:]
-            self._release(sum(row_bytes(r) for r in rest))
-            self._drop_at_stop(len(rest))
+            self._drop_at_stop(len(rows) - i)
+        self._out = self._in  # nothing is left in memory
 
     def _drop_at_stop(self, n: int) -> None:
         self._dropped += n
@@ -503,24 +499,23 @@ class DecisionRecorder:
         """Rows that left memory: written to the store or appended to the spill file."""
         with self._take:
             self._inflight = []
-        released = sum(row_bytes(r) for r in rows)
-        if not self._queue:
-            # nothing buffered: the shapes and answers counted once are free again
+            empty = not self._queue
+        if empty:
+            # Nothing in memory: the estimate is zero, shapes and answers included,
+            # without adding up the rows (the common case, every flush interval). A
+            # row submitted at this instant may be missed until the next time; it is
+            # half a KB.
             self._shared_seen = set()
-            shared_in = self._shared_in
-            released += shared_in - self._shared_released
-            self._shared_released = shared_in
-        self._release(released)
+            self._out = self._in
+        else:
+            self._out += sum(row_bytes(r) for r in rows)
+        self._in_limit = self._out + self._budget
         if written:
             self._metrics.decisions_written.inc(written)
         with self._cond:
             self._written += written
             self._spilled += spilled
             self._cond.notify_all()
-
-    def _release(self, size: int) -> None:
-        self._out += size
-        self._in_limit = self._out + self._budget
 
     # ------------------------------------------------------------ spilling
     def _probe_spill(self) -> None:
