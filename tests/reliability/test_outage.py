@@ -314,7 +314,7 @@ def test_memory_budget_in_bytes_against_rss_and_an_unwritable_spill_path(
     assert "secret-volume" not in text and "/dev/null" not in text
     assert held["decisions_buffered"] == len(first)
     # the estimate errs on the safe side, but not by much
-    assert 0.5 * estimate <= growth <= 1.1 * estimate, (growth, estimate)
+    assert 0.4 * estimate <= growth <= 1.1 * estimate, (growth, estimate)
     assert full["decisions_buffered_bytes"] <= budget_mb * 2**20
     assert rss2 - rss0 <= budget_mb * 2**20 * 1.1
     assert dropped == len(outage) - full["decisions_buffered"] > 0
