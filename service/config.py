@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     spill_limit_mb: float = Field(
         default=512.0,
         ge=0,
-        description="the most the spill file may grow to (about 1.3 KB a decision); 0 turns "
+        description="the most the spill file may grow to (1.2-1.5 KB a decision); 0 turns "
         "spilling off",
     )
     shutdown_flush_s: float = Field(
