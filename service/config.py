@@ -28,16 +28,29 @@ class Settings(BaseSettings):
         default=0.05, gt=0, description="how often recorded decisions are written"
     )
     flush_batch: int = Field(default=1000, ge=1)
-    buffer_limit: int = Field(
-        default=200_000,
+    buffer_limit_mb: float = Field(
+        default=128.0,
+        ge=1,
+        description="memory for decisions not yet stored (estimated from what each holds, "
+        "about 0.5 KB); past it they go to the spill file, dropped only if that is full too",
+    )
+    buffer_limit: int | None = Field(
+        default=None,
         ge=1000,
-        description="decisions held in memory while the database is unreachable",
+        description="deprecated: a count of decisions held in memory, applied on top of "
+        "SWITCHBOARD_BUFFER_LIMIT_MB (use that instead)",
     )
     spill_path: str | None = Field(
         default=None,
-        description="where decisions the store cannot take at shutdown are written, for the "
-        "next start to store (default: beside the SQLite file, else "
-        "./switchboard-spill-<hash of the database URL>.jsonl)",
+        description="the local log of decisions the store cannot take (an outage, a "
+        "shutdown), stored by whichever replica drains it next (default: beside the SQLite "
+        "file, else ./switchboard-spill-<hash of the database URL>.jsonl)",
+    )
+    spill_limit_mb: float = Field(
+        default=512.0,
+        ge=0,
+        description="the most the spill file may grow to (1.2-1.5 KB a decision); 0 turns "
+        "spilling off",
     )
     shutdown_flush_s: float = Field(
         default=5.0,

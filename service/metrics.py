@@ -129,11 +129,29 @@ class Metrics:
         )
         self.decisions_dropped = Counter(
             "switchboard_decisions_dropped_total",
-            "Decisions dropped because the buffer was full while the store was down",
+            "Decisions lost: memory was at SWITCHBOARD_BUFFER_LIMIT_MB and the spill file "
+            "could not take them (full, or not writable)",
             registry=r,
         )
         self.buffered = Gauge(
-            "switchboard_decisions_buffered", "Decisions waiting to be written", registry=r
+            "switchboard_decisions_buffered",
+            "Decisions in memory waiting to be written",
+            registry=r,
+        )
+        self.buffered_bytes = Gauge(
+            "switchboard_decisions_buffered_bytes",
+            "Estimated memory held by the decisions waiting to be written",
+            registry=r,
+        )
+        self.spill_bytes = Gauge(
+            "switchboard_spill_file_bytes",
+            "Size of the spill file (decisions waiting there for the store)",
+            registry=r,
+        )
+        self.spill_degraded = Gauge(
+            "switchboard_spill_degraded",
+            "1 while the spill file cannot take decisions (not writable, or full)",
+            registry=r,
         )
         self.store_degraded = Gauge(
             "switchboard_store_degraded", "1 while the database is unreachable", registry=r

@@ -29,7 +29,7 @@ from mla_switchboard.service.selector import Selector
 from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, migrate
-from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
 from mla_switchboard.service.writes import Writes
 from prometheus_client import Gauge
 
@@ -72,8 +72,10 @@ class Runtime:
             self.metrics,
             interval_s=settings.flush_interval_s,
             batch=settings.flush_batch,
+            budget_bytes=int(settings.buffer_limit_mb * MIB),
             limit=settings.buffer_limit,
             spill_path=settings.resolved_spill_path(),
+            spill_limit_bytes=int(settings.spill_limit_mb * MIB),
             shutdown_flush_s=settings.shutdown_flush_s,
         )
         self.selector = Selector(inputs_for=self.trusted.inputs_for)
@@ -101,8 +103,16 @@ class Runtime:
         self.store.ensure_seeded()
 
     def start(self) -> None:
+        if self.settings.buffer_limit is not None:
+            log.warning(
+                "SWITCHBOARD_BUFFER_LIMIT is deprecated: memory for decisions is bounded in "
+                "bytes by SWITCHBOARD_BUFFER_LIMIT_MB (%g); the count of %d applies as well",
+                self.settings.buffer_limit_mb,
+                self.settings.buffer_limit,
+            )
         self.prepare_store()
-        self.recorder.replay_spill()  # a previous shutdown's decisions, before any new
+        self.recorder.check_spill()  # reported by /readyz; the service answers anyway
+        self.recorder.replay_spill()  # decisions a replica could not store, before any new
         self.live.start()
         self.evidence_sync.start()  # the first full load, before the first request
         self.recorder.start()

@@ -36,9 +36,16 @@ def free_port() -> int:
 class ServiceProcess:
     """A real ``switchboard serve`` process on loopback."""
 
-    def __init__(self, database_url: str, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
+    ) -> None:
         self.database_url = database_url
         self.extra_env = env or {}
+        self.prefix = prefix or []  # e.g. prlimit: the process under a resource limit
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -56,6 +63,7 @@ class ServiceProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
+                *self.prefix,
                 sys.executable,
                 "-m",
                 "mla_switchboard.service.cli",

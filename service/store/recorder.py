@@ -1,44 +1,93 @@
 """Writes decisions in the background, in batches, so ``/v1/select`` never waits on disk.
 
-Durability contract (docs/reliability.md): a decision is in memory when its answer is
-sent and in the database within ``flush_interval_s`` while the database is up. A clean
-shutdown flushes everything it can within ``shutdown_flush_s``; whatever the database
-cannot take by then goes to the spill file, which the next start on the same settings
-writes to the store (idempotent: decision ids) and removes. A crash (kill -9) loses
-at most the decisions of the last flush interval. While the database is unreachable,
-decisions wait in a bounded buffer (``buffer_limit``) and the writer retries with
-backoff (50 ms doubling to 2 s, whoever waits for a flush); past the limit the oldest
-are dropped. Every spill, replay and drop is logged with its count and counted in
-``switchboard_decisions_{spilled,replayed,dropped}_total``.
+Durability contract (docs/reliability.md):
 
-The hot path hands over one plain tuple per decision (``Row``); turning the request
-into JSON and the rows into SQL happens here, on the writer thread, in batches.
+* The store up: a decision is in memory when its answer is sent and in the database
+  within ``interval_s``; a crash loses at most about one interval.
+* The store down: every ``interval_s`` the writer appends what is in memory to the
+  spill file (``spill.py``: one fsync per append), so a crash loses only the last
+  interval here too. A spilled decision leaves memory; it is stored once, by whichever
+  drain takes the file. The writer tries the store again with backoff (100 ms doubling
+  to 2 s, however many readers wait for a flush); once it answers, the writer drains
+  the spill file into it (this replica's and any other's on the same path), batch by
+  batch, between batches of new decisions. A start drains whatever is left first.
+* Memory is bounded in bytes (``budget_bytes``, an estimate of what each row really
+  holds, see ``row_bytes``). Past about nine tenths of it (a store too slow, not
+  down) the oldest go to the spill file. Only when the spill file cannot take them
+  either (its size limit, a full or read-only disk) are the oldest dropped.
+
+Every spill, replay, rejected line and drop is counted
+(``switchboard_decisions_{spilled,replayed,rejected,dropped}_total``) and logged with
+its count, never once per decision.
+
+The hot path hands over one plain tuple per decision (``Row``) and adds up its size;
+serialising and SQL happen here, on the writer thread, in batches.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import logging
-import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 
-from mla_switchboard.service.fleet.shapes import shape_of_json
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store import Store
-from mla_switchboard.service.store.decisions import ROW_FIELDS, Row
+from mla_switchboard.service.store.decisions import Row
+from mla_switchboard.service.store.spill import Replay, SpillFile
 from prometheus_client import Counter
+from sqlalchemy.exc import DataError, IntegrityError
 
 log = logging.getLogger("switchboard.recorder")
 
 MAX_BACKOFF_S = 2.0
+MIB = 2**20
+DEFAULT_BUDGET_BYTES = 128 * MIB
+DEFAULT_SPILL_LIMIT_BYTES = 512 * MIB
+SPILL_CHUNK = 5000  # rows encoded and appended at once (bounds the writer's own memory)
+SPILL_RETRY_S = 1.0  # a spill file that refused is tried again this often, not every tick
+SPILL_CHECK_S = 5.0  # how often a healthy writer looks for other replicas' spill files
+DROP_LOG_S = 5.0  # drops are logged at most this often, one line with the counts
+START_REPLAY_S = 10.0  # how long a start replays spill files before it serves
+
+# ------------------------------------------------------------ memory estimate
+
+_ROW_FIXED = 144 + 8 + 48 + 4 * 64
+"""What every buffered row costs before the characters of its own strings: the 12-slot
+tuple (136 bytes, 144 as allocated), its deque slot, the ``created_at`` datetime, and
+four string objects (id, cluster, node, pod: 49 bytes of header each, rounded up)."""
+_SHARED_ENTRY = 64 + 64
+"""A shape or answer text counted once: its object's header and its id's set slot."""
+
+
+def _chars(text: str | None) -> int:
+    if text is None:
+        return -64  # no string object
+    return len(text) if text.isascii() else 4 * len(text) + 24
+
+
+def row_bytes(row: Row) -> int:
+    """What one buffered row costs in memory, not counting the shape and answer texts.
+
+    Those two (a few KB) are shared by every decision of one shape or answer (the
+    selector hands out the same strings), so they are counted once per distinct id
+    while buffered (``DecisionRecorder.submit``). The backend, source and revision are
+    shared constants. Cluster and node names are counted per row although the JSON
+    parser often shares them too: the estimate errs on the safe side (measured against
+    RSS in tests/reliability/test_durability.py). Lengths, not ``sys.getsizeof``: this
+    runs on the hot path, and getsizeof costs four times as much."""
+    node, pod = row[3], row[4]
+    size = _ROW_FIXED + len(row[0]) + len(row[2])
+    size += -64 if node is None else len(node) if node.isascii() else 4 * len(node) + 24
+    return size + (-64 if pod is None else len(pod) if pod.isascii() else 4 * len(pod) + 24)
+
+
+def _shared_bytes(text: str | None) -> int:
+    return 0 if text is None else _SHARED_ENTRY + _chars(text)
 
 
 class DecisionRecorder:
@@ -49,35 +98,66 @@ class DecisionRecorder:
         *,
         interval_s: float,
         batch: int,
-        limit: int,
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        limit: int | None = None,
         spill_path: Path | None = None,
+        spill_limit_bytes: int = DEFAULT_SPILL_LIMIT_BYTES,
         shutdown_flush_s: float = 5.0,
     ) -> None:
-        self._store = store
+        self._db = store
         self._metrics = metrics
         self._interval = interval_s
         self._batch = batch
-        self._limit = limit
+        self._budget = budget_bytes
+        self._limit = limit or sys.maxsize  # a count as well (SWITCHBOARD_BUFFER_LIMIT)
         self.spill_path = spill_path
+        self._spill = SpillFile(spill_path, spill_limit_bytes) if spill_path else None
         self._shutdown_flush_s = shutdown_flush_s
         self._queue: deque[Row] = deque()
         self._inflight: list[Row] = []
         self._take = threading.Lock()  # writer vs. stop(): a batch is in the queue or in flight
+        # Counters written by one thread each (no lock on the hot path): submit() owns
+        # the memory taken in (``_in``, less what it dropped) and the hot drops, the
+        # writer the memory released (``_out``) and the rest.
         self._submitted = 0
+        self._in = 0
+        self._hot_dropped = 0
+        self._shared_seen: set[str] = set()
+        self._out = 0
+        self._in_limit = budget_bytes  # _out + the budget, kept by the writer
+        self._count_limited = limit is not None
         self._written = 0
+        self._spilled = 0
         self._dropped = 0
-        self._dropped_logged = 0
+        self._drops_logged = 0
+        self._drops_logged_at = 0.0
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._backoff = interval_s
         self._retry_at = 0.0
+        self._degraded_since = 0.0
         self.attempts = 0  # store writes tried (the backoff test counts them)
         self.degraded: str | None = None  # why writes are failing, None when healthy
+        # the spill file: why it cannot take decisions now (None: it can), when to retry
+        self.spill_error: str | None = None if self._spill else "off: no spill path"
+        self._spill_retry_at = 0.0
+        self._spill_gen = 0  # appends this process made ...
+        self._drained_gen = 0  # ... of which every one up to here is drained
+        self._spilled_undrained = 0
+        self._replay: Replay | None = None
+        self._replayed = 0
+        self._spill_off = spill_limit_bytes <= 0
+        self._next_spill_check = 0.0
+        self._drain_blocked_until = 0.0
+        self._drain_error: str | None = None
+        self._bug_logged_at = 0.0
         r = metrics.registry
         self._spilled_total = Counter(
             "switchboard_decisions_spilled",
-            "Decisions written to the spill file at shutdown (the store could not take them)",
+            "Decisions appended to the spill file (the store could not take them, or memory "
+            "was past its budget)",
             registry=r,
         )
         self._writer_cpu = Counter(
@@ -87,29 +167,84 @@ class DecisionRecorder:
         )
         self._replayed_total = Counter(
             "switchboard_decisions_replayed",
-            "Decisions from a spill file written to the store at start",
+            "Decisions from a spill file written to the store (at start or once it is back)",
+            registry=r,
+        )
+        self._rejected_total = Counter(
+            "switchboard_decisions_rejected",
+            "Spill file lines that could not be replayed, set aside in <spill>.rejected",
+            ["reason"],
             registry=r,
         )
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="decision-writer", daemon=True)
-        self._thread.start()
-
+    # ------------------------------------------------------------ the hot path
     def submit(self, row: Row) -> None:
-        """Hot path: an append and a counter, no lock taken, no I/O, no serialising."""
-        if len(self._queue) >= self._limit:
-            self._queue.popleft()
-            self._dropped += 1
-            self._metrics.decisions_dropped.inc()
-        self._queue.append(row)
+        """Hot path: an append and a few additions, no lock, no I/O, no serialising.
+
+        The size is ``row_bytes`` written out (a call costs as much as the sum). Past
+        the memory budget the oldest decision is dropped here; that only happens when
+        the writer could not move the excess to the spill file (it tries from nine
+        tenths of the budget on)."""
+        node, pod = row[3], row[4]
+        size = _ROW_FIXED + len(row[0]) + len(row[2])
+        size += -64 if node is None else len(node) if node.isascii() else 4 * len(node) + 24
+        size += -64 if pod is None else len(pod) if pod.isascii() else 4 * len(pod) + 24
+        seen = self._shared_seen
+        if row[8] not in seen or row[9] not in seen:
+            size += self._count_shared(seen, row)
+        self._in += size
+        queue = self._queue
+        if self._in > self._in_limit or (self._count_limited and len(queue) >= self._limit):
+            self._drop_oldest(queue)
+        queue.append(row)
         self._submitted += 1
+
+    def _count_shared(self, seen: set[str], row: Row) -> int:
+        """A shape or answer text not yet counted while buffered: its bytes, once."""
+        added = 0
+        for key, text in ((row[8], row[10]), (row[9], row[11])):
+            if key not in seen:
+                seen.add(key)
+                added += _shared_bytes(text)
+        return added
+
+    def _drop_oldest(self, queue: deque[Row]) -> None:
+        """A few at most: a burst of new shapes must not empty the whole queue."""
+        for _ in range(8):
+            try:
+                old = queue.popleft()
+            except IndexError:  # the writer took them meanwhile
+                return
+            self._in -= row_bytes(old)
+            self._hot_dropped += 1
+            self._metrics.decisions_dropped.inc()
+            if self._in <= self._in_limit and len(queue) < self._limit:
+                return
 
     @property
     def pending(self) -> int:
+        """Decisions in memory, not yet stored or spilled."""
         return len(self._queue) + len(self._inflight)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """The estimated memory the decisions in memory hold (``row_bytes``)."""
+        return self._in - self._out
+
+    @property
+    def spill_pending(self) -> bool:
+        """This replica spilled decisions that no drain has taken since."""
+        return self._spill_gen > self._drained_gen
+
+    def spill_bytes(self) -> int:
+        return 0 if self._spill is None else self._spill.size()
+
+    def _settled(self) -> int:
+        return self._written + self._spilled + self._dropped + self._hot_dropped
+
     def flush(self, timeout_s: float = 3.0, *, wake: bool = True) -> bool:
-        """Wait until everything submitted before this call is written (or dropped).
+        """Wait until everything submitted before this call is in the store (or
+        dropped): written from memory, or spilled and drained again.
 
         Readers call it first so that a listing shows the caller's own decisions.
         Returns False when the database could not take them in time. A waiter only
@@ -123,12 +258,34 @@ class DecisionRecorder:
         if wake:
             self._wake.set()
         with self._cond:
-            while self._written + self._dropped < target:
+            while self._settled() < target or self.spill_pending:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._cond.wait(remaining)
         return True
+
+    # ------------------------------------------------------------ start, stop
+    def check_spill(self) -> str | None:
+        """At start: can the spill file be written? The reason when not (logged with
+        the path, and shown without it by ``/readyz``); the service answers anyway."""
+        if self._spill is None:
+            return self.spill_error
+        self.spill_error = self._spill.probe()
+        if self.spill_error is not None:
+            self._spill_retry_at = time.monotonic() + SPILL_RETRY_S
+            log.error(
+                "the spill file %s cannot be written (%s): while the database is down, "
+                "decisions stay in memory (SWITCHBOARD_BUFFER_LIMIT_MB) and the oldest "
+                "are dropped past it; a crash then loses them all",
+                self._spill.path,
+                self.spill_error,
+            )
+        return self.spill_error
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="decision-writer", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         """Flush what the store takes within ``shutdown_flush_s``; spill the rest."""
@@ -141,178 +298,411 @@ class DecisionRecorder:
             leftover = [*self._inflight, *self._queue]
             self._queue.clear()
             self._inflight = []
-        if leftover:
-            self._spill(leftover)
-        self._log_drops()
+        self._log_drops(force=True)
+        self._spill_at_stop(leftover)
+        if self._replay is not None:
+            self._replay.close()  # the rest stays for the next start
+            self._replay = None
+        if self._spilled_undrained and self._spill is not None:
+            log.error(
+                "spilled %d decisions to %s: the store could not take them (%s); the next "
+                "start with the same settings writes them to the store",
+                self._spilled_undrained,
+                self._spill.path,
+                self.degraded or "flush timed out",
+            )
 
-    # ------------------------------------------------------------------ writer
+    def _spill_at_stop(self, rows: list[Row]) -> None:
+        i = 0
+        while i < len(rows):
+            chunk = rows[i : i + SPILL_CHUNK]
+            done = self._append(chunk, retry_now=True)
+            if done:
+                self._settle(chunk[:done], spilled=done)
+            i += done
+            if done < len(chunk):
+                break
+        if i < len(rows):
+            self._drop_at_stop(len(rows) - i)
+        self._out = self._in  # nothing is left in memory
+
+    def _drop_at_stop(self, n: int) -> None:
+        self._dropped += n
+        self._metrics.decisions_dropped.inc(n)
+        if self._spill is None:
+            why = "no spill path"
+        else:
+            why = f"the spill file {self._spill.path} could not take them: {self.spill_error}"
+        log.error("dropped %d decisions at shutdown: the store could not take them and %s", n, why)
+        self._drops_logged += n
+
+    def replay_spill(self, budget_s: float = START_REPLAY_S) -> int:
+        """At start, before serving: drain the spill files found into the store, for at
+        most ``budget_s`` (a 512 MB file takes about a minute; a start must not); the
+        writer goes on with the rest in the background. Safe to repeat (inserts skip
+        known ids; a drain cut short leaves its file for the next one). Returns the
+        number of decisions written."""
+        before = self._replayed
+        self._next_spill_check = 0.0
+        self._drain(until=time.monotonic() + budget_s)
+        if self._replay is not None:
+            log.warning(
+                "replayed %d spilled decisions at start; the rest of %s follows in the "
+                "background%s",
+                self._replayed - before,
+                self._replay.path,
+                f" once the store answers ({self.degraded})" if self.degraded else "",
+            )
+        return self._replayed - before
+
+    # ------------------------------------------------------------ the writer
     def _run(self) -> None:
-        backoff = self._interval
         while not self._stopping.is_set():
-            if self.degraded is None or not self._queue:
+            if self.degraded is None:
                 self._wake.wait(self._interval)
-            else:  # failing: only the backoff (or stop) ends the wait, never a flush
-                self._stopping.wait(max(0.0, self._retry_at - time.monotonic()))
+            else:  # spill every interval; the store only at the backoff, never for a flush
+                self._stopping.wait(self._interval)
             self._wake.clear()
-            self._log_drops()
-            while self._queue and not self._stopping.is_set():
-                with self._take:
-                    batch: list[Row] = []
-                    while self._queue and len(batch) < self._batch:
-                        batch.append(self._queue.popleft())
-                    self._inflight = batch
-                cpu0 = time.thread_time()
-                try:
-                    self.attempts += 1
-                    self._store.record_rows(batch)
-                except Exception as exc:  # the database is down or refusing: keep them
-                    with self._take:
-                        self._queue.extendleft(reversed(self._inflight))
-                        self._inflight = []
-                    if self.degraded is None:
-                        log.warning("decision store unavailable, buffering: %s", exc)
-                    self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
-                    self._metrics.store_errors.labels(op="record_decisions").inc()
-                    backoff = min(max(backoff * 2, 0.1), MAX_BACKOFF_S)
-                    self._retry_at = time.monotonic() + backoff
-                    break
-                with self._take:
-                    self._inflight = []
-                self._writer_cpu.inc(time.thread_time() - cpu0)
-                self._metrics.decisions_written.inc(len(batch))
-                if self.degraded is not None:
-                    log.warning("decision store back; buffered decisions written")
-                self.degraded = None
-                backoff = self._interval
-                with self._cond:
-                    self._written += len(batch)
-                    self._cond.notify_all()
+            try:
+                self._tick()
+            except Exception:  # the writer must outlive a bug in one step
+                if time.monotonic() - self._bug_logged_at > DROP_LOG_S:
+                    self._bug_logged_at = time.monotonic()
+                    log.exception("decision writer: unexpected error (retrying)")
             with self._cond:
                 self._cond.notify_all()
 
-    def _log_drops(self) -> None:
-        dropped = self._dropped - self._dropped_logged
-        if dropped:
-            self._dropped_logged += dropped
+    def _tick(self) -> None:
+        self._log_drops()
+        if self.degraded is None:
+            self._write_memory()
+            self._drain()
+            self._probe_spill()
+        if self.degraded is not None:
+            self._spill_memory()
+            if time.monotonic() >= self._retry_at:
+                self._retry()
+
+    def _retry(self) -> None:
+        """One attempt on a failing store: a batch from memory, else the first batch of
+        the spill file (read, not taken: the file stays where it is until the store
+        answers); when it goes through, everything else follows at once."""
+        if self._queue:
+            self._write_memory(max_batches=1)
+        elif self._spill is not None:
+            rows = self._spill.peek(self._batch)
+            if rows:
+                self._write(rows, probe=True)  # written again by the drain: ids are skipped
+            else:  # nothing a store must take (empty files, bad lines): no store needed
+                self._drain(probe=True)
+        if self.degraded is None:
+            self._write_memory()
+            self._drain()
+
+    def _write(self, rows: Sequence[Row], *, probe: bool = False) -> bool:
+        """One batch into the store. False when the store is failing: it is marked
+        degraded and the next attempt waits for the backoff. ``probe``: rows the drain
+        writes again, so a refusal of their content only says the store answers."""
+        cpu0 = time.thread_time()
+        self.attempts += 1
+        try:
+            self._db.record_rows(rows)
+        except (DataError, IntegrityError) as exc:
+            if probe:
+                self._recovered()
+                return True
+            return self._write_one_by_one(rows, exc)
+        except Exception as exc:  # the database is down or refusing
+            self._failed(exc)
+            return False
+        finally:
+            self._writer_cpu.inc(time.thread_time() - cpu0)
+        self._recovered()
+        return True
+
+    def _failed(self, exc: Exception) -> None:
+        if self.degraded is None:
+            self._degraded_since = time.monotonic()
+            log.warning(
+                "decision store unavailable (%s): decisions go to the spill file every "
+                "%.0f ms until it is back",
+                first_line(exc),
+                self._interval * 1000,
+            )
+        self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
+        self._metrics.store_errors.labels(op="record_decisions").inc()
+        self._backoff = min(max(self._backoff * 2, 0.1), MAX_BACKOFF_S)
+        self._retry_at = time.monotonic() + self._backoff
+
+    def _recovered(self) -> None:
+        if self.degraded is not None:
+            log.warning(
+                "decision store back after %.1f s; writing buffered and spilled decisions",
+                time.monotonic() - self._degraded_since,
+            )
+        self.degraded = None
+        self._backoff = self._interval
+
+    def _write_one_by_one(self, rows: Sequence[Row], exc: Exception) -> bool:
+        """The store refused a batch for its content, not for being down (a value no
+        column takes): store the rows one by one and set aside those it refuses, so
+        that one row it will never take cannot hold up every other, at every retry."""
+        log.error("the store refused a batch of decisions (%s); writing them one by one", exc)
+        refused: list[tuple[Row, str]] = []
+        for row in rows:
+            try:
+                self._db.record_rows([row])
+            except (DataError, IntegrityError) as one:
+                refused.append((row, f"the store refused it: {first_line(one)}"))
+            except Exception as down:
+                self._failed(down)
+                return False
+        if refused:
+            self._rejected_total.labels(reason="store_refused").inc(len(refused))
+            if self._spill is not None:
+                self._spill.set_aside(refused)
+            else:
+                log.error("%d decisions the store refused are lost (no spill path)", len(refused))
+        self._recovered()
+        return True
+
+    def _write_memory(self, max_batches: int | None = None) -> None:
+        done = 0
+        while self._queue and not self._stopping.is_set():
+            if max_batches is not None and done >= max_batches:
+                return
+            self._spill_excess()
+            batch = self._take_batch(self._batch)
+            if not batch:
+                return
+            if not self._write(batch):
+                self._put_back()
+                return
+            self._settle(batch, written=len(batch))
+            done += 1
+
+    def _take_batch(self, n: int) -> list[Row]:
+        with self._take:
+            batch: list[Row] = []
+            queue = self._queue
+            while queue and len(batch) < n:
+                batch.append(queue.popleft())
+            self._inflight = batch
+        return batch
+
+    def _put_back(self, rows: list[Row] | None = None) -> None:
+        with self._take:
+            self._queue.extendleft(reversed(self._inflight if rows is None else rows))
+            self._inflight = []
+
+    def _settle(self, rows: Sequence[Row], *, written: int = 0, spilled: int = 0) -> None:
+        """Rows that left memory: written to the store or appended to the spill file."""
+        with self._take:
+            self._inflight = []
+            empty = not self._queue
+        if empty:
+            # Nothing in memory: the estimate is zero, shapes and answers included,
+            # without adding up the rows (the common case, every flush interval). A
+            # row submitted at this instant may be missed until the next time; it is
+            # half a KB.
+            self._shared_seen = set()
+            self._out = self._in
+        else:
+            self._out += sum(row_bytes(r) for r in rows)
+        self._in_limit = self._out + self._budget
+        if written:
+            self._metrics.decisions_written.inc(written)
+        with self._cond:
+            self._written += written
+            self._spilled += spilled
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ spilling
+    def _probe_spill(self) -> None:
+        """A spill file that could not be written is looked at again now and then, so
+        that ``/readyz`` clears once the volume is fixed, not only at the next outage."""
+        if self._spill is None or self._spill_off or self.spill_error is None:
+            return
+        if time.monotonic() < self._spill_retry_at:
+            return
+        error = self._spill.probe()
+        if error is None:
+            log.warning("the spill file %s can be written again", self._spill.path)
+        self.spill_error = error
+        self._spill_retry_at = time.monotonic() + SPILL_CHECK_S
+
+    def _spill_memory(self) -> None:
+        """The store is failing: everything in memory goes to the spill file, so that a
+        crash now loses at most one interval."""
+        while self._queue and not self._stopping.is_set():
+            if not self._spill_chunk(SPILL_CHUNK):
+                return
+
+    def _spill_excess(self) -> None:
+        """The store is up but slower than the decisions come: past nine tenths of the
+        memory budget, the oldest go to the spill file (drained once the store keeps up)."""
+        if self.buffered_bytes <= self._budget * 0.9:
+            return
+        while self._queue and self.buffered_bytes > self._budget * 0.75:
+            if not self._spill_chunk(self._batch):
+                return
+
+    def _spill_chunk(self, n: int) -> bool:
+        """Move up to ``n`` of the oldest rows to the spill file; False when it took
+        not all of them (the rest stay in memory, first in line)."""
+        if self._spill is None or self._spill_off:
+            return False
+        if self.spill_error is not None and time.monotonic() < self._spill_retry_at:
+            return False
+        chunk = self._take_batch(n)
+        done = self._append(chunk)
+        if done < len(chunk):
+            self._put_back(chunk[done:])
+        if done:
+            self._settle(chunk[:done], spilled=done)
+        return done == len(chunk) and done > 0
+
+    def _append(self, rows: Sequence[Row], *, retry_now: bool = False) -> int:
+        """Append to the spill file; count it, and keep ``spill_error`` current."""
+        if self._spill is None or self._spill_off or not rows:
+            return 0
+        if not retry_now and self.spill_error and time.monotonic() < self._spill_retry_at:
+            return 0
+        result = self._spill.append(rows)
+        if result.count:
+            self._spill_gen += 1
+            self._spilled_undrained += result.count
+            self._spilled_total.inc(result.count)
+        if result.error is None:
+            if self.spill_error is not None and not self.spill_error.startswith("off"):
+                log.warning("the spill file %s takes decisions again", self._spill.path)
+            self.spill_error = None
+        else:
+            if result.error != self.spill_error:
+                log.error(
+                    "the spill file %s took %d of %d decisions: %s; the rest stay in memory "
+                    "(SWITCHBOARD_BUFFER_LIMIT_MB), retried every %.0f s",
+                    self._spill.path,
+                    result.count,
+                    len(rows),
+                    result.error,
+                    SPILL_RETRY_S,
+                )
+            self.spill_error = result.error
+            self._spill_retry_at = time.monotonic() + SPILL_RETRY_S
+        return result.count
+
+    # ------------------------------------------------------------ draining
+    def _spill_work_due(self, *, force: bool = False) -> bool:
+        if self._spill is None:
+            return False
+        now = time.monotonic()
+        if now < self._drain_blocked_until:
+            return False
+        if self._replay is not None or self.spill_pending:
+            return True
+        if not force and now < self._next_spill_check:
+            return False
+        self._next_spill_check = now + SPILL_CHECK_S
+        return self._spill.has_work()
+
+    def _drain(self, *, probe: bool = False, until: float | None = None) -> None:
+        """Spilled decisions (this replica's or another's on the same path) into the
+        store, a batch at a time, with this replica's new decisions between batches so a
+        long drain does not hold them up. ``probe``: files with nothing for the store
+        (empty, or bad lines only) are taken even while it is failing."""
+        if self._spill is None or (self._replay is None and not self._spill_work_due(force=probe)):
+            return
+        while not self._stopping.is_set() and (self.degraded is None or probe):
+            if until is not None and time.monotonic() >= until:
+                return
+            try:
+                if self._replay is None:
+                    gen = self._spill_gen
+                    self._replay = self._spill.claim()
+                    if self._replay is None:  # every append so far is in a file taken
+                        self._mark_drained(gen)
+                        return
+                replay = self._replay
+                rows = replay.read(self._batch)
+            except OSError as exc:
+                self._drain_failed(exc)
+                return
+            self._count_rejected(replay)
+            if rows:
+                if not self._write(rows):
+                    replay.rewind()  # read again once the store is back
+                    return
+                replay.commit(len(rows))
+                self._replayed += len(rows)
+                self._replayed_total.inc(len(rows))
+            if replay.eof:
+                self._replay = None
+                self._finish_replay(replay)
+            if not probe:
+                self._write_memory()
+
+    def _drain_failed(self, exc: OSError) -> None:
+        """A spill file that cannot be read (permissions, an I/O error): left where it
+        is for a later try or another replica, logged once per kind of error."""
+        if self._replay is not None:
+            self._replay.close()
+            self._replay = None
+        self._drain_blocked_until = time.monotonic() + SPILL_CHECK_S
+        reason = f"{type(exc).__name__}: {exc}"
+        if reason != self._drain_error:
             log.error(
-                "dropped %d decisions: the buffer limit (%d) was reached while the store "
-                "could not take them (%d dropped since start)",
-                dropped,
-                self._limit,
-                self._dropped,
+                "cannot drain the spill file (retried every %.0f s): %s", SPILL_CHECK_S, reason
+            )
+        self._drain_error = reason
+
+    def _finish_replay(self, replay: Replay) -> None:
+        self._drain_error = None
+        replay.finish()
+        rejected = replay.rejected_total
+        assert self._spill is not None
+        if rejected:
+            log.error(
+                "replayed %d spilled decisions from %s into the store; %d lines could not "
+                "be replayed (%d of them a partial last line) and are in %s with the reason",
+                replay.stored,
+                replay.path,
+                rejected,
+                replay.partial,
+                self._spill.rejected_path,
+            )
+        else:
+            log.warning(
+                "replayed %d spilled decisions from %s into the store", replay.stored, replay.path
             )
 
-    # ------------------------------------------------------------ spill file
-    def _drop(self, n: int, why: str) -> None:
-        self._dropped += n
-        self._metrics.decisions_dropped.inc(n)
-        log.error("dropped %d decisions: %s", n, why)
-        self._dropped_logged += n
+    def _mark_drained(self, gen: int) -> None:
+        with self._cond:
+            if gen > self._drained_gen:
+                self._drained_gen = gen
+                self._spilled_undrained = 0
+            self._cond.notify_all()
 
-    def _spill(self, rows: Sequence[Row]) -> None:
-        if self.spill_path is None:
-            self._drop(len(rows), "the store could not take them at shutdown and no spill path")
+    def _count_rejected(self, replay: Replay) -> None:
+        for kind, n in replay.take_rejected().items():
+            self._rejected_total.labels(reason=kind).inc(n)
+
+    # ------------------------------------------------------------ drops
+    def _log_drops(self, *, force: bool = False) -> None:
+        """One line with the counts, at most every ``DROP_LOG_S``, never one per drop."""
+        dropped = self._dropped + self._hot_dropped
+        new = dropped - self._drops_logged
+        now = time.monotonic()
+        if not new or (not force and now - self._drops_logged_at < DROP_LOG_S):
             return
-        try:
-            lines = "".join(_spill_line(r) for r in rows)
-            _append_locked(self.spill_path, lines)
-        except Exception as exc:
-            self._drop(len(rows), f"could not write the spill file {self.spill_path}: {exc}")
-            return
-        self._spilled_total.inc(len(rows))
+        self._drops_logged = dropped
+        self._drops_logged_at = now
         log.error(
-            "spilled %d decisions to %s: the store could not take them at shutdown (%s); "
-            "the next start with the same settings writes them to the store",
-            len(rows),
-            self.spill_path,
-            self.degraded or "flush timed out",
+            "dropped %d decisions: memory was at its budget (%.4g MB, "
+            "SWITCHBOARD_BUFFER_LIMIT_MB) and the spill file could not take them (%s); "
+            "%d dropped since start",
+            new,
+            self._budget / MIB,
+            self.spill_error or "the writer fell behind",
+            dropped,
         )
-
-    def replay_spill(self) -> int:
-        """At start: write every spilled decision found to the store, then remove the
-        file. Safe to repeat (inserts skip known ids); a file whose rows could not all
-        be written stays for the next start. Returns the number of decisions written."""
-        if self.spill_path is None:
-            return 0
-        path = self.spill_path
-        total = 0
-        claimed: list[Path] = sorted(path.parent.glob(path.name + ".replay-*"))
-        if path.exists():
-            mine = path.with_name(f"{path.name}.replay-{os.getpid()}-{time.time_ns()}")
-            with contextlib.suppress(FileNotFoundError):  # another replica took it first
-                path.rename(mine)
-                claimed.append(mine)
-        for f in claimed:
-            try:
-                rows, bad = _read_spill(f)
-                for i in range(0, len(rows), self._batch):
-                    self._store.record_rows(rows[i : i + self._batch])
-            except Exception as exc:
-                log.error("could not replay spill file %s (kept for the next start): %s", f, exc)
-                continue
-            f.unlink()
-            total += len(rows)
-            self._replayed_total.inc(len(rows))
-            log.warning("replayed %d spilled decisions from %s into the store", len(rows), f)
-            if bad:
-                self._drop(bad, f"unreadable lines in spill file {f}")
-        return total
-
-
-def _spill_line(row: Row) -> str:
-    created = row[1]
-    return (
-        json.dumps(
-            [row[0], created.isoformat(), *row[2:]],
-            separators=(",", ":"),
-        )
-        + "\n"
-    )
-
-
-def _read_spill(path: Path) -> tuple[list[Row], int]:
-    rows: list[Row] = []
-    bad = 0
-    with path.open("r", encoding="utf-8") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # a replica still appending finishes first
-        for line in f:
-            try:
-                v = json.loads(line)
-                if len(v) == ROW_FIELDS:
-                    rows.append((v[0], datetime.fromisoformat(v[1]), *v[2:]))
-                else:  # spilled before shapes: the whole request as JSON text
-                    shape = shape_of_json(v[8])
-                    rows.append(
-                        (
-                            v[0],
-                            datetime.fromisoformat(v[1]),
-                            *v[2:8],
-                            shape.id,
-                            v[9],
-                            shape.json,
-                            v[10],
-                        )
-                    )
-            except (ValueError, IndexError, TypeError):
-                bad += 1  # a line cut short by a crash while spilling
-    return rows, bad
-
-
-def _append_locked(path: Path, text: str) -> None:
-    """Append under an exclusive lock to the file that is *still* at ``path`` (a
-    replaying replica may have renamed it away between our open and our lock)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(10):
-        with path.open("a", encoding="utf-8") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:
-                continue
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-            return
-    raise OSError(f"spill file {path} kept moving")

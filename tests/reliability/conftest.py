@@ -17,11 +17,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.store.recorder import DecisionRecorder
+from sqlalchemy.exc import DataError
 
 from tests.conftest import ADMIN, ServiceProcess, free_port
 
@@ -130,6 +134,7 @@ class SelectLoad:
         self.pause_s = pause_s
         self.token = token
         self.answers: list[str] = []
+        self.times: list[float] = []  # when each answer arrived (time.monotonic())
         self.by_url: dict[str, int] = {u: 0 for u in urls}
         self.failures: list[tuple[float, str, str]] = []
         self._stop = threading.Event()
@@ -172,6 +177,7 @@ class SelectLoad:
                 with self._lock:
                     if r.status_code == 200:
                         self.answers.append(r.json()["decision_id"])
+                        self.times.append(time.monotonic())
                         self.by_url[url] += 1
                     else:
                         self.failures.append((self._elapsed(), url, f"HTTP {r.status_code}"))
@@ -180,6 +186,59 @@ class SelectLoad:
 
     def _elapsed(self) -> float:
         return round(time.monotonic() - self._started, 3)
+
+
+# ------------------------------------------------ the recorder, in process
+
+
+class FlakyStore:
+    """A store whose writes fail until ``up`` is set; records what it was given.
+
+    ``refuse``: decision ids whose batch the store refuses for its content (as
+    PostgreSQL does a value too long for its column), whatever else is in it."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.rows: dict[str, tuple[Any, ...]] = {}
+        self.calls = 0
+        self.refuse: set[str] = set()
+        self.delay_s = 0.0  # per batch: a slow store
+        self._lock = threading.Lock()
+
+    def record_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        time.sleep(self.delay_s)
+        with self._lock:
+            self.calls += 1
+            if not self.up:
+                raise ConnectionError("connection refused")
+            if any(r[0] in self.refuse for r in rows):
+                raise DataError("INSERT", {}, ValueError("value too long for type varchar(26)"))
+            for r in rows:
+                self.rows.setdefault(r[0], r)
+
+
+def row(i: int, *, shape: str = "shape1", pod: str | None = None) -> tuple[Any, ...]:
+    """A decision as ``/v1/select`` hands it over (``Row``)."""
+    return (f"id{i:05d}", datetime.now(UTC), "c", "n", pod or f"p{i}", "FLASH_ATTN", "priority",
+            1, shape, "a1", '{"device":{}}', '{"backend":"FLASH_ATTN"}')  # fmt: skip
+
+
+def recorder(
+    store: FlakyStore, spill: Path | None, metrics: Metrics, **options: Any
+) -> DecisionRecorder:
+    settings: dict[str, Any] = {
+        "interval_s": 0.01,
+        "batch": 100,
+        "limit": 10_000,
+        "spill_path": spill,
+        "shutdown_flush_s": 0.3,
+        **options,
+    }
+    return DecisionRecorder(store, metrics, **settings)  # type: ignore[arg-type]
+
+
+def counter(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels or None) or 0.0
 
 
 # ------------------------------------------------------------------- replicas

@@ -48,8 +48,21 @@ async def readyz(runtime: RuntimeDep) -> Response:
         "store": "degraded" if degraded else "ok",
         "store_error": None if degraded is None else degraded.split(":", 1)[0],
         "decisions_buffered": runtime.recorder.pending,
+        "decisions_buffered_bytes": runtime.recorder.buffered_bytes,
+        **spill_state(runtime.recorder.spill_error),
     }
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+def spill_state(error: str | None) -> dict[str, str | None]:
+    """The spill file's state for ``/readyz``: ``ok``, ``off`` (not configured) or
+    ``degraded`` with the reason (an OS error's kind and text, or ``full``), never a
+    path: while it is degraded, a crash during a database outage loses decisions."""
+    if error is None:
+        return {"spill": "ok", "spill_error": None}
+    if error.startswith("off"):
+        return {"spill": "off", "spill_error": error}
+    return {"spill": "degraded", "spill_error": error}
 
 
 @router.get(
@@ -63,7 +76,11 @@ async def metrics(request: Request, runtime: RuntimeDep) -> Response:
     thread, so a scrape never holds the event loop (issue 13)."""
     clusters = metrics_scope(request, runtime)
     m = runtime.metrics
-    m.buffered.set(runtime.recorder.pending)
+    recorder = runtime.recorder
+    m.buffered.set(recorder.pending)
+    m.buffered_bytes.set(recorder.buffered_bytes)
+    m.spill_bytes.set(recorder.spill_bytes())
+    m.spill_degraded.set(1 if spill_state(recorder.spill_error)["spill"] == "degraded" else 0)
     m.store_degraded.set(1 if runtime.degraded() else 0)
     body = await run_in_threadpool(m.render, clusters)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

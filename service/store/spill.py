@@ -1,0 +1,518 @@
+"""The spill file: a local log of the decisions the store could not take yet.
+
+One decision per line, a JSON array in ``Row`` order (``created_at`` as ISO text), so
+that each line can be checked, replayed or set aside on its own: a bad line never costs
+its neighbours. Appends take an exclusive ``flock`` and end with ``fsync``, so several
+replicas may share one path (a shared volume) and an acknowledged append survives a
+crash of the process or the machine.
+
+A drain first takes the file out of the way: under the lock it renames it to
+``<name>.replay-<pid>-<ns>`` and keeps the lock while it reads. An appender that opened
+the old name waits for that lock, sees the name now points elsewhere and opens the new
+file, so every line is drained by exactly one replica. A drain that stops halfway (the
+store went away, the process died) leaves its ``.replay-*`` file, which any later drain
+takes once nobody holds its lock. Lines that cannot be replayed go to ``<name>.rejected``
+with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from mla_switchboard.service.fleet.shapes import shape_of_json
+from mla_switchboard.service.store.decisions import ROW_FIELDS, Row
+
+log = logging.getLogger("switchboard.recorder")
+
+OLD_ROW_FIELDS = 11
+"""Lines spilled before shapes: ``(id, created_at, cluster, node, pod, backend, source,
+rules_revision, request_json, answer_id, answer_json)``."""
+
+MAX_LINE = 4 * 1024 * 1024
+"""A real line is a few KB (bodies are at most 64 KB); anything longer is damage, and
+reading it whole would cost memory."""
+
+# (name, most characters the store's column takes, None allowed); created_at and
+# rules_revision are checked apart. The limits are the columns' (service/store/models.py):
+# a value PostgreSQL refuses would fail its whole batch, again at every retry.
+_TEXT_FIELDS: dict[int, tuple[str, int | None, bool]] = {
+    0: ("id", 26, False),
+    2: ("cluster", 63, False),
+    3: ("node", 253, True),
+    4: ("pod", 253, True),
+    5: ("backend", 32, False),
+    6: ("source", 32, False),
+    8: ("shape_id", 24, False),
+    9: ("answer_id", 24, False),
+    10: ("shape_json", None, False),
+    11: ("answer_json", None, True),
+}
+_INT32 = 2**31 - 1
+
+
+class BadLine(ValueError):
+    """A line that cannot be replayed; ``kind`` is the metric's label, ``reason`` the text."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+# ------------------------------------------------------------------ lines
+
+
+class LineEncoder:
+    """Rows as spill lines. A shape's and an answer's JSON text is shared by every
+    decision of that shape or answer, so each is escaped once and reused."""
+
+    CACHE = 4096
+
+    def __init__(self) -> None:
+        self._texts: dict[str | None, str] = {}
+
+    def line(self, row: Row) -> bytes:
+        head = json.dumps([row[0], row[1].isoformat(), *row[2:10]], separators=(",", ":"))
+        return f"{head[:-1]},{self._text(row[10])},{self._text(row[11])}]\n".encode()
+
+    def _text(self, text: str | None) -> str:
+        encoded = self._texts.get(text)
+        if encoded is None:
+            if len(self._texts) >= self.CACHE:
+                self._texts.clear()
+            encoded = self._texts[text] = json.dumps(text)
+        return encoded
+
+
+def parse_line(raw: bytes) -> Row:
+    """One spill line as a ``Row``, checked field by field; ``BadLine`` says why not.
+
+    Lines of the old format (the whole request as JSON text at index 8) are converted
+    to the shape the store keeps."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadLine("not_utf8", f"not UTF-8 (byte {exc.start} of the line)") from None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise BadLine("not_json", f"not JSON ({exc})") from None
+    if not isinstance(value, list):
+        raise BadLine("bad_fields", f"a JSON {type(value).__name__}, not an array")
+    if len(value) == OLD_ROW_FIELDS:
+        value = _from_old_format(value)
+    elif len(value) != ROW_FIELDS:
+        raise BadLine(
+            "bad_fields",
+            f"{len(value)} fields, expected {ROW_FIELDS} (or {OLD_ROW_FIELDS}, the old format)",
+        )
+    return _checked(value)
+
+
+def _from_old_format(v: list[Any]) -> list[Any]:
+    if not isinstance(v[8], str):
+        raise BadLine("bad_fields", "field 8 (request_json): not a string")
+    shape = shape_of_json(v[8])
+    return [*v[:8], shape.id, v[9], shape.json, v[10]]
+
+
+def _checked(v: list[Any]) -> Row:
+    for i, (name, limit, nullable) in _TEXT_FIELDS.items():
+        x = v[i]
+        if x is None and nullable:
+            continue
+        if not isinstance(x, str):
+            raise BadLine("bad_fields", f"field {i} ({name}): {type(x).__name__}, not a string")
+        if limit is not None and not 0 < len(x) <= limit:
+            raise BadLine("bad_fields", f"field {i} ({name}): {len(x)} characters (1-{limit})")
+        if "\x00" in x:
+            raise BadLine("bad_fields", f"field {i} ({name}): holds a NUL character")
+    revision = v[7]
+    if type(revision) is not int or not 0 <= revision <= _INT32:
+        raise BadLine("bad_fields", f"field 7 (rules_revision): {revision!r}, not an integer")
+    if not isinstance(v[1], str):
+        raise BadLine("bad_fields", "field 1 (created_at): not a string")
+    try:
+        created = datetime.fromisoformat(v[1])
+    except ValueError:
+        raise BadLine("bad_fields", f"field 1 (created_at): {v[1][:40]!r} is not a time") from None
+    if created.tzinfo is None:
+        raise BadLine("bad_fields", "field 1 (created_at): no time zone")
+    return (v[0], created, *v[2:])
+
+
+# ------------------------------------------------------------------ appends
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What an append did: the first ``count`` rows are in the file (fsynced); the rest
+    are not, for the reason in ``error`` (``full``: the size limit, not an OS error)."""
+
+    count: int
+    bytes: int
+    error: str | None = None
+    full: bool = False
+
+
+class SpillFile:
+    def __init__(self, path: Path, limit_bytes: int) -> None:
+        self.path = path
+        self.limit_bytes = limit_bytes
+        self.rejected_path = path.with_name(path.name + ".rejected")
+        self._encoder = LineEncoder()
+
+    def probe(self) -> str | None:
+        """None when a spill could be written now, else why not (no path in the text:
+        ``/readyz`` shows it). Creates the directory, leaves no file behind."""
+        if self.limit_bytes <= 0:
+            return "off: SWITCHBOARD_SPILL_LIMIT_MB is 0"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))
+            else:
+                probe = self.path.with_name(f".{self.path.name}.probe-{os.getpid()}")
+                os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+                probe.unlink()
+        except OSError as exc:
+            return describe(exc)
+        if self.size() >= self.limit_bytes:
+            return self.full_reason()
+        return None
+
+    def full_reason(self) -> str:
+        return f"full: SWITCHBOARD_SPILL_LIMIT_MB ({self.limit_bytes / 2**20:g}) reached"
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def append(self, rows: Sequence[Row]) -> Appended:
+        """Append as many of ``rows`` as the size limit and the disk allow, in order,
+        and fsync. A write the disk cut short is cut back to the last whole line, so
+        the count is exact and the file never ends in half a decision."""
+        try:
+            fd = self._open_current()
+        except OSError as exc:
+            return Appended(0, 0, describe(exc))
+        try:
+            size = os.fstat(fd).st_size
+            # a line left unfinished by a crash stays on a line of its own
+            lead = b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b""
+            room = self.limit_bytes - size - len(lead)
+            lines: list[bytes] = []
+            used = 0
+            for row in rows:
+                line = self._encoder.line(row)
+                if used + len(line) > room:
+                    break
+                lines.append(line)
+                used += len(line)
+            full = len(lines) < len(rows)
+            if not lines:
+                return Appended(0, 0, self.full_reason() if full else None, full)
+            data = lead + b"".join(lines)
+            done, error = _write_all(fd, data)
+            if error is None:
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    error, done = exc, 0  # what reached the disk is unknown: none of it
+            if error is None:
+                return Appended(len(lines), used, self.full_reason() if full else None, full)
+            count, kept = _whole_lines(lines, done - len(lead))
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size + (len(lead) + kept if count else 0))
+                os.fsync(fd)
+            return Appended(count, kept, describe(error))
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _open_current(self) -> int:
+        """An fd on the file that is *still* at the path, locked (a drain may have
+        renamed it between our open and our lock)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if _same_file(fd, self.path):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise OSError(f"spill file kept moving: {self.path}")
+
+    def write_rejected(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Set lines aside in ``<name>.rejected``, one JSON object each (the reason, the
+        file and offset it came from, the line itself). A failure here is logged, never
+        raised: the good lines of the file matter more than a copy of the bad ones."""
+        text = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries)
+        try:
+            fd = os.open(
+                self.rejected_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
+            )
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                _write_all_or_raise(fd, text.encode("utf-8", "backslashreplace"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error(
+                "could not set %d bad spill lines aside in %s: %s",
+                len(entries),
+                self.rejected_path,
+                exc,
+            )
+
+    def set_aside(self, refused: Sequence[tuple[Row, str]]) -> None:
+        """Rows the store itself refused, as lines in ``<name>.rejected``."""
+        self.write_rejected(
+            [
+                {"reason": why, "file": None, "offset": None, "line": self._encoder.line(row)
+                 .decode().rstrip("\n")}
+                for row, why in refused
+            ]
+        )  # fmt: skip
+
+    # ------------------------------------------------------------- drains
+    def has_work(self) -> bool:
+        """Anything to drain: a spill file, or a drain some replica left unfinished."""
+        if self.size() > 0:
+            return True
+        return any(self._leftovers())
+
+    def peek(self, n: int) -> list[Row]:
+        """Up to ``n`` good rows from the files a drain would take, without taking any:
+        a failing store is tried with real rows, and no file moves until it answers."""
+        for path in [*self._leftovers(), self.path]:
+            rows: list[Row] = []
+            try:
+                with path.open("rb") as f:
+                    while len(rows) < n:
+                        raw = f.readline(MAX_LINE + 1)
+                        if not raw.endswith(b"\n"):
+                            break  # the end, or a line a drain will set aside
+                        with contextlib.suppress(BadLine):
+                            rows.append(parse_line(raw))
+            except OSError:
+                continue
+            if rows:
+                return rows
+        return []
+
+    def claim(self) -> Replay | None:
+        """The next file to drain, locked for this replica: a drain another replica left
+        (its lock free), else the spill file itself, renamed away. None when neither."""
+        for leftover in self._leftovers():
+            replay = Replay.take(leftover, self, wait=False)
+            if replay is not None:
+                return replay
+        return self._claim_current()
+
+    def _leftovers(self) -> list[Path]:
+        return sorted(self.path.parent.glob(self.path.name + ".replay-*"))
+
+    def _claim_current(self) -> Replay | None:
+        for _ in range(10):
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # an appender finishes its batch first
+                if not _same_file(fd, self.path):
+                    os.close(fd)
+                    continue
+                mine = self.path.with_name(
+                    f"{self.path.name}.replay-{os.getpid()}-{time.time_ns()}"
+                )
+                os.rename(self.path, mine)
+            except BaseException:
+                os.close(fd)
+                raise
+            return Replay(mine, fd, self)
+        return None
+
+
+class Replay:
+    """One claimed file being drained, batch by batch, under its lock.
+
+    ``read`` returns the next good rows; ``commit`` says the store took them,
+    ``rewind`` that it did not (the next ``read`` starts from the last commit; a line
+    already set aside is not set aside twice). ``finish`` removes the file once
+    everything is stored, ``close`` leaves it for a later drain."""
+
+    def __init__(self, path: Path, fd: int, spill: SpillFile) -> None:
+        self.path = path
+        self._file = os.fdopen(fd, "rb")
+        self._spill = spill
+        self._committed = 0
+        self._seen_to = 0  # lines before this offset were already checked
+        self.eof = False
+        self.stored = 0
+        self.rejected: Counter[str] = Counter()  # by kind, since the last take_rejected()
+        self.rejected_total = 0
+        self.partial = 0
+
+    @classmethod
+    def take(cls, path: Path, spill: SpillFile, *, wait: bool) -> Replay | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            if os.fstat(fd).st_nlink == 0:  # drained and removed while we waited
+                os.close(fd)
+                return None
+        except BlockingIOError:
+            os.close(fd)
+            return None  # another replica is draining it
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, spill)
+
+    def read(self, n: int) -> list[Row]:
+        rows: list[Row] = []
+        bad: list[dict[str, Any]] = []
+        f = self._file
+        while len(rows) < n:
+            start = f.tell()
+            raw = f.readline(MAX_LINE + 1)
+            if not raw:
+                self.eof = True
+                break
+            fresh = start >= self._seen_to
+            if not raw.endswith(b"\n"):
+                if len(raw) > MAX_LINE:
+                    _skip_line(f)
+                    self._reject(bad, fresh, start, raw[:200], "too_long", "longer than 4 MiB")
+                else:
+                    self.eof = True
+                    if fresh:
+                        self.partial += 1
+                    self._reject(
+                        bad, fresh, start, raw, "partial",
+                        "partial last line: a write cut short (a crash or a full disk)",
+                    )  # fmt: skip
+                continue
+            if not raw.strip():
+                continue
+            try:
+                rows.append(parse_line(raw))
+            except BadLine as exc:
+                self._reject(bad, fresh, start, raw, exc.kind, exc.reason)
+        self._seen_to = max(self._seen_to, f.tell())
+        if bad:
+            self._spill.write_rejected(bad)
+        return rows
+
+    def _reject(
+        self, bad: list[dict[str, Any]], fresh: bool, offset: int, raw: bytes, kind: str, why: str
+    ) -> None:
+        if not fresh:
+            return
+        self.rejected[kind] += 1
+        self.rejected_total += 1
+        bad.append(
+            {
+                "reason": why,
+                "file": self.path.name,
+                "offset": offset,
+                "line": raw.decode("utf-8", "backslashreplace").rstrip("\n"),
+            }
+        )
+
+    def take_rejected(self) -> Counter[str]:
+        out, self.rejected = self.rejected, Counter()
+        return out
+
+    def commit(self, stored: int) -> None:
+        self._committed = self._file.tell()
+        self.stored += stored
+
+    def rewind(self) -> None:
+        self._file.seek(self._committed)
+        self.eof = False
+
+    def finish(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def describe(exc: BaseException) -> str:
+    """An OS error without the file name (``/readyz`` is open to anyone)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return type(exc).__name__
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _write_all(fd: int, data: bytes) -> tuple[int, OSError | None]:
+    """Write everything or say how much got written before the error."""
+    done = 0
+    view = memoryview(data)
+    while done < len(data):
+        try:
+            n = os.write(fd, view[done:])
+        except OSError as exc:
+            return done, exc
+        if n == 0:
+            return done, OSError(28, os.strerror(28))
+        done += n
+    return done, None
+
+
+def _write_all_or_raise(fd: int, data: bytes) -> None:
+    _, error = _write_all(fd, data)
+    if error is not None:
+        raise error
+
+
+def _whole_lines(lines: Sequence[bytes], written: int) -> tuple[int, int]:
+    """How many of ``lines`` fit whole in the first ``written`` bytes, and their bytes."""
+    count = total = 0
+    for line in lines:
+        if total + len(line) > written:
+            break
+        total += len(line)
+        count += 1
+    return count, total
+
+
+def _skip_line(f: Any) -> None:
+    while True:
+        chunk = f.readline(MAX_LINE)
+        if not chunk or chunk.endswith(b"\n"):
+            return
