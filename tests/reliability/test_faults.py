@@ -20,7 +20,9 @@ from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.agent import pod as agent_pod
 from mla_switchboard.agent.api import SelectionResult, select_backend
+from mla_switchboard.agent.probe import DeviceProbe
 
 from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port
 from tests.reliability.conftest import (
@@ -57,6 +59,10 @@ def test_kill9_replica_mid_boot_burst(
     a, b = (ServiceProcess(url).start(tmp_path) for _ in range(2))
     monkeypatch.setenv("SWITCHBOARD_URL", f"{a.url},{b.url}")
     monkeypatch.setenv("SWITCHBOARD_TOKEN", ADMIN)
+    # the probe sees an H200: real pods, recorded (a pretended GPU is a dry run)
+    monkeypatch.setattr(
+        agent_pod, "probe_device", lambda: DeviceProbe("NVIDIA H200", (9, 0), "nvml")
+    )
     total, kill_after, workers = 360, 120, 8
     # (answered at, started after the kill, result)
     results: list[tuple[float, bool, SelectionResult]] = []
@@ -71,8 +77,6 @@ def test_kill9_replica_mid_boot_burst(
             cluster="kill9",
             node=f"node-{i % 40}",
             pod=f"pod-{i}",
-            capability="9.0",
-            device_name="NVIDIA H200",
             qk_nope_head_dim=128,
             qk_rope_head_dim=64,
             v_head_dim=128,
