@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.core.schemas import OverrideSpec, Rollout, rollout_id
+from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
 
 from tests.browser.test_dashboard_browser import (
     ALL,
@@ -45,6 +47,21 @@ def _select(api: httpx.Client, cluster: str, pod: str) -> dict[str, Any]:
     r = api.post("/v1/select", json=body(cluster, "n-1", pod, [9, 0]))
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def _canary_pods() -> list[str]:
+    """Ten canary pod names, two of them in the 20 % stage (the stage is a stable bucket
+    per pod, so ten arbitrary names may all fall outside it)."""
+    spec = OverrideSpec.model_validate(
+        {"force": "FLASHINFER", "note": "FlashInfer canary", "rollout": {"percent": 20}}
+    )
+    rollout = Rollout(percent=20, id=rollout_id("canary", spec))
+    names = [f"canary-{i}" for i in range(200)]
+    inside = [n for n in names if bucket_in_stage(stage_bucket("canary", n), rollout)]
+    return sorted(inside[:2] + [n for n in names if n not in inside][:8])
+
+
+CANARY_PODS = _canary_pods()
 
 
 def _in_stage(answer: dict[str, Any]) -> bool:
@@ -92,9 +109,10 @@ def seed(service: ServiceProcess) -> dict[str, Any]:
     50 % rollout with steps, most of its stage rebooted and both sides measured;
     guarded: policy measured with one pod's failure excluding its backend."""
     with service.client() as api:
-        for cluster in ("canary", "wave"):
-            for i in range(10):
-                _select(api, cluster, f"{cluster}-{i}")
+        for pod in CANARY_PODS:
+            _select(api, "canary", pod)
+        for i in range(10):
+            _select(api, "wave", f"wave-{i}")
 
         r = api.put(
             "/v1/overrides/canary",
@@ -117,9 +135,7 @@ def seed(service: ServiceProcess) -> dict[str, Any]:
         assert r.status_code in (200, 201), r.text
 
         # canary: the first stage pod that boots reports a build failure: halted.
-        stage = [
-            a for a in (_select(api, "canary", f"canary-{i}") for i in range(10)) if _in_stage(a)
-        ]
+        stage = [a for a in (_select(api, "canary", pod) for pod in CANARY_PODS) if _in_stage(a)]
         assert stage and stage[0]["backend"] == "FLASHINFER", stage
         r = api.post(
             f"/v1/selections/{stage[0]['decision_id']}/failure",

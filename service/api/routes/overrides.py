@@ -145,7 +145,14 @@ def delete_override(
 class RolloutActionBody(BaseModel):
     """An admin's hand on a staged override."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        # percent goes with promote only (as the validator below says)
+        json_schema_extra={
+            "if": {"properties": {"action": {"not": {"const": "promote"}}}},
+            "then": {"not": {"required": ["percent"]}},
+        },
+    )
     action: RolloutAction = Field(
         description="halt (pods go back to what they ran without it), resume (a new stage "
         "starts) or promote (to `percent`, by default the next step)"
