@@ -59,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=10,
-        **server_options(settings),
+        **server_options(settings, runtime.metrics),
     )
     return 0
 

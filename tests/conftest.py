@@ -36,9 +36,16 @@ def free_port() -> int:
 class ServiceProcess:
     """A real ``switchboard serve`` process on loopback."""
 
-    def __init__(self, database_url: str, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.database_url = database_url
         self.extra_env = env or {}
+        self.preexec_fn = preexec_fn  # run in the child before exec (e.g. a descriptor limit)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -69,6 +76,7 @@ class ServiceProcess:
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=self.preexec_fn,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
