@@ -154,6 +154,10 @@ async def _body_errors_as_422(request: Request, exc: HTTPException) -> Response:
             RecursionError: "JSON nested too deeply",
             UnicodeDecodeError: "body is not valid UTF-8",
         }.get(type(cause), f"body could not be parsed: {type(cause).__name__}")
+        if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+            # Python reads at most 4300 digits of an integer (a guard against slow
+            # parsing); no field takes a number that long
+            problem = "body holds an integer with more digits than any field takes"
         return JSONResponse(
             {"detail": [{"loc": ["body"], "msg": problem, "type": "json_invalid"}]},
             status_code=422,
