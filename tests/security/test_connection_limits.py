@@ -462,6 +462,12 @@ def test_slow_body_clients_do_not_starve_selects(
         preexec_fn=_limit_descriptors,
     ).start()
     assert service.proc is not None
+    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
+        start = time.monotonic()
+        sock.sendall(SLOW_REQUEST)  # and nothing more: the body's clock runs out
+        answer = _read_answer(sock, BODY_TIMEOUT_S + 5)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert BODY_TIMEOUT_S - 0.5 < time.monotonic() - start < BODY_TIMEOUT_S + 2
     _agent_selects(service, 30, "warm")
     quiet = _agent_selects(service, 150, "quiet")
 
