@@ -121,8 +121,10 @@ CandidateRole = Literal["forced", "requested", "measured", "priority", "fallback
 
 class _Strict(BaseModel):
     # Unknown fields are refused: a misspelt "requested_backnd" silently ignored would
-    # be a silent wrong answer.
-    model_config = ConfigDict(extra="forbid")
+    # be a silent wrong answer. Numbers are finite: pydantic's JSON parser reads NaN,
+    # Infinity and 1e400 (as inf), which no bound refuses by name ("less than or equal
+    # to 100" for NaN), a field without bounds would keep, and no JSON answer can hold.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DeviceInfo(_Strict):

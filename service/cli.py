@@ -8,15 +8,18 @@ GPU pod's plain install (no server extra) can run; it hands ``serve`` and ``toke
 from __future__ import annotations
 
 import argparse
+import copy
+import logging.config
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.messages import first_line, protect, shown_url
 
 if TYPE_CHECKING:
+    from mla_switchboard.service.config import Settings
     from mla_switchboard.service.runtime import Runtime
 
 # Imports stay inside the subcommands: `switchboard token list` need not load FastAPI.
@@ -31,6 +34,9 @@ def _serve(args: argparse.Namespace) -> int:
     from mla_switchboard.service.store.db import StoreConfigError
 
     settings = Settings()
+    _protect(settings)
+    log_config = _log_config()
+    logging.config.dictConfig(log_config)
     try:
         runtime = Runtime(settings)
         runtime.prepare_store()
@@ -38,9 +44,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"switchboard: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
+        # The driver's first line says what failed (refused, unknown host, bad
+        # password); the rest is SQLAlchemy's link to its docs. No password: this is
+        # printed at every restart of a crash loop, into whatever collects stderr.
         print(
-            f"switchboard: cannot open the store at {settings.database_url}: "
-            f"{type(exc).__name__}: {exc}",
+            f"switchboard: cannot open the store at {shown_url(settings.database_url)}: "
+            f"{type(exc).__name__}: {first_line(exc, 500)}",
             file=sys.stderr,
         )
         return 1
@@ -59,7 +68,8 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=10,
-        **server_options(settings),
+        log_config=log_config,
+        **server_options(settings, runtime.metrics),
     )
     return 0
 
@@ -85,9 +95,10 @@ def _token(args: argparse.Namespace) -> int:
     from mla_switchboard.service.store.db import StoreConfigError
 
     settings = Settings()
+    _protect(settings)
     url = settings.database_url
     # stderr, so that `TOKEN=$(switchboard token create ...)` still captures the token only
-    print(f"switchboard: using database {_shown(url)}", file=sys.stderr)
+    print(f"switchboard: using database {shown_url(url)}", file=sys.stderr)
     problem = _store_problem(url, create=args.create)
     if problem is not None:
         print(f"switchboard token: {problem}", file=sys.stderr)
@@ -131,7 +142,7 @@ def _store_problem(url: str, *, create: bool) -> str | None:
     try:
         parsed = make_url(url)
     except Exception:
-        return f"SWITCHBOARD_DATABASE_URL {url!r} is not a database URL"
+        return f"SWITCHBOARD_DATABASE_URL {shown_url(url)!r} is not a database URL"
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database or ":memory:"
         if db == ":memory:":
@@ -159,29 +170,35 @@ def _store_problem(url: str, *, create: bool) -> str | None:
             migrated = inspect(conn).has_table("alembic_version")
     except Exception as exc:
         first = first_line(exc, 300)
-        return f"cannot connect to {_shown(url)}: {type(exc).__name__}: {first}"
+        return f"cannot connect to {shown_url(url)}: {type(exc).__name__}: {first}"
     finally:
         engine.dispose()
     if not migrated:
         return (
-            f"{_shown(url)} holds no Switchboard tables: point SWITCHBOARD_DATABASE_URL at "
+            f"{shown_url(url)} holds no Switchboard tables: point SWITCHBOARD_DATABASE_URL at "
             "the service's database (`switchboard serve` creates the tables on its first "
             "start), or pass --create to create them here"
         )
     return None
 
 
-def _shown(url: str) -> str:
-    """The database URL for a person to read: password hidden, SQLite path absolute."""
-    from sqlalchemy.engine import make_url
+def _log_config() -> dict[str, Any]:
+    """uvicorn's logging, with the service's own loggers (``switchboard.*``, the
+    database driver's) on the same stderr handler and format, levels shown
+    (``WARNING:  ...``); they went to Python's last-resort handler before, which
+    prints the message alone, so an error could not be told from a warning."""
+    from uvicorn.config import LOGGING_CONFIG
 
-    try:
-        parsed = make_url(url)
-    except Exception:
-        return url
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        return f"sqlite:///{Path(parsed.database).expanduser().resolve()}"
-    return parsed.render_as_string(hide_password=True)
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["root"] = {"handlers": ["default"], "level": "WARNING"}
+    return config
+
+
+def _protect(settings: Settings) -> None:
+    """Keep the database password and the admin token out of everything printed or
+    logged from here on (service/messages.py)."""
+    token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    protect(settings.database_url, token)
 
 
 SETTING_HELP = {

@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     failure_window_hours: float = Field(default=24.0, gt=0)
     # How often each replica checks whether a staged override's step is due.
     rollout_check_s: float = Field(default=1.0, gt=0)
-    # Issue 13: what a client can hold or grow (see service/api/server.py, metrics.py)
+    # What a client can hold or grow (see service/api/server.py, metrics.py)
     max_header_bytes: int = Field(
         default=32 * 1024,
         ge=1024,
@@ -89,6 +89,17 @@ class Settings(BaseSettings):
         default=10.0,
         gt=0,
         description="time from a request's first byte to the end of its headers; then 408",
+    )
+    body_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="time from the end of a request's headers to the end of its body; then 408",
+    )
+    max_connections: int = Field(
+        default=900,
+        ge=1,
+        description="open connections; past it a new one takes the place of the one waiting "
+        "longest on its client, else 503 (lowered to fit the descriptor limit)",
     )
     metrics_require_token: bool = Field(
         default=False,

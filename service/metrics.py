@@ -156,6 +156,22 @@ class Metrics:
         self.store_degraded = Gauge(
             "switchboard_store_degraded", "1 while the database is unreachable", registry=r
         )
+        self.connections_closed = Counter(
+            "switchboard_connections_closed_total",
+            "Connections the server closed before answering: header_size (431), "
+            "header_timeout and body_timeout (408), evicted (its place taken at the "
+            "connection limit) and refused (503, at the limit with every connection busy)",
+            ["reason"],
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "switchboard_client_disconnects_total",
+            "Requests whose client closed the connection before the answer",
+            registry=r,
+        )
+        self.connections_open = Gauge(
+            "switchboard_connections_open", "Open HTTP connections", registry=r
+        )
         self.config_version = Gauge(
             "switchboard_config_version", "Config version held in memory", registry=r
         )

@@ -22,6 +22,7 @@ from mla_switchboard.service.fleet.expiry import PodExpiry
 from mla_switchboard.service.fleet.groups import Fleet
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.messages import protect
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.refused import RefusedSelects
 from mla_switchboard.service.rollouts import RolloutGuards
@@ -39,6 +40,8 @@ log = logging.getLogger("switchboard")
 class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        token = settings.admin_token.get_secret_value() if settings.admin_token else None
+        protect(settings.database_url, token)  # no password in any log line or answer
         self.metrics = Metrics(settings.metrics_max_clusters)
         self.engine = make_engine(settings.database_url)
         self.store = Store(self.engine)

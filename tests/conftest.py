@@ -42,10 +42,12 @@ class ServiceProcess:
         *,
         env: dict[str, str] | None = None,
         prefix: list[str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.database_url = database_url
         self.extra_env = env or {}
         self.prefix = prefix or []  # e.g. prlimit: the process under a resource limit
+        self.preexec_fn = preexec_fn  # run in the child before exec (e.g. a descriptor limit)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -77,6 +79,7 @@ class ServiceProcess:
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=self.preexec_fn,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

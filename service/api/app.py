@@ -13,7 +13,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from mla_switchboard.core.version import __version__
 from mla_switchboard.service.api.errors import validation_error_response
-from mla_switchboard.service.api.middleware import BodyLimitAndMetrics
+from mla_switchboard.service.api.middleware import CLIENT_GONE, BodyLimitAndMetrics
 from mla_switchboard.service.api.routes import (
     admin,
     backends,
@@ -33,6 +33,7 @@ from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.runtime import Runtime
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.add_exception_handler(RequestValidationError, _validation_errors)  # type: ignore[arg-type]
     app.add_exception_handler(SQLAlchemyError, _store_unavailable)  # type: ignore[arg-type]
     app.add_exception_handler(OverBudget, _over_budget)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]
     app.add_middleware(
         BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
     )
@@ -165,6 +167,10 @@ async def _body_errors_as_422(request: Request, exc: HTTPException) -> Response:
             RecursionError: "JSON nested too deeply",
             UnicodeDecodeError: "body is not valid UTF-8",
         }.get(type(cause), f"body could not be parsed: {type(cause).__name__}")
+        if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+            # Python reads at most 4300 digits of an integer (a guard against slow
+            # parsing); no field takes a number that long
+            problem = "body holds an integer with more digits than any field takes"
         return JSONResponse(
             {"detail": [{"loc": ["body"], "msg": problem, "type": "json_invalid"}]},
             status_code=422,
@@ -184,6 +190,13 @@ def _allowed_methods(request: Request) -> list[str]:
         if compile_path(template)[0].match(request.scope["path"]):
             methods.update(m.upper() for m in operations)
     return sorted(methods)
+
+
+async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    """A route reading its body found the client gone: nothing to answer and nothing
+    wrong with the service, so no traceback (the server counts the disconnect). The
+    status labels the request's latency only; the server sends nothing."""
+    return Response(status_code=CLIENT_GONE)
 
 
 async def _over_budget(request: Request, exc: OverBudget) -> Response:

@@ -8,6 +8,8 @@ every request goes through before a route sees it.
 - JSON write bodies must be Unicode text: a lone UTF-16 surrogate (``"\\ud800"``, or
   its raw CESU bytes) is valid JSON syntax but no string a store can hold or an
   answer can encode, and is refused with a 422 naming the field (issue 13, item 9);
+- a client that goes away while its body is read ends the request there: the route
+  never runs on half a body (the server counts the disconnect, service/api/server.py);
 - the request latency histogram, with bounded labels (unknown methods are ``OTHER``).
 """
 
@@ -24,6 +26,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # refuses lone surrogates by itself; it is not buffered twice.
 UNBUFFERED_PATHS = frozenset({"/v1/select"})
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# the status under which a request whose client went away is observed (nginx's
+# "client closed request"); never sent
+CLIENT_GONE = 499
 
 
 def lone_surrogate(raw: bytes) -> tuple[list[Any], str] | None:
@@ -121,7 +126,11 @@ class BodyLimitAndMetrics:
                 while True:
                     message = await receive()
                     if message["type"] != "http.request":
-                        break
+                        # The client went away (or the server cut a body that came too
+                        # slowly): no one to answer, and a route must not act on half
+                        # a body. The server counts it; 499 only labels the latency.
+                        status = CLIENT_GONE
+                        return
                     chunks.append(message.get("body", b""))
                     seen += len(chunks[-1])
                     if seen > self.max_body:

@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.service.api.deps import authorize, check_scope
 from mla_switchboard.service.api.errors import http_error_response, validation_error_response
-from mla_switchboard.service.api.middleware import too_large
+from mla_switchboard.service.api.middleware import CLIENT_GONE, too_large
 from mla_switchboard.service.api.routes.select import (
     Headers,
     dry_run_of,
@@ -84,6 +84,7 @@ class SelectHandler:
             try:
                 answer = await self._answer(scope, receive)
             except ClientGone:
+                status = CLIENT_GONE  # observed, never sent: there is no one to send it to
                 return
             except Exception:
                 await _send(send, SERVER_ERROR)

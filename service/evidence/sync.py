@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import Observation, report_key
 from mla_switchboard.service.evidence.trust import TrustedEvidence
+from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.measurements import EvidenceRows
 
@@ -152,7 +153,7 @@ class EvidenceSync:
             except Exception as exc:  # the store may be down: try again next tick
                 if self.degraded is None:
                     log.warning("evidence not refreshed: %s: %s", type(exc).__name__, exc)
-                self.degraded = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
 
     def step(self) -> None:
         """What the background thread does on each tick: a full reload when the epoch

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from mla_switchboard.service.messages import first_line, shown_url
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 15.0
@@ -24,7 +26,9 @@ def make_engine(url: str) -> Engine:
     try:
         parsed = make_url(url)
     except Exception as exc:
-        raise StoreConfigError(f"SWITCHBOARD_DATABASE_URL {url!r} is not a database URL") from exc
+        raise StoreConfigError(
+            f"SWITCHBOARD_DATABASE_URL {shown_url(url)!r} is not a database URL"
+        ) from exc
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         db = parsed.database
@@ -38,7 +42,7 @@ def make_engine(url: str) -> Engine:
             timeout = float(parsed.query.get("timeout", SQLITE_BUSY_TIMEOUT_S))  # type: ignore[arg-type]
         except ValueError:
             raise StoreConfigError(f"SQLite ?timeout= in {url!r} is not a number") from None
-        engine = create_engine(url, connect_args={"timeout": timeout, "check_same_thread": False})
+        engine = _engine(url, connect_args={"timeout": timeout, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -52,10 +56,21 @@ def make_engine(url: str) -> Engine:
     if backend == "postgresql":
         if parsed.drivername == "postgresql":  # plain postgresql:// -> psycopg 3
             url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-        return create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+        return _engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
     raise StoreConfigError(
         f"unsupported database {backend!r}: use sqlite:///path or postgresql+psycopg://..."
     )
+
+
+def _engine(url: str, **options: Any) -> Engine:
+    """``create_engine``, with its refusals (an unknown driver such as
+    ``postgresql+bogus``, a bad option) said as a StoreConfigError without the password."""
+    try:
+        return create_engine(url, **options)
+    except ArgumentError as exc:
+        raise StoreConfigError(
+            f"SWITCHBOARD_DATABASE_URL {shown_url(url)!r} cannot be used: {first_line(exc)}"
+        ) from exc
 
 
 def migrate(engine: Engine) -> None:

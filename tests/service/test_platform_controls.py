@@ -416,6 +416,17 @@ class TestPreview:
             assert p["invalid"][0]["from"] == "TRTLLM_RAGGED"
             assert "denied by override west" in p["invalid"][0]["reason"]
 
+    def test_a_staged_override_previews_as_its_dry_run(self, fleet: ServiceProcess) -> None:
+        """A proposal with a rollout answered 500: the preview built the override
+        without the rollout's state (its id), which the write path adds."""
+        spec = {"force": "TORCH_SDPA", "note": "canary", "rollout": {"percent": 50}}
+        with fleet.client() as c:
+            p = c.post("/v1/preview", json={"override": {"cluster": "east", **spec}})
+            assert p.status_code == 200, p.text
+            dry = c.put("/v1/overrides/east", params={"dry_run": "true"}, json=spec)
+            assert p.json() == dry.json()["preview"]
+            assert 0 < p.json()["pods_changed"] < 600  # half of east's pods, by name
+
     def test_preview_needs_exactly_one_proposal(self, fleet: ServiceProcess) -> None:
         with fleet.client() as c:
             assert c.post("/v1/preview", json={}).status_code == 422

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Response
+from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
@@ -289,12 +290,15 @@ async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDe
     if body.rules is not None:
         proposal["rules"] = body.rules
     elif body.override is not None:
-        spec = body.override.model_dump(exclude={"cluster"})
-        proposal["override_scope"] = body.override.cluster
+        # as PUT /v1/overrides stores it: a staged override with its rollout's state
+        # (its id chooses the stage's pods, as the write will)
+        scope = body.override.cluster
+        spec = OverrideSpec.model_validate(body.override.model_dump(exclude={"cluster"}))
+        proposal["override_scope"] = scope
         proposal["override"] = Override.model_validate(
             {
-                **spec,
-                "cluster": body.override.cluster,
+                **rollouts.stored_payload(scope, spec, datetime.now(UTC)),
+                "cluster": scope,
                 "created_at": datetime.now(UTC),
                 "created_by": "preview",
                 "revision": 0,
