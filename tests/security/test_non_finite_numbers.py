@@ -56,6 +56,8 @@ def valid_bodies(c: Client) -> dict[tuple[str, str], list[tuple[str, dict[str, A
     revision = c.get("/v1/rules").json()["revision"]
     rules = {"default": ["FLASH_ATTN", "TORCH_SDPA"], "revision": revision}
     override = {"force": "CUDNN", "note": "n", "rollout": ROLLOUT}
+    staged = c.request("PUT", f"/v1/overrides/{CLUSTER}", json=override)  # to promote
+    assert staged.status_code == 200, staged.text
     measurement = {
         "cluster": CLUSTER,
         "pod": "p1",
@@ -90,6 +92,12 @@ def valid_bodies(c: Client) -> dict[tuple[str, str], list[tuple[str, dict[str, A
         ("post", "/v1/preview"): [
             ("/v1/preview", {"override": {"cluster": CLUSTER, **override}}),
             ("/v1/preview", {"rules": rules}),
+        ],
+        ("post", "/v1/overrides/{cluster}/rollout"): [
+            (
+                f"/v1/overrides/{CLUSTER}/rollout?dry_run=true",
+                {"action": "promote", "percent": 50, "note": "n"},
+            )
         ],
         ("post", "/v1/selections/{decision_id}/failure"): [
             (f"/v1/selections/{decision}/failure", {"backend": "CUDNN", "error": "boom"})
