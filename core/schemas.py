@@ -83,6 +83,22 @@ PackageName = Annotated[str, StringConstraints(min_length=1, max_length=100, pat
 PackageVersion = Annotated[str, StringConstraints(max_length=100, pattern=NO_NUL)]
 
 
+def _package_map_schema(schema: dict[str, Any]) -> None:
+    """pydantic writes a key pattern as ``patternProperties``, which leaves every key
+    that does not match it (one holding a NUL) unconstrained, its value too: the
+    document then admitted what the server refuses. Say it as names and values."""
+    schema.pop("patternProperties", None)
+    schema["propertyNames"] = {"minLength": 1, "maxLength": 100, "pattern": NO_NUL}
+    schema["additionalProperties"] = {"type": "string", "maxLength": 100, "pattern": NO_NUL}
+
+
+PackageMap = Annotated[
+    dict[PackageName, PackageVersion],
+    Field(max_length=64, json_schema_extra=_package_map_schema),
+]
+"""Import name -> version, as pods report their kernel packages."""
+
+
 def _integral(value: Any) -> Any:
     # JSON has one number type: 128.0 is the integer 128 (JSON Schema's "integer"
     # agrees, and so must we); 12.5, "128" and true stay refused by strict mode.
@@ -175,7 +191,7 @@ class SelectRequest(_Strict):
     device: DeviceInfo = Field(default_factory=DeviceInfo)
     model: ModelInfo
     dtype: DtypeName
-    packages: dict[PackageName, PackageVersion] | None = Field(
+    packages: PackageMap | None = Field(
         default=None,
         max_length=64,
         description="import name -> version; null or absent means assume every package present",
@@ -727,7 +743,7 @@ class MeasurementReport(_Strict):
     device: DeviceInfo
     model: ModelInfo
     dtype: DtypeName
-    packages: dict[PackageName, PackageVersion] = Field(default_factory=dict, max_length=64)
+    packages: PackageMap = Field(default_factory=dict)
     engine: EngineInfo | None = Field(
         default=None, description="the engine whose code paths were measured"
     )

@@ -15,8 +15,7 @@ from mla_switchboard.core.schemas import (
     DtypeName,
     Integral,
     MeasurementReport,
-    PackageName,
-    PackageVersion,
+    PackageMap,
     ShortText,
     error_responses,
 )
@@ -120,7 +119,7 @@ class FailureClear(BaseModel):
         Field(min_length=3, max_length=3),
     ]
     dtype: DtypeName
-    packages: dict[PackageName, PackageVersion] = Field(default_factory=dict, max_length=64)
+    packages: PackageMap = Field(default_factory=dict)
     engine: Annotated[str, StringConstraints(min_length=1, max_length=80, pattern=NO_NUL)] = (
         "switchboard"
     )

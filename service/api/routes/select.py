@@ -156,7 +156,8 @@ JSON_TYPE = (b"content-type", b"application/json")
 def dry_run_of(query_string: bytes) -> bool:
     """The ``dry_run`` query parameter (false when absent), read as FastAPI reads a
     boolean; anything else raises ``RequestValidationError`` naming it."""
-    values = [v for k, v in parse_qsl(query_string.decode("latin-1")) if k == "dry_run"]
+    pairs = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
+    values = [v for k, v in pairs if k == "dry_run"]
     if not values:
         return False
     try:
