@@ -1448,7 +1448,7 @@ function renderRefused(items) {
       h("strong", {}, `${i.count} refused select${i.count === 1 ? "" : "s"}`),
       " from ", h("span", { class: "mono" }, i.cluster), " in the last hour: ",
       h("span", { class: "refused-reason" }, i.reason)),
-    h("p", { class: "meta" }, timeEl(i.last_at, "last ")))));
+    h("p", { class: "meta" }, timeEl(i.last_at, "latest ")))));
 }
 
 // ---------------------------------------------------------------- audit

@@ -58,11 +58,12 @@ def shown_range(first: int, last: int, total: int | None = None) -> str:
     return f"{first:,}\u2013{last:,}" + ("" if total is None else f" of {total:,}")
 
 
-def screenshot(target: Any, name: str) -> None:
-    """Into test-artifacts/ always; into docs/images/ (the README's) when asked to."""
+def screenshot(target: Any, name: str, *, readme: bool = True) -> None:
+    """Into test-artifacts/ always; the README's pictures also into docs/images/ when
+    asked to (UPDATE_DOC_IMAGES=1)."""
     ARTIFACTS.mkdir(exist_ok=True)
     target.screenshot(path=str(ARTIFACTS / name))
-    if os.environ.get("UPDATE_DOC_IMAGES") == "1":
+    if readme and os.environ.get("UPDATE_DOC_IMAGES") == "1":
         DOC_IMAGES.mkdir(parents=True, exist_ok=True)
         target.screenshot(path=str(DOC_IMAGES / name))
 
@@ -408,7 +409,7 @@ def test_controls_follow_the_token_refusals_and_times(
             ).to_contain_text(
                 "1 refused select from prod-east in the last hour: missing bearer token"
             )
-            screenshot(card, "console-refused.png")
+            screenshot(card, "console-refused.png", readme=False)
 
             # One time format everywhere: relative, the UTC time on hover.
             times = page.locator("time").evaluate_all(
