@@ -74,10 +74,19 @@ function button(label, attrs, onclick) {
 }
 
 /** A control of the console: only admins in scope get one (class ctl: a viewer's page
- *  has none, which the browser tests check). */
+ *  has none, which the browser tests check). Its action is guarded: a failure to reach
+ *  the service becomes a notice, never an unhandled rejection. */
 function ctl(label, attrs, onclick) {
   return button(label, { ...attrs, class: `btn btn-small ctl ${attrs.class || ""}`.trim() },
-    onclick);
+    guarded(onclick));
+}
+
+function guarded(action) {
+  return (...args) => Promise.resolve().then(() => action(...args)).catch((err) => {
+    if (err instanceof StaleError) return; // signed out meanwhile: nothing to say
+    notice(err instanceof ApiError ? describeFailure(err) : `Something went wrong: ${err}`,
+      "error");
+  });
 }
 
 function errorBox(id) {
@@ -271,14 +280,16 @@ function editorForm(scope, o) {
       errorBox("ed-error"),
       h("div", { id: "ed-conflict", hidden: true }),
       h("div", { id: "ed-preview", class: "ed-preview" },
-        h("p", { class: "muted" }, "Preview the change to see the pods it moves before applying it."))),
+        h("p", { class: "muted" },
+          "Preview the change to see the pods it moves before applying it."))),
     h("div", { class: "dialog-actions" },
       button("Cancel", { class: "btn btn-quiet", id: "ed-cancel" }, closeDialog),
-      button("Preview", { class: "btn", id: "ed-preview-btn" }, previewEdit),
-      button("Apply", { class: "btn btn-primary", id: "ed-apply", disabled: true }, applyEdit)));
+      button("Preview", { class: "btn", id: "ed-preview-btn" }, guarded(previewEdit)),
+      button("Apply", { class: "btn btn-primary", id: "ed-apply", disabled: true },
+        guarded(applyEdit))));
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
-    previewEdit();
+    guarded(previewEdit)();
   });
   // Any change after a preview makes it stale: Apply waits for a new one.
   form.addEventListener("input", editorChanged);
@@ -301,7 +312,8 @@ function expiryField(spec) {
 
 function rolloutFields(r) {
   const staged = h("input", { type: "checkbox", id: "ed-staged", checked: Boolean(r) });
-  const num = (id, value, attrs) => h("input", { id, type: "number", value: value ?? "", ...attrs });
+  const num = (id, value, attrs) =>
+    h("input", { id, type: "number", value: value ?? "", ...attrs });
   const box = h("div", { class: "ed-grid ed-rollout", id: "ed-rollout", hidden: !r },
     field("Stage: percent of pods", "ed-percent",
       num("ed-percent", r ? r.percent : 10, { min: 1, max: 100, step: 1 })),
@@ -322,7 +334,8 @@ function rolloutFields(r) {
     h("label", { class: "check" }, staged,
       h("span", {}, "Stage it: apply to a share of the pods first, halted by guards")),
     halted ? h("p", { class: "hint warn" },
-      "This rollout is halted: applying starts a new stage (failures and the stage clock start again).")
+      "This rollout is halted: applying starts a new stage (failures and the stage " +
+      "clock start again).")
       : null,
     box);
 }
@@ -419,7 +432,8 @@ function editorScope() {
   if (!mayTouch(scope)) {
     throw new Error(scope === "*"
       ? "Only an admin token without a cluster limit may change the fleet override (*)."
-      : `This token may not change ${scope}: it is limited to ${(state.me.clusters || []).join(", ")}.`);
+      : `This token may not change ${scope}: it is limited to ` +
+        `${(state.me.clusters || []).join(", ")}.`);
   }
   if (editor.scope === null && state.overrides.some((o) => o.cluster === scope)) {
     throw new Error(`${scopeText(scope)} already has an override: close this and edit it.`);
@@ -515,7 +529,8 @@ async function showConflict(scope, seq) {
     box.setAttribute("data-current", "none");
     box.replaceChildren(
       h("p", {}, h("strong", {}, "Someone else changed it: "),
-        `the override of ${scopeText(scope)} was removed since you opened it. Nothing was applied.`),
+        `the override of ${scopeText(scope)} was removed since you opened it. ` +
+        "Nothing was applied."),
       h("div", { class: "dialog-actions" },
         button("Create it from my form", { class: "btn", id: "ed-conflict-mine" }, () => {
           editor.etag = '"none"';
@@ -525,7 +540,8 @@ async function showConflict(scope, seq) {
     return;
   }
   if (!r.ok) {
-    box.replaceChildren(h("p", {}, `Someone else changed it, and reading it again failed: ${r.message}`));
+    box.replaceChildren(
+      h("p", {}, `Someone else changed it, and reading it again failed: ${r.message}`));
     return;
   }
   const theirs = r.body;
@@ -552,10 +568,32 @@ async function showConflict(scope, seq) {
       })));
 }
 
+/** A confirmation's 412 (or the override gone): say what it is now, and offer to look
+ *  again, which reopens the same confirmation on the new version. */
+async function staleAction(scope, errorId, seq, reopen) {
+  const r = await send("GET", `/v1/overrides/${enc(scope)}`);
+  if (!dialogLive(seq)) return;
+  const o = r.ok ? r.body : null;
+  const now = o && o.rollout ? `, its rollout ${o.rollout.state} at ${o.rollout.percent} %` : "";
+  const text = r.status === 404
+    ? "the override was removed since you opened this."
+    : o ? `it is now rev ${o.revision}, set by ${o.created_by ?? "unknown"}${now}.`
+      : "it changed since you opened this.";
+  const old = $("action-conflict");
+  if (old) old.remove();
+  $(errorId).after(h("div", { class: "conflict", id: "action-conflict",
+    "data-current": o ? o.revision : "none" },
+  h("p", {}, h("strong", {}, "Someone else changed it: "), text, " Nothing was done."),
+  o ? h("div", { class: "dialog-actions" },
+    button("Look again", { class: "btn btn-primary", id: "action-reload" }, guarded(reopen)))
+    : null));
+}
+
 function actionFailed(errorId, err) {
   if (err instanceof StaleError) return;
   setError(errorId, err.status === 0
-    ? "The service cannot be reached: nothing is known to have changed. Try again (it applies once)."
+    ? "The service cannot be reached: nothing is known to have changed. Try again " +
+      "(it applies once)."
     : String(err.message || err));
 }
 
@@ -580,7 +618,7 @@ async function openRemove(scope) {
     h("div", { class: "dialog-actions" },
       button("Cancel", { class: "btn btn-quiet" }, closeDialog),
       button("Remove override", { class: "btn btn-danger", id: "rm-confirm", disabled: true },
-        () => confirmRemove(scope, got.etag, holder, seq))));
+        guarded(() => confirmRemove(scope, got.etag, holder, seq)))));
   const dry = await send("DELETE", `/v1/overrides/${enc(scope)}?dry_run=true`);
   if (!dialogLive(seq)) return;
   if (!dry.ok) {
@@ -613,9 +651,7 @@ async function confirmRemove(scope, etag, holder, seq) {
   }
   if (!dialogLive(seq)) return;
   if (r.status === 412 || r.status === 404) {
-    setError("rm-error", r.status === 404
-      ? "Someone else removed it already."
-      : "Someone else changed it since you opened this: nothing was removed. Close this and look again.");
+    await staleAction(scope, "rm-error", seq, () => openRemove(scope));
     refreshAll();
     return;
   }
@@ -673,14 +709,14 @@ async function openRolloutAction(scope, action) {
     h("div", { class: "dialog-actions" },
       button("Cancel", { class: "btn btn-quiet" }, closeDialog),
       button(verb, { class: `btn ${action === "halt" ? "btn-danger" : "btn-primary"}`,
-        id: "ra-confirm", disabled: true }, () => confirmRolloutAction(ctx, seq))));
+        id: "ra-confirm", disabled: true }, guarded(() => confirmRolloutAction(ctx, seq)))));
   ctx.seq = seq;
   if (action === "promote") {
     // a new target is a new dry run (after a pause in typing)
     $("ra-percent").addEventListener("input", () => {
       $("ra-confirm").disabled = true;
       clearTimeout(ctx.timer);
-      ctx.timer = setTimeout(() => rolloutDryRun(ctx), 300);
+      ctx.timer = setTimeout(guarded(() => rolloutDryRun(ctx)), 300);
     });
   }
   await rolloutDryRun(ctx);
@@ -705,7 +741,7 @@ async function rolloutDryRun(ctx) {
   if (!dialogLive(seq)) return;
   if (!r.ok) {
     $("ra-preview").replaceChildren();
-    setError("ra-error", `${r.status === 409 ? "Not possible now" : `Refused (${r.status})`}: ${r.message}`);
+    setError("ra-error", refusal(r));
     return;
   }
   const before = ctx.rollout;
@@ -721,6 +757,11 @@ async function rolloutDryRun(ctx) {
   const confirm = $("ra-confirm");
   confirm.textContent = ctx.action === "promote" ? `Promote to ${after.percent} %` : ctx.verb;
   confirm.disabled = false;
+}
+
+/** A 409 is the state not allowing it ("only a halted rollout can be resumed"). */
+function refusal(r) {
+  return `${r.status === 409 ? "Not possible now" : `Refused (${r.status})`}: ${r.message}`;
 }
 
 async function confirmRolloutAction(ctx, seq) {
@@ -746,14 +787,21 @@ async function confirmRolloutAction(ctx, seq) {
   }
   if (!dialogLive(seq)) return;
   if (r.status === 412) {
-    setError("ra-error", "Someone else changed this override since you opened this: nothing " +
-      "was done. Close this and look again.");
+    await staleAction(ctx.scope, "ra-error", seq, () => openRolloutAction(ctx.scope, ctx.action));
+    refreshAll();
+    return;
+  }
+  if (r.status === 409) {
+    // The dry run allowed it a moment ago: the rollout's state changed since (another
+    // admin, or a guard halting it). Say why, and what it is now.
+    setError("ra-error", refusal(r));
+    await staleAction(ctx.scope, "ra-error", seq, () => openRolloutAction(ctx.scope, ctx.action));
     refreshAll();
     return;
   }
   if (!r.ok) {
-    setError("ra-error", `${r.status === 409 ? "Not possible now" : `Refused (${r.status})`}: ${r.message}`);
-    confirm.disabled = r.status === 409;
+    setError("ra-error", refusal(r));
+    confirm.disabled = false;
     return;
   }
   closeDialog();
@@ -782,7 +830,7 @@ function openClear(g) {
     h("div", { class: "dialog-actions" },
       button("Cancel", { class: "btn btn-quiet" }, closeDialog),
       button("Clear failures", { class: "btn btn-danger", id: "cf-confirm" },
-        () => confirmClear(g, holder, seq))));
+        guarded(() => confirmClear(g, holder, seq)))));
   return seq;
 }
 

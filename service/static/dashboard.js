@@ -297,7 +297,15 @@ function mayEditFleet() {
 }
 
 async function loadMe() {
-  state.me = await api("/v1/whoami");
+  try {
+    state.me = await api("/v1/whoami");
+  } catch (err) {
+    if (err.status !== 404) throw err;
+    // A service without whoami: read-only, as for a viewer (its writes would check anyway).
+    state.me = { name: "", role: "viewer", clusters: null, may_edit_fleet: false };
+    $("whoami").textContent = "";
+    return;
+  }
   const me = state.me;
   const scope = me.clusters ? ` · ${me.clusters.join(", ")}` : "";
   const el = $("whoami");

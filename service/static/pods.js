@@ -88,19 +88,24 @@ async function loadPods({ quiet = false } = {}) {
       return;
     }
     if (err.status === 422) { // a search the service refuses: say so where it was typed
-      $("pods-table").replaceChildren(h("p", { class: "error-text" }, `Invalid filter: ${err.message}`));
+      $("pods-table").replaceChildren(
+        h("p", { class: "error-text" }, `Invalid filter: ${err.message}`));
       return;
     }
     throw err;
   }
   if (seq !== pods.seq) return; // a newer filter or page was asked for meanwhile
   $("pods-table").removeAttribute("aria-busy");
-  pods.items = page.items || [];
+  const items = page.items || [];
+  // The auto-refresh finds the same page most of the time: leave the rows (and where
+  // the reader scrolled to) alone then; the ticker keeps their times current.
+  const same = quiet && JSON.stringify(items) === JSON.stringify(pods.items);
+  pods.items = items;
   pods.next = page.next_cursor || null;
   pods.facets = facets;
   pods.total = facets && !f.q ? facets.pods : null;
   fillFilterChoices(facets);
-  renderPods(f);
+  renderPods(f, { rows: !same, keepScroll: quiet });
 }
 
 /** The facets for these filters, or null on a service without them (the table works,
@@ -126,7 +131,9 @@ function fillSelect(id, values, anyLabel) {
     names.add(value);
     options.push(h("option", { value }, label));
   }
-  if (chosen && !names.has(chosen)) options.push(h("option", { value: chosen }, `${chosen} (none now)`));
+  if (chosen && !names.has(chosen)) {
+    options.push(h("option", { value: chosen }, `${chosen} (none now)`));
+  }
   select.replaceChildren(...options);
   select.value = chosen;
 }
@@ -157,7 +164,7 @@ function syncStageFilter() {
   fillSelect("pf-stage", staged, "any pod");
 }
 
-function renderPods(f) {
+function renderPods(f, { rows = true, keepScroll = false } = {}) {
   const first = (pods.cursors.length - 1) * pods.limit + 1;
   const last = first + pods.items.length - 1;
   const filtered = POD_FILTERS.some((k) => f[k]);
@@ -165,12 +172,18 @@ function renderPods(f) {
   box.setAttribute("data-filtered", String(filtered));
   if (!pods.items.length) {
     box.replaceChildren(h("p", { class: "empty-inline", id: "pods-empty" },
-      filtered ? "No pod matches these filters." : "No pod runs now: pods appear once they call POST /v1/select."));
-  } else {
+      filtered ? "No pod matches these filters."
+        : "No pod runs now: pods appear once they call POST /v1/select."));
+  } else if (rows) {
+    const wrap = box.querySelector(".pods-wrap");
+    // a refresh keeps the reader's place; a new page or filter starts at the top
+    const scrolled = wrap && keepScroll ? wrap.scrollTop : 0;
     box.replaceChildren(podTable(pods.items));
+    box.querySelector(".pods-wrap").scrollTop = scrolled;
   }
   const range = $("pods-range");
-  const of = pods.total !== null ? ` of ${pods.total.toLocaleString("en-US")}` : pods.next ? " of more" : "";
+  const of = pods.total !== null ? ` of ${pods.total.toLocaleString("en-US")}`
+    : pods.next ? " of more" : "";
   range.textContent = pods.items.length
     ? `${first.toLocaleString("en-US")}–${last.toLocaleString("en-US")}${of}`
     : "";
@@ -199,11 +212,11 @@ function podTable(items) {
     h("td", { class: "col-device" }, stacked(device.name || "—", capText(device))),
     h("td", { class: "col-engine" }, engine
       ? stacked(engine.name, engine.version || "")
-      : h("span", { class: "muted", title: "The pod named no serving engine: it runs our own kernels" },
-        "own kernels")),
+      : h("span", { class: "muted",
+        title: "The pod named no serving engine: it runs our own kernels" }, "own kernels")),
     h("td", { class: "col-stage" }, (p.in_stage || []).map((scope) =>
-      h("span", { class: "pill pill-stage", title: `In the stage of ${scopeText(scope)}'s rollout` },
-        scopeText(scope)))),
+      h("span", { class: "pill pill-stage",
+        title: `In the stage of ${scopeText(scope)}'s rollout` }, scopeText(scope)))),
     h("td", { class: "col-time" }, timeEl(p.last_seen)),
     h("td", { class: "actions" }, h("button", { type: "button", class: "btn btn-small",
       "aria-label": `Decision detail for pod ${p.pod}`,

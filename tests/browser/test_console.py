@@ -146,7 +146,8 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
         browser = launch(p)
         try:
             a = new_page(browser)
-            errors = ConsoleErrors(a, {412})  # the conflict below, provoked on purpose
+            # the conflicts (412) and the refused promote (409) below are provoked
+            errors = ConsoleErrors(a, {409, 412})
             a.goto(service.url + "/")
             sign_in(a, ADMIN)
             expect(a.locator("#whoami")).to_contain_text("(admin)")
@@ -287,6 +288,31 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
             expect(progress).to_have_attribute("data-state", "active")
             expect(a.locator('#audit li[data-action="rollout.resume"]')).to_have_count(1)
 
+            # A confirmation goes stale too: B halts while A's promote is open.
+            progress.locator('button[data-act="promote"]').click()
+            expect(a.locator("#ra-confirm")).to_be_enabled()
+            with service.client(other) as api:
+                r = api.post(
+                    "/v1/overrides/prod-east/rollout", json={"action": "halt", "note": "B halts"}
+                )
+                assert r.status_code == 200, r.text
+            a.locator("#ra-note").fill("widen to half")
+            a.locator("#ra-confirm").click()
+            # the service refuses it (a halted rollout is not promoted: 409, before it
+            # looks at If-Match) and the page says what the rollout is now
+            expect(a.locator("#ra-error")).to_contain_text("resume it before promoting it")
+            stale = a.locator("#action-conflict")
+            expect(stale).to_contain_text("Someone else changed it")
+            expect(stale).to_contain_text("set by other-admin, its rollout halted at 20 %")
+            a.locator("#action-reload").click()  # the same confirmation, on the new version
+            expect(a.locator("#ra-error")).to_contain_text("resume it before promoting it")
+            expect(a.locator("#ra-confirm")).to_be_disabled()
+            a.locator("#dialog-close").click()
+            progress.locator('button[data-act="resume"]').click()
+            a.locator("#ra-note").fill("B's halt was a false alarm")
+            a.locator("#ra-confirm").click()
+            expect(progress).to_have_attribute("data-state", "active")
+
             progress.locator('button[data-act="promote"]').click()
             expect(a.locator("#ra-percent")).to_have_value("50")  # the next step
             expect(change).to_contain_text("stage 20 % → 50 %")
@@ -298,6 +324,8 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
             expect(progress.locator("li.step-current")).to_have_attribute("data-step", "50")
             expect(progress.locator("li.step-done")).to_have_count(1)
             expect(a.locator('#audit li[data-action="rollout.promote"]')).to_have_count(1)
+            expect(a.locator('#audit li[data-action="rollout.halt"]')).to_have_count(2)
+            expect(a.locator('#audit li[data-action="rollout.resume"]')).to_have_count(2)
             with service.client() as api:
                 r = api.get("/v1/overrides/prod-east").json()["rollout"]
             assert (r["state"], r["percent"]) == ("active", 50)
@@ -328,12 +356,27 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
             expect(a.locator('#audit li[data-action="evidence.clear_failures"]')).to_have_count(1)
             expect(situation).to_have_count(0)
 
-            # 6. Removing goes through its dry run too.
+            # 6. Removing goes through its dry run too, and a stale one is refused (412).
             item.locator('button[data-act="remove"]').click()
             expect(dialog).to_have_attribute("data-kind", "remove")
             expect(a.locator("#rm-preview .preview")).to_have_attribute(
                 "data-changed", str(staged + promoted)
             )
+            with service.client(other) as api:  # B writes it again meanwhile
+                current = api.get("/v1/overrides/prod-east").json()
+                spec_b = {k: current[k] for k in ("force", "deny", "note")}
+                spec_b["rollout"] = {"percent": 50, "steps": [20, 50, 100], "step_every": "1h"}
+                r = api.put("/v1/overrides/prod-east", json=spec_b)
+                assert r.status_code == 200, r.text
+                rev_b = r.json()["override"]["revision"]
+            a.locator("#rm-note").fill("done")
+            a.locator("#rm-confirm").click()
+            stale = a.locator("#action-conflict")
+            expect(stale).to_contain_text(f"it is now rev {rev_b}, set by other-admin")
+            with service.client() as api:
+                assert api.get("/v1/overrides/prod-east").status_code == 200  # still there
+            a.locator("#action-reload").click()
+            expect(a.locator("#rm-confirm")).to_be_enabled()
             a.locator("#rm-note").fill("done")
             a.locator("#rm-confirm").click()
             expect(dialog).to_be_hidden()
@@ -345,7 +388,7 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
                     "es => es.map(e => e.dataset.action)"
                 )
             )
-            assert actions["override.put"] == 2, actions  # A's create, B's change
+            assert actions["override.put"] == 3, actions  # A's create, B's two changes
         finally:
             browser.close()
     assert not errors, errors
