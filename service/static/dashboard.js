@@ -1,4 +1,8 @@
-// MLA Switchboard dashboard: plain ES2020, no build step, no dependencies.
+// MLA Switchboard dashboard: plain ES2020, no build step, no dependencies. This file
+// holds the session, the API access and the read panels; pods.js the server-paged pod
+// table; console.js the controls an admin token gets (override editor, rollout steering,
+// clearing failures). They are classic scripts sharing one global scope, run in that
+// order (defer), and init() runs once all three are in.
 //
 // Security rules this file keeps (the page runs under a strict CSP):
 //  - every string from the API reaches the DOM as a text node or an attribute value,
@@ -102,23 +106,36 @@ function span(ms) {
   return `${Math.round(hours / 24)} d`;
 }
 
-function ago(iso) {
+/** The absolute time every hover shows: UTC, the same for every reader, whatever the
+ *  browser's zone ("2026-12-01 04:03:04 UTC"). */
+function utcText(iso) {
   const t = parseTime(iso);
-  return t === null ? "at an unknown time" : `${span(Date.now() - t)} ago`;
+  if (t === null) return String(iso ?? "");
+  return new Date(t).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
 }
 
-function absolute(iso) {
+/** From now, as a person says it: "3 min ago", "in 2 h", "just now". */
+function relative(iso, now = Date.now()) {
   const t = parseTime(iso);
-  return t === null ? String(iso ?? "") : new Date(t).toLocaleString();
+  if (t === null) return "at an unknown time";
+  const d = t - now;
+  if (Math.abs(d) < 1000) return "just now";
+  return d > 0 ? `in ${span(d)}` : `${span(d)} ago`;
 }
 
-function clock(date) {
-  return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+/** The one way the page shows a time: relative text (after ``prefix``), the UTC time on
+ *  hover, the instant in ``datetime``. tickTimes() keeps the text current. */
+function timeEl(iso, prefix = "") {
+  return h("time", { class: "rel", datetime: iso, title: utcText(iso), "data-prefix": prefix },
+    prefix + relative(iso));
 }
 
-/** <time> with the relative text and the exact time on hover. */
-function timeEl(iso, text) {
-  return h("time", { datetime: iso, title: absolute(iso) }, text ?? ago(iso));
+/** Relative times go stale as the page sits open: rewrite them from their datetime. */
+function tickTimes() {
+  const now = Date.now();
+  for (const el of document.querySelectorAll("time.rel")) {
+    el.textContent = (el.dataset.prefix || "") + relative(el.getAttribute("datetime"), now);
+  }
 }
 
 // ---------------------------------------------------------------- API access
@@ -139,12 +156,16 @@ const state = {
   backends: [], // GET /v1/backends: {name, order, colour, ...} in display order
   summary: null, // last good summary, kept across failed refreshes
   activeOverrides: null,
+  excludedClusters: 0,
   overrides: [], // the last override list, for the rollouts panel's effects
   timer: null,
   inflight: null,
   inflightToken: null,
   lastUpdated: null,
   lookupSeq: 0,
+  me: null, // GET /v1/whoami: {name, role, clusters, may_edit_fleet}; decides the controls
+  situations: [], // measurement situations with failure reports (GET /v1/measurements/summary)
+  noticeTimer: null,
   fleetFilter: "", // kept across refreshes, like the sort
   fleetSort: "name", // "name" or "pods"
 };
@@ -186,6 +207,128 @@ async function api(path) {
   throw new ApiError(res.status, message, path);
 }
 
+/** Why the service refused, in one line: its message, or each 422 problem with its field
+ *  ("rollout.percent: Input should be less than or equal to 100"). */
+function problemText(status, body) {
+  const detail = body && body.detail;
+  if (typeof detail === "string") return detail;
+  if (detail && typeof detail.message === "string") return detail.message;
+  if (Array.isArray(detail)) {
+    return detail.map((d) => {
+      const loc = (Array.isArray(d.loc) ? d.loc : []).filter((part, i) =>
+        !(i === 0 && ["body", "query", "header", "path"].includes(part)));
+      return loc.length ? `${loc.join(".")}: ${d.msg}` : String(d.msg ?? "");
+    }).join("; ");
+  }
+  return `the service answered ${status}`;
+}
+
+/** A write, or a read that must not come from the ETag cache (the ETag an edit starts
+ *  from): every status goes back to the caller, which shows a 412, 409 or 422 where the
+ *  user acted. Only a 401 ends the session; a 403 here is a refused write, not a
+ *  session without the viewer role. */
+async function send(method, path, { body, ifMatch, key } = {}) {
+  const token = state.token;
+  const headers = { Authorization: `Bearer ${token}`, Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (ifMatch) headers["If-Match"] = ifMatch;
+  if (key) headers["Idempotency-Key"] = key;
+  let res;
+  try {
+    res = await fetch(path, {
+      method, headers, cache: "no-store",
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (err) {
+    throw new ApiError(0, "the service cannot be reached", path);
+  }
+  if (state.token !== token) throw new StaleError();
+  let data = null;
+  try {
+    data = await res.json();
+  } catch (err) {
+    // no body, or not JSON
+  }
+  if (state.token !== token) throw new StaleError();
+  if (res.status === 401) {
+    signOut("Token rejected: the service does not know this token (or it was revoked).");
+    throw new StaleError();
+  }
+  return { status: res.status, ok: res.ok, body: data, etag: res.headers.get("ETag"),
+    message: res.ok ? "" : problemText(res.status, data) };
+}
+
+/** A fresh Idempotency-Key per user action: a double click or a retry of the same
+ *  action then applies once. randomUUID needs a secure context; plain http to a
+ *  service by name is not one, so build a v4 UUID from getRandomValues there. */
+function newKey() {
+  if (typeof crypto.randomUUID === "function") return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const x = [...b].map((v) => v.toString(16).padStart(2, "0")).join("");
+  return `${x.slice(0, 8)}-${x.slice(8, 12)}-${x.slice(12, 16)}-${x.slice(16, 20)}-${x.slice(20)}`;
+}
+
+// ---------------------------------------------------------------- who is signed in
+
+/** Admin tokens may write; one limited to cluster globs only those clusters, never *. */
+function isAdmin() {
+  return Boolean(state.me && state.me.role === "admin");
+}
+
+/** A token glob as the service reads it: * and ? over cluster names. */
+function globMatch(glob, name) {
+  const re = String(glob).replace(/[.+^${}()|[\]\\-]/g, "\\$&")
+    .replace(/\*/g, ".*").replace(/\?/g, ".");
+  return new RegExp(`^${re}$`).test(name);
+}
+
+/** Whether this token may change ``scope``'s override (the service decides again). */
+function mayTouch(scope) {
+  if (!isAdmin()) return false;
+  if (scope === "*") return Boolean(state.me.may_edit_fleet);
+  const globs = state.me.clusters;
+  return globs === null || globs === undefined || globs.some((g) => globMatch(g, scope));
+}
+
+function mayEditFleet() {
+  return isAdmin() && Boolean(state.me.may_edit_fleet);
+}
+
+async function loadMe() {
+  try {
+    state.me = await api("/v1/whoami");
+  } catch (err) {
+    if (err.status !== 404) throw err;
+    // A service without whoami: read-only, as for a viewer (its writes would check anyway).
+    state.me = { name: "", role: "viewer", clusters: null, may_edit_fleet: false };
+    $("whoami").textContent = "";
+    return;
+  }
+  const me = state.me;
+  const scope = me.clusters ? ` · ${me.clusters.join(", ")}` : "";
+  const el = $("whoami");
+  el.textContent = `${me.name} (${me.role}${scope})`;
+  el.setAttribute("data-role", me.role);
+  el.title = me.role === "admin"
+    ? (me.may_edit_fleet ? "Admin: every cluster and the whole fleet"
+      : "Admin of the clusters listed: their overrides only")
+    : "Viewer: the page shows no controls";
+}
+
+// ---------------------------------------------------------------- notices
+
+/** What an action did, shown until the next one (or 20 s). */
+function notice(text, kind = "ok") {
+  const el = $("notice");
+  el.className = `notice notice-${kind}`;
+  el.textContent = text;
+  el.hidden = false;
+  clearTimeout(state.noticeTimer);
+  state.noticeTimer = setTimeout(() => { el.hidden = true; }, 20_000);
+}
+
 /** 401/403 end the session: back to the token form with the reason. */
 function handleAuthError(err) {
   if (err instanceof StaleError) return true; // nothing to say: the session is gone
@@ -215,7 +358,8 @@ function hideBanner() {
 }
 
 function describeFailure(err) {
-  const since = state.lastUpdated ? ` Showing data from ${clock(state.lastUpdated)}.` : "";
+  const since = state.lastUpdated
+    ? ` Showing data loaded ${relative(state.lastUpdated.toISOString())}.` : "";
   if (err.status === 0) {
     return `Cannot reach the service.${since} Retrying every ${REFRESH_MS / 1000} s.`;
   }
@@ -252,17 +396,23 @@ function signOut(message) {
   state.overrides = [];
   state.lastUpdated = null;
   state.lookupSeq += 1; // drop answers still in flight
+  state.me = null;
+  state.situations = [];
   clearInterval(state.timer);
   state.timer = null;
+  closeDialog(); // a half-made change must not outlive the token that was making it
+  resetPods();
   // Data read with a token that is now gone must not stay in the page.
-  for (const id of ["chart", "legend", "fleet-kpis", "cluster-pods", "detail", "overrides",
+  for (const id of ["chart", "legend", "fleet-kpis", "detail", "overrides", "whoami",
     "audit", "overrides-count", "audit-count", "cluster-names", "rollouts", "rollouts-count",
-    "excluded", "excluded-count", "regret"]) {
+    "excluded", "excluded-count", "regret", "refused", "refused-count", "situations",
+    "overrides-tools", "notice"]) {
     $(id).replaceChildren();
   }
-  $("cluster-pods").hidden = true;
+  $("notice").hidden = true;
   $("rollouts-card").hidden = true;
   $("excluded-card").hidden = true;
+  $("refused-card").hidden = true;
   renderUpdated();
   showSignin(message);
 }
@@ -285,6 +435,7 @@ async function signIn(event) {
     const backends = loadBackends().catch(() => null);
     const summary = await api("/v1/selections/summary");
     await backends;
+    await loadMe().catch(() => null); // no controls until the service says what it may do
     sessionStorage.setItem(TOKEN_KEY, token);
     start(summary);
   } catch (err) {
@@ -324,8 +475,12 @@ function refreshAll() {
   state.inflightToken = state.token;
   const run = (async () => {
     // The backend list first, once: every panel's colours and order come from it.
-    const first = state.backends.length ? [] : await Promise.allSettled([loadBackends()]);
-    const rest = await Promise.allSettled([loadSummary(), loadOverrides(), loadAudit()]);
+    const first = await Promise.allSettled([
+      ...(state.backends.length ? [] : [loadBackends()]),
+      ...(state.me ? [] : [loadMe()]),
+    ]);
+    const rest = await Promise.allSettled([loadSummary(), loadOverrides(), loadAudit(),
+      loadRefusals(), loadSituations(), refreshPods()]);
     const results = [...first, ...rest];
     const failures = results.filter((r) => r.status === "rejected").map((r) => r.reason);
     for (const err of failures) {
@@ -346,9 +501,11 @@ function refreshAll() {
 
 function renderUpdated() {
   const el = $("last-updated");
-  el.textContent = state.lastUpdated
-    ? `Last updated ${clock(state.lastUpdated)}`
-    : "not loaded yet";
+  if (state.lastUpdated) {
+    el.replaceChildren("Last updated ", timeEl(state.lastUpdated.toISOString()));
+  } else {
+    el.textContent = "not loaded yet";
+  }
   el.setAttribute("data-updated", state.lastUpdated ? state.lastUpdated.toISOString() : "");
 }
 
@@ -660,7 +817,7 @@ function drawChart(clusters, names, order) {
         "dominant-baseline": "central" }, plural(total, "pod")),
     );
 
-    const open = () => showClusterPods(name);
+    const open = () => filterPodsByCluster(name);
     row.addEventListener("click", open);
     row.addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" || ev.key === " ") {
@@ -682,76 +839,7 @@ function fitText(text, maxWidth, font) {
   return `${cut}…`;
 }
 
-// ---------------------------------------------------------------- cluster pods
-
-async function showClusterPods(cluster) {
-  const panel = $("cluster-pods");
-  panel.hidden = false;
-  const close = h("button", { type: "button", class: "btn btn-quiet", onclick: () => {
-    panel.hidden = true;
-    panel.replaceChildren();
-  } }, "Close");
-  const head = h("div", { class: "subhead" },
-    h("h3", {}, "Latest pods in ", h("span", { class: "mono cluster-name" }, cluster)), close);
-  panel.replaceChildren(head, h("p", { class: "muted" }, "Loading…"));
-  panel.setAttribute("data-cluster", cluster);
-
-  let page;
-  try {
-    page = await api(`/v1/selections?cluster=${encodeURIComponent(cluster)}&limit=50`);
-  } catch (err) {
-    if (handleAuthError(err)) return;
-    panel.replaceChildren(head, h("p", { class: "error-text" }, describeFailure(err)));
-    return;
-  }
-  // The log holds every decision; keep each pod's newest (the list is newest first).
-  const seen = new Set();
-  const latest = page.items.filter((item) => {
-    const key = `${item.node}\u0000${item.pod}`;
-    if (seen.has(key)) return false;
-    seen.add(key);
-    return true;
-  });
-  if (!latest.length) {
-    panel.replaceChildren(head, h("p", { class: "muted" }, "No decisions recorded."));
-    return;
-  }
-  // Two-line cells (pod over node, device over capability) keep the table narrow.
-  const stacked = (main, sub, mono) =>
-    [h("div", { class: mono ? "mono" : "" }, main), h("div", { class: "sub" }, sub)];
-  // Backend comes right after the pod: it is what the table is opened for, and on a
-  // narrow screen Device, Model and Decided give way (CSS) before it does.
-  const rows = latest.map((item) =>
-    h("tr", { "data-pod": item.pod ?? "" },
-      h("td", { class: "wrap col-pod" },
-        stacked(item.pod ?? "—", `node ${item.node ?? "—"}`, true)),
-      h("td", { class: "col-backend" },
-        h("div", {}, backendTag(item.backend)), h("div", { class: "sub" }, item.source)),
-      h("td", { class: "col-device" },
-        stacked((item.device && item.device.name) || "—", capText(item.device))),
-      h("td", { class: "truncate col-model", title: (item.model && item.model.name) || "" },
-        stacked((item.model && item.model.name) || "—", item.dtype || "")),
-      h("td", { class: "col-time" }, timeEl(item.time)),
-      h("td", { class: "actions" }, h("button", { type: "button", class: "btn btn-small",
-        "aria-label": `Decision detail for pod ${item.pod ?? ""}`,
-        onclick: () => showDecisionById(item.decision_id, item) }, "Detail")),
-    ));
-  const note = page.next_cursor
-    ? h("p", { class: "muted small" }, "From the 50 most recent decisions in this cluster.")
-    : null;
-  panel.replaceChildren();
-  append(panel, [
-    head,
-    h("div", { class: "table-wrap pods-wrap" },
-      h("table", { class: "table pods-table" },
-        h("thead", {}, h("tr", {},
-          [["Pod", "col-pod"], ["Backend", "col-backend"], ["Device", "col-device"],
-            ["Model", "col-model"], ["Decided", "col-time"], ["", "col-actions"]].map(
-            ([t, c]) => h("th", { scope: "col", class: c }, t)))),
-        h("tbody", {}, rows))),
-    note,
-  ]);
-}
+// ---------------------------------------------------------------- devices
 
 function capText(device) {
   return device && Array.isArray(device.capability)
@@ -791,6 +879,14 @@ async function lookup(event) {
     if (handleAuthError(err)) return;
     out.replaceChildren(lookupError(err));
   }
+}
+
+/** Show one pod's latest decision, as if typed into the lookup form. */
+function lookupPod(cluster, pod) {
+  $("lookup-cluster").value = cluster;
+  $("lookup-pod").value = pod;
+  $("lookup").requestSubmit();
+  $("detail-title").scrollIntoView({ behavior: "smooth", block: "start" });
 }
 
 function lookupError(err) {
@@ -833,7 +929,7 @@ function renderDecision(d) {
     ["Model", model.name || "—"],
     ["MLA dims", dims.every((v) => v !== undefined) ? `(${dims.join(", ")})` : "—"],
     ["dtype", d.dtype],
-    ["Decided", timeEl(d.time, `${ago(d.time)} · rules r${d.rules_revision}`)],
+    ["Decided", [timeEl(d.time), ` · rules r${d.rules_revision}`]],
   ];
 
   const result = h(
@@ -897,14 +993,14 @@ function renderDecision(d) {
           ))))),
   );
 
-  // Reported build/run failures: their time as a local time, like every other time here.
+  // Reported build/run failures: relative, with the UTC time on hover, like every time here.
   const failures = d.failures || [];
   if (failures.length) {
     parts.push(
       h("h3", {}, "Reported failures"),
       h("ul", { class: "messages failures", id: "decision-failures" },
         failures.map((f) => h("li", { "data-backend": f.backend ?? "" },
-          timeEl(f.at, `${absolute(f.at)} (${ago(f.at)})`), " ",
+          timeEl(f.at), " ",
           f.backend ? backendTag(f.backend) : null, " ",
           h("span", { class: "failure-error" }, f.error ?? summarize(f))))),
     );
@@ -967,6 +1063,8 @@ function renderOverrides(items) {
   const kpi = $("kpi-overrides");
   if (kpi) kpi.textContent = String(active.length);
   $("overrides-count").textContent = items.length ? `${active.length} active` : "";
+  renderOverrideTools(); // console.js: "New override" for admins
+  syncStageFilter(); // pods.js: the "in stage of" choices follow the active rollouts
 
   if (!items.length) {
     $("overrides").replaceChildren(
@@ -1012,8 +1110,8 @@ function overrideItem(o, now) {
   const t = parseTime(o.expires_at);
   let expiry;
   if (t === null) expiry = h("span", {}, "no expiry");
-  else if (expired) expiry = timeEl(o.expires_at, `expired ${span(now - t)} ago`);
-  else expiry = timeEl(o.expires_at, `expires in ${span(t - now)}`);
+  else if (expired) expiry = timeEl(o.expires_at, "expired ");
+  else expiry = timeEl(o.expires_at, "expires ");
 
   return h(
     "li",
@@ -1030,8 +1128,9 @@ function overrideItem(o, now) {
     halted ? haltedBox(rollout) : null,
     o.note ? h("p", { class: "note" }, o.note) : null,
     h("p", { class: "meta" },
-      `by ${o.created_by ?? "unknown"} · `, timeEl(o.created_at, `set ${ago(o.created_at)}`),
+      `by ${o.created_by ?? "unknown"} · `, timeEl(o.created_at, "set "),
       o.revision !== undefined ? ` · rev ${o.revision}` : ""),
+    overrideActions(o), // console.js: edit, remove, halt/resume/promote (admins in scope)
   );
 }
 
@@ -1060,7 +1159,7 @@ function nextStep(r, now) {
   if (next === undefined || every === null || started === null) return null;
   const due = started + every;
   return due > now
-    ? timeEl(new Date(due).toISOString(), `next ${next} % in ${span(due - now)}`)
+    ? timeEl(new Date(due).toISOString(), `next ${next} % `)
     : `next ${next} % due now`;
 }
 
@@ -1080,7 +1179,7 @@ function rolloutLine(r, now) {
     parts.push(h("span", { class: "muted" }, `halts if ${r.max_slowdown_pct} % slower`));
   }
   if (r.state === "active" && r.stage_started_at) {
-    parts.push(timeEl(r.stage_started_at, `stage started ${ago(r.stage_started_at)}`));
+    parts.push(timeEl(r.stage_started_at, "stage started "));
   }
   const next = nextStep(r, now);
   if (next) parts.push(h("span", { class: "rollout-next" }, next));
@@ -1090,17 +1189,46 @@ function rolloutLine(r, now) {
     parts.flatMap((part, i) => (i ? [sep(), part] : [part])));
 }
 
-/** A halted rollout: when (local time, like every time here) and the service's reason. */
+/** A halted rollout: when, the service's reason, and the pods that tripped it. */
 function haltedBox(r) {
   return h("div", { class: "halted", "data-halted-at": r.halted_at ?? "" },
     h("p", { class: "halted-head" },
       h("strong", {}, "Halted"),
       r.halted_at
-        ? [" ", timeEl(r.halted_at, `${absolute(r.halted_at)} (${ago(r.halted_at)})`)]
+        ? [" ", timeEl(r.halted_at)]
         : null,
       h("span", { class: "muted" },
-        " · applies to no pod until an admin writes the override again or deletes it")),
-    h("p", { class: "halted-reason" }, r.halted_reason || "No reason recorded."));
+        " · applies to no pod until an admin resumes it, writes it again or deletes it")),
+    h("p", { class: "halted-reason" }, r.halted_reason || "No reason recorded."),
+    failedPods(r));
+}
+
+/** The stage pods whose failure reports count against the guard ("cluster/pod"): each
+ *  opens that pod's decision, where the reported error is. */
+function failedPods(r) {
+  const pods = Array.isArray(r.failed_pods) ? r.failed_pods : [];
+  if (!pods.length) return null;
+  return h("p", { class: "failed-pods small" }, "Tripped by ",
+    pods.map((name, i) => {
+      const [cluster, ...rest] = String(name).split("/");
+      const pod = rest.join("/");
+      return [i ? ", " : "", h("button", { type: "button", class: "linklike mono",
+        "data-pod": name, title: "Show this pod's decision and its reported failure",
+        onclick: () => lookupPod(cluster, pod) }, name)];
+    }));
+}
+
+/** The step plan of a rollout: steps passed, the current one, those to come. */
+function stepTrack(r) {
+  const steps = Array.isArray(r.steps) && r.steps.length ? r.steps : null;
+  if (!steps) return null;
+  const current = Number(r.percent);
+  return h("ol", { class: "steps", "aria-label": "Rollout steps" },
+    steps.map((pct) => {
+      const where = pct < current ? "done" : pct === current ? "current" : "todo";
+      return h("li", { class: `step step-${where}`, "data-step": pct,
+        "aria-current": where === "current" ? "step" : null }, `${pct} %`);
+    }));
 }
 
 /** The summary's rollouts: halted first (they need someone), then active, then done. */
@@ -1152,6 +1280,7 @@ function rolloutProgress(p, now) {
       h("span", { class: "muted small" },
         `${r.percent ?? "?"} %`, p.revision !== undefined ? ` · rev ${p.revision}` : ""),
       effects.length ? h("span", { class: "effects inline" }, effects) : null),
+    stepTrack(r),
     stageBar(scope, stage, booted),
     h("p", { class: "rollout-counts" },
       h("span", {},
@@ -1168,9 +1297,11 @@ function rolloutProgress(p, now) {
     r.state === "halted"
       ? h("p", { class: "halted-reason small" },
         h("strong", {}, "Halted"),
-        r.halted_at ? [" ", timeEl(r.halted_at, absolute(r.halted_at))] : null,
+        r.halted_at ? [" ", timeEl(r.halted_at)] : null,
         ": ", r.halted_reason || "no reason recorded")
       : next ? h("p", { class: "muted small rollout-next" }, next) : null,
+    failedPods(r),
+    rolloutActions(p.cluster, r), // console.js: halt, resume, promote (admins in scope)
   );
 }
 
@@ -1210,18 +1341,19 @@ function speedLine(p, r) {
   return h("p", { class: "rollout-speed small", "data-compared": "true" },
     "Speed: stage ", h("strong", {}, tflops(stage)), " vs rest ", h("strong", {}, tflops(rest)),
     " TFLOP/s median ",
-    h("span", { class: `speed-diff ${cls}` }, `(${sign}${Math.abs(diff).toFixed(1)} %)`));
+    h("span", { class: `speed-diff ${cls}` }, `(${sign}${Math.abs(diff).toFixed(1)} %)`),
+    limit !== null ? h("span", { class: "muted" }, ` · halts beyond −${limit} %`) : null);
 }
 
 // ---------------------------------------------------------------- excluded by evidence
 
-/** Per cluster, the backends failure evidence rules out and the service's reason;
- *  the panel stays hidden while nothing is excluded. */
+/** Per cluster, the backends failure evidence rules out and the service's reason. */
 function renderExcluded(excluded) {
   const clusters = Object.keys(excluded || {})
     .filter((c) => excluded[c] && Object.keys(excluded[c]).length)
     .sort();
-  $("excluded-card").hidden = !clusters.length;
+  state.excludedClusters = clusters.length;
+  showExcludedCard();
   if (!clusters.length) {
     $("excluded-count").textContent = "";
     $("excluded").replaceChildren();
@@ -1240,6 +1372,91 @@ function renderExcluded(excluded) {
               backendTag(b),
               h("p", { class: "excluded-reason" }, String(excluded[c][b] ?? "")))))))),
   );
+}
+
+/** The card shows while a cluster has an exclusion or a situation has failure reports
+ *  (those are what an admin clears). */
+function showExcludedCard() {
+  $("excluded-card").hidden = !state.excludedClusters && !state.situations.length;
+}
+
+/** Situations (GPU, capability, dims, dtype, engine, kernel packages) whose backends
+ *  have failure reports: what POST /v1/measurements/failures/clear takes, one each. */
+async function loadSituations() {
+  let data;
+  try {
+    data = await api("/v1/measurements/summary");
+  } catch (err) {
+    if (err.status === 404) {
+      state.situations = [];
+      renderSituations();
+      return;
+    }
+    throw err;
+  }
+  state.situations = (data.groups || []).filter((g) => g.failures > 0);
+  renderSituations();
+}
+
+function situationText(g) {
+  const pkgs = Object.entries(g.packages || {}).map(([k, v]) => `${k} ${v}`).join(", ");
+  const dims = Array.isArray(g.dims) ? `(${g.dims.join(", ")})` : "";
+  return `${g.device} (sm ${g.capability}) · dims ${dims} · ${g.dtype} · engine ${g.engine}` +
+    (pkgs ? ` · ${pkgs}` : "");
+}
+
+function renderSituations() {
+  showExcludedCard();
+  const groups = state.situations;
+  if (!groups.length) {
+    $("situations").replaceChildren();
+    return;
+  }
+  $("situations").replaceChildren(
+    h("h3", {}, "Failure reports per situation"),
+    h("ul", { class: "situation-list" }, groups.map((g) =>
+      h("li", { class: "situation", "data-backend": g.backend, "data-device": g.device },
+        h("div", { class: "situation-head" }, backendTag(g.backend),
+          h("span", { class: "muted small" },
+            ` ${plural(g.failures, "pod")} reported failures`),
+          clearButton(g)), // console.js: unrestricted admins only
+        h("p", { class: "situation-what small" }, situationText(g)),
+        g.excluded ? h("p", { class: "excluded-reason" }, g.excluded) : null))),
+  );
+}
+
+// ---------------------------------------------------------------- refused selects
+
+/** "7 refused selects from prod-east in the last hour: missing bearer token": pods whose
+ *  agent token is wrong boot on their agent's local answer, so this is where they show. */
+async function loadRefusals() {
+  let data;
+  try {
+    data = await api("/v1/refusals?hours=1");
+  } catch (err) {
+    if (err.status === 404) {
+      renderRefused([]);
+      return;
+    }
+    throw err;
+  }
+  renderRefused(data.items || []);
+}
+
+function renderRefused(items) {
+  const sorted = [...items].sort((a, b) => b.count - a.count ||
+    (a.cluster < b.cluster ? -1 : a.cluster > b.cluster ? 1 : 0));
+  $("refused-card").hidden = !sorted.length;
+  const total = sorted.reduce((n, i) => n + i.count, 0);
+  $("refused-count").textContent = sorted.length ? plural(total, "select") : "";
+  $("refused").replaceChildren(...sorted.map((i) =>
+    h("li", { class: "refused-item", "data-cluster": i.cluster, "data-reason": i.reason,
+      "data-count": i.count },
+    h("p", { class: "refused-line" },
+      h("strong", {}, `${i.count} refused select${i.count === 1 ? "" : "s"}`),
+      " from ", h("span", { class: "mono" }, i.cluster), " in the last hour: ",
+      h("span", { class: "refused-reason" }, i.reason)),
+    h("p", { class: "meta" }, timeEl(i.last_at, "latest ")))));
 }
 
 // ---------------------------------------------------------------- audit
@@ -1340,6 +1557,9 @@ function init() {
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden && state.token) refreshAll();
   });
+  initPods(); // pods.js
+  initConsole(); // console.js
+  setInterval(tickTimes, 5000);
   // Redraw the chart for the new width; the data stays.
   let resizeTimer = null;
   window.addEventListener("resize", () => {
@@ -1352,4 +1572,5 @@ function init() {
   else showSignin("");
 }
 
-init();
+// The other two files define what init() wires up: run it once every script is in.
+document.addEventListener("DOMContentLoaded", init);

@@ -364,15 +364,17 @@ def test_dashboard_in_chromium(
             page.locator("#lookup button[type=submit]").click()
             expect(page.locator("#detail-empty")).to_contain_text("no-such-pod")
 
-            # 6. Choosing a cluster bar lists its pods; hostile names stay text.
-            # (by keyboard: the rows are focusable buttons)
+            # 6. Choosing a cluster bar filters the pod table to it (the server-paged
+            # table replaced the list of a cluster's 50 latest decisions); hostile names
+            # stay text. (by keyboard: the rows are focusable buttons)
             page.locator('#fleet-chart g.row[data-cluster="staging"]').press("Enter")
-            pods = page.locator("#cluster-pods")
-            expect(pods).to_have_attribute("data-cluster", "staging")
+            expect(page.locator("#pf-cluster")).to_have_value("staging")
+            pods = page.locator("#pods-table")
             expect(pods.locator("tbody tr")).to_have_count(2)  # "moved" once: latest only
+            expect(pods.locator("tbody tr[data-cluster=staging]")).to_have_count(2)
             expect(pods).to_contain_text(HOSTILE_POD)
             assert page.evaluate("window.__xss") is None
-            assert page.locator("#cluster-pods img").count() == 0
+            assert page.locator("#pods-table img").count() == 0
             # ... and its detail button opens the decision.
             pods.locator('tr[data-pod="moved"] button').click()
             expect(page.locator("#decision")).to_have_attribute("data-backend", "TRTLLM_RAGGED")

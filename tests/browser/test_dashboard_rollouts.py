@@ -3,7 +3,8 @@ real headless Chromium against a real service process seeded through the API.
 
 - Each override shows its rollout: state badge, percent, steps and step_every,
   failures against max_failures; a halted one shows the service's reason (which pod,
-  which error) and when it halted, as a local time.
+  which error), the pods that tripped it, and when it halted: relative, with the UTC
+  time on hover (the console's one time format).
 - The Rollouts panel shows each staged override's progress from the summary: pods in
   the stage out of the scope (a bar), how many booted with it, failures, and the
   stage's median TFLOP/s against the rest of the scope once both are measured.
@@ -14,7 +15,9 @@ Screenshots land in ``test-artifacts/dashboard-rollouts*.png``.
 
 from __future__ import annotations
 
+import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -213,15 +216,14 @@ def test_rollouts_and_exclusions(service_factory: type[ServiceProcess], sqlite_u
             expect(reason).to_have_text(halted["halted_reason"])
             assert "canary-" in halted["halted_reason"] and "boom" in halted["halted_reason"]
             expect(reason).to_contain_text(HOSTILE_ERROR)  # as text, never as markup
-            local, utc = page.evaluate(
-                """at => [new Date(at).toLocaleString(),
-                          new Date(at).toLocaleString([], {timeZone: 'UTC'})]""",
-                halted["halted_at"],
-            )
-            assert local != utc
             when = canary.locator(".halted-head time")
             expect(when).to_have_attribute("datetime", halted["halted_at"])
-            expect(when).to_contain_text(local)
+            at = datetime.fromisoformat(halted["halted_at"]).astimezone(UTC)
+            expect(when).to_have_attribute("title", at.strftime("%Y-%m-%d %H:%M:%S UTC"))
+            expect(when).to_have_text(re.compile(r"^(\d+ (s|min) ago|just now)$"))
+            # the stage pod that tripped it, as the rollout's failed_pods name it
+            (tripped,) = halted["failed_pods"]
+            expect(canary.locator(f'.failed-pods button[data-pod="{tripped}"]')).to_be_visible()
 
             wave = page.locator('#overrides li.override[data-cluster="wave"]')
             expect(wave).to_have_attribute("data-rollout", "active")

@@ -97,6 +97,64 @@ def test_a_scoped_token_lists_its_clusters_only(api: httpx.Client) -> None:
     assert r.status_code == 200 and r.json()["items"] == []
 
 
+def facets(api: httpx.Client, **params: Any) -> dict[str, Any]:
+    r = api.get("/v1/pods/facets", params=params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_facets_list_each_filters_values_and_count_what_a_filter_keeps(api: httpx.Client) -> None:
+    f = facets(api)
+    assert f["pods"] == 120
+    assert f["clusters"] == [
+        {"name": "dev-a", "pods": 40},
+        {"name": "east", "pods": 40},
+        {"name": "west", "pods": 40},
+    ]
+    assert {g["name"]: g["pods"] for g in f["gpus"]} == {"NVIDIA B200": 30, "NVIDIA H200": 90}
+    assert {e["name"]: e["pods"] for e in f["engines"]} == {"switchboard": 96, "vllm": 24}
+    assert sum(b["pods"] for b in f["backends"]) == sum(s["pods"] for s in f["sources"]) == 120
+    # ``pods`` is what the same filters of GET /v1/pods keep, read from the counts
+    for params in (
+        {"cluster": "east"},
+        {"gpu": "NVIDIA B200", "engine": "vllm"},
+        {"cluster": "west", "backend": "FLASH_ATTN"},
+        {"source": "priority", "gpu": "NVIDIA H200"},
+        {"cluster": "nowhere"},
+    ):
+        assert facets(api, **params)["pods"] == len(pages(api, **params, limit=500)), params
+    r = api.put(
+        "/v1/overrides/east", json={"deny": ["CUDNN"], "note": "f", "rollout": {"percent": 40}}
+    )
+    assert r.status_code == 200, r.text
+    try:
+        staged = len(pages(api, stage="east", limit=500))
+        assert 0 < staged < 40
+        assert facets(api, stage="east")["pods"] == staged
+        assert facets(api, stage="west")["pods"] == 0  # no rollout there
+    finally:
+        api.delete("/v1/overrides/east")
+
+
+def test_facets_answer_304_while_nothing_changed(api: httpx.Client) -> None:
+    r = api.get("/v1/pods/facets", params={"cluster": "east"})
+    etag = r.headers["ETag"]
+    again = api.get("/v1/pods/facets", params={"cluster": "east"}, headers={"If-None-Match": etag})
+    assert again.status_code == 304
+    other = api.get("/v1/pods/facets", params={"cluster": "west"}, headers={"If-None-Match": etag})
+    assert other.status_code == 200
+
+
+def test_a_scoped_token_sees_facets_of_its_clusters_only(api: httpx.Client) -> None:
+    r = api.post("/v1/tokens", json={"name": "dev-facets", "role": "viewer", "clusters": ["dev-*"]})
+    headers = {"Authorization": f"Bearer {r.json()['token']}"}
+    f = api.get("/v1/pods/facets", headers=headers).json()
+    assert f["clusters"] == [{"name": "dev-a", "pods": 40}] and f["pods"] == 40
+    assert (
+        api.get("/v1/pods/facets", params={"cluster": "east"}, headers=headers).json()["pods"] == 0
+    )
+
+
 @pytest.mark.parametrize(
     ("param", "value"),
     [("cursor", "not!base64"), ("limit", "0"), ("engine", "trt"), ("q", ""), ("stage", "A B")],

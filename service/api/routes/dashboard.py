@@ -20,6 +20,8 @@ STATIC_DIR = Path(__file__).resolve().parent.parent.parent / "static"
 # name -> media type; anything else under /static/ is a 404
 ASSETS: dict[str, str] = {
     "dashboard.js": "text/javascript; charset=utf-8",
+    "pods.js": "text/javascript; charset=utf-8",
+    "console.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
