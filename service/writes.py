@@ -187,6 +187,22 @@ class Writes:
             current = next((o for o in runtime.snapshot.overrides if o.cluster == cluster), None)
         if current is None or current.rollout is None:
             return Problem(404, f"no staged override for {cluster!r}")
+        etag = override_etag(cluster, current.revision)
+        if if_match is not None and if_match != etag:
+            runtime.live.reload()  # this replica's copy may be the older one
+            current = next((o for o in runtime.snapshot.overrides if o.cluster == cluster), None)
+            if current is None or current.rollout is None:
+                return Problem(404, f"no staged override for {cluster!r}")
+            etag = override_etag(cluster, current.revision)
+        if if_match is not None and if_match != etag:
+            # what the admin confirmed is not what is stored: that, not the state the
+            # stored rollout happens to be in, is the answer (the store checks it again)
+            return Problem(
+                412,
+                f"override {cluster!r} changed since you read it (If-Match is stale); "
+                "read it again and retry",
+                extra={"current_etag": etag},
+            )
         now = datetime.now(UTC)
         changed = rollouts.acted(
             current.rollout, action, by=principal.name, note=note, now=now, to=to
