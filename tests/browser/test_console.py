@@ -298,9 +298,8 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
                 assert r.status_code == 200, r.text
             a.locator("#ra-note").fill("widen to half")
             a.locator("#ra-confirm").click()
-            # the service refuses it (a halted rollout is not promoted: 409, before it
-            # looks at If-Match) and the page says what the rollout is now
-            expect(a.locator("#ra-error")).to_contain_text("resume it before promoting it")
+            # the service refuses it (what A confirmed is no longer stored: 412) and the
+            # page says what the rollout is now
             stale = a.locator("#action-conflict")
             expect(stale).to_contain_text("Someone else changed it")
             expect(stale).to_contain_text("set by other-admin, its rollout halted at 20 %")
