@@ -55,9 +55,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     if runtime.bootstrap_token is None and runtime.store.count_tokens() == 0:
         token = _create_token(runtime, name="initial-admin", role="admin", clusters=None)
+        url = f"http://{args.host}:{args.port}/"
         print(
             "switchboard: first start, no token configured. Created an admin token; it is "
-            "shown once, keep it:\n\n    " + token + "\n",
+            "shown once, keep it:\n\n    " + token + "\n\n"
+            f"Sign in to the dashboard at {url} with it, and give it to the command line "
+            "and scripts as SWITCHBOARD_TOKEN\n(export SWITCHBOARD_TOKEN=...). For pods, "
+            "create agent tokens: switchboard token create --role agent --name <fleet>\n",
             file=sys.stderr,
             flush=True,
         )

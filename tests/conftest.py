@@ -43,8 +43,11 @@ class ServiceProcess:
         env: dict[str, str] | None = None,
         prefix: list[str] | None = None,
         preexec_fn: Callable[[], None] | None = None,
+        bootstrap_token: str | None = ADMIN,
     ) -> None:
         self.database_url = database_url
+        # None: no token configured, as a new user's first start (it prints one)
+        self.bootstrap_token = bootstrap_token
         self.extra_env = env or {}
         self.prefix = prefix or []  # e.g. prlimit: the process under a resource limit
         self.preexec_fn = preexec_fn  # run in the child before exec (e.g. a descriptor limit)
@@ -57,10 +60,12 @@ class ServiceProcess:
         env = {
             **os.environ,
             "SWITCHBOARD_DATABASE_URL": self.database_url,
-            "SWITCHBOARD_ADMIN_TOKEN": ADMIN,
             "PYTHONUNBUFFERED": "1",
-            **self.extra_env,
         }
+        env.pop("SWITCHBOARD_ADMIN_TOKEN", None)
+        if self.bootstrap_token is not None:
+            env["SWITCHBOARD_ADMIN_TOKEN"] = self.bootstrap_token
+        env.update(self.extra_env)
         self.log_path = log_dir / f"service-{self.port}.log"
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(

@@ -1,8 +1,9 @@
 """The README's promises, checked as a new user would meet them.
 
-- The platform engineer's walkthrough is run as written (its shell block, against a
-  real fresh service): the old one showed ``pods_changed: 0`` on a fresh install and a
-  fixed ``expires_at`` that was soon in the past (422).
+- The platform engineer's walkthrough is run as written (its shell blocks, against a
+  real fresh service started as a new user starts it), and every figure it shows is
+  checked against the answers: its figures used to drift from what a fresh install
+  answered.
 - The two commands: command 1 installs into a venv (a stock Debian Python refuses
   global installs) and command 2's toolchain is pinned, with torch left to .ci/run.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.conftest import ROOT, ServiceProcess, free_port
+from tests.conftest import ROOT, ServiceProcess
 
 README = (ROOT / "README.md").read_text()
 CONSTRAINTS = ROOT / ".ci" / "constraints.txt"
@@ -50,18 +51,25 @@ def pins() -> dict[str, str]:
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
-def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    port = free_port()
-    token = "sb_walkthrough_admin_token_0123456789"
-    service = ServiceProcess(
-        f"sqlite:///{tmp_path / 'switchboard.db'}", env={"SWITCHBOARD_ADMIN_TOKEN": token}
-    )
-    service.port, service.url = port, f"http://127.0.0.1:{port}"
+def test_the_walkthrough_runs_as_written_with_the_figures_it_shows(tmp_path: Path) -> None:
+    """A new user's path: a first start without a configured token (it prints one and
+    says where it goes), then the workflow's blocks as written; every figure the README
+    shows is the one this fresh install answers."""
+    service = ServiceProcess(f"sqlite:///{tmp_path / 'switchboard.db'}", bootstrap_token=None)
     service.start(tmp_path)
-    script = shell_blocks(section("A platform engineer's workflow"))[0]
-    assert "export TOKEN=sb_..." in script and "date -u -d '+2 hours'" in script
+    port = service.port
+    printed = (service.log_path or tmp_path).read_text()
+    token = re.search(r"\n    (sb_\S+)\n", printed)
+    assert token, printed
+    assert f"Sign in to the dashboard at http://127.0.0.1:{port}/" in printed
+    assert "SWITCHBOARD_TOKEN" in printed and "--role agent" in printed
+    workflow = section("A platform engineer's workflow")
+    blocks = shell_blocks(workflow)
+    assert len(blocks) == 2 and "export TOKEN=sb_..." in blocks[0]
+    assert "date -u -d '+2 hours'" in blocks[0] and "/failure" in blocks[1]
     script = (
-        script.replace("export TOKEN=sb_...", f"export TOKEN={token}")
+        "\n".join(blocks)
+        .replace("export TOKEN=sb_...", f"export TOKEN={token.group(1)}")
         .replace("localhost:8000", f"localhost:{port}")
         .replace("127.0.0.1:8000", f"127.0.0.1:{port}")
     )
@@ -72,7 +80,7 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
             env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=300,
         )
     finally:
         service.stop()
@@ -81,20 +89,50 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
     documents = _json_documents(out)
     errors = [d for d in documents if "detail" in d]
     assert not errors, errors  # every request of the walkthrough was accepted
-    # the fleet the README describes, then the change it makes to prod-east
-    assert "prod-east  FLASHINFER      412 pods" in out
+    shown = "\n".join(line for line in workflow.splitlines() if line.startswith("#"))
+
+    # the seed's lines, both runs, as printed
+    for line in re.findall(r"^#   (\S+ +\S+ +\d+ pods)$", shown, re.M):
+        assert line in out, line
     summary = documents[0]
-    assert summary["clusters"]["prod-east"] == {"FLASHINFER": 412, "FLASH_ATTN": 20}
-    (dry_run,) = [d for d in documents if d.get("dry_run")]
-    preview = dry_run["preview"]
-    assert preview["pods_total"] == 772
-    assert 0 < preview["pods_changed"] < 412  # a stage of prod-east's FLASHINFER pods
-    assert {c["to"] for c in preview["changes"]} == {"FLASH_ATTN"}
+    prod_east = re.search(r'"prod-east": \{"FLASHINFER": (\d+), "FLASH_ATTN": (\d+)\}', shown)
+    assert prod_east is not None
+    assert summary["clusters"]["prod-east"] == {
+        "FLASHINFER": int(prod_east[1]),
+        "FLASH_ATTN": int(prod_east[2]),
+    }
+    # the dry runs: the 10 % stage, then what promoting to 50 % adds
+    dry_runs = [d["preview"] for d in documents if d.get("dry_run")]
+    assert [p["pods_changed"] for p in dry_runs] == [
+        int(n) for n in re.findall(r'"pods_changed": (\d+)', shown)
+    ]
+    assert all(p["pods_total"] == 772 for p in dry_runs)
+    assert {c["to"] for p in dry_runs for c in p["changes"]} == {"FLASH_ATTN"}
+    # the override's revision in the stage's message, and the rollout's progress
     written = [d["override"] for d in documents if "override" in d and "preview" in d]
     assert written and all(o["note"] == "INC-4711 FlashInfer segfault" for o in written)
-    overrides = documents[-1]["items"]
+    assert f"override prod-east rev {written[0]['revision']}." in shown
+    (progress,) = [d["rollouts"][0] for d in documents if d.get("rollouts")]
+    figures = re.search(
+        r'"pods_in_scope": (\d+), "pods_in_stage": (\d+), "pods_booted_with_it": (\d+)', shown
+    )
+    assert figures is not None
+    assert (
+        progress["pods_in_scope"],
+        progress["pods_in_stage"],
+        progress["pods_booted_with_it"],
+    ) == tuple(int(n) for n in figures.groups())
+    overrides = next(d["items"] for d in documents if "items" in d and "expired" in str(d))
     assert [o["cluster"] for o in overrides] == ["prod-east"]
     assert overrides[0]["expired"] is False  # expires_at is computed from now
+    # the guard: the pod the README names halted it, and the audit entry says so
+    (halted,) = [d["rollout"] for d in documents if (d.get("rollout") or {}).get("state")]
+    failed = re.search(r'"failed_pods": \["([^"]+)"\]', shown)
+    assert failed is not None and halted["failed_pods"] == [failed[1]]
+    assert halted["halted_reason"].startswith("1 stage pod(s) reported a failure")
+    audit = documents[-1]["items"][0]
+    assert (audit["actor"], audit["action"]) == ("switchboard", "rollout.failure")
+    assert audit["note"].startswith(failed[1])
 
 
 def _json_documents(out: str) -> list[dict]:
