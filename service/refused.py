@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import OTHER_CLUSTERS, Metrics
+from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.store import Store
 from starlette.exceptions import HTTPException
 
@@ -49,8 +50,10 @@ class RefusedSelects:
         self._pending: Counter[tuple[str, str]] = Counter()
         self._seen: set[str] = set()  # claimed clusters this process counts by name
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = Periodic("refused-selects", FLUSH_EVERY_S, self.flush, log)
+
+    def start(self) -> None:
+        self._thread.start()
 
     def count(self, cluster: str, exc: HTTPException) -> None:
         """One refused select (the request path: a dict update and a counter)."""
@@ -81,22 +84,9 @@ class RefusedSelects:
         self.flush()
         return self._store.refusals.refusals_since(since)
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="refused-selects", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._thread.stop()
         try:
             self.flush()
         except Exception as exc:
             log.warning("refused selects not stored at shutdown: %s", first_line(exc))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(FLUSH_EVERY_S):
-            try:
-                self.flush()
-            except Exception as exc:  # the store may be down: keep counting, retry
-                log.warning("refused selects not stored yet: %s", first_line(exc))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from mla_switchboard.core.evaluator import (
 from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
 from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
+from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
 
 if TYPE_CHECKING:
@@ -45,9 +45,13 @@ class RolloutGuards:
 
     def __init__(self, runtime: Runtime, check_s: float = 1.0) -> None:
         self._runtime = runtime
-        self._check_s = check_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = Periodic("rollout-steps", check_s, self.promote_due, log)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop()
 
     # ----------------------------------------------------------------- guards
 
@@ -179,22 +183,6 @@ class RolloutGuards:
                 f"{r.step_every} step"
             )
             self._change(o, promote, action="rollout.promote", note=note)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="rollout-steps", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._check_s):
-            try:
-                self.promote_due()
-            except Exception as exc:  # the store may be down: try again next tick
-                log.warning("rollout steps: %s: %s", type(exc).__name__, exc)
 
     # ------------------------------------------------------------------ writes
 

@@ -56,6 +56,12 @@ class IdempotencyKey:
         text = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
         self.request_hash = hashlib.sha256(text.encode()).hexdigest()
 
+    @classmethod
+    def of(cls, header: str | None, *parts: Any) -> IdempotencyKey | None:
+        """The key a request's ``Idempotency-Key`` header gives (None: no header);
+        ``parts`` say what the request asks, so a reused key is told apart."""
+        return None if header is None else cls(header, *parts)
+
 
 class Writes:
     def __init__(self, runtime: Runtime) -> None:
@@ -91,13 +97,10 @@ class Writes:
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 
-        def respond(stored: Override) -> tuple[int, dict[str, Any]]:
-            return 200, {"override": shown(stored, now), "preview": preview.model_dump()}
-
         outcome = self._write(
             principal,
             key,
-            respond,
+            _override_answer(preview, now),
             lambda idem: runtime.store.put_override(
                 cluster,
                 spec,
@@ -110,10 +113,7 @@ class Writes:
         )
         if isinstance(outcome, Done) and not outcome.replayed:
             runtime.metrics.override_writes.labels("put").inc()
-        if isinstance(outcome, Done):
-            revision = outcome.body.get("override", {}).get("revision")
-            outcome = _with_etag(outcome, override_etag(cluster, revision))
-        return outcome
+        return _with_override_etag(outcome, cluster)
 
     def delete_override(
         self,
@@ -219,13 +219,10 @@ class Writes:
             again = rollouts.acted(stored, action, by=principal.name, note=note, now=now, to=to)
             return again if isinstance(again, Rollout) else None
 
-        def respond(stored: Override) -> tuple[int, dict[str, Any]]:
-            return 200, {"override": shown(stored, now), "preview": preview.model_dump()}
-
         outcome = self._write(
             principal,
             key,
-            respond,
+            _override_answer(preview, now),
             lambda idem: runtime.store.update_rollout(
                 cluster,
                 current.rollout.id,  # type: ignore[union-attr]
@@ -240,12 +237,9 @@ class Writes:
             what=f"override {cluster!r}",
             missing=f"the rollout of {cluster!r} changed meanwhile (read it again)",
         )
-        if isinstance(outcome, Done):
-            if not outcome.replayed:
-                runtime.metrics.rollout_changes.labels(action).inc()
-            revision = outcome.body.get("override", {}).get("revision")
-            outcome = _with_etag(outcome, override_etag(cluster, revision))
-        return outcome
+        if isinstance(outcome, Done) and not outcome.replayed:
+            runtime.metrics.rollout_changes.labels(action).inc()
+        return _with_override_etag(outcome, cluster)
 
     # ------------------------------------------------------------------- rules
     def put_rules(
@@ -548,6 +542,26 @@ def _out_of_scope(principal: Principal, cluster: str) -> Problem:
 
 def _with_etag(outcome: Done, etag: str) -> Done:
     return Done(outcome.body, outcome.status, etag, outcome.replayed)
+
+
+def _override_answer(
+    preview: Preview, now: datetime
+) -> Callable[[Override], tuple[int, dict[str, Any]]]:
+    """The answer of a write that leaves an override stored: it, and the preview."""
+
+    def respond(stored: Override) -> tuple[int, dict[str, Any]]:
+        return 200, {"override": shown(stored, now), "preview": preview.model_dump()}
+
+    return respond
+
+
+def _with_override_etag(outcome: Outcome, cluster: str) -> Outcome:
+    """An override write's answer carries the stored override's ETag (a replayed one
+    too: it is read from the kept answer)."""
+    if not isinstance(outcome, Done):
+        return outcome
+    revision = outcome.body.get("override", {}).get("revision")
+    return _with_etag(outcome, override_etag(cluster, revision))
 
 
 def shown(o: Override, now: datetime) -> dict[str, Any]:

@@ -10,10 +10,9 @@ background thread of every replica (the store's fleet lock makes them take turns
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import UTC, datetime, timedelta
 
-from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.store import Store
 
 log = logging.getLogger("switchboard.fleet")
@@ -25,15 +24,19 @@ class PodExpiry:
     def __init__(self, store: Store, ttl: timedelta, every_s: float = SWEEP_EVERY_S) -> None:
         self._store = store
         self._ttl = ttl
-        self._every_s = every_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = Periodic("pod-expiry", every_s, self.sweep, log)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop()
 
     def sweep(self, now: datetime | None = None) -> int:
         """Take every pod not seen within the TTL out of the live fleet; how many."""
         cutoff = (now or datetime.now(UTC)) - self._ttl
         total = 0
-        while not self._stop.is_set():
+        while not self._thread.stopping.is_set():
             n = self._store.decisions.expire_pods(cutoff)
             total += n
             if n < 5000:
@@ -41,19 +44,3 @@ class PodExpiry:
         if total:
             log.info("%d pods not seen for %s left the live fleet", total, self._ttl)
         return total
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="pod-expiry", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._every_s):
-            try:
-                self.sweep()
-            except Exception as exc:  # the store may be down: try again next time
-                log.warning("pod expiry: %s", first_line(exc))

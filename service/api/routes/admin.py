@@ -74,11 +74,7 @@ def create_token(
 ) -> Response:
     """The token's secret is in this answer only (the store keeps its hash): a retry with
     the same Idempotency-Key says the token exists, without the secret."""
-    key = (
-        None
-        if idempotency_key is None
-        else IdempotencyKey(idempotency_key, "POST tokens", body.model_dump(mode="json"))
-    )
+    key = IdempotencyKey.of(idempotency_key, "POST tokens", body.model_dump(mode="json"))
     return respond(
         runtime.writes.create_token(
             principal, name=body.name, role=body.role, clusters=body.clusters, key=key
@@ -139,11 +135,7 @@ def revoke_token(
     principal: AdminDep,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
-    key = (
-        None
-        if idempotency_key is None
-        else IdempotencyKey(idempotency_key, "DELETE tokens", token_id)
-    )
+    key = IdempotencyKey.of(idempotency_key, "DELETE tokens", token_id)
     return respond(runtime.writes.revoke_token(principal, token_id, key=key))
 
 

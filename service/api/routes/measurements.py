@@ -153,11 +153,7 @@ def clear_failures(
         engine=body.engine,
     )
     backend = None if body.backend is None else body.backend.value
-    key = (
-        None
-        if idempotency_key is None
-        else IdempotencyKey(idempotency_key, "POST failures/clear", body.model_dump(mode="json"))
-    )
+    key = IdempotencyKey.of(idempotency_key, "POST failures/clear", body.model_dump(mode="json"))
     return respond(
         runtime.writes.clear_failures(principal, situation, backend, note=body.note, key=key)
     )

@@ -102,12 +102,8 @@ def put_override(
     if_match: IfMatch = None,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
-    key = (
-        None
-        if idempotency_key is None
-        else IdempotencyKey(
-            idempotency_key, "PUT override", cluster, spec.model_dump(mode="json"), if_match
-        )
+    key = IdempotencyKey.of(
+        idempotency_key, "PUT override", cluster, spec.model_dump(mode="json"), if_match
     )
     return respond(
         runtime.writes.put_override(
@@ -130,11 +126,7 @@ def delete_override(
     note: Annotated[str | None, Query(max_length=2000, pattern=NO_NUL)] = None,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
-    key = (
-        None
-        if idempotency_key is None
-        else IdempotencyKey(idempotency_key, "DELETE override", cluster, note, if_match)
-    )
+    key = IdempotencyKey.of(idempotency_key, "DELETE override", cluster, note, if_match)
     return respond(
         runtime.writes.delete_override(
             principal, cluster, if_match=if_match, dry_run=dry_run, note=note, key=key
@@ -186,12 +178,8 @@ def rollout_action(
 ) -> Response:
     """``?dry_run=true`` answers the rollout it would store and the preview of the pods
     that would change, and changes nothing: what the dashboard's confirmation shows."""
-    key = (
-        None
-        if idempotency_key is None
-        else IdempotencyKey(
-            idempotency_key, "POST rollout", cluster, body.model_dump(mode="json"), if_match
-        )
+    key = IdempotencyKey.of(
+        idempotency_key, "POST rollout", cluster, body.model_dump(mode="json"), if_match
     )
     return respond(
         runtime.writes.rollout_action(

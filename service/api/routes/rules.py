@@ -59,12 +59,8 @@ def put_rules(
     ] = None,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
-    key = (
-        None
-        if idempotency_key is None
-        else IdempotencyKey(
-            idempotency_key, "PUT rules", document.model_dump(mode="json"), if_match, note
-        )
+    key = IdempotencyKey.of(
+        idempotency_key, "PUT rules", document.model_dump(mode="json"), if_match, note
     )
     return respond(
         runtime.writes.put_rules(
