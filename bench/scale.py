@@ -2,7 +2,10 @@
 
 For each fleet size (1,000 / 10,000 / 100,000 distinct pods by default) it fills a fresh
 store with 10 recorded decisions per pod (10,000 / 100,000 / 1,000,000 decision rows)
-and one evidence result per pod (100,000 at the largest), starts a real
+and one evidence result per pod (100,000 at the largest), the pods being replicas of
+8 deployments per cluster (GPU generations, package sets, vLLM / SGLang / our own
+kernels), with a measured-policy override on one cluster and a 10 % staged rollout on
+another; then it starts a real
 ``switchboard serve`` on it, and measures, as medians of repeated runs:
 
 - ``GET /v1/selections/summary``;
@@ -164,40 +167,54 @@ class Pod:
         return str(self.request["cluster"])
 
 
-def make_fleet(pods: int, clusters: int, seed: int = 7) -> list[Pod]:
-    """``pods`` distinct pods spread round-robin over ``clusters`` clusters; 30 % of
-    them upgraded their packages during their history. A pod whose engine accepts no
-    backend for it (vLLM on a CPU-only node, say) runs our own kernels instead, as the
-    agent then would: every pod gets an answer. Same arguments, same fleet."""
-    rng = random.Random(seed)
-    names = cluster_names(clusters)
-    answerable: dict[str, bool] = {}
-    fleet = []
-    for i in range(pods):
+def deployments_of(cluster: str, count: int, rng: random.Random) -> list[dict[str, Any]]:
+    """``count`` deployments of ``cluster``: what its pods send apart from their names
+    (a GPU pool, a model, an image's packages, an engine, the odd requested backend). A
+    deployment whose engine accepts no backend (vLLM on a CPU-only pool, say) runs our
+    own kernels instead, as its agent then would: every pod gets an answer."""
+    out = []
+    for _ in range(count):
         device, cap = pick(rng, GPUS)
         (packages,) = pick(rng, PACKAGE_SETS)
         (model,) = pick(rng, MODELS)
         (engine,) = pick(rng, ENGINES)
-        cluster = names[i % clusters]
-        deployment = model["name"].split("/")[1].lower()[:12].strip("-.")
-        request: dict[str, Any] = {
+        body: dict[str, Any] = {
             "cluster": cluster,
-            "node": f"{cluster}-gpu-{i // 8:05d}",
-            "pod": f"{deployment}-{rng.getrandbits(40):010x}-{i:06d}",
             "device": {"name": device, "capability": None if cap is None else list(cap)},
             "model": model,
             "dtype": "bfloat16",
             "packages": packages,
-            "requested_backend": "FLASHINFER" if rng.random() < 0.03 else None,
+            "requested_backend": "FLASHINFER" if rng.random() < 0.1 else None,
             "engine": engine,
         }
-        profile = json.dumps([device, cap, packages, model, engine], sort_keys=True)
-        if profile not in answerable:
-            decided = decide_locally(SelectRequest.model_validate(request))
-            answerable[profile] = not isinstance(decided, Refusal)
-        if not answerable[profile]:
-            request["engine"] = None
-        upgraded = rng.randint(1, 5) if packages and rng.random() < 0.3 else 0
+        if isinstance(decide_locally(SelectRequest.model_validate(body)), Refusal):
+            body["engine"] = None
+        out.append(body)
+    return out
+
+
+def make_fleet(pods: int, clusters: int, deployments: int = 8, seed: int = 7) -> list[Pod]:
+    """``pods`` distinct pods spread round-robin over ``clusters`` clusters, each pod a
+    replica of one of its cluster's ``deployments``; 30 % of them upgraded their
+    packages during their history. A cluster's deployments do not depend on ``pods``,
+    so a larger fleet has more replicas of the same descriptions, as a real one grows:
+    what a summary or a preview must tell apart stays the same while the pods grow 10x.
+    Same arguments, same fleet."""
+    rng = random.Random(seed)
+    names = cluster_names(clusters)
+    kinds = {c: deployments_of(c, deployments, random.Random(f"{seed}/{c}")) for c in names}
+    fleet = []
+    for i in range(pods):
+        cluster = names[i % clusters]
+        d = rng.randrange(deployments)
+        body = kinds[cluster][d]
+        app = body["model"]["name"].split("/")[1].lower()[:12].strip("-.")
+        request = {
+            **body,
+            "node": f"{cluster}-gpu-{i // 8:05d}",
+            "pod": f"{app}-{d}-{rng.getrandbits(40):010x}-{i:06d}",
+        }
+        upgraded = rng.randint(1, 5) if body["packages"] and rng.random() < 0.3 else 0
         fleet.append(Pod(request, upgraded))
     return fleet
 
@@ -900,7 +917,7 @@ def measure_load(
 
 def run_size(args: argparse.Namespace, pods: int, log_dir: Path) -> dict[str, Any]:
     clusters = cluster_names(args.clusters)
-    fleet = make_fleet(pods, args.clusters, seed=args.seed)
+    fleet = make_fleet(pods, args.clusters, args.deployments, seed=args.seed)
     per_pod, results = args.decisions_per_pod, round(pods * args.results_per_pod)
     label = f"{pods:,} pods: "
     print(
@@ -1232,6 +1249,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--pg",
         default=PG_DSN,
         help="PostgreSQL server (default $SWITCHBOARD_BENCH_PG or %(default)s)",
+    )
+    ap.add_argument(
+        "--deployments",
+        type=int,
+        default=8,
+        help="distinct pod descriptions per cluster; pods are their replicas (default 8)",
     )
     ap.add_argument("--seed", type=int, default=7, help="the fleet's random seed")
     ap.add_argument("--out", default=str(RESULTS), help="JSON results (default %(default)s)")
