@@ -5,8 +5,9 @@ store with 10 recorded decisions per pod (10,000 / 100,000 / 1,000,000 decision 
 and one evidence result per pod (100,000 at the largest), the pods being replicas of
 8 deployments per cluster (GPU generations, package sets, vLLM / SGLang / our own
 kernels), with a measured-policy override on one cluster and a 10 % staged rollout on
-another; then it starts a real
-``switchboard serve`` on it, and measures, as medians of repeated runs:
+another. Then it starts a real ``switchboard serve`` on it and measures, as medians of
+repeated runs (the operations first, so that they see exactly these sizes; the select
+load adds decisions):
 
 - ``GET /v1/selections/summary``;
 - the dashboard's initial load: the API calls dashboard.js makes when a viewer signs
@@ -1169,7 +1170,8 @@ def machine() -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        description=(__doc__ or "").split("\n\n")[0],
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Progress goes to stdout; the table is printed at the end and written, with "
         "every run's figures, to --out. See bench/README_scale.md.",
     )
