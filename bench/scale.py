@@ -699,14 +699,24 @@ async def paced(
     *scheduled* send time, so a stall of the server (or of this client) shows in full
     instead of delaying the requests that would have seen it."""
     loop = asyncio.get_running_loop()
-    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    idle: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []  # (last used, ..)
     samples: list[tuple[float, float]] = []  # (scheduled monotonic time, latency s)
     errors: list[str] = []
 
+    def take() -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The connection used last, unless it has been idle for 2 s: the server closes
+        idle keep-alive connections after 5 s, and a request sent on one as it closes
+        would fail for no fault of the server's."""
+        while idle:
+            used, reader, writer = idle.pop()
+            if loop.time() - used < 2.0:
+                return reader, writer
+            writer.close()
+        return None
+
     async def one(scheduled: float, request: bytes) -> None:
+        conn = take()
         for attempt in range(2):
-            conn = idle.pop() if idle else None
-            fresh = conn is None
             try:
                 if conn is None:
                     conn = await asyncio.open_connection("127.0.0.1", port)
@@ -716,15 +726,16 @@ async def paced(
             except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 if conn is not None:
                     conn[1].close()
-                if fresh or attempt:  # a reused connection the server had closed: retry
+                if attempt:
                     errors.append(f"{type(exc).__name__}: {exc}")
                     return
+                conn = None  # once more on a new connection (its time still counts)
                 continue
             samples.append((scheduled, loop.time() - scheduled))
             if status != 200:
                 errors.append(f"HTTP {status}")
             if keep:
-                idle.append(conn)
+                idle.append((loop.time(), reader, writer))
             else:
                 writer.close()
             return
@@ -744,7 +755,7 @@ async def paced(
     _, pending = await asyncio.wait(tasks, timeout=120) if tasks else (set(), set())
     for t in pending:
         t.cancel()
-    for _, writer in idle:
+    for _, _, writer in idle:
         writer.close()
     return {"sent": i, "samples": samples, "errors": errors, "unanswered": len(pending)}
 
@@ -893,7 +904,11 @@ def measure_load(
             result = load.result()
             bg = background.finish()
             stats = latency_stats([lat for _, lat in result["samples"]])
-            stats.update(errors=len(result["errors"]) + result["unanswered"], background=bg)
+            stats.update(
+                errors=len(result["errors"]) + result["unanswered"],
+                error_samples=sorted(set(result["errors"]))[:5],
+                background=bg,
+            )
             per[name].append(stats)
             print(
                 f"    round {r + 1}/{rounds} {name:9s} p50 {stats.get('p50_ms', 0):7.1f} ms  "
@@ -1020,8 +1035,11 @@ def run_hot(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             began = time.monotonic()
             bodies = [report_of(p, rng, wrong_rate=0.0) for _ in range(reports) for p in fleet]
             progress = Progress("one situation: reports", len(bodies), "reports")
-            sent, errors = _post_reports(service, bodies, args.hot_rate, progress)
+            sent, errors = _post_reports(
+                service, bodies, args.hot_rate, progress, args.hot_max_seconds
+            )
             ended = time.monotonic()
+            progress.total = sent
             progress.finish()
             time.sleep(max(args.config_poll_s * 4, 2.0))  # every replica reloaded
             after_from = time.monotonic()
@@ -1037,6 +1055,8 @@ def run_hot(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     during = [lat for at, lat in result["samples"] if began <= at < ended]
     after = [lat for at, lat in result["samples"] if at >= after_from]
     out.update(
+        reports_sent=sent,
+        results_sent=sent * 8,
         reporting_s=round(ended - began, 2),
         reports_per_s=round(sent / max(ended - began, 1e-9), 1),
         report_errors=errors,
@@ -1053,29 +1073,37 @@ def run_hot(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 
 
 def _post_reports(
-    service: Service, bodies: list[dict[str, Any]], rate: float, progress: Progress
+    service: Service,
+    bodies: list[dict[str, Any]],
+    rate: float,
+    progress: Progress,
+    max_seconds: float,
 ) -> tuple[int, int]:
-    """POST the reports at most ``rate`` per second, 8 in flight at most."""
-    errors = [0]
+    """POST the reports at most ``rate`` per second, 8 in flight at most, for at most
+    ``max_seconds`` (where the service slows down as evidence grows, the rest are not
+    sent). Returns (reports sent, reports refused or not counted)."""
+    sent, errors = [0], [0]
+    lock = threading.Lock()
+    local = threading.local()
     start = time.monotonic()
 
     def post(i: int) -> None:
         delay = start + i / rate - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        r = clients[threading.get_ident() % len(clients)].post("/v1/measurements", json=bodies[i])
-        if r.status_code >= 300 or not r.json().get("counted"):
-            errors[0] += 1
-        progress.update(i + 1)
+        if time.monotonic() - start > max_seconds:
+            return
+        if not hasattr(local, "client"):
+            local.client = service.client()
+        r = local.client.post("/v1/measurements", json=bodies[i])
+        with lock:
+            sent[0] += 1
+            errors[0] += r.status_code >= 300 or not r.json().get("counted")
+            progress.update(sent[0])
 
-    clients = [service.client() for _ in range(8)]
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(post, range(len(bodies))))
-    finally:
-        for c in clients:
-            c.close()
-    return len(bodies), errors[0]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(post, range(len(bodies))))
+    return sent[0], errors[0]
 
 
 # ---------------------------------------------------------------- the table
@@ -1132,10 +1160,10 @@ def table(sizes: dict[str, dict[str, Any]], hot: dict[str, Any] | None) -> str:
     if hot is not None:
         lines += [
             "",
-            f"One situation, policy measured: {hot['results']:,} results "
-            f"({hot['pods']:,} pods x {hot['reports'] // hot['pods']} reports x 8) reported in "
-            f"{hot['reporting_s']:.1f} s ({hot['reports_per_s']:.0f} reports/s), selects at "
-            "300 req/s:",
+            f"One situation, policy measured: {hot['results_sent']:,} of {hot['results']:,} "
+            f"results ({hot['pods']:,} pods x {hot['reports'] // hot['pods']} reports x 8) "
+            f"reported in {hot['reporting_s']:.1f} s ({hot['reports_per_s']:.0f} reports/s), "
+            "selects at 300 req/s:",
             "",
             "| select wait | p50 | p99 | max |",
             "|---|---|---|---|",
@@ -1243,6 +1271,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=100.0,
         help="reports per second in the one-situation run (default 100)",
     )
+    ap.add_argument(
+        "--hot-max-seconds",
+        type=float,
+        default=300.0,
+        help="stop reporting in the one-situation run after this long (default 300)",
+    )
     ap.add_argument("--skip-hot", action="store_true", help="leave out the one-situation run")
     ap.add_argument(
         "--sqlite", action="store_true", help="a SQLite file per size instead of PostgreSQL"
@@ -1279,24 +1313,30 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": {k: v for k, v in vars(args).items() if k not in ("pg",)},
         "sizes": {},
     }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sb-scale-logs-") as logs:
         log_dir = Path(logs)
         try:
             for pods in sizes:
                 result["sizes"][str(pods)] = run_size(args, pods, log_dir)
+                write(out, result, complete=False)  # a long run keeps what it measured
             result["hot_situation"] = None if args.skip_hot else run_hot(args, log_dir)
         except Exception:
             for log in sorted(log_dir.glob("*.log")):
                 print(f"--- {log.name} (last lines)\n{log.read_text()[-2000:]}", file=sys.stderr)
             raise
     result["machine"]["loadavg_end"] = list(os.getloadavg())
-    text = table(result["sizes"], result["hot_situation"])
-    result["table"] = text
-    print("\n" + text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    print("\n" + table(result["sizes"], result["hot_situation"]))
+    write(out, result, complete=True)
+    print(f"\nwrote {out}")
     return 0
+
+
+def write(path: Path, result: dict[str, Any], *, complete: bool) -> None:
+    """The JSON results with the table; ``complete`` false while sizes remain."""
+    text = table(result["sizes"], result.get("hot_situation"))
+    path.write_text(json.dumps({**result, "complete": complete, "table": text}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
