@@ -238,6 +238,19 @@ def scenario_overrides(clusters: list[str]) -> dict[str, OverrideSpec]:
 # ------------------------------------------------------------------ the store
 
 
+DASHBOARD_SIGNIN = ["/v1/backends", "/v1/selections/summary"]
+DASHBOARD_REFRESH = [
+    "/v1/selections/summary",
+    "/v1/overrides",
+    "/v1/audit?limit=20",
+    "/v1/refusals?hours=1",
+    "/v1/measurements/summary",
+    "/v1/pods?limit=100",
+    "/v1/pods/facets",
+]
+"""What service/static/dashboard.js (and pods.js) ask on sign-in and on each refresh."""
+
+
 def decision_record(request: SelectRequest, request_json: str, answer: Rendered) -> DecisionRecord:
     """One recorded decision, as the service's writer stores a ``/v1/select``.
 
@@ -306,7 +319,7 @@ class Answers:
         hit = self._cache.get(key)
         if hit is None:
             decided = decide(request, self.inputs, now=self._now)
-            hit = Rendered.of(decided, 1) if isinstance(decided, Decision) else decided
+            hit = Rendered.of(decided, 1, request) if isinstance(decided, Decision) else decided
             self._cache[key] = hit
         if not isinstance(hit, Rendered):
             raise ValueError(f"the evaluator refuses this pod: {hit.message}: {body}")
@@ -555,8 +568,8 @@ class Operations:
         self.fleet = fleet
         self.preview_scope = clusters[2]
         self.admin_cluster = clusters[3]
-        self.clients = [service.client() for _ in range(3)]
-        self.pool = ThreadPoolExecutor(3)
+        self.clients = [service.client() for _ in range(len(DASHBOARD_REFRESH))]
+        self.pool = ThreadPoolExecutor(len(DASHBOARD_REFRESH))
         self.rng = random.Random(5)
         self.n = 0
 
@@ -586,15 +599,17 @@ class Operations:
         return timed(lambda: ok(self.clients[0].get("/v1/selections/summary")))
 
     def dashboard(self) -> float:
-        """dashboard.js on sign-in: the summary checks the token, then ``refreshAll``
-        loads the summary, the overrides and the audit log at once."""
+        """dashboard.js on sign-in: the backend list and the summary (which checks the
+        token) at once, then who the token is, then ``refreshAll``'s panels at once."""
         self.reboot()
         c = self.clients
-        paths = ["/v1/selections/summary", "/v1/overrides", "/v1/audit?limit=20"]
 
         def load() -> None:
-            ok(c[0].get("/v1/selections/summary"))
-            futures = [self.pool.submit(c[i].get, p) for i, p in enumerate(paths)]
+            signin = [self.pool.submit(c[i].get, p) for i, p in enumerate(DASHBOARD_SIGNIN)]
+            for f in signin:
+                ok(f.result())
+            ok(c[0].get("/v1/whoami"))
+            futures = [self.pool.submit(c[i].get, p) for i, p in enumerate(DASHBOARD_REFRESH)]
             for f in futures:
                 ok(f.result())
 
