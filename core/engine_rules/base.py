@@ -1,0 +1,97 @@
+"""The shape of an engine profile: what an engine accepts over one version range, and how
+a choice is expressed to it. The profiles themselves are data in the modules beside
+this one (one per engine); ``core/engines.py`` is the registry that lists them.
+Standard library only, like the rest of ``core``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from mla_switchboard.core.specs import Backend, SelectionContext
+
+__all__ = [
+    "ChoiceFn",
+    "EngineChoice",
+    "EngineProfile",
+    "OrderFn",
+    "RuleFn",
+    "Version",
+    "parse_version",
+    "version_text",
+]
+
+Version = tuple[int, int, int]
+
+_VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+
+
+def parse_version(text: str | None) -> Version | None:
+    """``"0.33.0"``, ``"0.33.1rc1"``, ``"0.11.0+cu128"`` -> (0, 33, 0) etc.; None when
+    absent or unreadable (the profile then applies its newest verified rules)."""
+    if not text:
+        return None
+    m = _VERSION.match(text)
+    if m is None:
+        return None
+    return (int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
+
+
+def version_text(version: Version) -> str:
+    return ".".join(str(p) for p in version)
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """How the engine is told to run one backend, and what else the answer must say."""
+
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    note: str | None = None  # e.g. why there are no flags
+
+
+RuleFn = Callable[[Backend, SelectionContext, str], list[str]]
+OrderFn = Callable[[SelectionContext], list[Backend]]
+ChoiceFn = Callable[[Backend, SelectionContext, str], EngineChoice]
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One engine over one version range ``[since, until)``.
+
+    ``rule(backend, ctx, label)`` returns the engine's reasons against a backend (empty:
+    the engine runs it); ``default_order(ctx)`` is the engine's own priority list;
+    ``choice(backend, ctx, label)`` the flags that select it. ``label`` is the engine
+    and version as the reasons spell it ("vLLM 0.33.0").
+    """
+
+    name: str
+    display: str
+    since: Version | None
+    until: Version | None
+    verified: str  # the version whose source the rules were read from
+    sources: tuple[str, ...]
+    accepts: frozenset[Backend]
+    rule: RuleFn
+    default_order: OrderFn
+    choice: ChoiceFn
+
+    def covers(self, version: Version | None) -> bool:
+        if version is None:
+            return self.until is None  # unknown version: the newest profile
+        return (self.since is None or version >= self.since) and (
+            self.until is None or version < self.until
+        )
+
+    def label(self, version: str | None) -> str:
+        return f"{self.display} {version or self.verified}"
+
+    def reasons(self, backend: Backend, ctx: SelectionContext, version: str | None) -> list[str]:
+        """Why this engine will not run ``backend`` for ``ctx`` (empty: it will)."""
+        label = self.label(version)
+        if backend not in self.accepts:
+            names = ", ".join(b.value for b in Backend if b in self.accepts)
+            return [f"{label} has no {backend} MLA prefill backend (it accepts {names})"]
+        return self.rule(backend, ctx, label)
