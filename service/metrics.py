@@ -103,6 +103,13 @@ class Metrics:
         self.refusals = Counter(
             "switchboard_refusals_total", "Selections answered 409", ["kind"], registry=r
         )
+        self.loop_lag = Histogram(
+            "switchboard_event_loop_lag_seconds",
+            "How late the event loop ran a timer set every 50 ms: what any request waited "
+            "beyond its own work while something held the loop",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
         self.latency = Histogram(
             "switchboard_request_seconds",
             "HTTP request latency by route",

@@ -93,7 +93,7 @@ class Writes:
                 "revision": 0,
             }
         )
-        preview = self.preview(principal=None, override_scope=cluster, override=proposed)
+        preview = self.preview(principal=principal, override_scope=cluster, override=proposed)
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 
@@ -134,7 +134,7 @@ class Writes:
                 replayed = key is not None and self._replayed_elsewhere(principal, key)
                 if not replayed:
                     return Problem(404, f"no override for {cluster!r}")
-        preview = self.preview(principal=None, override_scope=cluster, override=None)
+        preview = self.preview(principal=principal, override_scope=cluster, override=None)
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 
@@ -210,7 +210,7 @@ class Writes:
         if isinstance(changed, str):
             return Problem(409, changed, extra={"state": current.rollout.state})
         proposed = current.model_copy(update={"rollout": changed})
-        preview = self.preview(principal=None, override_scope=cluster, override=proposed)
+        preview = self.preview(principal=principal, override_scope=cluster, override=proposed)
         if dry_run:
             return Done({"dry_run": True, "rollout": changed.model_dump(mode="json"),
                          "preview": preview.model_dump()})  # fmt: skip
@@ -267,7 +267,7 @@ class Writes:
                 proposed = merge(runtime.snapshot.rules)
             except OutOfScope as exc:
                 return Problem(403, str(exc))
-        preview = self.preview(principal=None, rules=proposed)
+        preview = self.preview(principal=principal, rules=proposed)
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 

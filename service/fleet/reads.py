@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import Override, RulesDocument
 from mla_switchboard.service.fleet.computed import Computed
-from mla_switchboard.service.fleet.groups import Deadline, FleetSnapshot
+from mla_switchboard.service.fleet.groups import Deadline, FleetSnapshot, OverBudget
 from mla_switchboard.service.fleet.preview import Preview, replay, with_override
 from mla_switchboard.service.fleet.progress import progress
 from mla_switchboard.service.fleet.regret import exclusions_by_cluster, regret_by_cluster
 
 if TYPE_CHECKING:
     from mla_switchboard.service.runtime import Runtime
+
+T = TypeVar("T")
 
 Visible = Callable[[str], bool] | None
 """Which clusters the caller may see (None: every cluster)."""
@@ -79,6 +82,19 @@ class FleetReads:
         self._runtime = runtime
         self._summaries: Computed[Answer] = Computed(64)
         self._previews: Computed[Preview] = Computed(256)
+        # One computation at a time per replica: however many dashboards and admins ask
+        # for different things at once, at most one thread competes with the event
+        # loop for the interpreter (identical requests share one computation anyway).
+        self._one_at_a_time = threading.Lock()
+
+    def _serially(self, compute: Callable[[], T]) -> T:
+        budget = self._runtime.settings.fleet_read_budget_s
+        if not self._one_at_a_time.acquire(timeout=budget):
+            raise OverBudget(f"other fleet reads kept this replica busy for {budget:g} s")
+        try:
+            return compute()
+        finally:
+            self._one_at_a_time.release()
 
     def _fresh(self) -> tuple[DecisionInputs, FleetSnapshot, datetime]:
         """The inputs and the fleet as of now: this replica's own decisions so far are
@@ -106,7 +122,9 @@ class FleetReads:
         """``/v1/selections/summary`` for a caller whose token covers ``scope``."""
         inputs, fleet, now = self._fresh()
         key = ("summary", *_versions(inputs, fleet, now), scope)
-        return self._summaries.get(key, lambda: self._summary(key, inputs, fleet, now, visible))
+        return self._summaries.get(
+            key, lambda: self._serially(lambda: self._summary(key, inputs, fleet, now, visible))
+        )
 
     def kept_summary(self, scope: tuple[str, ...] | None) -> Answer | None:
         """The summary ``summary`` would answer now, when it is kept and current: no
@@ -155,13 +173,15 @@ class FleetReads:
         key = ("preview", *_versions(inputs, fleet, now), proposal.digest(), scope)
         return self._previews.get(
             key,
-            lambda: replay(
-                fleet.visible(visible),
-                inputs,
-                proposal.applied_to(inputs),
-                now=now,
-                inputs_for=self._runtime.trusted.inputs_for,
-                deadline=self._deadline(),
+            lambda: self._serially(
+                lambda: replay(
+                    fleet.visible(visible),
+                    inputs,
+                    proposal.applied_to(inputs),
+                    now=now,
+                    inputs_for=self._runtime.trusted.inputs_for,
+                    deadline=self._deadline(),
+                )
             ),
         )
 

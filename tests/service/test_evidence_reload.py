@@ -139,7 +139,7 @@ def test_another_replicas_reports_arrive_incrementally(
         wait_for(lambda: len(samples(b)) == 4)
         _late_row(a, top + 5, "c1", "p5", 540.0, "report-0005")  # below top + 10
         wait_for(lambda: samples(b) == [500.0, 510.0, 520.0, 530.0, 540.0])
-        assert samples(a) == samples(b)
+        wait_for(lambda: samples(a) == samples(b))  # a polls on its own schedule too
         assert full_reads == []
         # and the same rows from a full reload: counted once
         b.reload_evidence()
