@@ -1256,7 +1256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Progress goes to stdout; the table is printed at the end and written, with "
-        "every run's figures, to --out. See bench/README_scale.md.",
+        "every run's figures, to --out. See docs/scale.md.",
     )
     ap.add_argument(
         "--sizes",
