@@ -28,6 +28,7 @@ from mla_switchboard.core.engine_names import (
     detection_order,
     engine_entries,
 )
+from mla_switchboard.core.engines import parse_version, version_text
 from mla_switchboard.core.schemas import (
     ENGINE_VERSION_MAX_LENGTH,
     ENGINE_VERSION_PATTERN,
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 _WIRE_VERSION = re.compile(ENGINE_VERSION_PATTERN)
-_RELEASE = re.compile(r"^[0-9]+(\.[0-9]+){0,3}")
 
 
 def _wire_version(raw: str) -> str | None:
@@ -57,8 +57,8 @@ def _wire_version(raw: str) -> str | None:
     for candidate in (text, text.split("+", 1)[0]):
         if len(candidate) <= ENGINE_VERSION_MAX_LENGTH and _WIRE_VERSION.match(candidate):
             return candidate
-    match = _RELEASE.match(text)
-    return match.group(0) if match else None
+    release = parse_version(text)  # the numbers the profiles are chosen by
+    return version_text(release) if release is not None else None
 
 
 def _installed_version(distribution: str) -> str | None:

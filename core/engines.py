@@ -24,6 +24,7 @@ from mla_switchboard.core.engine_rules.base import (
     EngineProfile,
     Version,
     parse_version,
+    version_text,
 )
 from mla_switchboard.core.engine_rules.sglang import SGLANG_PROFILES
 from mla_switchboard.core.engine_rules.switchboard import SWITCHBOARD
@@ -37,6 +38,7 @@ __all__ = [
     "Version",
     "parse_version",
     "resolve",
+    "version_text",
 ]
 
 ENGINES: dict[str, tuple[EngineProfile, ...]] = {
