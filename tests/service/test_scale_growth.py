@@ -6,8 +6,9 @@ API, answers from the real evaluator) and its operations: 300 and 3,000 pods, 10
 decisions each and one evidence result each, a measured-policy override and a 10 %
 staged rollout in force. The two services run side by side and the runs alternate, so
 the shared machine's noise hits both alike; the figure compared is the ratio of the
-medians. Absolute times are not checked (they depend on the machine): only that the
-cost does not follow the fleet's size.
+medians, unless the two differ by less than NOISE_FLOOR_S. Absolute times are not
+checked (they depend on the machine): only that the cost does not follow the fleet's
+size.
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ from bench.scale import (
 SIZES = (300, 3000)
 DECISIONS_PER_POD = 10
 CLUSTERS = 10
-REPS = 5
+REPS = 9
+NOISE_FLOOR_S = 0.010
+"""A difference this small is the shared machine's noise, whatever the ratio: every
+operation here costs a few ms at both sizes, and one descheduling moves a median of
+3 ms to 8. Work that grows with the pods costs 10x at 3,000 pods (the code before the
+fleet aggregates: 0.33 s for a summary at 1,000 pods), far above it."""
 
 
 def admin_put(ops: Operations) -> float:
@@ -110,7 +116,7 @@ def test_ten_times_the_fleet_costs_less_than_twice(
             runs[size].append(operation(fleets[size]))
     medians = {size: statistics.median(r) for size, r in runs.items()}
     ratio = medians[large] / medians[small]
-    assert ratio < 2.0, (
+    assert ratio < 2.0 or medians[large] - medians[small] < NOISE_FLOOR_S, (
         f"{name}: {medians[large] * 1000:.1f} ms at {large} pods against "
         f"{medians[small] * 1000:.1f} ms at {small} pods, {ratio:.1f}x for 10x the fleet "
         f"(runs in ms: {small}: {[round(t * 1000, 1) for t in runs[small]]}, "
