@@ -36,8 +36,8 @@ BACKEND_ALLOWED = {
     "scripts/seed_fleet.py": "standard library only (runs without the package installed); "
     "its requests name backends as a pod's vLLM config would",
 }
-"""Files (or folders, ending in /) that may spell a backend's name, and why. A wrapper in ``kernels/`` may spell
-its own backend's (its module is the spec's ``class_path``)."""
+"""Files (or folders, ending in /) that may spell a backend's name, and why. A wrapper
+in ``kernels/`` may spell its own backend's (its module is the spec's ``class_path``)."""
 
 ENGINE_ALLOWED = {
     "core/engines.py": "the engine registry",
