@@ -68,6 +68,41 @@ NAMES: dict[str, str] = {
 CUTLASS_QK_V = {(192, 128), (128, 128), (64, 64)}
 # FlashInfer's trtllm-gen ragged DeepSeek kernel (SGLang's trtllm_mla prefill).
 TRTLLM_DIMS = {(128, 64, 128), (192, 64, 256)}
+# Facts about the kernels SGLang calls, read from FlashInfer (not from SGLang): the same
+# for every release here, recorded in each table so that it says what it rests on.
+KERNEL_FACTS: dict[str, dict[str, Any]] = {
+    "flashinfer_cutlass_dims": {
+        "value": sorted(CUTLASS_QK_V),
+        "method": "read",
+        "where": "flashinfer-python 0.7.2 flashinfer/prefill.py:1737-1738 (the dispatch "
+        "in csrc/fmha_cutlass_sm100.cu takes exactly these (qk, v) head dims)",
+    },
+    "flashinfer_auto_backend": {
+        "value": "fa3 on SM90 for the head dims its kernels have, else fa2",
+        "method": "read",
+        "where": "flashinfer-python 0.7.2 flashinfer/utils.py:574 "
+        "determine_attention_backend; fa2 is JIT-built for the device, SM120 included "
+        "(flashinfer/jit/core.py:169, compute_120a/120f; compilation_context.py: CUDA "
+        ">= 12.8), heads over 256 on 8.x-12.x (jit/attention/modules.py:1606)",
+    },
+    "flashinfer_mla_min_capability": {
+        "value": "8.0",
+        "method": "read",
+        "where": "SGLang's FlashInfer MLA backend builds BatchMLAPagedAttentionWrapper at "
+        "init; FlashInfer's MLA kernels are not built for 7.5 (our reading, not run)",
+    },
+    "trtllm_ragged_kernel": {
+        "value": {"capability": "10.x", "dims": sorted(TRTLLM_DIMS)},
+        "method": "read",
+        "where": "FlashInfer trtllm_ragged_attention_deepseek (trtllm-gen cubins for "
+        "SM100/SM103; DeepSeek dims and (192, 64, 256)), as core/specs.py's spec",
+    },
+    "fp16_bf16_only": {
+        "value": True,
+        "method": "read",
+        "where": "FA3, FA4, FlashInfer and trtllm-gen prefill kernels take fp16/bf16 only",
+    },
+}
 
 
 def released_versions() -> list[str]:
@@ -390,6 +425,22 @@ def automatic(major: int, facts: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {"mla": generic, "deepseek_v3": dsv3}
 
 
+def flashinfer_dependency(version: str) -> dict[str, Any]:
+    """How the release's wheel depends on flashinfer (METADATA Requires-Dist)."""
+    wheel = next((CACHE / "dl").glob(f"sglang-{version}-*.whl"), None)
+    if wheel is None:
+        return {"value": None, "method": "read", "where": None}
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    found = [
+        x.split(":", 1)[1].strip()
+        for x in lines
+        if x.lower().startswith("requires-dist: flashinfer")
+    ]
+    return {"value": found, "method": "read", "where": f"{wheel.name}:{meta}"}
+
+
 def extract(version: str) -> dict[str, Any]:
     root = fetch(version)
     src = Source(root)
@@ -424,6 +475,8 @@ def extract(version: str) -> dict[str, Any]:
             },
             "fa3_mla_capabilities": fa3,
             **facts,
+            "flashinfer_dependency": flashinfer_dependency(version),
+            **KERNEL_FACTS,
         },
         "flags": {
             "prefill": "--prefill-attention-backend",
