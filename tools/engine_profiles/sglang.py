@@ -10,9 +10,10 @@ the kernels stubbed:
 
 - run: the release's own argument parser (``ServerArgs.add_cli_args``) gives the
   choices of ``--attention-backend``/``--prefill-attention-backend``/
-  ``--decode-attention-backend``. Where the parser cannot be built under stubs (0.5.19
-  and newer import the platform layer at import time), the choices list is read from
-  the source instead and the fact says so;
+  ``--decode-attention-backend`` (newer releases build their fields from msgspec
+  structs, so msgspec is installed for the worker beside the cache). Where the parser
+  cannot be built under stubs, the choices list is read from the source instead and the
+  fact says so (no release needs that today);
 - run: the DeepSeek model's attention dispatch (``handle_attention_<name>``, or the
   attention class's ``dispatch_attn_forward_method`` before 0.5.3) for a fresh prefill
   batch, per backend name, compute capability and MLA dims: ``MHA*`` means the
@@ -22,7 +23,13 @@ the kernels stubbed:
 - read, with file:line: the rest (FlashInfer's CUTLASS kernel on 10.x, the trtllm_mla
   and tokenspeed_mla startup checks, SGLang's automatic MLA default and the DeepSeek-V3
   override), because they sit inside ``ServerArgs.__post_init__`` or a backend's
-  ``__init__`` that cannot run without a GPU.
+  ``__init__`` that cannot run without a GPU;
+- read, from FlashInfer rather than SGLang: what the kernels SGLang calls take
+  (``KERNEL_FACTS``), and from each wheel's METADATA how it depends on flashinfer.
+
+The dispatch runs with the platform predicates it reads (``get_platform()``,
+``is_sm100_supported()``...) replaced by answers for the simulated capability; the
+verdict per situation combines what ran with what was read, and each table lists both.
 
 One JSON table per release goes to ``<out>/<version>.json``; ``core/engine_rules/
 sglang.py`` holds the rules as data per release range and ``tests/core/
