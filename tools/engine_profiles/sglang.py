@@ -501,6 +501,18 @@ def extract(version: str) -> dict[str, Any]:
     }
 
 
+def check_first(released: list[str]) -> None:
+    """FIRST is the first release whose own parser has the prefill flag: the one before
+    it must not have it (run, like the rest)."""
+    before = [v for v in released if vkey(v) < vkey(FIRST)]
+    for version, expect in ((before[-1], False), (FIRST, True)):
+        choices = _worker(fetch(version), "parser") or {}
+        has = "--prefill-attention-backend" in choices
+        print(f"{version}: --prefill-attention-backend {'present' if has else 'absent'}")
+        if has is not expect:
+            raise SystemExit(f"FIRST ({FIRST}) is stale: check {version}")
+
+
 def dump(table: dict[str, Any]) -> str:
     """Indented JSON with one line per situation: readable diffs, a small file."""
     rows = table.pop("situations")
@@ -519,8 +531,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--versions", nargs="*", help="default: every release since " + FIRST)
     parser.add_argument("--out", default="core/data/engines/sglang")
     args = parser.parse_args(argv)
-    versions = args.versions or [v for v in released_versions() if vkey(v) >= vkey(FIRST)]
     ensure_deps()
+    if args.versions:
+        versions = args.versions
+    else:
+        released = released_versions()
+        versions = [v for v in released if vkey(v) >= vkey(FIRST)]
+        check_first(released)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for i, version in enumerate(versions, 1):
