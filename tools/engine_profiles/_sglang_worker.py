@@ -97,21 +97,85 @@ def _platform(major: int) -> Any:
     )
 
 
+def _load(path: str, name: str) -> Any:
+    """One file of the release as a module, every import it makes stubbed; its stubbed
+    platform checks answer CUDA (not ROCm, NPU, CPU or MPS) and no graph capture."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    for attr, value in list(vars(mod).items()):
+        if isinstance(value, _stubs.Stub):
+            if attr.startswith("_is_"):
+                setattr(mod, attr, attr == "_is_cuda")
+            elif attr.startswith("is_"):
+                setattr(mod, attr, lambda *a, **k: False)
+    return mod
+
+
+def _set_device(mod: Any, major: int) -> None:
+    platform = _platform(major)
+    mod.get_platform = lambda: platform
+    for fname, value in (
+        ("is_sm100_supported", major == 10),
+        ("is_sm100_or_sm110_supported", major in (10, 11)),
+        ("is_blackwell_supported", major in (10, 11, 12)),
+        ("is_blackwell", major in (10, 11, 12)),
+        ("is_sm90_supported", major == 9),
+        ("is_hopper_with_cuda_12_3", major == 9),
+        ("is_sm120_supported", major == 12),
+    ):
+        setattr(mod, fname, lambda *a, value=value, **k: value)
+
+
+class _Anything:
+    """A config object whose unset fields are None (the server's defaults)."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+    def __getattr__(self, item: str) -> Any:
+        return None
+
+
+def default_backends(root: str, caps: list[list[int]]) -> dict[str, Any]:
+    """SGLang's automatic attention backend for an MLA model (a DeepSeek-V3 config), per
+    capability, from the release's own defaulting function where it has one (0.5.10
+    on); None where it has none (the choice is inline in a GPU-only post-init)."""
+    _stubs.install(keep=[], absent=())
+    for rel in ("sglang/srt/arg_groups/model_override_base.py", "sglang/srt/server_args.py"):
+        path = f"{root}/{rel}"
+        if _exists(path) and "_default_attn_backend(" in Path(path).read_text():
+            break
+    else:
+        return {"file": None, "mla": {}}
+    mod = _load(path, "sglang_release_defaults")
+    hf = _Anything(architectures=["DeepseekV3ForCausalLM"])
+    model_config = _Anything(hf_config=hf, has_attention_sinks=False, has_asymmetric_kv=False)
+    model_config.get_num_kv_heads = lambda *a: 128
+    out: dict[str, Any] = {"file": rel, "mla": {}}
+    for major, minor in caps:
+        _set_device(mod, major)
+        cfg = _Anything(tp_size=1, enable_hierarchical_cache=False)
+        try:
+            fn = getattr(mod, "get_default_attn_backend", None)
+            if fn is not None:
+                answer = fn(cfg, True, model_config)
+            else:
+                answer = mod.ServerArgs._get_default_attn_backend(cfg, True, model_config)
+        except Exception as exc:
+            answer = f"error: {type(exc).__name__}: {exc}"
+        out["mla"][f"{major}.{minor}"] = answer if isinstance(answer, str) else None
+    return out
+
+
 def handler_methods(root: str, caps: list[list[int]], dims: list[list[int]]) -> dict[str, Any]:
     _stubs.install(keep=[], absent=())
     src = root + "/sglang/srt/models/deepseek_common/attention_backend_handler.py"
     if not _exists(src):
         src = root + "/sglang/srt/models/deepseek_v2.py"
-    spec = importlib.util.spec_from_file_location("sglang_release_dispatch", src)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    for name, value in list(vars(mod).items()):  # CUDA, not ROCm/NPU/CPU; no capture
-        if isinstance(value, _stubs.Stub):
-            if name.startswith("_is_"):
-                setattr(mod, name, name == "_is_cuda")
-            elif name.startswith("is_"):
-                setattr(mod, name, lambda *a, **k: False)
+    mod = _load(src, "sglang_release_dispatch")
     mod.use_intel_amx_backend = lambda *a, **k: False
     mod.is_cp_active = lambda *a, **k: False
     mod.get_exec = lambda: SimpleNamespace(
@@ -122,16 +186,7 @@ def handler_methods(root: str, caps: list[list[int]], dims: list[list[int]]) -> 
     cls = getattr(mod, "DeepseekV2AttentionMLA", None)
     out: dict[str, Any] = {"file": src[len(root) + 1 :], "methods": {}}
     for major, minor in caps:
-        platform = _platform(major)
-        mod.get_platform = lambda platform=platform: platform
-        for fname, value in (
-            ("is_sm100_supported", major == 10),
-            ("is_sm100_or_sm110_supported", major in (10, 11)),
-            ("is_blackwell_supported", major in (10, 11, 12)),
-            ("is_sm90_supported", major == 9),
-            ("is_sm120_supported", major == 12),
-        ):
-            setattr(mod, fname, lambda *a, value=value, **k: value)
+        _set_device(mod, major)
         for name in NAMES:
             for d in dims:
                 key = f"{name}|{major}.{minor}|{d[0]},{d[1]},{d[2]}"
@@ -178,6 +233,8 @@ def main() -> None:
     root, mode = sys.argv[1], sys.argv[2]
     if mode == "parser":
         answer = parser_choices(root)
+    elif mode == "default":
+        answer = default_backends(root, json.loads(sys.argv[3])["caps"])
     else:
         grid = json.loads(sys.argv[3])
         answer = handler_methods(root, grid["caps"], grid["dims"])

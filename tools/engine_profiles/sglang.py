@@ -20,9 +20,11 @@ the kernels stubbed:
   backend's ragged prefill kernel runs; ``MLA`` means prefill goes through the absorbed
   (decode-style) path instead;
 - run: the fa3 backend's own capability assert, its condition evaluated per capability;
+- run (0.5.10 on, where it is a function of its own): SGLang's automatic attention
+  backend for an MLA model per capability;
 - read, with file:line: the rest (FlashInfer's CUTLASS kernel on 10.x, the trtllm_mla
-  and tokenspeed_mla startup checks, SGLang's automatic MLA default and the DeepSeek-V3
-  override), because they sit inside ``ServerArgs.__post_init__`` or a backend's
+  and tokenspeed_mla startup checks, the automatic MLA default before 0.5.10 and the
+  DeepSeek-V3 override), because they sit inside ``ServerArgs.__post_init__`` or a backend's
   ``__init__`` that cannot run without a GPU;
 - read, from FlashInfer rather than SGLang: what the kernels SGLang calls take
   (``KERNEL_FACTS``), and from each wheel's METADATA how it depends on flashinfer.
@@ -324,7 +326,7 @@ def read_facts(src: Source) -> dict[str, dict[str, Any]]:
         False,
     )
     fact(
-        "mla_default_sm100_flashinfer",
+        "automatic_mla",
         [
             "arg_groups/model_override_base.py",
             "server_args.py",
@@ -349,6 +351,7 @@ def situations(
     fa3: dict[str, Any],
     methods: dict[str, str | None],
     facts: dict[str, dict[str, Any]],
+    defaults: dict[str, str | None],
 ) -> list[dict[str, Any]]:
     """Per capability, dims and dtype: each SGLang name's verdict and kernel."""
     prefill = set(choices.get("--prefill-attention-backend") or [])
@@ -417,15 +420,16 @@ def situations(
             verdict["dispatch"] = method
             names[name] = verdict
         row["names"] = names
-        row["automatic"] = automatic(major, facts)
+        row["automatic"] = automatic(major, facts, defaults.get(cap))
         rows.append(row)
     return rows
 
 
-def automatic(major: int, facts: dict[str, dict[str, Any]]) -> dict[str, str]:
+def automatic(major: int, facts: dict[str, dict[str, Any]], ran: str | None) -> dict[str, str]:
     """SGLang's own choice with no attention flag: a generic MLA model and the
-    DeepSeek-V3 family (read: inside ServerArgs' post-init)."""
-    generic = "fa3" if major == 9 else "flashinfer" if major == 10 else "triton"
+    DeepSeek-V3 family. ``ran``: what the release's defaulting function answered (0.5.10
+    on); else read from the inline defaulting in its post-init."""
+    generic = ran or ("fa3" if major == 9 else "flashinfer" if major == 10 else "triton")
     dsv3 = generic
     if major == 10 and facts["deepseek_v3_sm100_trtllm_mla"]["value"]:
         dsv3 = "trtllm_mla"
@@ -465,9 +469,19 @@ def extract(version: str) -> dict[str, Any]:
     handler = _worker(root, "handler", grid) or {"file": None, "methods": {}}
     if handler["file"]:
         src.text(handler["file"].removeprefix("sglang/srt/"))
+    print(f"{version}: automatic backend", flush=True)
+    caps = json.dumps({"caps": [list(c) for c in CAPS]})
+    ran = _worker(root, "default", caps) or {"file": None, "mla": {}}
     fa3 = fa3_assert(src)
     facts = read_facts(src)
-    rows = situations(choices, fa3, handler["methods"], facts)
+    if ran["file"]:
+        src.text(ran["file"].removeprefix("sglang/srt/"))
+        facts["automatic_mla"] = {
+            "value": ran["mla"],
+            "method": "run",
+            "where": f"python/{ran['file']} (the defaulting function, a DeepSeek-V3 config)",
+        }
+    rows = situations(choices, fa3, handler["methods"], facts, ran["mla"])
     return {
         "engine": "sglang",
         "release": version,
