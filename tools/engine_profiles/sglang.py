@@ -254,11 +254,16 @@ def fa3_assert(src: Source) -> dict[str, Any]:
                 }
                 if eval(cond, env):
                     ok.append(f"{major}.{minor}")
+            try:
+                message = str(ast.literal_eval(node.msg))
+            except ValueError:
+                message = ast.unparse(node.msg)
             return {
                 "value": ok,
                 "method": "run",
                 "where": f"python/sglang/srt/{rel}:{node.lineno}",
                 "text": ast.unparse(node.test),
+                "message": message,
             }
     return {"value": ["9.0"], "method": "read", "where": None, "text": "not found"}
 
@@ -379,7 +384,10 @@ def situations(
                 if cap in fa3["value"]:
                     verdict.update(runs=True, kernel="FlashAttention 3 varlen (sgl_kernel)")
                 else:
-                    verdict["reason"] = "fa3 asserts compute capability 9.x for MLA models"
+                    verdict["reason"] = (
+                        "fa3 asserts compute capability 9.x for MLA models: "
+                        + fa3.get("message", "")
+                    )
             elif name == "fa4":
                 verdict.update(runs=True, kernel=f"FlashAttention 4 (flash_attn.cute), {method}")
             elif name == "flashinfer":
