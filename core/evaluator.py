@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -281,6 +281,9 @@ def assess(
     engine = request.engine or DEFAULT_ENGINE
     profile = resolve(engine.name, engine.version)
     ctx = context_of(request)
+    if profile.bundled_packages and ctx.packages is not None:  # the engine brings them
+        bundled = {name: "bundled" for name in profile.bundled_packages}
+        ctx = replace(ctx, packages={**bundled, **ctx.packages})
     reasons: dict[Backend, list[str]] = {
         b: SPECS[b].validate(ctx) + profile.reasons(b, ctx, engine.version) for b in Backend
     }

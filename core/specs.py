@@ -280,14 +280,14 @@ SPECS: dict[Backend, BackendSpec] = {
         BackendSpec(
             backend=Backend.FLASHINFER,
             needs_gpu=True,
-            capability_majors=frozenset({8, 9, 10}),
+            capability_majors=frozenset({8, 9, 10, 12}),
             min_major=8,
-            capability_text="8.x, 9.x or 10.x",
+            capability_text="8.x, 9.x, 10.x or 12.x",
             dtypes=_HALF,
             allowed_dims=frozenset({R1_DIMS}),
             packages=(TORCH, FLASHINFER_PACKAGE),
             class_path="mla_switchboard.kernels.flashinfer:FlashInferPrefill",
-            summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80)",
+            summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80 and SM120)",
             colour=1,
         ),
         BackendSpec(

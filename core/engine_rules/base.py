@@ -23,24 +23,30 @@ __all__ = [
     "version_text",
 ]
 
-Version = tuple[int, int, int]
+Version = tuple[int, ...]
+"""(major, minor, patch), or (major, minor, patch, post) for a ``.postN`` release."""
 
-_VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+_VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.post(\d+))?")
 
 
 def parse_version(text: str | None) -> Version | None:
     """``"0.33.0"``, ``"0.33.1rc1"``, ``"0.11.0+cu128"`` -> (0, 33, 0) etc.; None when
-    absent or unreadable (the profile then applies its newest verified rules)."""
+    absent or unreadable (the profile then applies its newest verified rules).
+    ``"0.4.9.post5"`` -> (0, 4, 9, 5): an engine can change between post releases
+    (SGLang's --prefill-attention-backend first ships in 0.4.9.post5), and the tuple
+    sorts between (0, 4, 9) and (0, 4, 10)."""
     if not text:
         return None
     m = _VERSION.match(text)
     if m is None:
         return None
-    return (int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
+    base = (int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
+    return base if m.group(4) is None else (*base, int(m.group(4)))
 
 
 def version_text(version: Version) -> str:
-    return ".".join(str(p) for p in version)
+    post = f".post{version[3]}" if len(version) > 3 else ""
+    return ".".join(str(p) for p in version[:3]) + post
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,10 @@ class EngineProfile:
     rule: RuleFn
     default_order: OrderFn
     choice: ChoiceFn
+    bundled_packages: frozenset[str] = frozenset()
+    """Import names of the packages the engine itself depends on, so a pod running it
+    always has them (SGLang installs flashinfer): a pod that did not report one must
+    not be refused a backend for lacking it."""
 
     def covers(self, version: Version | None) -> bool:
         if version is None:

@@ -1,131 +1,327 @@
-"""SGLang's MLA prefill rules, per release range."""
+"""SGLang's MLA prefill rules, as data per release range.
+
+Each range is a run of releases whose tables agree: ``core/data/engines/sglang/<v>.json``,
+written by ``tools/engine_profiles/sglang.py`` from each release's own code (its argument
+parser and the DeepSeek model's attention dispatch run under stubs; the rest read with
+file:line). ``tests/core/test_engine_profiles_sglang.py`` checks every range against
+every table: no answer a release rejects, no refusal where it runs the backend, except
+the documented exceptions there (FlashAttention 4 off 10.x).
+
+What holds in every range (python/sglang/srt/ in each release):
+- the prefill backend is ``--prefill-attention-backend``, else ``--attention-backend``;
+  decode likewise with ``--decode-attention-backend``, so our flags pin the decode
+  backend to SGLang's own automatic choice and setting prefill alone moves nothing;
+- SGLang's automatic MLA backend: fa3 on 9.x, flashinfer on 10.x, otherwise triton
+  (which Switchboard does not offer);
+- fa3 asserts compute capability 9.x for MLA models (its own assert, evaluated);
+- FlashInfer's ragged prefill runs CUTLASS on 10.x (``fmha_backend = "cutlass"``),
+  which takes head dims (qk, v) = (192, 128), (128, 128), (64, 64) only, and
+  ``auto`` (FA3 on 9.x, FA2 elsewhere from 8.0) on other devices, 12.x included;
+- trtllm_mla prefill runs FlashInfer's trtllm-gen ragged DeepSeek kernel (10.x only);
+- flashinfer is an SGLang dependency (from 0.5.3 a plain one, before in the ``srt``
+  extra the server needs), so a pod running SGLang has it.
+Standard library only.
+"""
 
 from __future__ import annotations
 
-from mla_switchboard.core.engine_rules.base import EngineChoice, EngineProfile
-from mla_switchboard.core.specs import R1_DIMS, Backend, Dtype, SelectionContext
+from dataclasses import dataclass
 
-__all__ = ["SGLANG_PROFILES"]
+from mla_switchboard.core.engine_rules.base import (
+    ChoiceFn,
+    EngineChoice,
+    EngineProfile,
+    OrderFn,
+    RuleFn,
+    Version,
+    version_text,
+)
+from mla_switchboard.core.specs import (
+    KIMI_LINEAR_DIMS,
+    R1_DIMS,
+    Backend,
+    Dtype,
+    SelectionContext,
+)
+
+__all__ = ["SGLANG_PROFILES", "SGLANG_RANGES", "SglangRange"]
 
 _HALF = (Dtype.BFLOAT16, Dtype.FLOAT16)
-
-# ---------------------------------------------------------------------- SGLang
-# Read from SGLang 0.5.23's source (python/sglang/srt/):
-#   arg_groups/choices.py, arg_groups/fields/exec_.py   the accepted backend names
-#   arg_groups/model_override_base.py:138-152           prefill = --prefill-attention-
-#        backend, else --attention-backend; decode likewise with its own flag
-#   arg_groups/model_override_base.py:277-351           the generic MLA default: 9.x fa3,
-#        10.x flashinfer, otherwise triton
-#   arg_groups/model_overrides/deepseek_v2.py:179-188   DeepSeek-V3-family models on 10.x
-#        default to trtllm_mla, but only while all three flags are unset: setting only
-#        the prefill flag would move decode from trtllm_mla to flashinfer
-#   layers/attention/attention_registry.py:238-247      fa3 with MLA asserts SM9x
-#   models/deepseek_common/attention_backend_handler.py:159-181   fa4 and trtllm_mla
-#        as MLA prefill on 10.x (trtllm_mla runs FlashInfer's trtllm ragged kernel)
-#   models/deepseek_common/attention_backend_handler.py:121-123   flashinfer's ragged
-#        prefill is off when qk_rope_head_dim is 0
-
-SGLANG_ACCEPTS = frozenset({Backend.FLASH_ATTN, Backend.FLASHINFER, Backend.TRTLLM_RAGGED})
+_CUTLASS_QK_V = ((192, 128), (128, 128), (64, 64))
+_TRTLLM_DIMS = (R1_DIMS, KIMI_LINEAR_DIMS)
+_FIRST = (0, 4, 9, 5)  # the first release with --prefill-attention-backend
+_SOURCES = (
+    "python/sglang/srt/server_args.py (and arg_groups/ from 0.5.19)",
+    "python/sglang/srt/models/deepseek_v2.py (models/deepseek_common/ from 0.5.8)",
+    "python/sglang/srt/layers/attention/attention_registry.py",
+    "python/sglang/srt/layers/attention/flashinfer_mla_backend.py",
+)
 
 
-def _sglang_rule(backend: Backend, ctx: SelectionContext, label: str) -> list[str]:
-    reasons: list[str] = []
-    cap = ctx.capability
-    if cap is None:
-        return [f"{label} runs MLA prefill only on a CUDA device"]
-    if ctx.dtype not in _HALF:
-        reasons.append(f"{label} runs MLA prefill only in float16 or bfloat16, not {ctx.dtype}")
-    if backend is Backend.FLASH_ATTN and cap.major not in (9, 10):
-        reasons.append(
-            f"{label} runs FLASH_ATTN MLA prefill as fa3 on 9.x or fa4 on 10.x only "
-            f"(this pod: {cap})"
-        )
-    if backend is Backend.TRTLLM_RAGGED and cap.major != 10:
-        reasons.append(f"{label} runs trtllm_mla only on compute capability 10.x (this pod: {cap})")
-    if backend is Backend.FLASHINFER and ctx.dims.qk_rope_head_dim == 0:
-        reasons.append(
-            f"{label} turns FlashInfer's ragged MLA prefill off when qk_rope_head_dim is 0"
-        )
-    return reasons
+@dataclass(frozen=True)
+class SglangRange:
+    """What one run of SGLang releases does, as the release tables show it."""
+
+    since: Version
+    until: Version | None
+    releases: tuple[str, ...]  # the releases whose tables agree (and were checked)
+    accepts: frozenset[Backend]  # our backends with a --prefill-attention-backend name
+    fa4: bool  # fa4 is a prefill choice: FLASH_ATTN on 10.x
+    ragged_needs_rope: bool  # FlashInfer's ragged prefill is off when qk_rope_head_dim is 0
+    deepseek_trtllm_default: bool  # DeepSeek-V3 family on 10.x defaults to trtllm_mla
+    tokenspeed_refusal: str | None  # why its tokenspeed_mla name cannot be a prefill choice
+
+    @property
+    def verified(self) -> str:
+        return self.releases[-1]
 
 
-def _sglang_decode(ctx: SelectionContext) -> str:
+_BASE = frozenset({Backend.FLASH_ATTN, Backend.FLASHINFER})
+_TRT = _BASE | {Backend.TRTLLM_RAGGED}
+_TS = _TRT | {Backend.TOKENSPEED_MLA}
+_NEEDS_FP8 = (
+    "tokenspeed_mla backend requires --kv-cache-dtype fp8_e4m3, which a prefill choice "
+    "must not impose"
+)
+
+SGLANG_RANGES: tuple[SglangRange, ...] = (
+    SglangRange(
+        (0, 5, 23),
+        None,
+        ("0.5.23",),
+        _TS,
+        True,
+        True,
+        True,
+        "tokenspeed_mla is a deprecated alias of cutedsl_mla, which only decodes",
+    ),
+    SglangRange(
+        (0, 5, 20), (0, 5, 23), ("0.5.20", "0.5.21", "0.5.22"), _TS, True, True, True, _NEEDS_FP8
+    ),
+    SglangRange(
+        (0, 5, 12),
+        (0, 5, 20),
+        (
+            "0.5.12",
+            "0.5.12.post1",
+            "0.5.13",
+            "0.5.13.post1",
+            "0.5.14",
+            "0.5.15",
+            "0.5.15.post1",
+            "0.5.16",
+            "0.5.17",
+            "0.5.18",
+            "0.5.19",
+        ),
+        _TS,
+        True,
+        False,
+        True,
+        _NEEDS_FP8,
+    ),
+    SglangRange(
+        (0, 5, 3, 2),
+        (0, 5, 12),
+        (
+            "0.5.3.post2",
+            "0.5.3.post3",
+            "0.5.4",
+            "0.5.4.post1",
+            "0.5.4.post2",
+            "0.5.4.post3",
+            "0.5.5",
+            "0.5.5.post1",
+            "0.5.5.post2",
+            "0.5.5.post3",
+            "0.5.6",
+            "0.5.6.post1",
+            "0.5.6.post2",
+            "0.5.7",
+            "0.5.8",
+            "0.5.8.post1",
+            "0.5.9",
+            "0.5.10",
+            "0.5.10.post1",
+            "0.5.11",
+        ),
+        _TRT,
+        True,
+        False,
+        True,
+        None,
+    ),
+    SglangRange((0, 5, 3), (0, 5, 3, 2), ("0.5.3", "0.5.3.post1"), _TRT, True, False, False, None),
+    SglangRange(
+        (0, 5, 1),
+        (0, 5, 3),
+        ("0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2"),
+        _TRT,
+        False,
+        False,
+        False,
+        None,
+    ),
+    SglangRange(
+        _FIRST,
+        (0, 5, 1),
+        ("0.4.9.post5", "0.4.9.post6", "0.4.10", "0.4.10.post1", "0.4.10.post2"),
+        _BASE,
+        False,
+        False,
+        False,
+        None,
+    ),
+)
+"""Newest first; together they cover every release from 0.4.9.post5 on."""
+
+
+def _rule(r: SglangRange) -> RuleFn:
+    def rule(backend: Backend, ctx: SelectionContext, label: str) -> list[str]:
+        cap = ctx.capability
+        if cap is None:
+            return [f"{label} runs MLA prefill only on a CUDA device"]
+        reasons: list[str] = []
+        if ctx.dtype not in _HALF:
+            reasons.append(f"{label} runs MLA prefill only in float16 or bfloat16, not {ctx.dtype}")
+        dims = ctx.dims
+        if backend is Backend.FLASH_ATTN and not (cap.major == 9 or (r.fa4 and cap.major == 10)):
+            reasons.append(
+                f"{label} runs FLASH_ATTN MLA prefill as fa3 on 9.x"
+                + (" or fa4 on 10.x" if r.fa4 else "")
+                + f" only: fa3 asserts 9.x for MLA models (this pod: {cap})"
+            )
+        if backend is Backend.FLASHINFER:
+            qk_v = (dims.qk_head_dim, dims.v_head_dim)
+            if cap.major < 8:
+                reasons.append(
+                    f"{label} runs FlashInfer's MLA prefill only from compute capability 8.0 "
+                    f"(this pod: {cap})"
+                )
+            elif cap.major == 10 and qk_v not in _CUTLASS_QK_V:
+                reasons.append(
+                    f"{label} runs FLASHINFER prefill on 10.x as FlashInfer's CUTLASS kernel, "
+                    "which takes head dims (qk, v) = (192, 128), (128, 128) or (64, 64) only "
+                    f"(model: {qk_v})"
+                )
+            if r.ragged_needs_rope and dims.qk_rope_head_dim == 0:
+                reasons.append(
+                    f"{label} turns FlashInfer's ragged MLA prefill off when qk_rope_head_dim is 0"
+                )
+        if backend is Backend.TRTLLM_RAGGED:
+            if cap.major != 10:
+                reasons.append(
+                    f"{label} runs trtllm_mla prefill (FlashInfer's trtllm-gen ragged kernel) "
+                    f"only on compute capability 10.x (this pod: {cap})"
+                )
+            if dims not in _TRTLLM_DIMS:
+                reasons.append(
+                    f"{label} runs trtllm_mla prefill only for MLA dims {R1_DIMS} or "
+                    f"{KIMI_LINEAR_DIMS} (model: {dims})"
+                )
+        if backend is Backend.TOKENSPEED_MLA and r.tokenspeed_refusal:
+            reasons.append(f"{label}: {r.tokenspeed_refusal}")
+        return reasons
+
+    return rule
+
+
+def _decode(r: SglangRange, ctx: SelectionContext) -> str:
     """SGLang's own decode backend for the pod, pinned so that our prefill flag does not
-    move it (see the DeepSeek-V3 override above). The request does not carry the model's
-    architecture, so MLA dims (128, 64, 128) on 10.x stand for the DeepSeek-V3 family."""
+    move it. The request does not carry the model's architecture, so MLA dims
+    (128, 64, 128) on 10.x stand for the DeepSeek-V3 family."""
     cap = ctx.capability
     if cap is not None and cap.major == 9:
         return "fa3"
     if cap is not None and cap.major == 10:
-        return "trtllm_mla" if ctx.dims == R1_DIMS else "flashinfer"
+        return "trtllm_mla" if r.deepseek_trtllm_default and ctx.dims == R1_DIMS else "flashinfer"
     return "triton"
 
 
-def _sglang_prefill_name(backend: Backend, ctx: SelectionContext) -> str:
+def _prefill_name(backend: Backend, ctx: SelectionContext) -> str:
     if backend is Backend.FLASH_ATTN:
         return "fa4" if ctx.capability is not None and ctx.capability.major == 10 else "fa3"
-    return {Backend.TRTLLM_RAGGED: "trtllm_mla", Backend.FLASHINFER: "flashinfer"}[backend]
+    return {
+        Backend.TRTLLM_RAGGED: "trtllm_mla",
+        Backend.FLASHINFER: "flashinfer",
+        Backend.TOKENSPEED_MLA: "tokenspeed_mla",
+    }[backend]
 
 
-def _sglang_order(ctx: SelectionContext) -> list[Backend]:
-    cap = ctx.capability
-    if cap is not None and cap.major == 9:
-        return [Backend.FLASH_ATTN]
-    if cap is not None and cap.major == 10:
-        if ctx.dims == R1_DIMS:
-            return [Backend.TRTLLM_RAGGED, Backend.FLASHINFER, Backend.FLASH_ATTN]
-        return [Backend.FLASHINFER, Backend.TRTLLM_RAGGED, Backend.FLASH_ATTN]
-    return []  # SGLang's default there is triton, which Switchboard does not offer
+def _order(r: SglangRange) -> OrderFn:
+    def order(ctx: SelectionContext) -> list[Backend]:
+        cap = ctx.capability
+        if cap is not None and cap.major == 9:
+            return [Backend.FLASH_ATTN]
+        if cap is not None and cap.major == 10:
+            listed = [Backend.FLASHINFER, Backend.TRTLLM_RAGGED, Backend.FLASH_ATTN]
+            if r.deepseek_trtllm_default and ctx.dims == R1_DIMS:
+                listed = [Backend.TRTLLM_RAGGED, Backend.FLASHINFER, Backend.FLASH_ATTN]
+            return [b for b in listed if b in r.accepts and (b is not Backend.FLASH_ATTN or r.fa4)]
+        return []  # SGLang's default there is triton, which Switchboard does not offer
+
+    return order
 
 
-def _sglang_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
-    return EngineChoice(
-        args=(
-            "--prefill-attention-backend",
-            _sglang_prefill_name(backend, ctx),
-            "--decode-attention-backend",
-            _sglang_decode(ctx),
+def _choice(r: SglangRange) -> ChoiceFn:
+    def choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
+        return EngineChoice(
+            args=(
+                "--prefill-attention-backend",
+                _prefill_name(backend, ctx),
+                "--decode-attention-backend",
+                _decode(r, ctx),
+            )
         )
-    )
+
+    return choice
 
 
-def _sglang_unverified_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
+def _unverified_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
     return EngineChoice(
-        note=f"{label} is older than the SGLang releases whose flags were verified (0.5.x): "
-        "no engine flags are given, so SGLang keeps its own choice."
+        note=f"{label} has no --prefill-attention-backend (SGLang's first release with it "
+        f"is {version_text(_FIRST)}): no engine flags are given, so SGLang keeps its own "
+        "choice."
     )
 
 
-_SGLANG_COMMON = {
-    "name": "sglang",
-    "display": "SGLang",
-    "accepts": SGLANG_ACCEPTS,
-    "rule": _sglang_rule,
-    "default_order": _sglang_order,
-}
+_BUNDLED = frozenset({"flashinfer"})
 
-SGLANG = EngineProfile(
-    since=(0, 5, 0),
-    until=None,
-    verified="0.5.23",
-    sources=(
-        "python/sglang/srt/arg_groups/model_override_base.py",
-        "python/sglang/srt/arg_groups/model_overrides/deepseek_v2.py",
-        "python/sglang/srt/layers/attention/attention_registry.py",
-        "python/sglang/srt/models/deepseek_common/attention_backend_handler.py",
-    ),
-    choice=_sglang_choice,
-    **_SGLANG_COMMON,  # type: ignore[arg-type]
-)
+
+def _profile(r: SglangRange) -> EngineProfile:
+    return EngineProfile(
+        name="sglang",
+        display="SGLang",
+        since=r.since,
+        until=r.until,
+        verified=r.verified,
+        sources=_SOURCES,
+        accepts=r.accepts,
+        rule=_rule(r),
+        default_order=_order(r),
+        choice=_choice(r),
+        bundled_packages=_BUNDLED,
+    )
+
+
 SGLANG_UNVERIFIED = EngineProfile(
+    name="sglang",
+    display="SGLang",
     since=None,
-    until=(0, 5, 0),
-    verified="0.4",
+    until=_FIRST,
+    verified="0.4.9.post4",
     sources=(),
-    choice=_sglang_unverified_choice,
-    **_SGLANG_COMMON,  # type: ignore[arg-type]
+    accepts=SGLANG_RANGES[-1].accepts,
+    rule=_rule(SGLANG_RANGES[-1]),
+    default_order=_order(SGLANG_RANGES[-1]),
+    choice=_unverified_choice,
+    bundled_packages=_BUNDLED,
 )
+"""Releases before 0.4.9.post5: no prefill flag, so no flags; the first range's rules
+stand for what they run."""
 
-
-SGLANG_PROFILES: tuple[EngineProfile, ...] = (SGLANG, SGLANG_UNVERIFIED)
+SGLANG_PROFILES: tuple[EngineProfile, ...] = (
+    *(_profile(r) for r in SGLANG_RANGES),
+    SGLANG_UNVERIFIED,
+)
 """Newest first."""

@@ -256,4 +256,6 @@ def test_profiles_by_version() -> None:
     assert resolve("vllm", "0.21.0").verified == "0.33.0"
     assert resolve("vllm", "0.20.9").verified == "0.20.0"
     assert resolve("vllm", None).verified == "0.33.0"
-    assert resolve("sglang", "0.4.9").until == (0, 5, 0)
+    # SGLang's prefill flag first ships in 0.4.9.post5 (the old boundary, 0.5.0, gave
+    # 0.4.9.post5 to 0.4.10.post2 no flags although they take them).
+    assert resolve("sglang", "0.4.9").until == (0, 4, 9, 5)

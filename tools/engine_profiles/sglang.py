@@ -1,0 +1,572 @@
+"""SGLang's MLA prefill behaviour per release, taken from each release's own code.
+
+``python -m tools.engine_profiles.sglang [--versions V ...] [--out core/data/engines/sglang]``
+
+For each SGLang release that has ``--prefill-attention-backend`` (0.4.9.post5 is the
+first: ``pip download`` of 0.4.9.post4 and older shows no such flag), the wheel is
+downloaded once into ``~/.cache/switchboard-engines/sglang`` and its Python sources are
+extracted. Then, per release, in a subprocess (``_sglang_worker``) with torch, CUDA and
+the kernels stubbed:
+
+- run: the release's own argument parser (``ServerArgs.add_cli_args``) gives the
+  choices of ``--attention-backend``/``--prefill-attention-backend``/
+  ``--decode-attention-backend`` (newer releases build their fields from msgspec
+  structs, so msgspec is installed for the worker beside the cache). Where the parser
+  cannot be built under stubs, the choices list is read from the source instead and the
+  fact says so (no release needs that today);
+- run: the DeepSeek model's attention dispatch (``handle_attention_<name>``, or the
+  attention class's ``dispatch_attn_forward_method`` before 0.5.3) for a fresh prefill
+  batch, per backend name, compute capability and MLA dims: ``MHA*`` means the
+  backend's ragged prefill kernel runs; ``MLA`` means prefill goes through the absorbed
+  (decode-style) path instead;
+- run: the fa3 backend's own capability assert, its condition evaluated per capability;
+- run (0.5.10 on, where it is a function of its own): SGLang's automatic attention
+  backend for an MLA model per capability;
+- read, with file:line: the rest (FlashInfer's CUTLASS kernel on 10.x, the trtllm_mla
+  and tokenspeed_mla startup checks, the automatic MLA default before 0.5.10 and the
+  DeepSeek-V3 override), because they sit inside ``ServerArgs.__post_init__`` or a backend's
+  ``__init__`` that cannot run without a GPU;
+- read, from FlashInfer rather than SGLang: what the kernels SGLang calls take
+  (``KERNEL_FACTS``), and from each wheel's METADATA how it depends on flashinfer.
+
+The dispatch runs with the platform predicates it reads (``get_platform()``,
+``is_sm100_supported()``...) replaced by answers for the simulated capability; the
+verdict per situation combines what ran with what was read, and each table lists both.
+
+One JSON table per release goes to ``<out>/<version>.json``; ``core/engine_rules/
+sglang.py`` holds the rules as data per release range and ``tests/core/
+test_engine_profiles_sglang.py`` checks them against every table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+CACHE = Path.home() / ".cache" / "switchboard-engines" / "sglang"
+FIRST = "0.4.9.post5"  # the first release whose parser has --prefill-attention-backend
+CAPS = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)]
+DIMS = [
+    (128, 64, 128),  # DeepSeek-V2/V3/R1, Kimi-K2
+    (192, 64, 256),  # Kimi-linear
+    (64, 64, 128),
+    (256, 0, 256),  # GLM-5 style, no rope part
+    (256, 64, 128),
+    (128, 64, 256),
+    (64, 0, 64),
+]
+DTYPES = ["bfloat16", "float16", "float32"]
+# SGLang names that map to a Switchboard backend (core/specs.py's Backend).
+NAMES: dict[str, str] = {
+    "fa3": "FLASH_ATTN",
+    "fa4": "FLASH_ATTN",
+    "flashinfer": "FLASHINFER",
+    "trtllm_mla": "TRTLLM_RAGGED",
+    "tokenspeed_mla": "TOKENSPEED_MLA",
+}
+# FlashInfer's CUTLASS FMHA (what SGLang's FlashInfer MLA backend runs on 10.x) is
+# instantiated only for these (qk head dim, v head dim) pairs.
+CUTLASS_QK_V = {(192, 128), (128, 128), (64, 64)}
+# FlashInfer's trtllm-gen ragged DeepSeek kernel (SGLang's trtllm_mla prefill).
+TRTLLM_DIMS = {(128, 64, 128), (192, 64, 256)}
+# Facts about the kernels SGLang calls, read from FlashInfer (not from SGLang): the same
+# for every release here, recorded in each table so that it says what it rests on.
+KERNEL_FACTS: dict[str, dict[str, Any]] = {
+    "flashinfer_cutlass_dims": {
+        "value": sorted(CUTLASS_QK_V),
+        "method": "read",
+        "where": "flashinfer-python 0.7.2 flashinfer/prefill.py:1737-1738 (the dispatch "
+        "in csrc/fmha_cutlass_sm100.cu takes exactly these (qk, v) head dims)",
+    },
+    "flashinfer_auto_backend": {
+        "value": "fa3 on SM90 for the head dims its kernels have, else fa2",
+        "method": "read",
+        "where": "flashinfer-python 0.7.2 flashinfer/utils.py:574 "
+        "determine_attention_backend; fa2 is JIT-built for the device, SM120 included "
+        "(flashinfer/jit/core.py:169, compute_120a/120f; compilation_context.py: CUDA "
+        ">= 12.8), heads over 256 on 8.x-12.x (jit/attention/modules.py:1606)",
+    },
+    "flashinfer_mla_min_capability": {
+        "value": "8.0",
+        "method": "read",
+        "where": "SGLang's FlashInfer MLA backend builds BatchMLAPagedAttentionWrapper at "
+        "init; FlashInfer's MLA kernels are not built for 7.5 (our reading, not run)",
+    },
+    "trtllm_ragged_kernel": {
+        "value": {"capability": "10.x", "dims": sorted(TRTLLM_DIMS)},
+        "method": "read",
+        "where": "FlashInfer trtllm_ragged_attention_deepseek (trtllm-gen cubins for "
+        "SM100/SM103; DeepSeek dims and (192, 64, 256)), as core/specs.py's spec",
+    },
+    "fp16_bf16_only": {
+        "value": True,
+        "method": "read",
+        "where": "FA3, FA4, FlashInfer and trtllm-gen prefill kernels take fp16/bf16 only",
+    },
+}
+
+
+def released_versions() -> list[str]:
+    """Every final SGLang release on the index (pre-releases excluded), oldest first."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "sglang"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    line = next(x for x in out.splitlines() if x.startswith("Available versions:"))
+    found = [v.strip() for v in line.split(":", 1)[1].split(",")]
+    finals = [v for v in found if not re.search(r"(rc|a|b|dev)\d*$", v)]
+    return sorted(finals, key=vkey)
+
+
+def vkey(v: str) -> tuple[int, ...]:
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", v)
+    assert m is not None, v
+    return tuple(int(g or 0) for g in m.groups())
+
+
+def fetch(version: str) -> Path:
+    """The release's extracted sources (downloaded once)."""
+    root = CACHE / "src" / version
+    if (root / "sglang" / "srt").is_dir():
+        return root
+    dl = CACHE / "dl"
+    dl.mkdir(parents=True, exist_ok=True)
+    wheels = list(dl.glob(f"sglang-{version}-*.whl"))
+    if not wheels:
+        print(f"  pip download sglang=={version}", flush=True)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps"]
+        subprocess.run([*pip, f"sglang=={version}", "-d", str(dl)], check=True)
+        wheels = list(dl.glob(f"sglang-{version}-*.whl"))
+    with zipfile.ZipFile(wheels[0]) as z:
+        z.extractall(root, [n for n in z.namelist() if n.startswith("sglang/")])
+    return root
+
+
+def ensure_deps() -> None:
+    """msgspec, which newer releases' parsers introspect for real, beside the cache."""
+    deps = CACHE.parent / "pydeps"
+    if not (deps / "msgspec").is_dir():
+        print("  pip install --target ... msgspec", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--target", str(deps), "msgspec"],
+            check=True,
+        )
+
+
+def _worker(root: Path, mode: str, *extra: str) -> dict[str, Any] | None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.engine_profiles._sglang_worker", str(root), mode, *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    if "@@JSON@@" not in proc.stdout:
+        return None
+    return json.loads(proc.stdout.split("@@JSON@@", 1)[1])
+
+
+class Source:
+    """A release's files, with sha256 and line lookups for the facts read from them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.used: dict[str, str] = {}
+
+    def text(self, rel: str) -> str | None:
+        path = self.root / "sglang" / "srt" / rel
+        if not path.is_file():
+            return None
+        data = path.read_bytes()
+        self.used[f"python/sglang/srt/{rel}"] = hashlib.sha256(data).hexdigest()
+        return data.decode()
+
+    def find(self, rels: list[str], pattern: str) -> tuple[str, int, str] | None:
+        """The first line matching ``pattern`` in the first of ``rels`` that has one."""
+        rx = re.compile(pattern)
+        for rel in rels:
+            text = self.text(rel)
+            if text is None:
+                continue
+            for i, line in enumerate(text.splitlines(), 1):
+                if rx.search(line):
+                    return rel, i, line.strip()
+        return None
+
+    def files(self, *globs: str) -> list[str]:
+        base = self.root / "sglang" / "srt"
+        return sorted(str(p.relative_to(base)) for g in globs for p in base.glob(g))
+
+
+def _where(hit: tuple[str, int, str] | None) -> str | None:
+    return None if hit is None else f"python/sglang/srt/{hit[0]}:{hit[1]}"
+
+
+def read_choices(src: Source) -> tuple[dict[str, list[str]] | None, str | None]:
+    """The flags' choices read from the source: ``choices=X`` where X is a list literal
+    or a module-level list (``ATTENTION_BACKEND_CHOICES``)."""
+    rels = src.files("arg_groups/choices.py", "server_args.py", "arg_groups/fields/*.py")
+    for rel in rels:
+        text = src.text(rel)
+        assert text is not None
+        m = re.search(r"^ATTENTION_BACKEND_CHOICES = \[(.*?)^\]", text, re.S | re.M)
+        if m:
+            names = [n for n in re.findall(r'"([^"]+)"', m.group(1))]
+            line = text[: m.start()].count("\n") + 1
+            flags = ("--attention-backend", "--prefill-attention-backend")
+            flags += ("--decode-attention-backend",)
+            return {f: names for f in flags}, f"python/sglang/srt/{rel}:{line}"
+    return None, None
+
+
+def fa3_assert(src: Source) -> dict[str, Any]:
+    """The fa3 backend's own capability assert, its condition evaluated per capability
+    with the model an MLA model."""
+    for rel in ("layers/attention/attention_registry.py", "model_executor/model_runner.py"):
+        text = src.text(rel)
+        if text is None:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Assert) or node.msg is None:
+                continue
+            if "FlashAttention v3 Backend requires" not in ast.unparse(node.msg):
+                continue
+            cond = compile(ast.Expression(node.test), rel, "eval")
+            ok = []
+            for major, minor in CAPS:
+                torch = _NS(cuda=_NS(get_device_capability=lambda *a, c=(major, minor): c))
+                env = {
+                    "torch": torch,
+                    "major": major,
+                    "minor": minor,
+                    "self": _NS(use_mla_backend=True),
+                    "runner": _NS(use_mla_backend=True),
+                }
+                if eval(cond, env):
+                    ok.append(f"{major}.{minor}")
+            try:
+                message = str(ast.literal_eval(node.msg))
+            except ValueError:
+                message = ast.unparse(node.msg)
+            return {
+                "value": ok,
+                "method": "run",
+                "where": f"python/sglang/srt/{rel}:{node.lineno}",
+                "text": ast.unparse(node.test),
+                "message": message,
+            }
+    return {"value": ["9.0"], "method": "read", "where": None, "text": "not found"}
+
+
+class _NS:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+def read_facts(src: Source) -> dict[str, dict[str, Any]]:
+    """The facts read (not run), each with its file:line in this release."""
+    model_files = ["models/deepseek_common/attention_backend_handler.py", "models/deepseek_v2.py"]
+    args_files = src.files("server_args.py", "arg_groups/*.py", "arg_groups/model_overrides/*.py")
+    facts: dict[str, dict[str, Any]] = {}
+
+    def fact(key: str, files: list[str], pattern: str, value: Any, absent: Any) -> None:
+        hit = src.find(files, pattern)
+        facts[key] = {
+            "value": value if hit else absent,
+            "method": "read",
+            "where": _where(hit),
+            "line": hit[2] if hit else None,
+        }
+
+    fact(
+        "flashinfer_cutlass_on_10x",
+        ["layers/attention/flashinfer_mla_backend.py"],
+        r'fmha_backend = "cutlass"',
+        True,
+        False,
+    )
+    fact(
+        "flashinfer_ragged_off_without_rope",
+        model_files,
+        r"qk_rope_head_dim == 0",
+        True,
+        False,
+    )
+    fact(
+        "trtllm_mla_startup_check",
+        args_files,
+        r"TRTLLM MLA backend is only supported on Blackwell",
+        "attention or decode flag trtllm_mla: Blackwell only",
+        None,
+    )
+    fact(
+        "tokenspeed_mla_needs_fp8_kv",
+        [*args_files, "layers/attention/tokenspeed_mla_backend.py"],
+        r"tokenspeed_mla backend requires (--)?kv-cache-dtype",
+        True,
+        False,
+    )
+    fact(
+        "tokenspeed_mla_alias_of_cutedsl",
+        src.files("arg_groups/choices.py", "server_args.py"),
+        r'"tokenspeed_mla",\s*# Deprecated alias for "cutedsl_mla"',
+        True,
+        False,
+    )
+    fact(
+        "cutedsl_decode_only",
+        args_files,
+        r"CuteDSL MLA only supports decoding",
+        True,
+        False,
+    )
+    fact(
+        "automatic_mla",
+        [
+            "arg_groups/model_override_base.py",
+            "server_args.py",
+            "model_executor/model_runner.py",
+        ],
+        r'(attention_backend = |return )"flashinfer"',
+        "MLA: 9.x fa3, 10.x flashinfer, otherwise triton",
+        None,
+    )
+    fact(
+        "deepseek_v3_sm100_trtllm_mla",
+        args_files,
+        r"Use trtllm_mla as attention backend on sm100",
+        "DeepSeek-V3 family on 10.x: trtllm_mla while no attention flag is set",
+        None,
+    )
+    return facts
+
+
+def situations(
+    choices: dict[str, list[str]],
+    fa3: dict[str, Any],
+    methods: dict[str, str | None],
+    facts: dict[str, dict[str, Any]],
+    defaults: dict[str, str | None],
+) -> list[dict[str, Any]]:
+    """Per capability, dims and dtype: each SGLang name's verdict and kernel."""
+    prefill = set(choices.get("--prefill-attention-backend") or [])
+    rows = []
+    for (major, minor), dims, dtype in ((c, d, t) for c in CAPS for d in DIMS for t in DTYPES):
+        cap = f"{major}.{minor}"
+        qk, v = dims[0] + dims[1], dims[2]
+        row: dict[str, Any] = {"capability": cap, "dims": list(dims), "dtype": dtype}
+        names: dict[str, Any] = {}
+        for name in NAMES:
+            verdict: dict[str, Any] = {"runs": False, "kernel": None, "reason": None}
+            method = methods.get(f"{name}|{cap}|{dims[0]},{dims[1]},{dims[2]}")
+            if name not in prefill:
+                verdict["reason"] = f"not a --prefill-attention-backend choice ({name})"
+            elif dtype not in ("bfloat16", "float16"):
+                verdict["reason"] = "its MLA prefill kernels are built for fp16/bf16 only"
+            elif method is None:
+                verdict["reason"] = "the DeepSeek attention dispatch has no handler for it"
+            elif not method.startswith("MHA"):
+                verdict["reason"] = (
+                    f"its dispatch sends prefill to the absorbed path ({method}), "
+                    "not the backend's ragged prefill kernel"
+                )
+            elif name == "fa3":
+                if cap in fa3["value"]:
+                    verdict.update(runs=True, kernel="FlashAttention 3 varlen (sgl_kernel)")
+                else:
+                    verdict["reason"] = (
+                        "fa3 asserts compute capability 9.x for MLA models: "
+                        + fa3.get("message", "")
+                    )
+            elif name == "fa4":
+                verdict.update(runs=True, kernel=f"FlashAttention 4 (flash_attn.cute), {method}")
+            elif name == "flashinfer":
+                if major < 8:
+                    verdict["reason"] = "FlashInfer's MLA kernels need compute capability 8.0+"
+                elif major == 10 and facts["flashinfer_cutlass_on_10x"]["value"]:
+                    if (qk, v) in CUTLASS_QK_V:
+                        verdict.update(runs=True, kernel="FlashInfer CUTLASS FMHA (ragged)")
+                    else:
+                        verdict["reason"] = (
+                            "on 10.x it forces FlashInfer's CUTLASS kernel, which takes "
+                            f"(qk, v) head dims {sorted(CUTLASS_QK_V)} only, not ({qk}, {v})"
+                        )
+                else:
+                    kind = "FA3" if major == 9 else "FA2"
+                    verdict.update(runs=True, kernel=f"FlashInfer ragged prefill, auto ({kind})")
+            elif name == "trtllm_mla":
+                if major != 10:
+                    verdict["reason"] = (
+                        "trtllm_mla prefill runs FlashInfer's trtllm-gen ragged DeepSeek "
+                        "kernel, built for SM100/SM103 only"
+                    )
+                elif dims not in TRTLLM_DIMS:
+                    verdict["reason"] = f"the trtllm-gen ragged kernel has no dims {dims}"
+                else:
+                    verdict.update(runs=True, kernel="FlashInfer trtllm-gen ragged DeepSeek")
+            elif name == "tokenspeed_mla":
+                if facts["tokenspeed_mla_alias_of_cutedsl"]["value"]:
+                    verdict["reason"] = (
+                        "tokenspeed_mla is a deprecated alias of cutedsl_mla, which only decodes"
+                    )
+                elif facts["tokenspeed_mla_needs_fp8_kv"]["value"]:
+                    verdict["reason"] = (
+                        "its tokenspeed_mla backend requires --kv-cache-dtype fp8_e4m3"
+                    )
+                else:
+                    verdict.update(runs=True, kernel="tokenspeed_mla")
+            verdict["dispatch"] = method
+            names[name] = verdict
+        row["names"] = names
+        row["automatic"] = automatic(major, facts, defaults.get(cap))
+        rows.append(row)
+    return rows
+
+
+def automatic(major: int, facts: dict[str, dict[str, Any]], ran: str | None) -> dict[str, str]:
+    """SGLang's own choice with no attention flag: a generic MLA model and the
+    DeepSeek-V3 family. ``ran``: what the release's defaulting function answered (0.5.10
+    on); else read from the inline defaulting in its post-init."""
+    generic = ran or ("fa3" if major == 9 else "flashinfer" if major == 10 else "triton")
+    dsv3 = generic
+    if major == 10 and facts["deepseek_v3_sm100_trtllm_mla"]["value"]:
+        dsv3 = "trtllm_mla"
+    return {"mla": generic, "deepseek_v3": dsv3}
+
+
+def flashinfer_dependency(version: str) -> dict[str, Any]:
+    """How the release's wheel depends on flashinfer (METADATA Requires-Dist)."""
+    wheel = next((CACHE / "dl").glob(f"sglang-{version}-*.whl"), None)
+    if wheel is None:
+        return {"value": None, "method": "read", "where": None}
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    found = [
+        x.split(":", 1)[1].strip()
+        for x in lines
+        if x.lower().startswith("requires-dist: flashinfer")
+    ]
+    return {"value": found, "method": "read", "where": f"{wheel.name}:{meta}"}
+
+
+def extract(version: str) -> dict[str, Any]:
+    root = fetch(version)
+    src = Source(root)
+    print(f"{version}: parser", flush=True)
+    run_choices = _worker(root, "parser")
+    if run_choices:
+        choices = run_choices
+        choices_fact = {"method": "run", "where": "ServerArgs.add_cli_args"}
+    else:
+        read, where = read_choices(src)
+        choices = read or {}
+        choices_fact = {"method": "read", "where": where}
+    print(f"{version}: attention dispatch", flush=True)
+    grid = json.dumps({"caps": [list(c) for c in CAPS], "dims": [list(d) for d in DIMS]})
+    handler = _worker(root, "handler", grid) or {"file": None, "methods": {}}
+    if handler["file"]:
+        src.text(handler["file"].removeprefix("sglang/srt/"))
+    print(f"{version}: automatic backend", flush=True)
+    caps = json.dumps({"caps": [list(c) for c in CAPS]})
+    ran = _worker(root, "default", caps) or {"file": None, "mla": {}}
+    fa3 = fa3_assert(src)
+    facts = read_facts(src)
+    if ran["file"]:
+        src.text(ran["file"].removeprefix("sglang/srt/"))
+        facts["automatic_mla"] = {
+            "value": ran["mla"],
+            "method": "run",
+            "where": f"python/{ran['file']} (the defaulting function, a DeepSeek-V3 config)",
+        }
+    rows = situations(choices, fa3, handler["methods"], facts, ran["mla"])
+    return {
+        "engine": "sglang",
+        "release": version,
+        "tool": "tools/engine_profiles/sglang.py",
+        "sources": dict(sorted(src.used.items())),
+        "facts": {
+            "choices": {"value": choices, **choices_fact},
+            "dispatch": {
+                "method": "run" if handler["methods"] else "read",
+                "where": handler["file"],
+                "note": "fresh prefill batch; MHA* = the backend's ragged prefill kernel",
+            },
+            "fa3_mla_capabilities": fa3,
+            **facts,
+            "flashinfer_dependency": flashinfer_dependency(version),
+            **KERNEL_FACTS,
+        },
+        "flags": {
+            "prefill": "--prefill-attention-backend",
+            "decode": "--decode-attention-backend",
+            "decode_pin": "SGLang's own automatic choice for the pod (each situation's "
+            "'automatic'), pinned so that setting only the prefill flag moves nothing else",
+        },
+        "grid": {
+            "capabilities": [f"{a}.{b}" for a, b in CAPS],
+            "dims": [list(d) for d in DIMS],
+            "dtypes": DTYPES,
+            "names": NAMES,
+        },
+        "situations": rows,
+    }
+
+
+def check_first(released: list[str]) -> None:
+    """FIRST is the first release whose own parser has the prefill flag: the one before
+    it must not have it (run, like the rest)."""
+    before = [v for v in released if vkey(v) < vkey(FIRST)]
+    for version, expect in ((before[-1], False), (FIRST, True)):
+        choices = _worker(fetch(version), "parser") or {}
+        has = "--prefill-attention-backend" in choices
+        print(f"{version}: --prefill-attention-backend {'present' if has else 'absent'}")
+        if has is not expect:
+            raise SystemExit(f"FIRST ({FIRST}) is stale: check {version}")
+
+
+def dump(table: dict[str, Any]) -> str:
+    """Indented JSON with one line per situation: readable diffs, a small file."""
+    rows = table.pop("situations")
+    for row in rows:
+        for verdict in row["names"].values():
+            for key in [k for k, v in verdict.items() if v is None]:
+                del verdict[key]
+    head = json.dumps(table, indent=1)[:-2]
+    body = ",\n".join("  " + json.dumps(r, separators=(",", ":")) for r in rows)
+    table["situations"] = rows
+    return f'{head},\n "situations": [\n{body}\n ]\n}}\n'
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--versions", nargs="*", help="default: every release since " + FIRST)
+    parser.add_argument("--out", default="core/data/engines/sglang")
+    args = parser.parse_args(argv)
+    ensure_deps()
+    if args.versions:
+        versions = args.versions
+    else:
+        released = released_versions()
+        versions = [v for v in released if vkey(v) >= vkey(FIRST)]
+        check_first(released)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for i, version in enumerate(versions, 1):
+        print(f"[{i}/{len(versions)}] sglang {version}", flush=True)
+        table = extract(version)
+        (out / f"{version}.json").write_text(dump(table))
+
+
+if __name__ == "__main__":
+    main()
