@@ -161,8 +161,9 @@ VLLM_RANGES: tuple[VllmRange, ...] = (
             Backend.TRTLLM_RAGGED: _TRTLLM_KIMI,
         },
         order=_ORDER_KIMI_TRTLLM_FIRST,
-        changes="FLASH_ATTN runs (192, 64, 256) on 10.x again (FlashAttention 4 learnt it); "
-        "on 10.x the automatic order puts TRTLLM_RAGGED first for (192, 64, 256).",
+        changes="FLASH_ATTN's dims check no longer depends on the FlashAttention version, so "
+        "it runs (192, 64, 256) on 10.x too; on 10.x the automatic order puts TRTLLM_RAGGED "
+        "first for (192, 64, 256).",
     ),
     VllmRange(
         since=(0, 26, 0),
