@@ -361,6 +361,8 @@ def decide(
     ctx = context_of(request)
     trace = _Trace()
     trace.messages.extend(_stage_messages(a))
+    notes = a.profile.notes(a.engine.version)
+    trace.messages.extend(notes)
 
     def finish(backend: Backend, source: Source, evidence: Evidence | None = None) -> Decision:
         choice = a.profile.choice(backend, ctx, a.profile.label(a.engine.version))
@@ -379,6 +381,7 @@ def decide(
         )
 
     def refuse(kind: str, message: str) -> Refusal:
+        message = " ".join([message, *(f"{n}." for n in notes)])
         return Refusal(kind, message, _candidates(trace, reasons), refs, a.engine)
 
     forcing = [o for o in a.active if o.force is not None]

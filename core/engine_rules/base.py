@@ -105,3 +105,25 @@ class EngineProfile:
             names = ", ".join(b.value for b in Backend if b in self.accepts)
             return [f"{label} has no {backend} MLA prefill backend (it accepts {names})"]
         return self.rule(backend, ctx, label)
+
+    def notes(self, version: str | None) -> list[str]:
+        """What an answer must add about the rules themselves: a release newer than the
+        newest whose rules were read (``verified`` of the open-ended profile), or one
+        whose version cannot be read, gets those newest rules, and is told so."""
+        if self.until is not None or not version:
+            return []
+        newest = parse_version(self.verified)
+        parsed = parse_version(version)
+        if newest is None:
+            return []
+        if parsed is None:
+            return [
+                f"{self.display} version {version!r} cannot be read: the rules of "
+                f"{self.display} {self.verified}, the newest release read, are assumed"
+            ]
+        if parsed > newest:
+            return [
+                f"{self.display} {version} is newer than the newest release whose rules "
+                f"were read ({self.verified}): its rules are assumed"
+            ]
+        return []

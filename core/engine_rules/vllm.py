@@ -1,8 +1,39 @@
-"""vLLM's MLA prefill rules, per release range."""
+"""vLLM's MLA prefill rules, per release range.
+
+Every range below was read off the tables in ``core/data/engines/vllm/<release>.json``,
+which ``python -m tools.engine_profiles.vllm`` produces by running each release's own
+selection code (its ``AttentionConfig``, ``get_mla_prefill_backend`` and every backend's
+``validate_configuration``) on a simulated CUDA platform. Releases whose tables agree
+share a range; ``tests/core/test_engine_profiles_vllm.py`` checks every range against
+every table, so a rule that drifts from the release it claims to describe fails CI.
+
+Why per release: an explicit ``--attention-config.mla_prefill_backend=NAME`` that the
+release finds invalid raises ``ValueError`` at model initialisation and the engine does
+not start, so an answer must be valid in the very release the pod runs.
+
+The source files each range's rules come from (in every release read):
+  vllm/config/attention.py                        AttentionConfig.mla_prefill_backend
+  vllm/v1/attention/backends/mla/prefill/registry.py   the names the flag accepts
+  vllm/v1/attention/backends/mla/prefill/base.py       validate_configuration: dtype,
+                                                       capability, availability, dims
+  vllm/v1/attention/backends/mla/prefill/{flash_attn,flashinfer,trtllm_ragged,
+                                          tokenspeed_mla}.py   each backend's checks
+  vllm/v1/attention/backends/mla/prefill/selector.py   an invalid explicit choice raises
+  selector.py (0.21-0.31) or vllm/platforms/interface.py (0.32 on): the automatic order
+"""
 
 from __future__ import annotations
 
-from mla_switchboard.core.engine_rules.base import EngineChoice, EngineProfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mla_switchboard.core.engine_rules.base import (
+    EngineChoice,
+    EngineProfile,
+    OrderFn,
+    RuleFn,
+    Version,
+)
 from mla_switchboard.core.specs import (
     KIMI_LINEAR_DIMS,
     R1_DIMS,
@@ -12,71 +43,229 @@ from mla_switchboard.core.specs import (
     SelectionContext,
 )
 
-__all__ = ["VLLM_PROFILES"]
-
-# ------------------------------------------------------------------------ vLLM
-# Read from vLLM 0.33.0's source:
-#   vllm/config/attention.py            AttentionConfig.mla_prefill_backend (the flag)
-#   vllm/v1/attention/backends/mla/prefill/registry.py   the accepted names
-#   vllm/v1/attention/backends/mla/prefill/base.py       dtype rule (fp16/bf16)
-#   vllm/v1/attention/backends/mla/prefill/{flash_attn,flashinfer,trtllm_ragged,
-#                                         tokenspeed_mla}.py   per-backend rules
-#   vllm/v1/attention/backends/mla/prefill/selector.py   an invalid explicit choice
-#                                                        raises ValueError at init
-#   vllm/platforms/interface.py  get_mla_prefill_backend_cls: the default order
+__all__ = [
+    "VLLM_EXCEPTIONS",
+    "VLLM_FLAG",
+    "VLLM_LEGACY",
+    "VLLM_PROFILES",
+    "VLLM_RANGES",
+    "VllmBackendRule",
+    "VllmRange",
+]
 
 VLLM_FLAG = "--attention-config.mla_prefill_backend"
-VLLM_ACCEPTS = frozenset(
-    {Backend.FLASH_ATTN, Backend.FLASHINFER, Backend.TRTLLM_RAGGED, Backend.TOKENSPEED_MLA}
+"""The flag every release from 0.21.0 on parses into ``AttentionConfig.mla_prefill_backend``
+(``vllm/engine/arg_utils.py`` registers ``--attention-config``); no environment is needed."""
+
+_HALF = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})
+SMALL_DIMS = MLADims(64, 64, 128)
+GLM5_NOPE_DIMS = MLADims(256, 0, 256)
+
+
+@dataclass(frozen=True)
+class VllmBackendRule:
+    """What one release range's ``validate_configuration`` checks for one backend.
+
+    ``majors``: the compute capability majors it runs on (None: any CUDA device, the
+    base class's default); ``dims``: the exact MLA dims it runs (None: any, the release
+    does not check); ``packages``: the import names its ``is_available`` imports.
+    """
+
+    majors: frozenset[int] | None = None
+    dims: frozenset[MLADims] | None = None
+    dtypes: frozenset[Dtype] = _HALF
+    packages: tuple[str, ...] = ()
+    # (major, dims, why): on that capability major only these dims, for the reason given
+    narrower: tuple[tuple[int, frozenset[MLADims], str], ...] = ()
+
+
+@dataclass(frozen=True)
+class VllmRange:
+    """Releases ``[since, until)`` whose tables agree, and the rules they share.
+
+    ``order`` is the release's own automatic priority list: the first entry whose
+    capability major and dims match the pod (None matches anything) gives the list.
+    ``changes`` says, for the docs and the reader, what differs from the range before.
+    """
+
+    since: Version
+    until: Version | None
+    releases: tuple[str, ...]
+    backends: Mapping[Backend, VllmBackendRule]
+    order: tuple[tuple[int | None, MLADims | None, tuple[Backend, ...]], ...]
+    changes: str = ""
+
+
+_FLASHINFER = ("flashinfer",)
+_BLACKWELL = frozenset({10})
+
+# The release's automatic order (selector.py's _get_mla_prefill_backend_priorities in
+# 0.21-0.31, platforms/interface.py's get_mla_prefill_backend_cls from 0.32): FLASH_ATTN
+# first on every device; on 10.x the other backends follow it.
+_ORDER_FA_FIRST: tuple[tuple[int | None, MLADims | None, tuple[Backend, ...]], ...] = (
+    (
+        10,
+        None,
+        (Backend.FLASH_ATTN, Backend.TRTLLM_RAGGED, Backend.FLASHINFER, Backend.TOKENSPEED_MLA),
+    ),
+    (None, None, (Backend.FLASH_ATTN,)),
 )
-VLLM_FA_DIMS = frozenset({R1_DIMS, KIMI_LINEAR_DIMS, MLADims(64, 64, 128), MLADims(256, 0, 256)})
-_VLLM_BLACKWELL_DIMS: dict[Backend, frozenset[MLADims]] = {
-    Backend.FLASHINFER: frozenset({R1_DIMS}),
-    Backend.TRTLLM_RAGGED: frozenset({R1_DIMS, KIMI_LINEAR_DIMS}),
-    Backend.TOKENSPEED_MLA: frozenset({R1_DIMS}),
+# From 0.27.0: on 10.x, (192, 64, 256) puts TRTLLM_RAGGED first.
+_ORDER_KIMI_TRTLLM_FIRST: tuple[tuple[int | None, MLADims | None, tuple[Backend, ...]], ...] = (
+    (
+        10,
+        KIMI_LINEAR_DIMS,
+        (Backend.TRTLLM_RAGGED, Backend.FLASH_ATTN, Backend.FLASHINFER, Backend.TOKENSPEED_MLA),
+    ),
+    *_ORDER_FA_FIRST,
+)
+
+
+def _r1_only_blackwell(packages: tuple[str, ...]) -> VllmBackendRule:
+    return VllmBackendRule(majors=_BLACKWELL, dims=frozenset({R1_DIMS}), packages=packages)
+
+
+_FA_DIMS_0_26 = frozenset({R1_DIMS, KIMI_LINEAR_DIMS, SMALL_DIMS})
+_FA4_DIMS_0_26 = frozenset({R1_DIMS, SMALL_DIMS})
+_FA_DIMS_0_30 = _FA_DIMS_0_26 | {GLM5_NOPE_DIMS}
+
+_R1_ONLY_BACKENDS: dict[Backend, VllmBackendRule] = {
+    Backend.FLASHINFER: _r1_only_blackwell(_FLASHINFER),
+    Backend.TRTLLM_RAGGED: _r1_only_blackwell(_FLASHINFER),
+    Backend.TOKENSPEED_MLA: _r1_only_blackwell(("tokenspeed_mla",)),
 }
-_HALF = (Dtype.BFLOAT16, Dtype.FLOAT16)
+_TRTLLM_KIMI = VllmBackendRule(
+    majors=_BLACKWELL, dims=frozenset({R1_DIMS, KIMI_LINEAR_DIMS}), packages=_FLASHINFER
+)
+
+VLLM_RANGES: tuple[VllmRange, ...] = (
+    VllmRange(
+        since=(0, 30, 0),
+        until=None,
+        releases=("0.30.0", "0.31.0", "0.32.0", "0.33.0"),
+        backends={
+            Backend.FLASH_ATTN: VllmBackendRule(dims=_FA_DIMS_0_30),
+            **_R1_ONLY_BACKENDS,
+            Backend.TRTLLM_RAGGED: _TRTLLM_KIMI,
+        },
+        order=_ORDER_KIMI_TRTLLM_FIRST,
+        changes="FLASH_ATTN adds GLM-5's NoPE layout (256, 0, 256).",
+    ),
+    VllmRange(
+        since=(0, 27, 0),
+        until=(0, 30, 0),
+        releases=("0.27.0", "0.27.1", "0.28.0", "0.29.0"),
+        backends={
+            Backend.FLASH_ATTN: VllmBackendRule(dims=_FA_DIMS_0_26),
+            **_R1_ONLY_BACKENDS,
+            Backend.TRTLLM_RAGGED: _TRTLLM_KIMI,
+        },
+        order=_ORDER_KIMI_TRTLLM_FIRST,
+        changes="FLASH_ATTN's dims check no longer depends on the FlashAttention version, so "
+        "it runs (192, 64, 256) on 10.x too; on 10.x the automatic order puts TRTLLM_RAGGED "
+        "first for (192, 64, 256).",
+    ),
+    VllmRange(
+        since=(0, 26, 0),
+        until=(0, 27, 0),
+        releases=("0.26.0",),
+        backends={
+            Backend.FLASH_ATTN: VllmBackendRule(
+                dims=_FA_DIMS_0_26,
+                narrower=((10, _FA4_DIMS_0_26, "FlashAttention 4, its version there"),),
+            ),
+            **_R1_ONLY_BACKENDS,
+            Backend.TRTLLM_RAGGED: _TRTLLM_KIMI,
+        },
+        order=_ORDER_FA_FIRST,
+        changes="FLASH_ATTN checks MLA dims for the first time: (128, 64, 128), "
+        "(192, 64, 256) or (64, 64, 128), and on 10.x, where it runs FlashAttention 4, "
+        "not (192, 64, 256).",
+    ),
+    VllmRange(
+        since=(0, 24, 0),
+        until=(0, 26, 0),
+        releases=("0.24.0", "0.25.0", "0.25.1"),
+        backends={
+            Backend.FLASH_ATTN: VllmBackendRule(),
+            **_R1_ONLY_BACKENDS,
+            Backend.TRTLLM_RAGGED: _TRTLLM_KIMI,
+        },
+        order=_ORDER_FA_FIRST,
+        changes="TRTLLM_RAGGED runs (192, 64, 256) as well as (128, 64, 128).",
+    ),
+    VllmRange(
+        since=(0, 21, 0),
+        until=(0, 24, 0),
+        releases=("0.21.0", "0.22.0", "0.22.1", "0.23.0"),
+        backends={Backend.FLASH_ATTN: VllmBackendRule(), **_R1_ONLY_BACKENDS},
+        order=_ORDER_FA_FIRST,
+        changes="The flag appears. FLASH_ATTN checks no MLA dims and no capability; the "
+        "FlashInfer-based backends and TOKENSPEED_MLA run DeepSeek-R1 dims on 10.x only.",
+    ),
+)
+"""Newest first; each range's rules as read off its releases' tables."""
 
 
 def _dims_text(allowed: frozenset[MLADims]) -> str:
     return " or ".join(sorted(str(d) for d in allowed))
 
 
-def _vllm_rule(backend: Backend, ctx: SelectionContext, label: str) -> list[str]:
-    reasons: list[str] = []
-    if ctx.capability is None:
-        reasons.append(f"{label} runs MLA prefill only on a CUDA device")
-    if ctx.dtype not in _HALF:
-        reasons.append(f"{label} runs MLA prefill only in float16 or bfloat16, not {ctx.dtype}")
-    if backend is Backend.FLASH_ATTN:
-        if ctx.dims not in VLLM_FA_DIMS:
+def _majors_text(majors: frozenset[int]) -> str:
+    return " or ".join(f"{m}.x" for m in sorted(majors))
+
+
+def _rule_for(vrange: VllmRange) -> RuleFn:
+    def rule(backend: Backend, ctx: SelectionContext, label: str) -> list[str]:
+        spec = vrange.backends[backend]
+        reasons: list[str] = []
+        if ctx.capability is None:
+            reasons.append(f"{label} runs MLA prefill only on a CUDA device")
+        elif spec.majors is not None and ctx.capability.major not in spec.majors:
             reasons.append(
-                f"{label} runs FLASH_ATTN prefill only for MLA dims {_dims_text(VLLM_FA_DIMS)}, "
+                f"{label} runs {backend} prefill only on compute capability "
+                f"{_majors_text(spec.majors)} (this pod: {ctx.capability})"
+            )
+        if ctx.dtype not in spec.dtypes:
+            reasons.append(
+                f"{label} runs {backend} prefill only in float16 or bfloat16, not {ctx.dtype}"
+            )
+        if spec.dims is not None and ctx.dims not in spec.dims:
+            reasons.append(
+                f"{label} runs {backend} prefill only for MLA dims {_dims_text(spec.dims)}, "
                 f"not {ctx.dims}"
             )
+        elif ctx.capability is not None:
+            for major, dims, why in spec.narrower:
+                if ctx.capability.major == major and ctx.dims not in dims:
+                    reasons.append(
+                        f"{label} runs {backend} prefill on compute capability {major}.x "
+                        f"only for MLA dims {_dims_text(dims)} ({why}), not {ctx.dims}"
+                    )
+        if ctx.packages is not None:
+            reasons.extend(
+                f"{label} runs {backend} prefill only with the {name} package installed "
+                "(its availability check imports it)"
+                for name in spec.packages
+                if name not in ctx.packages
+            )
         return reasons
-    if ctx.capability is not None and ctx.capability.major != 10:
-        reasons.append(
-            f"{label} runs {backend} prefill only on compute capability 10.x "
-            f"(this pod: {ctx.capability})"
-        )
-    allowed = _VLLM_BLACKWELL_DIMS[backend]
-    if ctx.dims not in allowed:
-        reasons.append(
-            f"{label} runs {backend} prefill only for MLA dims {_dims_text(allowed)}, "
-            f"not {ctx.dims}"
-        )
-    return reasons
+
+    return rule
 
 
-def _vllm_order(ctx: SelectionContext) -> list[Backend]:
-    if ctx.capability is not None and ctx.capability.major == 10:
-        if ctx.dims == KIMI_LINEAR_DIMS:
-            return [Backend.TRTLLM_RAGGED, Backend.FLASH_ATTN, Backend.FLASHINFER,
-                    Backend.TOKENSPEED_MLA]  # fmt: skip
-        return [Backend.FLASH_ATTN, Backend.TRTLLM_RAGGED, Backend.FLASHINFER,
-                Backend.TOKENSPEED_MLA]  # fmt: skip
-    return [Backend.FLASH_ATTN]
+def _order_for(vrange: VllmRange) -> OrderFn:
+    def order(ctx: SelectionContext) -> list[Backend]:
+        major = None if ctx.capability is None else ctx.capability.major
+        for want_major, want_dims, listed in vrange.order:
+            if want_major is not None and want_major != major:
+                continue
+            if want_dims is not None and want_dims != ctx.dims:
+                continue
+            return list(listed)
+        return []
+
+    return order
 
 
 def _vllm_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
@@ -90,37 +279,46 @@ def _vllm_legacy_choice(backend: Backend, ctx: SelectionContext, label: str) -> 
     )
 
 
-_VLLM_COMMON = {
-    "name": "vllm",
-    "display": "vLLM",
-    "accepts": VLLM_ACCEPTS,
-    "rule": _vllm_rule,
-    "default_order": _vllm_order,
-}
-
-VLLM = EngineProfile(
-    since=(0, 21, 0),
-    until=None,
-    verified="0.33.0",
-    sources=(
-        "vllm/config/attention.py",
-        "vllm/v1/attention/backends/mla/prefill/registry.py",
-        "vllm/v1/attention/backends/mla/prefill/base.py",
-        "vllm/v1/attention/backends/mla/prefill/selector.py",
-        "vllm/platforms/interface.py",
-    ),
-    choice=_vllm_choice,
-    **_VLLM_COMMON,  # type: ignore[arg-type]
-)
-VLLM_LEGACY = EngineProfile(
-    since=None,
-    until=(0, 21, 0),
-    verified="0.20.0",
-    sources=("vllm/config/attention.py (use_cudnn_prefill, use_trtllm_ragged_deepseek_prefill)",),
-    choice=_vllm_legacy_choice,
-    **_VLLM_COMMON,  # type: ignore[arg-type]
-)
+def _profile(vrange: VllmRange) -> EngineProfile:
+    return EngineProfile(
+        name="vllm",
+        display="vLLM",
+        since=vrange.since,
+        until=vrange.until,
+        verified=vrange.releases[-1],
+        sources=tuple(f"core/data/engines/vllm/{r}.json" for r in vrange.releases),
+        accepts=frozenset(vrange.backends),
+        rule=_rule_for(vrange),
+        default_order=_order_for(vrange),
+        choice=_vllm_choice,
+    )
 
 
-VLLM_PROFILES: tuple[EngineProfile, ...] = (VLLM, VLLM_LEGACY)
-"""Newest first."""
+VLLM_EXCEPTIONS: dict[tuple[str, str], str] = {}
+"""Deliberate disagreements with a release's table, (release, backend) -> why. Empty:
+every range gives exactly the release's own answers over the whole grid."""
+
+
+def _legacy(oldest: VllmRange) -> EngineProfile:
+    """Releases before 0.21.0 have no flag to direct the prefill backend: the answer
+    gives no flags and says why. Their validity rules are the oldest range's (what
+    vLLM's own choice will most nearly follow)."""
+    return EngineProfile(
+        name="vllm",
+        display="vLLM",
+        since=None,
+        until=oldest.since,
+        verified="0.20.0",
+        sources=(
+            "vllm/config/attention.py (use_cudnn_prefill, use_trtllm_ragged_deepseek_prefill)",
+        ),
+        accepts=frozenset(oldest.backends),
+        rule=_rule_for(oldest),
+        default_order=_order_for(oldest),
+        choice=_vllm_legacy_choice,
+    )
+
+
+VLLM_LEGACY = _legacy(VLLM_RANGES[-1])
+VLLM_PROFILES: tuple[EngineProfile, ...] = (*(_profile(r) for r in VLLM_RANGES), VLLM_LEGACY)
+"""Newest first, as ``core/engines.py`` expects."""

@@ -253,7 +253,9 @@ def test_versions(text: str, parsed) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_profiles_by_version() -> None:
-    assert resolve("vllm", "0.21.0").verified == "0.33.0"
+    # each release range is its own profile now (core/engine_rules/vllm.py): 0.21.0 is
+    # in the 0.21-0.23 range, read up to 0.23.0, not under 0.33.0's rules
+    assert resolve("vllm", "0.21.0").verified == "0.23.0"
     assert resolve("vllm", "0.20.9").verified == "0.20.0"
     assert resolve("vllm", None).verified == "0.33.0"
     # SGLang's prefill flag first ships in 0.4.9.post5 (the old boundary, 0.5.0, gave

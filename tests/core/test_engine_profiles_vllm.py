@@ -1,0 +1,316 @@
+"""The core's vLLM rules against every release's own answers.
+
+Each ``core/data/engines/vllm/<release>.json`` was produced by running that release's
+own selection code (``python -m tools.engine_profiles.vllm``). For every release and
+every situation of its grid this checks that the core's profile for that release:
+
+- gives no reason against a backend exactly when the release accepts it (no answer the
+  release rejects, no refusal where it accepts), except the deliberate exceptions in
+  ``VLLM_EXCEPTIONS``;
+- end to end through the evaluator, never answers a backend the release rejects, honours
+  a request the release and our own spec both accept, and under policy
+  ``engine-default`` picks what the release itself would (where our spec allows it);
+- passes the flag spelling the release parses.
+
+The tables are read once per module and the decisions are pure function calls, so the
+whole file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mla_switchboard.core import engine_rules
+from mla_switchboard.core.engine_rules.base import parse_version
+from mla_switchboard.core.engine_rules.vllm import (
+    VLLM_EXCEPTIONS,
+    VLLM_FLAG,
+    VLLM_PROFILES,
+    VLLM_RANGES,
+)
+from mla_switchboard.core.engines import ENGINES, resolve
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.schemas import SEED_RULES
+from mla_switchboard.core.specs import SPECS, Backend, Capability, Dtype, MLADims, SelectionContext
+
+from tests.core.conftest import NOW, override, request
+
+TABLES_DIR = Path(engine_rules.__file__).resolve().parent.parent / "data" / "engines" / "vllm"
+
+# The tables' package sets as a request's ``packages`` (import names present).
+PACKAGES: dict[str, dict[str, str]] = {
+    "all": {
+        "torch": "2.11.0",
+        "flashinfer": "0.7.2",
+        "tokenspeed_mla": "0.1.8",
+        "flash_attn": "2.8.3",
+        "cudnn": "1.32.0",
+    },
+    "no-tokenspeed": {
+        "torch": "2.11.0",
+        "flashinfer": "0.7.2",
+        "flash_attn": "2.8.3",
+        "cudnn": "1.32.0",
+    },
+    "tokenspeed-only": {"torch": "2.11.0", "tokenspeed_mla": "0.1.8"},
+    "none": {"torch": "2.11.0"},
+}
+PRIORITY = DecisionInputs(rules=SEED_RULES)
+ENGINE_DEFAULT = DecisionInputs(
+    rules=SEED_RULES, overrides=(override("*", policy="engine-default"),)
+)
+
+
+def _key(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
+
+
+@cache
+def tables() -> dict[str, dict[str, Any]]:
+    found = {}
+    for path in TABLES_DIR.glob("*.json"):
+        table = json.loads(path.read_text())
+        found[table["release"]] = table
+    return dict(sorted(found.items(), key=lambda kv: _key(kv[0])))
+
+
+RELEASES = list(tables())
+
+
+def _ctx(situation: dict[str, Any]) -> SelectionContext:
+    major, minor = situation["capability"].split(".")
+    return SelectionContext(
+        capability=Capability(int(major), int(minor)),
+        dims=MLADims(*situation["dims"]),
+        dtype=Dtype(situation["dtype"]),
+        packages=PACKAGES[situation["packages"]],
+    )
+
+
+def _accepts(situation: dict[str, Any], backend: Backend) -> bool:
+    reasons = situation["backends"].get(backend.value)
+    return reasons is not None and not reasons  # absent: the release's config rejects the name
+
+
+def _request(situation: dict[str, Any], release: str, **extra: Any):  # type: ignore[no-untyped-def]
+    major, minor = situation["capability"].split(".")
+    return request(
+        (int(major), int(minor)),
+        tuple(situation["dims"]),
+        situation["dtype"],
+        PACKAGES[situation["packages"]],
+        engine=("vllm", release),
+        **extra,
+    )
+
+
+def test_every_release_from_0_21_has_a_table_and_one_range() -> None:
+    assert RELEASES[0] == "0.21.0" and len(RELEASES) >= 2
+    in_ranges = [r for vrange in VLLM_RANGES for r in vrange.releases]
+    assert sorted(in_ranges, key=_key) == RELEASES, "every table in exactly one range"
+    for newer, older in itertools.pairwise(VLLM_RANGES):
+        assert older.until == newer.since  # contiguous, newest first
+    assert VLLM_RANGES[0].until is None and VLLM_RANGES[-1].since == (0, 21, 0)
+    for vrange in VLLM_RANGES:
+        for release in vrange.releases:
+            assert resolve("vllm", release).since == vrange.since
+
+
+def test_each_table_is_the_releases_own_and_complete() -> None:
+    for release, table in tables().items():
+        assert table["engine"] == "vllm"
+        assert table["sources"] and all(len(s["sha256"]) == 64 for s in table["sources"])
+        grid = table["grid"]
+        want = (
+            len(grid["capabilities"]) * len(grid["dims"]) * len(grid["dtypes"])
+            * len(grid["packages"])
+        )  # fmt: skip
+        assert len(table["situations"]) == want >= 500, release
+        assert {"7.5", "9.0", "10.0", "12.1"} <= {s["capability"] for s in table["situations"]}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_profile_reasons_are_empty_exactly_when_the_release_accepts(release: str) -> None:
+    table = tables()[release]
+    profile = resolve("vllm", release)
+    assert profile.notes(release) == []
+    wrong_accepts: list[tuple[Any, ...]] = []
+    wrong_refusals: list[tuple[Any, ...]] = []
+    for s in table["situations"]:
+        ctx = _ctx(s)
+        for backend in Backend:
+            if (release, backend.value) in VLLM_EXCEPTIONS:
+                continue
+            ours = not profile.reasons(backend, ctx, release)
+            theirs = _accepts(s, backend)
+            where = (s["capability"], tuple(s["dims"]), s["dtype"], s["packages"], backend.value)
+            if ours and not theirs:
+                wrong_accepts.append((*where, s["backends"].get(backend.value)))
+            elif theirs and not ours:
+                wrong_refusals.append((*where, profile.reasons(backend, ctx, release)))
+    assert not wrong_accepts, (
+        f"{len(wrong_accepts)} answers vLLM {release} rejects: {wrong_accepts[:5]}"
+    )
+    assert not wrong_refusals, (
+        f"{len(wrong_refusals)} refusals where vLLM {release} accepts: {wrong_refusals[:5]}"
+    )
+
+
+def _answers(release: str) -> list[tuple[Any, ...]]:
+    """What a table says, without the release's own reason texts: the situations, which
+    backends the release accepts in each and its automatic choice."""
+    return [
+        (
+            s["capability"],
+            tuple(s["dims"]),
+            s["dtype"],
+            s["packages"],
+            tuple(sorted(b for b, r in s["backends"].items() if not r)),
+            s["auto"],
+        )
+        for s in tables()[release]["situations"]
+    ]
+
+
+def _checked_twin(release: str) -> str | None:
+    """An older release in the same range whose table gives the same answers: the
+    evaluator is run end to end once per distinct table, which keeps this file fast."""
+    since = resolve("vllm", release).since
+    for older in RELEASES[: RELEASES.index(release)]:
+        if resolve("vllm", older).since == since and _answers(older) == _answers(release):
+            return older
+    return None
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_evaluator_answers_only_what_the_release_runs(release: str) -> None:
+    """End to end, per situation: the priority policy, the engine's own default order,
+    and a request for each backend the evaluator finds valid (a request it finds
+    invalid falls back to the priority answer, which is already checked)."""
+    table = tables()[release]
+    flag = table["flag"]["spelling"]
+    assert flag == f"{VLLM_FLAG}=NAME"
+    assert table["flag"]["arg_utils_registers_attention_config"]
+    profile = resolve("vllm", release)
+    twin = _checked_twin(release)
+    if twin is not None:
+        # Same profile, same answers in every situation: the decisions are the twin's,
+        # word for word but for the release in the labels, and were checked there.
+        return
+    for s in table["situations"]:
+        ctx = _ctx(s)
+        spec_ok = {b for b in Backend if not SPECS[b].validate(ctx)}
+        valid = [b for b in spec_ok if not profile.reasons(b, ctx, release)]
+        # A backend the release and our spec both accept is honoured when requested.
+        assert set(valid) == {b for b in spec_ok if _accepts(s, b)}, (release, s)
+        auto = s["auto"]
+        for inputs, extra in (
+            (PRIORITY, {}),
+            (ENGINE_DEFAULT, {}),
+            *((PRIORITY, {"requested_backend": b.value, "strict": True}) for b in valid),
+        ):
+            result = decide(_request(s, release, **extra), inputs, now=NOW)
+            if isinstance(result, Refusal):
+                assert not valid, (release, s, extra, result.message)
+                assert not any(c.valid for c in result.candidates)
+                continue
+            name = result.backend.value
+            assert _accepts(s, result.backend), (release, s, extra, name)
+            assert result.engine_args == (flag.replace("NAME", name),)
+            assert all(_accepts(s, c.backend) for c in result.candidates if c.valid)
+            if "requested_backend" in extra:
+                assert name == extra["requested_backend"], (release, s, result.messages)
+            if inputs is ENGINE_DEFAULT and auto is not None and Backend(auto) in spec_ok:
+                # the release's own automatic choice, where our spec lets it run here
+                assert name == auto, (release, s, result.messages)
+        if auto is None:  # the release starts with nothing here: neither do we answer
+            assert not valid, (release, s)
+
+
+@pytest.mark.parametrize(
+    ("version", "since", "flags"),
+    [
+        ("0.11.0", None, False),
+        ("0.20.0", None, False),
+        ("0.20.2", None, False),
+        ("0.21.0", (0, 21, 0), True),
+    ],
+)
+def test_old_releases_resolve_to_their_profile(version: str, since, flags: bool) -> None:  # type: ignore[no-untyped-def]
+    profile = resolve("vllm", version)
+    assert profile.since == since
+    result = decide(request((9, 0), engine=("vllm", version)), PRIORITY, now=NOW)
+    assert isinstance(result, Decision)
+    assert bool(result.engine_args) is flags
+    if not flags:
+        assert any(f"has no {VLLM_FLAG}" in m for m in result.messages)
+
+
+def test_each_range_resolves_from_its_first_to_its_last_release() -> None:
+    for vrange in VLLM_RANGES:
+        first = ".".join(str(p) for p in vrange.since)
+        for version in (first, *vrange.releases):
+            profile = resolve("vllm", version)
+            assert profile.since == vrange.since and profile.until == vrange.until
+            assert profile.verified == vrange.releases[-1]
+            assert profile.notes(version) == []
+
+
+@pytest.mark.parametrize("version", ["0.40.0", "1.0", "0.33.1"])
+def test_an_unknown_newer_release_gets_the_newest_rules_and_is_told(version: str) -> None:
+    newest = VLLM_PROFILES[0]
+    parsed = parse_version(version)
+    if parsed is not None and parsed <= parse_version(newest.verified):  # type: ignore[operator]
+        pytest.skip(f"{version} has been read since")
+    assert resolve("vllm", version) is newest
+    result = decide(request((9, 0), engine=("vllm", version)), PRIORITY, now=NOW)
+    assert isinstance(result, Decision)
+    want = (
+        f"vLLM {version} is newer than the newest release whose rules were read "
+        f"({newest.verified}): its rules are assumed"
+    )
+    assert want in result.messages
+    refusal = decide(request((9, 0), dtype="float32", engine=("vllm", version)), PRIORITY, now=NOW)
+    assert isinstance(refusal, Refusal) and want in refusal.message
+
+
+def test_an_unreadable_version_gets_the_newest_rules_and_is_told() -> None:
+    newest = VLLM_PROFILES[0]
+    assert resolve("vllm", "x") is newest and resolve("vllm", None) is newest
+    assert newest.notes(None) == []
+    (note,) = newest.notes("x")
+    assert "'x' cannot be read" in note and newest.verified in note
+
+
+def test_reasons_name_the_engine_and_the_release() -> None:
+    for vrange in VLLM_RANGES:
+        release = vrange.releases[0]
+        profile = resolve("vllm", release)
+        ctx = SelectionContext(Capability(9, 0), MLADims(256, 64, 128), Dtype.FLOAT32, {})
+        for backend in Backend:
+            for reason in profile.reasons(backend, ctx, release):
+                assert reason.startswith(f"vLLM {release} "), reason
+
+
+def test_the_newer_release_note_is_generic() -> None:
+    """Any engine's open-ended profile says when a release is newer than the one read."""
+    for name, profiles in ENGINES.items():
+        newest = profiles[0]
+        newer = parse_version(newest.verified)
+        if newer is None:  # switchboard's own kernels have no releases
+            assert newest.notes("99.0.0") == []
+            continue
+        version = f"{newer[0]}.{newer[1] + 1}.0"
+        assert resolve(name, version) is newest
+        (note,) = newest.notes(version)
+        assert note == (
+            f"{newest.display} {version} is newer than the newest release whose rules were "
+            f"read ({newest.verified}): its rules are assumed"
+        )
+        for older in profiles[1:]:
+            assert older.notes(version) == []

@@ -1,0 +1,370 @@
+"""Extract each vLLM release's MLA prefill rules by running that release's own code.
+
+    python -m tools.engine_profiles.vllm [--versions 0.27.0 0.33.0 ...]
+                                         [--out core/data/engines/vllm]
+
+Why: the core's rules (``core/engine_rules/vllm.py``) must say, for the release a pod
+runs, exactly which prefill backends that release starts with; an answer the release
+rejects stops the engine. Reading one release's source and applying it to every other
+gave answers older releases reject. So every release gets its own table, produced by
+its own code, and a test (``tests/core/test_engine_profiles_vllm.py``) checks the
+core's rules against every committed table.
+
+For each release (default: every release on the package index from 0.21.0, when
+``--attention-config.mla_prefill_backend`` appeared, to the newest; pre-releases
+excluded; every patch release, not only the last of each minor):
+
+1. ``pip download --no-deps vllm==X`` into ``~/.cache/switchboard-engines/wheels``
+   (``$SWITCHBOARD_ENGINE_CACHE`` moves it), extract the wheel's Python files only into
+   ``.../vllm/X/`` and delete the wheel unless ``--keep-wheels``.
+2. For each package set, start ``_vllm_worker`` in a fresh interpreter (this one's:
+   it needs torch and pydantic, not vLLM's other dependencies) on that tree. It parses
+   each backend name with the release's own ``AttentionConfig`` (what the flag's value
+   becomes), then over the grid calls the release's own
+   ``get_mla_prefill_backend``: once per explicit name (the release answers with the
+   backend or raises ``ValueError`` with its ``validate_configuration`` reasons) and
+   once without a choice (the release's automatic order).
+3. Write ``<out>/X.json``: the release, the wheel and source files consulted with
+   sha256, the method, the grid, the names the release's config accepts and, per
+   situation, each backend's reasons (empty: accepted; each reason text is written once
+   in ``reasons`` and referred to by its index) and the automatic choice.
+
+A reason that is not the release's own ``ValueError`` (a failure of the simulation,
+such as a stub that does not fit) stops the run for that release: a table must never
+record the harness's error as the release's rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GRID", "PACKAGE_SETS", "extract", "main", "releases", "table_for"]
+
+FIRST = (0, 21, 0)  # --attention-config.mla_prefill_backend appeared in 0.21.0
+FLAG = "--attention-config.mla_prefill_backend"
+CACHE = Path(
+    os.environ.get("SWITCHBOARD_ENGINE_CACHE", "~/.cache/switchboard-engines")
+).expanduser()
+ROOT = Path(__file__).resolve().parents[2]
+
+# The names asked about: every backend Switchboard knows (core/specs.py's Backend).
+NAMES = ("FLASH_ATTN", "FLASHINFER", "TRTLLM_RAGGED", "TOKENSPEED_MLA", "CUDNN", "TORCH_SDPA")
+
+GRID: dict[str, Any] = {
+    "capabilities": [
+        [7, 5],
+        [8, 0],
+        [8, 6],
+        [8, 9],
+        [9, 0],
+        [10, 0],
+        [10, 3],
+        [11, 0],
+        [12, 0],
+        [12, 1],
+    ],
+    # R1/V3, Kimi-linear and DeepSeek-V3.2 (192, 64, 256), the small (64, 64, 128),
+    # GLM-5's NoPE layout (256, 0, 256), and two that no release names: a qk head over
+    # 256 and a v head larger than the R1 one.
+    "dims": [
+        [128, 64, 128],
+        [192, 64, 256],
+        [64, 64, 128],
+        [256, 0, 256],
+        [256, 64, 128],
+        [128, 64, 256],
+    ],
+    "dtypes": ["bfloat16", "float16", "float32"],
+}
+
+# Which kernel packages import (the backends' availability checks test flashinfer and
+# tokenspeed_mla; flash_attn is simulated too though vLLM's CUDA build ships its own).
+PACKAGE_SETS: dict[str, list[str]] = {
+    "all": ["flashinfer", "tokenspeed_mla", "flash_attn"],
+    "no-tokenspeed": ["flashinfer", "flash_attn"],
+    "tokenspeed-only": ["tokenspeed_mla"],
+    "none": [],
+}
+
+# The files whose code decides the answer, recorded with their sha256 (the worker
+# imports more, but these hold the flag, the names, the checks and the order).
+SOURCES = (
+    "vllm/config/attention.py",
+    "vllm/engine/arg_utils.py",
+    "vllm/platforms/interface.py",
+    "vllm/platforms/cuda.py",
+    "vllm/v1/attention/backends/fa_utils.py",
+)
+SOURCE_DIRS = ("vllm/v1/attention/backends/mla/prefill",)
+
+_PREFIX = re.compile(
+    r"^ValueError: Selected MLA prefill backend (\w+) is not valid for this configuration\. "
+    r"Reason: "
+)
+
+METHOD = (
+    "The release's own code run on a simulated CUDA platform (tools/engine_profiles/"
+    "_vllm_worker.py): AttentionConfig(mla_prefill_backend=NAME) decides which names the "
+    f"flag {FLAG}=NAME accepts (engine/arg_utils.py registers --attention-config); "
+    "get_mla_prefill_backend(vllm_config) with that choice gives accepted (reasons []) or "
+    "the release's ValueError, whose reason list is recorded (the fixed prefix 'Selected "
+    "MLA prefill backend NAME is not valid for this configuration. Reason:' dropped); "
+    "without a choice it gives the release's automatic choice. current_platform is the "
+    "release's CUDA platform class answering the grid's capability; compiled extensions "
+    "and unrelated third-party modules are stubs; the kernel packages of each package set "
+    "import as stubs, the others raise ImportError."
+)
+
+
+def _version_key(text: str) -> tuple[int, ...] | None:
+    if not re.fullmatch(r"\d+(\.\d+)*", text):
+        return None  # pre-releases, dev and post releases are not served versions
+    return tuple(int(p) for p in text.split("."))
+
+
+def releases() -> list[str]:
+    """Every final vLLM release from 0.21.0 on, oldest first, as pip's index lists them."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "vllm"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("Available versions:"))
+    found = []
+    for text in line.split(":", 1)[1].split(","):
+        key = _version_key(text.strip())
+        if key is not None and key[:3] >= FIRST:
+            found.append((key, text.strip()))
+    return [text for _, text in sorted(found)]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def extract(version: str, *, keep_wheel: bool = False) -> tuple[Path, dict[str, str]]:
+    """The release's Python files, extracted once into the cache; and its wheel's name
+    and sha256 (kept beside the tree, since the wheel itself may be deleted)."""
+    tree = CACHE / "vllm" / version
+    meta = tree / "wheel.json"
+    if meta.exists() and "extensions" in json.loads(meta.read_text()):
+        return tree, json.loads(meta.read_text())
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "-d",
+            str(wheels),
+            f"vllm=={version}",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    wheel = next(p for p in wheels.glob("vllm-*.whl") if p.name.split("-")[1] == version)
+    partial = tree.parent / f"{tree.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    extensions = []
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.startswith("vllm/") and name.endswith(".py"):
+                z.extract(name, partial)
+            elif name.startswith("vllm/") and name.endswith(".so"):
+                # the compiled modules the release ships: the worker stubs these, and
+                # only these, among vLLM's own modules
+                extensions.append(name.split(".")[0].replace("/", "."))
+    info = {"wheel": wheel.name, "sha256": _sha256(wheel), "extensions": sorted(extensions)}
+    (partial / "wheel.json").write_text(json.dumps(info))
+    shutil.rmtree(tree, ignore_errors=True)
+    partial.rename(tree)
+    if not keep_wheel:
+        wheel.unlink()
+    return tree, info
+
+
+def _sources(tree: Path) -> list[dict[str, str]]:
+    paths = [tree / s for s in SOURCES if (tree / s).exists()]
+    for folder in SOURCE_DIRS:
+        paths.extend(sorted((tree / folder).glob("*.py")))
+    return [
+        {"path": str(p.relative_to(tree)), "sha256": _sha256(p)}
+        for p in paths
+        if p.name != "__init__.py"
+    ]
+
+
+def _run_worker(tree: Path, present: list[str], extensions: list[str]) -> dict[str, Any]:
+    request = {
+        "source": str(tree),
+        "release": tree.name,
+        "extensions": extensions,
+        "present": present,
+        "names": list(NAMES),
+        **GRID,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.engine_profiles._vllm_worker"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker failed for {tree.name}: {proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def _reasons(text: str | None, name: str) -> list[str] | str:
+    """The release's reason list for ``name`` (empty: accepted), or the harness error."""
+    if text is None:
+        return []
+    m = _PREFIX.match(text)
+    if m is None or m.group(1) != name:
+        return f"harness error: {text}"
+    rest = text[m.end() :]
+    try:
+        parsed = ast.literal_eval(rest)
+    except (ValueError, SyntaxError):
+        return [rest]
+    return [str(r) for r in parsed] if isinstance(parsed, list) else [rest]
+
+
+def table_for(version: str, *, keep_wheel: bool = False) -> dict[str, Any]:
+    """The release's table, built by its own code (see the module docstring)."""
+    tree, wheel = extract(version, keep_wheel=keep_wheel)
+    arg_utils = tree / "vllm/engine/arg_utils.py"
+    registers_flag = arg_utils.exists() and '"--attention-config"' in arg_utils.read_text()
+    situations: list[dict[str, Any]] = []
+    accepted_names: list[str] | None = None
+    rejected_names: dict[str, str] = {}
+    members: list[str] = []
+    errors: list[str] = []
+    for package_set, present in PACKAGE_SETS.items():
+        result = _run_worker(tree, present, wheel["extensions"])
+        members = result["members"]
+        rejected_names = result["rejected_names"]
+        accepted_names = [n for n in NAMES if n not in rejected_names]
+        for row in result["rows"]:
+            backends: dict[str, Any] = {}
+            for name in accepted_names:
+                reasons = _reasons(row["explicit"][name], name)
+                if isinstance(reasons, str):
+                    errors.append(f"{row['capability']} {row['dims']} {row['dtype']}: {reasons}")
+                backends[name] = reasons
+            auto = row["auto"]
+            auto_error = row.get("auto_error")
+            if auto is None and not (auto_error or "").startswith("ValueError: No valid MLA"):
+                errors.append(f"auto {row['capability']} {row['dims']}: {auto_error}")
+            situations.append(
+                {
+                    "capability": "{}.{}".format(*row["capability"]),
+                    "dims": row["dims"],
+                    "dtype": row["dtype"],
+                    "packages": package_set,
+                    "backends": backends,
+                    "auto": auto,
+                }
+            )
+    if errors:
+        raise RuntimeError(f"vLLM {version}: the simulation failed: " + "; ".join(errors[:5]))
+    return {
+        "engine": "vllm",
+        "release": version,
+        "wheel": {"file": wheel["wheel"], "sha256": wheel["sha256"]},
+        "sources": _sources(tree),
+        "method": METHOD,
+        "flag": {
+            "spelling": f"{FLAG}=NAME",
+            "field": "AttentionConfig.mla_prefill_backend",
+            "arg_utils_registers_attention_config": registers_flag,
+        },
+        "names": {
+            "members": members,
+            "accepted": accepted_names,
+            "rejected": rejected_names,
+        },
+        "grid": {**GRID, "packages": PACKAGE_SETS},
+        "situations": situations,
+    }
+
+
+def dump(table: dict[str, Any]) -> str:
+    """Readable but compact: the header indented, one situation per line. Each reason
+    text is written once, in ``reasons``; a situation's backend lists its indexes there
+    (``[]``: the release accepts the backend)."""
+    texts: dict[str, int] = {}
+    rows = []
+    for s in table["situations"]:
+        backends = {
+            name: [texts.setdefault(r, len(texts)) for r in reasons]
+            for name, reasons in s["backends"].items()
+        }
+        rows.append({**s, "backends": backends})
+    head = {k: v for k, v in table.items() if k != "situations"}
+    head["reasons"] = list(texts)
+    text = json.dumps(head, indent=1)
+    lines = ",\n  ".join(json.dumps(s, separators=(",", ":")) for s in rows)
+    return text[:-2] + ',\n "situations": [\n  ' + lines + "\n ]\n}\n"
+
+
+def summary(table: dict[str, Any]) -> str:
+    rows = table["situations"]
+    accepted = sum(1 for s in rows for r in s["backends"].values() if not r)
+    refused = sum(1 for s in rows for r in s["backends"].values() if r)
+    autos: dict[str, int] = {}
+    for s in rows:
+        key = s["auto"] or "none"
+        autos[key] = autos.get(key, 0) + 1
+    auto_text = ", ".join(f"{k} {v}" for k, v in sorted(autos.items()))
+    return (
+        f"vLLM {table['release']}: {len(rows)} situations, names {table['names']['accepted']}, "
+        f"{accepted} accepted / {refused} refused explicit choices; automatic: {auto_text}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", nargs="*", help="releases (default: 0.21.0 to newest)")
+    parser.add_argument("--out", default="core/data/engines/vllm", type=Path)
+    parser.add_argument("--keep-wheels", action="store_true")
+    args = parser.parse_args(argv)
+    versions = args.versions or releases()
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for version in versions:
+        try:
+            table = table_for(version, keep_wheel=args.keep_wheels)
+        except Exception as exc:
+            print(f"vLLM {version}: FAILED: {exc}", flush=True)
+            failed.append(version)
+            continue
+        (args.out / f"{version}.json").write_text(dump(table))
+        print(summary(table), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
