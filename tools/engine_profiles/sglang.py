@@ -548,10 +548,15 @@ def dump(table: dict[str, Any]) -> str:
     return f'{head},\n "situations": [\n{body}\n ]\n}}\n'
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", nargs="*", help="default: every release since " + FIRST)
     parser.add_argument("--out", default="core/data/engines/sglang")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing: exit 1 unless each release's table equals the one in --out",
+    )
     args = parser.parse_args(argv)
     ensure_deps()
     if args.versions:
@@ -561,12 +566,22 @@ def main(argv: list[str] | None = None) -> None:
         versions = [v for v in released if vkey(v) >= vkey(FIRST)]
         check_first(released)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if not args.check:
+        out.mkdir(parents=True, exist_ok=True)
+    differ = []
     for i, version in enumerate(versions, 1):
         print(f"[{i}/{len(versions)}] sglang {version}", flush=True)
         table = extract(version)
-        (out / f"{version}.json").write_text(dump(table))
+        path = out / f"{version}.json"
+        if args.check:
+            same = path.exists() and path.read_text() == dump(table)
+            print(f"{version}: {'reproduces' if same else 'DIFFERS from'} {path}", flush=True)
+            if not same:
+                differ.append(version)
+            continue
+        path.write_text(dump(table))
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

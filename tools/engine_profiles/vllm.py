@@ -350,9 +350,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--versions", nargs="*", help="releases (default: 0.21.0 to newest)")
     parser.add_argument("--out", default="core/data/engines/vllm", type=Path)
     parser.add_argument("--keep-wheels", action="store_true")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing: exit 1 unless each release's table equals the one in --out",
+    )
     args = parser.parse_args(argv)
     versions = args.versions or releases()
-    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.check:
+        args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     for version in versions:
         try:
@@ -361,7 +367,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"vLLM {version}: FAILED: {exc}", flush=True)
             failed.append(version)
             continue
-        (args.out / f"{version}.json").write_text(dump(table))
+        path = args.out / f"{version}.json"
+        if args.check:
+            same = path.exists() and path.read_text() == dump(table)
+            print(f"vLLM {version}: {'reproduces' if same else 'DIFFERS from'} {path}", flush=True)
+            if not same:
+                failed.append(version)
+            continue
+        path.write_text(dump(table))
         print(summary(table), flush=True)
     return 1 if failed else 0
 
