@@ -34,19 +34,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/agent_latency.py` from anywhere
+    sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 from mla_switchboard.agent import select_backend  # noqa: E402
 
+from bench.common import free_port  # noqa: E402
+
 TOKEN = "bench-agent-token"
 MODEL = ROOT / "tests" / "agent" / "configs" / "deepseek-v3.json"
 H200 = {"cluster": "bench", "capability": "9.0", "device_name": "NVIDIA H200", "packages": "any"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_service(directory: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -43,8 +43,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/boot_storm.py` from anywhere
+    sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+
+from bench.common import free_port, raw_select  # noqa: E402
 
 TOKEN = "bench-admin-token"
 PG_DSN = os.environ.get("SWITCHBOARD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -112,15 +116,6 @@ def fleet(n: int, seed: int = 7) -> list[dict[str, Any]]:
     return pods
 
 
-def http_request(body: dict[str, Any], host: str) -> bytes:
-    payload = json.dumps(body, separators=(",", ":")).encode()
-    head = (
-        f"POST /v1/select HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-    )
-    return head.encode() + payload
-
-
 # --------------------------------------------------------------- load generator
 
 
@@ -183,7 +178,7 @@ async def storm(
     queues: list[list[bytes]] = [[] for _ in ports]
     for i, pod in enumerate(pods):  # round-robin over the replicas
         r = i % len(ports)
-        queues[r].append(http_request(pod, f"127.0.0.1:{ports[r]}"))
+        queues[r].append(raw_select(pod, f"127.0.0.1:{ports[r]}", TOKEN))
     for q in queues:
         q.reverse()  # pop() from the end keeps the fleet's order
     out, progress = Outcome(), [0]
@@ -212,14 +207,6 @@ async def storm(
 
 
 # ------------------------------------------------------------------- replicas
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:

@@ -94,6 +94,8 @@ from mla_switchboard.service.state import DecisionRecord  # noqa: E402
 from mla_switchboard.service.store import Store  # noqa: E402
 from mla_switchboard.service.store.db import make_engine, migrate  # noqa: E402
 
+from bench.common import free_port, raw_select  # noqa: E402
+
 TOKEN = "bench-scale-admin-token"
 PG_DSN = os.environ.get("SWITCHBOARD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 RESULTS = ROOT / "bench" / "results" / "scale.json"
@@ -464,14 +466,6 @@ def database(kind: str, pg_dsn: str, tag: str) -> Iterator[str]:
 # ------------------------------------------------------------------ the service
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Service:
     """A real ``switchboard serve`` process on loopback."""
@@ -690,12 +684,7 @@ def measure_operations(ops: Operations, times: int) -> dict[str, Any]:
 
 
 def http_select(body: dict[str, Any], port: int) -> bytes:
-    payload = json.dumps(body, separators=(",", ":")).encode()
-    head = (
-        f"POST /v1/select HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-    )
-    return head.encode() + payload
+    return raw_select(body, f"127.0.0.1:{port}", TOKEN)
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:

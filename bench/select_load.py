@@ -29,15 +29,12 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/select_load.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import free_port  # noqa: E402
+
 TOKEN = "bench-admin-token"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cmd: list[str], env: dict[str, str], url: str) -> subprocess.Popen[bytes]:
