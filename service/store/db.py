@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ def make_engine(url: str) -> Engine:
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            _into_wal(cur, timeout)
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             cur.close()
@@ -71,6 +73,25 @@ def _engine(url: str, **options: Any) -> Engine:
         raise StoreConfigError(
             f"SWITCHBOARD_DATABASE_URL {shown_url(url)!r} cannot be used: {first_line(exc)}"
         ) from exc
+
+
+def _into_wal(cursor: Any, timeout_s: float) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while another process holds the lock.
+
+    Turning a new file to WAL needs an exclusive lock, and SQLite answers "database is
+    locked" at once there rather than through the busy handler: replicas starting
+    together on a fresh file would otherwise fail at their first connection."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
 
 
 def migrate(engine: Engine) -> None:
