@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import math
@@ -754,7 +755,9 @@ async def paced(
             return
 
     start = loop.time() + 0.1
-    tasks = []
+    # only the requests in flight are held: a list of every finished task (tens of
+    # thousands in a long run) made each of this client's own collections slower
+    tasks: set[asyncio.Task[None]] = set()
     i = 0
     while True:
         scheduled = start + i / rate
@@ -763,9 +766,11 @@ async def paced(
         delay = scheduled - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(scheduled, requests[i % len(requests)])))
+        task = asyncio.create_task(one(scheduled, requests[i % len(requests)]))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
         i += 1
-    _, pending = await asyncio.wait(tasks, timeout=120) if tasks else (set(), set())
+    _, pending = await asyncio.wait(set(tasks), timeout=120) if tasks else (set(), set())
     for t in pending:
         t.cancel()
     for _, _, writer in idle:
@@ -782,6 +787,10 @@ def _paced_child(
         run = uvloop.run
     except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
         run = asyncio.run
+    # The load generator must not stall itself: a cyclic collection here pauses every
+    # request in flight, and the pause would be booked as the service's latency. What
+    # it allocates in one run is small and freed by reference counting.
+    gc.disable()
     conn.send(run(paced(port, requests, rate, seconds, stop)))
     conn.close()
 
@@ -1091,11 +1100,16 @@ def server_select_latency(metrics: str) -> dict[str, int]:
     """How many ``/v1/select`` answers the service itself timed over 50 ms and 100 ms
     (its latency histogram), and how often its event loop ran its 50 ms timer more
     than 25 / 50 ms late (a held loop delays requests before any handler's clock
-    starts): a stall a client measures that neither shows is the client's own (a
-    process descheduled on a shared machine)."""
+    starts), and how many garbage collections held the process that long: a stall a
+    client measures that none of these shows is the client's own (a process
+    descheduled on a shared machine)."""
     buckets: dict[str, float] = {}
     lag: dict[str, float] = {}
+    gc_pause: dict[str, float] = {}
     for line in metrics.splitlines():
+        if line.startswith("switchboard_gc_pause_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            gc_pause[le] = gc_pause.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
         if line.startswith("switchboard_event_loop_lag_seconds_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             lag[le] = float(line.rsplit(" ", 1)[1])
@@ -1113,6 +1127,9 @@ def server_select_latency(metrics: str) -> dict[str, int]:
         "loop_ticks": int(ticks),
         "loop_late_over_25ms": int(ticks - lag.get("0.025", ticks)),
         "loop_late_over_50ms": int(ticks - lag.get("0.05", ticks)),
+        "gc_collections": int(gc_pause.get("+Inf", 0.0)),
+        "gc_over_25ms": int(gc_pause.get("+Inf", 0.0) - gc_pause.get("0.025", 0.0)),
+        "gc_over_50ms": int(gc_pause.get("+Inf", 0.0) - gc_pause.get("0.05", 0.0)),
     }
 
 

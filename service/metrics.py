@@ -15,7 +15,9 @@ loop per scrape), and it listed every cluster to anyone. Now
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -110,6 +112,15 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
+        self.gc_pause = Histogram(
+            "switchboard_gc_pause_seconds",
+            "How long each cyclic garbage collection held the process (every thread, the "
+            "event loop's too), by generation: a loop stall that matches one of these is "
+            "the collector's",
+            ["generation"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=r,
+        )
         self.latency = Histogram(
             "switchboard_request_seconds",
             "HTTP request latency by route",
@@ -182,6 +193,29 @@ class Metrics:
         self.config_version = Gauge(
             "switchboard_config_version", "Config version held in memory", registry=r
         )
+
+    def watch_gc(self) -> Callable[[], None]:
+        """Time every collection from now on; returns the function that stops it.
+
+        ``gc.callbacks`` is process-wide and runs on whichever thread triggered the
+        collection, so the start time is kept per thread."""
+        children = [self.gc_pause.labels(str(g)) for g in range(3)]
+        began = threading.local()
+
+        def timed(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                began.at = time.perf_counter()
+            elif (at := getattr(began, "at", None)) is not None:
+                children[info["generation"]].observe(time.perf_counter() - at)
+                began.at = None
+
+        gc.callbacks.append(timed)
+
+        def stop() -> None:
+            if timed in gc.callbacks:
+                gc.callbacks.remove(timed)
+
+        return stop
 
     def render(self, clusters: Callable[[str], bool] | None) -> bytes:
         """The text exposition. ``clusters``: which cluster labels the caller may see

@@ -11,6 +11,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from mla_switchboard.core.evaluator import DecisionInputs
@@ -51,6 +52,7 @@ class Runtime:
             self.store, self.metrics, settings.metrics_max_clusters
         )
         self._evidence_version = 0
+        self._unwatch_gc: Callable[[], None] | None = None
         self._inputs_lock = threading.RLock()
         self._inputs: DecisionInputs | None = None
         # measured selection trusts only some clusters' evidence (service/evidence/trust.py);
@@ -127,6 +129,7 @@ class Runtime:
         # full collection under load walked ~120,000 startup objects on the event
         # loop's thread, tens of ms each on the 2-core machine (a p99 tail).
         gc.freeze()
+        self._unwatch_gc = self.metrics.watch_gc()
         # The writer thread gives the GIL up on every call into the database driver;
         # while the event loop is busy, taking it back waits up to the switch interval
         # (5 ms by default) each time, which stretched a batch's write (and so what a
@@ -134,6 +137,9 @@ class Runtime:
         sys.setswitchinterval(0.001)
 
     def stop(self) -> None:
+        if self._unwatch_gc is not None:
+            self._unwatch_gc()
+            self._unwatch_gc = None
         self.pod_expiry.stop()
         self.refused_selects.stop()
         self.rollouts.stop()
