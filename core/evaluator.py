@@ -80,7 +80,13 @@ class DecisionInputs:
     rules: RulesDocument
     overrides: tuple[Override, ...] = ()
     evidence: EvidenceIndex = EMPTY
-    tag: tuple[int, int] = (0, 0)  # (config version, evidence version)
+    tag: tuple[int, int] = (0, 0)  # (config version, evidence version: every change)
+    evidence_generation: int = 0
+    """Moves only when the evidence indexes themselves are replaced or restructured (a
+    full reload, a new trust scope or cluster index, an expiry). Between two such
+    moves evidence changes one situation at a time, so a decision that names the
+    situation it read (``Decision.evidence_situation``) can be kept until that
+    situation's evidence changes, and every other decision across all of them."""
 
 
 LOCAL_INPUTS = DecisionInputs(rules=SEED_RULES)
@@ -152,6 +158,10 @@ class Decision:
     engine: EngineInfo = field(default_factory=EngineInfo)
     engine_args: tuple[str, ...] = ()
     engine_env: tuple[tuple[str, str], ...] = ()
+    evidence_situation: Situation | None = None
+    """The situation whose evidence this decision read (policy ``measured``: its
+    exclusions and ranking); None when evidence played no part, so new evidence
+    cannot change it."""
 
     def to_response(self, *, rules_revision: int, decision_id: str | None) -> SelectResponse:
         return SelectResponse(
@@ -183,6 +193,7 @@ class Refusal:
     candidates: tuple[Candidate, ...]
     overrides: tuple[OverrideRef, ...] = ()
     engine: EngineInfo = field(default_factory=EngineInfo)
+    evidence_situation: Situation | None = None  # as Decision.evidence_situation
 
 
 @dataclass
@@ -363,6 +374,7 @@ def decide(
     trace.messages.extend(_stage_messages(a))
     notes = a.profile.notes(a.engine.version)
     trace.messages.extend(notes)
+    read = a.situation if a.policy == "measured" else None  # what the evidence was asked
 
     def finish(backend: Backend, source: Source, evidence: Evidence | None = None) -> Decision:
         choice = a.profile.choice(backend, ctx, a.profile.label(a.engine.version))
@@ -378,11 +390,12 @@ def decide(
             engine=a.engine,
             engine_args=choice.args,
             engine_env=tuple(sorted(choice.env.items())),
+            evidence_situation=read,
         )
 
     def refuse(kind: str, message: str) -> Refusal:
         message = " ".join([message, *(f"{n}." for n in notes)])
-        return Refusal(kind, message, _candidates(trace, reasons), refs, a.engine)
+        return Refusal(kind, message, _candidates(trace, reasons), refs, a.engine, read)
 
     forcing = [o for o in a.active if o.force is not None]
     if forcing:

@@ -2,10 +2,18 @@
 
 Thousands of pods of one rollout send the same description apart from their names,
 so decisions are cached by everything the evaluator reads (``decision_key``: all but
-node and pod) for one ``DecisionInputs`` (its tag: config and evidence version), and
-only until the next override expires. A cached
-decision is also serialised once: the answer is a template into which each request's
-decision id is put.
+node and pod) for one configuration version, until the next override expires. A
+cached decision is also serialised once: the answer is a template into which each
+request's decision id is put.
+
+Evidence arrives all the time (every benchmark report), yet most decisions never read
+it: only policy ``measured`` does, and then only its own situation. So new evidence
+does not empty the cache. A decision that read evidence is kept with a *stamp*: the
+index it was given, the situation and that situation's published statistics (an
+immutable mapping the index replaces whenever the situation changes); a hit whose
+statistics were replaced since is decided again. What a stamp cannot see (an index
+replaced or added, evidence expiring) moves ``DecisionInputs.evidence_generation``,
+which empties the cache as a new configuration does.
 """
 
 from __future__ import annotations
@@ -18,12 +26,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
+from mla_switchboard.core.evidence import EvidenceIndex, Group, Situation, situation_of
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.service.fleet.shapes import Shape, shape_of
 
 CACHE_SIZE = 4096
 InputsFor = Callable[[SelectRequest, DecisionInputs, datetime], DecisionInputs]
 ID_PLACEHOLDER = "@@DECISION_ID@@"
+Stamp = tuple[EvidenceIndex, Situation, Group]
+"""What a measured decision read: the index, the situation, its statistics then."""
 
 
 @dataclass(frozen=True)
@@ -92,17 +103,19 @@ class Selector:
         # the clusters that request's policy trusts); a function of the request's
         # cluster and the inputs, so the cache below stays right
         self._inputs_for = inputs_for or (lambda _request, inputs, _now: inputs)
-        self._cache: OrderedDict[tuple[Any, ...], Rendered | Refusal] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], tuple[Rendered | Refusal, Stamp | None]] = (
+            OrderedDict()
+        )
         self._cache_tag: tuple[int, int] = (-1, -1)
         self._valid_until: datetime | None = None
+        self.decided = 0  # decisions made (cache misses): what the cache tests count
 
     def select(self, request: SelectRequest, inputs: DecisionInputs) -> Rendered | Refusal:
         now = self._clock()
-        if inputs.tag != self._cache_tag or (
-            self._valid_until is not None and now >= self._valid_until
-        ):
+        tag = (inputs.tag[0], inputs.evidence_generation)
+        if tag != self._cache_tag or (self._valid_until is not None and now >= self._valid_until):
             self._cache.clear()
-            self._cache_tag = inputs.tag
+            self._cache_tag = tag
             upcoming = [
                 o.expires_at for o in inputs.overrides if o.expires_at and o.expires_at > now
             ]
@@ -110,15 +123,24 @@ class Selector:
         key = decision_key(request, inputs.overrides)
         hit = self._cache.get(key)
         if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        decided = decide(request, self._inputs_for(request, inputs, now), now=now)
+            result, stamp = hit
+            if stamp is None or stamp[0].group(stamp[1]) is stamp[2]:
+                self._cache.move_to_end(key)
+                return result
+        given = self._inputs_for(request, inputs, now)
+        # read before deciding: evidence that lands meanwhile makes the stamp stale
+        # (decided again next time), never a stale decision look current
+        situation = situation_of(request)
+        before = given.evidence.group(situation)
+        decided = decide(request, given, now=now)
+        self.decided += 1
         result = (
             decided
             if isinstance(decided, Refusal)
             else Rendered.of(decided, inputs.rules.revision or 0, request)
         )
-        self._cache[key] = result
+        read = decided.evidence_situation
+        self._cache[key] = (result, None if read is None else (given.evidence, read, before))
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return result
