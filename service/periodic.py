@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 
 from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.priority import lower_this_thread
 
 
 class Periodic:
@@ -36,6 +37,7 @@ class Periodic:
             self._thread.join(5)
 
     def _loop(self) -> None:
+        lower_this_thread()  # housekeeping waits while the event loop wants the CPU
         while not self.stopping.wait(self._every_s):
             try:
                 self._work()

@@ -144,6 +144,7 @@ class Runtime:
         self.refused_selects.stop()
         self.rollouts.stop()
         self.recorder.stop()
+        self.reads.close()
         self.evidence_sync.stop()
         self.live.stop()
         self.engine.dispose()
@@ -165,8 +166,10 @@ class Runtime:
         Called whenever the config snapshot or the evidence changes; the hot path only
         ever reads ``self.inputs`` (one attribute), never a half-applied change. The
         evidence index of every trust scope the snapshot's overrides name is built
-        here, before the snapshot is in force, so no decision has to build one. A new
-        evidence version drops the decisions cached under the old one."""
+        here, before the snapshot is in force, so no decision has to build one. New
+        evidence moves the evidence version (kept fleet reads follow it); decisions
+        cached by the selector follow the evidence generation and, per situation, what
+        they read."""
         with self._inputs_lock:
             snap = self.live.snapshot
             if snap is not None and self.trusted.ensure_scopes(snap.overrides):
@@ -180,6 +183,7 @@ class Runtime:
                 overrides=snap.overrides,
                 evidence=self.trusted.all,
                 tag=(snap.version, self._evidence_version),
+                evidence_generation=self.trusted.generation,
             )
 
     def _evidence_changed(self) -> None:

@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import Observation, report_key
-from mla_switchboard.service.evidence.trust import TrustedEvidence
+from mla_switchboard.service.evidence.trust import Indexes, TrustedEvidence
 from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.measurements import EvidenceRows
 
@@ -43,6 +44,8 @@ RECENT_S = 120.0
 """How long a report read from the store is remembered, for the route that stored it."""
 LOCAL_TTL_S = 3600.0
 """How long a report applied here waits for the store read to meet it."""
+ADD_STEP = 500
+"""Observations a full reload folds in between two turns of the event loop."""
 
 
 class RowCursor:
@@ -140,6 +143,7 @@ class EvidenceSync:
             self._wake.set()
 
     def _loop(self) -> None:
+        lower_this_thread()  # evidence upkeep waits while the event loop wants the CPU
         while not self._stop.is_set():
             self._wake.wait(self._poll_s)
             self._wake.clear()
@@ -201,7 +205,9 @@ class EvidenceSync:
                 for failures in (False, True):
                     start = self._store.first_id(failures, since) - 1
                     cursor = RowCursor(start)
-                    seen = self._read_pages(failures, since, start, fresh.add, read_keys)
+                    seen = self._read_pages(
+                        failures, since, start, lambda page: _add_in_steps(fresh, page), read_keys
+                    )
                     cursor.advance(seen, time.monotonic(), start=start)
                     cursors.append(cursor)
                 with self._apply_lock:
@@ -290,6 +296,14 @@ class EvidenceSync:
 
 
 _KEYS = ("evidence_version", "evidence_epoch")
+
+
+def _add_in_steps(indexes: Indexes, page: list[Observation]) -> None:
+    """A page of a full reload (thousands of rows) into the new indexes, letting the
+    event loop in between steps (``service/priority.py``)."""
+    for i in range(0, len(page), ADD_STEP):
+        indexes.add(page[i : i + ADD_STEP])
+        let_the_loop_in()
 
 
 def _key(o: Observation) -> str:

@@ -42,6 +42,7 @@ from datetime import datetime, timedelta
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.evidence import EvidenceIndex, Observation
 from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.service.priority import lower_this_thread
 
 log = logging.getLogger("switchboard.trust")
 
@@ -104,6 +105,7 @@ class Indexes:
         self.all = make_index()
         self.clusters: dict[str, EvidenceIndex] = {}
         self.scopes: dict[Globs, EvidenceIndex] = {globs: make_index() for globs in scopes}
+        self.indexes_made = 0  # cluster indexes added since built (see TrustedEvidence)
 
     def add(self, observations: Iterable[Observation]) -> bool:
         """Every observation into each index whose scope trusts its cluster."""
@@ -117,6 +119,7 @@ class Indexes:
             index = self.clusters.get(cluster)
             if index is None:
                 index = self.clusters[cluster] = self._make_index()
+                self.indexes_made += 1
             index.add(mine)
             for globs, scoped in self.scopes.items():
                 if _trusts(globs, cluster):
@@ -140,7 +143,12 @@ class TrustedEvidence:
 
     Writers (:meth:`add`, :meth:`swap`, :meth:`ensure_scopes`, :meth:`prune`) take one
     lock; a decision (:meth:`inputs_for`) takes none: it reads the current
-    :class:`Indexes` (one attribute) and one dict entry of it."""
+    :class:`Indexes` (one attribute) and one dict entry of it.
+
+    :attr:`generation` moves whenever an index a decision may have been given is
+    replaced or appears (a swap, a new scope or cluster index) or evidence expired;
+    every other change is new evidence in existing indexes, one situation at a time,
+    which decisions can follow per situation (``service/selector.py``)."""
 
     def __init__(
         self,
@@ -155,6 +163,11 @@ class TrustedEvidence:
         self._wanted: set[Globs] = set()  # the scopes the last configuration named
         self._building: set[Globs] = set()
         self._building_lock = threading.Lock()
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        return self._generation + self._current.indexes_made
 
     @property
     def all(self) -> EvidenceIndex:
@@ -175,6 +188,8 @@ class TrustedEvidence:
         with self._lock:
             for globs in self._current.scopes.keys() - fresh.scopes.keys():
                 fresh.scopes[globs] = fresh.build_scope(globs)
+            # counted from the old set: the new one's own count starts at zero
+            self._generation += self._current.indexes_made + 1
             self._current = fresh
 
     def ensure_scopes(self, overrides: Iterable[Override]) -> bool:
@@ -188,6 +203,7 @@ class TrustedEvidence:
             for globs in sorted(wanted - current.scopes.keys()):
                 current.scopes[globs] = current.build_scope(globs)
                 built = True
+                self._generation += 1
             for globs in list(current.scopes):
                 if globs not in wanted and globs not in self._wanted:
                     del current.scopes[globs]
@@ -198,6 +214,8 @@ class TrustedEvidence:
         """Drop expired evidence from every index (see ``EvidenceIndex.prune``)."""
         with self._lock:
             changed = [index.prune(now, max_age) for index in self._current.every_index()]
+            if any(changed):  # a lapsed exclusion changes no situation's published stats
+                self._generation += 1
         return any(changed)
 
     def index(self, scope: Scope) -> EvidenceIndex:
@@ -231,11 +249,13 @@ class TrustedEvidence:
         ).start()
 
     def _build(self, globs: Globs) -> None:
+        lower_this_thread()
         try:
             with self._lock:
                 current = self._current
                 if globs not in current.scopes:
                     current.scopes[globs] = current.build_scope(globs)
+                    self._generation += 1
             self._on_change()
         except Exception:  # a thread of its own: say why, the next decision tries again
             log.exception("building the evidence index of scope %s", globs)

@@ -24,6 +24,7 @@ from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bucket
 from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
+from mla_switchboard.service.priority import let_the_loop_in
 from mla_switchboard.service.state import PodState
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.decisions import FleetGroup
@@ -204,13 +205,16 @@ class ClassCache:
 
 
 class Deadline:
-    """A fleet read's time budget, checked between groups."""
+    """A fleet read's time budget, checked between groups; each check also lets the
+    event loop in (``service/priority.py``): a group is one evaluation, so the loop
+    never waits for the interpreter longer than that."""
 
     def __init__(self, budget_s: float | None) -> None:
         self._at = None if budget_s is None else time.monotonic() + budget_s
         self._budget = budget_s
 
     def check(self) -> None:
+        let_the_loop_in()
         if self._at is not None and time.monotonic() > self._at:
             raise OverBudget(f"fleet read over its {self._budget:g} s budget")
 

@@ -1,21 +1,27 @@
 """The reads dashboards and admins make of the whole fleet: the summary and previews.
 
-Each is computed from the fleet's counts by group (``service/fleet/groups.py``), in the
-caller's worker thread, within a time budget (``SWITCHBOARD_FLEET_READ_BUDGET_S``),
-and kept per every version it depends on: the configuration and evidence in force
-(``DecisionInputs.tag``), which overrides have expired, the fleet's counts
-(``fleet_version``) and the caller's cluster scope. Identical requests at the same
-time share one computation; a repeated one is a lookup, and its ETag lets a polling
-dashboard get a 304 without a body.
+Each is computed from the fleet's counts by group (``service/fleet/groups.py``) on
+this replica's one fleet-read thread, within a time budget
+(``SWITCHBOARD_FLEET_READ_BUDGET_S``), and kept per every version it depends on: the
+configuration and evidence in force (``DecisionInputs.tag``), which overrides have
+expired, the fleet's counts (``fleet_version``) and the caller's cluster scope.
+Identical requests at the same time share one computation; a repeated one is a
+lookup, and its ETag lets a polling dashboard get a 304 without a body.
+
+The thread is one, so however many dashboards and admins ask for different things at
+once, at most one fleet read competes with the event loop; it runs at a lower
+priority than the loop and hands it the interpreter between groups
+(``service/priority.py``), and the summary's JSON is encoded there too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as NotYet
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,6 +33,7 @@ from mla_switchboard.service.fleet.groups import Deadline, FleetSnapshot, OverBu
 from mla_switchboard.service.fleet.preview import Preview, replay, with_override
 from mla_switchboard.service.fleet.progress import progress
 from mla_switchboard.service.fleet.regret import exclusions_by_cluster, regret_by_cluster
+from mla_switchboard.service.priority import lower_this_thread
 
 if TYPE_CHECKING:
     from mla_switchboard.service.runtime import Runtime
@@ -39,10 +46,18 @@ Visible = Callable[[str], bool] | None
 
 @dataclass(frozen=True)
 class Answer:
-    """A fleet read's result with the ETag naming everything it depends on."""
+    """A fleet read's result with the ETag naming everything it depends on, and the
+    body encoded once (off the event loop) for every caller it is sent to."""
 
     body: dict[str, Any]
     etag: str
+    content: bytes = b""
+
+    @classmethod
+    def of(cls, body: dict[str, Any], etag: str) -> Answer:
+        # as Starlette's JSONResponse encodes it
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return cls(body, etag, text.encode())
 
 
 @dataclass(frozen=True)
@@ -82,19 +97,28 @@ class FleetReads:
         self._runtime = runtime
         self._summaries: Computed[Answer] = Computed(64)
         self._previews: Computed[Preview] = Computed(256)
-        # One computation at a time per replica: however many dashboards and admins ask
-        # for different things at once, at most one thread competes with the event
-        # loop for the interpreter (identical requests share one computation anyway).
-        self._one_at_a_time = threading.Lock()
+        self._evidence: Computed[Answer] = Computed(4)
+        self._worker = ThreadPoolExecutor(
+            1, thread_name_prefix="fleet-read", initializer=lower_this_thread
+        )
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
 
     def _serially(self, compute: Callable[[], T]) -> T:
+        """``compute`` on the fleet-read thread (module docstring). A read that could
+        not even start within the budget, because others kept the thread busy, is
+        over budget; one that started ends within its own."""
         budget = self._runtime.settings.fleet_read_budget_s
-        if not self._one_at_a_time.acquire(timeout=budget):
-            raise OverBudget(f"other fleet reads kept this replica busy for {budget:g} s")
+        future = self._worker.submit(compute)
         try:
-            return compute()
-        finally:
-            self._one_at_a_time.release()
+            return future.result(timeout=budget)
+        except NotYet:
+            if future.cancel():
+                raise OverBudget(
+                    f"other fleet reads kept this replica busy for {budget:g} s"
+                ) from None
+            return future.result()
 
     def _fresh(self) -> tuple[DecisionInputs, FleetSnapshot, datetime]:
         """The inputs and the fleet as of now: this replica's own decisions so far are
@@ -163,7 +187,7 @@ class FleetReads:
                 if visible is None or visible(r["cluster"])
             ],
         }
-        return Answer(body, _etag(key))
+        return Answer.of(body, _etag(key))
 
     def preview(
         self, proposal: Proposal, scope: tuple[str, ...] | None, visible: Visible
@@ -191,6 +215,25 @@ class FleetReads:
         if state is None:
             return None
         return self._previews.peek(("preview", *_versions(*state), proposal.digest(), scope))
+
+    def evidence_summary(self) -> Answer:
+        """``/v1/measurements/summary``: the evidence per situation and backend, kept
+        per evidence version and generation (an exclusion that lapses moves the
+        generation), so a polling dashboard gets a 304 while no report arrives."""
+        inputs = self._runtime.inputs
+        key = ("evidence", inputs.tag[1], inputs.evidence_generation)
+        return self._evidence.get(key, lambda: self._serially(lambda: self._evidence_of(key)))
+
+    def _evidence_of(self, key: tuple[Any, ...]) -> Answer:
+        runtime = self._runtime
+        evidence = runtime.inputs.evidence
+        body = {
+            "groups": evidence.summary(datetime.now(UTC)),
+            "failure_policy": evidence.failure_policy.describe(),
+            "min_samples": runtime.settings.measured_min_samples,
+            "min_pods": runtime.settings.measured_min_pods,
+        }
+        return Answer.of(body, _etag(key))
 
     @property
     def preview_computations(self) -> int:

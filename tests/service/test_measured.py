@@ -475,3 +475,20 @@ def test_vllm_pods_get_engine_flags_and_never_flashinfer_on_hopper(c: httpx.Clie
     # the same pod under our own kernels would take the measured FLASHINFER: no evidence
     # is shared between engines
     assert select(c, cluster)["source"] == "priority"
+
+
+def test_the_evidence_summary_answers_304_until_evidence_changes(c: httpx.Client) -> None:
+    """A dashboard polls the evidence summary; while no report arrives the answer is
+    kept and a matching If-None-Match costs a 304 without a body."""
+    cluster = fresh()
+    report(c, cluster, "poll-a", [("FLASHINFER", 600.0, True)])
+    first = c.get("/v1/measurements/summary")
+    assert first.status_code == 200 and first.headers["etag"]
+    etag = first.headers["etag"]
+    again = c.get("/v1/measurements/summary", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+    report(c, cluster, "poll-b", [("FLASHINFER", 610.0, True)])
+    moved = c.get("/v1/measurements/summary", headers={"If-None-Match": etag})
+    assert moved.status_code == 200 and moved.headers["etag"] != etag
+    groups = [g for g in moved.json()["groups"] if g["device"] == H200["name"]]
+    assert [g["samples"] for g in groups] == [2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, Response
 from mla_switchboard.core.evidence import Situation, dims_key, observations_of_report, packages_key
 from mla_switchboard.core.hardware import peak_bf16_tflops
 from mla_switchboard.core.schemas import (
@@ -27,6 +27,7 @@ from mla_switchboard.service.api.deps import (
     check_scope,
     invalid,
 )
+from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.writes import IdempotencyKey
@@ -69,7 +70,11 @@ def report(
     if observations:
         # Evidence only from a pod the service decided for, in this cluster, in this
         # situation: a token cannot invent pods (or GPUs) to outvote real ones.
-        runtime.recorder.flush()  # the pod's decision may still be in the buffer
+        # The pod's decision may still be in memory: wait for the writer's next batch
+        # (at most the flush interval) rather than wake it, so that reports streaming
+        # in do not turn its batches into one transaction each.
+        if runtime.recorder.pending:
+            runtime.recorder.flush(wake=False)
         if not runtime.store.has_decision_for(body.cluster, body.pod, observations[0].situation):
             reason = (
                 f"pod {body.pod!r} has no recorded decision in cluster {body.cluster!r} for "
@@ -93,17 +98,24 @@ def report(
     }
 
 
-@router.get("/summary", summary="Evidence per situation and backend")
-def summary(runtime: RuntimeDep, _: ViewerDep) -> dict[str, Any]:
+@router.get(
+    "/summary",
+    summary="Evidence per situation and backend",
+    responses={304: {"description": "If-None-Match matched: no evidence changed"}},
+)
+def summary(
+    runtime: RuntimeDep,
+    _: ViewerDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
     """Groups are (device, capability, dims, dtype, kernel package versions, backend),
     over the evidence window (``SWITCHBOARD_MEASURED_MAX_AGE_DAYS``); ``failures``
-    counts wrong results and build failures reported by matching pods."""
-    return {
-        "groups": runtime.inputs.evidence.summary(datetime.now(UTC)),
-        "failure_policy": runtime.inputs.evidence.failure_policy.describe(),
-        "min_samples": runtime.settings.measured_min_samples,
-        "min_pods": runtime.settings.measured_min_pods,
-    }
+    counts wrong results and build failures reported by matching pods. Kept until
+    evidence changes; the ETag says so (a matching If-None-Match gets 304)."""
+    answer = runtime.reads.evidence_summary()
+    if etag_matches(if_none_match, answer.etag):
+        return Response(status_code=304, headers={"ETag": answer.etag})
+    return Response(answer.content, media_type="application/json", headers={"ETag": answer.etag})
 
 
 class FailureClear(BaseModel):

@@ -6,7 +6,6 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
-from fastapi.responses import JSONResponse
 from mla_switchboard.core.schemas import (
     CLUSTER_PATTERN,
     NO_NUL,
@@ -165,7 +164,7 @@ async def summary(
         answer = await run_in_threadpool(runtime.reads.summary, scope, visible)
     if etag_matches(if_none_match, answer.etag):
         return Response(status_code=304, headers={"ETag": answer.etag})
-    return JSONResponse(answer.body, headers={"ETag": answer.etag})
+    return Response(answer.content, media_type="application/json", headers={"ETag": answer.etag})
 
 
 @router.get(
