@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from mla_switchboard.core.evidence import Situation, situation_of
 from mla_switchboard.core.schemas import SelectRequest
 from pydantic import ValidationError
 
@@ -28,6 +29,7 @@ __all__ = [
     "shape_of",
     "shape_of_json",
     "shape_request",
+    "shape_situation",
 ]
 
 NAMING_FIELDS = frozenset({"cluster", "node", "pod"})
@@ -84,3 +86,13 @@ def shape_request(shape_json: str, cluster: str) -> SelectRequest | None:
     an older schema and no longer validates. Parsed once per shape, then copied."""
     base = _base(shape_json)
     return None if base is None else base.model_copy(update={"cluster": cluster})
+
+
+@lru_cache(maxsize=65_536)
+def shape_situation(shape_json: str) -> Situation | None:
+    """The evidence situation of every request of this shape (a situation names no
+    cluster, node or pod), worked out once per shape: a benchmark report asks it of
+    the pod's recent decisions, and a fleet has few shapes. None as for
+    :func:`shape_request`, or when the shape has no exact situation."""
+    base = _base(shape_json)
+    return None if base is None else situation_of(base)

@@ -22,7 +22,7 @@ from mla_switchboard.core.evidence import (
     situation_of,
 )
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
-from mla_switchboard.service.fleet.shapes import request_from_shape
+from mla_switchboard.service.fleet.shapes import request_from_shape, shape_situation
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import (
     Idempotency,
@@ -33,7 +33,7 @@ from mla_switchboard.service.store.base import (
     bump,
 )
 from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow, ShapeRow
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
 PAGE_ROWS = 5000
@@ -70,7 +70,8 @@ class MeasurementStore:
     def has_decision_for(self, cluster: str, pod: str, situation: Situation) -> bool:
         """Whether ``pod`` of ``cluster`` has a recorded decision for ``situation``:
         what makes its benchmark report count as evidence (issue 13). The pod's newest
-        decisions are compared (a pod that changed packages has a newer one)."""
+        decisions are compared (a pod that changed packages has a newer one). A
+        decision's situation is its shape's, worked out once per shape."""
         q = (
             select(DecisionRow.request, ShapeRow.request, DecisionRow.node)
             .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
@@ -80,10 +81,12 @@ class MeasurementStore:
         )
         with self.engine.connect() as conn:
             for request_json, shape_json, node in conn.execute(q):
-                request = _request(request_json, shape_json, cluster, node, pod)
-                if request is None:
+                if request_json is None and shape_json is not None:
+                    if shape_situation(shape_json) == situation:
+                        return True
                     continue
-                if situation_of(request) == situation:
+                request = _request(request_json, shape_json, cluster, node, pod)
+                if request is not None and situation_of(request) == situation:
                     return True
         return False
 
@@ -93,33 +96,37 @@ class MeasurementStore:
         cap = report.device.capability
         m = report.model
         now = datetime.now(UTC)
+        dims = dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
+        packages, engine = packages_key(report.packages), engine_key(report.engine)
         rows = [
-            MeasurementRow(
-                report_id=report_id,
-                at=now,
-                cluster=report.cluster,
-                node=report.node,
-                pod=report.pod,
-                device_name=report.device.name or "",
-                capability=None if cap is None else f"{cap[0]}.{cap[1]}",
-                dims=dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
-                num_heads=m.num_heads,
-                dtype=report.dtype.value,
-                packages=packages_key(report.packages),
-                backend=r.backend.value,
-                impl=r.impl,
-                shape=r.shape.model_dump_json(),
-                median_ms=r.median_ms,
-                tflops=r.tflops,
-                correct=r.correct and r.error is None,
-                error=r.error,
-                engine=engine_key(report.engine),
-                counted=counted,
-            )
+            {
+                "report_id": report_id,
+                "at": now,
+                "cluster": report.cluster,
+                "node": report.node,
+                "pod": report.pod,
+                "device_name": report.device.name or "",
+                "capability": None if cap is None else f"{cap[0]}.{cap[1]}",
+                "dims": dims,
+                "num_heads": m.num_heads,
+                "dtype": report.dtype.value,
+                "packages": packages,
+                "backend": r.backend.value,
+                "impl": r.impl,
+                "shape": r.shape.model_dump_json(),
+                "median_ms": r.median_ms,
+                "tflops": r.tflops,
+                "correct": r.correct and r.error is None,
+                "error": r.error,
+                "engine": engine,
+                "counted": counted,
+            }
             for r in report.results
         ]
+        # one multi-row INSERT, not one ORM object per result: a report holds up to
+        # 256 results and runs in a worker thread beside the event loop
         with Session(self.engine) as s, s.begin():
-            s.add_all(rows)
+            s.execute(insert(MeasurementRow), rows)
             bump(s, "evidence_version")
         return len(rows)
 
