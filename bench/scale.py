@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import json
@@ -571,6 +572,7 @@ class Operations:
         self.pool = ThreadPoolExecutor(len(DASHBOARD_REFRESH))
         self.rng = random.Random(5)
         self.n = 0
+        self.etags: dict[str, str | None] = {}
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -578,14 +580,28 @@ class Operations:
             c.close()
 
     def reboot(self) -> None:
-        """One pod boots again (a new decision): what makes a cached summary stale.
+        """A new replica of a deployment boots (a new pod in the fleet's counts): what
+        makes a kept summary stale. A pod that boots again in the same situation
+        changes no count, and the kept answer would reply (a lookup, not the cost).
 
         Then it waits for the writer to store it (three of its 50 ms intervals): a read
         waits for the writer's next batch, and where in that cycle the timed read
         arrived would otherwise add 0 to 50 ms of chance to the figure, not of cost."""
+        self.n += 1
         pod = self.rng.choice(self.fleet)
-        ok(self.clients[0].post("/v1/select", json=pod.request))
+        request = {**pod.request, "pod": f"{pod.request['pod']}-new-{self.n}"}
+        ok(self.clients[0].post("/v1/select", json=request))
         time.sleep(WRITER_SETTLE_S)
+
+    def cold(self, response: httpx.Response, what: str) -> httpx.Response:
+        """``response``, checked to be a new computation: its ETag differs from the
+        last one seen for ``what`` (a kept answer would carry the same)."""
+        ok(response)
+        etag = response.headers.get("etag")
+        if etag is not None and etag == self.etags.get(what):
+            raise RuntimeError(f"{what}: the answer was kept, the run is not cold")
+        self.etags[what] = etag
+        return response
 
     def proposal(self, deny: str) -> dict[str, Any]:
         """A proposal whose note and expiry differ every time, so a kept preview of an
@@ -600,7 +616,7 @@ class Operations:
 
     def summary(self) -> float:
         self.reboot()
-        return timed(lambda: ok(self.clients[0].get("/v1/selections/summary")))
+        return timed(lambda: self.cold(self.clients[0].get("/v1/selections/summary"), "summary"))
 
     def dashboard(self) -> float:
         """dashboard.js on sign-in: the backend list and the summary (which checks the
@@ -791,7 +807,15 @@ def _paced_child(
     # request in flight, and the pause would be booked as the service's latency. What
     # it allocates in one run is small and freed by reference counting.
     gc.disable()
-    conn.send(run(paced(port, requests, rate, seconds, stop)))
+    # Nor may the machine's other work delay it: on two shared cores the service, its
+    # database and the background operations all want a core, and a load client
+    # waiting for one books that wait as the service's. Pods are on other machines;
+    # this client runs ahead of the rest where it may (as root), else as it is.
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    result = run(paced(port, requests, rate, seconds, stop))
+    result["client_nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    conn.send(result)
     conn.close()
 
 
@@ -921,21 +945,30 @@ def measure_load(
     for r in range(rounds):
         for name, kinds in SCENARIOS.items():
             background = Background(service, fleet, report_rate)
+            seen = server_view(service)
             background.start(kinds)
             load = SelectLoad(service.port, requests, rate, seconds)
             result = load.result()
             bg = background.finish()
+            server = server_diff(seen, server_view(service))
             stats = latency_stats([lat for _, lat in result["samples"]])
             stats.update(
                 errors=len(result["errors"]) + result["unanswered"],
                 error_samples=sorted(set(result["errors"]))[:5],
                 background=bg,
+                server_side=server,
+                client_nice=result.get("client_nice"),
             )
             per[name].append(stats)
             print(
                 f"    round {r + 1}/{rounds} {name:9s} p50 {stats.get('p50_ms', 0):7.1f} ms  "
                 f"p99 {stats.get('p99_ms', 0):7.1f} ms  max {stats.get('max_ms', 0):7.1f} ms  "
-                f"errors {stats['errors']}  done meanwhile {bg['completed']}",
+                f"errors {stats['errors']}  done meanwhile {bg['completed']}\n"
+                f"      service: {server['over_10ms']}/{server['over_50ms']} of "
+                f"{server['answered']} answers over 10/50 ms; loop late >10/>50 ms "
+                f"{server['loop_late_over_10ms']}/{server['loop_late_over_50ms']} of "
+                f"{server['loop_ticks']}; gc >10 ms {server['gc_over_10ms']} of "
+                f"{server['gc_collections']}",
                 flush=True,
             )
     out: dict[str, Any] = {}
@@ -1097,12 +1130,13 @@ def run_hot(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 
 
 def server_select_latency(metrics: str) -> dict[str, int]:
-    """How many ``/v1/select`` answers the service itself timed over 50 ms and 100 ms
-    (its latency histogram), and how often its event loop ran its 50 ms timer more
-    than 25 / 50 ms late (a held loop delays requests before any handler's clock
+    """How many ``/v1/select`` answers the service itself timed over 10, 50 and 100 ms
+    (its latency histogram), how often its event loop ran its 50 ms timer more than
+    10 / 25 / 50 ms late (a held loop delays requests before any handler's clock
     starts), and how many garbage collections held the process that long: a stall a
     client measures that none of these shows is the client's own (a process
-    descheduled on a shared machine)."""
+    descheduled on a shared machine). Counts since the service started; the
+    difference of two readings is what happened between them (``server_diff``)."""
     buckets: dict[str, float] = {}
     lag: dict[str, float] = {}
     gc_pause: dict[str, float] = {}
@@ -1120,17 +1154,31 @@ def server_select_latency(metrics: str) -> dict[str, int]:
             buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
     total = buckets.get("+Inf", 0.0)
     ticks = lag.get("+Inf", 0.0)
+    collections = gc_pause.get("+Inf", 0.0)
     return {
         "answered": int(total),
+        "over_10ms": int(total - buckets.get("0.01", total)),
         "over_50ms": int(total - buckets.get("0.05", total)),
         "over_100ms": int(total - buckets.get("0.1", total)),
         "loop_ticks": int(ticks),
+        "loop_late_over_10ms": int(ticks - lag.get("0.01", ticks)),
         "loop_late_over_25ms": int(ticks - lag.get("0.025", ticks)),
         "loop_late_over_50ms": int(ticks - lag.get("0.05", ticks)),
-        "gc_collections": int(gc_pause.get("+Inf", 0.0)),
-        "gc_over_25ms": int(gc_pause.get("+Inf", 0.0) - gc_pause.get("0.025", 0.0)),
-        "gc_over_50ms": int(gc_pause.get("+Inf", 0.0) - gc_pause.get("0.05", 0.0)),
+        "gc_collections": int(collections),
+        "gc_over_10ms": int(collections - gc_pause.get("0.01", collections)),
+        "gc_over_25ms": int(collections - gc_pause.get("0.025", collections)),
+        "gc_over_50ms": int(collections - gc_pause.get("0.05", collections)),
     }
+
+
+def server_diff(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What the service counted between two ``server_select_latency`` readings."""
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def server_view(service: Service) -> dict[str, int]:
+    with service.client() as c:
+        return server_select_latency(ok(c.get("/metrics")).text)
 
 
 def _post_reports(
