@@ -84,8 +84,10 @@ from mla_switchboard.core.evaluator import (  # noqa: E402
     decide_locally,
     decision_key,
 )
+from mla_switchboard.core.evidence import engine_key  # noqa: E402
 from mla_switchboard.core.schemas import (  # noqa: E402
     SEED_RULES,
+    EngineInfo,
     MeasurementReport,
     OverrideSpec,
     SelectRequest,
@@ -402,6 +404,23 @@ def report_of(
         )
     keys = ("cluster", "pod", "node", "device", "model", "dtype", "packages", "engine")
     return {**{k: req.get(k) for k in keys}, "report_id": new_id(), "results": out}
+
+
+def clear_body(pod: Pod, n: int) -> dict[str, Any]:
+    """An admin clearing the failure evidence of ``pod``'s situation: the store bumps
+    its evidence epoch and every replica rebuilds its evidence (a full reload)."""
+    req = pod.request
+    cap, m = req["device"]["capability"], req["model"]
+    engine = None if req.get("engine") is None else EngineInfo.model_validate(req["engine"])
+    return {
+        "device": req["device"]["name"],
+        "capability": f"{cap[0]}.{cap[1]}",
+        "dims": [m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"]],
+        "dtype": req["dtype"],
+        "packages": req["packages"],
+        "engine": engine_key(engine),
+        "note": f"scale bench: fixed driver {n}",
+    }
 
 
 def fill_evidence(
@@ -896,10 +915,18 @@ class Background:
             body = {"deny": ["FLASHINFER"], "note": f"background preview {n[0]} {time.time()}"}
             return c.put("/v1/overrides/*?dry_run=true", json=body)
 
+        def reload(c: httpx.Client) -> httpx.Response:
+            """A failure clear (a full evidence reload), then a pause: an admin's pace."""
+            n[0] += 1
+            r = c.post("/v1/measurements/failures/clear", json=clear_body(self.measurable[0], n[0]))
+            self.stop.wait(RELOAD_PAUSE_S)
+            return r
+
         calls = {
             "previews": preview,
             "summaries": lambda c: c.get("/v1/selections/summary"),
             "reports": self._reports,
+            "reloads": reload,
         }
         for kind in kinds:
             t = threading.Thread(target=self._loop, args=(kind, calls[kind]), daemon=True)
@@ -919,8 +946,11 @@ SCENARIOS: dict[str, list[str]] = {
     "previews": ["previews"],
     "summaries": ["summaries"],
     "reports": ["reports"],
-    "all": ["previews", "summaries", "reports"],
+    "reloads": ["reloads"],
+    "all": ["previews", "summaries", "reports", "reloads"],
 }
+RELOAD_PAUSE_S = 2.0
+"""Seconds between two failure clears in the 'reloads' scenario (each reloads all)."""
 
 
 def measure_load(
@@ -1233,7 +1263,10 @@ ROWS: list[tuple[str, str, Callable[[dict[str, Any]], float | None]]] = [
     ("select p99 while summaries run", "ms", lambda s: s["load"]["summaries"]["p99_ms"]),
     ("select p99 while evidence reports stream", "ms",
      lambda s: s["load"]["reports"]["p99_ms"]),
-    ("select p99 while all three run", "ms", lambda s: s["load"]["all"]["p99_ms"]),
+    ("select p99 while evidence reloads run", "ms",
+     lambda s: s["load"].get("reloads", {}).get("p99_ms")),
+    ("select p99 while all four run", "ms", lambda s: s["load"]["all"]["p99_ms"]),
+    ("select p99 while all four run, x idle", "x", lambda s: _ratio(s, "all")),
     ("service RSS after start, decisions only", "MB",
      lambda s: s["rss_decisions_only_start"].get("VmRSS")),
     ("service RSS peak, decisions only", "MB",
@@ -1243,9 +1276,18 @@ ROWS: list[tuple[str, str, Callable[[dict[str, Any]], float | None]]] = [
 ]  # fmt: skip
 
 
+def _ratio(size: dict[str, Any], scenario: str) -> float | None:
+    """A scenario's select p99 over the idle one of the same run."""
+    idle = size["load"]["idle"]["p99_ms"]
+    loaded = size["load"].get(scenario, {}).get("p99_ms")
+    return None if not idle or loaded is None else loaded / idle
+
+
 def fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
+    if unit == "x":
+        return f"{value:.1f}x"
     if unit == "s":
         return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
     if unit == "ms":

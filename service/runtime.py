@@ -195,10 +195,12 @@ class Runtime:
         assert inputs is not None, "runtime not started"
         return inputs
 
-    def reload_evidence(self) -> None:
-        """Rebuild every evidence index from the store (the window only) in this
-        thread and swap them in (at start, and after an admin cleared failures)."""
-        self.evidence_sync.full_reload()
+    def reload_evidence(self) -> bool:
+        """Rebuild every evidence index from the store (the window only) and swap them
+        in, waiting for it (after an admin cleared failures): on the evidence thread,
+        whose priority is below the event loop's. False: still running after a minute
+        (it goes on in the background)."""
+        return self.evidence_sync.reload()
 
     def add_evidence(self, observations: list[Observation]) -> None:
         """This replica's own new evidence (already stored), applied at once without a

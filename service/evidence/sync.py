@@ -119,6 +119,8 @@ class EvidenceSync:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reloads: list[_Reload] = []  # full reloads asked for, done by the thread
+        self._reloads_lock = threading.Lock()
         self.degraded: str | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -159,11 +161,44 @@ class EvidenceSync:
                     log.warning("evidence not refreshed: %s: %s", type(exc).__name__, exc)
                 self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
 
+    def reload(self, timeout_s: float = 60.0) -> bool:
+        """A full reload, done by the background thread (at its lower priority, so a
+        replica's selects go first) and waited for; the store's error, if any, is
+        raised here. False when it is still running after ``timeout_s`` (it goes on).
+        In the caller's thread when there is no background thread."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            self.full_reload()
+            return True
+        asked = _Reload()
+        with self._reloads_lock:
+            self._reloads.append(asked)
+        self._wake.set()
+        if not asked.done.wait(timeout_s):
+            log.warning("evidence reload still running after %g s; it goes on", timeout_s)
+            return False
+        if asked.error is not None:
+            raise asked.error
+        return True
+
     def step(self) -> None:
-        """What the background thread does on each tick: a full reload when the epoch
-        changed, an incremental read when the version did, a prune when one is due."""
+        """What the background thread does on each tick: a full reload when one was
+        asked for or the epoch changed, an incremental read when the version did, a
+        prune when one is due."""
         versions = self._versions
-        if versions.get("evidence_epoch") != self._applied.get("evidence_epoch"):
+        with self._reloads_lock:
+            asked, self._reloads = self._reloads, []
+        if asked:
+            try:
+                self.full_reload()
+            except Exception as exc:
+                for r in asked:
+                    r.error = exc
+                raise
+            finally:
+                for r in asked:
+                    r.done.set()
+        elif versions.get("evidence_epoch") != self._applied.get("evidence_epoch"):
             self.full_reload()
         elif versions.get("evidence_version") != self._applied.get("evidence_version"):
             self.catch_up()
@@ -296,6 +331,14 @@ class EvidenceSync:
 
 
 _KEYS = ("evidence_version", "evidence_epoch")
+
+
+class _Reload:
+    """One caller's request for a full reload, and how it went."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: Exception | None = None
 
 
 def _add_in_steps(indexes: Indexes, page: list[Observation]) -> None:

@@ -299,6 +299,10 @@ class MeasurementStore:
                 fid, fbackend, request_json, shape_json = row[0], row[1], row[5], row[6]
                 if backend is not None and fbackend != backend:
                     continue
+                if request_json is None and shape_json is not None:
+                    if shape_situation(shape_json) == situation:
+                        ids.append(fid)
+                    continue
                 request = _request(request_json, shape_json, row[7], row[8], row[9])
                 if request is not None and situation_of(request) == situation:
                     ids.append(fid)
