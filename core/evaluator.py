@@ -23,6 +23,7 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from mla_switchboard.core.engines import EngineProfile, resolve
@@ -88,6 +89,23 @@ class DecisionInputs:
     situation it read (``Decision.evidence_situation``) can be kept until that
     situation's evidence changes, and every other decision across all of them."""
 
+    @cached_property
+    def _staged_by_cluster(self) -> dict[str, tuple[Override, ...]]:
+        staged: dict[str, list[Override]] = {}
+        for o in self.overrides:
+            if _partial(o):
+                staged.setdefault(o.cluster, []).append(o)
+        return {cluster: tuple(found) for cluster, found in staged.items()}
+
+    def staged_for(self, cluster: str) -> tuple[Override, ...]:
+        """The partial rollouts a pod of ``cluster`` may be in the stage of: the fleet's
+        and the cluster's own (what ``decision_key`` reads), found once per inputs, so
+        the hot path's cost does not grow with the overrides of other clusters."""
+        by = self._staged_by_cluster
+        if not by:
+            return ()
+        return by.get(FLEET, ()) + (by.get(cluster, ()) if cluster != FLEET else ())
+
 
 LOCAL_INPUTS = DecisionInputs(rules=SEED_RULES)
 """The agent's fail-static inputs: the seed rules, no overrides, no evidence."""
@@ -100,8 +118,9 @@ def decision_key(
 
     ``node`` and ``pod`` are left out: they name the pod, they do not describe it. The
     one thing a pod's name does decide, whether it is in the stage of a staged
-    override, is in the key as one bit per such override (``overrides``: those in the
-    inputs; ``bucket``: the pod's stage bucket when the caller knows it, else it is
+    override, is in the key as one bit per such override of the fleet or the pod's
+    cluster (``overrides``: those in the inputs, or ``DecisionInputs.staged_for`` its
+    cluster; ``bucket``: the pod's stage bucket when the caller knows it, else it is
     computed from the request). ``tests/core`` changes every other field of a request
     one at a time and fails if the key does not change, so a field added to the schema
     cannot be forgotten here.
@@ -109,7 +128,7 @@ def decision_key(
     m = request.model
     d = request.device
     e = request.engine
-    partial = [o for o in overrides if _partial(o)]
+    partial = [o for o in overrides if _partial(o) and o.cluster in (FLEET, request.cluster)]
     if partial and bucket is None:
         bucket = stage_bucket(request.cluster, request.pod)
     return (

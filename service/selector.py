@@ -120,7 +120,7 @@ class Selector:
                 o.expires_at for o in inputs.overrides if o.expires_at and o.expires_at > now
             ]
             self._valid_until = min(upcoming, default=None)
-        key = decision_key(request, inputs.overrides)
+        key = decision_key(request, inputs.staged_for(request.cluster))
         hit = self._cache.get(key)
         if hit is not None:
             result, stamp = hit
