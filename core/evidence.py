@@ -46,6 +46,7 @@ from typing import Any
 from mla_switchboard.core.schemas import EngineInfo, Evidence, MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import KERNEL_PACKAGES as _PACKAGES
 from mla_switchboard.core.specs import Backend
+from mla_switchboard.core.stages import stage_bucket
 
 __all__ = [
     "KERNEL_PACKAGES",
@@ -232,6 +233,8 @@ PodKey = tuple[str, str]
 """(cluster, pod)"""
 PodSample = tuple[str, str, float]
 """(cluster, pod, TFLOP/s) of one counted sample"""
+Recent = list[tuple[float, PodKey]]
+"""(time key of the pod's newest sample, pod), sorted: one stage bucket's pods"""
 
 _NO_GROUP: Group = MappingProxyType({})
 
@@ -321,9 +324,22 @@ class _Tally:
 
     Each pod keeps at most ``per_pod`` samples, oldest first; every counted TFLOP/s is
     also in ``values``, kept sorted, so the median is a lookup and a new sample costs a
-    binary search and a memmove within one chunk, never a copy of the samples."""
+    binary search and a memmove within one chunk, never a copy of the samples.
 
-    __slots__ = ("_failures_newest_first", "by_pod", "failures", "impls", "values")
+    Each pod's stage bucket (``core/stages.py``) is hashed once, when the pod first
+    reports, and the pods of each bucket are kept in ``recent`` ordered by their newest
+    sample: a rollout guard reads the samples of its stage's buckets reported since the
+    stage began, and never walks (or hashes) the rest of the situation's history."""
+
+    __slots__ = (
+        "_failures_newest_first",
+        "bucket_of",
+        "by_pod",
+        "failures",
+        "impls",
+        "recent",
+        "values",
+    )
 
     def __init__(self) -> None:
         self.by_pod: dict[PodKey, list[Sample]] = {}
@@ -331,9 +347,15 @@ class _Tally:
         self.impls: Counter[str] = Counter()
         self.failures: dict[PodKey, FailureNote] = {}
         self._failures_newest_first: tuple[FailureNote, ...] | None = ()
+        self.bucket_of: dict[PodKey, int | None] = {}
+        self.recent: dict[int | None, Recent] = {}
 
     def add_sample(self, pod: PodKey, sample: Sample, per_pod: int) -> bool:
-        samples = self.by_pod.setdefault(pod, [])
+        samples = self.by_pod.get(pod)
+        if samples is None:
+            samples = self.by_pod[pod] = []
+            self.bucket_of[pod] = stage_bucket(*pod)
+        newest = samples[-1][0] if samples else None
         if len(samples) >= per_pod and sample[0] < samples[0][0]:
             return False  # older than all this pod counts: it would make room for nothing
         if not samples or sample[0] >= samples[-1][0]:
@@ -343,7 +365,32 @@ class _Tally:
         self._count(sample)
         if len(samples) > per_pod:
             self._uncount(samples.pop(0))
+        if samples[-1][0] != newest:
+            self._moved(pod, newest, samples[-1][0])
         return True
+
+    def _moved(self, pod: PodKey, was: float | None, now: float | None) -> None:
+        """Keep ``pod``'s place in its bucket's ``recent`` (None: not there / gone)."""
+        pods = self.recent.setdefault(self.bucket_of[pod], [])
+        if was is not None:
+            del pods[bisect.bisect_left(pods, (was, pod))]
+        if now is not None:
+            bisect.insort(pods, (now, pod))
+        elif not pods:
+            del self.recent[self.bucket_of[pod]]
+
+    def in_buckets(self, buckets: Iterable[int | None], since: float) -> list[PodSample]:
+        """The samples at or after ``since`` (a time key) of the pods in ``buckets``."""
+        out: list[PodSample] = []
+        for bucket in buckets:
+            pods = self.recent.get(bucket)
+            if not pods:
+                continue
+            for _, pod in pods[bisect.bisect_left(pods, (since,)) :]:
+                samples = self.by_pod[pod]
+                first = bisect.bisect_left(samples, since, key=_time_of)
+                out.extend((pod[0], pod[1], s[1]) for s in samples[first:])
+        return out
 
     def add_failure(self, pod: PodKey, note: FailureNote) -> bool:
         known = self.failures.get(pod)
@@ -374,12 +421,16 @@ class _Tally:
             first = bisect.bisect_right(samples, -math.inf, key=_time_of)  # undated stay
             last = bisect.bisect_left(samples, cutoff, key=_time_of)
             if last > first:
+                newest = samples[-1][0]
                 for sample in samples[first:last]:
                     self._uncount(sample)
                 del samples[first:last]
                 changed = True
+                if not samples or samples[-1][0] != newest:
+                    self._moved(pod, newest, samples[-1][0] if samples else None)
             if not samples:
                 del self.by_pod[pod]
+                del self.bucket_of[pod]
         for pod, note in list(self.failures.items()):
             if _failure_key(note.at) < cutoff:
                 del self.failures[pod]
@@ -601,6 +652,29 @@ class EvidenceIndex:
             if tally is None:
                 return []
             return [(c, p, s[1]) for (c, p), samples in tally.by_pod.items() for s in samples]
+
+    def stage_samples(
+        self,
+        situation: Situation | None,
+        backend: Backend | str,
+        buckets: Iterable[int | None],
+        since: datetime | None = None,
+    ) -> list[PodSample]:
+        """(cluster, pod, TFLOP/s) of the counted samples of the pods whose stage bucket
+        is in ``buckets`` (None: pods without a name), reported at or after ``since``
+        (None: whenever; a sample without a time is never after a given ``since``).
+
+        What a rollout guard compares and the rollout progress shows: the buckets are
+        stored with the pods, so this reads those buckets' pods that reported since
+        ``since`` and nothing else; its cost does not grow with the rest of the
+        situation's history (pods outside the stage, samples from before it)."""
+        found = _backend(backend) if isinstance(backend, str) else backend
+        if situation is None or found is None:
+            return []
+        key = -math.inf if since is None else since.timestamp()
+        with self._lock:
+            tally = self._tallies.get(situation, {}).get(found)
+            return [] if tally is None else tally.in_buckets(buckets, key)
 
     def pod_samples(
         self, situation: Situation | None, backend: Backend | str, cluster: str, pod: str
