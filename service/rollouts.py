@@ -25,9 +25,9 @@ from mla_switchboard.core.evaluator import (
     decide,
     in_stage,
 )
-from mla_switchboard.core.evidence import situation_of
+from mla_switchboard.core.evidence import PodSample, Situation, situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
-from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
+from mla_switchboard.core.stages import stage_buckets
 from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
 
@@ -101,7 +101,8 @@ class RolloutGuards:
     def on_measurements(self, report: MeasurementReport) -> None:
         """A pod reported benchmarks. If it is in the stage of an active rollout, compare
         the stage pods' speed of what the override gives them with what they would run
-        without it; beyond ``max_slowdown_pct`` the rollout halts."""
+        without it, from the samples reported since the stage began by pods of clusters
+        that may halt it; beyond ``max_slowdown_pct`` the rollout halts."""
         request = SelectRequest(
             cluster=report.cluster,
             pod=report.pod,
@@ -133,20 +134,8 @@ class RolloutGuards:
             )
             if not isinstance(with_it, Decision) or not isinstance(without, Decision):
                 continue
-
-            def member(cluster: str, pod: str, o: Override = o, r: Rollout = r) -> bool:
-                return (
-                    o.cluster in ("*", cluster)
-                    and guards(r, cluster)
-                    and bucket_in_stage(stage_bucket(cluster, pod), r)
-                )
-
             found = rollouts.slowdown(
-                o,
-                with_it.backend.value,
-                without.backend.value,
-                lambda backend: inputs.evidence.samples(situation, backend),
-                member,
+                o, with_it.backend.value, without.backend.value, self._stage_samples(o, situation)
             )
             if found is None:
                 continue
@@ -158,6 +147,32 @@ class RolloutGuards:
                 return _halted(current, current.failed_pods, reason)
 
             self._change(o, halt, action="rollout.slowdown", note=reason)
+
+    def _stage_samples(self, o: Override, situation: Situation) -> Callable[[str], list[PodSample]]:
+        """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
+        stage's pods (their stored buckets), reported since the stage began, from
+        clusters ``guard_clusters`` allows; read from the override's own cluster's
+        index, or the all-clusters one for ``*``."""
+        r = o.rollout
+        assert r is not None
+        trusted = self._runtime.trusted
+        evidence = trusted.all if o.cluster == "*" else trusted.of_cluster(o.cluster)
+        buckets = stage_buckets(r)
+        allowed: dict[str, bool] = {}
+
+        def samples(backend: str) -> list[PodSample]:
+            found = evidence.stage_samples(situation, backend, buckets, r.stage_started_at)
+            out = []
+            for sample in found:
+                cluster = sample[0]
+                ok = allowed.get(cluster)
+                if ok is None:
+                    ok = allowed[cluster] = guards(r, cluster)
+                if ok:
+                    out.append(sample)
+            return out
+
+        return samples
 
     # ------------------------------------------------------------------ steps
 

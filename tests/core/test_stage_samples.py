@@ -10,8 +10,9 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
+from mla_switchboard.core import rollouts
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, Situation
-from mla_switchboard.core.schemas import Override, OverrideSpec, rollout_id
+from mla_switchboard.core.schemas import Override, OverrideSpec, Rollout, rollout_id
 from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bucket, stage_buckets
 
 from tests.core.conftest import override
@@ -98,6 +99,22 @@ def test_a_pod_whose_samples_all_expire_leaves_its_bucket() -> None:
     assert index.stage_samples(S, "CUDNN", every) == [("c", "p2", 200.0)]
     index.add([ok("c", "p1", 150.0, at(95))])  # and comes back with a new one
     assert sorted(index.stage_samples(S, "CUDNN", every, at(90))) == [("c", "p1", 150.0)]
+
+
+def test_the_speed_guard_compares_only_what_it_is_given() -> None:
+    o = staged(50)
+    r = o.rollout
+    assert isinstance(r, Rollout)
+    slow = {"CUDNN": [("c", "a", 400.0), ("c", "a", 401.0), ("c", "b", 402.0)]}
+    fast = {"FLASH_ATTN": [("c", "a", 600.0), ("c", "b", 601.0), ("c", "b", 602.0)]}
+    given = {**slow, **fast}
+    found = rollouts.slowdown(o, "CUDNN", "FLASH_ATTN", lambda b: given.get(b, []))
+    assert found is not None and round(found.percent_slower, 1) == 33.3
+    reason = found.reason(r.max_slowdown_pct)
+    assert "3 samples from 2 pods: c/a, c/b; clusters c" in reason
+    # one pod of the stage alone is not enough, whatever it measured
+    one_pod = {b: [s for s in v if s[1] == "a"] * 3 for b, v in given.items()}
+    assert rollouts.slowdown(o, "CUDNN", "FLASH_ATTN", lambda b: one_pod.get(b, [])) is None
 
 
 def _history(n: int, stage: frozenset[int], started: datetime) -> EvidenceIndex:
