@@ -262,8 +262,9 @@ def test_samples_from_before_the_stage_do_not_count(api: httpx.Client, how: str)
     restart_stage(api, how, spec)
     # a stage pod reports the same slowdown again: with what was measured before the
     # stage began that would be enough at once; alone it is one pod of this stage
-    report(api, "prod-east", pods[2])
+    answer = report(api, "prod-east", pods[2])
     assert rollout(api)["state"] == "active"
+    assert answer.json()["guard"] == "checked"
     report(api, "prod-east", pods[3])  # a second pod of this stage: halted
     state = rollout(api)
     assert state["state"] == "halted", state
