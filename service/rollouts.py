@@ -136,10 +136,6 @@ class RolloutGuards:
             log.warning("deferred rollout guard evaluations done: %d", len(waiting))
         return not self._pending
 
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
     def _evaluate(self, key: tuple[str, ...], run: Callable[[], None]) -> GuardOutcome:
         try:
             run()

@@ -394,3 +394,41 @@ def test_a_guard_costs_the_same_at_10x_the_evidence(tmp_path: Any) -> None:
         f"10 guard evaluations: {small_s * 1e3:.1f} ms at 6,400, {large_s * 1e3:.1f} ms at 64,000"
     )
     assert large_s < 2 * small_s, (small_s, large_s)
+
+
+def test_progress_splits_each_clusters_own_samples_by_stage(api: httpx.Client) -> None:
+    """The rollout progress reads each cluster's own samples and splits them by the
+    stage buckets stored with them: another cluster's figures never mix in."""
+    spec = {**SLOW, "rollout": {"percent": 20, "max_slowdown_pct": 99}}
+    assert api.put("/v1/overrides/prod-east", json=spec).status_code == 200
+    (inside, _), *_ = measured_stage_pods(api, "prod-east", 1)
+    outside = next(
+        f"prod-east-out-{i}"
+        for i in range(400)
+        if not any(
+            (o.get("rollout") or {}).get("in_stage")
+            for o in measured_pod(api, "prod-east", f"prod-east-out-{i}")["overrides"]
+        )
+    )
+    measured_pod(api, "prod-west", "w-0")
+
+    def measure(cluster: str, pod: str, backend: str, *tflops: float) -> None:
+        r = api.post(
+            "/v1/measurements",
+            json={
+                "cluster": cluster, "pod": pod, "device": DEVICE, "model": body()["model"],
+                "dtype": "bfloat16", "packages": ALL,
+                "results": [{"backend": backend, "median_ms": 1.0, "tflops": t,
+                             "shape": {"seqlens": [4096], "num_heads": 128}, "correct": True}
+                            for t in tflops],
+            },
+        )  # fmt: skip
+        assert r.status_code == 201 and r.json()["counted"], r.text
+
+    measure("prod-east", inside, "CUDNN", 400.0, 401.0)  # what the stage runs
+    measure("prod-east", outside, "FLASH_ATTN", 610.0)  # what the rest runs
+    measure("prod-west", "w-0", "CUDNN", 900.0)  # another cluster, outside the scope
+    measure("prod-west", "w-0", "FLASH_ATTN", 100.0)
+    (entry,) = api.get("/v1/selections/summary").json()["rollouts"]
+    assert entry["cluster"] == "prod-east"
+    assert (entry["stage_median_tflops"], entry["rest_median_tflops"]) == (400.5, 610.0), entry
