@@ -233,8 +233,7 @@ PodKey = tuple[str, str]
 """(cluster, pod)"""
 PodSample = tuple[str, str, float]
 """(cluster, pod, TFLOP/s) of one counted sample"""
-Recent = list[tuple[float, PodKey]]
-"""(time key of the pod's newest sample, pod), sorted: one stage bucket's pods"""
+
 
 _NO_GROUP: Group = MappingProxyType({})
 
@@ -319,6 +318,46 @@ class _SortedFloats:
         return self[mid] if n % 2 else (self[mid - 1] + self[mid]) / 2
 
 
+class _PodSamples(list[Sample]):
+    """One pod's counted samples, oldest first, and its stage bucket (hashed once)."""
+
+    __slots__ = ("bucket",)
+
+    def __init__(self, bucket: int | None) -> None:
+        super().__init__()
+        self.bucket = bucket
+
+
+class _Recent:
+    """One stage bucket's pods, ordered by the time key of their newest sample: two
+    parallel lists, so a binary search compares floats only. Reports mostly come in
+    time order, so a pod's new newest sample moves it to the end."""
+
+    __slots__ = ("pods", "times")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.pods: list[PodKey] = []
+
+    def move(self, pod: PodKey, was: float | None, now: float | None) -> None:
+        """``pod``'s newest sample was ``was`` and is ``now`` (None: none)."""
+        times, pods = self.times, self.pods
+        if was is not None:
+            at = bisect.bisect_left(times, was)
+            while pods[at] != pod:  # pods whose newest samples share a time
+                at += 1
+            del times[at], pods[at]
+        if now is None:
+            return
+        if not times or times[-1] <= now:
+            times.append(now)
+            pods.append(pod)
+        else:
+            at = bisect.bisect_right(times, now)
+            times.insert(at, now)
+            pods.insert(at, pod)
+
+
 class _Tally:
     """One backend in one situation, as the index's writer changes it.
 
@@ -327,13 +366,13 @@ class _Tally:
     binary search and a memmove within one chunk, never a copy of the samples.
 
     Each pod's stage bucket (``core/stages.py``) is hashed once, when the pod first
-    reports, and the pods of each bucket are kept in ``recent`` ordered by their newest
-    sample: a rollout guard reads the samples of its stage's buckets reported since the
-    stage began, and never walks (or hashes) the rest of the situation's history."""
+    reports, and kept with its samples; the pods of each bucket are kept in ``recent``
+    ordered by their newest sample: a rollout guard reads the samples of its stage's
+    buckets reported since the stage began, and never walks (or hashes) the rest of
+    the situation's history."""
 
     __slots__ = (
         "_failures_newest_first",
-        "bucket_of",
         "by_pod",
         "failures",
         "impls",
@@ -342,51 +381,44 @@ class _Tally:
     )
 
     def __init__(self) -> None:
-        self.by_pod: dict[PodKey, list[Sample]] = {}
+        self.by_pod: dict[PodKey, _PodSamples] = {}
         self.values = _SortedFloats()
         self.impls: Counter[str] = Counter()
         self.failures: dict[PodKey, FailureNote] = {}
         self._failures_newest_first: tuple[FailureNote, ...] | None = ()
-        self.bucket_of: dict[PodKey, int | None] = {}
-        self.recent: dict[int | None, Recent] = {}
+        self.recent: dict[int | None, _Recent] = {}
 
     def add_sample(self, pod: PodKey, sample: Sample, per_pod: int) -> bool:
         samples = self.by_pod.get(pod)
         if samples is None:
-            samples = self.by_pod[pod] = []
-            self.bucket_of[pod] = stage_bucket(*pod)
-        newest = samples[-1][0] if samples else None
-        if len(samples) >= per_pod and sample[0] < samples[0][0]:
-            return False  # older than all this pod counts: it would make room for nothing
-        if not samples or sample[0] >= samples[-1][0]:
+            samples = self.by_pod[pod] = _PodSamples(stage_bucket(*pod))
+            newest = None
+        else:
+            newest = samples[-1][0]
+            if len(samples) >= per_pod and sample[0] < samples[0][0]:
+                return False  # older than all this pod counts: it would make room for nothing
+        if newest is None or sample[0] >= newest:
             samples.append(sample)  # the usual case: newer than all the pod has
+            if sample[0] != newest:  # its place in its bucket's order
+                recent = self.recent.get(samples.bucket)
+                if recent is None:
+                    recent = self.recent[samples.bucket] = _Recent()
+                recent.move(pod, newest, sample[0])
         else:
             bisect.insort_right(samples, sample, key=_time_of)
         self._count(sample)
         if len(samples) > per_pod:
             self._uncount(samples.pop(0))
-        if samples[-1][0] != newest:
-            self._moved(pod, newest, samples[-1][0])
         return True
-
-    def _moved(self, pod: PodKey, was: float | None, now: float | None) -> None:
-        """Keep ``pod``'s place in its bucket's ``recent`` (None: not there / gone)."""
-        pods = self.recent.setdefault(self.bucket_of[pod], [])
-        if was is not None:
-            del pods[bisect.bisect_left(pods, (was, pod))]
-        if now is not None:
-            bisect.insort(pods, (now, pod))
-        elif not pods:
-            del self.recent[self.bucket_of[pod]]
 
     def in_buckets(self, buckets: Iterable[int | None], since: float) -> list[PodSample]:
         """The samples at or after ``since`` (a time key) of the pods in ``buckets``."""
         out: list[PodSample] = []
         for bucket in buckets:
-            pods = self.recent.get(bucket)
-            if not pods:
+            recent = self.recent.get(bucket)
+            if recent is None:
                 continue
-            for _, pod in pods[bisect.bisect_left(pods, (since,)) :]:
+            for pod in recent.pods[bisect.bisect_left(recent.times, since) :]:
                 samples = self.by_pod[pod]
                 first = bisect.bisect_left(samples, since, key=_time_of)
                 out.extend((pod[0], pod[1], s[1]) for s in samples[first:])
@@ -427,10 +459,12 @@ class _Tally:
                 del samples[first:last]
                 changed = True
                 if not samples or samples[-1][0] != newest:
-                    self._moved(pod, newest, samples[-1][0] if samples else None)
+                    recent = self.recent[samples.bucket]
+                    recent.move(pod, newest, samples[-1][0] if samples else None)
+                    if not recent.times:
+                        del self.recent[samples.bucket]
             if not samples:
                 del self.by_pod[pod]
-                del self.bucket_of[pod]
         for pod, note in list(self.failures.items()):
             if _failure_key(note.at) < cutoff:
                 del self.failures[pod]
