@@ -46,6 +46,7 @@ from typing import Any
 from mla_switchboard.core.schemas import EngineInfo, Evidence, MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import KERNEL_PACKAGES as _PACKAGES
 from mla_switchboard.core.specs import Backend
+from mla_switchboard.core.stages import stage_bucket
 
 __all__ = [
     "KERNEL_PACKAGES",
@@ -233,6 +234,7 @@ PodKey = tuple[str, str]
 PodSample = tuple[str, str, float]
 """(cluster, pod, TFLOP/s) of one counted sample"""
 
+
 _NO_GROUP: Group = MappingProxyType({})
 
 
@@ -316,34 +318,111 @@ class _SortedFloats:
         return self[mid] if n % 2 else (self[mid - 1] + self[mid]) / 2
 
 
+class _PodSamples(list[Sample]):
+    """One pod's counted samples, oldest first, and its stage bucket (hashed once)."""
+
+    __slots__ = ("bucket",)
+
+    def __init__(self, bucket: int | None) -> None:
+        super().__init__()
+        self.bucket = bucket
+
+
+class _Recent:
+    """One stage bucket's pods, ordered by the time key of their newest sample: two
+    parallel lists, so a binary search compares floats only. Reports mostly come in
+    time order, so a pod's new newest sample moves it to the end."""
+
+    __slots__ = ("pods", "times")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.pods: list[PodKey] = []
+
+    def move(self, pod: PodKey, was: float | None, now: float | None) -> None:
+        """``pod``'s newest sample was ``was`` and is ``now`` (None: none)."""
+        times, pods = self.times, self.pods
+        if was is not None:
+            at = bisect.bisect_left(times, was)
+            while pods[at] != pod:  # pods whose newest samples share a time
+                at += 1
+            del times[at], pods[at]
+        if now is None:
+            return
+        if not times or times[-1] <= now:
+            times.append(now)
+            pods.append(pod)
+        else:
+            at = bisect.bisect_right(times, now)
+            times.insert(at, now)
+            pods.insert(at, pod)
+
+
 class _Tally:
     """One backend in one situation, as the index's writer changes it.
 
     Each pod keeps at most ``per_pod`` samples, oldest first; every counted TFLOP/s is
     also in ``values``, kept sorted, so the median is a lookup and a new sample costs a
-    binary search and a memmove within one chunk, never a copy of the samples."""
+    binary search and a memmove within one chunk, never a copy of the samples.
 
-    __slots__ = ("_failures_newest_first", "by_pod", "failures", "impls", "values")
+    Each pod's stage bucket (``core/stages.py``) is hashed once, when the pod first
+    reports, and kept with its samples; the pods of each bucket are kept in ``recent``
+    ordered by their newest sample: a rollout guard reads the samples of its stage's
+    buckets reported since the stage began, and never walks (or hashes) the rest of
+    the situation's history."""
+
+    __slots__ = (
+        "_failures_newest_first",
+        "by_pod",
+        "failures",
+        "impls",
+        "recent",
+        "values",
+    )
 
     def __init__(self) -> None:
-        self.by_pod: dict[PodKey, list[Sample]] = {}
+        self.by_pod: dict[PodKey, _PodSamples] = {}
         self.values = _SortedFloats()
         self.impls: Counter[str] = Counter()
         self.failures: dict[PodKey, FailureNote] = {}
         self._failures_newest_first: tuple[FailureNote, ...] | None = ()
+        self.recent: dict[int | None, _Recent] = {}
 
     def add_sample(self, pod: PodKey, sample: Sample, per_pod: int) -> bool:
-        samples = self.by_pod.setdefault(pod, [])
-        if len(samples) >= per_pod and sample[0] < samples[0][0]:
-            return False  # older than all this pod counts: it would make room for nothing
-        if not samples or sample[0] >= samples[-1][0]:
+        samples = self.by_pod.get(pod)
+        if samples is None:
+            samples = self.by_pod[pod] = _PodSamples(stage_bucket(*pod))
+            newest = None
+        else:
+            newest = samples[-1][0]
+            if len(samples) >= per_pod and sample[0] < samples[0][0]:
+                return False  # older than all this pod counts: it would make room for nothing
+        if newest is None or sample[0] >= newest:
             samples.append(sample)  # the usual case: newer than all the pod has
+            if sample[0] != newest:  # its place in its bucket's order
+                recent = self.recent.get(samples.bucket)
+                if recent is None:
+                    recent = self.recent[samples.bucket] = _Recent()
+                recent.move(pod, newest, sample[0])
         else:
             bisect.insort_right(samples, sample, key=_time_of)
         self._count(sample)
         if len(samples) > per_pod:
             self._uncount(samples.pop(0))
         return True
+
+    def in_buckets(self, buckets: Iterable[int | None], since: float) -> list[PodSample]:
+        """The samples at or after ``since`` (a time key) of the pods in ``buckets``."""
+        out: list[PodSample] = []
+        for bucket in buckets:
+            recent = self.recent.get(bucket)
+            if recent is None:
+                continue
+            for pod in recent.pods[bisect.bisect_left(recent.times, since) :]:
+                samples = self.by_pod[pod]
+                first = bisect.bisect_left(samples, since, key=_time_of)
+                out.extend((pod[0], pod[1], s[1]) for s in samples[first:])
+        return out
 
     def add_failure(self, pod: PodKey, note: FailureNote) -> bool:
         known = self.failures.get(pod)
@@ -374,10 +453,16 @@ class _Tally:
             first = bisect.bisect_right(samples, -math.inf, key=_time_of)  # undated stay
             last = bisect.bisect_left(samples, cutoff, key=_time_of)
             if last > first:
+                newest = samples[-1][0]
                 for sample in samples[first:last]:
                     self._uncount(sample)
                 del samples[first:last]
                 changed = True
+                if not samples or samples[-1][0] != newest:
+                    recent = self.recent[samples.bucket]
+                    recent.move(pod, newest, samples[-1][0] if samples else None)
+                    if not recent.times:
+                        del self.recent[samples.bucket]
             if not samples:
                 del self.by_pod[pod]
         for pod, note in list(self.failures.items()):
@@ -601,6 +686,29 @@ class EvidenceIndex:
             if tally is None:
                 return []
             return [(c, p, s[1]) for (c, p), samples in tally.by_pod.items() for s in samples]
+
+    def stage_samples(
+        self,
+        situation: Situation | None,
+        backend: Backend | str,
+        buckets: Iterable[int | None],
+        since: datetime | None = None,
+    ) -> list[PodSample]:
+        """(cluster, pod, TFLOP/s) of the counted samples of the pods whose stage bucket
+        is in ``buckets`` (None: pods without a name), reported at or after ``since``
+        (None: whenever; a sample without a time is never after a given ``since``).
+
+        What a rollout guard compares and the rollout progress shows: the buckets are
+        stored with the pods, so this reads those buckets' pods that reported since
+        ``since`` and nothing else; its cost does not grow with the rest of the
+        situation's history (pods outside the stage, samples from before it)."""
+        found = _backend(backend) if isinstance(backend, str) else backend
+        if situation is None or found is None:
+            return []
+        key = -math.inf if since is None else since.timestamp()
+        with self._lock:
+            tally = self._tallies.get(situation, {}).get(found)
+            return [] if tally is None else tally.in_buckets(buckets, key)
 
     def pod_samples(
         self, situation: Situation | None, backend: Backend | str, cluster: str, pod: str

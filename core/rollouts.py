@@ -140,9 +140,11 @@ class Slowdown:
 
     def reason(self, limit: float) -> str:
         pods = ", ".join(self.staged_pods[:5]) + (" ..." if len(self.staged_pods) > 5 else "")
+        clusters = ", ".join(sorted({p.split("/", 1)[0] for p in self.staged_pods}))
         return (
             f"stage pods measured {self.staged} at {self.staged_tflops:.1f} TFLOP/s median "
-            f"({self.staged_samples} samples from {len(self.staged_pods)} pods: {pods}) "
+            f"({self.staged_samples} samples from {len(self.staged_pods)} pods: {pods}; "
+            f"clusters {clusters}) "
             f"against {self.without} at {self.without_tflops:.1f} without the override "
             f"({self.without_samples} samples): {self.percent_slower:.1f} % slower "
             f"(max_slowdown_pct {limit:g})"
@@ -153,26 +155,27 @@ def slowdown(
     override: Override,
     staged: str,
     without: str,
-    samples: Callable[[str], Sequence[PodSample]],
-    in_stage: Callable[[str, str], bool],
+    stage_samples: Callable[[str], Sequence[PodSample]],
 ) -> Slowdown | None:
     """The guard on speed: compare the stage pods' own samples of the backend the
     override gives them with their samples of the one they would run without it
-    (at least 3 samples from 2 pods each, in one situation). ``samples(backend)`` gives
-    a backend's counted (cluster, pod, TFLOP/s) samples in that situation
-    (``EvidenceIndex.samples``)."""
+    (at least 3 samples from 2 pods each, in one situation). ``stage_samples(backend)``
+    gives that backend's counted (cluster, pod, TFLOP/s) samples of the pods that may
+    halt this stage, reported since it began (``EvidenceIndex.stage_samples``): what
+    was measured before the last resume or step was already judged, and counting it
+    again would halt a resumed rollout at the first report."""
     r = override.rollout
     if r is None or staged == without:
         return None
 
-    def stage_samples(backend: str) -> tuple[list[float], set[str]]:
-        picked = [(c, p, t) for c, p, t in samples(backend) if in_stage(c, p)]
+    def measured(backend: str) -> tuple[list[float], set[str]]:
+        picked = stage_samples(backend)
         return [t for _, _, t in picked], {f"{c}/{p}" for c, p, _ in picked}
 
-    on, on_pods = stage_samples(staged)
+    on, on_pods = measured(staged)
     if len(on) < MIN_SAMPLES or len(on_pods) < MIN_PODS:
         return None
-    off, off_pods = stage_samples(without)
+    off, off_pods = measured(without)
     if len(off) < MIN_SAMPLES or len(off_pods) < MIN_PODS:
         return None
     on_median, off_median = statistics.median(on), statistics.median(off)

@@ -55,5 +55,12 @@ def bucket_in_stage(bucket: int | None, rollout: Rollout) -> bool:
 
 
 def stage_buckets(rollout: Rollout) -> frozenset[int]:
-    """Every bucket in the stage of ``rollout`` (for counting pods per bucket)."""
-    return frozenset(b for b in range(STAGE_BUCKETS) if bucket_in_stage(b, rollout))
+    """Every bucket in the stage of ``rollout`` (for counting pods per bucket, and for
+    reading the stage pods' samples): the same set as :func:`bucket_in_stage` says,
+    from one hash of the rollout's id (a guard asks on every report)."""
+    if rollout.state == "halted":
+        return frozenset()
+    if rollout.state == "complete" or rollout.percent >= 100:
+        return frozenset(range(STAGE_BUCKETS))
+    offset = rollout_offset(rollout.id)
+    return frozenset((offset + i) % STAGE_BUCKETS for i in range(rollout.percent))

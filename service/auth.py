@@ -24,11 +24,22 @@ class OutOfScope(Exception):
     """A write reaches past the token's clusters (answered 403)."""
 
 
+BOOTSTRAP_ID = "env:SWITCHBOARD_ADMIN_TOKEN"
+"""The bootstrap admin token's id: stable across restarts and replicas, and unlike any
+stored token's (12 hex digits), so nothing keyed by token id is shared with one."""
+
+
 @dataclass(frozen=True)
 class Principal:
+    """Who a request's token is. ``name`` is what people read (audit actor, messages)
+    and several tokens may share it; ``id`` tells tokens apart (what an
+    ``Idempotency-Key`` is kept under: a replay must never hand one token the answer
+    computed under another one's scope)."""
+
     name: str
     role: Role
     clusters: tuple[str, ...] | None  # None: every cluster
+    id: str
 
     def has(self, role: Role) -> bool:
         return self.role == role or self.role == "admin"
@@ -93,7 +104,7 @@ def authenticate(
     presented: str, tokens: dict[str, TokenRecord], bootstrap: str | None
 ) -> Principal | None:
     if bootstrap is not None and hmac.compare_digest(presented.encode(), bootstrap.encode()):
-        return Principal(name="bootstrap-admin", role="admin", clusters=None)
+        return Principal(name="bootstrap-admin", role="admin", clusters=None, id=BOOTSTRAP_ID)
     parts = presented.split("_", 2)
     if len(parts) != 3 or parts[0] != "sb":
         return None
@@ -103,4 +114,4 @@ def authenticate(
         return None
     if not hmac.compare_digest(hash_secret(parts[2]), record.secret_hash):
         return None
-    return Principal(name=record.name, role=record.role, clusters=record.clusters)  # type: ignore[arg-type]
+    return Principal(name=record.name, role=record.role, clusters=record.clusters, id=record.id)  # type: ignore[arg-type]

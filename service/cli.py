@@ -11,12 +11,19 @@ import argparse
 import copy
 import logging.config
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mla_switchboard.service.messages import first_line, protect, shown_url
+from mla_switchboard.service.messages import (
+    first_line,
+    install_exception_redaction,
+    protect,
+    redact,
+    shown_url,
+)
 
 if TYPE_CHECKING:
     from mla_switchboard.service.config import Settings
@@ -118,16 +125,32 @@ def _token(args: argparse.Namespace) -> int:
         print(token)
         return 0
     if args.token_command == "revoke":
-        ok = runtime.store.revoke_token(args.id, actor="cli")
-        if not ok:
-            print(f"switchboard: no active token with id {args.id!r}", file=sys.stderr)
+        token_id = _token_id(args.id)
+        if token_id is None:
+            print(
+                f"switchboard: {redact(args.id)!r} is not a token id (12 hex digits, the "
+                "part after sb_ that `token list` shows)",
+                file=sys.stderr,
+            )
+            return 2
+        if not runtime.store.revoke_token(token_id, actor="cli"):
+            print(f"switchboard: no active token with id {token_id}", file=sys.stderr)
             return 1
+        print(f"switchboard: revoked token {token_id}", file=sys.stderr)
         return 0
     for t in runtime.store.load_config().tokens.values():
         state = "revoked" if t.revoked else "active"
         scope = ",".join(t.clusters) if t.clusters else "*"
         print(f"{t.id}\t{t.name}\t{t.role}\t{scope}\t{state}")
     return 0
+
+
+def _token_id(given: str) -> str | None:
+    """The token id ``token revoke`` was given: an id, or a whole ``sb_<id>_<secret>``
+    token pasted instead (its id; the secret is never printed back). None: neither."""
+    parts = given.strip().split("_", 2)
+    candidate = parts[1] if len(parts) == 3 and parts[0] == "sb" else given.strip()
+    return candidate if re.fullmatch(r"[0-9a-f]{12}", candidate) else None
 
 
 def _store_problem(url: str, *, create: bool) -> str | None:
@@ -398,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # an uncaught exception (the main thread's, a server thread's) is printed by Python
+    # itself, not logged: redacted from the start, like every log line
+    install_exception_redaction()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -11,7 +11,11 @@ through :func:`redact` here:
 - so is each registered secret (:func:`protect`: the database password and the admin
   token), in whatever text it turns up (a driver quoting its connection string);
 - :func:`install_log_redaction` applies the same to every log record of the process,
-  tracebacks included.
+  tracebacks included;
+- :func:`install_exception_redaction` to what Python prints by itself, without
+  logging: an uncaught exception in the main thread or another thread, and one raised
+  where nothing can catch it (a ``__del__``); :func:`redacting_exception_handler` to
+  asyncio's errors that nothing awaited (a task's exception never retrieved).
 
 Secrets shorter than ``MIN_SECRET`` characters are masked only where the two patterns
 find them: replacing every "ab" in every message would garble the log and protect
@@ -20,8 +24,13 @@ nothing a guess would not find.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import sys
+import threading
+import traceback
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -165,3 +174,74 @@ def _redact_argument(argument: Any) -> Any:
         cleaned = redact(text)
         return argument if cleaned == text else cleaned
     return argument
+
+
+# ------------------------------------------------------ what Python prints itself
+
+
+def install_exception_redaction() -> None:
+    """Replace Python's own printers of uncaught exceptions, which write to stderr
+    without logging (so :func:`install_log_redaction` never sees them), by ones that
+    print the same text redacted: ``sys.excepthook`` (the main thread),
+    ``threading.excepthook`` (any other thread: a driver's error in a background
+    thread quotes its connection string) and ``sys.unraisablehook`` (an exception in a
+    ``__del__`` or a finaliser). Idempotent."""
+    if getattr(sys.excepthook, "redacting", False):
+        return
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        _print_redacted(traceback.format_exception(kind, value, tb))
+
+    def thread_excepthook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else threading.get_ident()
+        _print_redacted(
+            [
+                f"Exception in thread {name}:\n",
+                *traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback),
+            ]
+        )
+
+    def unraisablehook(unraisable: Any) -> None:
+        try:
+            where = repr(unraisable.object)
+        except Exception:
+            where = "<object repr() failed>"
+        head = f"{unraisable.err_msg or 'Exception ignored in'}: {where}\n"
+        lines = traceback.format_exception(
+            unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback
+        )
+        _print_redacted([head, *lines])
+
+    for hook in (excepthook, thread_excepthook, unraisablehook):
+        hook.redacting = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
+    threading.excepthook = thread_excepthook
+    sys.unraisablehook = unraisablehook
+
+
+def redacting_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """An event loop's handler for errors nothing awaited (a task's exception never
+    retrieved, a failing callback): what asyncio's default handler logs, each part
+    redacted (the context's reprs and the traceback too)."""
+    lines = [str(context.get("message") or "Unhandled exception in event loop")]
+    for key in sorted(k for k in context if k not in ("message", "exception")):
+        try:
+            value = repr(context[key])
+        except Exception:
+            value = "<repr() failed>"
+        lines.append(f"{key}: {value}")
+    error = context.get("exception")
+    if isinstance(error, BaseException):
+        formatted = traceback.format_exception(type(error), error, error.__traceback__)
+        lines.append("".join(formatted).rstrip())
+    logging.getLogger("asyncio").error("%s", redact("\n".join(lines)))
+
+
+def _print_redacted(lines: Iterable[str]) -> None:
+    stream = sys.stderr
+    if stream is None:  # no stderr (a daemon): Python's own printers say nothing either
+        return
+    stream.write(redact("".join(lines)))
+    stream.flush()

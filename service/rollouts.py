@@ -6,6 +6,13 @@ evaluator's ``in_stage``: who is in the stage); this module feeds them the servi
 signals and writes the outcome through the store, audited with the service itself as
 actor. A halt or promotion bumps the configuration version, so every replica applies
 it within its poll interval (0.5 s by default), this one at once.
+
+A guard runs after the report that triggers it is stored. When the database fails in
+between (the guard's own write, or a read it needs), the report stays stored and is
+answered as such, with ``"guard": "pending"``: the evaluation is kept and tried again
+by the periodic check, before any step is promoted, so a halt is late rather than
+lost. An agent that retries a measurement report (the same ``report_id``) gets the
+guard evaluated again too, which covers a replica that died with a pending one.
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.evaluator import (
@@ -25,11 +33,15 @@ from mla_switchboard.core.evaluator import (
     decide,
     in_stage,
 )
-from mla_switchboard.core.evidence import situation_of
+from mla_switchboard.core.evidence import PodSample, Situation, situation_of
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
-from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
+from mla_switchboard.core.stages import stage_buckets
+from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
+from mla_switchboard.service.store.base import OutcomeUnknown
+from prometheus_client import Gauge
+from sqlalchemy.exc import SQLAlchemyError
 
 if TYPE_CHECKING:
     from mla_switchboard.service.runtime import Runtime
@@ -39,19 +51,111 @@ log = logging.getLogger("switchboard.rollouts")
 SERVICE_ACTOR = "switchboard"
 """The audit log's actor for what the service does by itself."""
 
+GuardOutcome = Literal["checked", "pending"]
+"""What a report's answer says of the guards: evaluated, or deferred (database error)."""
+
+MAX_PENDING = 10_000
+"""Most guard evaluations kept for a retry; past it the oldest is dropped (and logged):
+while the database is away every report would otherwise add one, without bound."""
+
+STORE_ERRORS = (SQLAlchemyError, OutcomeUnknown)
+
 
 class RolloutGuards:
     """Halts staged overrides on failures or slowdowns; promotes them step by step."""
 
     def __init__(self, runtime: Runtime, check_s: float = 1.0) -> None:
         self._runtime = runtime
-        self._thread = Periodic("rollout-steps", check_s, self.promote_due, log)
+        self._check_s = check_s
+        self._pending: dict[tuple[str, ...], Callable[[], None]] = {}  # oldest first
+        self._pending_lock = threading.Lock()
+        self._thread = Periodic("rollout-steps", check_s, self.check, log)
+        Gauge(
+            "switchboard_rollout_guards_pending",
+            "Guard evaluations deferred by a database error, retried every rollout check",
+            registry=runtime.metrics.registry,
+        ).set_function(lambda: len(self._pending))
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._thread.stop()
+
+    # ------------------------------------------------- reports, already stored
+
+    def failure_reported(self, record: DecisionRecord, backend: str, error: str) -> GuardOutcome:
+        """Run the failure guard for a failure report the store holds already."""
+        return self._evaluate(
+            ("failure", record.id, backend), lambda: self.on_failure(record, backend, error)
+        )
+
+    def measurements_reported(self, report: MeasurementReport, report_id: str) -> GuardOutcome:
+        """Run the speed guard for a counted measurement report the store holds already."""
+        return self._evaluate(("measurements", report_id), lambda: self.on_measurements(report))
+
+    def measurements_retried(self, report: MeasurementReport, report_id: str) -> GuardOutcome:
+        """A report stored before (its ``report_id``) came again: the first attempt's
+        guard may never have run (its replica died after the commit), so run it again,
+        once this replica has read every stored report (the first attempt may have
+        reached another replica). The guard is idempotent: it compares stored samples
+        and halts a rollout at most once."""
+
+        def again() -> None:
+            self._runtime.evidence_sync.catch_up()
+            self.on_measurements(report)
+
+        return self._evaluate(("measurements", report_id), again)
+
+    def check(self, now: datetime | None = None) -> None:
+        """The periodic round: guard evaluations a database error deferred first, then
+        the steps, only once none is left: a promotion starts a new stage, in which the
+        failure a pending evaluation counts would be "from before the stage"."""
+        if self.retry_pending():
+            self.promote_due(now)
+
+    def retry_pending(self) -> bool:
+        """Evaluate the deferred guards again, oldest first; True when none is left.
+        The first that fails again ends the round (the database is still away)."""
+        with self._pending_lock:
+            waiting = list(self._pending.items())
+        for key, run in waiting:
+            try:
+                run()
+            except STORE_ERRORS as exc:
+                log.warning(
+                    "%d rollout guard evaluation(s) still pending: %s",
+                    len(self._pending),
+                    first_line(exc),
+                )
+                return False
+            with self._pending_lock:
+                if self._pending.get(key) is run:
+                    del self._pending[key]
+        if waiting:
+            log.warning("deferred rollout guard evaluations done: %d", len(waiting))
+        return not self._pending
+
+    def _evaluate(self, key: tuple[str, ...], run: Callable[[], None]) -> GuardOutcome:
+        try:
+            run()
+        except STORE_ERRORS as exc:
+            with self._pending_lock:
+                self._pending.pop(key, None)
+                self._pending[key] = run
+                dropped = 0
+                while len(self._pending) > MAX_PENDING:
+                    del self._pending[next(iter(self._pending))]
+                    dropped += 1
+            log.warning(
+                "rollout guard not evaluated (%s): the report is stored; retried every %g s",
+                first_line(exc),
+                self._check_s,
+            )
+            if dropped:
+                log.error("rollout guard evaluations dropped: more than %d pending", MAX_PENDING)
+            return "pending"
+        return "checked"
 
     # ----------------------------------------------------------------- guards
 
@@ -101,7 +205,8 @@ class RolloutGuards:
     def on_measurements(self, report: MeasurementReport) -> None:
         """A pod reported benchmarks. If it is in the stage of an active rollout, compare
         the stage pods' speed of what the override gives them with what they would run
-        without it; beyond ``max_slowdown_pct`` the rollout halts."""
+        without it, from the samples reported since the stage began by pods of clusters
+        that may halt it; beyond ``max_slowdown_pct`` the rollout halts."""
         request = SelectRequest(
             cluster=report.cluster,
             pod=report.pod,
@@ -133,20 +238,8 @@ class RolloutGuards:
             )
             if not isinstance(with_it, Decision) or not isinstance(without, Decision):
                 continue
-
-            def member(cluster: str, pod: str, o: Override = o, r: Rollout = r) -> bool:
-                return (
-                    o.cluster in ("*", cluster)
-                    and guards(r, cluster)
-                    and bucket_in_stage(stage_bucket(cluster, pod), r)
-                )
-
             found = rollouts.slowdown(
-                o,
-                with_it.backend.value,
-                without.backend.value,
-                lambda backend: inputs.evidence.samples(situation, backend),
-                member,
+                o, with_it.backend.value, without.backend.value, self._stage_samples(o, situation)
             )
             if found is None:
                 continue
@@ -158,6 +251,32 @@ class RolloutGuards:
                 return _halted(current, current.failed_pods, reason)
 
             self._change(o, halt, action="rollout.slowdown", note=reason)
+
+    def _stage_samples(self, o: Override, situation: Situation) -> Callable[[str], list[PodSample]]:
+        """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
+        stage's pods (their stored buckets), reported since the stage began, from
+        clusters ``guard_clusters`` allows; read from the override's own cluster's
+        index, or the all-clusters one for ``*``."""
+        r = o.rollout
+        assert r is not None
+        trusted = self._runtime.trusted
+        evidence = trusted.all if o.cluster == "*" else trusted.of_cluster(o.cluster)
+        buckets = stage_buckets(r)
+        allowed: dict[str, bool] = {}
+
+        def samples(backend: str) -> list[PodSample]:
+            found = evidence.stage_samples(situation, backend, buckets, r.stage_started_at)
+            out = []
+            for sample in found:
+                cluster = sample[0]
+                ok = allowed.get(cluster)
+                if ok is None:
+                    ok = allowed[cluster] = guards(r, cluster)
+                if ok:
+                    out.append(sample)
+            return out
+
+        return samples
 
     # ------------------------------------------------------------------ steps
 
@@ -202,7 +321,14 @@ class RolloutGuards:
         elif action == "rollout.promote":
             self._runtime.metrics.rollout_changes.labels("promote").inc()
             log.info("rollout of %s: %s", o.label, note)
-        self._runtime.live.reload()
+        try:
+            self._runtime.live.reload()
+        except SQLAlchemyError as exc:  # stored and audited: the next poll applies it
+            log.warning(
+                "rollout of %s changed; this replica applies it at its next poll (%s)",
+                o.label,
+                first_line(exc),
+            )
 
 
 def _halted(current: Rollout, failed: list[str], reason: str) -> Rollout:

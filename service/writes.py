@@ -181,6 +181,11 @@ class Writes:
         runtime = self._runtime
         if not principal.may_touch(cluster):
             return _out_of_scope(principal, cluster)
+        replayed = self._recalled(principal, key)
+        if replayed is not None:
+            # a retry of an action that went through: the rollout's state (or ETag) now
+            # refuses the action itself, and the answer is what the first request got
+            return _with_override_etag(replayed, cluster)
         current = next((o for o in runtime.snapshot.overrides if o.cluster == cluster), None)
         if current is None or current.rollout is None:
             runtime.live.reload()  # it may have been written on another replica just now
@@ -459,11 +464,25 @@ class Writes:
     ) -> Idempotency | None:
         if key is None:
             return None
-        return Idempotency(principal.name, key.key, key.request_hash, respond)
+        return Idempotency(principal.id, key.key, key.request_hash, respond)
 
     def _replayed_elsewhere(self, principal: Principal, key: IdempotencyKey) -> bool:
         """Whether this key was used already (the delete it names happened)."""
-        return self._runtime.store.recall_idempotency(principal.name, key.key) is not None
+        return self._runtime.store.recall_idempotency(principal.id, key.key) is not None
+
+    def _recalled(self, principal: Principal, key: IdempotencyKey | None) -> Outcome | None:
+        """The kept answer of this key, read before a write's own checks, for writes
+        whose checks a retry would fail once the first request went through (None: the
+        key is new, or there is none). The write's transaction recalls it again, so
+        racing retries still apply once."""
+        if key is None:
+            return None
+        found = self._runtime.store.recall_idempotency(principal.id, key.key, key.request_hash)
+        if found is None:
+            return None
+        if not found.same_request:
+            return _key_reused()
+        return Done(found.body, status=found.status, replayed=True)
 
     def _write(
         self,

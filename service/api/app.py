@@ -30,7 +30,7 @@ from mla_switchboard.service.api.routes import (
 from mla_switchboard.service.api.select_asgi import SelectHandler, is_select
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.fleet.groups import OverBudget
-from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.messages import first_line, redacting_exception_handler
 from mla_switchboard.service.runtime import Runtime
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
@@ -65,6 +65,8 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # asyncio prints what nothing awaited by itself: redacted, like every log line
+        asyncio.get_running_loop().set_exception_handler(redacting_exception_handler)
         runtime.start()
         watch = asyncio.create_task(_watch_the_loop(runtime))
         try:

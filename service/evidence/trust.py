@@ -174,6 +174,11 @@ class TrustedEvidence:
         """Every cluster's evidence (the summary's, the guards', a ``*`` scope's)."""
         return self._current.all
 
+    def of_cluster(self, cluster: str) -> EvidenceIndex:
+        """One cluster's own evidence (empty before its first report): what a read of one
+        cluster's samples uses rather than filtering every cluster's."""
+        return self._current.clusters.get(cluster, self._empty)
+
     def add(self, observations: Iterable[Observation]) -> bool:
         """New observations into every index that trusts them; True when any changed."""
         with self._lock:

@@ -5,6 +5,7 @@ bucket (``service/fleet/groups.py``), never per pod."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -15,9 +16,8 @@ from mla_switchboard.core.evaluator import (
     decide,
     in_stage,
 )
-from mla_switchboard.core.evidence import situation_of
-from mla_switchboard.core.specs import Backend
-from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
+from mla_switchboard.core.evidence import EvidenceIndex, situation_of
+from mla_switchboard.core.stages import STAGE_BUCKETS, stage_buckets
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
@@ -28,6 +28,9 @@ from mla_switchboard.service.fleet.groups import (
 )
 from mla_switchboard.service.selector import InputsFor
 
+ALL_BUCKETS: frozenset[int | None] = frozenset([*range(STAGE_BUCKETS), None])
+"""Every stage bucket, and None: pods without a name (never in a partial stage)."""
+
 
 def progress(
     fleet: FleetSnapshot,
@@ -36,12 +39,18 @@ def progress(
     now: datetime,
     inputs_for: InputsFor | None = None,
     deadline: Deadline | None = None,
+    evidence_of: Callable[[str], EvidenceIndex] | None = None,
 ) -> list[dict[str, Any]]:
     """Each staged override's progress, for the summary and the dashboard: pods in its
     scope and in the stage, how many booted with it (their newest decision runs what
     the override gives them), failures counted, and the stage's measured speed against
     the rest of the scope (median TFLOP/s of the backends each part runs, from the
-    samples of its own pods). Counted per group and stage bucket, never per pod."""
+    samples of its own pods). Counted per group and stage bucket, never per pod.
+
+    ``evidence_of(cluster)`` gives one cluster's own evidence index (the runtime's
+    per-cluster ones); without it, each cluster's samples are picked out of
+    ``inputs.evidence``. Either way the samples are split by the stage buckets stored
+    with them, never by hashing pod names again."""
     out = []
     classes = ClassCache()
     memo = DecisionMemo(now)
@@ -49,6 +58,10 @@ def progress(
         r = o.rollout
         if r is None:
             continue
+        inside_buckets: frozenset[int | None] = frozenset(stage_buckets(r))
+        if len(inside_buckets) == STAGE_BUCKETS:
+            inside_buckets = ALL_BUCKETS  # complete: every pod, named or not
+        outside_buckets = ALL_BUCKETS - inside_buckets
         scoped = in_stage_n = booted = 0
         stage_speed: list[float] = []
         rest_speed: list[float] = []
@@ -88,15 +101,18 @@ def progress(
                 if key in sampled:
                     continue  # shapes that differ only in what the evidence ignores
                 sampled.add(key)
-                try:
-                    samples = inputs.evidence.samples(situation, Backend(row.backend))
-                except ValueError:
-                    continue
-                for cluster, pod, tflops in samples:
-                    if cluster != group.cluster:
-                        continue
-                    inside = r.state != "halted" and bucket_in_stage(stage_bucket(cluster, pod), r)
-                    (stage_speed if inside else rest_speed).append(tflops)
+                evidence = inputs.evidence if evidence_of is None else evidence_of(group.cluster)
+                for buckets, speeds in (
+                    (inside_buckets, stage_speed),
+                    (outside_buckets, rest_speed),
+                ):
+                    speeds.extend(
+                        tflops
+                        for cluster, _, tflops in evidence.stage_samples(
+                            situation, row.backend, buckets
+                        )
+                        if cluster == group.cluster
+                    )
         out.append(
             {
                 "cluster": o.cluster,

@@ -183,7 +183,14 @@ class FleetReads:
             ),
             "rollouts": [
                 r
-                for r in progress(fleet, inputs, now=now, inputs_for=trusted, deadline=deadline)
+                for r in progress(
+                    fleet,
+                    inputs,
+                    now=now,
+                    inputs_for=trusted,
+                    deadline=deadline,
+                    evidence_of=self._runtime.trusted.of_cluster,
+                )
                 if visible is None or visible(r["cluster"])
             ],
         }

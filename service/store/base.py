@@ -50,16 +50,17 @@ class Replayed:
 
 @dataclass(frozen=True)
 class Idempotency:
-    """A write's ``Idempotency-Key``: ``respond`` makes the answer to keep from what the
-    write stored (inside its transaction)."""
+    """A write's ``Idempotency-Key``, kept under ``owner``, the id of the token that sent
+    it (not its name, which other tokens may share): ``respond`` makes the answer to
+    keep from what the write stored (inside its transaction)."""
 
-    actor: str
+    owner: str
     key: str
     request_hash: str
     respond: Callable[[Any], tuple[int, dict[str, Any]]]
 
     def recall(self, s: Session) -> Replayed | None:
-        row = s.get(IdempotencyRow, (self.actor, self.key))
+        row = s.get(IdempotencyRow, (self.owner, self.key))
         if row is None:
             return None
         return Replayed(row.status, json.loads(row.body), row.request_hash == self.request_hash)
@@ -68,7 +69,7 @@ class Idempotency:
         status, body = self.respond(stored)
         s.add(
             IdempotencyRow(
-                actor=self.actor,
+                actor=self.owner,
                 key=self.key,
                 request_hash=self.request_hash,
                 status=status,
@@ -81,13 +82,17 @@ class Idempotency:
 IDEMPOTENCY_TTL = timedelta(hours=24)
 
 
-def recall_idempotency(engine: Engine, actor: str, key: str) -> Replayed | None:
-    """What a write with this key was answered, outside any write (None: not used)."""
+def recall_idempotency(
+    engine: Engine, owner: str, key: str, request_hash: str | None = None
+) -> Replayed | None:
+    """What a write with this key of token ``owner`` was answered, outside any write
+    (None: not used); ``same_request`` compares ``request_hash`` when one is given."""
     with Session(engine) as s:
-        row = s.get(IdempotencyRow, (actor, key))
+        row = s.get(IdempotencyRow, (owner, key))
         if row is None:
             return None
-        return Replayed(row.status, json.loads(row.body), True)
+        same = request_hash is None or row.request_hash == request_hash
+        return Replayed(row.status, json.loads(row.body), same)
 
 
 @contextmanager

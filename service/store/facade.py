@@ -59,5 +59,7 @@ class Store:
         self.failure_rows = m.failure_rows
         self.clear_failures = m.clear_failures
 
-    def recall_idempotency(self, actor: str, key: str) -> Replayed | None:
-        return recall_idempotency(self.engine, actor, key)
+    def recall_idempotency(
+        self, owner: str, key: str, request_hash: str | None = None
+    ) -> Replayed | None:
+        return recall_idempotency(self.engine, owner, key, request_hash)

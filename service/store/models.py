@@ -167,6 +167,8 @@ class IdempotencyRow(Base):
     write did not happen) or exactly what the first request was told."""
 
     __tablename__ = "idempotency_keys"
+    # the id of the token that sent the key (the bootstrap token's: BOOTSTRAP_ID); the
+    # column kept its first name, which held the token's name, shared by other tokens
     actor: Mapped[str] = mapped_column(String(100), primary_key=True)
     key: Mapped[str] = mapped_column(String(200), primary_key=True)
     request_hash: Mapped[str] = mapped_column(String(64))

@@ -1,23 +1,28 @@
-"""Admin writes say what happened, against a PostgreSQL server this test starts itself.
+"""Writes say what happened, against a PostgreSQL server this test starts itself.
 
 The database refuses for real: the service's own role loses the right to read the
 tokens table after it started (so every configuration reload fails right after a
-committed write), and a deferred constraint trigger fails token creations at commit.
+committed write), a deferred constraint trigger fails token creations at commit, and
+the role loses the right to write the audit log (so a rollout guard cannot write the
+halt an agent's stored report calls for).
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
 from tests.conftest import ADMIN, ServiceProcess
-from tests.reliability.conftest import PrivatePostgres, wait_until
+from tests.reliability.conftest import PrivatePostgres, metric, wait_until
+from tests.service.test_select_decisions import ALL
 
 pytestmark = pytest.mark.postgres
 
@@ -141,3 +146,108 @@ def test_admin_writes_without_a_key_still_work(service: ServiceProcess) -> None:
             headers={"Idempotency-Key": "has space"},
         )
         assert bad.status_code == 422 and "idempotency-key" in str(bad.json()["detail"])
+
+
+# ------------------------------------------------------------- agent reports
+
+
+DEVICE = {"name": "NVIDIA H200", "capability": [9, 0]}
+MODEL = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+
+
+def stage_answers(c: httpx.Client, cluster: str, n: int) -> list[dict[str, Any]]:
+    """The answers of ``n`` pods in the stage of the rollout in force."""
+    found = []
+    for i in range(300):
+        r = c.post(
+            "/v1/select",
+            json={"cluster": cluster, "pod": f"p-{i}", "device": DEVICE, "model": MODEL,
+                  "dtype": "bfloat16", "packages": ALL},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        if any((o.get("rollout") or {}).get("in_stage") for o in answer["overrides"]):
+            found.append({**answer, "pod": f"p-{i}"})
+            if len(found) == n:
+                return found
+    raise AssertionError(f"fewer than {n} of 300 pods in the stage")
+
+
+def rollout_state(c: httpx.Client, cluster: str) -> str:
+    return str(c.get(f"/v1/overrides/{cluster}").json()["rollout"]["state"])
+
+
+def test_a_stored_failure_report_is_answered_and_its_guard_retried(
+    db: Database, service: ServiceProcess
+) -> None:
+    spec = {"force": "FLASHINFER", "note": "INC-9", "rollout": {"percent": 20, "max_failures": 1}}
+    with service.client() as c:
+        assert c.put("/v1/overrides/prod-east", json=spec).status_code == 200
+        (answer,) = stage_answers(c, "prod-east", 1)
+        db.admin("REVOKE INSERT ON audit FROM svc")  # the halt cannot be written now
+        r = c.post(
+            f"/v1/selections/{answer['decision_id']}/failure",
+            json={"backend": "FLASHINFER", "error": "RuntimeError: illegal memory access"},
+        )
+        assert r.status_code == 202, r.text  # before: 503 "nothing was changed"
+        assert r.json()["recorded"] is True and r.json()["guard"] == "pending"
+        assert db.admin("SELECT count(*) FROM failures") == [(1,)]
+        assert rollout_state(c, "prod-east") == "active"
+        assert metric(service, "switchboard_rollout_guards_pending") == 1
+        db.admin("GRANT INSERT ON audit TO svc")
+        took = wait_until(lambda: rollout_state(c, "prod-east") == "halted", 10, what="halt")
+        print(f"halted {took:.2f} s after the audit log took writes again")
+        (entry,) = c.get("/v1/audit", params={"action": "rollout.failure"}).json()["items"]
+        assert entry["actor"] == "switchboard" and f"prod-east/{answer['pod']}" in entry["note"]
+        assert metric(service, "switchboard_rollout_guards_pending") == 0
+
+
+def test_a_retried_report_gets_the_guard_its_first_attempt_never_ran(
+    db: Database, tmp_path: Path
+) -> None:
+    """The replica that stored the report dies before its pending guard could run; the
+    agent retries the report (same ``report_id``) on another replica: the halt the two
+    pods' figures call for happens then."""
+    spec = {"force": "CUDNN", "note": "INC-10", "rollout": {"percent": 20, "max_slowdown_pct": 5}}
+    first = ServiceProcess(db.url).start(tmp_path)
+
+    def report(c: httpx.Client, pod: str, report_id: str) -> httpx.Response:
+        return c.post(
+            "/v1/measurements",
+            json={
+                "report_id": report_id, "cluster": "prod-east", "pod": pod, "device": DEVICE,
+                "model": MODEL, "dtype": "bfloat16", "packages": ALL,
+                "results": [
+                    {"backend": b, "shape": {"seqlens": [4096], "num_heads": 128},
+                     "median_ms": 1.0, "tflops": t + k, "correct": True}
+                    for b, t in (("CUDNN", 400.0), ("FLASH_ATTN", 600.0)) for k in range(2)
+                ],
+            },
+        )  # fmt: skip
+
+    try:
+        with first.client() as c:
+            assert c.put("/v1/overrides/prod-east", json=spec).status_code == 200
+            one, two = stage_answers(c, "prod-east", 2)
+            r = report(c, one["pod"], "report-one-0001")
+            assert r.status_code == 201 and r.json()["guard"] == "checked", r.text
+            db.admin("REVOKE INSERT ON audit FROM svc")
+            r = report(c, two["pod"], "report-two-0001")
+            assert r.status_code == 201, r.text  # before: 503 "nothing was changed"
+            assert r.json()["counted"] is True and r.json()["guard"] == "pending"
+    finally:
+        first.stop(signal.SIGKILL)  # the pending evaluation dies with it
+    db.admin("GRANT INSERT ON audit TO svc")
+    second = ServiceProcess(db.url).start(tmp_path)
+    try:
+        with second.client() as c:
+            assert rollout_state(c, "prod-east") == "active"  # the halt was never written
+            again = report(c, two["pod"], "report-two-0001")
+            assert again.status_code == 200, again.text
+            assert again.json()["duplicate"] is True and again.json()["guard"] == "checked"
+            assert rollout_state(c, "prod-east") == "halted"
+            reason = c.get("/v1/overrides/prod-east").json()["rollout"]["halted_reason"]
+            assert f"prod-east/{one['pod']}" in reason and f"prod-east/{two['pod']}" in reason
+        assert db.admin("SELECT count(DISTINCT report_id) FROM measurements") == [(2,)]
+    finally:
+        second.stop()

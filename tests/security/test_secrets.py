@@ -3,9 +3,11 @@
 ``switchboard serve`` with an unreachable PostgreSQL printed the whole URL, password
 included, on stderr at every restart of a crash loop (``switchboard token`` masked it).
 Every way out is tried here with a URL holding a recognisable password: ``serve`` at
-start and on each restart, ``switchboard token list``, ``/readyz``, ``/metrics`` and
-the 503 of an admin write from a service whose database went away, and the service's
-log; the password must appear nowhere.
+start and on each restart, ``switchboard token list``, ``create`` and ``revoke``,
+``/readyz``, ``/metrics`` and the 503 of an admin write from a service whose database
+went away, the service's log, and what Python prints by itself in a serving process
+(an uncaught exception in a thread, in the main thread, in a ``__del__``, a task's
+exception nobody retrieved); the password must appear nowhere.
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ def test_serve_and_token_never_print_the_password(url: str) -> None:
         assert serve.returncode in (1, 2), serve.stderr
         assert "switchboard:" in serve.stderr and MASK in serve.stderr, serve.stderr
         _assert_hidden(serve.stdout + serve.stderr, f"serve (start {restart + 1})")
-    for args in (["token", "list"], ["token", "create", "--role", "agent"]):
+    for args in (
+        ["token", "list"],
+        ["token", "create", "--role", "agent"],
+        ["token", "revoke", "0123456789ab"],
+    ):
         out = _switchboard(*args, env=env)
         assert out.returncode != 0
         _assert_hidden(out.stdout + out.stderr, " ".join(args))
@@ -95,6 +101,100 @@ def test_serve_says_what_failed_without_the_password() -> None:
     expected = f"cannot open the store at postgresql+psycopg://switchboard:***@127.0.0.1:{port}/"
     assert expected in serve.stderr, serve.stderr
     assert "Connection refused" in serve.stderr  # the driver's own first line
+
+
+def test_token_revoke_never_prints_a_secret(tmp_path: Path) -> None:
+    """A whole token pasted instead of its id is revoked by its id, and neither it nor
+    the bootstrap admin token is printed back."""
+    admin_token = "Sb-admin-" + PASSWORD
+    env = _env(f"sqlite:///{tmp_path / 'sb.db'}", SWITCHBOARD_ADMIN_TOKEN=admin_token)
+    created = _switchboard("token", "create", "--role", "agent", "--create", env=env)
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip()
+    token_id, secret = token.split("_", 2)[1:]
+    revoked = _switchboard("token", "revoke", token, env=env)
+    assert revoked.returncode == 0, revoked.stderr
+    assert f"revoked token {token_id}" in revoked.stderr
+    again = _switchboard("token", "revoke", token, env=env)
+    assert again.returncode == 1 and f"no active token with id {token_id}" in again.stderr
+    bootstrap = _switchboard("token", "revoke", admin_token, env=env)
+    assert bootstrap.returncode == 2 and "is not a token id" in bootstrap.stderr
+    for out in (revoked, again, bootstrap):
+        _assert_hidden(out.stdout + out.stderr, "token revoke", secret)
+        _assert_hidden(out.stdout + out.stderr, "token revoke", admin_token)
+
+
+CRASHES = """
+import asyncio, gc, sys, threading
+import uvicorn
+from mla_switchboard.service import cli
+
+URL = sys.argv[1]
+TOKEN = sys.argv[2]
+
+
+def run(app, **options):
+    # what can go wrong while a server runs, each printed by Python itself
+    def crash():
+        raise ConnectionError(f"lost {URL} ({TOKEN})")
+
+    thread = threading.Thread(target=crash, name="crasher")
+    thread.start()
+    thread.join()
+
+    async def serving():
+        async with app.router.lifespan_context(app):
+            async def fail():
+                raise ConnectionError(f"task lost {URL} ({TOKEN})")
+
+            task = asyncio.get_running_loop().create_task(fail())
+            await asyncio.sleep(0.05)
+            del task
+            gc.collect()
+
+    asyncio.run(serving())
+
+    class Connection:
+        def __del__(self):
+            raise OSError(f"closing {URL} ({TOKEN})")
+
+    Connection()
+    gc.collect()
+    raise RuntimeError(f"cannot reach {URL} ({TOKEN})")
+
+
+uvicorn.run = run
+sys.exit(cli.main(["serve", "--port", "8999"]))  # never bound: run is replaced
+"""
+
+
+def test_what_python_prints_itself_in_serve_is_redacted(tmp_path: Path) -> None:
+    """``serve`` installs redacting printers for uncaught exceptions (main thread, other
+    threads, ``__del__``) and the event loop's exception handler before it serves; the
+    server itself is replaced by crashes carrying the URL and the admin token."""
+    admin_token = "Sb-admin-" + PASSWORD
+    env = _env(f"sqlite:///{tmp_path / 'sb.db'}", SWITCHBOARD_ADMIN_TOKEN=admin_token)
+    url = f"postgresql+psycopg://switchboard:{PASSWORD}@db.internal:5432/switchboard"
+    out = subprocess.run(
+        [sys.executable, "-c", CRASHES, url, admin_token],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    for printed in (
+        "Exception in thread crasher",
+        "Task exception was never retrieved",
+        "Exception ignored in",
+        "RuntimeError: cannot reach postgresql+psycopg://switchboard:***@db.internal",
+    ):
+        assert printed in text, text
+    assert text.count("switchboard:***@db.internal") >= 4, text
+    _assert_hidden(text, "serve's own exception printers")
+    _assert_hidden(text, "serve's own exception printers", admin_token)
 
 
 # ------------------------------------------------------------ a service whose database went away

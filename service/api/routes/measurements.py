@@ -62,9 +62,16 @@ def report(
             )
     report_id = body.report_id or new_id()
     if body.report_id is not None and runtime.store.has_report(report_id):
-        # the agent retried a report whose answer it never got: already stored
+        # the agent retried a report whose answer it never got: already stored (its
+        # guard evaluation is run again: the first attempt's may never have run)
         response.status_code = 200
-        return {"measurement_id": report_id, "results": len(body.results), "duplicate": True}
+        guard = runtime.rollouts.measurements_retried(body, report_id)
+        return {
+            "measurement_id": report_id,
+            "results": len(body.results),
+            "duplicate": True,
+            "guard": guard,
+        }
     observations = observations_of_report(body, datetime.now(UTC), report_id)
     reason = None
     if observations:
@@ -82,15 +89,17 @@ def report(
                 "counted as evidence (call /v1/select as this pod first)"
             )
     count = runtime.store.add_measurements(body, report_id, counted=reason is None)
+    guard = None
     if reason is None:
         # this replica at once; the others read the new rows from the store within
         # their poll interval (service/evidence/sync.py)
         runtime.add_evidence(observations)
-        runtime.rollouts.on_measurements(body)
+        guard = runtime.rollouts.measurements_reported(body, report_id)
     return {
         "measurement_id": report_id,
         "results": count,
         "duplicate": False,
+        "guard": guard,
         "counted": reason is None and bool(observations),
         "not_counted_reason": reason
         if reason is not None or observations

@@ -276,8 +276,8 @@ def report_failure(
     )
     if observation is not None:
         runtime.add_evidence([observation])
-    runtime.rollouts.on_failure(record, report.backend.value, report.error)
-    return {"decision_id": decision_id, "backend": report.backend, "recorded": True}
+    guard = runtime.rollouts.failure_reported(record, report.backend.value, report.error)
+    return {"decision_id": decision_id, "backend": report.backend, "recorded": True, "guard": guard}
 
 
 __all__ = ["Backend", "router"]
