@@ -52,6 +52,11 @@ class Principal:
             return False
         return any(fnmatch.fnmatchcase(cluster, glob) for glob in self.clusters)
 
+    def out_of_scope(self, cluster: str) -> str:
+        """Why this token may not write for ``cluster`` (the 403's message)."""
+        scope = ", ".join(self.clusters or ())
+        return f"token {self.name!r} is limited to clusters {scope}; not {cluster!r}"
+
     def may_see(self, cluster: str) -> bool:
         """Read scope: the token's clusters, and the fleet-wide ``*`` (fleet rules and
         the fleet override apply to its clusters too, and name no other cluster)."""

@@ -26,6 +26,7 @@ from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.messages import protect
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.refused import RefusedSelects
+from mla_switchboard.service.reports import Reports
 from mla_switchboard.service.rollouts import RolloutGuards
 from mla_switchboard.service.selector import Selector
 from mla_switchboard.service.state import ConfigSnapshot
@@ -92,6 +93,7 @@ class Runtime:
         self.rollouts = RolloutGuards(self, check_s=settings.rollout_check_s)
         self.reads = FleetReads(self)
         self.writes = Writes(self)
+        self.reports = Reports(self)
         self.bootstrap_token = (
             settings.admin_token.get_secret_value() if settings.admin_token else None
         )

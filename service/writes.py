@@ -555,8 +555,7 @@ def _key_reused() -> Problem:
 
 
 def _out_of_scope(principal: Principal, cluster: str) -> Problem:
-    scope = ", ".join(principal.clusters or ())
-    return Problem(403, f"token {principal.name!r} is limited to clusters {scope}; not {cluster!r}")
+    return Problem(403, principal.out_of_scope(cluster))
 
 
 def _with_etag(outcome: Done, etag: str) -> Done:

@@ -87,8 +87,7 @@ TokenDep = Annotated[Principal, Depends(require(None))]
 
 def check_scope(principal: Principal, cluster: str) -> None:
     if not principal.may_touch(cluster):
-        scope = ", ".join(principal.clusters or ())
-        fail(403, f"token {principal.name!r} is limited to clusters {scope}; not {cluster!r}")
+        fail(403, principal.out_of_scope(cluster))
 
 
 def check_visible(principal: Principal, cluster: str, what: str) -> None:

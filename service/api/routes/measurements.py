@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
-from mla_switchboard.core.evidence import Situation, dims_key, observations_of_report, packages_key
-from mla_switchboard.core.hardware import peak_bf16_tflops
+from mla_switchboard.core.evidence import Situation, dims_key, packages_key
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
@@ -24,12 +22,9 @@ from mla_switchboard.service.api.deps import (
     AgentDep,
     RuntimeDep,
     ViewerDep,
-    check_scope,
-    invalid,
 )
 from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
-from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.writes import IdempotencyKey
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -47,64 +42,10 @@ router = APIRouter(
     },
     summary="Report a pod's kernel benchmark results",
 )
-def report(
-    body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep, response: Response
-) -> dict[str, Any]:
-    check_scope(principal, body.cluster)
-    peak, known = peak_bf16_tflops(body.device.name)
-    for i, result in enumerate(body.results):
-        if result.tflops is not None and result.tflops > peak:
-            gpu = f"the {known}'s" if known else "an unknown GPU's generous"
-            invalid(
-                ("body", "results", i, "tflops"),
-                f"{result.tflops:g} TFLOP/s is above {gpu} dense bf16 peak of {peak:g} "
-                "TFLOP/s: not a measurement",
-            )
-    report_id = body.report_id or new_id()
-    if body.report_id is not None and runtime.store.has_report(report_id):
-        # the agent retried a report whose answer it never got: already stored (its
-        # guard evaluation is run again: the first attempt's may never have run)
-        response.status_code = 200
-        guard = runtime.rollouts.measurements_retried(body, report_id)
-        return {
-            "measurement_id": report_id,
-            "results": len(body.results),
-            "duplicate": True,
-            "guard": guard,
-        }
-    observations = observations_of_report(body, datetime.now(UTC), report_id)
-    reason = None
-    if observations:
-        # Evidence only from a pod the service decided for, in this cluster, in this
-        # situation: a token cannot invent pods (or GPUs) to outvote real ones.
-        # The pod's decision may still be in memory: wait for the writer's next batch
-        # (at most the flush interval) rather than wake it, so that reports streaming
-        # in do not turn its batches into one transaction each.
-        if runtime.recorder.pending:
-            runtime.recorder.flush(wake=False)
-        if not runtime.store.has_decision_for(body.cluster, body.pod, observations[0].situation):
-            reason = (
-                f"pod {body.pod!r} has no recorded decision in cluster {body.cluster!r} for "
-                "this device, capability, dims, dtype, packages and engine: stored, not "
-                "counted as evidence (call /v1/select as this pod first)"
-            )
-    count = runtime.store.add_measurements(body, report_id, counted=reason is None)
-    guard = None
-    if reason is None:
-        # this replica at once; the others read the new rows from the store within
-        # their poll interval (service/evidence/sync.py)
-        runtime.add_evidence(observations)
-        guard = runtime.rollouts.measurements_reported(body, report_id)
-    return {
-        "measurement_id": report_id,
-        "results": count,
-        "duplicate": False,
-        "guard": guard,
-        "counted": reason is None and bool(observations),
-        "not_counted_reason": reason
-        if reason is not None or observations
-        else "no GPU capability in the report: nothing to compare",
-    }
+def report(body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep) -> Response:
+    """Results count as evidence only from a pod the service decided for, in its cluster
+    and exact situation (see service/reports.py); others are stored with the reason."""
+    return respond(runtime.reports.measurements(principal, body))
 
 
 @router.get(

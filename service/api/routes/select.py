@@ -11,7 +11,6 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from mla_switchboard.core.evaluator import Refusal
-from mla_switchboard.core.evidence import failure_observation
 from mla_switchboard.core.schemas import (
     NO_NUL,
     BackendName,
@@ -21,7 +20,8 @@ from mla_switchboard.core.schemas import (
     error_responses,
 )
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, check_scope, fail, principal_from
+from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, check_scope, principal_from
+from mla_switchboard.service.api.outcomes import respond
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store.decisions import decision_row
@@ -257,27 +257,10 @@ class FailureReport(BaseModel):
 )
 def report_failure(
     decision_id: str, report: FailureReport, runtime: RuntimeDep, principal: AgentDep
-) -> dict[str, Any]:
-    runtime.recorder.flush()
-    record = runtime.store.get_decision(decision_id)
-    if record is None:
-        fail(404, f"no decision {decision_id!r}")
-    check_scope(principal, record.cluster)
-    runtime.store.record_failure(decision_id, report.backend.value, report.error)
-    # a build failure is evidence against the backend for pods in the same situation
-    # (under the failure policy; see core/evidence.py)
-    observation = failure_observation(
-        SelectRequest.model_validate_json(record.request_json),
-        report.backend.value,
-        report.error,
-        datetime.now(UTC),
-        record.pod,
-        decision_id,
-    )
-    if observation is not None:
-        runtime.add_evidence([observation])
-    guard = runtime.rollouts.failure_reported(record, report.backend.value, report.error)
-    return {"decision_id": decision_id, "backend": report.backend, "recorded": True, "guard": guard}
+) -> Response:
+    """Evidence against the backend for pods in the same situation (under the failure
+    policy), and what a rollout's failure guard counts (see service/reports.py)."""
+    return respond(runtime.reports.failure(principal, decision_id, report.backend, report.error))
 
 
 __all__ = ["Backend", "router"]

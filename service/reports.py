@@ -1,0 +1,132 @@
+"""What agents report: a pod's kernel benchmarks, and a kernel that failed on it.
+
+Each report is one flow, run here so that the routes only parse, call and format:
+who may report for which cluster, what counts as evidence (only a pod the service
+decided for, in that pod's own situation: a token cannot invent pods or GPUs to
+outvote real ones), the store write, the evidence this replica applies at once
+(``Runtime.add_evidence``; other replicas read the store) and the rollout guards
+(``service/rollouts.py``). Answers are values (``service/outcomes.py``); a report
+that is stored is answered as stored, whatever its guard's fate (``"guard"``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from mla_switchboard.core.evidence import failure_observation, observations_of_report
+from mla_switchboard.core.hardware import peak_bf16_tflops
+from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
+from mla_switchboard.core.specs import Backend
+from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.ids import new_id
+from mla_switchboard.service.outcomes import Done, Outcome, Problem
+
+if TYPE_CHECKING:
+    from mla_switchboard.service.runtime import Runtime
+
+
+class Reports:
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def measurements(self, principal: Principal, report: MeasurementReport) -> Outcome:
+        """Store a pod's benchmark results (201), once per ``report_id`` (a retry: 200,
+        nothing added); they count as evidence only from a pod with a recorded decision
+        in its cluster for the report's exact situation, and are kept otherwise, with
+        the reason they do not count."""
+        runtime = self._runtime
+        if not principal.may_touch(report.cluster):
+            return Problem(403, principal.out_of_scope(report.cluster))
+        too_fast = _above_peak(report)
+        if too_fast is not None:
+            return too_fast
+        report_id = report.report_id or new_id()
+        if report.report_id is not None and runtime.store.has_report(report_id):
+            # the agent retried a report whose answer it never got: already stored (its
+            # guard evaluation is run again: the first attempt's may never have run)
+            guard = runtime.rollouts.measurements_retried(report, report_id)
+            body = {"measurement_id": report_id, "results": len(report.results)}
+            return Done({**body, "duplicate": True, "guard": guard}, status=200)
+        observations = observations_of_report(report, datetime.now(UTC), report_id)
+        reason = None
+        if observations:
+            # The pod's decision may still be in memory: wait for the writer's next
+            # batch (at most the flush interval) rather than wake it, so that reports
+            # streaming in do not turn its batches into one transaction each.
+            if runtime.recorder.pending:
+                runtime.recorder.flush(wake=False)
+            situation = observations[0].situation
+            if not runtime.store.has_decision_for(report.cluster, report.pod, situation):
+                reason = (
+                    f"pod {report.pod!r} has no recorded decision in cluster "
+                    f"{report.cluster!r} for this device, capability, dims, dtype, packages "
+                    "and engine: stored, not counted as evidence (call /v1/select as this "
+                    "pod first)"
+                )
+        count = runtime.store.add_measurements(report, report_id, counted=reason is None)
+        guard = None
+        if reason is None:
+            runtime.add_evidence(observations)
+            guard = runtime.rollouts.measurements_reported(report, report_id)
+        body: dict[str, Any] = {
+            "measurement_id": report_id,
+            "results": count,
+            "duplicate": False,
+            "guard": guard,
+            "counted": reason is None and bool(observations),
+            "not_counted_reason": reason
+            if reason is not None or observations
+            else "no GPU capability in the report: nothing to compare",
+        }
+        return Done(body, status=201)
+
+    def failure(
+        self, principal: Principal, decision_id: str, backend: Backend, error: str
+    ) -> Outcome:
+        """Record that the kernel a decision chose failed to build or run (202). It is
+        evidence against ``backend`` for pods in the same situation, under the failure
+        policy (``core/evidence.py``), and what a rollout's failure guard counts."""
+        runtime = self._runtime
+        if runtime.recorder.pending:
+            runtime.recorder.flush()  # the decision may still be in memory
+        record = runtime.store.get_decision(decision_id)
+        if record is None:
+            return Problem(404, f"no decision {decision_id!r}")
+        if not principal.may_touch(record.cluster):
+            return Problem(403, principal.out_of_scope(record.cluster))
+        runtime.store.record_failure(decision_id, backend.value, error)
+        observation = failure_observation(
+            SelectRequest.model_validate_json(record.request_json),
+            backend.value,
+            error,
+            datetime.now(UTC),
+            record.pod,
+            decision_id,
+        )
+        if observation is not None:
+            runtime.add_evidence([observation])
+        guard = runtime.rollouts.failure_reported(record, backend.value, error)
+        body = {
+            "decision_id": decision_id,
+            "backend": backend.value,
+            "recorded": True,
+            "guard": guard,
+        }
+        return Done(body, status=202)
+
+
+def _above_peak(report: MeasurementReport) -> Problem | None:
+    """A result faster than the GPU's dense bf16 peak is not a measurement (a forged
+    or broken report): refused, naming the field."""
+    peak, known = peak_bf16_tflops(report.device.name)
+    for i, result in enumerate(report.results):
+        if result.tflops is not None and result.tflops > peak:
+            gpu = f"the {known}'s" if known else "an unknown GPU's generous"
+            return Problem(
+                422,
+                f"{result.tflops:g} TFLOP/s is above {gpu} dense bf16 peak of {peak:g} "
+                "TFLOP/s: not a measurement",
+                field=("body", "results", i, "tflops"),
+            )
+    return None
