@@ -640,9 +640,11 @@ class DecisionRecorder:
 
     def _spill_memory(self) -> None:
         """The store is failing: everything in memory goes to the spill file, so that a
-        crash now loses at most one interval."""
+        crash now loses at most one interval. In chunks of at most a flush batch: rows
+        out of the queue are out of the hot path's reach, which drops the oldest it can
+        see when memory is at its budget, so a smaller chunk keeps that order closer."""
         while self._queue and not self._stopping.is_set():
-            if not self._spill_chunk(SPILL_CHUNK):
+            if not self._spill_chunk(min(SPILL_CHUNK, self._batch)):
                 return
 
     def _spill_excess(self) -> None:

@@ -384,9 +384,11 @@ def test_memory_budget_in_bytes_against_rss_and_an_unwritable_spill_path(
     budget is bytes, estimated from what each row holds and checked here against the
     process's real RSS; the bad spill path is reported by /readyz from the start."""
     budget_mb = 8
+    batch = 50  # the most rows the writer holds out of the queue (the hot path drops from it)
     env = {
         "SWITCHBOARD_SPILL_PATH": "/dev/null/secret-volume/spill.jsonl",  # never a directory
         "SWITCHBOARD_BUFFER_LIMIT_MB": str(budget_mb),
+        "SWITCHBOARD_FLUSH_BATCH": str(batch),
     }
     service = ServiceProcess(pg.url, env=env).start(tmp_path)
     try:
@@ -432,9 +434,17 @@ def test_memory_budget_in_bytes_against_rss_and_an_unwritable_spill_path(
     assert rss2 - rss0 <= budget_mb * 2**20 * 1.1
     assert dropped == len(outage) - full["decisions_buffered"] > 0
     assert len(stored) == len(warm) + len(outage) - dropped and stored <= set(warm + outage)
-    # the oldest were dropped (answers arrive over 32 connections, in nearly that order)
+    # The oldest were dropped. Decision ids sort by creation in one process: the order
+    # the server made them, not the order 32 connections brought the answers back. A
+    # batch the writer holds (a write or an append being tried) is out of the hot path's
+    # reach, so drops may pass over at most one batch: that is the tolerance.
+    made = sorted(outage)
     cut = int(dropped)
-    assert not stored & set(outage[: cut - 32]) and set(outage[cut + 32 :]) <= stored
+    kept_early = [cut - i for i, d in enumerate(made[:cut]) if d in stored]
+    print(f"out of order: {len(kept_early)} kept among the oldest {cut}, at most "
+          f"{max(kept_early, default=0)} places before the cut (tolerance {batch})")  # fmt: skip
+    assert not stored & set(made[: cut - batch]), sorted(stored & set(made[:cut]))[:5]
+    assert set(made[cut + batch :]) <= stored, sorted(set(made[cut:]) - stored)[:5]
     drops = [x for x in log.splitlines() if "dropped" in x]
     assert 1 <= len(drops) <= 4, drops  # counts in a line, not a line per decision
     assert f"{dropped:.0f} dropped since start" in drops[-1]
