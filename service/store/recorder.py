@@ -191,7 +191,7 @@ class DecisionRecorder:
         )
         self._writer_cpu = Counter(
             "switchboard_decision_writer_cpu_seconds",
-            "CPU time the decision writer thread spent preparing and writing batches",
+            "CPU time the decision writer's store calls spent preparing and writing batches",
             registry=r,
         )
         self._replayed_total = Counter(
