@@ -17,8 +17,9 @@ Durability contract (docs/reliability.md):
   either (its size limit, a full or read-only disk) are the oldest dropped.
 * A store that hangs rather than refuses is the same as one that is down: the store
   call runs on a thread of its own (``call_thread.py``), and once it has been in
-  flight ``stall_s`` (4 intervals, 200 ms) the writer spills what is in memory, the
-  batch in flight included, and goes on spilling every interval until that call ends.
+  flight longer than writes have been taking (``_stall_bound``: at least 4 intervals,
+  200 ms) the writer spills what is in memory, the batch in flight included, and goes
+  on spilling every interval until that call ends.
   If it then commits, the same decisions are written again from the spill file, which
   is harmless: inserts skip known ids.
 
@@ -67,8 +68,11 @@ SPILL_RETRY_S = 1.0  # a spill file that refused is tried again this often, not 
 SPILL_CHECK_S = 5.0  # how often a healthy writer looks for other replicas' spill files
 DROP_LOG_S = 5.0  # drops are logged at most this often, one line with the counts
 START_REPLAY_S = 10.0  # how long a start replays spill files before it serves
-STALL_INTERVALS = 4  # a store write in flight this many flush intervals counts as stalled
-MIN_STALL_S = 0.2
+STALL_INTERVALS = 4  # a store write in flight this many flush intervals counts as stalled,
+MIN_STALL_S = 0.2  # ... and at least this long,
+STALL_FACTOR = 3  # ... or this many times the slowest of the last RECENT_WRITES writes,
+RECENT_WRITES = 64
+MAX_STALL_S = 2.0  # ... but never longer than this
 
 # ------------------------------------------------------------ memory estimate
 
@@ -122,9 +126,10 @@ class DecisionRecorder:
         stall_s: float | None = None,
         rejected_limit_bytes: int = REJECTED_LIMIT_BYTES,
     ) -> None:
-        """``stall_s``: how long a store write may be in flight before the writer
-        spills what is in memory and counts the store as degraded (by default
-        ``STALL_INTERVALS`` flush intervals, at least ``MIN_STALL_S``).
+        """``stall_s``: the least time a store write may be in flight before the
+        writer spills what is in memory and counts the store as degraded (by default
+        ``STALL_INTERVALS`` flush intervals, at least ``MIN_STALL_S``); see
+        ``_stall_bound``.
         ``rejected_limit_bytes``: the most ``<spill>.rejected`` grows to."""
         self._db = store
         self._metrics = metrics
@@ -137,9 +142,11 @@ class DecisionRecorder:
             SpillFile(spill_path, spill_limit_bytes, rejected_limit_bytes) if spill_path else None
         )
         self._shutdown_flush_s = shutdown_flush_s
-        self._stall_s = (
+        self._stall_floor = (
             stall_s if stall_s is not None else max(STALL_INTERVALS * interval_s, MIN_STALL_S)
         )
+        self._recent_writes: deque[float] = deque(maxlen=RECENT_WRITES)  # seconds each
+        self._stall_s = self._stall_floor  # the bound the last write was given
         self._calls = CallThread("decision-store")
         self._queue: deque[Row] = deque()
         self._inflight: list[Row] = []
@@ -455,7 +462,7 @@ class DecisionRecorder:
         if self._calls.busy:  # a write that outlived its wait is still in flight
             return None
         self.attempts += 1
-        call = self._calls.run(lambda: self._record(rows), self._stall_s)
+        call = self._calls.run(lambda: self._record(rows), self._stall_bound())
         if not call.done.is_set():
             self._stalled()
             return None
@@ -471,11 +478,27 @@ class DecisionRecorder:
         self._failed(error)  # the database is down or refusing
         return None
 
+    def _stall_bound(self) -> float:
+        """How long the next write may be in flight before it counts as stalled.
+
+        A hung database is told from a slow one by comparison: a store that is up but
+        loaded (this replica at its maximum rate, the machine saturated) takes hundreds
+        of ms a batch, and spilling around every such write would double the writer's
+        work exactly when it is behind. So: ``STALL_FACTOR`` times the slowest of the
+        recent writes, at least the floor (4 flush intervals) and at most
+        ``MAX_STALL_S``, which bounds what a crash early in a hang can lose."""
+        slowest = max(self._recent_writes, default=0.0)
+        ceiling = max(MAX_STALL_S, self._stall_floor)
+        self._stall_s = min(max(self._stall_floor, STALL_FACTOR * slowest), ceiling)
+        return self._stall_s
+
     def _record(self, rows: Sequence[Row]) -> None:
-        """On the store's thread: the call itself, and the CPU it takes there."""
-        cpu0 = time.thread_time()
+        """On the store's thread: the call itself, the CPU it takes there and, when it
+        went through, how long it took (``_stall_bound``)."""
+        cpu0, t0 = time.thread_time(), time.monotonic()
         try:
             self._db.record_rows(rows)
+            self._recent_writes.append(time.monotonic() - t0)
         finally:
             self._writer_cpu.inc(time.thread_time() - cpu0)
 
@@ -540,7 +563,7 @@ class DecisionRecorder:
         )
         refused: list[tuple[Row, str]] = []
         for row in rows:
-            call = self._calls.run(lambda row=row: self._record([row]), self._stall_s)
+            call = self._calls.run(lambda row=row: self._record([row]), self._stall_bound())
             if not call.done.is_set():
                 self._stalled()
                 return None
