@@ -31,7 +31,7 @@ from mla_switchboard.service.rollouts import RolloutGuards
 from mla_switchboard.service.selector import Selector
 from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store import Store
-from mla_switchboard.service.store.db import make_engine, migrate
+from mla_switchboard.service.store.db import make_engine, make_writer_engine, migrate
 from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
 from mla_switchboard.service.writes import Writes
 from prometheus_client import Gauge
@@ -46,7 +46,9 @@ class Runtime:
         protect(settings.database_url, token)  # no password in any log line or answer
         self.metrics = Metrics(settings.metrics_max_clusters)
         self.engine = make_engine(settings.database_url)
-        self.store = Store(self.engine)
+        # the decision writer's own pool and shorter waits (a hung database holds it alone)
+        self.writer_engine = make_writer_engine(settings.database_url, self.engine)
+        self.store = Store(self.engine, decision_writer=self.writer_engine)
         self.fleet = Fleet(self.store)
         self.pod_expiry = PodExpiry(self.store, timedelta(days=settings.pod_ttl_days))
         self.refused_selects = RefusedSelects(
@@ -150,6 +152,7 @@ class Runtime:
         self.evidence_sync.stop()
         self.live.stop()
         self.engine.dispose()
+        self.writer_engine.dispose()
 
     def _new_index(self) -> EvidenceIndex:
         s = self.settings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,48 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 15.0
+WRITER_SQLITE_BUSY_TIMEOUT_S = 1.0
+"""How long the decision writer waits for SQLite's write lock. Short: while it waits
+it is neither storing nor (once its write counts as stalled) able to retry, and
+decisions wait in the spill file just as well; an admin write keeps the long timeout."""
+
+PG_CONNECT_ARGS: dict[str, int] = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
+"""libpq's limits for every PostgreSQL connection, unless the URL sets them. Without
+them a server that stops answering (a network that drops packets, a frozen host) keeps
+a connect waiting for psycopg's 130 s default and a query for as long as TCP retries,
+about 15 minutes: ``connect_timeout`` (s) bounds the connect, TCP keepalives (s) find
+an idle connection's peer gone in about 25 s, ``tcp_user_timeout`` (ms) drops a
+connection whose sent data stays unacknowledged that long."""
+
+WRITER_STATEMENT_TIMEOUT_MS = 10_000
+WRITER_LOCK_TIMEOUT_MS = 3_000
+"""The decision writer's own statements on PostgreSQL: a batch takes tens of ms, so a
+statement still running after 10 s, or waiting 3 s for a lock (another replica's
+writer stuck holding the fleet lock), is a fault. Failing it lets the writer retry
+with backoff instead of waiting for ever; the batch stays in memory or the spill
+file."""
 
 
 class StoreConfigError(ValueError):
     """The database URL cannot be used; the message says why and what to do."""
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, decision_writer: bool = False) -> Engine:
     """An engine tuned for the service: WAL and a busy timeout on SQLite so the
-    decision writer and admin writes don't trip over each other."""
+    decision writer and admin writes don't trip over each other; connect and TCP
+    timeouts on PostgreSQL (``PG_CONNECT_ARGS``).
+
+    ``decision_writer``: the engine of the background decision writer alone, with
+    shorter waits (``WRITER_SQLITE_BUSY_TIMEOUT_S``, the ``WRITER_*_TIMEOUT_MS``
+    statement limits) and a pool of its own, so that a write stuck on a hung
+    database holds none of the connections admin writes and reads need."""
     try:
         parsed = make_url(url)
     except Exception as exc:
@@ -44,6 +78,8 @@ def make_engine(url: str) -> Engine:
             timeout = float(parsed.query.get("timeout", SQLITE_BUSY_TIMEOUT_S))  # type: ignore[arg-type]
         except ValueError:
             raise StoreConfigError(f"SQLite ?timeout= in {url!r} is not a number") from None
+        if decision_writer:
+            timeout = min(timeout, WRITER_SQLITE_BUSY_TIMEOUT_S)
         engine = _engine(url, connect_args={"timeout": timeout, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
@@ -58,10 +94,38 @@ def make_engine(url: str) -> Engine:
     if backend == "postgresql":
         if parsed.drivername == "postgresql":  # plain postgresql:// -> psycopg 3
             url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-        return _engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+        connect_args = _pg_connect_args(parsed.query, decision_writer=decision_writer)
+        size = 2 if decision_writer else 10  # the writer makes one call at a time
+        return _engine(
+            url, pool_size=size, max_overflow=size, pool_pre_ping=True, connect_args=connect_args
+        )
     raise StoreConfigError(
         f"unsupported database {backend!r}: use sqlite:///path or postgresql+psycopg://..."
     )
+
+
+def make_writer_engine(url: str, main: Engine) -> Engine:
+    """The decision writer's engine (``make_engine(decision_writer=True)``); ``main``
+    itself for an in-memory SQLite database, which a second engine would not share."""
+    if main.dialect.name == "sqlite" and (main.url.database or ":memory:") == ":memory:":
+        return main
+    return make_engine(url, decision_writer=True)
+
+
+def _pg_connect_args(query: Mapping[str, Any], *, decision_writer: bool) -> dict[str, Any]:
+    """``PG_CONNECT_ARGS`` less what the URL's query sets (the operator's choice wins;
+    SQLAlchemy would otherwise let these override the URL), and for the writer its
+    statement limits put before the URL's own ``options`` (a later ``-c`` wins)."""
+    args: dict[str, Any] = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in query}
+    if decision_writer:
+        given = query.get("options", "")
+        given = " ".join(given) if isinstance(given, tuple) else given
+        limits = (
+            f"-c statement_timeout={WRITER_STATEMENT_TIMEOUT_MS} "
+            f"-c lock_timeout={WRITER_LOCK_TIMEOUT_MS}"
+        )
+        args["options"] = f"{limits} {given}".strip()
+    return args
 
 
 def _engine(url: str, **options: Any) -> Engine:

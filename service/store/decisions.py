@@ -180,13 +180,18 @@ _PG_OLD_LATEST = (
 # services share one PostgreSQL database in different schemas).
 _PG_FLEET_LOCK = "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':fleet_counts'))"
 
+_STAGE_READY = "sb_stage_v2"
+"""Set in a connection's ``info`` once its temporary staging table exists."""
+
 PodKey = tuple[str, str, str]
 GroupKey = tuple[str, str, str, str]
 
 
 class DecisionStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, writer: Engine | None = None) -> None:
         self.engine = engine
+        # the batches' own engine: shorter lock and statement waits, a pool of its own
+        self._writer = writer or engine
         self._known_answers: set[str] = set()
         self._known_shapes: set[str] = set()
         self._shapes: dict[str, str] = {}  # id -> JSON, read back once (immutable)
@@ -230,20 +235,30 @@ class DecisionStore:
         }
         newest = _newest_per_pod(rows)
         self._bumped = 0
-        with self.engine.begin() as conn:
-            if not self._postgres:
-                # the write lock now, so the pod_latest read below is what is committed
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-            if shapes:
-                # sorted: replicas writing overlapping rows in the same order cannot
-                # deadlock each other on PostgreSQL
-                conn.exec_driver_sql(self._sql["shapes"], sorted(shapes.items()))
-            if answers:
-                conn.exec_driver_sql(self._sql["answers"], sorted(answers.items()))
-            if self._postgres:
-                self._copy_postgres(conn, rows, newest)
-            else:
-                self._insert_sqlite(conn, rows, newest)
+        info: dict[Any, Any] | None = None
+        try:
+            with self._writer.begin() as conn:
+                info = conn.connection.info
+                if not self._postgres:
+                    # the write lock now, so the pod_latest read below is what is committed
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+                if shapes:
+                    # sorted: replicas writing overlapping rows in the same order cannot
+                    # deadlock each other on PostgreSQL
+                    conn.exec_driver_sql(self._sql["shapes"], sorted(shapes.items()))
+                if answers:
+                    conn.exec_driver_sql(self._sql["answers"], sorted(answers.items()))
+                if self._postgres:
+                    self._copy_postgres(conn, rows, newest)
+                else:
+                    self._insert_sqlite(conn, rows, newest)
+        except BaseException:
+            # A staging table created in this transaction went with its rollback, and
+            # the connection (still good after a refused row or a lock timeout) would
+            # otherwise fail every later batch on "sb_stage does not exist".
+            if info is not None:
+                info.pop(_STAGE_READY, None)
+            raise
         if self._bumped:
             self.fleet_version_written = max(self.fleet_version_written, self._bumped)
         for known, new in ((self._known_shapes, shapes), (self._known_answers, answers)):
@@ -327,7 +342,7 @@ class DecisionStore:
         assert dbapi is not None
         info = conn.connection.info
         with dbapi.cursor() as cur:
-            if not info.get("sb_stage_v2"):
+            if not info.get(_STAGE_READY):
                 cur.execute("DROP TABLE IF EXISTS sb_stage")
                 cur.execute(
                     "CREATE TEMPORARY TABLE sb_stage (id text, created_at timestamptz, "
@@ -335,7 +350,7 @@ class DecisionStore:
                     "rules_revision integer, shape_id text, answer_id text, bucket integer) "
                     "ON COMMIT DELETE ROWS"
                 )
-                info["sb_stage_v2"] = True
+                info[_STAGE_READY] = True
             with cur.copy(f"COPY sb_stage ({_STAGE_COLUMNS}) FROM STDIN") as copy:
                 for r in rows:
                     copy.write_row((*r[:10], stage_bucket(r[2], r[4])))

@@ -15,12 +15,14 @@ from sqlalchemy import Engine
 class Store:
     """The per-resource stores on one engine, with their methods under flat names."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, decision_writer: Engine | None = None) -> None:
+        """``decision_writer``: the engine the background writer's batches use
+        (``db.make_writer_engine``), by default ``engine``."""
         self.engine = engine
         self.config = ConfigStore(engine)
         self.tokens = TokenStore(engine)
         self.audit = AuditStore(engine)
-        self.decisions = DecisionStore(engine)
+        self.decisions = DecisionStore(engine, writer=decision_writer)
         self.measurements = MeasurementStore(engine)
         self.refusals = RefusalStore(engine)
 

@@ -15,10 +15,19 @@ Durability contract (docs/reliability.md):
   holds, see ``row_bytes``). Past about nine tenths of it (a store too slow, not
   down) the oldest go to the spill file. Only when the spill file cannot take them
   either (its size limit, a full or read-only disk) are the oldest dropped.
+* A store that hangs rather than refuses is the same as one that is down: the store
+  call runs on a thread of its own (``call_thread.py``), and once it has been in
+  flight longer than writes have been taking (``_stall_bound``: at least 4 intervals,
+  200 ms) the writer spills what is in memory, the batch in flight included, and goes
+  on spilling every interval until that call ends.
+  If it then commits, the same decisions are written again from the spill file, which
+  is harmless: inserts skip known ids.
 
 Every spill, replay, rejected line and drop is counted
 (``switchboard_decisions_{spilled,replayed,rejected,dropped}_total``) and logged with
-its count, never once per decision.
+its count, never once per decision. The counts are exact: a decision is counted
+written or replayed only once the store took it, and a row the store refuses only as
+rejected.
 
 The hot path hands over one plain tuple per decision (``Row``) and adds up its size;
 serialising and SQL happen here, on the writer thread, in batches.
@@ -34,16 +43,22 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+import psycopg
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.call_thread import Call, CallThread
 from mla_switchboard.service.store.decisions import Row
-from mla_switchboard.service.store.spill import Replay, SpillFile
+from mla_switchboard.service.store.spill import REJECTED_LIMIT_BYTES, Replay, SpillFile
 from prometheus_client import Counter
 from sqlalchemy.exc import DataError, IntegrityError
 
 log = logging.getLogger("switchboard.recorder")
 
+CONTENT_REFUSALS = (DataError, IntegrityError, psycopg.DataError, psycopg.IntegrityError)
+"""The store refusing a batch for what it holds, not for being down. SQLAlchemy wraps
+the driver's errors for the statements it runs; the PostgreSQL batch's ``COPY`` and
+its statements go to psycopg directly, whose errors arrive unwrapped."""
 MAX_BACKOFF_S = 2.0
 MIB = 2**20
 DEFAULT_BUDGET_BYTES = 128 * MIB
@@ -53,6 +68,11 @@ SPILL_RETRY_S = 1.0  # a spill file that refused is tried again this often, not 
 SPILL_CHECK_S = 5.0  # how often a healthy writer looks for other replicas' spill files
 DROP_LOG_S = 5.0  # drops are logged at most this often, one line with the counts
 START_REPLAY_S = 10.0  # how long a start replays spill files before it serves
+STALL_INTERVALS = 4  # a store write in flight this many flush intervals counts as stalled,
+MIN_STALL_S = 0.2  # ... and at least this long,
+STALL_FACTOR = 3  # ... or this many times the slowest of the last RECENT_WRITES writes,
+RECENT_WRITES = 64
+MAX_STALL_S = 2.0  # ... but never longer than this
 
 # ------------------------------------------------------------ memory estimate
 
@@ -103,7 +123,14 @@ class DecisionRecorder:
         spill_path: Path | None = None,
         spill_limit_bytes: int = DEFAULT_SPILL_LIMIT_BYTES,
         shutdown_flush_s: float = 5.0,
+        stall_s: float | None = None,
+        rejected_limit_bytes: int = REJECTED_LIMIT_BYTES,
     ) -> None:
+        """``stall_s``: the least time a store write may be in flight before the
+        writer spills what is in memory and counts the store as degraded (by default
+        ``STALL_INTERVALS`` flush intervals, at least ``MIN_STALL_S``); see
+        ``_stall_bound``.
+        ``rejected_limit_bytes``: the most ``<spill>.rejected`` grows to."""
         self._db = store
         self._metrics = metrics
         self._interval = interval_s
@@ -111,8 +138,16 @@ class DecisionRecorder:
         self._budget = budget_bytes
         self._limit = limit or sys.maxsize  # a count as well (SWITCHBOARD_BUFFER_LIMIT)
         self.spill_path = spill_path
-        self._spill = SpillFile(spill_path, spill_limit_bytes) if spill_path else None
+        self._spill = (
+            SpillFile(spill_path, spill_limit_bytes, rejected_limit_bytes) if spill_path else None
+        )
         self._shutdown_flush_s = shutdown_flush_s
+        self._stall_floor = (
+            stall_s if stall_s is not None else max(STALL_INTERVALS * interval_s, MIN_STALL_S)
+        )
+        self._recent_writes: deque[float] = deque(maxlen=RECENT_WRITES)  # seconds each
+        self._stall_s = self._stall_floor  # the bound the last write was given
+        self._calls = CallThread("decision-store")
         self._queue: deque[Row] = deque()
         self._inflight: list[Row] = []
         self._take = threading.Lock()  # writer vs. stop(): a batch is in the queue or in flight
@@ -127,6 +162,7 @@ class DecisionRecorder:
         self._in_limit = budget_bytes  # _out + the budget, kept by the writer
         self._count_limited = limit is not None
         self._written = 0
+        self._refused = 0  # taken from memory, refused by the store, set aside
         self._spilled = 0
         self._dropped = 0
         self._drops_logged = 0
@@ -162,7 +198,7 @@ class DecisionRecorder:
         )
         self._writer_cpu = Counter(
             "switchboard_decision_writer_cpu_seconds",
-            "CPU time the decision writer thread spent preparing and writing batches",
+            "CPU time the decision writer's store calls spent preparing and writing batches",
             registry=r,
         )
         self._replayed_total = Counter(
@@ -174,6 +210,12 @@ class DecisionRecorder:
             "switchboard_decisions_rejected",
             "Spill file lines that could not be replayed, set aside in <spill>.rejected",
             ["reason"],
+            registry=r,
+        )
+        self._stalls_total = Counter(
+            "switchboard_decision_store_stalls",
+            "Store writes still in flight after the stall bound (a database that hangs "
+            "rather than refuses); the writer spilled meanwhile",
             registry=r,
         )
 
@@ -240,7 +282,7 @@ class DecisionRecorder:
         return 0 if self._spill is None else self._spill.size()
 
     def _settled(self) -> int:
-        return self._written + self._spilled + self._dropped + self._hot_dropped
+        return self._written + self._refused + self._spilled + self._dropped + self._hot_dropped
 
     def flush(self, timeout_s: float = 3.0, *, wake: bool = True) -> bool:
         """Wait until everything submitted before this call is in the store (or
@@ -341,10 +383,21 @@ class DecisionRecorder:
         most ``budget_s`` (a 512 MB file takes about a minute; a start must not); the
         writer goes on with the rest in the background. Safe to repeat (inserts skip
         known ids; a drain cut short leaves its file for the next one). Returns the
-        number of decisions written."""
+        number of decisions written.
+
+        Never raises: whatever a spill file holds, a start that fails on it would fail
+        again at every restart. Bad lines are set aside one by one (``spill.py``); an
+        error nobody foresaw leaves the file where it is for the writer to retry."""
         before = self._replayed
         self._next_spill_check = 0.0
-        self._drain(until=time.monotonic() + budget_s)
+        try:
+            self._drain(until=time.monotonic() + budget_s)
+        except Exception:
+            log.exception("replaying the spill file at start failed; the writer retries it")
+            if self._replay is not None:
+                self._replay.close()
+                self._replay = None
+            self._drain_blocked_until = time.monotonic() + SPILL_CHECK_S
         if self._replay is not None:
             log.warning(
                 "replayed %d spilled decisions at start; the rest of %s follows in the "
@@ -373,6 +426,7 @@ class DecisionRecorder:
                 self._cond.notify_all()
 
     def _tick(self) -> None:
+        self._collect_stalled()
         self._log_drops()
         if self.degraded is None:
             self._write_memory()
@@ -380,7 +434,7 @@ class DecisionRecorder:
             self._probe_spill()
         if self.degraded is not None:
             self._spill_memory()
-            if time.monotonic() >= self._retry_at:
+            if time.monotonic() >= self._retry_at and not self._calls.busy:
                 self._retry()
 
     def _retry(self) -> None:
@@ -399,28 +453,83 @@ class DecisionRecorder:
             self._write_memory()
             self._drain()
 
-    def _write(self, rows: Sequence[Row], *, probe: bool = False) -> bool:
-        """One batch into the store. False when the store is failing: it is marked
-        degraded and the next attempt waits for the backoff. ``probe``: rows the drain
-        writes again, so a refusal of their content only says the store answers."""
-        cpu0 = time.thread_time()
+    def _write(self, rows: Sequence[Row], *, probe: bool = False) -> int | None:
+        """One batch into the store: how many of ``rows`` it stored (the rest it
+        refused for their content and are set aside), or None when it is failing or
+        hangs: it is marked degraded, and the next attempt waits for the backoff or for
+        the hung call to end. ``probe``: rows the drain writes again, so a refusal of
+        their content only says the store answers."""
+        if self._calls.busy:  # a write that outlived its wait is still in flight
+            return None
         self.attempts += 1
-        try:
-            self._db.record_rows(rows)
-        except (DataError, IntegrityError) as exc:
+        call = self._calls.run(lambda: self._record(rows), self._stall_bound())
+        if not call.done.is_set():
+            self._stalled()
+            return None
+        error = call.error
+        if error is None:
+            self._recovered()
+            return len(rows)
+        if isinstance(error, CONTENT_REFUSALS):
             if probe:
                 self._recovered()
-                return True
-            return self._write_one_by_one(rows, exc)
-        except Exception as exc:  # the database is down or refusing
-            self._failed(exc)
-            return False
+                return 0
+            return self._write_one_by_one(rows, error)
+        self._failed(error)  # the database is down or refusing
+        return None
+
+    def _stall_bound(self) -> float:
+        """How long the next write may be in flight before it counts as stalled.
+
+        A hung database is told from a slow one by comparison: a store that is up but
+        loaded (this replica at its maximum rate, the machine saturated) takes hundreds
+        of ms a batch, and spilling around every such write would double the writer's
+        work exactly when it is behind. So: ``STALL_FACTOR`` times the slowest of the
+        recent writes, at least the floor (4 flush intervals) and at most
+        ``MAX_STALL_S``, which bounds what a crash early in a hang can lose."""
+        slowest = max(self._recent_writes, default=0.0)
+        ceiling = max(MAX_STALL_S, self._stall_floor)
+        self._stall_s = min(max(self._stall_floor, STALL_FACTOR * slowest), ceiling)
+        return self._stall_s
+
+    def _record(self, rows: Sequence[Row]) -> None:
+        """On the store's thread: the call itself, the CPU it takes there and, when it
+        went through, how long it took (``_stall_bound``)."""
+        cpu0, t0 = time.thread_time(), time.monotonic()
+        try:
+            self._db.record_rows(rows)
+            self._recent_writes.append(time.monotonic() - t0)
         finally:
             self._writer_cpu.inc(time.thread_time() - cpu0)
-        self._recovered()
-        return True
 
-    def _failed(self, exc: Exception) -> None:
+    def _stalled(self) -> None:
+        """A store write has been in flight ``stall_s``: the database hangs rather than
+        refuses. Degraded, so the writer spills every interval, as for an outage."""
+        self._stalls_total.inc()
+        if self.degraded is None:
+            self._degraded_since = time.monotonic()
+            log.warning(
+                "a decision store write has not answered for %.2f s (a database that "
+                "hangs?): decisions go to the spill file every %.0f ms until it answers",
+                self._stall_s,
+                self._interval * 1000,
+            )
+        self.degraded = f"StoreStalled: a write has not answered for {self._stall_s:.2f} s"
+
+    def _collect_stalled(self) -> None:
+        """The outcome of a write that outlived its wait, once it has ended: an
+        answer (committed, or refused for its content) means the store is back; an
+        error is a failure like any other. Its rows were spilled meanwhile and are
+        stored (again, harmlessly) from the spill file."""
+        call: Call | None = self._calls.collect()
+        if call is None:
+            return
+        if call.error is None or isinstance(call.error, CONTENT_REFUSALS):
+            self._recovered()
+        else:
+            self._failed(call.error)
+
+    def _failed(self, exc: BaseException) -> None:
         if self.degraded is None:
             self._degraded_since = time.monotonic()
             log.warning(
@@ -443,28 +552,44 @@ class DecisionRecorder:
         self.degraded = None
         self._backoff = self._interval
 
-    def _write_one_by_one(self, rows: Sequence[Row], exc: Exception) -> bool:
+    def _write_one_by_one(self, rows: Sequence[Row], exc: Exception) -> int | None:
         """The store refused a batch for its content, not for being down (a value no
         column takes): store the rows one by one and set aside those it refuses, so
-        that one row it will never take cannot hold up every other, at every retry."""
-        log.error("the store refused a batch of decisions (%s); writing them one by one", exc)
+        that one row it will never take cannot hold up every other, at every retry.
+        Returns how many it stored (None: the store failed or hung part way; the
+        caller tries the whole batch again later, known ids are skipped)."""
+        log.error(
+            "the store refused a batch of decisions (%s); writing them one by one", first_line(exc)
+        )
         refused: list[tuple[Row, str]] = []
         for row in rows:
-            try:
-                self._db.record_rows([row])
-            except (DataError, IntegrityError) as one:
+            call = self._calls.run(lambda row=row: self._record([row]), self._stall_bound())
+            if not call.done.is_set():
+                self._stalled()
+                return None
+            one = call.error
+            if isinstance(one, CONTENT_REFUSALS):
                 refused.append((row, f"the store refused it: {first_line(one)}"))
-            except Exception as down:
-                self._failed(down)
-                return False
+            elif one is not None:
+                self._failed(one)
+                return None
+        stored = len(rows) - len(refused)
         if refused:
             self._rejected_total.labels(reason="store_refused").inc(len(refused))
             if self._spill is not None:
                 self._spill.set_aside(refused)
+                where = f"set aside in {self._spill.rejected_path}"
             else:
-                log.error("%d decisions the store refused are lost (no spill path)", len(refused))
+                where = "lost (no spill path)"
+            log.error(
+                "the store took %d of the batch's %d decisions; the %d it refused are %s",
+                stored,
+                len(rows),
+                len(refused),
+                where,
+            )
         self._recovered()
-        return True
+        return stored
 
     def _write_memory(self, max_batches: int | None = None) -> None:
         done = 0
@@ -475,10 +600,11 @@ class DecisionRecorder:
             batch = self._take_batch(self._batch)
             if not batch:
                 return
-            if not self._write(batch):
+            stored = self._write(batch)
+            if stored is None:
                 self._put_back()
                 return
-            self._settle(batch, written=len(batch))
+            self._settle(batch, written=stored, refused=len(batch) - stored)
             done += 1
 
     def _take_batch(self, n: int) -> list[Row]:
@@ -495,8 +621,11 @@ class DecisionRecorder:
             self._queue.extendleft(reversed(self._inflight if rows is None else rows))
             self._inflight = []
 
-    def _settle(self, rows: Sequence[Row], *, written: int = 0, spilled: int = 0) -> None:
-        """Rows that left memory: written to the store or appended to the spill file."""
+    def _settle(
+        self, rows: Sequence[Row], *, written: int = 0, refused: int = 0, spilled: int = 0
+    ) -> None:
+        """Rows that left memory: written to the store, refused by it (set aside), or
+        appended to the spill file."""
         with self._take:
             self._inflight = []
             empty = not self._queue
@@ -514,6 +643,7 @@ class DecisionRecorder:
             self._metrics.decisions_written.inc(written)
         with self._cond:
             self._written += written
+            self._refused += refused
             self._spilled += spilled
             self._cond.notify_all()
 
@@ -533,9 +663,11 @@ class DecisionRecorder:
 
     def _spill_memory(self) -> None:
         """The store is failing: everything in memory goes to the spill file, so that a
-        crash now loses at most one interval."""
+        crash now loses at most one interval. In chunks of at most a flush batch: rows
+        out of the queue are out of the hot path's reach, which drops the oldest it can
+        see when memory is at its budget, so a smaller chunk keeps that order closer."""
         while self._queue and not self._stopping.is_set():
-            if not self._spill_chunk(SPILL_CHUNK):
+            if not self._spill_chunk(min(SPILL_CHUNK, self._batch)):
                 return
 
     def _spill_excess(self) -> None:
@@ -630,12 +762,13 @@ class DecisionRecorder:
                 return
             self._count_rejected(replay)
             if rows:
-                if not self._write(rows):
+                stored = self._write(rows)
+                if stored is None:
                     replay.rewind()  # read again once the store is back
                     return
-                replay.commit(len(rows))
-                self._replayed += len(rows)
-                self._replayed_total.inc(len(rows))
+                replay.commit(stored, refused=len(rows) - stored)
+                self._replayed += stored
+                self._replayed_total.inc(stored)
             if replay.eof:
                 self._replay = None
                 self._finish_replay(replay)
@@ -659,17 +792,26 @@ class DecisionRecorder:
     def _finish_replay(self, replay: Replay) -> None:
         self._drain_error = None
         replay.finish()
-        rejected = replay.rejected_total
+        rejected = replay.rejected_total + replay.refused
         assert self._spill is not None
         if rejected:
+            refused = f", {replay.refused} refused by the store" if replay.refused else ""
+            kept = (
+                f" ({replay.not_kept} of them only counted: the file is at its size limit)"
+                if replay.not_kept
+                else ""
+            )
             log.error(
                 "replayed %d spilled decisions from %s into the store; %d lines could not "
-                "be replayed (%d of them a partial last line) and are in %s with the reason",
+                "be replayed (%d of them a partial last line%s) and are in %s with the "
+                "reason%s",
                 replay.stored,
                 replay.path,
                 rejected,
                 replay.partial,
+                refused,
                 self._spill.rejected_path,
+                kept,
             )
         else:
             log.warning(

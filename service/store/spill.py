@@ -12,7 +12,11 @@ the old name waits for that lock, sees the name now points elsewhere and opens t
 file, so every line is drained by exactly one replica. A drain that stops halfway (the
 store went away, the process died) leaves its ``.replay-*`` file, which any later drain
 takes once nobody holds its lock. Lines that cannot be replayed go to ``<name>.rejected``
-with the reason.
+with the reason, up to ``REJECTED_LIMIT_BYTES``; past it they are counted and logged,
+not written (a file of garbage must not fill the disk a second time).
+
+Whatever a line holds, reading it never raises anything but ``BadLine``: a replay runs
+at every start, and a line that made it fail would fail every start again.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mla_switchboard.service.fleet.shapes import shape_of_json
+from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.store.decisions import ROW_FIELDS, Row
 
 log = logging.getLogger("switchboard.recorder")
@@ -42,6 +47,16 @@ rules_revision, request_json, answer_id, answer_json)``."""
 MAX_LINE = 4 * 1024 * 1024
 """A real line is a few KB (bodies are at most 64 KB); anything longer is damage, and
 reading it whole would cost memory."""
+
+MAX_JSON_TEXT = 1024 * 1024
+"""Most characters a line's shape or answer JSON may have: a real one is a few KB (the
+request body a shape comes from is at most 64 KiB by default)."""
+
+REJECTED_LIMIT_BYTES = 64 * 1024 * 1024
+"""Most bytes ``<name>.rejected`` grows to; past it, bad lines are counted, not kept."""
+
+_REJECTED_FLUSH_BYTES = 1024 * 1024  # bad lines held before they are written out
+_UNKEPT_LOG_S = 5.0
 
 # (name, most characters the store's column takes, None allowed); created_at and
 # rules_revision are checked apart. The limits are the columns' (service/store/models.py):
@@ -96,16 +111,29 @@ class LineEncoder:
 
 
 def parse_line(raw: bytes) -> Row:
-    """One spill line as a ``Row``, checked field by field; ``BadLine`` says why not.
+    """One spill line as a ``Row``, checked field by field; ``BadLine`` says why not,
+    and nothing else is ever raised (an error no check foresaw is a ``BadLine`` of kind
+    ``unexpected``).
 
     Lines of the old format (the whole request as JSON text at index 8) are converted
     to the shape the store keeps."""
+    try:
+        return _parse(raw)
+    except BadLine:
+        raise
+    except Exception as exc:
+        raise BadLine("unexpected", f"{type(exc).__name__}: {first_line(exc)}") from None
+
+
+def _parse(raw: bytes) -> Row:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadLine("not_utf8", f"not UTF-8 (byte {exc.start} of the line)") from None
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise BadLine("not_json", "not JSON that can be read: nested too deep") from None
     except ValueError as exc:
         raise BadLine("not_json", f"not JSON ({exc})") from None
     if not isinstance(value, list):
@@ -123,7 +151,12 @@ def parse_line(raw: bytes) -> Row:
 def _from_old_format(v: list[Any]) -> list[Any]:
     if not isinstance(v[8], str):
         raise BadLine("bad_fields", "field 8 (request_json): not a string")
-    shape = shape_of_json(v[8])
+    if len(v[8]) > MAX_JSON_TEXT:
+        raise BadLine("bad_fields", f"field 8 (request_json): {len(v[8])} characters, over 1 MiB")
+    try:
+        shape = shape_of_json(v[8])
+    except RecursionError:
+        raise BadLine("bad_fields", "field 8 (request_json): JSON nested too deep") from None
     return [*v[:8], shape.id, v[9], shape.json, v[10]]
 
 
@@ -149,7 +182,38 @@ def _checked(v: list[Any]) -> Row:
         raise BadLine("bad_fields", f"field 1 (created_at): {v[1][:40]!r} is not a time") from None
     if created.tzinfo is None:
         raise BadLine("bad_fields", "field 1 (created_at): no time zone")
+    _json_object(v[10], 10, "shape_json")
+    if v[11] is not None:
+        _json_object(v[11], 11, "answer_json")
     return (v[0], created, *v[2:])
+
+
+_checked_texts: set[str] = set()
+"""Shape and answer texts already found to be JSON objects: every decision of one shape
+or answer carries the same text, so each is parsed once, not once per line."""
+_CHECKED_LIMIT = 4096
+
+
+def _json_object(text: str, i: int, name: str) -> None:
+    """The store keeps these texts as they are and every later read parses them: one
+    that is not a JSON object would break the listings that show it."""
+    if text in _checked_texts:
+        return
+    if len(text) > MAX_JSON_TEXT:
+        raise BadLine("bad_fields", f"field {i} ({name}): {len(text)} characters, over 1 MiB")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise BadLine("bad_fields", f"field {i} ({name}): JSON nested too deep") from None
+    except ValueError:
+        raise BadLine("bad_fields", f"field {i} ({name}): not JSON") from None
+    if not isinstance(value, dict):
+        raise BadLine(
+            "bad_fields", f"field {i} ({name}): a JSON {type(value).__name__}, not an object"
+        )
+    if len(_checked_texts) >= _CHECKED_LIMIT:
+        _checked_texts.clear()
+    _checked_texts.add(text)
 
 
 # ------------------------------------------------------------------ appends
@@ -167,11 +231,16 @@ class Appended:
 
 
 class SpillFile:
-    def __init__(self, path: Path, limit_bytes: int) -> None:
+    def __init__(
+        self, path: Path, limit_bytes: int, rejected_limit_bytes: int = REJECTED_LIMIT_BYTES
+    ) -> None:
         self.path = path
         self.limit_bytes = limit_bytes
         self.rejected_path = path.with_name(path.name + ".rejected")
+        self.rejected_limit_bytes = rejected_limit_bytes
         self._encoder = LineEncoder()
+        self._unkept_unlogged = 0
+        self._unkept_logged_at = -_UNKEPT_LOG_S
 
     def probe(self) -> str | None:
         """None when a spill could be written now, else why not (no path in the text:
@@ -258,28 +327,59 @@ class SpillFile:
             os.close(fd)
         raise OSError(f"spill file kept moving: {self.path}")
 
-    def write_rejected(self, entries: Sequence[dict[str, Any]]) -> None:
+    def write_rejected(self, entries: Sequence[dict[str, Any]]) -> int:
         """Set lines aside in ``<name>.rejected``, one JSON object each (the reason, the
-        file and offset it came from, the line itself). A failure here is logged, never
-        raised: the good lines of the file matter more than a copy of the bad ones."""
-        text = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries)
+        file and offset it came from, the line itself), as long as the file stays
+        within ``rejected_limit_bytes``. Returns how many were not written (the file at
+        its limit, or an error): those are logged with their count, at most every 5 s.
+        A failure here is never raised: the good lines of the file matter more than a
+        copy of the bad ones."""
+        if not entries:
+            return 0
+        lines = [
+            (json.dumps(e, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+            for e in entries
+        ]
+        kept = 0
+        why = f"it is at its size limit ({self.rejected_limit_bytes / 2**20:g} MiB)"
         try:
             fd = os.open(
                 self.rejected_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
             )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                _write_all_or_raise(fd, text.encode("utf-8", "backslashreplace"))
-                os.fsync(fd)
+                room = self.rejected_limit_bytes - os.fstat(fd).st_size
+                used = 0
+                for line in lines:
+                    if used + len(line) > room:
+                        break
+                    used += len(line)
+                    kept += 1
+                if kept:
+                    _write_all_or_raise(fd, b"".join(lines[:kept]))
+                    os.fsync(fd)
             finally:
                 os.close(fd)
         except OSError as exc:
-            log.error(
-                "could not set %d bad spill lines aside in %s: %s",
-                len(entries),
-                self.rejected_path,
-                exc,
-            )
+            kept, why = 0, describe(exc)
+        if kept < len(lines):
+            self._note_unkept(len(lines) - kept, why)
+        return len(lines) - kept
+
+    def _note_unkept(self, n: int, why: str) -> None:
+        self._unkept_unlogged += n
+        now = time.monotonic()
+        if now - self._unkept_logged_at < _UNKEPT_LOG_S:
+            return
+        log.error(
+            "%d bad spill lines were counted (switchboard_decisions_rejected_total) but "
+            "not written to %s: %s",
+            self._unkept_unlogged,
+            self.rejected_path,
+            why,
+        )
+        self._unkept_unlogged = 0
+        self._unkept_logged_at = now
 
     def set_aside(self, refused: Sequence[tuple[Row, str]]) -> None:
         """Rows the store itself refused, as lines in ``<name>.rejected``."""
@@ -370,6 +470,9 @@ class Replay:
         self.rejected: Counter[str] = Counter()  # by kind, since the last take_rejected()
         self.rejected_total = 0
         self.partial = 0
+        self.refused = 0  # good lines the store refused (set aside by the recorder)
+        self.not_kept = 0  # rejected lines counted but not written (.rejected at its limit)
+        self._bad_bytes = 0  # of the bad lines read and not yet written out
 
     @classmethod
     def take(cls, path: Path, spill: SpillFile, *, wait: bool) -> Replay | None:
@@ -395,6 +498,9 @@ class Replay:
         bad: list[dict[str, Any]] = []
         f = self._file
         while len(rows) < n:
+            if self._bad_bytes > _REJECTED_FLUSH_BYTES:
+                self.not_kept += self._spill.write_rejected(bad)  # bounded memory
+                bad, self._bad_bytes = [], 0
             start = f.tell()
             raw = f.readline(MAX_LINE + 1)
             if not raw:
@@ -422,7 +528,8 @@ class Replay:
                 self._reject(bad, fresh, start, raw, exc.kind, exc.reason)
         self._seen_to = max(self._seen_to, f.tell())
         if bad:
-            self._spill.write_rejected(bad)
+            self.not_kept += self._spill.write_rejected(bad)
+        self._bad_bytes = 0
         return rows
 
     def _reject(
@@ -432,6 +539,7 @@ class Replay:
             return
         self.rejected[kind] += 1
         self.rejected_total += 1
+        self._bad_bytes += len(raw)
         bad.append(
             {
                 "reason": why,
@@ -445,9 +553,12 @@ class Replay:
         out, self.rejected = self.rejected, Counter()
         return out
 
-    def commit(self, stored: int) -> None:
+    def commit(self, stored: int, refused: int = 0) -> None:
+        """The store took ``stored`` of the rows read since the last commit and
+        refused ``refused`` (set aside by the caller)."""
         self._committed = self._file.tell()
         self.stored += stored
+        self.refused += refused
 
     def rewind(self) -> None:
         self._file.seek(self._committed)

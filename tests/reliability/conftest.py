@@ -195,7 +195,9 @@ class FlakyStore:
     """A store whose writes fail until ``up`` is set; records what it was given.
 
     ``refuse``: decision ids whose batch the store refuses for its content (as
-    PostgreSQL does a value too long for its column), whatever else is in it."""
+    PostgreSQL does a value too long for its column), whatever else is in it.
+    ``answering``: cleared, every write waits until it is set again (a database that
+    hangs rather than refuses), then goes through."""
 
     def __init__(self) -> None:
         self.up = False
@@ -203,9 +205,12 @@ class FlakyStore:
         self.calls = 0
         self.refuse: set[str] = set()
         self.delay_s = 0.0  # per batch: a slow store
+        self.answering = threading.Event()
+        self.answering.set()
         self._lock = threading.Lock()
 
     def record_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        self.answering.wait()
         time.sleep(self.delay_s)
         with self._lock:
             self.calls += 1
@@ -307,6 +312,17 @@ def _pg_bindir() -> Path | None:
     return versions[0].parent if versions else None
 
 
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (from /proc: no pgrep needed)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent:
+                out.append(int(stat.parent.name))
+    return out
+
+
 class PrivatePostgres:
     """A throwaway PostgreSQL cluster of this test's own, which it may stop and start.
 
@@ -335,6 +351,7 @@ class PrivatePostgres:
         self.data = self.dir / "data"
         self.port = free_port()
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self._frozen: list[int] = []  # processes freeze() stopped
 
     def _run(self, *args: str, timeout: float = 60) -> None:
         cmd = [*self.as_user, str(self.bindir / args[0]), *args[1:]]
@@ -356,11 +373,28 @@ class PrivatePostgres:
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "30", "stop")
 
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster, then every process it started: a database that hangs
+        rather than refuses. The kernel still accepts connections and acknowledges what
+        clients send, so no client-side TCP timeout fires; nothing answers."""
+        master = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(master, signal.SIGSTOP)  # first: it forks no new backend meanwhile
+        self._frozen = [master, *_children(master)]
+        for pid in self._frozen[1:]:
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in reversed(self._frozen):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._frozen = []
+
     def log(self) -> str:
         path = self.dir / "log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def cleanup(self) -> None:
+        self.thaw()
         with contextlib.suppress(Exception):
             self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)

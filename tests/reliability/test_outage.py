@@ -152,6 +152,119 @@ def test_kill9_during_an_outage_loses_only_the_last_100ms(
     assert not spill.exists()
 
 
+# ------------------------------------------------------------ a database that hangs
+
+
+def test_kill9_while_the_database_hangs_loses_only_the_last_200ms(
+    pg: PrivatePostgres, tmp_path: Path
+) -> None:
+    """A database that stops answering rather than refusing (its processes frozen with
+    SIGSTOP: connections are still accepted and what is sent is acknowledged, so no
+    TCP timeout fires). Before: the writer waited in its store call with no limit and
+    spilled nothing, so kill -9 lost every decision since the hang began. Now a write
+    in flight 200 ms (4 flush intervals) counts as stalled: the writer spills what is
+    in memory and goes on spilling every interval, as in an outage."""
+    spill = tmp_path / "volume" / "spill.jsonl"
+    env = {"SWITCHBOARD_SPILL_PATH": str(spill)}
+    service = ServiceProcess(pg.url, env=env).start(tmp_path)
+    load = SelectLoad([service.url], cluster="k9hang", threads=2, pause_s=0.004)
+    assert service.proc is not None
+    try:
+        load.start()
+        load.wait_for(100)
+        pg.freeze()
+        hung = time.monotonic()
+        wait_until(lambda: readyz(service)[1]["store"] == "degraded", 10, what="stalled")
+        noticed = time.monotonic() - hung
+        store_error = readyz(service)[1]["store_error"]
+        time.sleep(3.0)
+        killed = time.monotonic()
+        service.proc.kill()
+        assert service.proc.wait(10) == -signal.SIGKILL
+        load.stop()
+    finally:
+        load.stop()
+        service.stop()
+        pg.thaw()
+    on_disk = lines_in(spill)
+
+    again = ServiceProcess(pg.url, env=env).start(tmp_path)
+    try:
+        replayed = metric(again, "switchboard_decisions_replayed_total")
+    finally:
+        again.stop()
+    stored = stored_decision_ids(pg.url, "k9hang")
+    answered = list(zip(load.times, load.answers, strict=True))
+    during = [d for t, d in answered if t > hung]
+    rate = len(during) / (killed - hung)
+    lost = sorted((killed - t, d) for t, d in answered if d not in stored)
+    window = max((age for age, _ in lost), default=0.0)
+    print(
+        f"\nkill -9 after {killed - hung:.1f}s of a frozen database at {rate:.0f} answers/s: "
+        f"degraded ({store_error}) {noticed * 1000:.0f} ms after the freeze; {len(during)} "
+        f"answered meanwhile, {on_disk} in the spill file, {replayed:.0f} replayed at "
+        f"restart; lost {len(lost)} of {len(answered)}, all answered in the last "
+        f"{window * 1000:.0f} ms before the kill"
+    )
+    assert store_error == "StoreStalled"
+    assert len(during) > 300
+    assert replayed == on_disk > 0
+    # 50 ms interval + an append and its fsync; the shared 2-core machine adds jitter
+    assert window <= 0.2, lost[-5:]
+    assert len(lost) <= rate * 0.2 + 5
+    assert not spill.exists()
+
+
+def test_a_database_that_hangs_then_answers_gets_everything_without_a_restart(
+    pg: PrivatePostgres, tmp_path: Path
+) -> None:
+    """Before: nothing reached the spill file while the database was frozen (the
+    writer waited in its call), so the whole hang stayed in memory, one crash from
+    being lost. Now it is spilled; once the frozen call ends, the same replica stores
+    the file while it serves."""
+    spill = tmp_path / "spill.jsonl"
+    env = {"SWITCHBOARD_SPILL_PATH": str(spill)}
+    service = ServiceProcess(pg.url, env=env).start(tmp_path)
+    load = SelectLoad([service.url], cluster="hang", threads=2, pause_s=0.004)
+    try:
+        load.start()
+        load.wait_for(100)
+        pg.freeze()
+        wait_until(lambda: readyz(service)[1]["store"] == "degraded", 10, what="stalled")
+        time.sleep(3.0)
+        on_disk = lines_in(spill)
+        body = readyz(service)[1]
+        pg.thaw()
+        back = time.monotonic()
+        wait_until(lambda: readyz(service)[1]["store"] == "ok", 15, what="store ok")
+        load.stop()
+        wait_until(
+            lambda: stored_decision_ids(pg.url, "hang") == set(load.answers),
+            15,
+            interval=0.2,
+            what="every answer stored",
+        )
+        stored_s = time.monotonic() - back
+        spilled = metric(service, "switchboard_decisions_spilled_total")
+        replayed = metric(service, "switchboard_decisions_replayed_total")
+        dropped = metric(service, "switchboard_decisions_dropped_total")
+        stalls = metric(service, "switchboard_decision_store_stalls_total")
+    finally:
+        load.stop()
+        service.stop()
+        pg.thaw()
+    print(
+        f"\ndatabase frozen ~3s under load: {len(load.answers)} answers, {on_disk} in the "
+        f"spill file during the hang (in memory then: {body['decisions_buffered']}); all "
+        f"stored {stored_s:.1f}s after it answered again, without a restart; spilled "
+        f"{spilled:.0f}, replayed {replayed:.0f}, dropped {dropped:.0f}, stalls {stalls:.0f}"
+    )
+    assert on_disk > 200 and body["decisions_buffered"] < on_disk
+    assert spilled == replayed > 0 and dropped == 0 and stalls >= 1
+    assert not spill.exists() and not list(tmp_path.glob("spill.jsonl.replay-*"))
+    assert not load.failures, load.failures[:5]
+
+
 # ------------------------------------------------------------ the drain, running
 
 
@@ -271,9 +384,11 @@ def test_memory_budget_in_bytes_against_rss_and_an_unwritable_spill_path(
     budget is bytes, estimated from what each row holds and checked here against the
     process's real RSS; the bad spill path is reported by /readyz from the start."""
     budget_mb = 8
+    batch = 50  # the most rows the writer holds out of the queue (the hot path drops from it)
     env = {
         "SWITCHBOARD_SPILL_PATH": "/dev/null/secret-volume/spill.jsonl",  # never a directory
         "SWITCHBOARD_BUFFER_LIMIT_MB": str(budget_mb),
+        "SWITCHBOARD_FLUSH_BATCH": str(batch),
     }
     service = ServiceProcess(pg.url, env=env).start(tmp_path)
     try:
@@ -319,9 +434,17 @@ def test_memory_budget_in_bytes_against_rss_and_an_unwritable_spill_path(
     assert rss2 - rss0 <= budget_mb * 2**20 * 1.1
     assert dropped == len(outage) - full["decisions_buffered"] > 0
     assert len(stored) == len(warm) + len(outage) - dropped and stored <= set(warm + outage)
-    # the oldest were dropped (answers arrive over 32 connections, in nearly that order)
+    # The oldest were dropped. Decision ids sort by creation in one process: the order
+    # the server made them, not the order 32 connections brought the answers back. A
+    # batch the writer holds (a write or an append being tried) is out of the hot path's
+    # reach, so drops may pass over at most one batch: that is the tolerance.
+    made = sorted(outage)
     cut = int(dropped)
-    assert not stored & set(outage[: cut - 32]) and set(outage[cut + 32 :]) <= stored
+    kept_early = [cut - i for i, d in enumerate(made[:cut]) if d in stored]
+    print(f"out of order: {len(kept_early)} kept among the oldest {cut}, at most "
+          f"{max(kept_early, default=0)} places before the cut (tolerance {batch})")  # fmt: skip
+    assert not stored & set(made[: cut - batch]), sorted(stored & set(made[:cut]))[:5]
+    assert set(made[cut + batch :]) <= stored, sorted(set(made[cut:]) - stored)[:5]
     drops = [x for x in log.splitlines() if "dropped" in x]
     assert 1 <= len(drops) <= 4, drops  # counts in a line, not a line per decision
     assert f"{dropped:.0f} dropped since start" in drops[-1]

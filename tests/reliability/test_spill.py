@@ -11,13 +11,16 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.store import Store
 from mla_switchboard.service.store import spill as spill_module
+from mla_switchboard.service.store.db import make_engine, migrate
 from mla_switchboard.service.store.recorder import DecisionRecorder, row_bytes
 from mla_switchboard.service.store.spill import LineEncoder, parse_line
 
@@ -84,6 +87,83 @@ def test_the_running_writer_drains_its_spill_file_once_the_store_is_back(
     assert len(store.rows) == 501
     assert "replayed 500 spilled decisions" in caplog.text
     assert "the next start" not in caplog.text  # nothing left for a restart
+
+
+def test_a_store_that_hangs_is_spilled_around_and_a_crash_keeps_all_but_the_last_interval(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database that stops answering without refusing: before, the writer waited in
+    the store call with no limit and spilled nothing meanwhile, so a crash lost every
+    decision since the hang began. Now the call runs on its own thread; once it has been
+    in flight ``stall_s``, the writer spills what is in memory (the batch in flight
+    included) and goes on spilling every interval."""
+    spill = tmp_path / "spill.jsonl"
+    store, metrics = FlakyStore(), Metrics()
+    store.up = True
+    rec = recorder(store, spill, metrics, stall_s=0.1)
+    rec.start()
+    for i in range(100):
+        rec.submit(row(i))
+    assert rec.flush(5) and len(store.rows) == 100
+    store.answering.clear()  # the database hangs
+    for i in range(100, 400):
+        rec.submit(row(i))
+        if i % 20 == 0:
+            time.sleep(0.005)
+    wait_until(lambda: len(lines_of(spill)) == 300 and not rec.pending, 5, what="spilled")
+    assert rec.degraded is not None and rec.degraded.startswith("StoreStalled")
+    assert counter(metrics, "switchboard_decision_store_stalls_total") >= 1
+    assert "has not answered for 0.10 s" in caplog.text
+    crash(rec)
+    store.answering.set()  # the hang ends after the crash (the in-flight batch commits)
+
+    again = recorder(store, spill, Metrics())
+    assert again.replay_spill() == 300
+    assert sorted(store.rows) == [f"id{i:05d}" for i in range(400)]
+    assert not spill.exists()
+
+
+def test_a_hang_that_ends_stores_everything_without_a_restart(tmp_path: Path) -> None:
+    spill = tmp_path / "spill.jsonl"
+    store, metrics = FlakyStore(), Metrics()
+    store.up = True
+    rec = recorder(store, spill, metrics, stall_s=0.1)
+    rec.start()
+    store.answering.clear()
+    for i in range(300):
+        rec.submit(row(i))
+    wait_until(lambda: len(lines_of(spill)) == 300, 5, what="spilled while hung")
+    assert rec.flush(0.2) is False
+    store.answering.set()
+    assert rec.flush(5) is True  # the hung call ends; the spill file is drained
+    assert rec.degraded is None and len(store.rows) == 300
+    # the batch in flight was committed by the hung call and again from the file: each
+    # decision is counted once, as replayed (stored from the file), none as written
+    assert counter(metrics, "switchboard_decisions_spilled_total") == 300
+    assert counter(metrics, "switchboard_decisions_replayed_total") == 300
+    assert counter(metrics, "switchboard_decisions_written_total") == 0
+    rec.submit(row(1000))
+    rec.stop()
+    assert len(store.rows) == 301 and not spill.exists()
+
+
+def test_the_call_thread_outlives_its_wait_and_hands_the_outcome_over_once() -> None:
+    from mla_switchboard.service.store.call_thread import CallThread
+
+    calls = CallThread("test-calls")
+    assert calls.run(lambda: None, 1.0).done.is_set() and not calls.busy
+    failing = calls.run(lambda: int("x"), 1.0)
+    assert isinstance(failing.error, ValueError) and not calls.busy
+    gate = threading.Event()
+    slow = calls.run(gate.wait, 0.05)
+    assert not slow.done.is_set() and calls.busy
+    with pytest.raises(RuntimeError):
+        calls.run(lambda: None, 0.05)  # never two calls at once
+    assert calls.collect() is None  # still running
+    gate.set()
+    wait_until(slow.done.is_set, 2, what="the slow call ends")
+    assert calls.collect() is slow and slow.error is None
+    assert not calls.busy and calls.collect() is None
 
 
 def test_replicas_sharing_a_spill_path_each_line_is_drained_once(tmp_path: Path) -> None:
@@ -229,19 +309,170 @@ def test_a_corrupt_spill_file_keeps_every_good_line(
     assert rec.replay_spill() == 0  # and the next start has nothing left to fail on
 
 
-def test_a_row_the_store_refuses_is_set_aside_not_retried_forever(tmp_path: Path) -> None:
+def test_a_row_the_store_refuses_is_set_aside_and_every_count_is_exact(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row the store refuses for its content is set aside, not retried forever, and
+    counted once: as rejected. Before: its batch was still counted in full (250
+    replayed with 249 stored; from memory, 100 written with 99 stored), so the refused
+    row was counted both as stored and as rejected."""
     spill = tmp_path / "spill.jsonl"
     spill.write_bytes(b"".join(good_lines(250)))
     store, metrics = FlakyStore(), Metrics()
     store.up = True
-    store.refuse = {"id00042"}
+    store.refuse = {"id00042", "id00342"}
     rec = recorder(store, spill, metrics)
-    assert rec.replay_spill() == 250  # the batch was stored row by row
+    assert rec.replay_spill() == 249  # the batch was stored row by row
     assert len(store.rows) == 249 and "id00042" not in store.rows
     (entry,) = [json.loads(x) for x in (tmp_path / "spill.jsonl.rejected").read_text().splitlines()]
     assert entry["reason"].startswith("the store refused it: ")
     assert json.loads(entry["line"])[0] == "id00042"
+    assert counter(metrics, "switchboard_decisions_replayed_total") == 249
     assert counter(metrics, "switchboard_decisions_rejected_total", reason="store_refused") == 1
+    assert "replayed 249 spilled decisions" in caplog.text
+    assert (
+        "1 lines could not be replayed (0 of them a partial last line, 1 refused by the store)"
+        in caplog.text
+    )
+
+    rec.start()  # the same from memory: written counts what the store took
+    for i in range(300, 400):
+        rec.submit(row(i))
+    assert rec.flush(5)
+    rec.stop()
+    assert len(store.rows) == 249 + 99 and "id00342" not in store.rows
+    assert counter(metrics, "switchboard_decisions_written_total") == 99
+    assert counter(metrics, "switchboard_decisions_rejected_total", reason="store_refused") == 2
+    assert (
+        "the store took 99 of the batch's 100 decisions; the 1 it refused are set aside"
+        in caplog.text
+    )
+    assert len((tmp_path / "spill.jsonl.rejected").read_text().splitlines()) == 2
+
+
+@pytest.mark.postgres
+def test_postgres_refusing_a_row_is_a_refusal_not_an_outage(
+    tmp_path: Path, pg_url_factory: Callable[[], str]
+) -> None:
+    """PostgreSQL's batch goes to psycopg directly (``COPY``), whose errors arrive
+    unwrapped: before, a row it refused (a value too long for its column) looked like
+    an outage, and its batch was retried, and spilled, for ever."""
+    url = pg_url_factory()
+    engine = make_engine(url)
+    migrate(engine)
+    store = Store(engine)
+    store.ensure_seeded()
+    metrics = Metrics()
+    rec = recorder(store, tmp_path / "spill.jsonl", metrics)  # type: ignore[arg-type]
+    rec.start()
+    try:
+        for i in range(10):
+            r = row(i)
+            rec.submit((r[0], r[1], "c" * 80, *r[3:]) if i == 4 else r)
+        assert rec.flush(10)
+    finally:
+        rec.stop()
+        stored = store.count_decisions()
+        engine.dispose()
+    assert stored == 9 and rec.degraded is None
+    assert counter(metrics, "switchboard_decisions_written_total") == 9
+    assert counter(metrics, "switchboard_decisions_rejected_total", reason="store_refused") == 1
+    assert counter(metrics, "switchboard_decisions_spilled_total") == 0
+
+
+def hostile_lines() -> list[tuple[bytes, str, str]]:
+    """Lines no check of the old code foresaw, each with the kind and the start of the
+    reason it must be set aside with."""
+    good = json.loads(good_lines(1, 7000)[0])
+
+    def with_field(i: int, value: object) -> bytes:
+        v = list(good)
+        v[i] = value
+        return json.dumps(v).encode() + b"\n"
+
+    deep = "[" * 100_000 + "]" * 100_000
+    old = ["old00002", "2026-01-01T00:00:00+00:00", "c", "n", "p-old", "FLASH_ATTN",
+           "priority", 1, deep, "a1", "{}"]  # fmt: skip
+    return [
+        (b"[" * 1000 + b"]" * 1000 + b"\n", "not_json", "not JSON that can be read: nested"),
+        (b"[" * 200_000 + b"\n", "not_json", "not JSON that can be read: nested"),
+        (with_field(10, "not json"), "bad_fields", "field 10 (shape_json): not JSON"),
+        (with_field(10, deep), "bad_fields", "field 10 (shape_json): JSON nested too deep"),
+        (with_field(10, '["a list"]'), "bad_fields", "field 10 (shape_json): a JSON list"),
+        (with_field(11, "{"), "bad_fields", "field 11 (answer_json): not JSON"),
+        (with_field(11, "7"), "bad_fields", "field 11 (answer_json): a JSON int"),
+        (
+            with_field(10, json.dumps({"x": "y" * 1_100_000})),
+            "bad_fields",
+            "field 10 (shape_json): 1100009 characters, over 1 MiB",
+        ),
+        (json.dumps(old).encode() + b"\n", "bad_fields", "field 8 (request_json): JSON nested"),
+    ]
+
+
+def test_hostile_lines_are_set_aside_and_never_stop_a_start(tmp_path: Path) -> None:
+    """Before: a line nested 1,000 deep made ``json.loads`` raise RecursionError, which
+    escaped the per-line handling, ``replay_spill`` and ``Runtime.start``: the replica
+    failed at every start. Shape and answer texts that were not JSON objects were stored
+    as they read, and broke the listings that parse them later."""
+    hostile = hostile_lines()
+    lines = good_lines(200)
+    spill = tmp_path / "spill.jsonl"
+    spill.write_bytes(b"".join(lines[:100] + [h[0] for h in hostile] + lines[100:]))
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'sb.db'}", spill_path=str(spill))
+    runtime = Runtime(settings)
+    runtime.start()  # before: RecursionError
+    try:
+        registry = runtime.metrics.registry
+        replayed = registry.get_sample_value("switchboard_decisions_replayed_total")
+        stored = {d.id for d in runtime.store.list_decisions(
+            cluster="c", backend=None, limit=1000, before_id=None
+        )}  # fmt: skip
+        kinds = {
+            k: registry.get_sample_value("switchboard_decisions_rejected_total", {"reason": k})
+            for k in ("not_json", "bad_fields")
+        }
+    finally:
+        runtime.stop()
+    assert replayed == 200 and stored == {f"id{i:05d}" for i in range(200)}
+    assert kinds == {"not_json": 2, "bad_fields": 7}
+    rejected = [json.loads(x) for x in (tmp_path / "spill.jsonl.rejected").read_text().splitlines()]
+    assert [r["reason"][: len(h[2])] for r, h in zip(rejected, hostile, strict=True)] == [
+        h[2] for h in hostile
+    ]
+    assert not spill.exists()
+
+
+def test_parse_line_raises_only_badline_whatever_the_line_holds() -> None:
+    for raw, kind, reason in hostile_lines():
+        with pytest.raises(spill_module.BadLine) as caught:
+            parse_line(raw)
+        assert (caught.value.kind, caught.value.reason[: len(reason)]) == (kind, reason)
+
+
+def test_the_rejected_file_is_bounded_and_what_it_cannot_take_is_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spill = tmp_path / "spill.jsonl"
+    garbage = [f"garbage line {i} ".encode() * 20 + b"\n" for i in range(2000)]
+    spill.write_bytes(b"".join(good_lines(50) + garbage + good_lines(50, 50)))
+    store, metrics = FlakyStore(), Metrics()
+    store.up = True
+    limit = 64 * 1024
+    rec = recorder(store, spill, metrics, rejected_limit_bytes=limit)
+    assert rec.replay_spill() == 100
+    rejected = tmp_path / "spill.jsonl.rejected"
+    kept = len(rejected.read_text().splitlines())
+    assert rejected.stat().st_size <= limit and 0 < kept < 2000
+    assert counter(metrics, "switchboard_decisions_rejected_total", reason="not_json") == 2000
+    unkept = 2000 - kept
+    assert f"{unkept} bad spill lines were counted" in caplog.text
+    assert "it is at its size limit (0.0625 MiB)" in caplog.text
+    assert "2000 lines could not be replayed (0 of them a partial last line) and are in" in (
+        caplog.text
+    )
+    assert f"({unkept} of them only counted: the file is at its size limit)" in caplog.text
+    assert not spill.exists()
 
 
 def test_parse_line_checks_each_field() -> None:
