@@ -239,6 +239,10 @@ class BackendInfo(BaseModel):
     )
     max_qk_head_dim: int | None
     max_v_head_dim: int | None
+    head_dims_by_major: dict[str, list[tuple[int, int]]] = Field(
+        description="capability major -> the (qk, v) head dims it takes there, where "
+        "another kernel runs (qk = qk_nope + qk_rope); a major not listed: as above"
+    )
     packages: list[BackendPackage] = Field(description="needed: it cannot build without them")
     optional_packages: list[BackendPackage] = Field(
         description="used when present; their versions split measurements like the needed ones"
@@ -278,6 +282,9 @@ def _backend_info(order: int, spec: BackendSpec) -> BackendInfo:
         ),
         max_qk_head_dim=spec.max_qk_head_dim,
         max_v_head_dim=spec.max_v_head_dim,
+        head_dims_by_major={
+            str(major): sorted(pairs) for major, pairs in sorted(spec.head_dims_by_major.items())
+        },
         packages=[_package_info(p) for p in spec.packages],
         optional_packages=[_package_info(p) for p in spec.optional_packages],
     )

@@ -201,9 +201,20 @@ def test_legacy_vllm_gets_no_flags_and_is_told_why() -> None:
                 "trtllm_mla",
             ),
         ),
-        (
+        (  # (64, 64, 128): head dims (128, 128), which FlashInfer's CUTLASS kernel takes
             (10, 0),
             SMALL,
+            None,
+            (
+                "--prefill-attention-backend",
+                "flashinfer",
+                "--decode-attention-backend",
+                "flashinfer",
+            ),
+        ),
+        (  # no rope part: FlashInfer's ragged prefill is off, FlashAttention 4 runs it
+            (10, 0),
+            GLM5,
             None,
             ("--prefill-attention-backend", "fa4", "--decode-attention-backend", "flashinfer"),
         ),
