@@ -28,12 +28,13 @@ from mla_switchboard.core.engine_names import (
     detection_order,
     engine_entries,
 )
-from mla_switchboard.core.engines import parse_version, version_text
-from mla_switchboard.core.schemas import (
+from mla_switchboard.core.engines import (
     ENGINE_VERSION_MAX_LENGTH,
     ENGINE_VERSION_PATTERN,
-    EngineInfo,
+    parse_version,
+    version_text,
 )
+from mla_switchboard.core.schemas import EngineInfo
 
 __all__ = [
     "ENGINE_NAMES",

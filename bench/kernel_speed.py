@@ -24,7 +24,9 @@ the JSON as ``<out>.png`` when matplotlib is importable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import importlib
 import importlib.metadata
 import json
 import math
@@ -73,27 +75,26 @@ SLOW = {"TORCH_SDPA"}  # fp32 reference, no library call: three timed calls, no 
 
 
 def _versions() -> dict[str, str]:
+    """The installed version of every kernel package's distribution, every serving
+    engine's and Triton's: what the results were measured with."""
+    # The registries, read here: --render runs where mla_switchboard may be absent.
+    from mla_switchboard.core.engine_names import detection_order
+    from mla_switchboard.core.specs import KERNEL_PACKAGES
+
+    kernels_dists = [d for p in KERNEL_PACKAGES.values() for d in p.distributions]
+    engines = [e.distribution for e in detection_order() if e.distribution is not None]
     out = {}
-    for dist in (
-        "torch",
-        "flashinfer-python",
-        "nvidia-cudnn-frontend",
-        "flash-attn",
-        "vllm",
-        "tokenspeed-mla",
-        "triton",
-    ):
+    for dist in dict.fromkeys((*kernels_dists, *engines, "triton")):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
-    if "vllm" not in out:
-        try:  # bench/gpu_run.sh carries only vllm_flash_attn, under a stub that names it
-            import vllm  # type: ignore[import-not-found]
-
-            out["vllm"] = str(vllm.__version__)
-        except Exception:
-            pass
+    for dist in engines:
+        if dist in out:
+            continue
+        # bench/gpu_run.sh carries only vllm_flash_attn, under a stub that names it
+        with contextlib.suppress(Exception):
+            out[dist] = str(importlib.import_module(dist).__version__)
     return out
 
 

@@ -76,6 +76,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/scale.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from mla_switchboard.core.engine_names import detection_order  # noqa: E402
+from mla_switchboard.core.engines import ENGINES as ENGINE_PROFILES  # noqa: E402
 from mla_switchboard.core.evaluator import (  # noqa: E402
     Decision,
     DecisionInputs,
@@ -136,10 +138,14 @@ MODELS: list[tuple[dict[str, Any], int]] = [
     ({"name": "deepseek-ai/DeepSeek-V2-Lite", "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
       "v_head_dim": 128, "num_heads": 16}, 10),
 ]  # fmt: skip
+# each serving engine at its newest release read, in the registry's order, then our own
+# kernels/ wrappers (no engine named)
 ENGINES: list[tuple[dict[str, str] | None, int]] = [
-    ({"name": "vllm", "version": "0.33.0"}, 50),
-    ({"name": "sglang", "version": "0.5.23"}, 20),
-    (None, 30),  # our own kernels/ wrappers
+    *(
+        ({"name": e.name, "version": ENGINE_PROFILES[e.name][0].verified}, weight)
+        for e, weight in zip(detection_order(), (50, 20), strict=True)
+    ),
+    (None, 30),
 ]
 REGIONS = ["us-east", "us-west", "eu-central", "ap-south"]
 

@@ -1,4 +1,4 @@
-"""What each serving engine accepts, as data: one profile per engine and version range.
+"""The engine registry: every serving engine, what identifies it, and its profiles.
 
 A decision is only worth what the engine can run. vLLM refuses to start with a prefill
 backend it does not know (argument parsing, exit 2) or one that is invalid for the pod
@@ -10,17 +10,28 @@ engine run it?). A profile says, for one engine and version range:
   naming the engine and version ("vLLM 0.33.0 runs FLASHINFER prefill only on compute
   capability 10.x");
 - its own default order (policy ``engine-default``);
-- how a choice is expressed: the exact argv (``engine_args``) and environment
-  (``engine_env``), so a consumer in any language needs no mapping of its own.
+- how a choice is expressed (``EngineFlag`` per range): the exact argv
+  (``engine_args``) and environment (``engine_env``), so a consumer in any language
+  needs no mapping of its own.
 
-Every rule cites the engine's source file and the version it was read from. Like the
-rest of ``core`` this module is standard library only.
+This module is the only place an engine's identity is written: its wire name (the
+wire contract's ``EngineName`` in ``core/schemas.py`` is built from ``ENGINE_NAMES``),
+the distribution whose metadata says a pod runs it, the ``--format`` that prints its
+flags, and the version grammar (``ENGINE_VERSION_PATTERN``). The agent's detection and
+``--format`` choices (``core/engine_names.py``) are derived from it; adding an engine
+is a profile module and a row here. Like the rest of ``core`` it is standard library
+only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mla_switchboard.core.engine_rules.base import (
+    ENGINE_VERSION_MAX_LENGTH,
+    ENGINE_VERSION_PATTERN,
     EngineChoice,
+    EngineFlag,
     EngineProfile,
     Version,
     parse_version,
@@ -32,8 +43,15 @@ from mla_switchboard.core.engine_rules.vllm import VLLM_PROFILES
 
 __all__ = [
     "ENGINES",
+    "ENGINE_NAMES",
+    "ENGINE_REGISTRY",
+    "ENGINE_VERSION_MAX_LENGTH",
+    "ENGINE_VERSION_PATTERN",
+    "OWN_ENGINE",
     "SWITCHBOARD",
+    "Engine",
     "EngineChoice",
+    "EngineFlag",
     "EngineProfile",
     "Version",
     "parse_version",
@@ -41,12 +59,60 @@ __all__ = [
     "version_text",
 ]
 
-ENGINES: dict[str, tuple[EngineProfile, ...]] = {
-    "switchboard": (SWITCHBOARD,),
-    "vllm": VLLM_PROFILES,
-    "sglang": SGLANG_PROFILES,
-}
+
+@dataclass(frozen=True)
+class Engine:
+    """One serving engine.
+
+    ``profiles``: its rules per release range, newest first (the name and display
+    name are theirs). ``distribution``: the installed distribution whose presence says
+    a pod runs it and whose version is the engine's (None for our own kernels, which
+    are this package). ``format``: the ``switchboard select --format`` that prints its
+    engine args (None: it takes no command-line flags from us).
+    """
+
+    profiles: tuple[EngineProfile, ...]
+    distribution: str | None
+    format: str | None
+
+    @property
+    def name(self) -> str:
+        return self.profiles[0].name
+
+    @property
+    def display(self) -> str:
+        return self.profiles[0].display
+
+
+ENGINE_REGISTRY: tuple[Engine, ...] = (
+    Engine((SWITCHBOARD,), distribution=None, format=None),
+    Engine(VLLM_PROFILES, distribution="vllm", format="vllm-args"),
+    Engine(SGLANG_PROFILES, distribution="sglang", format="sglang-args"),
+)
+"""Every engine, in the order the agent looks for them on a pod (vLLM before SGLang,
+so a pod with both runs vLLM; our own kernels are what a pod with neither runs)."""
+
+ENGINES: dict[str, tuple[EngineProfile, ...]] = {e.name: e.profiles for e in ENGINE_REGISTRY}
 """Every engine's profiles, newest first."""
+
+ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
+"""The engine names the wire contract admits."""
+
+OWN_ENGINE = SWITCHBOARD.name
+"""Switchboard's own ``kernels/`` wrappers: the engine of a request that names none."""
+
+
+def _check(registry: tuple[Engine, ...]) -> None:
+    """One name per engine, every profile of an engine under its name."""
+    for engine in registry:
+        names = {p.name for p in engine.profiles}
+        if names != {engine.name}:
+            raise ValueError(f"engine {engine.name}: its profiles are named {sorted(names)}")
+    if len(ENGINES) != len(registry):
+        raise ValueError("two engines share a name")
+
+
+_check(ENGINE_REGISTRY)
 
 
 def resolve(name: str, version: str | None) -> EngineProfile:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
-from mla_switchboard.core.engines import EngineProfile, resolve
+from mla_switchboard.core.engines import OWN_ENGINE, EngineProfile, resolve
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
 from mla_switchboard.core.schemas import (
     FLEET,
@@ -505,7 +505,7 @@ def decide(
             )
             return finish(backend, "fallback")
     engine_text = (
-        "" if a.engine.name == "switchboard" else f" under {a.profile.label(a.engine.version)}"
+        "" if a.engine.name == OWN_ENGINE else f" under {a.profile.label(a.engine.version)}"
     )
     summary = "; ".join(f"{b}: {reasons[b][0]}" for b in Backend)
     return refuse(

@@ -16,6 +16,13 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+from mla_switchboard.core.engine_rules.switchboard import SEED_DEFAULT, SEED_PRIORITIES
+from mla_switchboard.core.engines import (
+    ENGINE_NAMES,
+    ENGINE_VERSION_MAX_LENGTH,
+    ENGINE_VERSION_PATTERN,
+    OWN_ENGINE,
+)
 from mla_switchboard.core.hardware import UNKNOWN_PEAK_TFLOPS
 from mla_switchboard.core.names import validate_cluster_globs
 from mla_switchboard.core.specs import (
@@ -165,10 +172,8 @@ class ModelInfo(_Strict):
     num_heads: Dim | None = None
 
 
-EngineName = Literal["vllm", "sglang", "switchboard"]
-ENGINE_VERSION_PATTERN = r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$"
-"""What the contract accepts as an engine version; the agent trims a detected one to it."""
-ENGINE_VERSION_MAX_LENGTH = 64
+EngineName = Literal[ENGINE_NAMES]  # type: ignore[valid-type]
+"""The engines of the registry (``core/engines.py``), the only ones a request may name."""
 EngineVersion = Annotated[
     str,
     StringConstraints(pattern=ENGINE_VERSION_PATTERN, max_length=ENGINE_VERSION_MAX_LENGTH),
@@ -180,7 +185,7 @@ class EngineInfo(_Strict):
     """The serving engine that will run the decision; ``switchboard`` means our own
     ``kernels/`` wrappers (what a request without ``engine`` gets)."""
 
-    name: EngineName = "switchboard"
+    name: EngineName = OWN_ENGINE
     version: EngineVersion | None = None
 
 
@@ -239,6 +244,10 @@ class BackendInfo(BaseModel):
     )
     max_qk_head_dim: int | None
     max_v_head_dim: int | None
+    head_dims_by_major: dict[str, list[tuple[int, int]]] = Field(
+        description="capability major -> the (qk, v) head dims it takes there, where "
+        "another kernel runs (qk = qk_nope + qk_rope); a major not listed: as above"
+    )
     packages: list[BackendPackage] = Field(description="needed: it cannot build without them")
     optional_packages: list[BackendPackage] = Field(
         description="used when present; their versions split measurements like the needed ones"
@@ -278,6 +287,9 @@ def _backend_info(order: int, spec: BackendSpec) -> BackendInfo:
         ),
         max_qk_head_dim=spec.max_qk_head_dim,
         max_v_head_dim=spec.max_v_head_dim,
+        head_dims_by_major={
+            str(major): sorted(pairs) for major, pairs in sorted(spec.head_dims_by_major.items())
+        },
         packages=[_package_info(p) for p in spec.packages],
         optional_packages=[_package_info(p) for p in spec.optional_packages],
     )
@@ -449,13 +461,12 @@ class RulesDocument(RuleSet):
 
 SEED_RULES = RulesDocument(
     revision=1,
-    default=[Backend.FLASH_ATTN],
-    by_capability={
-        "10": [Backend.TRTLLM_RAGGED, Backend.FLASHINFER, Backend.CUDNN, Backend.FLASH_ATTN]
-    },
+    default=list(SEED_DEFAULT),
+    by_capability={key: list(order) for key, order in SEED_PRIORITIES.items()},
 )
 """vLLM-compatible priorities: Blackwell gets the specialised kernels, everything else
-FLASH_ATTN (see shared/seed for the excerpt these reproduce)."""
+FLASH_ATTN (see shared/seed for the excerpt these reproduce). The lists are
+Switchboard's own default order (``core/engine_rules/switchboard.py``)."""
 
 
 # ----------------------------------------------------------------------- overrides

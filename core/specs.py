@@ -20,17 +20,25 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
+    "CUDNN_PACKAGE",
+    "FLASHINFER_CUTLASS_HEAD_DIMS",
+    "FLASHINFER_FA3_HEAD_DIMS",
+    "FLASHINFER_PACKAGE",
+    "FLASH_ATTN_PACKAGE",
     "KERNEL_PACKAGES",
     "KIMI_LINEAR_DIMS",
     "R1_DIMS",
     "SPECS",
+    "TOKENSPEED_MLA_PACKAGE",
+    "TORCH",
     "Backend",
     "BackendSpec",
     "Capability",
     "Dtype",
+    "HeadDims",
     "KernelPackage",
     "MLADims",
     "SelectionContext",
@@ -129,6 +137,24 @@ R1_DIMS = MLADims(128, 64, 128)
 KIMI_LINEAR_DIMS = MLADims(192, 64, 256)
 """The (192, 64, 256) MLA dims TensorRT-LLM's ragged kernel also serves."""
 
+HeadDims = tuple[int, int]
+"""(qk head dim, v head dim): what an attention kernel is instantiated for, where MLA
+dims (qk_nope, qk_rope, v) give qk = qk_nope + qk_rope."""
+
+FLASHINFER_CUTLASS_HEAD_DIMS: frozenset[HeadDims] = frozenset({(192, 128), (128, 128), (64, 64)})
+"""The head dims FlashInfer's CUTLASS ragged prefill (SM100) is built for: the dispatch
+in ``csrc/fmha_cutlass_sm100.cu`` (``DISPATCH_head_dim``) takes exactly these
+(flashinfer-python 0.7.2, ``flashinfer/prefill.py`` beside
+``_CUTLASS_RAGGED_AUTO_HEAD_DIMS``). It is the kernel vLLM's and SGLang's FlashInfer
+MLA prefill, and our wrapper, run on 10.x."""
+
+FLASHINFER_FA3_HEAD_DIMS: frozenset[HeadDims] = frozenset(
+    {(64, 64), (128, 128), (256, 256), (192, 128)}
+)
+"""The head dims FlashInfer's FA3 (SM90) prefill is instantiated for
+(``flashinfer/utils.py`` ``is_fa3_prefill_head_dim_supported``, 0.7.2); its ``auto``
+backend runs FA2 on 9.x for any others, and so does our wrapper."""
+
 
 @dataclass(frozen=True)
 class SelectionContext:
@@ -176,6 +202,9 @@ class BackendSpec:
     spelling it for humans; ``needs_gpu`` says whether a pod without CUDA can run it.
     ``allowed_dims`` is None (any dims) or the exact dims the kernel is built for;
     ``max_qk``/``max_v`` bound kernels limited only by head size.
+    ``head_dims_by_major`` narrows the dims on one capability major, where another kernel
+    runs (FlashInfer runs its CUTLASS kernel on 10.x): the (qk, v) head dims it takes
+    there, with ``kernel_by_major`` naming that kernel for the reasons.
     ``class_path`` is the lazy ``module:Class`` of the wrapper in ``kernels``.
     ``packages`` must import for the kernel to build; ``optional_packages`` are used
     when present (FLASH_ATTN runs the flash_attn package's kernel, else PyTorch's
@@ -198,6 +227,8 @@ class BackendSpec:
     max_qk_head_dim: int | None = None
     max_v_head_dim: int | None = None
     optional_packages: tuple[KernelPackage, ...] = ()
+    head_dims_by_major: Mapping[int, frozenset[HeadDims]] = field(default_factory=dict)
+    kernel_by_major: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def package_names(self) -> tuple[str, ...]:
@@ -214,7 +245,10 @@ class BackendSpec:
             limits.append(f"v <= {self.max_v_head_dim}")
         if self.allowed_dims is not None:
             limits.append(" or ".join(sorted(str(d) for d in self.allowed_dims)))
-        return ", ".join(limits) or "any"
+        text = ", ".join(limits) or "any"
+        for major, pairs in sorted(self.head_dims_by_major.items()):
+            text += f"; on {major}.x (qk, v) {_pairs_text(pairs)} only"
+        return text
 
     def capability_ok(self, cap: Capability) -> bool:
         if self.capability_majors is not None:
@@ -250,6 +284,16 @@ class BackendSpec:
                 f"model MLA dims {ctx.dims} not supported "
                 f"(needs v_head_dim <= {self.max_v_head_dim}, got {ctx.dims.v_head_dim})"
             )
+        if ctx.capability is not None and ctx.capability.major in self.head_dims_by_major:
+            major = ctx.capability.major
+            pairs = self.head_dims_by_major[major]
+            head_dims = (ctx.dims.qk_head_dim, ctx.dims.v_head_dim)
+            if head_dims not in pairs:
+                kernel = self.kernel_by_major.get(major, "the kernel it runs there")
+                reasons.append(
+                    f"model MLA dims {ctx.dims} not supported on {major}.x: {kernel} takes "
+                    f"head dims (qk, v) {_pairs_text(pairs)} only, not {head_dims}"
+                )
         if ctx.packages is not None:
             reasons.extend(
                 f"required package {name} not installed"
@@ -257,6 +301,10 @@ class BackendSpec:
                 if name not in ctx.packages
             )
         return reasons
+
+
+def _pairs_text(pairs: frozenset[HeadDims]) -> str:
+    return " or ".join(str(p) for p in sorted(pairs))
 
 
 _HALF = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})
@@ -280,14 +328,16 @@ SPECS: dict[Backend, BackendSpec] = {
         BackendSpec(
             backend=Backend.FLASHINFER,
             needs_gpu=True,
-            capability_majors=frozenset({8, 9, 10, 12}),
+            capability_majors=frozenset({8, 9, 10, 11, 12}),
             min_major=8,
-            capability_text="8.x, 9.x, 10.x or 12.x",
+            capability_text="8.x to 12.x",
             dtypes=_HALF,
-            allowed_dims=frozenset({R1_DIMS}),
+            head_dims_by_major={10: FLASHINFER_CUTLASS_HEAD_DIMS},
+            kernel_by_major={10: "FlashInfer's CUTLASS ragged kernel"},
             packages=(TORCH, FLASHINFER_PACKAGE),
             class_path="mla_switchboard.kernels.flashinfer:FlashInferPrefill",
-            summary="FlashInfer ragged prefill (fa3 path on SM90, fa2 on SM80 and SM120)",
+            summary="FlashInfer ragged prefill (FA3 on SM90 where built for the head dims, "
+            "CUTLASS on SM100, FA2 JIT-built elsewhere)",
             colour=1,
         ),
         BackendSpec(

@@ -3,11 +3,15 @@
 Why this path: FlashInfer's ragged prefill takes ``head_dim_qk=192`` and
 ``head_dim_vo=128`` directly (no padding) and, on Hopper, has an FA3-style kernel that
 we measured at 600-770 TFLOP/s on an H200 for DeepSeek-R1 shapes. We pick ``fa3`` on
-SM90 and ``fa2`` on SM80. On SM100 (10.x) we use ``cutlass``, FlashInfer's CUTLASS
-ragged path, because that is what vLLM's FLASHINFER MLA prefill backend runs there
-(vLLM 0.33.0, ``vllm/v1/attention/backends/mla/prefill/flashinfer.py``:
-``BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="cutlass")``);
-the cutlass path has NOT run on hardware here (no Blackwell GPU). The wrapper's own
+SM90 for the head dims FlashInfer instantiates FA3 for (``FLASHINFER_FA3_HEAD_DIMS``
+in ``core/specs.py``) and ``fa2`` for the others, as FlashInfer's own ``auto`` does;
+``fa2`` (JIT-built for the device) on 8.x, 11.x and 12.x. On SM100 (10.x) we use
+``cutlass``, FlashInfer's CUTLASS ragged path, because that is what vLLM's and
+SGLang's FlashInfer MLA prefill run there (vLLM 0.33.0,
+``vllm/v1/attention/backends/mla/prefill/flashinfer.py``:
+``BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="cutlass")``); it
+takes only ``FLASHINFER_CUTLASS_HEAD_DIMS``, which the spec enforces. The cutlass, 11.x
+and 12.x paths and FA2 for non-R1 dims on 9.x have NOT run on hardware here. The wrapper's own
 ``cudnn`` path is not used: cuDNN is reachable through our CUDNN backend instead.
 
 Planning (``plan()``) builds the work partition on the host and copies it to the
@@ -28,21 +32,31 @@ import math
 from typing import Any
 
 import torch
-from mla_switchboard.core.specs import Backend
+from mla_switchboard.core.specs import FLASHINFER_FA3_HEAD_DIMS, Backend, Capability, MLADims
 from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
 
-__all__ = ["FlashInferPrefill"]
+__all__ = ["FlashInferPrefill", "default_path"]
 
 _WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace
 _PATHS = ("fa3", "fa2", "cutlass", "auto")
+
+
+def default_path(cap: Capability, dims: MLADims) -> str:
+    """The FlashInfer backend the engines run for this device and dims: CUTLASS on
+    10.x; FA3 on 9.x where it is built for the head dims; FA2 everywhere else (what
+    FlashInfer's ``auto`` picks off 9.x, and on 9.x for head dims FA3 lacks)."""
+    if cap.major == 10:
+        return "cutlass"
+    if cap.major == 9 and (dims.qk_head_dim, dims.v_head_dim) in FLASHINFER_FA3_HEAD_DIMS:
+        return "fa3"
+    return "fa2"
 
 
 class FlashInferPrefill(MLAPrefillKernel):
     """FlashInfer ragged prefill.
 
     Option ``impl``: FlashInfer backend name to force (``fa3``, ``fa2``, ``cutlass`` or
-    ``auto``); default ``fa3`` on compute capability 9.x, ``fa2`` on 8.x and
-    ``cutlass`` on 10.x (as vLLM does there).
+    ``auto``); default :func:`default_path`.
     ``inst.impl`` reads ``flashinfer-<backend>``; ``inst.plans`` counts plan() calls.
     """
 
@@ -59,12 +73,17 @@ class FlashInferPrefill(MLAPrefillKernel):
         cap = self.capability
         assert cap is not None  # the spec refused CPU already
         if impl is None:
-            impl = {9: "fa3", 8: "fa2", 10: "cutlass"}.get(cap.major, "auto")
+            impl = default_path(cap, self.dims)
         if impl not in _PATHS:
             raise ValueError(f"impl must be one of {', '.join(_PATHS)}, got {impl!r}")
         if impl == "fa3" and cap.major != 9:
             raise BackendUnavailable(
                 self.backend, [f"FlashInfer fa3 needs compute capability 9.x, got {cap}"]
+            )
+        head_dims = (self.dims.qk_head_dim, self.dims.v_head_dim)
+        if impl == "fa3" and head_dims not in FLASHINFER_FA3_HEAD_DIMS:
+            raise BackendUnavailable(
+                self.backend, [f"FlashInfer fa3 is not built for head dims (qk, v) {head_dims}"]
             )
         if impl == "cutlass" and cap.major != 10:
             raise BackendUnavailable(

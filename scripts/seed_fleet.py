@@ -8,7 +8,10 @@ summary, the override preview and the dashboard have something real to show:
 - ``prod-west``: 300 B200 pods (TRTLLM_RAGGED by the seed rules);
 - ``staging``: 40 H200 pods asking for FLASHINFER.
 
-Standard library only, so that it runs with any Python 3.11+ (no install needed):
+Every pod reports every kernel package of the backend registry (``core/specs.py``, read
+from this checkout: it is standard library only), so the seeded fleet is a fully
+equipped one whatever backends the registry has. Standard library only, so that it runs
+with any Python 3.11+ (no install needed):
 
     python3 scripts/seed_fleet.py --url http://127.0.0.1:8000 --token "$TOKEN"
 
@@ -19,11 +22,34 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import sys
 from collections import Counter
+from pathlib import Path
+from types import ModuleType
 from urllib.parse import urlsplit
+
+SPECS_FILE = Path(__file__).resolve().parents[1] / "core" / "specs.py"
+SEEDED_VERSION = "0+seed"  # what each seeded pod reports as every package's version
+
+
+def backend_registry() -> ModuleType:
+    """``core/specs.py`` of this checkout, loaded by path: the registry is standard
+    library only, so reading it needs no install of the package."""
+    spec = importlib.util.spec_from_file_location("switchboard_backend_registry", SPECS_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def packages() -> dict[str, str]:
+    """Every kernel package the registry names, as a fully equipped pod reports them."""
+    return dict.fromkeys(backend_registry().KERNEL_PACKAGES, SEEDED_VERSION)
+
 
 R1 = {
     "name": "deepseek-ai/DeepSeek-R1",
@@ -32,7 +58,6 @@ R1 = {
     "v_head_dim": 128,
     "num_heads": 128,
 }
-PACKAGES = {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0", "flash_attn": "2.8.3"}
 H200 = {"name": "NVIDIA H200", "capability": [9, 0]}
 B200 = {"name": "NVIDIA B200", "capability": [10, 0]}
 
@@ -73,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     conn = conn_class(url.hostname, url.port, timeout=10)  # one kept-alive connection
     headers = {"Authorization": f"Bearer {args.token}", "Content-Type": "application/json"}
     got: Counter[tuple[str, str]] = Counter()
+    equipped = packages()
     for cluster, prefix, count, device, requested in FLEET:
         for i in range(count):
             body = {
@@ -82,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 "device": device,
                 "model": R1,
                 "dtype": "bfloat16",
-                "packages": PACKAGES,
+                "packages": equipped,
                 "requested_backend": requested,
             }
             try:

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--requested-backend",
         dest="requested",
         metavar="BACKEND",
-        help="backend the pod asks for (like vLLM's mla_prefill_backend)",
+        help="backend the pod asks for (the MLA prefill backend its engine config names)",
     )
     decision.add_argument(
         "--strict",

@@ -13,20 +13,32 @@ from dataclasses import dataclass, field
 from mla_switchboard.core.specs import Backend, SelectionContext
 
 __all__ = [
+    "ENGINE_VERSION_MAX_LENGTH",
+    "ENGINE_VERSION_PATTERN",
     "ChoiceFn",
+    "DeliberateRefusal",
     "EngineChoice",
+    "EngineFlag",
     "EngineProfile",
     "OrderFn",
     "RuleFn",
     "Version",
     "parse_version",
+    "release_suffix",
     "version_text",
 ]
 
 Version = tuple[int, ...]
 """(major, minor, patch), or (major, minor, patch, post) for a ``.postN`` release."""
 
-_VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.post(\d+))?")
+_RELEASE_NUMBERS = r"[0-9]+(\.[0-9]+){0,3}"
+ENGINE_VERSION_PATTERN = rf"^{_RELEASE_NUMBERS}([.+-]?[0-9A-Za-z.+-]{{0,40}})?$"
+"""What the wire contract accepts as an engine version: release numbers, then at most
+one suffix (``rc1``, ``.post5``, ``+cu128``). The profiles are chosen by the numbers at
+its start, which :func:`parse_version` reads with the same grammar."""
+ENGINE_VERSION_MAX_LENGTH = 64
+_NUMBERS = re.compile(_RELEASE_NUMBERS)
+_POST = re.compile(r"\.post([0-9]+)")
 
 
 def parse_version(text: str | None) -> Version | None:
@@ -34,19 +46,101 @@ def parse_version(text: str | None) -> Version | None:
     absent or unreadable (the profile then applies its newest verified rules).
     ``"0.4.9.post5"`` -> (0, 4, 9, 5): an engine can change between post releases
     (SGLang's --prefill-attention-backend first ships in 0.4.9.post5), and the tuple
-    sorts between (0, 4, 9) and (0, 4, 10)."""
+    sorts between (0, 4, 9) and (0, 4, 10). A leading ``v`` is allowed: the agent also
+    reads versions that the contract would refuse (too long, a tag), for their numbers."""
     if not text:
         return None
-    m = _VERSION.match(text)
+    text = text.strip().removeprefix("v")
+    m = _NUMBERS.match(text)
     if m is None:
         return None
-    base = (int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
-    return base if m.group(4) is None else (*base, int(m.group(4)))
+    numbers = [int(p) for p in m.group(0).split(".")][:3]
+    base = (*numbers, *([0] * (3 - len(numbers))))
+    post = _POST.match(text, m.end())
+    return base if post is None else (*base, int(post.group(1)))
+
+
+def release_suffix(text: str) -> str:
+    """What follows the release numbers (and ``.postN``) in ``text``, without a local
+    part (``+cu128``, a build of the same release): ``""`` for a release itself,
+    ``"rc1"`` or ``.dev3`` for a pre-release, whose code is not the release's."""
+    text = text.strip().removeprefix("v").split("+", 1)[0]
+    m = _NUMBERS.match(text)
+    if m is None:
+        return text
+    post = _POST.match(text, m.end())
+    return text[(post or m).end() :]
 
 
 def version_text(version: Version) -> str:
     post = f".post{version[3]}" if len(version) > 3 else ""
     return ".".join(str(p) for p in version[:3]) + post
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    """How one release range is told a value: a command-line option, an environment
+    variable, or both. Data per range, since a release may rename either; the choice
+    an answer carries (``engine_args``, ``engine_env``) is built from it.
+
+    ``joined``: the option and its value are one word (``--opt=VALUE``), as vLLM's
+    dotted config options are written; else two (``--opt VALUE``).
+    """
+
+    option: str | None = None
+    joined: bool = False
+    env: str | None = None
+
+    def args(self, value: str) -> tuple[str, ...]:
+        if self.option is None:
+            return ()
+        return (f"{self.option}={value}",) if self.joined else (self.option, value)
+
+    def environ(self, value: str) -> dict[str, str]:
+        return {} if self.env is None else {self.env: value}
+
+    @property
+    def spelling(self) -> str:
+        """The flag as docs and tables write it, e.g. ``--opt=NAME`` or ``ENV=NAME``."""
+        words = [*self.args("NAME"), *(f"{k}={v}" for k, v in self.environ("NAME").items())]
+        return " ".join(words)
+
+
+@dataclass(frozen=True)
+class DeliberateRefusal:
+    """Where the core refuses a backend that an engine release would take, on purpose.
+
+    The release accepts the choice (its flag parses, its checks pass) but the kernel it
+    then runs fails at run time, or nothing has shown that it runs: the pod would not
+    come up, so refusing is the right answer even though the release's table says
+    "accepted". The tests that compare the core, end to end, with every committed
+    release table excuse exactly the refusals one of these covers, and fail on an
+    entry that excuses none (a stale exception is a rule that no longer holds).
+
+    It covers ``backend`` for releases in ``[since, until)`` (None: open), on the
+    capability ``majors`` listed (None: every one), and, when ``qk_head_dim_over`` is
+    set, only for MLA dims whose qk head dim (nope + rope) is larger than it.
+    """
+
+    backend: Backend
+    since: Version | None
+    until: Version | None
+    reason: str
+    majors: frozenset[int] | None = None
+    qk_head_dim_over: int | None = None
+
+    def covers(self, backend: Backend, version: Version, ctx: SelectionContext) -> bool:
+        if backend is not self.backend:
+            return False
+        if (self.since is not None and version < self.since) or (
+            self.until is not None and version >= self.until
+        ):
+            return False
+        cap = ctx.capability
+        if self.majors is not None and (cap is None or cap.major not in self.majors):
+            return False
+        over = self.qk_head_dim_over
+        return over is None or ctx.dims.qk_head_dim > over
 
 
 @dataclass(frozen=True)
@@ -87,6 +181,10 @@ class EngineProfile:
     """Import names of the packages the engine itself depends on, so a pod running it
     always has them (SGLang installs flashinfer): a pod that did not report one must
     not be refused a backend for lacking it."""
+    releases: tuple[str, ...] = ()
+    """The releases whose own tables these rules were read from (empty: rules not read
+    per release, such as our own kernels' or those of releases without the flag). A
+    version inside the range but not among them gets the range's rules, and is told."""
 
     def covers(self, version: Version | None) -> bool:
         if version is None:
@@ -107,23 +205,34 @@ class EngineProfile:
         return self.rule(backend, ctx, label)
 
     def notes(self, version: str | None) -> list[str]:
-        """What an answer must add about the rules themselves: a release newer than the
+        """What an answer must add about the rules themselves. A release newer than the
         newest whose rules were read (``verified`` of the open-ended profile), or one
-        whose version cannot be read, gets those newest rules, and is told so."""
-        if self.until is not None or not version:
+        whose version cannot be read, gets those newest rules; a release inside a range
+        that was not read itself (a patch or post release published since, a
+        pre-release) gets the range's. Both are told so."""
+        if not version:
             return []
-        newest = parse_version(self.verified)
         parsed = parse_version(version)
-        if newest is None:
+        newest = parse_version(self.verified)
+        if self.until is None and newest is not None:
+            if parsed is None:
+                return [
+                    f"{self.display} version {version!r} cannot be read: the rules of "
+                    f"{self.display} {self.verified}, the newest release read, are assumed"
+                ]
+            if parsed > newest:
+                return [
+                    f"{self.display} {version} is newer than the newest release whose rules "
+                    f"were read ({self.verified}): its rules are assumed"
+                ]
+        if not self.releases or parsed is None or not self.covers(parsed):
             return []
-        if parsed is None:
-            return [
-                f"{self.display} version {version!r} cannot be read: the rules of "
-                f"{self.display} {self.verified}, the newest release read, are assumed"
-            ]
-        if parsed > newest:
-            return [
-                f"{self.display} {version} is newer than the newest release whose rules "
-                f"were read ({self.verified}): its rules are assumed"
-            ]
-        return []
+        if release_suffix(version) == "" and parsed in {parse_version(r) for r in self.releases}:
+            return []
+        span = self.releases[0]
+        if len(self.releases) > 1:
+            span = f"{self.releases[0]} to {self.releases[-1]}"
+        return [
+            f"{self.display} {version} was not read itself: the rules read from its release "
+            f"range ({span}) are assumed"
+        ]

@@ -5,11 +5,12 @@ written by ``tools/engine_profiles/sglang.py`` from each release's own code (its
 parser and the DeepSeek model's attention dispatch run under stubs; the rest read with
 file:line). ``tests/core/test_engine_profiles_sglang.py`` checks every range against
 every table: no answer a release rejects, no refusal where it runs the backend, except
-the documented exceptions there (FlashAttention 4 off 10.x).
+the deliberate ``SGLANG_EXCEPTIONS`` below.
 
 What holds in every range (python/sglang/srt/ in each release):
 - the prefill backend is ``--prefill-attention-backend``, else ``--attention-backend``;
-  decode likewise with ``--decode-attention-backend``, so our flags pin the decode
+  decode likewise with ``--decode-attention-backend`` (each range's ``prefill_flag`` and
+  ``decode_flag``, as its releases' parsers have them), so our flags pin the decode
   backend to SGLang's own automatic choice and setting prefill alone moves nothing;
 - SGLang's automatic MLA backend: fa3 on 9.x, flashinfer on 10.x, otherwise triton
   (which Switchboard does not offer);
@@ -29,7 +30,9 @@ from dataclasses import dataclass
 
 from mla_switchboard.core.engine_rules.base import (
     ChoiceFn,
+    DeliberateRefusal,
     EngineChoice,
+    EngineFlag,
     EngineProfile,
     OrderFn,
     RuleFn,
@@ -37,6 +40,8 @@ from mla_switchboard.core.engine_rules.base import (
     version_text,
 )
 from mla_switchboard.core.specs import (
+    FLASHINFER_CUTLASS_HEAD_DIMS,
+    FLASHINFER_PACKAGE,
     KIMI_LINEAR_DIMS,
     R1_DIMS,
     Backend,
@@ -44,12 +49,31 @@ from mla_switchboard.core.specs import (
     SelectionContext,
 )
 
-__all__ = ["SGLANG_PROFILES", "SGLANG_RANGES", "SglangRange"]
+__all__ = [
+    "SGLANG_EXCEPTIONS",
+    "SGLANG_NAMES",
+    "SGLANG_PROFILES",
+    "SGLANG_RANGES",
+    "SGLANG_UNVERIFIED",
+    "SglangRange",
+]
+
+SGLANG_NAMES: dict[str, Backend] = {
+    "fa3": Backend.FLASH_ATTN,
+    "fa4": Backend.FLASH_ATTN,
+    "flashinfer": Backend.FLASHINFER,
+    "trtllm_mla": Backend.TRTLLM_RAGGED,
+    "tokenspeed_mla": Backend.TOKENSPEED_MLA,
+}
+"""SGLang's attention backend names that run one of ours, the one map between them: the
+profile passes these names, and ``tools/engine_profiles/sglang.py`` asks each release
+about exactly these. FLASH_ATTN is fa3 on 9.x and fa4 (FlashAttention 4) on 10.x."""
 
 _HALF = (Dtype.BFLOAT16, Dtype.FLOAT16)
-_CUTLASS_QK_V = ((192, 128), (128, 128), (64, 64))
 _TRTLLM_DIMS = (R1_DIMS, KIMI_LINEAR_DIMS)
 _FIRST = (0, 4, 9, 5)  # the first release with --prefill-attention-backend
+_PREFILL_FLAG = EngineFlag(option="--prefill-attention-backend")
+_DECODE_FLAG = EngineFlag(option="--decode-attention-backend")
 _SOURCES = (
     "python/sglang/srt/server_args.py (and arg_groups/ from 0.5.19)",
     "python/sglang/srt/models/deepseek_v2.py (models/deepseek_common/ from 0.5.8)",
@@ -70,6 +94,8 @@ class SglangRange:
     ragged_needs_rope: bool  # FlashInfer's ragged prefill is off when qk_rope_head_dim is 0
     deepseek_trtllm_default: bool  # DeepSeek-V3 family on 10.x defaults to trtllm_mla
     tokenspeed_refusal: str | None  # why its tokenspeed_mla name cannot be a prefill choice
+    prefill_flag: EngineFlag = _PREFILL_FLAG  # how these releases are told the prefill
+    decode_flag: EngineFlag = _DECODE_FLAG  # ... and the decode backend (pinned)
 
     @property
     def verified(self) -> str:
@@ -198,11 +224,11 @@ def _rule(r: SglangRange) -> RuleFn:
                     f"{label} runs FlashInfer's MLA prefill only from compute capability 8.0 "
                     f"(this pod: {cap})"
                 )
-            elif cap.major == 10 and qk_v not in _CUTLASS_QK_V:
+            elif cap.major == 10 and qk_v not in FLASHINFER_CUTLASS_HEAD_DIMS:
+                pairs = ", ".join(str(p) for p in sorted(FLASHINFER_CUTLASS_HEAD_DIMS))
                 reasons.append(
                     f"{label} runs FLASHINFER prefill on 10.x as FlashInfer's CUTLASS kernel, "
-                    "which takes head dims (qk, v) = (192, 128), (128, 128) or (64, 64) only "
-                    f"(model: {qk_v})"
+                    f"which takes head dims (qk, v) = {pairs} only (model: {qk_v})"
                 )
             if r.ragged_needs_rope and dims.qk_rope_head_dim == 0:
                 reasons.append(
@@ -239,13 +265,13 @@ def _decode(r: SglangRange, ctx: SelectionContext) -> str:
 
 
 def _prefill_name(backend: Backend, ctx: SelectionContext) -> str:
+    """SGLang's name for ``backend`` on this pod (FLASH_ATTN: fa4 on 10.x, else fa3)."""
+    names = [name for name, ours in SGLANG_NAMES.items() if ours is backend]
     if backend is Backend.FLASH_ATTN:
-        return "fa4" if ctx.capability is not None and ctx.capability.major == 10 else "fa3"
-    return {
-        Backend.TRTLLM_RAGGED: "trtllm_mla",
-        Backend.FLASHINFER: "flashinfer",
-        Backend.TOKENSPEED_MLA: "tokenspeed_mla",
-    }[backend]
+        fa3, fa4 = names
+        return fa4 if ctx.capability is not None and ctx.capability.major == 10 else fa3
+    (name,) = names
+    return name
 
 
 def _order(r: SglangRange) -> OrderFn:
@@ -265,27 +291,24 @@ def _order(r: SglangRange) -> OrderFn:
 
 def _choice(r: SglangRange) -> ChoiceFn:
     def choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
+        prefill, decode = _prefill_name(backend, ctx), _decode(r, ctx)
         return EngineChoice(
-            args=(
-                "--prefill-attention-backend",
-                _prefill_name(backend, ctx),
-                "--decode-attention-backend",
-                _decode(r, ctx),
-            )
+            args=(*r.prefill_flag.args(prefill), *r.decode_flag.args(decode)),
+            env={**r.prefill_flag.environ(prefill), **r.decode_flag.environ(decode)},
         )
 
     return choice
 
 
 def _unverified_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
+    flag = SGLANG_RANGES[-1].prefill_flag.option
     return EngineChoice(
-        note=f"{label} has no --prefill-attention-backend (SGLang's first release with it "
-        f"is {version_text(_FIRST)}): no engine flags are given, so SGLang keeps its own "
-        "choice."
+        note=f"{label} has no {flag} (SGLang's first release with it is "
+        f"{version_text(_FIRST)}): no engine flags are given, so SGLang keeps its own choice."
     )
 
 
-_BUNDLED = frozenset({"flashinfer"})
+_BUNDLED = frozenset({FLASHINFER_PACKAGE.import_name})
 
 
 def _profile(r: SglangRange) -> EngineProfile:
@@ -301,6 +324,7 @@ def _profile(r: SglangRange) -> EngineProfile:
         default_order=_order(r),
         choice=_choice(r),
         bundled_packages=_BUNDLED,
+        releases=r.releases,
     )
 
 
@@ -325,3 +349,30 @@ SGLANG_PROFILES: tuple[EngineProfile, ...] = (
     SGLANG_UNVERIFIED,
 )
 """Newest first."""
+
+SGLANG_EXCEPTIONS: tuple[DeliberateRefusal, ...] = (
+    DeliberateRefusal(
+        Backend.FLASH_ATTN,
+        since=(0, 5, 3),
+        until=None,
+        majors=frozenset({7, 8, 11, 12}),
+        reason="fa4 off 9.x and 10.x: SGLang's code refuses nothing when fa4 is the "
+        "prefill backend on 7.5, 8.x, 11.x or 12.x (its dispatch sends prefill to "
+        "FlashAttention 4's MHA path), but FlashAttention 4 (flash_attn.cute) is built for "
+        "Hopper and datacenter Blackwell and nothing here verifies it on those devices, so "
+        "the profile passes fa3 on 9.x and fa4 on 10.x only.",
+    ),
+    DeliberateRefusal(
+        Backend.FLASH_ATTN,
+        since=_FIRST,
+        until=None,
+        qk_head_dim_over=256,
+        reason="SGLang checks no head dims for fa3 or fa4 prefill, so it takes them for a qk "
+        "head dim over 256, which FlashAttention 3 is not built for (at most 256) nor "
+        "FlashAttention 4 on 10.x (at most 128, or (192, 128), or (256, 256) in newer "
+        "builds): the kernel fails at the first prefill. Our spec's limit of 256 stands.",
+    ),
+)
+"""Where the core refuses, end to end (our spec with the release's rules), a backend
+the release's own code would run, on purpose; checked against every table by
+``tests/core/test_engine_profiles_sglang.py``, where each must excuse a refusal."""

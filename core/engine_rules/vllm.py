@@ -28,15 +28,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mla_switchboard.core.engine_rules.base import (
+    ChoiceFn,
+    DeliberateRefusal,
     EngineChoice,
+    EngineFlag,
     EngineProfile,
     OrderFn,
     RuleFn,
     Version,
 )
 from mla_switchboard.core.specs import (
+    FLASHINFER_PACKAGE,
     KIMI_LINEAR_DIMS,
     R1_DIMS,
+    TOKENSPEED_MLA_PACKAGE,
     Backend,
     Dtype,
     MLADims,
@@ -45,7 +50,6 @@ from mla_switchboard.core.specs import (
 
 __all__ = [
     "VLLM_EXCEPTIONS",
-    "VLLM_FLAG",
     "VLLM_LEGACY",
     "VLLM_PROFILES",
     "VLLM_RANGES",
@@ -53,9 +57,10 @@ __all__ = [
     "VllmRange",
 ]
 
-VLLM_FLAG = "--attention-config.mla_prefill_backend"
-"""The flag every release from 0.21.0 on parses into ``AttentionConfig.mla_prefill_backend``
-(``vllm/engine/arg_utils.py`` registers ``--attention-config``); no environment is needed."""
+_ATTENTION_CONFIG_FLAG = EngineFlag(option="--attention-config.mla_prefill_backend", joined=True)
+"""What releases 0.21.0 to 0.33.0 parse into ``AttentionConfig.mla_prefill_backend``: each
+table records its own release's ``EngineArgs`` parser taking it (and 0.20.2's refusing
+it); no environment variable is read."""
 
 _HALF = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})
 SMALL_DIMS = MLADims(64, 64, 128)
@@ -86,6 +91,7 @@ class VllmRange:
     ``order`` is the release's own automatic priority list: the first entry whose
     capability major and dims match the pod (None matches anything) gives the list.
     ``changes`` says, for the docs and the reader, what differs from the range before.
+    ``flag`` is how these releases are told a backend, as their tables record it.
     """
 
     since: Version
@@ -94,9 +100,11 @@ class VllmRange:
     backends: Mapping[Backend, VllmBackendRule]
     order: tuple[tuple[int | None, MLADims | None, tuple[Backend, ...]], ...]
     changes: str = ""
+    flag: EngineFlag = _ATTENTION_CONFIG_FLAG
+    """How the range's releases are told the prefill backend (its parser's spelling)."""
 
 
-_FLASHINFER = ("flashinfer",)
+_FLASHINFER = (FLASHINFER_PACKAGE.import_name,)
 _BLACKWELL = frozenset({10})
 
 # The release's automatic order (selector.py's _get_mla_prefill_backend_priorities in
@@ -132,7 +140,7 @@ _FA_DIMS_0_30 = _FA_DIMS_0_26 | {GLM5_NOPE_DIMS}
 _R1_ONLY_BACKENDS: dict[Backend, VllmBackendRule] = {
     Backend.FLASHINFER: _r1_only_blackwell(_FLASHINFER),
     Backend.TRTLLM_RAGGED: _r1_only_blackwell(_FLASHINFER),
-    Backend.TOKENSPEED_MLA: _r1_only_blackwell(("tokenspeed_mla",)),
+    Backend.TOKENSPEED_MLA: _r1_only_blackwell((TOKENSPEED_MLA_PACKAGE.import_name,)),
 }
 _TRTLLM_KIMI = VllmBackendRule(
     majors=_BLACKWELL, dims=frozenset({R1_DIMS, KIMI_LINEAR_DIMS}), packages=_FLASHINFER
@@ -268,15 +276,25 @@ def _order_for(vrange: VllmRange) -> OrderFn:
     return order
 
 
-def _vllm_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
-    return EngineChoice(args=(f"{VLLM_FLAG}={backend.value}",))
+def _choice_for(vrange: VllmRange) -> ChoiceFn:
+    def choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
+        flag = vrange.flag
+        return EngineChoice(args=flag.args(backend.value), env=flag.environ(backend.value))
+
+    return choice
 
 
-def _vllm_legacy_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
-    return EngineChoice(
-        note=f"{label} has no {VLLM_FLAG} (added in vLLM 0.21): no engine flags are given, "
-        "so vLLM keeps its own choice. Upgrade vLLM to direct its MLA prefill backend."
-    )
+def _legacy_choice_for(oldest: VllmRange) -> ChoiceFn:
+    flag = oldest.flag.option or oldest.flag.env
+    first = oldest.releases[0]
+
+    def choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
+        return EngineChoice(
+            note=f"{label} has no {flag} (added in vLLM {first}): no engine flags are given, "
+            "so vLLM keeps its own choice. Upgrade vLLM to direct its MLA prefill backend."
+        )
+
+    return choice
 
 
 def _profile(vrange: VllmRange) -> EngineProfile:
@@ -290,13 +308,40 @@ def _profile(vrange: VllmRange) -> EngineProfile:
         accepts=frozenset(vrange.backends),
         rule=_rule_for(vrange),
         default_order=_order_for(vrange),
-        choice=_vllm_choice,
+        choice=_choice_for(vrange),
+        releases=vrange.releases,
     )
 
 
-VLLM_EXCEPTIONS: dict[tuple[str, str], str] = {}
-"""Deliberate disagreements with a release's table, (release, backend) -> why. Empty:
-every range gives exactly the release's own answers over the whole grid."""
+VLLM_EXCEPTIONS: tuple[DeliberateRefusal, ...] = (
+    DeliberateRefusal(
+        Backend.FLASH_ATTN,
+        since=(0, 21, 0),
+        until=None,
+        majors=frozenset({7}),
+        reason="vLLM checks no compute capability for FLASH_ATTN prefill, so it takes the "
+        "flag on 7.5, but the FlashAttention it bundles needs 8.0: get_flash_attn_version "
+        "finds no FA version supported there (vllm_flash_attn's _is_fa2_supported: "
+        "'FA2 is only supported on devices with compute capability >= 8'), and the FA2 "
+        "kernel it calls anyway is built for 8.0 and newer. Our spec's 8.0 stands.",
+    ),
+    DeliberateRefusal(
+        Backend.FLASH_ATTN,
+        since=(0, 21, 0),
+        until=(0, 26, 0),
+        qk_head_dim_over=256,
+        reason="vLLM 0.21 to 0.25 check no MLA dims for FLASH_ATTN, so they take it for a "
+        "qk head dim over 256, which FlashAttention 2 and 3 are not built for (head dims "
+        "at most 256): FA2, what vLLM runs off 9.x (and on 10.x for heads over 128), fails "
+        "at the first prefill. On 9.x vLLM moves such heads to FlashAttention 4, whose "
+        "SM90 path for them nothing here has run; vLLM itself refuses these dims from "
+        "0.26.0 on. Our spec's limit of 256 stands.",
+    ),
+)
+"""Where the core refuses, end to end (our spec with the release's rules), a backend
+the release would take: the release accepts the flag but the kernel then fails. The
+engine profiles themselves agree with every table exactly; these are the spec's
+refusals, checked against every table by ``tests/core/test_engine_profiles_vllm.py``."""
 
 
 def _legacy(oldest: VllmRange) -> EngineProfile:
@@ -308,14 +353,14 @@ def _legacy(oldest: VllmRange) -> EngineProfile:
         display="vLLM",
         since=None,
         until=oldest.since,
-        verified="0.20.0",
+        verified="0.20.2",
         sources=(
             "vllm/config/attention.py (use_cudnn_prefill, use_trtllm_ragged_deepseek_prefill)",
         ),
         accepts=frozenset(oldest.backends),
         rule=_rule_for(oldest),
         default_order=_order_for(oldest),
-        choice=_vllm_legacy_choice,
+        choice=_legacy_choice_for(oldest),
     )
 
 

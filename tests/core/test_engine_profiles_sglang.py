@@ -4,9 +4,11 @@
 found by running that release's own parser and attention dispatch (and reading the
 rest, each fact marked "run" or "read"). Per release and situation, the profile's
 reasons for a backend are empty exactly when the release runs it (no answer it rejects,
-no refusal where it runs one), except the deliberate ``EXCEPTIONS`` below; the
-evaluator end to end never answers a backend the table rejects, and every flag it gives
-is one the release's parser accepts.
+no refusal where it runs one), except the deliberate refusals in ``SGLANG_EXCEPTIONS``
+(``core/engine_rules/sglang.py``); the evaluator end to end (our spec with the rules)
+never answers a backend the table rejects and never refuses one it runs, those
+exceptions aside (each must excuse a refusal in every release it names), and every
+flag it gives is one the release's parser accepts, spelt as its range holds it.
 
 Releases whose tables agree give the same answers under the same profile, so the end
 to end walk runs once per distinct table (the test asserts they share the profile).
@@ -14,27 +16,41 @@ to end walk runs once per distinct table (the test asserts they share the profil
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mla_switchboard.core.engine_rules.base import parse_version
-from mla_switchboard.core.engine_rules.sglang import SGLANG_RANGES, SGLANG_UNVERIFIED
+from mla_switchboard.core.engine_rules.base import DeliberateRefusal, parse_version
+from mla_switchboard.core.engine_rules.sglang import (
+    SGLANG_EXCEPTIONS,
+    SGLANG_NAMES,
+    SGLANG_RANGES,
+    SGLANG_UNVERIFIED,
+    SglangRange,
+)
 from mla_switchboard.core.engines import resolve
-from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, assess, decide
 from mla_switchboard.core.schemas import SEED_RULES
-from mla_switchboard.core.specs import Backend, Capability, Dtype, MLADims, SelectionContext
+from mla_switchboard.core.specs import (
+    KERNEL_PACKAGES,
+    Backend,
+    Capability,
+    Dtype,
+    MLADims,
+    SelectionContext,
+)
 
 from tests.core.conftest import ALL, KIMI, NOW, R1, override, request
 
 DATA = Path(__file__).resolve().parents[2] / "core" / "data" / "engines" / "sglang"
-PREFILL = "--prefill-attention-backend"
-DECODE = "--decode-attention-backend"
+PREFILL = SGLANG_RANGES[0].prefill_flag.option
+DECODE = SGLANG_RANGES[0].decode_flag.option
+EVERY_PACKAGE = dict.fromkeys(KERNEL_PACKAGES, "1")
 
 
 @dataclass(frozen=True)
@@ -44,32 +60,6 @@ class Situation:
     dims: MLADims
     dtype: Dtype
     names: dict[str, dict[str, Any]]  # SGLang name -> {"runs", "reason", "kernel", ...}
-
-
-@dataclass(frozen=True)
-class Deliberate:
-    """A deliberate difference: the profile refuses ``backend`` although the table says
-    the release runs it, where ``applies`` holds."""
-
-    backend: Backend
-    applies: Callable[[Situation], bool]
-    reason: str
-
-
-EXCEPTIONS = (
-    Deliberate(
-        Backend.FLASH_ATTN,
-        lambda s: (
-            s.capability.major not in (9, 10)
-            and s.names["fa4"]["runs"]
-            and not s.names["fa3"]["runs"]
-        ),
-        "fa4 off 10.x: SGLang's code refuses nothing there (its dispatch sends prefill to "
-        "FlashAttention 4's MHA path), but FlashAttention 4 (flash_attn.cute) is built "
-        "for Hopper and datacenter Blackwell and nothing here verifies it on 7.5, 8.x, "
-        "11.x or 12.x, so the profile passes fa3 on 9.x and fa4 on 10.x only",
-    ),
-)
 
 
 @cache
@@ -100,8 +90,15 @@ def ctx_of(s: Situation) -> SelectionContext:
     return SelectionContext(s.capability, s.dims, s.dtype, None)
 
 
-def excepted(backend: Backend, s: Situation) -> bool:
-    return any(e.backend is backend and e.applies(s) for e in EXCEPTIONS)
+def excuse(backend: Backend, s: Situation) -> DeliberateRefusal | None:
+    version = parse_version(s.release)
+    assert version is not None
+    return next((e for e in SGLANG_EXCEPTIONS if e.covers(backend, version, ctx_of(s))), None)
+
+
+def range_of(release: str) -> SglangRange:
+    (found,) = [r for r in SGLANG_RANGES if release in r.releases]
+    return found
 
 
 @pytest.mark.parametrize("release", sorted(tables()))
@@ -123,7 +120,7 @@ def test_profile_agrees_with_the_release_table(release: str) -> None:
                 assert args[1] in prefill and args[3] in decode, (s, args)
                 if args[1] not in runs:
                     wrong.append((s.capability, s.dims, s.dtype, backend, args[1]))
-            elif runs and not excepted(backend, s):
+            elif runs and excuse(backend, s) is None:
                 needless.append((s.capability, s.dims, s.dtype, backend, runs))
     assert wrong == [], f"{release}: answers the release rejects: {wrong[:5]}"
     assert needless == [], f"{release}: refusals where the release runs it: {needless[:5]}"
@@ -294,11 +291,128 @@ def test_every_reason_names_the_engine_and_release() -> None:
                             assert f"SGLang {release}" in why, why
 
 
-def test_exceptions_are_documented_and_used() -> None:
-    used = {id(e): 0 for e in EXCEPTIONS}
+# ------------------------------------------------------------------ end to end
+
+
+def _distinct_releases() -> list[str]:
+    """One release per distinct table (releases whose tables agree share a profile and
+    get the same answers; test_every_table_is_covered... checks they share a range)."""
+    seen: dict[str, str] = {}
+    for release, table in tables().items():
+        seen.setdefault(_digest(table), release)
+    return list(seen.values())
+
+
+@cache
+def _end_to_end(release: str) -> tuple[list[Any], list[Any], dict[int, int]]:
+    """Through the evaluator, per situation: answers naming a backend the release does
+    not run, refusals of one it runs that no deliberate refusal excuses, and how many
+    refusals each exception (by index) excused."""
+    table = tables()[release]
+    wrong: list[Any] = []
+    needless: list[Any] = []
+    used = dict.fromkeys(range(len(SGLANG_EXCEPTIONS)), 0)
+    for s in situations(table):
+        cap = (s.capability.major, s.capability.minor)
+        dims = (s.dims.qk_nope_head_dim, s.dims.qk_rope_head_dim, s.dims.v_head_dim)
+        pod = functools.partial(
+            request, cap, dims, s.dtype.value, EVERY_PACKAGE, engine=("sglang", release)
+        )
+        reasons = assess(pod(), DecisionInputs(rules=SEED_RULES), NOW).reasons
+        for backend in Backend:
+            runs = [n for n in names_of(table, backend) if s.names[n]["runs"]]
+            if not reasons[backend] and not runs:
+                wrong.append((s.capability, s.dims, s.dtype, backend))
+            if not runs:
+                continue
+            result = decide(
+                pod(requested_backend=backend.value, strict=True),
+                DecisionInputs(rules=SEED_RULES),
+                now=NOW,
+            )
+            if isinstance(result, Decision) and result.backend is backend:
+                assert result.engine_args[1] in runs, (release, s, result.engine_args)
+                continue
+            found = excuse(backend, s)
+            if found is None:
+                needless.append((s.capability, s.dims, s.dtype, backend, reasons[backend]))
+            else:
+                used[SGLANG_EXCEPTIONS.index(found)] += 1
+    return wrong, needless, used
+
+
+@pytest.mark.parametrize("release", _distinct_releases())
+def test_end_to_end_no_answer_it_rejects_and_no_refusal_where_it_runs(release: str) -> None:
+    """Our spec and the release's rules together: 0 answers the release does not run,
+    0 refusals of a backend it runs (a strict request for it is honoured, with the name
+    it runs), except the deliberate refusals in SGLANG_EXCEPTIONS."""
+    wrong, needless, _ = _end_to_end(release)
+    assert wrong == [], f"{release}: {len(wrong)} answers the release rejects: {wrong[:5]}"
+    assert needless == [], (
+        f"{release}: {len(needless)} refusals where the release runs it: {needless[:5]}"
+    )
+
+
+def test_each_deliberate_refusal_is_used_in_every_release_it_names() -> None:
+    """No stale exception: each excuses at least one refusal in every distinct table
+    inside its range, and says why at length."""
+    for i, exception in enumerate(SGLANG_EXCEPTIONS):
+        assert len(exception.reason) > 80 and exception.reason.rstrip().endswith(".")
+        named = [
+            r
+            for r in _distinct_releases()
+            if (exception.since is None or parse_version(r) >= exception.since)  # type: ignore[operator]
+            and (exception.until is None or parse_version(r) < exception.until)  # type: ignore[operator]
+        ]
+        assert named, exception
+        unused = [r for r in named if _end_to_end(r)[2][i] == 0]
+        assert unused == [], f"{exception.backend} exception excuses nothing in {unused}"
+
+
+def test_each_range_spells_the_flags_its_releases_parse() -> None:
+    """The flags an answer carries are the range's data, and each release's own parser
+    (run) has them; the table records the same spelling."""
+    for rng in SGLANG_RANGES:
+        for release in rng.releases:
+            table = tables()[release]
+            parsed = table["facts"]["choices"]
+            assert parsed["method"] == "run"
+            for flag in (rng.prefill_flag, rng.decode_flag):
+                assert flag.option in parsed["value"] and flag.env is None, (release, flag)
+            assert table["flags"]["prefill"] == rng.prefill_flag.option
+            assert table["flags"]["decode"] == rng.decode_flag.option
+            profile = resolve("sglang", release)
+            ctx = SelectionContext(Capability(9, 0), MLADims(*R1), Dtype.BFLOAT16, None)
+            choice = profile.choice(Backend.FLASH_ATTN, ctx, profile.label(release))
+            assert choice.args == (*rng.prefill_flag.args("fa3"), *rng.decode_flag.args("fa3"))
+
+
+def test_the_name_map_is_the_tables() -> None:
+    """The tool asks each release about the core's SGLang names, no other copy."""
     for table in tables().values():
-        for s in situations(table):
-            for e in EXCEPTIONS:
-                if e.applies(s):
-                    used[id(e)] += 1
-    assert all(used.values()) and all(len(e.reason) > 40 for e in EXCEPTIONS)
+        assert table["grid"]["names"] == {n: b.value for n, b in SGLANG_NAMES.items()}
+
+
+@pytest.mark.parametrize("version", ["0.5.0rc2", "0.5.4.post4", "0.5.16.post1", "0.5.12rc1"])
+def test_an_unread_release_inside_a_range_gets_its_rules_and_is_told(version: str) -> None:
+    profile = resolve("sglang", version)
+    rng = next(r for r in SGLANG_RANGES if r.verified == profile.verified)
+    assert version not in rng.releases
+    (note,) = profile.notes(version)
+    span = rng.releases[0] if len(rng.releases) == 1 else f"{rng.releases[0]} to {rng.releases[-1]}"
+    assert note == (
+        f"SGLang {version} was not read itself: the rules read from its release range "
+        f"({span}) are assumed"
+    )
+    result = decide(
+        request((9, 0), engine=("sglang", version)), DecisionInputs(rules=SEED_RULES), now=NOW
+    )
+    assert isinstance(result, Decision) and note in result.messages
+
+
+def test_releases_before_the_flag_get_no_flags_and_no_unread_note() -> None:
+    """Older than the first release with the flag: no flags and why, not a claim that
+    some range's rules were read for it."""
+    for version in ("0.4.9.post4", "0.4.8"):
+        assert resolve("sglang", version) is SGLANG_UNVERIFIED
+        assert SGLANG_UNVERIFIED.notes(version) == []

@@ -5,12 +5,15 @@ own selection code (``python -m tools.engine_profiles.vllm``). For every release
 every situation of its grid this checks that the core's profile for that release:
 
 - gives no reason against a backend exactly when the release accepts it (no answer the
-  release rejects, no refusal where it accepts), except the deliberate exceptions in
-  ``VLLM_EXCEPTIONS``;
-- end to end through the evaluator, never answers a backend the release rejects, honours
-  a request the release and our own spec both accept, and under policy
-  ``engine-default`` picks what the release itself would (where our spec allows it);
-- passes the flag spelling the release parses.
+  release rejects, no refusal where it accepts);
+- end to end through the evaluator (our own spec with the release's rules), never
+  answers a backend the release rejects and never refuses one it accepts, except the
+  deliberate refusals in ``VLLM_EXCEPTIONS``, each of which must excuse at least one
+  refusal in every release it names; honours a request the release and our own spec
+  both accept, and under policy ``engine-default`` picks what the release itself would
+  (where our spec allows it);
+- passes the flag its range holds, which is the spelling the release's own argument
+  parser took (and 0.20.2's refused).
 
 The tables are read once per module and the decisions are pure function calls, so the
 whole file runs in seconds.
@@ -26,40 +29,30 @@ from typing import Any
 
 import pytest
 from mla_switchboard.core import engine_rules
-from mla_switchboard.core.engine_rules.base import parse_version
+from mla_switchboard.core.engine_rules.base import DeliberateRefusal, parse_version
 from mla_switchboard.core.engine_rules.vllm import (
     VLLM_EXCEPTIONS,
-    VLLM_FLAG,
+    VLLM_LEGACY,
     VLLM_PROFILES,
     VLLM_RANGES,
+    VllmRange,
 )
 from mla_switchboard.core.engines import ENGINES, resolve
-from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, assess, decide
 from mla_switchboard.core.schemas import SEED_RULES
-from mla_switchboard.core.specs import SPECS, Backend, Capability, Dtype, MLADims, SelectionContext
+from mla_switchboard.core.specs import (
+    SPECS,
+    Backend,
+    Capability,
+    Dtype,
+    MLADims,
+    SelectionContext,
+)
 
 from tests.core.conftest import NOW, override, request
 
 TABLES_DIR = Path(engine_rules.__file__).resolve().parent.parent / "data" / "engines" / "vllm"
 
-# The tables' package sets as a request's ``packages`` (import names present).
-PACKAGES: dict[str, dict[str, str]] = {
-    "all": {
-        "torch": "2.11.0",
-        "flashinfer": "0.7.2",
-        "tokenspeed_mla": "0.1.8",
-        "flash_attn": "2.8.3",
-        "cudnn": "1.32.0",
-    },
-    "no-tokenspeed": {
-        "torch": "2.11.0",
-        "flashinfer": "0.7.2",
-        "flash_attn": "2.8.3",
-        "cudnn": "1.32.0",
-    },
-    "tokenspeed-only": {"torch": "2.11.0", "tokenspeed_mla": "0.1.8"},
-    "none": {"torch": "2.11.0"},
-}
 PRIORITY = DecisionInputs(rules=SEED_RULES)
 ENGINE_DEFAULT = DecisionInputs(
     rules=SEED_RULES, overrides=(override("*", policy="engine-default"),)
@@ -68,6 +61,11 @@ ENGINE_DEFAULT = DecisionInputs(
 
 def _key(release: str) -> tuple[int, ...]:
     return tuple(int(p) for p in release.split("."))
+
+
+def _range(release: str) -> VllmRange:
+    (found,) = [r for r in VLLM_RANGES if release in r.releases]
+    return found
 
 
 @cache
@@ -80,6 +78,18 @@ def tables() -> dict[str, dict[str, Any]]:
 
 
 RELEASES = list(tables())
+
+
+def _package_sets() -> dict[str, dict[str, str]]:
+    """The tables' package sets as a request's ``packages``: torch (every spec needs it)
+    and the kernel packages the set says are present."""
+    (grid,) = {json.dumps(t["grid"]["packages"], sort_keys=True) for t in tables().values()}
+    return {
+        name: dict.fromkeys(("torch", *present), "1") for name, present in json.loads(grid).items()
+    }
+
+
+PACKAGES = _package_sets()
 
 
 def _ctx(situation: dict[str, Any]) -> SelectionContext:
@@ -144,8 +154,6 @@ def test_profile_reasons_are_empty_exactly_when_the_release_accepts(release: str
     for s in table["situations"]:
         ctx = _ctx(s)
         for backend in Backend:
-            if (release, backend.value) in VLLM_EXCEPTIONS:
-                continue
             ours = not profile.reasons(backend, ctx, release)
             theirs = _accepts(s, backend)
             where = (s["capability"], tuple(s["dims"]), s["dtype"], s["packages"], backend.value)
@@ -193,9 +201,7 @@ def test_the_evaluator_answers_only_what_the_release_runs(release: str) -> None:
     and a request for each backend the evaluator finds valid (a request it finds
     invalid falls back to the priority answer, which is already checked)."""
     table = tables()[release]
-    flag = table["flag"]["spelling"]
-    assert flag == f"{VLLM_FLAG}=NAME"
-    assert table["flag"]["arg_utils_registers_attention_config"]
+    flag = _range(release).flag
     profile = resolve("vllm", release)
     twin = _checked_twin(release)
     if twin is not None:
@@ -221,7 +227,8 @@ def test_the_evaluator_answers_only_what_the_release_runs(release: str) -> None:
                 continue
             name = result.backend.value
             assert _accepts(s, result.backend), (release, s, extra, name)
-            assert result.engine_args == (flag.replace("NAME", name),)
+            assert result.engine_args == flag.args(name)
+            assert dict(result.engine_env) == flag.environ(name)
             assert all(_accepts(s, c.backend) for c in result.candidates if c.valid)
             if "requested_backend" in extra:
                 assert name == extra["requested_backend"], (release, s, result.messages)
@@ -230,6 +237,115 @@ def test_the_evaluator_answers_only_what_the_release_runs(release: str) -> None:
                 assert name == auto, (release, s, result.messages)
         if auto is None:  # the release starts with nothing here: neither do we answer
             assert not valid, (release, s)
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def _excuse(release: str, backend: Backend, ctx: SelectionContext) -> DeliberateRefusal | None:
+    version = parse_version(release)
+    assert version is not None
+    return next((e for e in VLLM_EXCEPTIONS if e.covers(backend, version, ctx)), None)
+
+
+@cache
+def _end_to_end(release: str) -> tuple[list[Any], list[Any], dict[int, int]]:
+    """Through the evaluator, per situation of the release's table: the answers naming a
+    backend the release rejects, the refusals of one it accepts that no deliberate
+    refusal excuses, and how many refusals each exception (by index) excused."""
+    twin = _checked_twin(release)
+    if twin is not None:  # same profile, same table answers: the same verdicts
+        return _end_to_end(twin)
+    wrong: list[Any] = []
+    needless: list[Any] = []
+    used = dict.fromkeys(range(len(VLLM_EXCEPTIONS)), 0)
+    for s in tables()[release]["situations"]:
+        ctx = _ctx(s)
+        where = (s["capability"], tuple(s["dims"]), s["dtype"], s["packages"])
+        reasons = assess(_request(s, release), PRIORITY, NOW).reasons
+        for backend in Backend:
+            accepted = _accepts(s, backend)
+            if not reasons[backend] and not accepted:
+                wrong.append((*where, backend.value))
+            if not accepted:
+                continue
+            result = decide(
+                _request(s, release, requested_backend=backend.value, strict=True),
+                PRIORITY,
+                now=NOW,
+            )
+            honoured = isinstance(result, Decision) and result.backend is backend
+            assert honoured is not bool(reasons[backend]), (release, s, backend)
+            if honoured:
+                continue
+            excuse = _excuse(release, backend, ctx)
+            if excuse is None:
+                needless.append((*where, backend.value, reasons[backend]))
+            else:
+                used[VLLM_EXCEPTIONS.index(excuse)] += 1
+    return wrong, needless, used
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_end_to_end_no_answer_it_rejects_and_no_refusal_where_it_accepts(release: str) -> None:
+    """Our spec and the release's rules together: 0 answers the release rejects, 0
+    refusals of a backend it accepts (a strict request for it is honoured) except the
+    deliberate refusals listed in VLLM_EXCEPTIONS."""
+    wrong, needless, _ = _end_to_end(release)
+    assert wrong == [], f"{len(wrong)} answers vLLM {release} rejects: {wrong[:5]}"
+    assert needless == [], f"{len(needless)} refusals where vLLM {release} accepts: {needless[:5]}"
+
+
+def test_each_deliberate_refusal_is_used_in_every_release_it_names() -> None:
+    """No stale exception: each excuses at least one refusal in every release table
+    inside its range, and says why at length."""
+    for i, exception in enumerate(VLLM_EXCEPTIONS):
+        assert len(exception.reason) > 80 and exception.reason.rstrip().endswith(".")
+        named = [
+            r
+            for r in RELEASES
+            if (exception.since is None or _key(r) >= exception.since)
+            and (exception.until is None or _key(r) < exception.until)
+        ]
+        assert named, exception
+        unused = [r for r in named if _end_to_end(r)[2][i] == 0]
+        assert unused == [], f"{exception.backend} exception excuses nothing in {unused}"
+
+
+# ---------------------------------------------------------------- the flag
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_flag_is_what_the_releases_own_parser_takes(release: str) -> None:
+    """The table's flag section is the release's EngineArgs parser, run: it takes the
+    range's spelling for every name the release accepts, and parses it into that name;
+    the names its config refuses it refuses too."""
+    table = tables()[release]
+    flag = _range(release).flag
+    recorded = table["flag"]
+    assert recorded["method"].startswith("run:")
+    assert (recorded["option"], recorded["joined"], recorded["env"]) == (
+        flag.option,
+        flag.joined,
+        flag.env,
+    )
+    assert recorded["spelling"] == flag.spelling == f"{flag.option}=NAME"
+    for name, parsed in recorded["parsed"].items():
+        if name in table["names"]["accepted"]:
+            assert parsed == {"accepted": True, "value": name}, (release, name)
+        else:
+            assert not parsed["accepted"] and name in parsed["error"], (release, name)
+
+
+def test_the_first_release_is_proven_by_the_one_before() -> None:
+    """0.21.0's table holds the release before it, whose own parser refuses the flag for
+    every name: the legacy profile (no flags) covers exactly the releases up to it."""
+    first = tables()[RELEASES[0]]["flag"]["before"]
+    assert _key(first["release"]) < VLLM_RANGES[-1].since
+    assert first["parsed"] and not any(p["accepted"] for p in first["parsed"].values())
+    assert all("mla_prefill_backend" in p["error"] for p in first["parsed"].values())
+    assert VLLM_LEGACY.until == VLLM_RANGES[-1].since
+    assert resolve("vllm", first["release"]) is VLLM_LEGACY
 
 
 @pytest.mark.parametrize(
@@ -248,7 +364,8 @@ def test_old_releases_resolve_to_their_profile(version: str, since, flags: bool)
     assert isinstance(result, Decision)
     assert bool(result.engine_args) is flags
     if not flags:
-        assert any(f"has no {VLLM_FLAG}" in m for m in result.messages)
+        option = VLLM_RANGES[-1].flag.option
+        assert any(f"has no {option} (added in vLLM 0.21.0)" in m for m in result.messages)
 
 
 def test_each_range_resolves_from_its_first_to_its_last_release() -> None:
@@ -277,6 +394,37 @@ def test_an_unknown_newer_release_gets_the_newest_rules_and_is_told(version: str
     assert want in result.messages
     refusal = decide(request((9, 0), dtype="float32", engine=("vllm", version)), PRIORITY, now=NOW)
     assert isinstance(refusal, Refusal) and want in refusal.message
+
+
+@pytest.mark.parametrize("version", ["0.28.1", "0.27.0.post1", "0.22.0rc1", "0.31.1"])
+def test_an_unread_release_inside_a_range_gets_its_rules_and_is_told(version: str) -> None:
+    """A release that was never read (not a real one, or published since) but falls in
+    a covered range gets that range's rules, and the answer says it was not read."""
+    parsed = parse_version(version)
+    assert parsed is not None
+    (vrange,) = [
+        r for r in VLLM_RANGES if parsed >= r.since and (r.until is None or parsed < r.until)
+    ]
+    assert version not in vrange.releases
+    profile = resolve("vllm", version)
+    assert profile.since == vrange.since and profile.until == vrange.until
+    want = (
+        f"vLLM {version} was not read itself: the rules read from its release range "
+        f"({vrange.releases[0]} to {vrange.releases[-1]}) are assumed"
+    )
+    assert profile.notes(version) == [want]
+    result = decide(request((9, 0), engine=("vllm", version)), PRIORITY, now=NOW)
+    assert isinstance(result, Decision) and want in result.messages
+    assert result.engine_args == vrange.flag.args(result.backend.value)
+    refusal = decide(request((9, 0), dtype="float32", engine=("vllm", version)), PRIORITY, now=NOW)
+    assert isinstance(refusal, Refusal) and want in refusal.message
+
+
+def test_a_read_release_and_its_local_builds_get_no_note() -> None:
+    for vrange in VLLM_RANGES:
+        for release in vrange.releases:
+            profile = resolve("vllm", release)
+            assert profile.notes(release) == profile.notes(release + "+cu130") == []
 
 
 def test_an_unreadable_version_gets_the_newest_rules_and_is_told() -> None:

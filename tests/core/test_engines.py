@@ -201,9 +201,20 @@ def test_legacy_vllm_gets_no_flags_and_is_told_why() -> None:
                 "trtllm_mla",
             ),
         ),
-        (
+        (  # (64, 64, 128): head dims (128, 128), which FlashInfer's CUTLASS kernel takes
             (10, 0),
             SMALL,
+            None,
+            (
+                "--prefill-attention-backend",
+                "flashinfer",
+                "--decode-attention-backend",
+                "flashinfer",
+            ),
+        ),
+        (  # no rope part: FlashInfer's ragged prefill is off, FlashAttention 4 runs it
+            (10, 0),
+            GLM5,
             None,
             ("--prefill-attention-backend", "fa4", "--decode-attention-backend", "flashinfer"),
         ),
@@ -256,7 +267,8 @@ def test_profiles_by_version() -> None:
     # each release range is its own profile now (core/engine_rules/vllm.py): 0.21.0 is
     # in the 0.21-0.23 range, read up to 0.23.0, not under 0.33.0's rules
     assert resolve("vllm", "0.21.0").verified == "0.23.0"
-    assert resolve("vllm", "0.20.9").verified == "0.20.0"
+    # the legacy profile names the last release whose own parser refused the flag
+    assert resolve("vllm", "0.20.9").verified == "0.20.2"
     assert resolve("vllm", None).verified == "0.33.0"
     # SGLang's prefill flag first ships in 0.4.9.post5 (the old boundary, 0.5.0, gave
     # 0.4.9.post5 to 0.4.10.post2 no flags although they take them).

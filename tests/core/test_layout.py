@@ -4,10 +4,11 @@ Reads every module's imports with ``ast`` (no import side effects): the core imp
 nothing of ours but itself; kernels and the service stand on the core; the agent on
 the core and the kernels, never on the service; the ``switchboard`` program
 (``cli/``) above the agent and the service, and nothing on it. An import counts
-however it is written: an ``import`` statement, ``importlib.import_module`` (or
-``__import__``, ``find_spec``, ``run_module``) with a name, or any string that names
-one of our modules (``python -m mla_switchboard.service.cli`` in an argv), so a
-dependency cannot hide in a string.
+however it is written: an ``import`` statement, absolute or relative (``from ..service
+import cli`` in ``agent/`` is resolved against the module's package, as Python does),
+``importlib.import_module`` (or ``__import__``, ``find_spec``, ``run_module``) with a
+name, or any string that names one of our modules (``python -m
+mla_switchboard.service.cli`` in an argv), so a dependency cannot hide in a string.
 """
 
 from __future__ import annotations
@@ -64,9 +65,48 @@ def _constants(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def _references(source: str, filename: str = "<source>") -> tuple[set[str], set[str]]:
-    """(modules imported, modules of ours only named in a string) by ``source``."""
+def module_name(path: Path) -> str:
+    """The dotted name a file under ROOT is imported as (``agent/x.py`` ->
+    ``mla_switchboard.agent.x``; a package's ``__init__.py`` -> the package), through
+    pyproject's package-dir mapping of each part's folder."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["mla_switchboard", *parts])
+
+
+def _package_of(module: str, is_package: bool) -> str:
+    return module if is_package else module.rpartition(".")[0]
+
+
+def _from_import(node: ast.ImportFrom, package: str) -> set[str]:
+    """The modules ``from X import a, b`` makes the importing module depend on: X
+    itself and, where X is a package of ours, ``X.a`` (``a`` may be a submodule).
+    A relative X is resolved against ``package``, the importing module's package."""
+    if node.level:
+        base = package.split(".")
+        if node.level > len(base):
+            raise AssertionError(f"relative import beyond the top level in {package}")
+        base = base[: len(base) - node.level + 1]
+        target = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        target = node.module or ""
+    if target == "mla_switchboard":  # from mla_switchboard import kernels, from .. import x
+        return {f"{target}.{a.name}" for a in node.names}
+    found = {target}
+    if target.startswith("mla_switchboard."):
+        found |= {f"{target}.{a.name}" for a in node.names if a.name != "*"}
+    return found
+
+
+def _references(
+    source: str, filename: str = "<source>", module: str = "mla_switchboard.x"
+) -> tuple[set[str], set[str]]:
+    """(modules imported, modules of ours only named in a string) by ``source``, the
+    module ``module`` (the name relative imports are resolved against)."""
     tree = ast.parse(source, filename=filename)
+    package = _package_of(module, filename.endswith("__init__.py"))
     docstrings = _docstrings(tree)
     constants = _constants(tree)
     imported: set[str] = set()
@@ -74,11 +114,8 @@ def _references(source: str, filename: str = "<source>") -> tuple[set[str], set[
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "mla_switchboard":  # from mla_switchboard import kernels
-                imported.update(f"mla_switchboard.{a.name}" for a in node.names)
-            else:
-                imported.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            imported.update(_from_import(node, package))
         elif isinstance(node, ast.Call) and node.args:
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
@@ -117,7 +154,7 @@ def _check(part: str, rel: str, imported: set[str], named: set[str]) -> None:
 @pytest.mark.parametrize("part", sorted(PARTS))
 def test_import_graph(part: str) -> None:
     for path in sorted((ROOT / PARTS[part]).rglob("*.py")):
-        imported, named = _references(path.read_text(), str(path))
+        imported, named = _references(path.read_text(), str(path), module_name(path))
         _check(part, str(path.relative_to(ROOT)), imported, named)
 
 
@@ -143,6 +180,48 @@ def test_the_check_sees_the_service_however_the_agent_names_it(source: str) -> N
     imported, named = _references(textwrap.dedent(source))
     with pytest.raises(AssertionError, match=r"mla_switchboard\.service"):
         _check("agent", "agent/x.py", imported, named)
+
+
+@pytest.mark.parametrize(
+    ("source", "module"),
+    [
+        ("from ..service import cli", "mla_switchboard.agent.x"),
+        ("from .. import service", "mla_switchboard.agent.x"),
+        ("from ...service.api import routes", "mla_switchboard.agent.commands.select"),
+        ("from ...service.cli import main", "mla_switchboard.agent.commands"),
+    ],
+)
+def test_the_check_sees_relative_imports_of_the_service(source: str, module: str) -> None:
+    """A relative import is resolved against the importing module's package, so
+    ``from ..service import cli`` in ``agent/`` is the service, as Python sees it.
+    (The last module is a package's ``__init__``, whose package is itself: ``...`` is
+    the top there.)"""
+    filename = "agent/commands/__init__.py" if module.endswith("commands") else "agent/x.py"
+    imported, named = _references(source, filename, module)
+    with pytest.raises(AssertionError, match=r"mla_switchboard\.service"):
+        _check("agent", filename, imported, named)
+
+
+def test_relative_imports_inside_a_part_pass() -> None:
+    imported, named = _references(
+        "from . import notes\nfrom .commands import parsing\nfrom ..core import specs\n",
+        "agent/x.py",
+        "mla_switchboard.agent.x",
+    )
+    assert imported >= {
+        "mla_switchboard.agent.notes",
+        "mla_switchboard.agent.commands",
+        "mla_switchboard.core",
+        "mla_switchboard.core.specs",
+    }
+    _check("agent", "agent/x.py", imported, named)
+
+
+def test_module_names_follow_the_package_dir_mapping() -> None:
+    assert module_name(ROOT / "agent" / "engine.py") == "mla_switchboard.agent.engine"
+    assert module_name(ROOT / "agent" / "commands" / "__init__.py") == (
+        "mla_switchboard.agent.commands"
+    )
 
 
 def test_a_docstring_may_mention_a_module() -> None:

@@ -1,15 +1,22 @@
 """Backend and engine facts are written in one place each, and spelt nowhere else.
 
-``core/specs.py`` is the backend registry and ``core/engines.py`` (with the wire
-contract's ``EngineName``) the engine one; the probe, the evidence key, the agent's
-``--format`` choices, the dashboard and the README's table are derived from them. The
-agent once kept its own list of kernel packages, which lacked ``tokenspeed_mla``:
-these tests fail when a name is spelt again where it would become a second copy.
+``core/specs.py`` is the backend registry (backends and the kernel packages they need)
+and ``core/engines.py`` the engine one (the wire contract's ``EngineName`` is built
+from it); the probe, the evidence key, the agent's ``--format`` choices, the dashboard,
+the README's table, the seeded fleet and the benchmarks' version report are derived
+from them. The agent once kept its own list of kernel packages, which lacked
+``tokenspeed_mla``: these tests fail when a name is spelt again where it would become a
+second copy, in the program (core, service, agent, kernels, cli) and in scripts/,
+bench/ and tools/.
 
 What counts as a spelling: in Python, a string that the program uses (docstrings and
 other bare string statements are documentation); in the dashboard's files, any
-mention, whatever its case. Prose in Markdown may name backends, but no hand-written
-table row may repeat the registry's facts (the README's table is generated).
+mention, whatever its case. A backend is its registry name as a word; a kernel package
+is its import or distribution name as the whole string, or as a requirement
+(``flashinfer-python>=0.7``) or a module path (``flash_attn.cute``); an engine is its
+name as a word in any case (``vllm serve``, ``sglang.srt``, ``vllm>=0.21``,
+``vLLM 0.33``). Prose in Markdown may name backends, but no hand-written table row may
+repeat the registry's facts (the README's table is generated).
 """
 
 from __future__ import annotations
@@ -19,13 +26,16 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from mla_switchboard.core.engine_names import ENGINE_NAMES, OWN_ENGINE, engine_entries
-from mla_switchboard.core.specs import KERNEL_PACKAGES, SPECS, Backend
+from mla_switchboard.core.engines import ENGINES
+from mla_switchboard.core.schemas import EngineName
+from mla_switchboard.core.specs import KERNEL_PACKAGES, SPECS, TORCH, Backend
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE_DIRS = ("core", "service", "agent", "kernels", "cli", "scripts", "tools")
+SOURCE_DIRS = ("core", "service", "agent", "kernels", "cli", "scripts", "bench", "tools")
 STATIC = ROOT / "service" / "static"
 
 BACKEND_ALLOWED = {
@@ -33,31 +43,52 @@ BACKEND_ALLOWED = {
     "core/engine_rules/": "engine profiles: each rule names the backend it is about, as "
     "the engine's own code does (rewritten per release)",
     "tools/engine_profiles/": "reads each engine release's own code, which spells the names",
-    "scripts/seed_fleet.py": "standard library only (runs without the package installed); "
-    "its requests name backends as a pod's vLLM config would",
+    "scripts/seed_fleet.py": "its pods name the backend they ask for, as a pod's engine "
+    "config would (a fixture of the README's walkthrough)",
+    "bench/": "benchmark workloads: the requests, overrides and measurements that pods and "
+    "operators send, written as they send them (fixtures, like tests/)",
 }
 """Files (or folders, ending in /) that may spell a backend's name, and why. A wrapper in
 ``kernels/`` may spell its own backend's (its module is the spec's ``class_path``)."""
+
+PACKAGE_ALLOWED = {
+    "core/specs.py": "the backend registry, which declares every package",
+    "tools/engine_profiles/": "reads and runs each engine release's code, simulating the "
+    "kernel packages it imports by their names",
+    "core/engine_rules/sglang.py": "SGLang names two attention backends after their "
+    "libraries (flashinfer, tokenspeed_mla): there they are SGLang's words for its flags",
+    "bench/scale.py": "its simulated fleet's package mixes: what pod images ship, with "
+    "versions (fixtures, like tests/)",
+    "bench/boot_storm.py": "the same kind of fleet mix, for the boot storm",
+    "bench/evidence_scale.py": "the package set of the situation its evidence is about",
+}
+"""Files that may spell a kernel package's import or distribution name, and why. A
+wrapper in ``kernels/`` may spell the packages of its own backend's spec (it imports its
+library by name, lazily). ``torch`` is not checked: it is the framework that every
+wrapper and the agent's bench import by name, and the probe's word for how it read the
+device, not a kernel a list of them could lack."""
 
 ENGINE_ALLOWED = {
     "core/engines.py": "the engine registry",
     "core/engine_rules/": "the engine profiles",
     "tools/engine_profiles/": "downloads and runs each engine release",
-    "core/schemas.py": "the wire contract's EngineName, which the profiles must match",
     "kernels/flash_attn.py": "imports vLLM's bundled FlashAttention from the vllm package",
 }
-"""Files that may spell an engine's name or ``--format``, and why. Our own engine is
-not checked: its name is the product's (the logger, the cache folder, the program)."""
+"""Files that may spell an engine's name, display name or ``--format``, and why. Our
+own engine is not checked: its name is the product's (the logger, the cache folder,
+the program)."""
 
 
 def _sources() -> list[Path]:
     return sorted(p for d in SOURCE_DIRS for p in (ROOT / d).rglob("*.py"))
 
 
-def _used_strings(path: Path) -> list[tuple[int, str]]:
-    """The string constants of ``path`` that its code uses: not docstrings, not bare
-    string statements (attribute docs), and f-string parts as written."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def _used_strings(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """The string constants of ``path`` (or of ``source``) that its code uses: not
+    docstrings, not bare string statements (attribute docs), and f-string parts as
+    written."""
+    text = path.read_text() if source is None else source
+    tree = ast.parse(text, filename=str(path))
     documentation = {
         id(node.value)
         for node in ast.walk(tree)
@@ -90,17 +121,75 @@ def _own_wrapper(backend: Backend) -> str:
 BACKEND_WORD = {b: re.compile(rf"\b{b.value}\b") for b in Backend}
 
 
+def _backend_offenders(rel: str, strings: list[tuple[int, str]]) -> list[str]:
+    if _allowed(rel, BACKEND_ALLOWED):
+        return []
+    return [
+        f"{rel}:{line}: {backend} in {text[:60]!r}"
+        for line, text in strings
+        for backend, word in BACKEND_WORD.items()
+        if word.search(text) and rel != _own_wrapper(backend)
+    ]
+
+
 def test_backend_names_are_spelt_only_in_the_registry() -> None:
-    offenders = []
-    for path in _sources():
-        rel = _rel(path)
-        if _allowed(rel, BACKEND_ALLOWED):
-            continue
-        for line, text in _used_strings(path):
-            for backend, word in BACKEND_WORD.items():
-                if word.search(text) and rel != _own_wrapper(backend):
-                    offenders.append(f"{rel}:{line}: {backend} in {text[:60]!r}")
+    offenders = [
+        o for path in _sources() for o in _backend_offenders(_rel(path), _used_strings(path))
+    ]
     assert offenders == [], "spell backends through Backend (core/specs.py):\n" + "\n".join(
+        offenders
+    )
+
+
+# ------------------------------------------------------------ kernel packages
+
+
+def _package_names() -> dict[str, str]:
+    """Every import and distribution name of a kernel package -> its import name."""
+    return {
+        name: package.import_name
+        for package in KERNEL_PACKAGES.values()
+        if package != TORCH
+        for name in (package.import_name, *package.distributions)
+    }
+
+
+def _package_pattern() -> re.Pattern[str]:
+    names = "|".join(re.escape(n) for n in sorted(_package_names(), key=len, reverse=True))
+    return re.compile(rf"^\s*(?:{names})(?:\s*(?:[<>=!~]=?|\[).*|(?:\.[A-Za-z_]\w*)+)?\s*$")
+
+
+def _own_packages(rel: str) -> set[str]:
+    """The import names a kernels/ wrapper may spell: its own backend's packages."""
+    return {
+        p.import_name
+        for backend, spec in SPECS.items()
+        if rel == _own_wrapper(backend)
+        for p in (*spec.packages, *spec.optional_packages)
+    }
+
+
+def _package_offenders(rel: str, strings: list[tuple[int, str]]) -> list[str]:
+    if _allowed(rel, PACKAGE_ALLOWED):
+        return []
+    pattern, names = _package_pattern(), _package_names()
+    own = _own_packages(rel)
+    offenders = []
+    for line, text in strings:
+        m = pattern.match(text)
+        if m is None:
+            continue
+        spelt = re.split(r"[\s<>=!~\[.]", text.strip(), maxsplit=1)[0]
+        if names[spelt] not in own:
+            offenders.append(f"{rel}:{line}: package {names[spelt]} in {text[:60]!r}")
+    return offenders
+
+
+def test_kernel_package_names_are_spelt_only_in_the_registry() -> None:
+    offenders = [
+        o for path in _sources() for o in _package_offenders(_rel(path), _used_strings(path))
+    ]
+    assert offenders == [], "read packages from KERNEL_PACKAGES (core/specs.py):\n" + "\n".join(
         offenders
     )
 
@@ -161,55 +250,112 @@ def test_the_probe_and_the_evidence_key_read_the_registry() -> None:
 
 
 def _engine_spellings() -> dict[str, re.Pattern[str]]:
-    """Each engine other than our own: its exact name, its ``--format``, and the
-    ``NAME==VERSION`` form, as a used string would hold them."""
+    """Each engine other than our own: its name (and display name) as a word in any
+    case, which covers its ``--format`` (``vllm-args``), ``NAME==VERSION``, a command
+    (``vllm serve``), a module path (``sglang.srt``) and a requirement (``vllm>=0.21``)."""
     found = {}
     for entry in engine_entries():
         if entry.name == OWN_ENGINE:
             continue
-        forms = [re.escape(entry.name)]
-        if entry.format is not None:
-            forms.append(re.escape(entry.format))
-        found[entry.name] = re.compile(
-            rf"^(?:{'|'.join(forms)})$|\b{re.escape(entry.name)}(?:==|-args\b)", re.I
-        )
+        words = "|".join(re.escape(w) for w in {entry.name, entry.display})
+        found[entry.name] = re.compile(rf"(?<![A-Za-z0-9_])(?:{words})(?![A-Za-z0-9])", re.I)
     return found
 
 
-def test_engine_names_are_spelt_only_in_the_engine_registry() -> None:
+def _engine_offenders(rel: str, strings: list[tuple[int, str]]) -> list[str]:
+    if _allowed(rel, ENGINE_ALLOWED):
+        return []
     spellings = _engine_spellings()
-    offenders = []
-    for path in _sources():
-        rel = _rel(path)
-        if _allowed(rel, ENGINE_ALLOWED):
-            continue
-        for line, text in _used_strings(path):
-            for name, pattern in spellings.items():
-                if pattern.search(text):
-                    offenders.append(f"{rel}:{line}: {name} in {text[:60]!r}")
-    assert offenders == [], "read engines from core/engine_names.py:\n" + "\n".join(offenders)
+    return [
+        f"{rel}:{line}: {name} in {text[:60]!r}"
+        for line, text in strings
+        for name, pattern in spellings.items()
+        if pattern.search(text)
+    ]
+
+
+def test_engine_names_are_spelt_only_in_the_engine_registry() -> None:
+    offenders = [
+        o for path in _sources() for o in _engine_offenders(_rel(path), _used_strings(path))
+    ]
+    assert offenders == [], "read engines from core/engines.py:\n" + "\n".join(offenders)
 
 
 def test_engine_names_agree_with_the_wire_contract_and_the_formats() -> None:
     from mla_switchboard.agent.commands.formats import SELECT_FORMATS
 
     assert OWN_ENGINE in ENGINE_NAMES
+    assert set(get_args(EngineName)) == set(ENGINE_NAMES) == set(ENGINES)
     formats = [e.format for e in engine_entries() if e.format is not None]
     assert list(SELECT_FORMATS) == ["json", "env", *formats]
 
 
-def test_the_spelling_checks_see_a_second_copy(tmp_path: Path) -> None:
-    """The scans are only worth something if they would catch the bug they exist for."""
-    planted = tmp_path / "planted.py"
-    planted.write_text(
-        '"""A docstring may say TOKENSPEED_MLA."""\n'
-        'PACKAGES = {"TOKENSPEED_MLA": 1}\n'
-        'FORMATS = ("json", "' + (engine_entries()[1].format or "") + '")\n'
-    )
-    strings = [text for _, text in _used_strings(planted)]
-    assert any(BACKEND_WORD[Backend.TOKENSPEED_MLA].search(t) for t in strings)
-    assert not any("docstring" in t for t in strings)
-    assert any(p.search(t) for p in _engine_spellings().values() for t in strings)
+def test_one_version_grammar() -> None:
+    """The wire contract's version pattern is the engine registry's, and the version the
+    profiles are chosen by is read with the same grammar."""
+    from mla_switchboard.core import engines, schemas
+
+    assert schemas.ENGINE_VERSION_PATTERN is engines.ENGINE_VERSION_PATTERN
+    pattern = re.compile(engines.ENGINE_VERSION_PATTERN)
+    for text in ("0.33.0", "0.4.9.post5", "0.33.1rc1", "0.11.0+cu128", "1", "0.10.1.1"):
+        assert pattern.match(text) and engines.parse_version(text) is not None, text
+    literals = [
+        (rel, line)
+        for path in (ROOT / "core").rglob("*.py")
+        for rel in [_rel(path)]
+        for line, text in _used_strings(path)
+        if "[0-9]+(" in text and rel != "core/engine_rules/base.py"
+    ]
+    assert literals == [], literals
+
+
+PLANTED = """
+\"\"\"A docstring may say TOKENSPEED_MLA, flashinfer, vllm serve and sglang.srt.\"\"\"
+PACKAGES = {"TOKENSPEED_MLA": 1}
+KERNELS = ("flashinfer", "flash_attn", "cudnn")
+WHEELS = ["flashinfer-python>=0.7", "nvidia-cudnn-frontend", "tokenspeed-mla==0.1"]
+MODULE = "flash_attn.cute"
+COMMAND = ["vllm serve", "model"]
+ENGINE_MODULE = "sglang.srt.server_args"
+REQUIREMENT = "vllm>=0.21"
+FORMATS = ("json", "@FMT@")
+LABEL = f"vLLM {1}"
+FINE = ("flashinfers", "my_vllm_thing", "no_cudnn_here")
+"""
+
+
+def test_the_spelling_checks_see_a_second_copy() -> None:
+    """The scans are only worth something if they would catch the bug they exist for:
+    each form, planted in a synthetic module, is reported; documentation is not."""
+    fmt = next(e.format for e in engine_entries() if e.format is not None)
+    strings = _used_strings(Path("agent/planted.py"), PLANTED.replace("@FMT@", fmt))
+    texts = [t for _, t in strings]
+    assert not any("docstring" in t for t in texts)
+    backends = _backend_offenders("agent/planted.py", strings)
+    assert len(backends) == 1 and "TOKENSPEED_MLA" in backends[0]
+    packages = _package_offenders("agent/planted.py", strings)
+    spelt = sorted(o.split(" in ", 1)[1] for o in packages)
+    assert spelt == sorted(
+        repr(t)
+        for t in (
+            "flashinfer",
+            "flash_attn",
+            "cudnn",
+            "flashinfer-python>=0.7",
+            "nvidia-cudnn-frontend",
+            "tokenspeed-mla==0.1",
+            "flash_attn.cute",
+        )
+    ), packages
+    engines = _engine_offenders("scripts/planted.py", strings)
+    found = {o.split(" in ", 1)[1] for o in engines}
+    assert found == {
+        repr(t) for t in ("vllm serve", "sglang.srt.server_args", "vllm>=0.21", fmt, "vLLM ")
+    }, engines
+    # the allow-list is by file: a wrapper may import its own library, not another's
+    assert _package_offenders(_own_wrapper(Backend.FLASH_ATTN), [(1, "flash_attn")]) == []
+    assert _package_offenders(_own_wrapper(Backend.FLASH_ATTN), [(1, "flashinfer")])
+    assert _engine_offenders("tools/engine_profiles/x.py", [(1, "vllm serve")]) == []
     assert _any_spelling("TORCH_SDPA").search(".swatch.b-torch-sdpa {}")
 
 

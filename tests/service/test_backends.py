@@ -32,6 +32,11 @@ def test_lists_every_backend_in_display_order_with_its_facts(
     flash_attn = backends[list(Backend).index(Backend.FLASH_ATTN)]
     assert flash_attn["allowed_dims"] is None and flash_attn["max_qk_head_dim"] == 256
     assert [p["import_name"] for p in flash_attn["optional_packages"]] == ["flash_attn"]
+    flashinfer = backends[list(Backend).index(Backend.FLASHINFER)]
+    assert flashinfer["capability_majors"] == [8, 9, 10, 11, 12]
+    assert flashinfer["allowed_dims"] is None
+    assert flashinfer["head_dims_by_major"] == {"10": [[64, 64], [128, 128], [192, 128]]}
+    assert all(b["head_dims_by_major"] == {} for b in backends if b is not flashinfer)
     sdpa = backends[list(Backend).index(Backend.TORCH_SDPA)]
     assert sdpa["needs_gpu"] is False and Dtype.FLOAT32.value in sdpa["dtypes"]
 

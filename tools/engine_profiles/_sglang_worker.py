@@ -21,6 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from mla_switchboard.core.engine_rules.sglang import SGLANG_NAMES
+
 from tools.engine_profiles import _stubs
 
 # Small pure libraries a release's parser introspects for real (newer releases build
@@ -28,7 +30,7 @@ from tools.engine_profiles import _stubs
 REAL = ("msgspec",)
 DEPS = Path.home() / ".cache" / "switchboard-engines" / "pydeps"
 
-NAMES = ("fa3", "fa4", "flashinfer", "trtllm_mla", "tokenspeed_mla", "cutedsl_mla")
+NAMES = tuple(SGLANG_NAMES)  # the SGLang names the tool asks about, the core's map
 FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
 
 

@@ -12,6 +12,12 @@ What is real and what is simulated:
   ``get_mla_prefill_backend`` selector (an explicit choice raises ``ValueError`` with
   the backend's ``validate_configuration`` reasons; no choice runs the release's own
   automatic order) and its platform classes.
+- real, in mode ``parser``: the release's command-line parser,
+  ``EngineArgs.add_cli_args(FlexibleArgumentParser())``, given ``FLAG=NAME`` for each
+  backend name; what it parses the value into, or its error, is the answer. That parser
+  imports most of vLLM's config modules; everything it needs besides pydantic, torch
+  and ``regex`` (installed for the worker beside the cache: a stand-in ``regex`` would
+  misparse the dotted flag) is a stand-in, which is enough to build the parser.
 - simulated: the device (``current_platform`` is the release's own CUDA platform class
   with ``get_device_capability`` answering the grid's capability), the compiled
   extensions (``vllm._C`` and friends are not extracted, so an import of one gets a
@@ -275,10 +281,38 @@ def _text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + " ".join(ln.strip() for ln in lines if ln.strip())
 
 
+def _parse_flag(flag: str, names: list[str]) -> dict[str, Any]:
+    """The release's own argument parser given ``flag=NAME`` per name: the value it
+    parses into (``AttentionConfig.mla_prefill_backend``), or the parser's error."""
+    import contextlib
+    import io
+
+    arg_utils = importlib.import_module("vllm.engine.arg_utils")
+    argparse_utils = importlib.import_module("vllm.utils.argparse_utils")
+    parser = arg_utils.EngineArgs.add_cli_args(argparse_utils.FlexibleArgumentParser())
+    parsed: dict[str, Any] = {}
+    for name in names:
+        errors = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(errors):
+                namespace = parser.parse_args([f"{flag}={name}"])
+        except SystemExit:
+            # argparse prints usage, then "PROG: error: MESSAGE" (pydantic's over lines)
+            text = errors.getvalue().split(": error: ", 1)[-1]
+            lines = [ln.strip() for ln in text.splitlines() if "errors.pydantic.dev" not in ln]
+            parsed[name] = {"accepted": False, "error": " ".join(ln for ln in lines if ln)}
+            continue
+        value = namespace.attention_config.mla_prefill_backend
+        parsed[name] = {"accepted": True, "value": str(getattr(value, "name", value))}
+    return {"parser": "EngineArgs.add_cli_args(FlexibleArgumentParser())", "parsed": parsed}
+
+
 def main() -> None:
     global _CAPABILITY
     request = json.loads(sys.stdin.read())
     sys.path.insert(0, request["source"])
+    if request.get("mode") == "parser":
+        sys.path.insert(1, request["deps"])
     absent = set(SIMULATED_PACKAGES) - set(request["present"])
     warnings.simplefilter("ignore")
     import logging
@@ -294,6 +328,9 @@ def main() -> None:
     _patch_metadata(request.get("release", "0.0.0"), absent)
 
     platform = _install_platform()
+    if request.get("mode") == "parser":
+        json.dump(_parse_flag(request["flag"], request["names"]), sys.stdout)
+        return
     selector = importlib.import_module("vllm.v1.attention.backends.mla.prefill.selector")
     from vllm.config.attention import AttentionConfig
 

@@ -51,6 +51,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from mla_switchboard.core.engine_rules.sglang import SGLANG_NAMES
+from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS
+
 CACHE = Path.home() / ".cache" / "switchboard-engines" / "sglang"
 FIRST = "0.4.9.post5"  # the first release whose parser has --prefill-attention-backend
 CAPS = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)]
@@ -64,17 +67,12 @@ DIMS = [
     (64, 0, 64),
 ]
 DTYPES = ["bfloat16", "float16", "float32"]
-# SGLang names that map to a Switchboard backend (core/specs.py's Backend).
-NAMES: dict[str, str] = {
-    "fa3": "FLASH_ATTN",
-    "fa4": "FLASH_ATTN",
-    "flashinfer": "FLASHINFER",
-    "trtllm_mla": "TRTLLM_RAGGED",
-    "tokenspeed_mla": "TOKENSPEED_MLA",
-}
+# SGLang names that map to a Switchboard backend: the core's one map of them.
+NAMES: dict[str, str] = {name: backend.value for name, backend in SGLANG_NAMES.items()}
 # FlashInfer's CUTLASS FMHA (what SGLang's FlashInfer MLA backend runs on 10.x) is
-# instantiated only for these (qk head dim, v head dim) pairs.
-CUTLASS_QK_V = {(192, 128), (128, 128), (64, 64)}
+# instantiated only for these (qk head dim, v head dim) pairs (read from FlashInfer,
+# written once in core/specs.py).
+CUTLASS_QK_V = set(FLASHINFER_CUTLASS_HEAD_DIMS)
 # FlashInfer's trtllm-gen ragged DeepSeek kernel (SGLang's trtllm_mla prefill).
 TRTLLM_DIMS = {(128, 64, 128), (192, 64, 256)}
 # Facts about the kernels SGLang calls, read from FlashInfer (not from SGLang): the same

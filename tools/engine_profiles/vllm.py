@@ -14,6 +14,9 @@ For each release (default: every release on the package index from 0.21.0, when
 ``--attention-config.mla_prefill_backend`` appeared, to the newest; pre-releases
 excluded; every patch release, not only the last of each minor):
 
+0. The first release is proven first: the release before ``FIRST`` (0.20.2) must refuse
+   ``--attention-config.mla_prefill_backend=NAME`` in its own parser, and ``FIRST``
+   must take it (``check_first``; the answer goes into ``FIRST``'s table).
 1. ``pip download --no-deps vllm==X`` into ``~/.cache/switchboard-engines/wheels``
    (``$SWITCHBOARD_ENGINE_CACHE`` moves it), extract the wheel's Python files only into
    ``.../vllm/X/`` and delete the wheel unless ``--keep-wheels``.
@@ -24,8 +27,16 @@ excluded; every patch release, not only the last of each minor):
    ``get_mla_prefill_backend``: once per explicit name (the release answers with the
    backend or raises ``ValueError`` with its ``validate_configuration`` reasons) and
    once without a choice (the release's automatic order).
+   Once more, in mode ``parser``: the release's own command-line parser
+   (``EngineArgs.add_cli_args(FlexibleArgumentParser())``) is given
+   ``--attention-config.mla_prefill_backend=NAME`` for every name, and what it parses
+   each into is the table's ``flag`` (the spelling is recorded only if the release's
+   parser takes it). Building that parser imports most of vLLM's config modules: the
+   worker needs the real ``regex`` (installed with ``pip install --target`` into
+   ``.../pydeps``, beside the cache), pydantic and torch; every other third-party
+   module vLLM imports there is a stand-in, which is the minimum the parser needs.
 3. Write ``<out>/X.json``: the release, the wheel and source files consulted with
-   sha256, the method, the grid, the names the release's config accepts and, per
+   sha256, the method, the grid, the flag, the names the release's config accepts and, per
    situation, each backend's reasons (empty: accepted; each reason text is written once
    in ``reasons`` and referred to by its index) and the automatic choice.
 
@@ -50,17 +61,30 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GRID", "PACKAGE_SETS", "extract", "main", "releases", "table_for"]
+from mla_switchboard.core.specs import Backend
+
+__all__ = [
+    "GRID",
+    "PACKAGE_SETS",
+    "check_first",
+    "extract",
+    "main",
+    "parse_flag",
+    "releases",
+    "table_for",
+]
 
 FIRST = (0, 21, 0)  # --attention-config.mla_prefill_backend appeared in 0.21.0
 FLAG = "--attention-config.mla_prefill_backend"
+FLAG_FIELD = "AttentionConfig.mla_prefill_backend"
 CACHE = Path(
     os.environ.get("SWITCHBOARD_ENGINE_CACHE", "~/.cache/switchboard-engines")
 ).expanduser()
+DEPS = CACHE / "pydeps"  # real third-party modules the parser needs (regex)
 ROOT = Path(__file__).resolve().parents[2]
 
-# The names asked about: every backend Switchboard knows (core/specs.py's Backend).
-NAMES = ("FLASH_ATTN", "FLASHINFER", "TRTLLM_RAGGED", "TOKENSPEED_MLA", "CUDNN", "TORCH_SDPA")
+# The names asked about: every backend Switchboard knows, in the registry's order.
+NAMES = tuple(b.value for b in Backend)
 
 GRID: dict[str, Any] = {
     "capabilities": [
@@ -117,7 +141,7 @@ _PREFIX = re.compile(
 METHOD = (
     "The release's own code run on a simulated CUDA platform (tools/engine_profiles/"
     "_vllm_worker.py): AttentionConfig(mla_prefill_backend=NAME) decides which names the "
-    f"flag {FLAG}=NAME accepts (engine/arg_utils.py registers --attention-config); "
+    f"flag {FLAG}=NAME accepts (its EngineArgs parser, run, gives 'flag'); "
     "get_mla_prefill_backend(vllm_config) with that choice gives accepted (reasons []) or "
     "the release's ValueError, whose reason list is recorded (the fixed prefix 'Selected "
     "MLA prefill backend NAME is not valid for this configuration. Reason:' dropped); "
@@ -134,8 +158,8 @@ def _version_key(text: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in text.split("."))
 
 
-def releases() -> list[str]:
-    """Every final vLLM release from 0.21.0 on, oldest first, as pip's index lists them."""
+def all_releases() -> list[str]:
+    """Every final vLLM release, oldest first, as pip's index lists them."""
     out = subprocess.run(
         [sys.executable, "-m", "pip", "index", "versions", "vllm"],
         check=True,
@@ -146,9 +170,19 @@ def releases() -> list[str]:
     found = []
     for text in line.split(":", 1)[1].split(","):
         key = _version_key(text.strip())
-        if key is not None and key[:3] >= FIRST:
+        if key is not None:
             found.append((key, text.strip()))
     return [text for _, text in sorted(found)]
+
+
+def releases() -> list[str]:
+    """Every final vLLM release from 0.21.0 on, oldest first."""
+    return [r for r in all_releases() if (_version_key(r) or ())[:3] >= FIRST]
+
+
+def release_before_first() -> str:
+    """The newest release older than ``FIRST``: the one whose parser must refuse the flag."""
+    return [r for r in all_releases() if (_version_key(r) or ())[:3] < FIRST][-1]
 
 
 def _sha256(path: Path) -> str:
@@ -215,7 +249,19 @@ def _sources(tree: Path) -> list[dict[str, str]]:
     ]
 
 
-def _run_worker(tree: Path, present: list[str], extensions: list[str]) -> dict[str, Any]:
+def ensure_deps() -> None:
+    """The real ``regex`` for the parser worker, installed beside the cache once."""
+    if not (DEPS / "regex").is_dir():
+        print("  pip install --target ... regex", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--target", str(DEPS), "regex"],
+            check=True,
+        )
+
+
+def _run_worker(
+    tree: Path, present: list[str], extensions: list[str], **mode: Any
+) -> dict[str, Any]:
     request = {
         "source": str(tree),
         "release": tree.name,
@@ -223,6 +269,7 @@ def _run_worker(tree: Path, present: list[str], extensions: list[str]) -> dict[s
         "present": present,
         "names": list(NAMES),
         **GRID,
+        **mode,
     }
     proc = subprocess.run(
         [sys.executable, "-m", "tools.engine_profiles._vllm_worker"],
@@ -252,11 +299,51 @@ def _reasons(text: str | None, name: str) -> list[str] | str:
     return [str(r) for r in parsed] if isinstance(parsed, list) else [rest]
 
 
+def parse_flag(version: str, *, keep_wheel: bool = False) -> dict[str, Any]:
+    """What the release's own argument parser makes of ``FLAG=NAME`` for every name."""
+    ensure_deps()
+    tree, wheel = extract(version, keep_wheel=keep_wheel)
+    return _run_worker(tree, [], wheel["extensions"], mode="parser", flag=FLAG, deps=str(DEPS))
+
+
+def _takes_flag(result: dict[str, Any]) -> bool:
+    return any(p["accepted"] for p in result["parsed"].values())
+
+
+def check_first(*, keep_wheel: bool = False) -> dict[str, Any]:
+    """``FIRST`` is the first release whose parser takes the flag: the release before it
+    must refuse it for every name. Returns that release's answer for ``FIRST``'s table;
+    raises SystemExit when ``FIRST`` is stale."""
+    before = release_before_first()
+    result = parse_flag(before, keep_wheel=keep_wheel)
+    print(f"vLLM {before}: {FLAG} {'taken' if _takes_flag(result) else 'refused'}", flush=True)
+    if _takes_flag(result):
+        raise SystemExit(f"FIRST ({'.'.join(map(str, FIRST))}) is stale: vLLM {before} takes it")
+    return {"release": before, **result}
+
+
+def _flag(version: str, keep_wheel: bool) -> dict[str, Any]:
+    """The table's ``flag``: the spelling, and what the release's parser made of it."""
+    result = parse_flag(version, keep_wheel=keep_wheel)
+    flag: dict[str, Any] = {
+        "option": FLAG if _takes_flag(result) else None,
+        "joined": True,
+        "env": None,
+        "spelling": f"{FLAG}=NAME" if _takes_flag(result) else None,
+        "field": FLAG_FIELD,
+        "method": "run: the release's own " + result["parser"] + ", given "
+        f"{FLAG}=NAME per name; no environment variable names the prefill backend",
+        "parsed": result["parsed"],
+    }
+    if _version_key(version) == FIRST:
+        flag["before"] = check_first(keep_wheel=keep_wheel)
+    return flag
+
+
 def table_for(version: str, *, keep_wheel: bool = False) -> dict[str, Any]:
     """The release's table, built by its own code (see the module docstring)."""
     tree, wheel = extract(version, keep_wheel=keep_wheel)
-    arg_utils = tree / "vllm/engine/arg_utils.py"
-    registers_flag = arg_utils.exists() and '"--attention-config"' in arg_utils.read_text()
+    flag = _flag(version, keep_wheel)
     situations: list[dict[str, Any]] = []
     accepted_names: list[str] | None = None
     rejected_names: dict[str, str] = {}
@@ -296,11 +383,7 @@ def table_for(version: str, *, keep_wheel: bool = False) -> dict[str, Any]:
         "wheel": {"file": wheel["wheel"], "sha256": wheel["sha256"]},
         "sources": _sources(tree),
         "method": METHOD,
-        "flag": {
-            "spelling": f"{FLAG}=NAME",
-            "field": "AttentionConfig.mla_prefill_backend",
-            "arg_utils_registers_attention_config": registers_flag,
-        },
+        "flag": flag,
         "names": {
             "members": members,
             "accepted": accepted_names,
