@@ -373,7 +373,9 @@ def refusals(
     """Pods whose agent sent no token, an unknown or revoked one, one without the agent
     role, or one limited to other clusters: each such pod still boots (its agent
     decides locally), so this is where a fleet with a wrong secret shows. Counted by
-    every replica, per claimed cluster (bounded: further names count as "(other)")."""
+    every replica, per claimed cluster: clusters the service knows by name, other names
+    by name within a small budget an hour, then as "(unknown cluster)" (see
+    ``service/refused.py``)."""
     since = datetime.now(UTC) - timedelta(hours=hours)
     items = [
         {"cluster": c, "reason": r, "count": n, "last_at": last}
