@@ -138,9 +138,12 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
         assert r.status_code == 200, r.text
         expected = r.json()["preview"]
     staged = expected["pods_changed"]
+    why = ["In the 20 % stage of override prod-east.", f"Forced to FLASHINFER by override "
+           f"prod-east: {spec['note']}"]  # fmt: skip
     assert 0 < staged < 120 and expected["changes"] == [
-        {"cluster": "prod-east", "from": "FLASH_ATTN", "to": "FLASHINFER", "pods": staged}
-    ], expected
+        {"cluster": "prod-east", "from": "FLASH_ATTN", "to": "FLASHINFER", "pods": staged,
+         "reasons": [{"pods": staged, "why": why}]}
+    ], expected  # fmt: skip
 
     with sync_playwright() as p:
         browser = launch(p)
@@ -176,6 +179,8 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
             )
             expect(row).to_have_attribute("data-pods", str(staged))
             expect(preview).to_contain_text(f"{staged} of 160 pods would change backend")
+            reasons = preview.locator('tr.change[data-cluster="prod-east"] + tr.change-why li')
+            expect(reasons).to_have_text(" · ".join(why))
             expect(preview).to_contain_text("only pods in the stage are counted")
             expect(a.locator("#ed-apply")).to_be_enabled()
             screenshot(dialog, "console-editor.png")
