@@ -319,11 +319,12 @@ async function loadMe() {
 
 // ---------------------------------------------------------------- notices
 
-/** What an action did, shown until the next one (or 20 s). */
-function notice(text, kind = "ok") {
+/** What an action did, shown until the next one (or 20 s); ``content`` is text, or
+ *  text and nodes (describeFailure's times). */
+function notice(content, kind = "ok") {
   const el = $("notice");
   el.className = `notice notice-${kind}`;
-  el.textContent = text;
+  el.replaceChildren(...[content].flat());
   el.hidden = false;
   clearTimeout(state.noticeTimer);
   state.noticeTimer = setTimeout(() => { el.hidden = true; }, 20_000);
@@ -346,10 +347,10 @@ function handleAuthError(err) {
 
 // ---------------------------------------------------------------- banner
 
-function showBanner(text, kind = "error") {
+function showBanner(content, kind = "error") {
   const banner = $("banner");
   banner.className = `banner banner-${kind}`;
-  banner.textContent = text;
+  banner.replaceChildren(...[content].flat());
   banner.hidden = false;
 }
 
@@ -357,13 +358,15 @@ function hideBanner() {
   $("banner").hidden = true;
 }
 
+/** A failed request as a person reads it, and since when the page shows older data (in
+ *  the page's one time format): text and a <time>, for h(), notice() or showBanner(). */
 function describeFailure(err) {
   const since = state.lastUpdated
-    ? ` Showing data loaded ${relative(state.lastUpdated.toISOString())}.` : "";
+    ? [" Showing data loaded ", timeEl(state.lastUpdated.toISOString()), "."] : [];
   if (err.status === 0) {
-    return `Cannot reach the service.${since} Retrying every ${REFRESH_MS / 1000} s.`;
+    return ["Cannot reach the service.", ...since, ` Retrying every ${REFRESH_MS / 1000} s.`];
   }
-  return `The service answered ${err.status} on ${err.path}: ${err.message}.${since}`;
+  return [`The service answered ${err.status} on ${err.path}: ${err.message}.`, ...since];
 }
 
 // ---------------------------------------------------------------- session
@@ -1493,9 +1496,9 @@ function auditItem(e) {
       h("summary", {}, "before / after"),
       h("div", { class: "diff" },
         h("div", {}, h("span", { class: "muted small" }, "before"),
-          h("pre", {}, pretty(e.before))),
+          h("pre", {}, prettyWithTimes(e.before))),
         h("div", {}, h("span", { class: "muted small" }, "after"),
-          h("pre", {}, pretty(e.after)))))
+          h("pre", {}, prettyWithTimes(e.after)))))
     : null;
   return h(
     "li",
@@ -1534,6 +1537,22 @@ function previewChanges(preview) {
 function pretty(value) {
   if (value === null || value === undefined) return "—";
   return JSON.stringify(value, null, 2);
+}
+
+const ISO_IN_JSON = /"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)"/g;
+
+/** ``pretty`` with every timestamp in the page's one time format (relative, the UTC time
+ *  on hover) instead of its ISO text. */
+function prettyWithTimes(value) {
+  const text = pretty(value);
+  const out = [];
+  let at = 0;
+  for (const m of text.matchAll(ISO_IN_JSON)) {
+    out.push(text.slice(at, m.index), timeEl(m[1]));
+    at = m.index + m[0].length;
+  }
+  out.push(text.slice(at));
+  return out;
 }
 
 // ---------------------------------------------------------------- wiring
