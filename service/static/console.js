@@ -316,17 +316,30 @@ function editorForm(scope, o) {
   return form;
 }
 
+/** The expiry: an override that has one keeps it unless the user picks another. One
+ *  that already expired keeps it too (saving it as is is refused, with the reason), so an
+ *  edit never turns an expired override back on, forever, without anyone choosing so. */
 function expiryField(spec) {
-  const keep = spec.expires_at && !spec.expired ? spec.expires_at : null;
-  const choices = [...(keep ? [["keep", `keep: ${utcText(keep)}`]] : []), ...EXPIRY_CHOICES];
-  const select = h("select", { id: "ed-expiry" },
+  const keep = spec.expires_at || null;
+  const expired = Boolean(keep) && (spec.expired || parseTime(keep) <= Date.now());
+  const choices = [
+    ...(keep ? [["keep", expired ? "keep: expired (choose another to apply it again)"
+      : "keep the current expiry"]] : []),
+    ...EXPIRY_CHOICES,
+  ];
+  const select = h("select", { id: "ed-expiry", "data-expired": String(expired) },
     choices.map(([v, label]) => h("option", { value: v, selected: v === (keep ? "keep" : "none") },
       label)));
   const at = h("input", { id: "ed-expiry-at", type: "datetime-local", hidden: true,
     "aria-label": "Expiry time, UTC" });
   select.addEventListener("change", () => { at.hidden = select.value !== "at"; });
-  return field("Expires", "ed-expiry", h("div", { class: "inline-pair" }, select, at),
-    "Times are UTC; an expired override is kept and shown, and ignored.");
+  const now = keep
+    ? h("p", { class: `hint${expired ? " warn" : ""}`, id: "ed-expiry-now" },
+      expired ? timeEl(keep, "Expired ") : timeEl(keep, "Expires "),
+      expired ? ": it applies to no pod." : ".")
+    : null;
+  return h("div", {}, field("Expires", "ed-expiry", h("div", { class: "inline-pair" }, select, at),
+    "Times are UTC; an expired override is kept and shown, and ignored."), now);
 }
 
 function rolloutFields(r) {
@@ -398,7 +411,14 @@ function numberOf(id, label, { integer = false } = {}) {
 function expiryValue() {
   const mode = $("ed-expiry").value;
   if (mode === "none") return null;
-  if (mode === "keep") return editor.original.expires_at;
+  if (mode === "keep") {
+    const kept = editor.original.expires_at;
+    if (parseTime(kept) <= Date.now()) {
+      throw new Error("Expires: this override has expired; choose a new expiry, or no " +
+        "expiry, to make it apply again.");
+    }
+    return kept;
+  }
   if (mode === "at") {
     const text = $("ed-expiry-at").value;
     if (!text) throw new Error("Expires: give the time (UTC).");

@@ -1181,6 +1181,7 @@ function rolloutLine(r, now) {
   if (r.max_slowdown_pct !== undefined && r.max_slowdown_pct !== null) {
     parts.push(h("span", { class: "muted" }, `halts if ${r.max_slowdown_pct} % slower`));
   }
+  parts.push(h("span", { class: "muted rollout-guard-clusters" }, guardClustersText(r)));
   if (r.state === "active" && r.stage_started_at) {
     parts.push(timeEl(r.stage_started_at, "stage started "));
   }
@@ -1190,6 +1191,31 @@ function rolloutLine(r, now) {
   return h("div", { class: "rollout-line", "data-state": r.state ?? "" },
     h("span", { class: "rollout-label" }, "Rollout"), rolloutBadge(r),
     parts.flatMap((part, i) => (i ? [sep(), part] : [part])));
+}
+
+/** Whose failures and speed the guards count: the guard clusters, or every cluster the
+ *  override covers. */
+function guardClustersText(r) {
+  const globs = Array.isArray(r.guard_clusters) && r.guard_clusters.length
+    ? r.guard_clusters : null;
+  return globs ? `guard clusters ${globs.join(", ")}` : "guards every cluster it covers";
+}
+
+/** What halts the rollout, shown whether or not anything was measured yet: failures
+ *  against max_failures, the slowdown limit, and the clusters the guards watch. */
+function guardLine(p, r) {
+  const failures = p.failures ?? r.failures ?? 0;
+  const max = r.max_failures ?? 1;
+  const limit = r.max_slowdown_pct ?? null;
+  const sep = () => h("span", { class: "sep", "aria-hidden": "true" }, " · ");
+  return h("p", { class: "rollout-guards small", "data-max-failures": max,
+    "data-max-slowdown": limit ?? "", "data-guard-clusters": (r.guard_clusters || []).join(",") },
+  h("span", { class: "muted" }, "Guards: "),
+  h("span", { class: `rollout-failures${failures ? " has-failures" : ""}` },
+    `failures ${failures}/${max}`),
+  limit !== null ? [sep(), h("span", { class: "rollout-slowdown" },
+    `halts beyond −${limit} % against the rest`)] : null,
+  sep(), h("span", { class: "rollout-guard-clusters" }, guardClustersText(r)));
 }
 
 /** A halted rollout: when, the service's reason, and the pods that tripped it. */
@@ -1269,7 +1295,6 @@ function rolloutProgress(p, now) {
   const effects = override ? overrideEffects(override) : [];
   const share = scope ? ` (${Math.round((stage / scope) * 100)} %)` : "";
   const failures = p.failures ?? r.failures ?? 0;
-  const max = r.max_failures ?? 1;
   const next = nextStep(r, now);
   return h(
     "li",
@@ -1293,9 +1318,8 @@ function rolloutProgress(p, now) {
           : null),
       h("span", {},
         h("span", { class: "key key-booted", "aria-hidden": "true" }),
-        `${booted} booted with it`),
-      h("span", { class: `rollout-failures${failures ? " has-failures" : ""}` },
-        `failures ${failures}/${max}`)),
+        `${booted} booted with it`)),
+    guardLine(p, r),
     speedLine(p, r),
     r.state === "halted"
       ? h("p", { class: "halted-reason small" },
@@ -1308,17 +1332,20 @@ function rolloutProgress(p, now) {
   );
 }
 
-/** Pods in the stage out of the scope, booted ones darker; drawn in SVG (no inline
+/** Pods in the stage out of the scope (the upper lane) and those booted with it (the
+ *  lower lane), each over the whole scope, so both show whatever their share (booted
+ *  ones are a part of the stage: drawn over it, they hid it); drawn in SVG (no inline
  *  styles under the CSP): the widths are attributes. */
 function stageBar(scope, stage, booted) {
   const x = (n) => (scope ? (n / scope) * 100 : 0);
   const label = `${stage} of ${plural(scope, "pod")} in the stage, ${booted} booted with it`;
-  return s("svg", { class: "stage-bar", viewBox: "0 0 100 10", preserveAspectRatio: "none",
+  return s("svg", { class: "stage-bar", viewBox: "0 0 100 13", preserveAspectRatio: "none",
     role: "img", "aria-label": label },
   s("title", {}, label),
-  s("rect", { class: "track", x: 0, y: 0, width: 100, height: 10 }),
-  s("rect", { class: "in-stage", x: 0, y: 0, width: x(stage), height: 10 }),
-  s("rect", { class: "booted", x: 0, y: 0, width: x(booted), height: 10 }));
+  s("rect", { class: "track", x: 0, y: 0, width: 100, height: 6 }),
+  s("rect", { class: "track", x: 0, y: 7, width: 100, height: 6 }),
+  s("rect", { class: "in-stage", x: 0, y: 0, width: x(stage), height: 6 }),
+  s("rect", { class: "booted", x: 0, y: 7, width: x(booted), height: 6 }));
 }
 
 function tflops(v) {
@@ -1335,7 +1362,8 @@ function speedLine(p, r) {
       : known(rest) ? `rest ${tflops(rest)} TFLOP/s, stage not measured`
         : "neither side measured yet";
     return h("p", { class: "rollout-speed muted small", "data-compared": "false" },
-      `Speed: ${have}.`);
+      `Speed: ${have}`, r.max_slowdown_pct !== undefined && r.max_slowdown_pct !== null
+        ? ` (the guard halts it beyond −${r.max_slowdown_pct} %).` : ".");
   }
   const diff = rest > 0 ? ((stage - rest) / rest) * 100 : 0;
   const limit = r.max_slowdown_pct ?? null;
