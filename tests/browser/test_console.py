@@ -456,7 +456,7 @@ def test_controls_follow_the_token_refusals_and_times(
             ).to_contain_text(
                 "1 refused select from prod-east in the last hour: missing bearer token"
             )
-            screenshot(card, "console-refused.png", readme=False)
+            screenshot(card, "console-refused.png")
 
             # One time format everywhere: relative, the UTC time on hover.
             times = page.locator("time").evaluate_all(
@@ -648,7 +648,13 @@ def test_page_through_ten_thousand_pods_and_filter_them(
 
 def test_doc_images_are_small() -> None:
     """The README's console pictures stay light for the repository."""
-    for name in ("console-editor.png", "console-rollout.png", "console-pods.png"):
+    for name in (
+        "console-editor.png",
+        "console-rollout.png",
+        "console-pods.png",
+        "console-halted.png",
+        "console-refused.png",
+    ):
         path = Path(DOC_IMAGES / name)
         if path.exists():
             assert path.stat().st_size < 300_000, (name, path.stat().st_size)
