@@ -150,3 +150,29 @@ def test_a_stage_says_which_pods_are_in_it_and_a_halt_why_they_go_back() -> None
     ((back, because),) = halted[("CUDNN", "TRTLLM_RAGGED")]
     assert back == pods  # exactly the stage's pods go back
     assert because == ["The rollout of override east is halted.", TRT_FIRST]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "req", "source"),
+    [
+        (SEED, B200, "priority"),
+        (replace(SEED, overrides=(FORCE,)), B200, "override"),
+        (SEED, request((9, 0), cluster="east", requested_backend="CUDNN"), "requested"),
+        (SEED, request(None, cluster="east"), "fallback"),
+        (
+            replace(
+                SEED,
+                overrides=(override("east", policy="measured", note="m"),),
+                evidence=evidence(FLASHINFER=600, FLASH_ATTN=200),
+            ),
+            H200,
+            "measured",
+        ),
+    ],
+)
+def test_a_decision_names_the_message_that_chose_its_backend(
+    inputs: DecisionInputs, req: object, source: str
+) -> None:
+    d = decide(req, inputs, now=NOW)  # type: ignore[arg-type]
+    assert isinstance(d, Decision) and d.source == source
+    assert d.why in d.messages and d.backend.value in d.why, d.messages
