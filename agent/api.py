@@ -57,8 +57,10 @@ class SelectionResult:
 
     ``source`` is what the service said (``priority``, ``requested``, ``fallback``,
     ``override``, ``measured``) or ``cache`` / ``local-fallback`` when the agent
-    answered alone. ``backend`` is the one that was built; it differs from
-    ``decided_backend`` only when the decided one failed to build here.
+    answered alone, ``auth-fallback`` when it did because the service refused its token
+    (the cached answer, whose own source is in ``cached_source``, else a local one).
+    ``backend`` is the one that was built; it differs from ``decided_backend`` only
+    when the decided one failed to build here.
     ``revalidated``: the service confirmed the cached answer (HTTP 304).
     """
 
@@ -231,8 +233,9 @@ def token_problem(exc: ServiceRefused) -> str:
         )
     return (
         f"configuration error: the service refused this pod's token ({exc}); {fix}. The "
-        "pod boots on a local decision meanwhile (source auth-fallback); the service "
-        "counts these refusals per cluster (GET /v1/refusals, the dashboard)"
+        "pod boots on its cached answer or a local decision meanwhile (source "
+        "auth-fallback); the service counts these refusals per cluster (GET /v1/refusals, "
+        "the dashboard)"
     )
 
 
@@ -283,8 +286,10 @@ def decide(
                     raise TokenRefused(problem) from None
                 notes.error(problem)
                 if entry is not None:
+                    # marked as the refusal it follows, not as an outage: the cached
+                    # answer's own source stays in cached_source
                     notes.warn(f"using the answer cached {entry.age_s:.0f}s ago meanwhile")
-                    response = entry.response.model_copy(update={"source": "cache"})
+                    response = entry.response.model_copy(update={"source": "auth-fallback"})
                     return _Answer(response, None, cached_source=entry.response.source)
                 return _local_answer(request, source="auth-fallback")
             why = f"the service refused the request ({exc})"

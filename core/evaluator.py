@@ -177,6 +177,7 @@ class Decision:
     engine: EngineInfo = field(default_factory=EngineInfo)
     engine_args: tuple[str, ...] = ()
     engine_env: tuple[tuple[str, str], ...] = ()
+    why: str = ""  # the one message that says why this backend (also in ``messages``)
     evidence_situation: Situation | None = None
     """The situation whose evidence this decision read (policy ``measured``: its
     exclusions and ranking); None when evidence played no part, so new evidence
@@ -223,6 +224,11 @@ class _Trace:
     def consider(self, backend: Backend, role: CandidateRole) -> None:
         if all(b is not backend for b, _ in self.order):
             self.order.append((backend, role))
+
+    def say(self, message: str) -> str:
+        """Add ``message`` to the explanation; it is also the decision's ``why``."""
+        self.messages.append(message)
+        return message
 
 
 def context_of(request: SelectRequest) -> SelectionContext:
@@ -395,7 +401,9 @@ def decide(
     trace.messages.extend(notes)
     read = a.situation if a.policy == "measured" else None  # what the evidence was asked
 
-    def finish(backend: Backend, source: Source, evidence: Evidence | None = None) -> Decision:
+    def finish(
+        backend: Backend, source: Source, why: str, evidence: Evidence | None = None
+    ) -> Decision:
         choice = a.profile.choice(backend, ctx, a.profile.label(a.engine.version))
         if choice.note:
             trace.messages.append(choice.note)
@@ -409,6 +417,7 @@ def decide(
             engine=a.engine,
             engine_args=choice.args,
             engine_env=tuple(sorted(choice.env.items())),
+            why=why,
             evidence_situation=read,
         )
 
@@ -423,13 +432,13 @@ def decide(
         assert forced is not None
         trace.consider(forced, "forced")
         if not reasons[forced]:
-            trace.messages.append(f"Forced to {forced} by {force_by.label}: {force_by.note}")
+            why = trace.say(f"Forced to {forced} by {force_by.label}: {force_by.note}")
             if request.requested_backend not in (None, forced):
                 trace.messages.append(
                     f"Requested MLA prefill backend {request.requested_backend} "
                     f"was overridden by {force_by.label}."
                 )
-            return finish(forced, "override")
+            return finish(forced, "override", why)
         trace.messages.append(
             f"Backend {forced} forced by {force_by.label} is not valid: "
             f"{reasons[forced]}. Skipping the override."
@@ -439,8 +448,8 @@ def decide(
     if requested is not None:
         trace.consider(requested, "requested")
         if not reasons[requested]:
-            trace.messages.append(f"Using requested MLA prefill backend {requested}.")
-            return finish(requested, "requested")
+            why = trace.say(f"Using requested MLA prefill backend {requested}.")
+            return finish(requested, "requested", why)
         if request.strict:
             return refuse(
                 "requested_invalid",
@@ -459,12 +468,12 @@ def decide(
             evidence = inputs.evidence.rank(a.situation, a.valid())
             if evidence is not None:
                 trace.consider(evidence.backend, "measured")
-                trace.messages.append(
+                why = trace.say(
                     f"Using {evidence.backend}: fastest correct backend measured for this "
                     f"device, dims, dtype and engine ({evidence.median_tflops:.0f} TFLOP/s "
                     f"median over {evidence.samples} samples from {evidence.pods} pods)."
                 )
-                return finish(evidence.backend, "measured", evidence)
+                return finish(evidence.backend, "measured", why, evidence)
             trace.messages.append(
                 "Policy is measured but the evidence for this situation is too thin; "
                 "using the priority list."
@@ -478,11 +487,11 @@ def decide(
             trace.consider(backend, "priority")
         for backend in listed:
             if not reasons[backend]:
-                trace.messages.append(
+                why = trace.say(
                     f"Using {backend}: first valid backend in the priority list ({rule}: "
                     f"{', '.join(b.value for b in listed)})."
                 )
-                return finish(backend, "priority")
+                return finish(backend, "priority", why)
         trace.messages.append(
             f"No backend in the priority list ({rule}: "
             f"{', '.join(b.value for b in listed) or 'empty'}) is valid."
@@ -492,18 +501,18 @@ def decide(
         trace.consider(backend, "fallback")
     for backend in FALLBACK_CHAIN:
         if not reasons[backend]:
-            trace.messages.append(f"Using fallback {backend}.")
-            return finish(backend, "fallback")
+            why = trace.say(f"Using fallback {backend}.")
+            return finish(backend, "fallback", why)
     # Last resort: a valid backend outside every list beats refusing the pod, and a
     # refusal must never leave a valid candidate unexplained.
     for backend in Backend:
         if not reasons[backend]:
             trace.consider(backend, "fallback")
-            trace.messages.append(
+            why = trace.say(
                 f"Using {backend}: the only kind of backend valid for this pod "
                 "(none in the priority list or the fallback chain is)."
             )
-            return finish(backend, "fallback")
+            return finish(backend, "fallback", why)
     engine_text = (
         "" if a.engine.name == OWN_ENGINE else f" under {a.profile.label(a.engine.version)}"
     )

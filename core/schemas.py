@@ -320,6 +320,15 @@ class OverrideRef(BaseModel):
     revision: int | None = None
     rollout: RolloutRef | None = None
 
+    @property
+    def label(self) -> str:
+        return override_label(self.cluster)
+
+
+def override_label(scope: str) -> str:
+    """How messages name the override of ``scope`` (a cluster, or ``*``)."""
+    return "fleet override (*)" if scope == FLEET else f"override {scope}"
+
 
 class Evidence(BaseModel):
     """What measured selection based a decision on (issue 6)."""
@@ -664,7 +673,7 @@ class Override(OverrideSpec):
 
     @property
     def label(self) -> str:
-        return "fleet override (*)" if self.cluster == FLEET else f"override {self.cluster}"
+        return override_label(self.cluster)
 
 
 def rollout_id(cluster: str, spec: OverrideSpec) -> str:

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observation
+from mla_switchboard.core.schemas import FLEET
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.evidence.sync import EvidenceSync
 from mla_switchboard.service.evidence.trust import TrustedEvidence
@@ -52,7 +53,7 @@ class Runtime:
         self.fleet = Fleet(self.store)
         self.pod_expiry = PodExpiry(self.store, timedelta(days=settings.pod_ttl_days))
         self.refused_selects = RefusedSelects(
-            self.store, self.metrics, settings.metrics_max_clusters
+            self.store, self.metrics, settings.metrics_max_clusters, known=self.known_clusters
         )
         self._evidence_version = 0
         self._unwatch_gc: Callable[[], None] | None = None
@@ -199,6 +200,15 @@ class Runtime:
         inputs = self._inputs
         assert inputs is not None, "runtime not started"
         return inputs
+
+    def known_clusters(self) -> frozenset[str]:
+        """The cluster names this service knows: those with live pods, an override or a
+        rule set of their own (reads the fleet's counts: not for the event loop)."""
+        inputs = self.inputs
+        names = {o.cluster for o in inputs.overrides if o.cluster != FLEET}
+        names.update(inputs.rules.clusters)
+        names.update(g.cluster for g in self.fleet.current().groups)
+        return frozenset(names)
 
     def reload_evidence(self) -> bool:
         """Rebuild every evidence index from the store (the window only) and swap them

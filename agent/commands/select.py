@@ -7,8 +7,8 @@ stdout carries only the machine-readable answer, so that
 was chosen, or none is valid for the engine and it keeps its own choice), 2 bad input,
 3 the service refused the token and ``--fail-on-auth-error`` was given, 1 anything
 else. Without that flag a refused token is a configuration error said on stderr, and
-the pod boots on a local decision (source ``auth-fallback``). ``--measure`` first runs
-``switchboard bench`` within a time budget.
+the pod boots on its cached answer or a local decision (source ``auth-fallback``).
+``--measure`` first runs ``switchboard bench`` within a time budget.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ them). Pods the proposal would refuse outright (a strict request that is no long
 valid, or nothing valid at all) are reported as invalid with the reason. One group is
 decided once per stage class whatever its number of pods, so a preview of the whole
 fleet costs O(clusters x situations).
+
+Each change says why its pods move, read off the same two decisions (``why_moved``):
+what the proposal says against the backend they leave, the stage they enter or leave,
+an override that no longer applies, and the evaluator's own reason for the new choice.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
-from mla_switchboard.core.schemas import Override
+from mla_switchboard.core.schemas import Override, OverrideRef
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
@@ -31,15 +35,51 @@ from mla_switchboard.service.fleet.groups import (
     partial_rollouts,
 )
 from mla_switchboard.service.selector import InputsFor
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ChangeReason(BaseModel):
+    """Why ``pods`` of a change move: the evaluator's own words, most telling first."""
+
+    pods: int
+    why: list[str] = Field(
+        description="what the change does against the backend they leave, the stage they "
+        "enter or leave, an override that no longer applies, then the evaluator's reason "
+        "for the backend they get"
+    )
+
+
+class Change(BaseModel):
+    """Pods of one cluster that would go from one backend to another."""
+
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
+    cluster: str
+    from_: str = Field(alias="from")
+    to: str
+    pods: int
+    reasons: list[ChangeReason] = Field(
+        default_factory=list, description="why they move, per group of alike decisions"
+    )
+
+
+class InvalidChange(BaseModel):
+    """Pods the change would refuse a backend (a strict request, or nothing valid)."""
+
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
+    cluster: str
+    from_: str = Field(alias="from")
+    reason: str
+    pods: int
 
 
 class Preview(BaseModel):
     pods_total: int
     pods_changed: int
     pods_invalid: int
-    changes: list[dict[str, Any]]
-    invalid: list[dict[str, Any]]
+    changes: list[Change]
+    invalid: list[InvalidChange]
     clusters_affected: list[str]
     pods_pending: int = 0
     pods_unreadable: int = 0
@@ -60,7 +100,9 @@ def replay(
     evaluator as ``/v1/select``: a preview of a ``measured`` policy sees the evidence
     the live path will use."""
     changes: Counter[tuple[str, str, str]] = Counter()
+    reasons: dict[tuple[str, str, str], Counter[tuple[str, ...]]] = {}
     invalid: Counter[tuple[str, str, str]] = Counter()
+    explained: dict[tuple[int, int, str], tuple[str, ...]] = {}
     unreadable = pending = total = 0
     classes = ClassCache()
     memo = DecisionMemo(now)
@@ -99,24 +141,81 @@ def replay(
                     if not isinstance(before, Refusal):
                         invalid[(group.cluster, was, after.message)] += n
                 elif after.backend.value != was:
-                    changes[(group.cluster, was, after.backend.value)] += n
+                    key = (group.cluster, was, after.backend.value)
+                    changes[key] += n
+                    found = explained.get((id(before), id(after), was))
+                    if found is None:
+                        found = explained[(id(before), id(after), was)] = why_moved(
+                            before, after, was
+                        )
+                    reasons.setdefault(key, Counter())[found] += n
     affected = sorted({c for c, _, _ in changes} | {c for c, _, _ in invalid})
     return Preview(
         pods_total=total,
         pods_changed=sum(changes.values()),
         pods_invalid=sum(invalid.values()),
         changes=[
-            {"cluster": c, "from": f, "to": t, "pods": n}
+            Change(
+                cluster=c,
+                from_=f,
+                to=t,
+                pods=n,
+                reasons=[
+                    ChangeReason(pods=k, why=list(why))
+                    for why, k in sorted(reasons[(c, f, t)].items(), key=lambda kv: (-kv[1], kv))
+                ],
+            )
             for (c, f, t), n in sorted(changes.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0]))
         ],
         invalid=[
-            {"cluster": c, "from": f, "reason": r, "pods": n}
+            InvalidChange(cluster=c, from_=f, reason=r, pods=n)
             for (c, f, r), n in sorted(invalid.items())
         ],
         clusters_affected=affected,
         pods_pending=pending,
         pods_unreadable=unreadable,
     )
+
+
+def why_moved(before: Decision | Refusal, after: Decision, was: str) -> tuple[str, ...]:
+    """Why pods that run ``was`` get ``after.backend`` instead, from the two decisions
+    the replay made for them (``before``: under the config in force): the proposal's
+    reasons against ``was`` that the config in force did not have, the stages they
+    enter or leave, overrides that stop applying, and the evaluator's own reason for
+    the new backend. Nothing is decided here: every part is read off the decisions."""
+    out: list[str] = []
+    old = _reasons_of(before, was)
+    out += [f"{was}: {r}" for r in _reasons_of(after, was) if r not in old]
+    earlier = {ref.cluster: ref for ref in before.overrides}
+    for ref in after.overrides:
+        prior = earlier.get(ref.cluster)
+        was_in = _in_stage(prior)
+        r = ref.rollout
+        if r is None:
+            continue
+        if r.in_stage and not was_in:
+            out.append(f"In the {r.percent} % stage of {ref.label}.")
+        elif not r.in_stage and was_in:
+            out.append(
+                f"The rollout of {ref.label} is halted."
+                if r.state == "halted"
+                else f"Not in the {r.percent} % stage of {ref.label}."
+            )
+    applied = {ref.cluster for ref in after.overrides if ref.effect != "none"}
+    for ref in before.overrides:
+        gone = ref.effect != "none" and ref.cluster not in applied
+        if gone and not any(x.cluster == ref.cluster and x.rollout for x in after.overrides):
+            out.append(f"{ref.label[0].upper()}{ref.label[1:]} no longer applies.")
+    out.append(after.why)
+    return tuple(out)
+
+
+def _reasons_of(outcome: Decision | Refusal, backend: str) -> list[str]:
+    return next((list(c.reasons) for c in outcome.candidates if c.backend.value == backend), [])
+
+
+def _in_stage(ref: OverrideRef | None) -> bool:
+    return ref is not None and ref.rollout is not None and ref.rollout.in_stage
 
 
 def _union(a: Sequence[Override], b: Sequence[Override]) -> tuple[Override, ...]:

@@ -144,7 +144,9 @@ function clearButton(g) {
 
 // ---------------------------------------------------------------- the dry run's preview
 
-/** What a dry run says: pods that would change, per cluster and from -> to; pods the
+/** What a dry run says: pods that would change, per cluster and from -> to, each with
+ *  why they move (the service's decisions say it: what the change does against the
+ *  backend they leave, the stage they enter, the reason for the new one); pods the
  *  change would refuse, with the reason; pods not counted and why. */
 function previewView(p, { staged = false, verb = "change backend" } = {}) {
   const changes = [...(p.changes || [])].sort((a, b) =>
@@ -162,12 +164,14 @@ function previewView(p, { staged = false, verb = "change backend" } = {}) {
         h("th", { scope: "col" }, "Cluster"), h("th", { scope: "col" }, "From"),
         h("th", { scope: "col", "aria-label": "to" }, ""), h("th", { scope: "col" }, "To"),
         h("th", { scope: "col", class: "num" }, "Pods"))),
-      h("tbody", {}, changes.map((c) =>
-        h("tr", { "data-cluster": c.cluster, "data-from": c.from, "data-to": c.to,
-          "data-pods": c.pods },
+      h("tbody", {}, changes.map((c) => [
+        h("tr", { class: "change", "data-cluster": c.cluster, "data-from": c.from,
+          "data-to": c.to, "data-pods": c.pods },
         h("td", { class: "mono" }, c.cluster), h("td", {}, backendTag(c.from)),
         h("td", { class: "arrow" }, "→"), h("td", {}, backendTag(c.to)),
-        h("td", { class: "num" }, String(c.pods))))))));
+        h("td", { class: "num" }, String(c.pods))),
+        changeReasons(c),
+      ])))));
   } else {
     parts.push(h("p", { class: "muted" }, "No pod would change."));
   }
@@ -190,6 +194,21 @@ function previewView(p, { staged = false, verb = "change backend" } = {}) {
   }
   return h("div", { class: "preview", "data-changed": p.pods_changed, "data-total": p.pods_total,
     "data-invalid": p.pods_invalid }, parts);
+}
+
+/** The row under a change saying why its pods move: one line per group of alike
+ *  decisions, with its pods when there is more than one. */
+function changeReasons(c) {
+  const groups = Array.isArray(c.reasons) ? c.reasons : [];
+  if (!groups.length) return null;
+  const many = groups.length > 1;
+  // right under its change row (tr.change + tr.change-why), spanning the table
+  return h("tr", { class: "change-why" }, h("td", { colspan: 5 },
+    h("ul", { class: "why-list" }, groups.map((g) =>
+      h("li", { "data-pods": g.pods },
+        many ? h("span", { class: "why-pods" }, `${plural(g.pods, "pod")}: `) : null,
+        (g.why || []).map((text, i) => [i ? h("span", { class: "sep", "aria-hidden": "true" },
+          " · ") : null, h("span", { class: "why" }, text)]))))));
 }
 
 // ---------------------------------------------------------------- the override editor
@@ -297,17 +316,30 @@ function editorForm(scope, o) {
   return form;
 }
 
+/** The expiry: an override that has one keeps it unless the user picks another. One
+ *  that already expired keeps it too (saving it as is is refused, with the reason), so an
+ *  edit never turns an expired override back on, forever, without anyone choosing so. */
 function expiryField(spec) {
-  const keep = spec.expires_at && !spec.expired ? spec.expires_at : null;
-  const choices = [...(keep ? [["keep", `keep: ${utcText(keep)}`]] : []), ...EXPIRY_CHOICES];
-  const select = h("select", { id: "ed-expiry" },
+  const keep = spec.expires_at || null;
+  const expired = Boolean(keep) && (spec.expired || parseTime(keep) <= Date.now());
+  const choices = [
+    ...(keep ? [["keep", expired ? "keep: expired (choose another to apply it again)"
+      : "keep the current expiry"]] : []),
+    ...EXPIRY_CHOICES,
+  ];
+  const select = h("select", { id: "ed-expiry", "data-expired": String(expired) },
     choices.map(([v, label]) => h("option", { value: v, selected: v === (keep ? "keep" : "none") },
       label)));
   const at = h("input", { id: "ed-expiry-at", type: "datetime-local", hidden: true,
     "aria-label": "Expiry time, UTC" });
   select.addEventListener("change", () => { at.hidden = select.value !== "at"; });
-  return field("Expires", "ed-expiry", h("div", { class: "inline-pair" }, select, at),
-    "Times are UTC; an expired override is kept and shown, and ignored.");
+  const now = keep
+    ? h("p", { class: `hint${expired ? " warn" : ""}`, id: "ed-expiry-now" },
+      expired ? timeEl(keep, "Expired ") : timeEl(keep, "Expires "),
+      expired ? ": it applies to no pod." : ".")
+    : null;
+  return h("div", {}, field("Expires", "ed-expiry", h("div", { class: "inline-pair" }, select, at),
+    "Times are UTC; an expired override is kept and shown, and ignored."), now);
 }
 
 function rolloutFields(r) {
@@ -379,7 +411,14 @@ function numberOf(id, label, { integer = false } = {}) {
 function expiryValue() {
   const mode = $("ed-expiry").value;
   if (mode === "none") return null;
-  if (mode === "keep") return editor.original.expires_at;
+  if (mode === "keep") {
+    const kept = editor.original.expires_at;
+    if (parseTime(kept) <= Date.now()) {
+      throw new Error("Expires: this override has expired; choose a new expiry, or no " +
+        "expiry, to make it apply again.");
+    }
+    return kept;
+  }
   if (mode === "at") {
     const text = $("ed-expiry-at").value;
     if (!text) throw new Error("Expires: give the time (UTC).");

@@ -319,11 +319,12 @@ async function loadMe() {
 
 // ---------------------------------------------------------------- notices
 
-/** What an action did, shown until the next one (or 20 s). */
-function notice(text, kind = "ok") {
+/** What an action did, shown until the next one (or 20 s); ``content`` is text, or
+ *  text and nodes (describeFailure's times). */
+function notice(content, kind = "ok") {
   const el = $("notice");
   el.className = `notice notice-${kind}`;
-  el.textContent = text;
+  el.replaceChildren(...[content].flat());
   el.hidden = false;
   clearTimeout(state.noticeTimer);
   state.noticeTimer = setTimeout(() => { el.hidden = true; }, 20_000);
@@ -346,10 +347,10 @@ function handleAuthError(err) {
 
 // ---------------------------------------------------------------- banner
 
-function showBanner(text, kind = "error") {
+function showBanner(content, kind = "error") {
   const banner = $("banner");
   banner.className = `banner banner-${kind}`;
-  banner.textContent = text;
+  banner.replaceChildren(...[content].flat());
   banner.hidden = false;
 }
 
@@ -357,13 +358,15 @@ function hideBanner() {
   $("banner").hidden = true;
 }
 
+/** A failed request as a person reads it, and since when the page shows older data (in
+ *  the page's one time format): text and a <time>, for h(), notice() or showBanner(). */
 function describeFailure(err) {
   const since = state.lastUpdated
-    ? ` Showing data loaded ${relative(state.lastUpdated.toISOString())}.` : "";
+    ? [" Showing data loaded ", timeEl(state.lastUpdated.toISOString()), "."] : [];
   if (err.status === 0) {
-    return `Cannot reach the service.${since} Retrying every ${REFRESH_MS / 1000} s.`;
+    return ["Cannot reach the service.", ...since, ` Retrying every ${REFRESH_MS / 1000} s.`];
   }
-  return `The service answered ${err.status} on ${err.path}: ${err.message}.${since}`;
+  return [`The service answered ${err.status} on ${err.path}: ${err.message}.`, ...since];
 }
 
 // ---------------------------------------------------------------- session
@@ -1178,6 +1181,7 @@ function rolloutLine(r, now) {
   if (r.max_slowdown_pct !== undefined && r.max_slowdown_pct !== null) {
     parts.push(h("span", { class: "muted" }, `halts if ${r.max_slowdown_pct} % slower`));
   }
+  parts.push(h("span", { class: "muted rollout-guard-clusters" }, guardClustersText(r)));
   if (r.state === "active" && r.stage_started_at) {
     parts.push(timeEl(r.stage_started_at, "stage started "));
   }
@@ -1187,6 +1191,31 @@ function rolloutLine(r, now) {
   return h("div", { class: "rollout-line", "data-state": r.state ?? "" },
     h("span", { class: "rollout-label" }, "Rollout"), rolloutBadge(r),
     parts.flatMap((part, i) => (i ? [sep(), part] : [part])));
+}
+
+/** Whose failures and speed the guards count: the guard clusters, or every cluster the
+ *  override covers. */
+function guardClustersText(r) {
+  const globs = Array.isArray(r.guard_clusters) && r.guard_clusters.length
+    ? r.guard_clusters : null;
+  return globs ? `guard clusters ${globs.join(", ")}` : "guards every cluster it covers";
+}
+
+/** What halts the rollout, shown whether or not anything was measured yet: failures
+ *  against max_failures, the slowdown limit, and the clusters the guards watch. */
+function guardLine(p, r) {
+  const failures = p.failures ?? r.failures ?? 0;
+  const max = r.max_failures ?? 1;
+  const limit = r.max_slowdown_pct ?? null;
+  const sep = () => h("span", { class: "sep", "aria-hidden": "true" }, " · ");
+  return h("p", { class: "rollout-guards small", "data-max-failures": max,
+    "data-max-slowdown": limit ?? "", "data-guard-clusters": (r.guard_clusters || []).join(",") },
+  h("span", { class: "muted" }, "Guards: "),
+  h("span", { class: `rollout-failures${failures ? " has-failures" : ""}` },
+    `failures ${failures}/${max}`),
+  limit !== null ? [sep(), h("span", { class: "rollout-slowdown" },
+    `halts beyond −${limit} % against the rest`)] : null,
+  sep(), h("span", { class: "rollout-guard-clusters" }, guardClustersText(r)));
 }
 
 /** A halted rollout: when, the service's reason, and the pods that tripped it. */
@@ -1266,7 +1295,6 @@ function rolloutProgress(p, now) {
   const effects = override ? overrideEffects(override) : [];
   const share = scope ? ` (${Math.round((stage / scope) * 100)} %)` : "";
   const failures = p.failures ?? r.failures ?? 0;
-  const max = r.max_failures ?? 1;
   const next = nextStep(r, now);
   return h(
     "li",
@@ -1290,9 +1318,8 @@ function rolloutProgress(p, now) {
           : null),
       h("span", {},
         h("span", { class: "key key-booted", "aria-hidden": "true" }),
-        `${booted} booted with it`),
-      h("span", { class: `rollout-failures${failures ? " has-failures" : ""}` },
-        `failures ${failures}/${max}`)),
+        `${booted} booted with it`)),
+    guardLine(p, r),
     speedLine(p, r),
     r.state === "halted"
       ? h("p", { class: "halted-reason small" },
@@ -1305,17 +1332,20 @@ function rolloutProgress(p, now) {
   );
 }
 
-/** Pods in the stage out of the scope, booted ones darker; drawn in SVG (no inline
+/** Pods in the stage out of the scope (the upper lane) and those booted with it (the
+ *  lower lane), each over the whole scope, so both show whatever their share (booted
+ *  ones are a part of the stage: drawn over it, they hid it); drawn in SVG (no inline
  *  styles under the CSP): the widths are attributes. */
 function stageBar(scope, stage, booted) {
   const x = (n) => (scope ? (n / scope) * 100 : 0);
   const label = `${stage} of ${plural(scope, "pod")} in the stage, ${booted} booted with it`;
-  return s("svg", { class: "stage-bar", viewBox: "0 0 100 10", preserveAspectRatio: "none",
+  return s("svg", { class: "stage-bar", viewBox: "0 0 100 13", preserveAspectRatio: "none",
     role: "img", "aria-label": label },
   s("title", {}, label),
-  s("rect", { class: "track", x: 0, y: 0, width: 100, height: 10 }),
-  s("rect", { class: "in-stage", x: 0, y: 0, width: x(stage), height: 10 }),
-  s("rect", { class: "booted", x: 0, y: 0, width: x(booted), height: 10 }));
+  s("rect", { class: "track", x: 0, y: 0, width: 100, height: 6 }),
+  s("rect", { class: "track", x: 0, y: 7, width: 100, height: 6 }),
+  s("rect", { class: "in-stage", x: 0, y: 0, width: x(stage), height: 6 }),
+  s("rect", { class: "booted", x: 0, y: 7, width: x(booted), height: 6 }));
 }
 
 function tflops(v) {
@@ -1332,7 +1362,8 @@ function speedLine(p, r) {
       : known(rest) ? `rest ${tflops(rest)} TFLOP/s, stage not measured`
         : "neither side measured yet";
     return h("p", { class: "rollout-speed muted small", "data-compared": "false" },
-      `Speed: ${have}.`);
+      `Speed: ${have}`, r.max_slowdown_pct !== undefined && r.max_slowdown_pct !== null
+        ? ` (the guard halts it beyond −${r.max_slowdown_pct} %).` : ".");
   }
   const diff = rest > 0 ? ((stage - rest) / rest) * 100 : 0;
   const limit = r.max_slowdown_pct ?? null;
@@ -1493,9 +1524,9 @@ function auditItem(e) {
       h("summary", {}, "before / after"),
       h("div", { class: "diff" },
         h("div", {}, h("span", { class: "muted small" }, "before"),
-          h("pre", {}, pretty(e.before))),
+          h("pre", {}, prettyWithTimes(e.before))),
         h("div", {}, h("span", { class: "muted small" }, "after"),
-          h("pre", {}, pretty(e.after)))))
+          h("pre", {}, prettyWithTimes(e.after)))))
     : null;
   return h(
     "li",
@@ -1534,6 +1565,22 @@ function previewChanges(preview) {
 function pretty(value) {
   if (value === null || value === undefined) return "—";
   return JSON.stringify(value, null, 2);
+}
+
+const ISO_IN_JSON = /"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)"/g;
+
+/** ``pretty`` with every timestamp in the page's one time format (relative, the UTC time
+ *  on hover) instead of its ISO text. */
+function prettyWithTimes(value) {
+  const text = pretty(value);
+  const out = [];
+  let at = 0;
+  for (const m of text.matchAll(ISO_IN_JSON)) {
+    out.push(text.slice(at, m.index), timeEl(m[1]));
+    at = m.index + m[0].length;
+  }
+  out.push(text.slice(at));
+  return out;
 }
 
 // ---------------------------------------------------------------- wiring

@@ -179,7 +179,9 @@ function renderPods(f, { rows = true, keepScroll = false } = {}) {
     // a refresh keeps the reader's place; a new page or filter starts at the top
     const scrolled = wrap && keepScroll ? wrap.scrollTop : 0;
     box.replaceChildren(podTable(pods.items));
-    box.querySelector(".pods-wrap").scrollTop = scrolled;
+    const fresh = box.querySelector(".pods-wrap");
+    fitWholeRows(fresh);
+    fresh.scrollTop = scrolled;
   }
   const range = $("pods-range");
   const of = pods.total !== null ? ` of ${pods.total.toLocaleString("en-US")}`
@@ -193,6 +195,23 @@ function renderPods(f, { rows = true, keepScroll = false } = {}) {
   $("pods-count").textContent = pods.total !== null ? plural(pods.total, "pod") : "";
   $("pods-prev").disabled = pods.cursors.length <= 1;
   $("pods-next").disabled = !pods.next;
+}
+
+/** The scroll box ends on a row's edge, within the stylesheet's height: a row cut in two
+ *  at its bottom reads as a broken table. Measured once the rows are laid out (a CSSOM
+ *  height, which the CSP allows, unlike a style attribute). */
+function fitWholeRows(wrap) {
+  if (!wrap) return;
+  wrap.style.maxHeight = "";
+  if (wrap.scrollHeight <= wrap.clientHeight) return; // every row shows
+  const box = wrap.getBoundingClientRect();
+  let fits = 0;
+  for (const row of wrap.querySelectorAll("tbody tr")) {
+    const bottom = row.getBoundingClientRect().bottom - box.top + wrap.scrollTop;
+    if (bottom > box.height - 1) break; // past the lower border
+    fits = bottom;
+  }
+  if (fits > 0) wrap.style.maxHeight = `${Math.ceil(fits) + 1}px`; // and the lower border
 }
 
 /** Two-line cells (pod over node, GPU over capability, ...) keep the table narrow; the
@@ -291,4 +310,10 @@ function initPods() {
   });
   $("pods-prev").disabled = true;
   $("pods-next").disabled = true;
+  // A new width wraps cells differently: the box ends on a row's edge again.
+  let resizing = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizing);
+    resizing = setTimeout(() => fitWholeRows($("pods-table").querySelector(".pods-wrap")), 150);
+  });
 }

@@ -115,6 +115,23 @@ def test_4xx_from_the_real_service_is_not_retried(agent_service: Any, cache_dir:
     )
 
 
+def test_a_cached_answer_after_a_refused_token_is_marked_as_such(
+    agent_service: Any, cache_dir: Path
+) -> None:
+    """The source and the log agree: a refused token is a configuration error whether
+    the pod then boots on its cached answer or on a local decision, never "cache" (which
+    reads as an outage)."""
+    good = _select([agent_service.url], cache_dir, token=agent_service.token)
+    assert good.source == "priority"
+    refused = _select([agent_service.url], cache_dir, token="not-a-token")
+    assert (refused.source, refused.cached_source) == ("auth-fallback", "priority")
+    assert refused.backend == good.backend and refused.decision_id == good.decision_id
+    assert refused.to_dict()["source"] == "auth-fallback"
+    problem = next(n for n in refused.notes if n.startswith("configuration error"))
+    assert "(source auth-fallback)" in problem and "HTTP 401" in problem
+    assert any(n.startswith("using the answer cached") for n in refused.notes)
+
+
 @pytest.mark.parametrize("body", [b'{"detail": {"message": "no"}}', b'["no"]', b"no"])
 def test_4xx_is_not_retried_nor_sent_to_the_next_url(
     scripted_server: Any, agent_service: Any, cache_dir: Path, body: bytes

@@ -138,9 +138,12 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
         assert r.status_code == 200, r.text
         expected = r.json()["preview"]
     staged = expected["pods_changed"]
+    why = ["In the 20 % stage of override prod-east.", f"Forced to FLASHINFER by override "
+           f"prod-east: {spec['note']}"]  # fmt: skip
     assert 0 < staged < 120 and expected["changes"] == [
-        {"cluster": "prod-east", "from": "FLASH_ATTN", "to": "FLASHINFER", "pods": staged}
-    ], expected
+        {"cluster": "prod-east", "from": "FLASH_ATTN", "to": "FLASHINFER", "pods": staged,
+         "reasons": [{"pods": staged, "why": why}]}
+    ], expected  # fmt: skip
 
     with sync_playwright() as p:
         browser = launch(p)
@@ -176,6 +179,8 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
             )
             expect(row).to_have_attribute("data-pods", str(staged))
             expect(preview).to_contain_text(f"{staged} of 160 pods would change backend")
+            reasons = preview.locator('tr.change[data-cluster="prod-east"] + tr.change-why li')
+            expect(reasons).to_have_text(" · ".join(why))
             expect(preview).to_contain_text("only pods in the stage are counted")
             expect(a.locator("#ed-apply")).to_be_enabled()
             screenshot(dialog, "console-editor.png")
@@ -451,7 +456,7 @@ def test_controls_follow_the_token_refusals_and_times(
             ).to_contain_text(
                 "1 refused select from prod-east in the last hour: missing bearer token"
             )
-            screenshot(card, "console-refused.png", readme=False)
+            screenshot(card, "console-refused.png")
 
             # One time format everywhere: relative, the UTC time on hover.
             times = page.locator("time").evaluate_all(
@@ -577,11 +582,32 @@ def test_page_through_ten_thousand_pods_and_filter_them(
             expect(rng).to_have_text(shown_range(1, 100, 10_000))
 
             # Filters: each one narrows what the server lists, and the total follows.
+            def label(select: str, value: str) -> str:
+                return str(page.locator(f'{select} option[value="{value}"]').text_content())
+
+            expect(page.locator('#pf-engine option[value="vllm"]')).to_have_text("vllm (2000)")
             page.locator("#pf-cluster").select_option("region-3")
             expect(rng).to_have_text(shown_range(1, 100, by_cluster["region-3"]))
+            # each choice counts what picking it would list, the other filters kept
+            vllm_r3 = sum(1 for b in bodies if b["cluster"] == "region-3" and "engine" in b)
+            expect(page.locator('#pf-engine option[value="vllm"]')).to_have_text(
+                f"vllm ({vllm_r3})"
+            )
+            assert label("#pf-cluster", "region-0") == f"region-0 ({by_cluster['region-0']})"
             page.locator("#pf-gpu").select_option("NVIDIA B200")
             page.locator("#pf-engine").select_option("vllm")
             expect(rng).to_have_text(shown_range(1, b200_vllm_r3, b200_vllm_r3))
+            expect(page.locator('#pf-engine option[value="vllm"]')).to_have_text(
+                f"vllm ({b200_vllm_r3})"
+            )
+            b200_vllm_r0 = sum(
+                1
+                for b in bodies
+                if b["cluster"] == "region-0"
+                and b["device"]["name"] == "NVIDIA B200"
+                and "engine" in b
+            )
+            assert label("#pf-cluster", "region-0") == f"region-0 ({b200_vllm_r0})"
             rows = page.locator("#pods tbody tr")
             expect(rows).to_have_count(b200_vllm_r3)
             cells = rows.first.locator("td")
@@ -622,7 +648,13 @@ def test_page_through_ten_thousand_pods_and_filter_them(
 
 def test_doc_images_are_small() -> None:
     """The README's console pictures stay light for the repository."""
-    for name in ("console-editor.png", "console-rollout.png", "console-pods.png"):
+    for name in (
+        "console-editor.png",
+        "console-rollout.png",
+        "console-pods.png",
+        "console-halted.png",
+        "console-refused.png",
+    ):
         path = Path(DOC_IMAGES / name)
         if path.exists():
             assert path.stat().st_size < 300_000, (name, path.stat().st_size)

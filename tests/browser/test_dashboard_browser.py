@@ -408,6 +408,14 @@ def test_dashboard_in_chromium(
             service.stop()
             page.locator("#refresh").click()
             expect(page.locator("#banner")).to_contain_text("Cannot reach the service")
+            # since when the page shows older data: the page's one time format
+            expect(page.locator("#banner")).to_contain_text("Showing data loaded")
+            loaded = page.locator("#banner time")
+            expect(loaded).to_have_text(re.compile(r"^(\d+ s ago|just now)$"))
+            at = datetime.fromisoformat(loaded.get_attribute("datetime") or "")
+            expect(loaded).to_have_attribute(
+                "title", at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            )
             expect(page.locator("#fleet-chart g.row")).to_have_count(len(expected))
             assert chart_counts(page) == expected
             # Chromium logs the refused connections; those are this step's doing.

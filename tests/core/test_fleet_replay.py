@@ -17,7 +17,7 @@ import pytest
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, in_stage
 from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, rollout_id
 from mla_switchboard.service.fleet.groups import FleetSnapshot
-from mla_switchboard.service.fleet.preview import replay, with_override
+from mla_switchboard.service.fleet.preview import replay, why_moved, with_override
 from mla_switchboard.service.fleet.progress import progress
 from mla_switchboard.service.state import PodState
 
@@ -60,11 +60,15 @@ def fleet(seed: int, inputs: DecisionInputs, pods: int = 900) -> list[PodState]:
     return out
 
 
+Reasons = Counter[tuple[str, str, str, tuple[str, ...]]]
+
+
 def one_by_one(
     pods: list[PodState], current: DecisionInputs, proposed: DecisionInputs
-) -> tuple[Counter[tuple[str, str, str]], Counter[tuple[str, str]], int]:
+) -> tuple[Counter[tuple[str, str, str]], Counter[tuple[str, str]], int, Reasons]:
     changes: Counter[tuple[str, str, str]] = Counter()
     invalid: Counter[tuple[str, str]] = Counter()
+    reasons: Reasons = Counter()
     pending = 0
     for p in pods:
         r = p.request
@@ -77,7 +81,8 @@ def one_by_one(
                 invalid[(p.cluster, was)] += 1
         elif after.backend.value != was:
             changes[(p.cluster, was, after.backend.value)] += 1
-    return changes, invalid, pending
+            reasons[(p.cluster, was, after.backend.value, why_moved(before, after, was))] += 1
+    return changes, invalid, pending, reasons
 
 
 CURRENT = [
@@ -102,11 +107,18 @@ def test_the_preview_by_group_equals_the_replay_of_every_pod(
     proposed = replace(current, overrides=tuple(with_override(current.overrides, scope, proposal)))
     pods = fleet(len(current_overrides) * 10 + len(scope), current)
     got = replay(FleetSnapshot.of_pods(pods), current, proposed, now=NOW)
-    changes, invalid, pending = one_by_one(pods, current, proposed)
+    changes, invalid, pending, reasons = one_by_one(pods, current, proposed)
+    shown = got.model_dump()
     assert got.pods_total == len(pods)
     assert got.pods_pending == pending
-    assert {(c["cluster"], c["from"], c["to"]): c["pods"] for c in got.changes} == changes
-    assert _summed(got.invalid) == invalid
+    assert {(c["cluster"], c["from"], c["to"]): c["pods"] for c in shown["changes"]} == changes
+    # each pod's reason, as deciding it alone gives it, under the group it was counted in
+    assert {
+        (c["cluster"], c["from"], c["to"], tuple(r["why"])): r["pods"]
+        for c in shown["changes"]
+        for r in c["reasons"]
+    } == reasons
+    assert _summed(shown["invalid"]) == invalid
     assert got.pods_changed == sum(changes.values())
     if proposal is not None or any(o.cluster == scope for o in current_overrides):
         assert got.pods_changed + got.pods_invalid > 0  # the change does something

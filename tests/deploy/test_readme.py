@@ -108,6 +108,12 @@ def test_the_walkthrough_runs_as_written_with_the_figures_it_shows(tmp_path: Pat
     ]
     assert all(p["pods_total"] == 772 for p in dry_runs)
     assert {c["to"] for p in dry_runs for c in p["changes"]} == {"FLASH_ATTN"}
+    # why they move, as the first dry run says it (the last reason shown shortened)
+    (reason,) = dry_runs[0]["changes"][0]["reasons"]
+    *said, choice = reason["why"]
+    assert reason["pods"] == dry_runs[0]["pods_changed"]
+    assert all(f'"{why}"' in shown for why in said), said
+    assert choice.startswith("Using FLASH_ATTN: first valid backend in the priority list ")
     # the override's revision in the stage's message, and the rollout's progress
     written = [d["override"] for d in documents if "override" in d and "preview" in d]
     assert written and all(o["note"] == "INC-4711 FlashInfer segfault" for o in written)

@@ -367,9 +367,15 @@ class TestPreview:
             ).json()
             assert p["pods_total"] == 1200
             assert p["pods_changed"] == 400
-            assert p["changes"] == [
-                {"cluster": "west", "from": "TRTLLM_RAGGED", "to": "FLASHINFER", "pods": 400}
+            why = [
+                "TRTLLM_RAGGED: denied by fleet override (*): what if",
+                "Using FLASHINFER: first valid backend in the priority list (fleet rule for "
+                "capability 10: TRTLLM_RAGGED, FLASHINFER, CUDNN, FLASH_ATTN).",
             ]
+            assert p["changes"] == [
+                {"cluster": "west", "from": "TRTLLM_RAGGED", "to": "FLASHINFER", "pods": 400,
+                 "reasons": [{"pods": 400, "why": why}]}
+            ]  # fmt: skip
             assert p["clusters_affected"] == ["west"]
 
     def test_rules_preview_and_dry_run_change_nothing(self, fleet: ServiceProcess) -> None:
@@ -380,9 +386,14 @@ class TestPreview:
             assert r.status_code == 200
             p = r.json()["preview"]
             assert p["pods_changed"] == 600
-            assert p["changes"] == [
-                {"cluster": "east", "from": "FLASH_ATTN", "to": "CUDNN", "pods": 600}
+            why = [
+                "Using CUDNN: first valid backend in the priority list (fleet rule for "
+                "capability 9: CUDNN, FLASH_ATTN)."
             ]
+            assert p["changes"] == [
+                {"cluster": "east", "from": "FLASH_ATTN", "to": "CUDNN", "pods": 600,
+                 "reasons": [{"pods": 600, "why": why}]}
+            ]  # fmt: skip
             assert c.get("/v1/rules").json()["revision"] == doc["revision"]
             assert c.get("/v1/audit", params={"action": "rules.replace"}).json()["items"] == []
 
@@ -427,6 +438,18 @@ class TestPreview:
             assert p.json() == dry.json()["preview"]
             assert 0 < p.json()["pods_changed"] < 600  # half of east's pods, by name
 
+    def test_the_openapi_document_says_why_pods_move(self, fleet: ServiceProcess) -> None:
+        with fleet.client() as c:
+            doc = c.get("/openapi.json").json()
+        ok = doc["paths"]["/v1/preview"]["post"]["responses"]["200"]["content"]
+        assert ok["application/json"]["schema"]["$ref"].endswith("/Preview")
+        schemas = doc["components"]["schemas"]
+        change = schemas["Preview"]["properties"]["changes"]["items"]["$ref"].split("/")[-1]
+        props = schemas[change]["properties"]
+        assert {"cluster", "from", "to", "pods", "reasons"} <= set(props)
+        reason = schemas[props["reasons"]["items"]["$ref"].split("/")[-1]]
+        assert reason["properties"]["why"]["items"] == {"type": "string"}
+
     def test_preview_needs_exactly_one_proposal(self, fleet: ServiceProcess) -> None:
         with fleet.client() as c:
             assert c.post("/v1/preview", json={}).status_code == 422
@@ -451,9 +474,15 @@ class TestPreview:
             assert p["pods_pending"] == 600
             # removing the drill returns east to what its pods run
             p = c.delete("/v1/overrides/east", params={"dry_run": "true"}).json()["preview"]
-            assert p["changes"] == [
-                {"cluster": "east", "from": "TORCH_SDPA", "to": "FLASH_ATTN", "pods": 600}
+            why = [
+                "Override east no longer applies.",
+                "Using FLASH_ATTN: first valid backend in the priority list (fleet rule "
+                "default: FLASH_ATTN).",
             ]
+            assert p["changes"] == [
+                {"cluster": "east", "from": "TORCH_SDPA", "to": "FLASH_ATTN", "pods": 600,
+                 "reasons": [{"pods": 600, "why": why}]}
+            ]  # fmt: skip
             c.delete("/v1/overrides/east")
 
 

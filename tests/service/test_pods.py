@@ -136,6 +136,35 @@ def test_facets_list_each_filters_values_and_count_what_a_filter_keeps(api: http
         api.delete("/v1/overrides/east")
 
 
+FACETS = {"clusters": "cluster", "backends": "backend", "sources": "source",
+          "engines": "engine", "gpus": "gpu"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"cluster": "east"},
+        {"engine": "vllm"},
+        {"cluster": "west", "gpu": "NVIDIA B200"},
+        {"backend": "FLASH_ATTN", "source": "priority", "engine": "switchboard"},
+        {"cluster": "nowhere"},
+    ],
+)
+def test_each_facet_counts_under_the_other_filters(
+    api: httpx.Client, given: dict[str, str]
+) -> None:
+    """A value's count is what picking it would list, the other filters kept: "vllm (24)"
+    beside "1-8 of 8" told the reader the wrong thing. A facet's own filter is left out
+    of its counts, so the other values stay pickable."""
+    f = facets(api, **given)
+    assert f["pods"] == len(pages(api, **given, limit=500))
+    for facet, param in FACETS.items():
+        assert f[facet], facet  # every value of the visible fleet is listed, 0 or not
+        for value in f[facet]:
+            picked = {**given, param: value["name"]}
+            assert value["pods"] == len(pages(api, **picked, limit=500)), (facet, value)
+
+
 def test_facets_answer_304_while_nothing_changed(api: httpx.Client) -> None:
     r = api.get("/v1/pods/facets", params={"cluster": "east"})
     etag = r.headers["ETag"]

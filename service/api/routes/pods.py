@@ -140,10 +140,12 @@ def pod_facets(
     stage: StageQ = None,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
-    """Every value of each ``GET /v1/pods`` filter in the caller's live fleet with its
-    pods (over the whole visible fleet), and ``pods``: how many pods these filters keep
+    """Every value of each ``GET /v1/pods`` filter in the caller's live fleet, with the
+    pods it would keep together with the *other* filters given (a faceted search: with
+    ``cluster=east`` the engines count east's pods, and the clusters still count every
+    cluster, so another can be picked), and ``pods``: how many pods these filters keep
     (``q`` aside), so that a console can fill its filter lists and say "1-100 of 3,412".
-    Read from the fleet's counts: O(groups), whatever the number of pods."""
+    Read from the fleet's counts: O(groups x filters), whatever the number of pods."""
     if runtime.recorder.pending:
         runtime.recorder.flush(wake=False)
     fleet = runtime.fleet.current()
@@ -152,10 +154,17 @@ def pod_facets(
     if etag_matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
     shapes = {g.shape_id: g.request for g in fleet.groups}
-    where = _where(runtime, principal, shapes, cluster, backend, source, engine, gpu, stage)
-    facets: dict[str, Counter[str]] = {
-        k: Counter() for k in ("clusters", "backends", "sources", "engines", "gpus")
-    }
+    given = {"cluster": cluster, "backend": backend, "source": source, "engine": engine,
+             "gpu": gpu}  # fmt: skip
+
+    def where_but(facet: str | None) -> PodFilter | None:
+        f = {**given, **({} if facet is None else {facet: None})}
+        return _where(runtime, principal, shapes, stage=stage, **f)
+
+    every = where_but(None)
+    # a facet's own filter is left out of its counts; one not given changes nothing
+    wheres = {name: where_but(name) if given[name] is not None else every for name in given}
+    facets: dict[str, Counter[str]] = {f"{k}s": Counter() for k in given}
     kept = 0
     for group in fleet.groups:
         if not principal.may_see(group.cluster):
@@ -164,14 +173,21 @@ def pod_facets(
         for row in group.rows:
             if row.pods <= 0:
                 continue
-            facets["clusters"][group.cluster] += row.pods
-            facets["backends"][row.backend] += row.pods
-            facets["sources"][row.source] += row.pods
-            if request is not None:
-                facets["engines"][request.engine.name if request.engine else OWN_ENGINE] += row.pods
-                if request.device.name:
-                    facets["gpus"][request.device.name] += row.pods
-            kept += 0 if where is None else _kept(group, row, where)
+            values = {
+                "cluster": group.cluster,
+                "backend": row.backend,
+                "source": row.source,
+                "engine": None
+                if request is None
+                else (request.engine.name if request.engine else OWN_ENGINE),
+                "gpu": None if request is None else request.device.name or None,
+            }
+            for name, value in values.items():
+                if value is None:
+                    continue
+                where = wheres[name]
+                facets[f"{name}s"][value] += 0 if where is None else _kept(group, row, where)
+            kept += 0 if every is None else _kept(group, row, every)
     body: dict[str, Any] = {
         name: [{"name": k, "pods": n} for k, n in sorted(counts.items())]
         for name, counts in facets.items()
@@ -357,7 +373,9 @@ def refusals(
     """Pods whose agent sent no token, an unknown or revoked one, one without the agent
     role, or one limited to other clusters: each such pod still boots (its agent
     decides locally), so this is where a fleet with a wrong secret shows. Counted by
-    every replica, per claimed cluster (bounded: further names count as "(other)")."""
+    every replica, per claimed cluster: clusters the service knows by name, other names
+    by name within a small budget an hour, then as "(unknown cluster)" (see
+    ``service/refused.py``)."""
     since = datetime.now(UTC) - timedelta(hours=hours)
     items = [
         {"cluster": c, "reason": r, "count": n, "last_at": last}
