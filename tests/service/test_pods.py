@@ -174,6 +174,23 @@ def test_facets_answer_304_while_nothing_changed(api: httpx.Client) -> None:
     assert other.status_code == 200
 
 
+def test_a_page_answers_304_until_its_pods_change(api: httpx.Client) -> None:
+    """The console polls the page it shows; an unchanged page costs a 304, no body."""
+    first = api.get("/v1/pods", params={"cluster": "west", "limit": 5})
+    etag = first.headers["etag"]
+    again = api.get(
+        "/v1/pods", params={"cluster": "west", "limit": 5}, headers={"If-None-Match": etag}
+    )
+    assert again.status_code == 304 and again.content == b""
+    payload = body(cluster="west", pod="p000-new", node="n0", packages=ALL)  # first in order
+    assert api.post("/v1/select", json=payload).status_code == 200
+    moved = api.get(
+        "/v1/pods", params={"cluster": "west", "limit": 5}, headers={"If-None-Match": etag}
+    )
+    assert moved.status_code == 200 and moved.headers["etag"] != etag
+    assert "p000-new" in [i["pod"] for i in moved.json()["items"]]
+
+
 def test_a_scoped_token_sees_facets_of_its_clusters_only(api: httpx.Client) -> None:
     r = api.post("/v1/tokens", json={"name": "dev-facets", "role": "viewer", "clusters": ["dev-*"]})
     headers = {"Authorization": f"Bearer {r.json()['token']}"}

@@ -154,3 +154,18 @@ def test_whoami_says_what_a_token_may_do(sqlite_url: str) -> None:
             "agent"
         )
         assert c.get("/v1/whoami", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_the_refusals_card_answers_304_until_a_refusal_arrives(sqlite_url: str) -> None:
+    """The dashboard polls the refused-selects card; while no pod is refused the answer
+    is the same and a matching If-None-Match costs a 304."""
+    with make_inprocess_client(sqlite_url) as c:  # type: ignore[attr-defined]
+        assert select_as(c, "prod-east", "") == 401
+        first = c.get("/v1/refusals", headers=ADMIN_AUTH)
+        etag = first.headers["etag"]
+        again = c.get("/v1/refusals", headers={**ADMIN_AUTH, "If-None-Match": etag})
+        assert again.status_code == 304 and again.content == b""
+        assert select_as(c, "prod-east", "") == 401
+        moved = c.get("/v1/refusals", headers={**ADMIN_AUTH, "If-None-Match": etag})
+        assert moved.status_code == 200 and moved.headers["etag"] != etag
+        assert moved.json()["items"][0]["count"] == 2

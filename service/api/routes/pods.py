@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from mla_switchboard.core.engine_names import OWN_ENGINE
 from mla_switchboard.core.evaluator import applicable_overrides
@@ -32,7 +33,7 @@ from mla_switchboard.core.schemas import (
 )
 from mla_switchboard.core.stages import bucket_in_stage, stage_buckets
 from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep
-from mla_switchboard.service.api.etags import etag_matches
+from mla_switchboard.service.api.etags import conditional, etag_matches
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.groups import PodGroup
 from mla_switchboard.service.runtime import Runtime
@@ -86,7 +87,12 @@ StageQ = Annotated[
 ]
 
 
-@router.get("/pods", response_model=PodPage, summary="The live fleet: every pod's newest decision")
+@router.get(
+    "/pods",
+    response_model=PodPage,
+    summary="The live fleet: every pod's newest decision",
+    responses={304: {"description": "If-None-Match matched: this page did not change"}},
+)
 def list_pods(
     runtime: RuntimeDep,
     principal: ViewerDep,
@@ -102,7 +108,10 @@ def list_pods(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Cursor = None,
-) -> dict[str, Any]:
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """One page of the caller's live fleet, filtered in the store. The ETag is the
+    page's content: a console polling a page that did not change gets a 304."""
     after = _cursor(cursor)
     if runtime.recorder.pending:  # the caller's own pods: written by the next batch
         runtime.recorder.flush(wake=False)
@@ -112,7 +121,7 @@ def list_pods(
         runtime, principal, shapes, cluster, backend, source, engine, gpu, stage, prefix=q
     )
     if where is None:
-        return {"items": [], "next_cursor": None}
+        return conditional({"items": [], "next_cursor": None}, if_none_match)
     rows = runtime.store.decisions.list_pods(where, after=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -121,7 +130,8 @@ def list_pods(
     items = [_item(p, shapes.get(p.shape_id or ""), overrides, now) for p in rows]
     last = rows[-1] if rows else None
     next_cursor = None if not more or last is None else _encode((last.cluster, last.node, last.pod))
-    return {"items": items, "next_cursor": next_cursor}
+    page = {"items": items, "next_cursor": next_cursor}
+    return conditional(jsonable_encoder(page), if_none_match)
 
 
 @router.get(
@@ -364,12 +374,14 @@ class RefusedPage(BaseModel):
     "/refusals",
     response_model=RefusedPage,
     summary="Selects refused for their token, per claimed cluster: misconfigured pods",
+    responses={304: {"description": "If-None-Match matched: nothing changed"}},
 )
 def refusals(
     runtime: RuntimeDep,
     principal: ViewerDep,
     hours: Annotated[int, Query(ge=1, le=168, description="how far back (hours)")] = 1,
-) -> dict[str, Any]:
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
     """Pods whose agent sent no token, an unknown or revoked one, one without the agent
     role, or one limited to other clusters: each such pod still boots (its agent
     decides locally), so this is where a fleet with a wrong secret shows. Counted by
@@ -382,4 +394,4 @@ def refusals(
         for c, r, n, last in runtime.refused_selects.recent(since)
         if principal.may_see(c)
     ]
-    return {"hours": hours, "items": items}
+    return conditional(jsonable_encoder({"hours": hours, "items": items}), if_none_match)
