@@ -27,7 +27,7 @@ __all__ = ["DeviceProbe", "import_quietly", "probe_device", "probe_packages"]
 NUMPY_WARNING = "Failed to initialize NumPy"
 """torch warns with this at import when numpy is missing. The agent never converts a
 tensor to numpy, and GPU pods often run without numpy, so on every real probe the
-warning was noise on stderr (issue 10). It is silenced only around torch's import,
+warning would be noise on stderr. It is silenced only around torch's import,
 where it is raised, and only that message."""
 
 

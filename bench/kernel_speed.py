@@ -1,7 +1,7 @@
 """MLA prefill kernel benchmark: every wrapper against its library's own call, same run.
 
-Why: measured selection (issue 6) times the wrappers, so a wrapper's overhead decides
-rankings unless it is negligible (issue 14). For every runnable backend and shape,
+Why: measured selection times the wrappers, so a wrapper's overhead decides
+rankings unless it is negligible. For every runnable backend and shape,
 with and without ``return_lse``, this times the wrapper's ``prefill`` (``median_ms``)
 and the library called directly (``direct_ms``: FlashInfer planned once, ``run``
 only; vLLM's ``flash_attn_varlen_func``; PyTorch's ``_flash_attention_forward``;
@@ -47,7 +47,7 @@ try:  # the chart renderer needs no torch: --render works anywhere
 except ImportError:  # pragma: no cover - rendering-only environments
     torch = None  # type: ignore[assignment]
 
-# (label, seqlens, heads): issue 14's shapes, DeepSeek-R1 prefill chunks.
+# (label, seqlens, heads): DeepSeek-R1 prefill chunks.
 SHAPES: list[tuple[str, list[int], int]] = [
     ("8x512 H16", [512] * 8, 16),
     ("16x1024 H16", [1024] * 16, 16),
@@ -55,7 +55,7 @@ SHAPES: list[tuple[str, list[int], int]] = [
     ("1x16384 H16", [16384], 16),
     ("1x8192 H128", [8192], 128),
     ("2x2048 H128", [2048] * 2, 128),
-    # One ragged batch, lengths 1, 37, 256, 513, 4096 (beyond issue 14's list):
+    # One ragged batch, lengths 1, 37, 256, 513, 4096:
     # CUDNN runs its ragged graph here, and its direct call is the ragged graph.
     ("ragged5 H128", [1, 37, 256, 513, 4096], 128),
 ]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measured selection end to end on one machine (issue 6):
+# Measured selection end to end on one machine:
 #
 #   service on loopback -> agent token -> fleet policy "measured"
 #   -> `switchboard bench` as two pods (>= 2 pods, >= 3 samples a backend)
@@ -76,9 +76,9 @@ EOF
 stamp "agent token, fleet policy measured, seed-comparison cluster on priority"
 agent=$(api POST /v1/tokens '{"name": "e2e-pods", "role": "agent"}' "$admin" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])') || exit 5
-api PUT '/v1/overrides/*' '{"policy": "measured", "note": "issue 6 e2e: the fleet measures"}' \
+api PUT '/v1/overrides/*' '{"policy": "measured", "note": "e2e: the fleet measures"}' \
   "$admin" >/dev/null || exit 5
-api PUT /v1/overrides/e2e-seed '{"policy": "priority", "note": "issue 6 e2e: seed rules"}' \
+api PUT /v1/overrides/e2e-seed '{"policy": "priority", "note": "e2e: seed rules"}' \
   "$admin" >/dev/null || exit 5
 export SWITCHBOARD_TOKEN="$agent"
 
@@ -168,7 +168,7 @@ def smi() -> str | None:
         return None
 
 result = {
-    "what": "issue 6 end to end: service on loopback, `switchboard bench` as two pods, "
+    "what": "measured selection end to end: service on loopback, `switchboard bench` as two pods, "
             "fleet policy measured, then `switchboard select` for DeepSeek-R1",
     "machine": {"gpu": device.get("name"), "capability": device.get("capability"),
                 "nvidia_smi": smi(), "host": platform.node(), "python": platform.python_version(),

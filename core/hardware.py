@@ -9,8 +9,8 @@ dtype the service takes.
 
 A name is matched on whole words, most specific first (``H100 PCIe`` before ``H100``,
 ``H200`` never as ``H20``). A GPU not in the table gets ``UNKNOWN_PEAK_TFLOPS``: a
-generous bound above every GPU made so far, which still refuses the absurd (issue 13
-found 99,999 TFLOP/s posted), without refusing a new GPU's honest numbers; add the GPU
+generous bound above every GPU made so far, which still refuses the absurd (a forged report
+of 99,999 TFLOP/s), without refusing a new GPU's honest numbers; add the GPU
 here to tighten it.
 """
 

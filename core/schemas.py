@@ -331,7 +331,7 @@ def override_label(scope: str) -> str:
 
 
 class Evidence(BaseModel):
-    """What measured selection based a decision on (issue 6)."""
+    """What measured selection based a decision on."""
 
     backend: Backend
     median_tflops: float

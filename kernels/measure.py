@@ -1,7 +1,7 @@
 """Correctness checks and timings for MLA prefill kernels (torch-using).
 
 Why a module and not test code: the GPU test-suite, ``bench/kernel_speed.py`` and the
-agent's measured selection (issue 6) all ask the same two questions of a kernel
+agent's measured selection all ask the same two questions of a kernel
 instance — "does it agree with the fp32 reference on this batch?" and "how fast is
 it on this shape?" — and must answer them the same way.
 

@@ -1,9 +1,9 @@
 """Prometheus metrics, one registry per app so several apps can live in one process
 (the tests do that).
 
-Bounded, and private where it names clusters (issue 13): any agent could grow
-``/metrics`` with new cluster names (40,000 names made it 8.5 MB and 0.95 s of event
-loop per scrape), and it listed every cluster to anyone. Now
+Bounded, and private where it names clusters: otherwise any agent could grow
+``/metrics`` with new cluster names (40,000 names make it 8.5 MB and 0.95 s of event
+loop per scrape), and it would list every cluster to anyone. So
 
 - the ``cluster`` label takes at most ``max_clusters`` distinct values per process;
   decisions of further clusters are counted under ``cluster="(other)"`` (a name no

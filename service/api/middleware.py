@@ -7,7 +7,7 @@ every request goes through before a route sees it.
   cannot hold NUL in text, and answered 503 "store unavailable");
 - JSON write bodies must be Unicode text: a lone UTF-16 surrogate (``"\\ud800"``, or
   its raw CESU bytes) is valid JSON syntax but no string a store can hold or an
-  answer can encode, and is refused with a 422 naming the field (issue 13, item 9);
+  answer can encode, and is refused with a 422 naming the field;
 - a client that goes away while its body is read ends the request there: the route
   never runs on half a body (the server counts the disconnect, service/api/server.py);
 - the request latency histogram, with bounded labels (unknown methods are ``OTHER``).

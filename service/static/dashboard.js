@@ -597,7 +597,7 @@ function renderChart() {
   drawChart(clusters, shown, order);
 }
 
-/** Regret per cluster (issue 6): only clusters whose pods have measured evidence. */
+/** Regret per cluster: only clusters whose pods have measured evidence. */
 function renderRegret(regret) {
   const rows = Object.entries(regret)
     .filter(([, r]) => r.pods_measured > 0)

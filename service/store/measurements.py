@@ -69,7 +69,7 @@ class MeasurementStore:
 
     def has_decision_for(self, cluster: str, pod: str, situation: Situation) -> bool:
         """Whether ``pod`` of ``cluster`` has a recorded decision for ``situation``:
-        what makes its benchmark report count as evidence (issue 13). The pod's newest
+        what makes its benchmark report count as evidence. The pod's newest
         decisions are compared (a pod that changed packages has a newer one). A
         decision's situation is its shape's, worked out once per shape."""
         q = (

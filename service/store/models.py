@@ -198,7 +198,7 @@ class Meta(Base):
 
 
 class MeasurementRow(Base):
-    """One backend on one shape, measured on a pod's own GPU (issue 6).
+    """One backend on one shape, measured on a pod's own GPU.
 
     The situation columns (device, capability, dims, dtype, packages) are what
     measured selection matches a pod's request against; ``packages`` is canonical
@@ -229,5 +229,5 @@ class MeasurementRow(Base):
     engine: Mapped[str] = mapped_column(String(80), server_default="switchboard")
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # Counted as evidence: the reporting pod has a recorded decision in this cluster
-    # for the same situation (issue 13). Reports that do not are kept, not counted.
+    # for the same situation. Reports that do not are kept, not counted.
     counted: Mapped[bool] = mapped_column(Boolean, server_default=true())

@@ -1,4 +1,4 @@
-"""The serving engine (issue 12, agent side): detected from package metadata or given
+"""The serving engine, agent side: detected from package metadata or given
 with ``--engine``, sent in the request, and its flags printed exactly as the answer
 gives them; a refusal prints no flags, explains every candidate and lets the pod boot.
 """

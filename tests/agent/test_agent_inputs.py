@@ -1,5 +1,5 @@
 """Input checked at the edge, help that explains itself, a quiet probe, and an agent
-that stands on nothing from the service (issues 10 and 11, agent side)."""
+that stands on nothing from the service (agent side)."""
 
 from __future__ import annotations
 

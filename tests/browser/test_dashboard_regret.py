@@ -1,4 +1,4 @@
-"""The dashboard's regret panel (issue 6) in headless Chromium: clusters whose pods run
+"""The dashboard's regret panel in headless Chromium: clusters whose pods run
 a slower backend than the fleet measured for their situation show the share lost."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Guarded rollouts (issue 15) and failure exclusions (issue 11) on the dashboard, in a
+"""Guarded rollouts and failure exclusions on the dashboard, in a
 real headless Chromium against a real service process seeded through the API.
 
 - Each override shows its rollout: state badge, percent, steps and step_every,

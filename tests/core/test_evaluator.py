@@ -1,6 +1,6 @@
 """The evaluator as a unit table: the whole backend table and the precedence, directly.
 
-Expected answers come from the spec table in the README (and issue 2/12), not from the
+Expected answers come from the spec table in the README, not from the
 code: Blackwell's seed list is TRTLLM_RAGGED, FLASHINFER, CUDNN, FLASH_ATTN; every
 other GPU FLASH_ATTN; then the fallback chain FLASH_ATTN -> TORCH_SDPA.
 """

@@ -201,7 +201,7 @@ def test_every_runnable_backend_reports_its_code_path() -> None:
     assert all(impl and impl != "unbuilt" for impl in seen.values())
 
 
-# ------------------------------------------------------------- issue 12 and 14
+# ------------------------------------------- engine code paths and per-call cost
 @pytest.mark.gpu
 @pytest.mark.parametrize("chunk", [False, True], ids=["self", "chunk"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])

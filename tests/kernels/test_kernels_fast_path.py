@@ -1,4 +1,4 @@
-"""CPU tests for issue 12 (engine code paths) and issue 14 (per-call cost).
+"""CPU tests of the engine code paths and the per-call cost.
 
 What runs here without a GPU: the base class's repeated-call fast path (no re-check,
 no host copy, the same batch object, every input error still caught), the

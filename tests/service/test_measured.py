@@ -1,8 +1,8 @@
-"""Measured selection (issue 6): ranking, thresholds, ties, stale evidence, failures
+"""Measured selection: ranking, thresholds, ties, stale evidence, failures
 excluding a backend, overrides beating evidence, and regret; through a real server.
 
 Evidence is per situation (device, capability, dims, dtype, packages) and, by default,
-trusted only within the reporting pod's cluster (issue 13); each test measures on a
+trusted only within the reporting pod's cluster; each test measures on a
 GPU name of its own as well."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def report(
 ) -> None:
     device = device or H200
     # a report counts only from a pod with a decision in its cluster for the same
-    # situation (issue 13): the bench pod boots like any other first
+    # situation: the bench pod boots like any other first
     select(c, cluster, pod=pod, device=device, packages=packages)
     r = c.post(
         "/v1/measurements",
@@ -340,7 +340,7 @@ def test_retried_report_is_stored_once(c: httpx.Client) -> None:
     assert bad.status_code == 422
 
 
-# ------------------------------------------------------------------ issue 11 and 12
+# ----------------------------------------------- failures and engines in the situation
 
 
 def test_decision_cache_keys_the_device_name(c: httpx.Client) -> None:
@@ -370,7 +370,7 @@ def test_a_failure_report_explains_itself_and_stays_in_its_situation(c: httpx.Cl
     seed(c, prod, FLASHINFER=600, FLASH_ATTN=200)
     newer = {**ALL, "flashinfer": "0.7.3"}
     seed(c, prod, packages=newer, FLASHINFER=610, FLASH_ATTN=200)
-    # prod trusts staging's evidence too (by default only its own: issue 13)
+    # prod trusts staging's evidence too (by default only its own)
     r = c.put(
         f"/v1/overrides/{prod}",
         json={"policy": "measured", "trust_clusters": [prod, staging], "note": "trust staging"},

@@ -1,4 +1,4 @@
-"""Guarded rollouts (issue 15) on a simulated fleet of 1,000 named pods, through two
+"""Guarded rollouts on a simulated fleet of 1,000 named pods, through two
 real replicas on one PostgreSQL schema: the stage is the same on both, raising the
 percentage keeps every pod, guards halt the rollout on both replicas, steps promote it.
 """

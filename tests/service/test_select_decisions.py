@@ -1,4 +1,4 @@
-"""The decision table of issue 2, through the in-process app and a real server.
+"""The decision table, through the in-process app and a real server.
 
 Expected backends come from the issue's table (the spec), not from the code: e.g.
 Blackwell's list is TRTLLM_RAGGED, FLASHINFER, CUDNN, FLASH_ATTN; everything else

@@ -1,6 +1,6 @@
 """The dashboard: a static page shell at ``GET /`` and its assets under ``/static/``.
 
-The shell holds no data and is open without a token (issue 3); the page asks for a
+The shell holds no data and is open without a token; the page asks for a
 viewer token and reads the JSON API with it. Assets are served from a fixed allowlist
 rather than a directory mount, so no request path ever reaches the file system, and
 every answer carries a strict Content-Security-Policy: scripts and styles only from

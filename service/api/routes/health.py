@@ -73,7 +73,7 @@ def spill_state(error: str | None) -> dict[str, str | None]:
 )
 async def metrics(request: Request, runtime: RuntimeDep) -> Response:
     """Cluster names only to a viewer token (of its clusters); rendered in a worker
-    thread, so a scrape never holds the event loop (issue 13)."""
+    thread, so a scrape never holds the event loop."""
     clusters = metrics_scope(request, runtime)
     m = runtime.metrics
     recorder = runtime.recorder

@@ -7,8 +7,8 @@ Create Date: 2026-11-30 17:20:00
 Reports stored before this revision are counted when the reporting pod has any
 recorded decision in the cluster it reported for (the situation match that new
 reports get needs the request's JSON, which SQL cannot compare portably); the rest
-are kept and no longer counted (issue 13: "any agent token can forge measured
-evidence").
+are kept and no longer counted (otherwise any agent token could forge measured
+evidence).
 """
 
 import sqlalchemy as sa
