@@ -36,6 +36,7 @@ import json
 import math
 import sys
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -243,13 +244,15 @@ class _SortedFloats:
 
     An insertion or removal is a binary search and a memmove within one chunk, so its
     cost does not grow with the number of samples (one flat sorted list moved half of
-    them each time); the median walks the chunks' lengths."""
+    them each time); the median walks the chunks' lengths. A chunk is an ``array('d')``:
+    8 bytes a value instead of a float object and its pointer, and nothing inside it
+    for the garbage collector to visit."""
 
     CHUNK = 256
     __slots__ = ("_chunks", "_len", "_maxes")
 
     def __init__(self) -> None:
-        self._chunks: list[list[float]] = []
+        self._chunks: list[array[float]] = []
         self._maxes: list[float] = []  # each chunk's largest item, for the binary search
         self._len = 0
 
@@ -263,7 +266,7 @@ class _SortedFloats:
     def add(self, value: float) -> None:
         self._len += 1
         if not self._chunks:
-            self._chunks.append([value])
+            self._chunks.append(array("d", (value,)))
             self._maxes.append(value)
             return
         i = min(bisect.bisect_left(self._maxes, value), len(self._maxes) - 1)
@@ -318,44 +321,31 @@ class _SortedFloats:
         return self[mid] if n % 2 else (self[mid - 1] + self[mid]) / 2
 
 
-class _PodSamples(list[Sample]):
-    """One pod's counted samples, oldest first, and its stage bucket (hashed once)."""
-
-    __slots__ = ("bucket",)
-
-    def __init__(self, bucket: int | None) -> None:
-        super().__init__()
-        self.bucket = bucket
+PodSamples = tuple[Sample, ...]
+"""One pod's counted samples, oldest first (at most ``per_pod``)."""
+Ordered = tuple[tuple[float, PodKey], ...]
+"""One stage bucket's pods by the time key of their newest sample, oldest first."""
 
 
-class _Recent:
-    """One stage bucket's pods, ordered by the time key of their newest sample: two
-    parallel lists, so a binary search compares floats only. Reports mostly come in
-    time order, so a pod's new newest sample moves it to the end."""
+def _moved(entries: Ordered, pod: PodKey, was: float | None, now: float | None) -> Ordered:
+    """``entries`` with ``pod``'s newest sample moved from ``was`` to ``now`` (None:
+    not there, or no longer). Reports mostly come in time order, so a pod usually moves
+    to the end; a copy of one bucket's pairs (a hundredth of the situation's pods)."""
+    if was is not None:
+        at = bisect.bisect_left(entries, was, key=_first)
+        while entries[at][1] != pod:  # pods whose newest samples share a time
+            at += 1
+        entries = entries[:at] + entries[at + 1 :]
+    if now is None:
+        return entries
+    if not entries or entries[-1][0] <= now:
+        return (*entries, (now, pod))
+    at = bisect.bisect_right(entries, now, key=_first)
+    return (*entries[:at], (now, pod), *entries[at:])
 
-    __slots__ = ("pods", "times")
 
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.pods: list[PodKey] = []
-
-    def move(self, pod: PodKey, was: float | None, now: float | None) -> None:
-        """``pod``'s newest sample was ``was`` and is ``now`` (None: none)."""
-        times, pods = self.times, self.pods
-        if was is not None:
-            at = bisect.bisect_left(times, was)
-            while pods[at] != pod:  # pods whose newest samples share a time
-                at += 1
-            del times[at], pods[at]
-        if now is None:
-            return
-        if not times or times[-1] <= now:
-            times.append(now)
-            pods.append(pod)
-        else:
-            at = bisect.bisect_right(times, now)
-            times.insert(at, now)
-            pods.insert(at, pod)
+def _first(entry: tuple[float, PodKey]) -> float:
+    return entry[0]
 
 
 class _Tally:
@@ -366,13 +356,21 @@ class _Tally:
     binary search and a memmove within one chunk, never a copy of the samples.
 
     Each pod's stage bucket (``core/stages.py``) is hashed once, when the pod first
-    reports, and kept with its samples; the pods of each bucket are kept in ``recent``
+    reports, and kept beside its samples; the pods of each bucket are kept in ``recent``
     ordered by their newest sample: a rollout guard reads the samples of its stage's
     buckets reported since the stage began, and never walks (or hashes) the rest of
-    the situation's history."""
+    the situation's history.
+
+    **Nothing here costs the garbage collector.** What a tally keeps per pod is tuples
+    of floats and strings in plain dicts, which CPython stops tracking once a collection
+    has seen them: a replica holding 100,000 pods' samples gives each collection a
+    few objects per tally to walk, not one or two per pod (a full collection went from
+    100 ms to a few, and it holds every thread, the event loop's too). Replacing a
+    pod's tuple copies at most ``per_pod`` samples."""
 
     __slots__ = (
         "_failures_newest_first",
+        "bucket_of",
         "by_pod",
         "failures",
         "impls",
@@ -381,44 +379,46 @@ class _Tally:
     )
 
     def __init__(self) -> None:
-        self.by_pod: dict[PodKey, _PodSamples] = {}
+        self.by_pod: dict[PodKey, PodSamples] = {}
+        self.bucket_of: dict[PodKey, int | None] = {}
         self.values = _SortedFloats()
         self.impls: Counter[str] = Counter()
         self.failures: dict[PodKey, FailureNote] = {}
         self._failures_newest_first: tuple[FailureNote, ...] | None = ()
-        self.recent: dict[int | None, _Recent] = {}
+        self.recent: dict[int | None, Ordered] = {}
 
     def add_sample(self, pod: PodKey, sample: Sample, per_pod: int) -> bool:
         samples = self.by_pod.get(pod)
         if samples is None:
-            samples = self.by_pod[pod] = _PodSamples(stage_bucket(*pod))
-            newest = None
+            bucket = self.bucket_of[pod] = stage_bucket(*pod)
+            samples, newest = (), None
         else:
             newest = samples[-1][0]
             if len(samples) >= per_pod and sample[0] < samples[0][0]:
                 return False  # older than all this pod counts: it would make room for nothing
+            bucket = self.bucket_of[pod]
         if newest is None or sample[0] >= newest:
-            samples.append(sample)  # the usual case: newer than all the pod has
+            samples = (*samples, sample)  # the usual case: newer than all the pod has
             if sample[0] != newest:  # its place in its bucket's order
-                recent = self.recent.get(samples.bucket)
-                if recent is None:
-                    recent = self.recent[samples.bucket] = _Recent()
-                recent.move(pod, newest, sample[0])
+                self.recent[bucket] = _moved(self.recent.get(bucket, ()), pod, newest, sample[0])
         else:
-            bisect.insort_right(samples, sample, key=_time_of)
+            at = bisect.bisect_right(samples, sample[0], key=_time_of)
+            samples = (*samples[:at], sample, *samples[at:])
         self._count(sample)
         if len(samples) > per_pod:
-            self._uncount(samples.pop(0))
+            self._uncount(samples[0])
+            samples = samples[1:]
+        self.by_pod[pod] = samples
         return True
 
     def in_buckets(self, buckets: Iterable[int | None], since: float) -> list[PodSample]:
         """The samples at or after ``since`` (a time key) of the pods in ``buckets``."""
         out: list[PodSample] = []
         for bucket in buckets:
-            recent = self.recent.get(bucket)
-            if recent is None:
+            entries = self.recent.get(bucket)
+            if entries is None:
                 continue
-            for pod in recent.pods[bisect.bisect_left(recent.times, since) :]:
+            for _, pod in entries[bisect.bisect_left(entries, since, key=_first) :]:
                 samples = self.by_pod[pod]
                 first = bisect.bisect_left(samples, since, key=_time_of)
                 out.extend((pod[0], pod[1], s[1]) for s in samples[first:])
@@ -448,23 +448,29 @@ class _Tally:
     def prune(self, cutoff: float) -> bool:
         """Drop samples and failures older than ``cutoff`` (a time key)."""
         changed = False
-        for pod in list(self.by_pod):
-            samples = self.by_pod[pod]
+        for pod, samples in list(self.by_pod.items()):
             first = bisect.bisect_right(samples, -math.inf, key=_time_of)  # undated stay
             last = bisect.bisect_left(samples, cutoff, key=_time_of)
-            if last > first:
-                newest = samples[-1][0]
-                for sample in samples[first:last]:
-                    self._uncount(sample)
-                del samples[first:last]
-                changed = True
-                if not samples or samples[-1][0] != newest:
-                    recent = self.recent[samples.bucket]
-                    recent.move(pod, newest, samples[-1][0] if samples else None)
-                    if not recent.times:
-                        del self.recent[samples.bucket]
-            if not samples:
-                del self.by_pod[pod]
+            if last <= first:
+                continue
+            newest = samples[-1][0]
+            for sample in samples[first:last]:
+                self._uncount(sample)
+            samples = samples[:first] + samples[last:]
+            changed = True
+            if not samples or samples[-1][0] != newest:
+                bucket = self.bucket_of[pod]
+                entries = _moved(
+                    self.recent[bucket], pod, newest, samples[-1][0] if samples else None
+                )
+                if entries:
+                    self.recent[bucket] = entries
+                else:
+                    del self.recent[bucket]
+            if samples:
+                self.by_pod[pod] = samples
+            else:
+                del self.by_pod[pod], self.bucket_of[pod]
         for pod, note in list(self.failures.items()):
             if _failure_key(note.at) < cutoff:
                 del self.failures[pod]
