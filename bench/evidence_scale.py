@@ -8,7 +8,7 @@ cluster booting again and again, two backends):
   (best of three);
 * ``index_add_report_ms``: one more report of 256 results added to it (median of 50);
 * ``service_full_load_s``: a ``Runtime`` on a SQLite file holding them, reading them
-  at start (what a replica does at start and after cleared failures);
+  at start (what a replica does at start);
 * ``service_add_report_ms``: ``runtime.add_evidence`` of one report of 256 results (all
   its indexes and the new inputs; median of 50), and ``select_after_report_ms``: the
   decision that follows it (a cache miss, under policy ``measured``; median of 50);

@@ -323,29 +323,28 @@ class _SortedFloats:
 
 PodSamples = tuple[Sample, ...]
 """One pod's counted samples, oldest first (at most ``per_pod``)."""
-Ordered = tuple[tuple[float, PodKey], ...]
-"""One stage bucket's pods by the time key of their newest sample, oldest first."""
+Ordered = tuple[tuple[float, ...], tuple[PodKey, ...]]
+"""One stage bucket's pods by the time key of their newest sample, oldest first: the
+times and the pods as two parallel tuples, so a binary search compares floats only."""
+_NONE_ORDERED: Ordered = ((), ())
 
 
 def _moved(entries: Ordered, pod: PodKey, was: float | None, now: float | None) -> Ordered:
     """``entries`` with ``pod``'s newest sample moved from ``was`` to ``now`` (None:
     not there, or no longer). Reports mostly come in time order, so a pod usually moves
-    to the end; a copy of one bucket's pairs (a hundredth of the situation's pods)."""
+    to the end; a copy of one bucket's entries (a hundredth of the situation's pods)."""
+    times, pods = entries
     if was is not None:
-        at = bisect.bisect_left(entries, was, key=_first)
-        while entries[at][1] != pod:  # pods whose newest samples share a time
+        at = bisect.bisect_left(times, was)
+        while pods[at] != pod:  # pods whose newest samples share a time
             at += 1
-        entries = entries[:at] + entries[at + 1 :]
+        times, pods = times[:at] + times[at + 1 :], pods[:at] + pods[at + 1 :]
     if now is None:
-        return entries
-    if not entries or entries[-1][0] <= now:
-        return (*entries, (now, pod))
-    at = bisect.bisect_right(entries, now, key=_first)
-    return (*entries[:at], (now, pod), *entries[at:])
-
-
-def _first(entry: tuple[float, PodKey]) -> float:
-    return entry[0]
+        return times, pods
+    if not times or times[-1] <= now:
+        return (*times, now), (*pods, pod)
+    at = bisect.bisect_right(times, now)
+    return (*times[:at], now, *times[at:]), (*pods[:at], pod, *pods[at:])
 
 
 class _Tally:
@@ -355,11 +354,10 @@ class _Tally:
     also in ``values``, kept sorted, so the median is a lookup and a new sample costs a
     binary search and a memmove within one chunk, never a copy of the samples.
 
-    Each pod's stage bucket (``core/stages.py``) is hashed once, when the pod first
-    reports, and kept beside its samples; the pods of each bucket are kept in ``recent``
-    ordered by their newest sample: a rollout guard reads the samples of its stage's
-    buckets reported since the stage began, and never walks (or hashes) the rest of
-    the situation's history.
+    The pods of each stage bucket (``core/stages.py``; a pod's is hashed when its
+    newest sample changes, not stored) are kept in ``recent`` ordered by their newest
+    sample: a rollout guard reads the samples of its stage's buckets reported since the
+    stage began, and never walks (or hashes) the rest of the situation's history.
 
     **Nothing here costs the garbage collector.** What a tally keeps per pod is tuples
     of floats and strings in plain dicts, which CPython stops tracking once a collection
@@ -370,7 +368,6 @@ class _Tally:
 
     __slots__ = (
         "_failures_newest_first",
-        "bucket_of",
         "by_pod",
         "failures",
         "impls",
@@ -380,7 +377,6 @@ class _Tally:
 
     def __init__(self) -> None:
         self.by_pod: dict[PodKey, PodSamples] = {}
-        self.bucket_of: dict[PodKey, int | None] = {}
         self.values = _SortedFloats()
         self.impls: Counter[str] = Counter()
         self.failures: dict[PodKey, FailureNote] = {}
@@ -390,17 +386,17 @@ class _Tally:
     def add_sample(self, pod: PodKey, sample: Sample, per_pod: int) -> bool:
         samples = self.by_pod.get(pod)
         if samples is None:
-            bucket = self.bucket_of[pod] = stage_bucket(*pod)
             samples, newest = (), None
         else:
             newest = samples[-1][0]
             if len(samples) >= per_pod and sample[0] < samples[0][0]:
                 return False  # older than all this pod counts: it would make room for nothing
-            bucket = self.bucket_of[pod]
         if newest is None or sample[0] >= newest:
             samples = (*samples, sample)  # the usual case: newer than all the pod has
             if sample[0] != newest:  # its place in its bucket's order
-                self.recent[bucket] = _moved(self.recent.get(bucket, ()), pod, newest, sample[0])
+                bucket = stage_bucket(*pod)
+                entries = self.recent.get(bucket, _NONE_ORDERED)
+                self.recent[bucket] = _moved(entries, pod, newest, sample[0])
         else:
             at = bisect.bisect_right(samples, sample[0], key=_time_of)
             samples = (*samples[:at], sample, *samples[at:])
@@ -418,7 +414,8 @@ class _Tally:
             entries = self.recent.get(bucket)
             if entries is None:
                 continue
-            for _, pod in entries[bisect.bisect_left(entries, since, key=_first) :]:
+            times, pods = entries
+            for pod in pods[bisect.bisect_left(times, since) :]:
                 samples = self.by_pod[pod]
                 first = bisect.bisect_left(samples, since, key=_time_of)
                 out.extend((pod[0], pod[1], s[1]) for s in samples[first:])
@@ -431,6 +428,19 @@ class _Tally:
         self.failures[pod] = note
         self._failures_newest_first = None
         return True
+
+    def clear_failures(self, cutoff: float) -> bool:
+        """Forget failures noted at or before ``cutoff`` (a time key; undated ones too)."""
+        gone = [
+            pod
+            for pod, note in self.failures.items()
+            if note.at is None or note.at.timestamp() <= cutoff
+        ]
+        for pod in gone:
+            del self.failures[pod]
+        if gone:
+            self._failures_newest_first = None
+        return bool(gone)
 
     def _count(self, sample: Sample) -> None:
         self.values.add(sample[1])
@@ -459,18 +469,18 @@ class _Tally:
             samples = samples[:first] + samples[last:]
             changed = True
             if not samples or samples[-1][0] != newest:
-                bucket = self.bucket_of[pod]
+                bucket = stage_bucket(*pod)
                 entries = _moved(
                     self.recent[bucket], pod, newest, samples[-1][0] if samples else None
                 )
-                if entries:
+                if entries[0]:
                     self.recent[bucket] = entries
                 else:
                     del self.recent[bucket]
             if samples:
                 self.by_pod[pod] = samples
             else:
-                del self.by_pod[pod], self.bucket_of[pod]
+                del self.by_pod[pod]
         for pod, note in list(self.failures.items()):
             if _failure_key(note.at) < cutoff:
                 del self.failures[pod]
@@ -629,6 +639,23 @@ class EvidenceIndex:
                 self._tallies.pop(situation, None)
         if touched:
             self._version += 1
+
+    def clear_failures(
+        self, situation: Situation, backend: Backend | None, before: datetime
+    ) -> bool:
+        """Forget the failures of ``situation`` (one backend, or all) noted at or before
+        ``before``: an admin declared them fixed (a new driver, a patched kernel). Later
+        failures stay, and so do samples. True when anything changed."""
+        if self._frozen:
+            raise TypeError("this evidence index is shared and read-only")
+        cutoff = before.timestamp()
+        with self._lock:
+            touched: dict[Situation, list[Backend]] = {}
+            for b, tally in self._tallies.get(situation, {}).items():
+                if (backend is None or b is backend) and tally.clear_failures(cutoff):
+                    touched.setdefault(situation, []).append(b)
+            self._publish(touched)
+            return bool(touched)
 
     def prune(self, now: datetime, max_age: timedelta) -> bool:
         """Drop samples and failures older than ``max_age`` (the evidence window).

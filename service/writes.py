@@ -397,7 +397,8 @@ class Writes:
         key: IdempotencyKey | None,
     ) -> Outcome:
         """Evidence is fleet-wide per situation, so only an unrestricted admin may clear
-        it. Every replica rebuilds its evidence (this one before answering)."""
+        it. Every replica forgets those failures in place when it reads the clear (this
+        one before answering)."""
         runtime = self._runtime
         if principal.restricted:
             return Problem(403, "only an unrestricted admin token may clear fleet-wide evidence")
@@ -418,7 +419,7 @@ class Writes:
             return Done(result.body, status=result.status, replayed=True)
         _, body = respond(result)
         try:
-            runtime.reload_evidence()
+            runtime.evidence_sync.catch_up()  # this replica at once, as the others will
         except SQLAlchemyError as exc:
             return Done({**body, **_pending(exc)})
         return Done(body)

@@ -1,8 +1,8 @@
 """Keeping a replica's evidence indexes in step with the store, off the event loop.
 
-- **Full reload** (at start, and when an admin cleared failures: the store bumps
-  ``evidence_epoch``): a new set of indexes is built from the store, page by page, in
-  the calling thread (never the event loop) and swapped in at once.
+- **Full reload** (at start, and when the store's ``evidence_epoch`` moved, which only
+  a replica of an older release still does): a new set of indexes is built from the
+  store, page by page, off the event loop, and swapped in at once.
 - **This replica's reports** are applied as they are accepted (``apply_local``).
 - **Other replicas' reports**: when ``evidence_version`` changes, only the rows this
   replica has not read yet are read (:class:`RowCursor`: every id up to a high-water
@@ -13,6 +13,10 @@
 - Nothing is counted twice: a report applied here is remembered (by its report id)
   until the store read meets it, and a report read from the store in the last
   ``RECENT_S`` is not applied again when this replica's own route applies it late.
+- **An admin's clear** of a situation's failures is a row of its own
+  (``evidence_clears``), read like the others and applied in place: those failures
+  are forgotten in every index, nothing is rebuilt (a rebuild of 100,000 results held
+  two sets of indexes at once and seconds of CPU, on every replica).
 - **Expiry**: evidence older than the window (``SWITCHBOARD_MEASURED_MAX_AGE_DAYS``)
   is pruned in the background; a prune that changed something counts as new evidence.
 
@@ -28,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import Observation, report_key
+from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.evidence.trust import Indexes, TrustedEvidence
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
@@ -114,6 +119,7 @@ class EvidenceSync:
         self._pending: list[Observation] | None = None  # applied here during a full read
         self._measurements = RowCursor()
         self._failures = RowCursor()
+        self._clears = RowCursor()
         self._versions: dict[str, int] = {}  # the latest the poller saw
         self._applied: dict[str, int] = {}  # the versions the indexes reflect
         self._wake = threading.Event()
@@ -230,6 +236,7 @@ class EvidenceSync:
         already, so "this replica at once" holds and nothing counts twice."""
         with self._sync_lock:
             versions = self._store.versions()
+            clears = self._store.last_clear_id()  # what the rows read below reflect
             with self._apply_lock:
                 self._pending = []
             try:
@@ -251,6 +258,7 @@ class EvidenceSync:
                     self._trusted.swap(fresh)
                     self._met(read_keys)
                     self._measurements, self._failures = cursors
+                    self._clears = RowCursor(clears)
             finally:
                 with self._apply_lock:
                     self._pending = None
@@ -275,9 +283,30 @@ class EvidenceSync:
                 new = [o for o in read if not o.source or _key(o) not in self._local]
                 self._met({_key(o): o.at for o in read if o.source})
                 changed = self._trusted.add(new)
+            # clears after the rows: a failure stored before a clear is read first,
+            # then forgotten; one stored after it is noted later than the clear and stays
+            changed = self._apply_clears() or changed
             self._applied["evidence_version"] = versions.get("evidence_version", 0)
         if changed:
             self._on_change()
+        return changed
+
+    def _apply_clears(self) -> bool:
+        """The admins' clears this replica has not applied, in place (caller holds the
+        sync lock)."""
+        cursor = self._clears
+        now = time.monotonic()
+        read = self._store.clear_rows(after=cursor.after)
+        if cursor.gaps:
+            read += self._store.clear_rows(ids=sorted(cursor.gaps))
+        changed = False
+        for clear in read:
+            backend = _backend(clear.backend)
+            if clear.backend is not None and backend is None:
+                continue
+            if self._trusted.clear_failures(clear.situation, backend, clear.at):
+                changed = True
+        cursor.advance([c.id for c in read], now)
         return changed
 
     def prune(self) -> bool:
@@ -351,3 +380,12 @@ def _add_in_steps(indexes: Indexes, page: list[Observation]) -> None:
 
 def _key(o: Observation) -> str:
     return report_key(o.source)
+
+
+def _backend(name: str | None) -> Backend | None:
+    """A stored backend name as the registry's, None for one it does not know (any
+    longer): a clear of it has nothing to forget here."""
+    try:
+        return None if name is None else Backend(name)
+    except ValueError:
+        return None

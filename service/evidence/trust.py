@@ -40,8 +40,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
-from mla_switchboard.core.evidence import EvidenceIndex, Observation
+from mla_switchboard.core.evidence import EvidenceIndex, Observation, Situation
 from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.priority import lower_this_thread
 
 log = logging.getLogger("switchboard.trust")
@@ -214,6 +215,17 @@ class TrustedEvidence:
                     del current.scopes[globs]
             self._wanted = wanted
         return built
+
+    def clear_failures(
+        self, situation: Situation, backend: Backend | None, before: datetime
+    ) -> bool:
+        """An admin's clear, in every index (see ``EvidenceIndex.clear_failures``)."""
+        with self._lock:
+            changed = [
+                index.clear_failures(situation, backend, before)
+                for index in self._current.every_index()
+            ]
+        return any(changed)
 
     def prune(self, now: datetime, max_age: timedelta) -> bool:
         """Drop expired evidence from every index (see ``EvidenceIndex.prune``)."""

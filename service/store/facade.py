@@ -60,6 +60,8 @@ class Store:
         self.measurement_rows = m.measurement_rows
         self.failure_rows = m.failure_rows
         self.clear_failures = m.clear_failures
+        self.clear_rows = m.clear_rows
+        self.last_clear_id = m.last_clear_id
 
     def recall_idempotency(
         self, owner: str, key: str, request_hash: str | None = None

@@ -32,7 +32,13 @@ from mla_switchboard.service.store.base import (
     aware,
     bump,
 )
-from mla_switchboard.service.store.models import DecisionRow, FailureRow, MeasurementRow, ShapeRow
+from mla_switchboard.service.store.models import (
+    DecisionRow,
+    EvidenceClearRow,
+    FailureRow,
+    MeasurementRow,
+    ShapeRow,
+)
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
@@ -56,6 +62,17 @@ class EvidenceRows:
         if found is None:
             found = self._situations[parts] = Situation(*parts)
         return found
+
+
+@dataclass(frozen=True)
+class Clear:
+    """One admin's clear: ``situation``'s failures (of ``backend``, or all) noted at or
+    before ``at`` no longer count."""
+
+    id: int
+    at: datetime
+    situation: Situation
+    backend: str | None
 
 
 class MeasurementStore:
@@ -319,13 +336,43 @@ class MeasurementStore:
                 note=note,
                 preview=None,
             )
+            # every replica forgets these failures in place when it reads this row
+            # (service/evidence/sync.py): the rows it read before are not read again
+            s.add(
+                EvidenceClearRow(
+                    at=now,
+                    device_name=situation.device,
+                    capability=situation.capability,
+                    dims=situation.dims,
+                    dtype=situation.dtype,
+                    packages=situation.packages,
+                    engine=situation.engine,
+                    backend=backend,
+                )
+            )
             bump(s, "evidence_version")
-            # every replica rebuilds its evidence from the store: the incremental read
-            # only adds rows, it never sees that old ones were cleared
-            bump(s, "evidence_epoch")
             if idempotency is not None:
                 idempotency.keep(s, cleared)
         return cleared
+
+    def clear_rows(self, *, after: int | None = None, ids: Collection[int] = ()) -> list[Clear]:
+        """The admins' clears with an id above ``after`` (ordered by id), or those with
+        the given ``ids``: what a replica applies to its evidence in place."""
+        c = EvidenceClearRow
+        q = select(
+            c.id, c.at, c.device_name, c.capability, c.dims, c.dtype, c.packages, c.engine,
+            c.backend,
+        )  # fmt: skip
+        q = _page(q, c.id, after, ids, PAGE_ROWS)
+        with self.engine.connect() as conn:
+            return [
+                Clear(row[0], aware(row[1]), Situation(*row[2:8]), row[8])
+                for row in conn.execute(q)
+            ]
+
+    def last_clear_id(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.scalar(select(func.max(EvidenceClearRow.id))) or 0)
 
 
 def _page(q: Any, id_column: Any, after: int | None, ids: Collection[int], limit: int) -> Any:

@@ -161,6 +161,23 @@ class FailureRow(Base):
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+class EvidenceClearRow(Base):
+    """One admin's clear of a situation's failures (one backend, or all: ``backend``
+    null), written in the clear's own transaction: every replica reads new rows here
+    and forgets those failures in place, instead of rebuilding all its evidence."""
+
+    __tablename__ = "evidence_clears"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    device_name: Mapped[str] = mapped_column(String(253))
+    capability: Mapped[str] = mapped_column(String(8))
+    dims: Mapped[str] = mapped_column(String(32))
+    dtype: Mapped[str] = mapped_column(String(16))
+    packages: Mapped[str] = mapped_column(Text)
+    engine: Mapped[str] = mapped_column(String(80))
+    backend: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
 class IdempotencyRow(Base):
     """The answer an admin write gave, by the caller's ``Idempotency-Key``: written in the
     write's own transaction, so a retry after a lost answer finds either nothing (the

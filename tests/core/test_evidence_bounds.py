@@ -303,3 +303,26 @@ def test_evidence_gives_the_collector_a_few_objects_whatever_the_pods(pods: int)
     tallies = 2
     chunks = 2 * pods // 256 * 2  # the sorted TFLOP/s: one array a few hundred values
     assert _tracked_below(index) < 100 * tallies + chunks, pods
+
+
+# ------------------------------------------------------------------ clears
+
+
+def test_a_clear_forgets_the_failures_noted_until_then_and_nothing_else() -> None:
+    cudnn = Observation(S, "CUDNN", "q", None, ok=False, cluster="c", at=minutes(5), error="x")
+    index = EvidenceIndex(
+        [failed("p1", minutes(1)), failed("p2", minutes(9)), cudnn, ok("p3", 600.0)]
+    )
+    version = index.version
+    assert index.clear_failures(S, FI, before=minutes(5))
+    stats = index.group(S)
+    assert [f.pod for f in stats[FI].failures] == ["p2"]  # noted after the clear: stays
+    assert stats[FI].samples == 1  # samples are not failures
+    assert len(stats[Backend.CUDNN].failures) == 1  # another backend's
+    assert index.version > version
+    assert not index.clear_failures(S, FI, before=minutes(5))  # nothing left to clear
+    assert index.clear_failures(S, None, before=minutes(10))  # every backend
+    assert Backend.CUDNN not in index.group(S)  # nothing left of it
+    assert not index.group(S)[FI].failures
+    other = replace(S, device="NVIDIA H100")
+    assert not index.clear_failures(other, None, before=minutes(10))

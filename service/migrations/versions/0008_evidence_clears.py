@@ -1,0 +1,36 @@
+"""evidence_clears: each admin clear of a situation's failures, which replicas apply
+in place (before, a clear bumped ``evidence_epoch`` and every replica rebuilt all its
+evidence; a replica of the code before this keeps doing that until it is upgraded)
+
+Revision ID: 0008
+Revises: 0007
+Create Date: 2026-12-01 23:00:00
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "evidence_clears",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("device_name", sa.String(length=253), nullable=False),
+        sa.Column("capability", sa.String(length=8), nullable=False),
+        sa.Column("dims", sa.String(length=32), nullable=False),
+        sa.Column("dtype", sa.String(length=16), nullable=False),
+        sa.Column("packages", sa.Text(), nullable=False),
+        sa.Column("engine", sa.String(length=80), nullable=False),
+        sa.Column("backend", sa.String(length=32), nullable=True),
+        sa.PrimaryKeyConstraint("id"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("evidence_clears")
