@@ -5,8 +5,22 @@ process then, without a profiler."""
 from __future__ import annotations
 
 import gc
+from datetime import UTC, datetime
+from pathlib import Path
 
+from mla_switchboard.core.schemas import Override
+from mla_switchboard.service.config import Settings
+from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.runtime import Runtime
+
+from bench.scale import (
+    cluster_names,
+    fill_decisions,
+    make_fleet,
+    open_store,
+    scenario_overrides,
+)
 
 
 def _collections(metrics: Metrics, generation: str) -> float:
@@ -45,3 +59,35 @@ def test_the_family_is_in_the_exposition() -> None:
     finally:
         stop()
     assert 'switchboard_gc_pause_seconds_count{generation="1"}' in text
+
+
+def test_fleet_reads_set_off_few_collections(tmp_path: Path) -> None:
+    """A preview makes and frees thousands of objects; a replica's collector must not
+    run for each burst (at CPython's default threshold, about 8 collections a preview,
+    each holding the event loop too)."""
+    url = f"sqlite:///{tmp_path / 'sb.db'}"
+    store = open_store(url)
+    for cluster, spec in scenario_overrides(cluster_names(10)).items():
+        store.put_override(cluster, spec, actor="t", if_match=None, preview=None)
+    fleet = make_fleet(300, 10)
+    fill_decisions(store, fleet, 2)
+    store.engine.dispose()
+    runtime = Runtime(Settings(database_url=url))
+    runtime.start()
+    counted = [0]
+
+    def count(phase: str, _info: dict[str, int]) -> None:
+        counted[0] += phase == "start"
+
+    gc.callbacks.append(count)
+    try:
+        for i in range(30):
+            override = Override.model_validate(
+                {"cluster": "*", "deny": ["FLASHINFER"], "note": f"n{i}", "revision": 0,
+                 "created_at": datetime.now(UTC), "created_by": "t"}
+            )  # fmt: skip
+            runtime.reads.preview(Proposal(override_scope="*", override=override), None, None)
+    finally:
+        gc.callbacks.remove(count)
+        runtime.stop()
+    assert counted[0] < 30, counted[0]
