@@ -81,14 +81,18 @@ def _versions() -> dict[str, str]:
     from mla_switchboard.core.engine_names import detection_order
     from mla_switchboard.core.specs import KERNEL_PACKAGES
 
-    kernels_dists = [d for p in KERNEL_PACKAGES.values() for d in p.distributions]
     engines = [e.distribution for e in detection_order() if e.distribution is not None]
+    named = [p.distributions for p in KERNEL_PACKAGES.values()]
     out = {}
-    for dist in dict.fromkeys((*kernels_dists, *engines, "triton")):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    # a package's first distribution name found only: flash-attn and flash_attn are
+    # one distribution to importlib.metadata, and would be recorded twice
+    for names in (*named, *((d,) for d in (*engines, "triton"))):
+        for dist in names:
+            try:
+                out[dist] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
     for dist in engines:
         if dist in out:
             continue

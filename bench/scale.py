@@ -30,9 +30,10 @@ long a select waits meanwhile and afterwards.
 
 The store is filled through the store's own API (``Store.record_decisions`` with
 answers from the real evaluator, ``Store.add_measurements``), not raw SQL, so it stays
-right as the schema changes. Repetitions are cold where a cache could answer: a pod
-reboots (one new decision) before each summary and dashboard load, and each preview
-proposes a different note and expiry.
+right as the schema changes. Repetitions are cold where a cache could answer: a new
+replica of a deployment boots (a new pod in the fleet's counts) before each summary and
+dashboard load, whose summary's ETag is checked to have moved, and each preview proposes
+a different note and expiry.
 
     python bench/scale.py                      # PostgreSQL, the three sizes (long)
     python bench/scale.py --sizes 1000,10000 --repeat 3 --load-rounds 1   # quicker
@@ -142,10 +143,17 @@ MODELS: list[tuple[dict[str, Any], int]] = [
 ]  # fmt: skip
 # each serving engine at its newest release read, in the registry's order, then our own
 # kernels/ wrappers (no engine named)
+ENGINE_WEIGHTS = (50, 20)
+"""How often each engine appears among the filled pods, in the registry's order (an
+engine registered later: 10; no engine: 30)."""
 ENGINES: list[tuple[dict[str, str] | None, int]] = [
     *(
         ({"name": e.name, "version": ENGINE_PROFILES[e.name][0].verified}, weight)
-        for e, weight in zip(detection_order(), (50, 20), strict=True)
+        for e, weight in zip(
+            detection_order(),
+            itertools.chain(ENGINE_WEIGHTS, itertools.repeat(10)),
+            strict=False,
+        )
     ),
     (None, 30),
 ]
@@ -652,8 +660,11 @@ class Operations:
 
         def load() -> None:
             signin = [self.pool.submit(c[i].get, p) for i, p in enumerate(DASHBOARD_SIGNIN)]
-            for f in signin:
-                ok(f.result())
+            for path, f in zip(DASHBOARD_SIGNIN, signin, strict=True):
+                if path == "/v1/selections/summary":
+                    self.cold(f.result(), "dashboard summary")
+                else:
+                    ok(f.result())
             ok(c[0].get("/v1/whoami"))
             futures = [self.pool.submit(c[i].get, p) for i, p in enumerate(DASHBOARD_REFRESH)]
             for f in futures:

@@ -14,13 +14,13 @@ engine run it?). A profile says, for one engine and version range:
   (``engine_args``) and environment (``engine_env``), so a consumer in any language
   needs no mapping of its own.
 
-This module is the only place an engine's identity is written: its wire name (the
-wire contract's ``EngineName`` in ``core/schemas.py`` is built from ``ENGINE_NAMES``),
-the distribution whose metadata says a pod runs it, the ``--format`` that prints its
-flags, and the version grammar (``ENGINE_VERSION_PATTERN``). The agent's detection and
+This module is the only place an engine's identity is written outside its own profile
+module (which names the profiles it holds, checked here to agree): the distribution
+whose metadata says a pod runs it, the ``--format`` that prints its flags, and the
+version grammar (``ENGINE_VERSION_PATTERN``); the wire contract's ``EngineName`` in
+``core/schemas.py`` is built from ``ENGINE_NAMES``. The agent's detection and
 ``--format`` choices (``core/engine_names.py``) are derived from it; adding an engine
-is a profile module and a row here. Like the rest of ``core`` it is standard library
-only.
+is a profile module and a row here. It and the profiles are standard library only.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _check(registry: tuple[Engine, ...]) -> None:
         names = {p.name for p in engine.profiles}
         if names != {engine.name}:
             raise ValueError(f"engine {engine.name}: its profiles are named {sorted(names)}")
-    if len(ENGINES) != len(registry):
+    if len({e.name for e in registry}) != len(registry):
         raise ValueError("two engines share a name")
 
 

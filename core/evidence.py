@@ -709,8 +709,9 @@ class EvidenceIndex:
         return self._published.get(situation, _NO_GROUP)
 
     def samples(self, situation: Situation | None, backend: Backend | str) -> list[PodSample]:
-        """(cluster, pod, TFLOP/s) of every counted sample, a snapshot: for the rollout
-        guards, which compare the stage pods' own samples."""
+        """(cluster, pod, TFLOP/s) of every counted sample, a snapshot. It walks the
+        whole situation's history: requests read :meth:`stage_samples` instead, this is
+        for tools and tests that want everything."""
         found = _backend(backend) if isinstance(backend, str) else backend
         if situation is None or found is None:
             return []

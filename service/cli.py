@@ -128,7 +128,7 @@ def _token(args: argparse.Namespace) -> int:
         token_id = _token_id(args.id)
         if token_id is None:
             print(
-                f"switchboard: {redact(args.id)!r} is not a token id (12 hex digits, the "
+                f"switchboard: {_masked(args.id)!r} is not a token id (12 hex digits, the "
                 "part after sb_ that `token list` shows)",
                 file=sys.stderr,
             )
@@ -151,6 +151,15 @@ def _token_id(given: str) -> str | None:
     parts = given.strip().split("_", 2)
     candidate = parts[1] if len(parts) == 3 and parts[0] == "sb" else given.strip()
     return candidate if re.fullmatch(r"[0-9a-f]{12}", candidate) else None
+
+
+def _masked(given: str) -> str:
+    """``given`` as an error may echo it: a token id is short, anything longer may be a
+    whole token pasted with a typo, whose secret must not reach a terminal or a log."""
+    text = redact(given.strip())
+    if len(text) <= 16 and "_" not in text.strip("_"):
+        return text
+    return text[:6] + "..." if len(text) > 6 else "..."
 
 
 def _store_problem(url: str, *, create: bool) -> str | None:

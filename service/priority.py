@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 
@@ -26,12 +27,12 @@ BACKGROUND_NICE = 10
 
 
 def lower_this_thread(by: int = BACKGROUND_NICE) -> bool:
-    """Raise the calling thread's nice value by ``by``; False where the platform has
-    no per-thread nice value (the thread then simply runs at the process's)."""
-    get_native_id = getattr(threading, "get_native_id", None)
-    if get_native_id is None or not hasattr(os, "setpriority"):
+    """Raise the calling thread's nice value by ``by``; False off Linux, which alone
+    keeps a nice value per thread (the thread then simply runs at the process's)."""
+    # elsewhere PRIO_PROCESS with a thread id would name some other process
+    if not sys.platform.startswith("linux"):
         return False
-    tid = get_native_id()
+    tid = threading.get_native_id()
     with contextlib.suppress(OSError):
         current = os.getpriority(os.PRIO_PROCESS, tid)
         os.setpriority(os.PRIO_PROCESS, tid, min(19, current + by))

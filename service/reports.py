@@ -21,6 +21,7 @@ from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
+from pydantic import ValidationError
 
 if TYPE_CHECKING:
     from mla_switchboard.service.runtime import Runtime
@@ -54,7 +55,7 @@ class Reports:
             # The pod's decision may still be in memory: wait for the writer's next
             # batch (at most the flush interval) rather than wake it, so that reports
             # streaming in do not turn its batches into one transaction each.
-            if runtime.recorder.pending:
+            if runtime.recorder.pending or runtime.recorder.spill_pending:
                 runtime.recorder.flush(wake=False)
             situation = observations[0].situation
             if not runtime.store.has_decision_for(report.cluster, report.pod, situation):
@@ -88,22 +89,20 @@ class Reports:
         evidence against ``backend`` for pods in the same situation, under the failure
         policy (``core/evidence.py``), and what a rollout's failure guard counts."""
         runtime = self._runtime
-        if runtime.recorder.pending:
-            runtime.recorder.flush()  # the decision may still be in memory
+        if runtime.recorder.pending or runtime.recorder.spill_pending:
+            runtime.recorder.flush()  # the decision may still be in memory or spilled
         record = runtime.store.get_decision(decision_id)
         if record is None:
             return Problem(404, f"no decision {decision_id!r}")
         if not principal.may_touch(record.cluster):
             return Problem(403, principal.out_of_scope(record.cluster))
+        request = _stored_request(record.request_json)
         runtime.store.record_failure(decision_id, backend.value, error)
-        observation = failure_observation(
-            SelectRequest.model_validate_json(record.request_json),
-            backend.value,
-            error,
-            datetime.now(UTC),
-            record.pod,
-            decision_id,
-        )
+        observation = None
+        if request is not None:
+            observation = failure_observation(
+                request, backend.value, error, datetime.now(UTC), record.pod, decision_id
+            )
         if observation is not None:
             runtime.add_evidence([observation])
         guard = runtime.rollouts.failure_reported(record, backend.value, error)
@@ -114,6 +113,16 @@ class Reports:
             "guard": guard,
         }
         return Done(body, status=202)
+
+
+def _stored_request(request_json: str) -> SelectRequest | None:
+    """The request a stored decision answered, or None when today's contract no longer
+    reads it (a row written by an older release): the failure is still recorded and
+    guarded, only not turned into evidence for a situation that cannot be read."""
+    try:
+        return SelectRequest.model_validate_json(request_json)
+    except ValidationError:
+        return None
 
 
 def _above_peak(report: MeasurementReport) -> Problem | None:

@@ -10,9 +10,14 @@ it within its poll interval (0.5 s by default), this one at once.
 A guard runs after the report that triggers it is stored. When the database fails in
 between (the guard's own write, or a read it needs), the report stays stored and is
 answered as such, with ``"guard": "pending"``: the evaluation is kept and tried again
-by the periodic check, before any step is promoted, so a halt is late rather than
-lost. An agent that retries a measurement report (the same ``report_id``) gets the
-guard evaluated again too, which covers a replica that died with a pending one.
+by this replica's periodic check before it promotes any step, so a halt is late rather
+than lost while this replica lives (pending evaluations are kept in memory; another
+replica that reaches the database may promote meanwhile, and a failure from before
+the new stage then no longer counts against it). An evaluation that fails again for
+a reason a retry does not fix (not a lost connection) is dropped with an error logged,
+so that one bad report cannot hold every later promotion back. An agent that retries
+a measurement report (the same ``report_id``) gets the guard evaluated again too,
+which covers a replica that died with a pending one.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store.base import OutcomeUnknown
 from prometheus_client import Gauge
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 if TYPE_CHECKING:
     from mla_switchboard.service.runtime import Runtime
@@ -59,6 +64,9 @@ MAX_PENDING = 10_000
 while the database is away every report would otherwise add one, without bound."""
 
 STORE_ERRORS = (SQLAlchemyError, OutcomeUnknown)
+"""What defers a report's guard evaluation: any database error."""
+TRANSIENT_ERRORS = (OperationalError, InterfaceError, OutcomeUnknown)
+"""What keeps a deferred evaluation waiting: the database is away or did not answer."""
 
 
 class RolloutGuards:
@@ -116,19 +124,22 @@ class RolloutGuards:
 
     def retry_pending(self) -> bool:
         """Evaluate the deferred guards again, oldest first; True when none is left.
-        The first that fails again ends the round (the database is still away)."""
+        The first that loses the database again ends the round (it is still away); one
+        that fails otherwise is dropped and logged: retrying would fail the same way."""
         with self._pending_lock:
             waiting = list(self._pending.items())
         for key, run in waiting:
             try:
                 run()
-            except STORE_ERRORS as exc:
+            except TRANSIENT_ERRORS as exc:
                 log.warning(
                     "%d rollout guard evaluation(s) still pending: %s",
                     len(self._pending),
                     first_line(exc),
                 )
                 return False
+            except Exception:
+                log.exception("rollout guard evaluation %s dropped: it cannot succeed", key)
             with self._pending_lock:
                 if self._pending.get(key) is run:
                     del self._pending[key]

@@ -225,9 +225,10 @@ class Runtime:
 
     def reload_evidence(self) -> bool:
         """Rebuild every evidence index from the store (the window only) and swap them
-        in, waiting for it (after an admin cleared failures): on the evidence thread,
-        whose priority is below the event loop's. False: still running after a minute
-        (it goes on in the background)."""
+        in, waiting for it: for benchmarks and tests that need exactly the store's
+        evidence now (the service itself reads increments and applies clears in place).
+        It runs on the evidence thread, whose priority is below the event loop's. False:
+        still running after a minute (it goes on in the background)."""
         return self.evidence_sync.reload()
 
     def add_evidence(self, observations: list[Observation]) -> None:

@@ -141,6 +141,7 @@ class Selector:
         )
         read = decided.evidence_situation
         self._cache[key] = (result, None if read is None else (given.evidence, read, before))
+        self._cache.move_to_end(key)  # a stale hit decided again is as recent as a new one
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return result

@@ -19,6 +19,7 @@ from typing import Any
 
 from mla_switchboard.agent.notes import log
 from mla_switchboard.core.engine_names import by_format, detection_order
+from mla_switchboard.core.engine_rules.switchboard import SWITCHBOARD_ENV
 
 __all__ = ["SELECT_FORMATS", "args_format_engine", "format_document"]
 
@@ -51,7 +52,7 @@ def _env_values(document: Mapping[str, Any]) -> dict[str, str]:
     engine = document["engine"]["name"]
     args = _args_line(document["engine_args"])
     values = {
-        "SWITCHBOARD_BACKEND": document["backend"] or "",
+        SWITCHBOARD_ENV: document["backend"] or "",
         "SWITCHBOARD_SOURCE": document["source"],
         "SWITCHBOARD_DECISION_ID": document["decision_id"] or "",
         "SWITCHBOARD_RULES_REVISION": str(document["rules_revision"] or ""),

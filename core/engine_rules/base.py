@@ -68,6 +68,9 @@ def release_suffix(text: str) -> str:
     m = _NUMBERS.match(text)
     if m is None:
         return text
+    parts = m.group(0).split(".")
+    if len(parts) > 3:  # a fourth number (vLLM's 0.10.1.1) is a release of its own
+        return text[len(".".join(parts[:3])) :]
     post = _POST.match(text, m.end())
     return text[(post or m).end() :]
 

@@ -266,11 +266,9 @@ def _decode(r: SglangRange, ctx: SelectionContext) -> str:
 
 def _prefill_name(backend: Backend, ctx: SelectionContext) -> str:
     """SGLang's name for ``backend`` on this pod (FLASH_ATTN: fa4 on 10.x, else fa3)."""
-    names = [name for name, ours in SGLANG_NAMES.items() if ours is backend]
-    if backend is Backend.FLASH_ATTN:
-        fa3, fa4 = names
-        return fa4 if ctx.capability is not None and ctx.capability.major == 10 else fa3
-    (name,) = names
+    if backend is Backend.FLASH_ATTN:  # two names for one backend: by generation
+        return "fa4" if ctx.capability is not None and ctx.capability.major == 10 else "fa3"
+    (name,) = [name for name, ours in SGLANG_NAMES.items() if ours is backend]
     return name
 
 

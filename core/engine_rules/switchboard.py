@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from mla_switchboard.core.engine_rules.base import EngineChoice, EngineFlag, EngineProfile
 from mla_switchboard.core.specs import Backend, SelectionContext
 
-__all__ = ["SEED_DEFAULT", "SEED_PRIORITIES", "SWITCHBOARD", "SWITCHBOARD_FLAG"]
+__all__ = ["SEED_DEFAULT", "SEED_PRIORITIES", "SWITCHBOARD", "SWITCHBOARD_ENV", "SWITCHBOARD_FLAG"]
 
 SEED_DEFAULT: tuple[Backend, ...] = (Backend.FLASH_ATTN,)
 SEED_PRIORITIES: Mapping[str, tuple[Backend, ...]] = {
@@ -22,7 +22,8 @@ SEED_PRIORITIES: Mapping[str, tuple[Backend, ...]] = {
 kernels, everything else ``SEED_DEFAULT`` (see shared/seed for the excerpt these
 reproduce)."""
 
-SWITCHBOARD_FLAG = EngineFlag(env="SWITCHBOARD_BACKEND")
+SWITCHBOARD_ENV = "SWITCHBOARD_BACKEND"
+SWITCHBOARD_FLAG = EngineFlag(env=SWITCHBOARD_ENV)
 """A pod running our own kernels is told the backend in the environment, the variable
 the agent's ``env`` format also exports."""
 

@@ -91,7 +91,8 @@ class EvidenceSync:
     """Full reloads, incremental reads, local reports and expiry for one replica's
     :class:`TrustedEvidence` (module docstring). ``on_change`` is called, outside any
     lock, after every change that decisions must see (the runtime re-publishes its
-    inputs, which drops cached decisions)."""
+    inputs; a cached decision is decided again only when its own situation's evidence
+    moved)."""
 
     def __init__(
         self,
@@ -284,7 +285,11 @@ class EvidenceSync:
                 self._met({_key(o): o.at for o in read if o.source})
                 changed = self._trusted.add(new)
             # clears after the rows: a failure stored before a clear is read first,
-            # then forgotten; one stored after it is noted later than the clear and stays
+            # then forgotten; one noted after the clear's time stays. A failure whose
+            # commit overlaps the clear's (its time earlier, its row not yet visible to
+            # the store's update) is forgotten here but stays active in the store, until
+            # the next full reload: a window of one transaction plus the replicas'
+            # clock skew, which a clear by row ids would close.
             changed = self._apply_clears() or changed
             self._applied["evidence_version"] = versions.get("evidence_version", 0)
         if changed:

@@ -252,9 +252,13 @@ class TrustedEvidence:
         with self._lock:
             current = self._current
             found = current.scopes.get(globs)
-            if found is None:
+            built = found is None
+            if built:
                 found = current.scopes[globs] = current.build_scope(globs)
-            return found
+                self._generation += 1  # decisions cached with the empty index must go
+        if built:
+            self._on_change()
+        return found
 
     def _build_later(self, globs: Globs) -> None:
         with self._building_lock:

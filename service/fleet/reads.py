@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -252,5 +253,11 @@ def _versions(inputs: DecisionInputs, fleet: FleetSnapshot, now: datetime) -> tu
     return (inputs.tag, expired, fleet.version)
 
 
+_EPOCH = os.urandom(8).hex()
+"""This process's own: the versions in a key are counted per replica from its start, so
+the same numbers on another replica, or after a restart, may stand for other content."""
+
+
 def _etag(key: tuple[Any, ...]) -> str:
-    return '"' + hashlib.blake2b(repr(key).encode(), digest_size=12).hexdigest() + '"'
+    text = repr((_EPOCH, key)).encode()
+    return '"' + hashlib.blake2b(text, digest_size=12).hexdigest() + '"'

@@ -205,13 +205,15 @@ function fitWholeRows(wrap) {
   wrap.style.maxHeight = "";
   if (wrap.scrollHeight <= wrap.clientHeight) return; // every row shows
   const box = wrap.getBoundingClientRect();
+  const shown = wrap.clientTop + wrap.clientHeight; // above a horizontal scrollbar, if any
+  const below = wrap.offsetHeight - shown; // the lower border and that scrollbar
   let fits = 0;
   for (const row of wrap.querySelectorAll("tbody tr")) {
     const bottom = row.getBoundingClientRect().bottom - box.top + wrap.scrollTop;
-    if (bottom > box.height - 1) break; // past the lower border
+    if (bottom > shown) break;
     fits = bottom;
   }
-  if (fits > 0) wrap.style.maxHeight = `${Math.ceil(fits) + 1}px`; // and the lower border
+  if (fits > 0) wrap.style.maxHeight = `${Math.ceil(fits + below)}px`;
 }
 
 /** Two-line cells (pod over node, GPU over capability, ...) keep the table narrow; the

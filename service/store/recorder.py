@@ -64,6 +64,7 @@ MIB = 2**20
 DEFAULT_BUDGET_BYTES = 128 * MIB
 DEFAULT_SPILL_LIMIT_BYTES = 512 * MIB
 SPILL_CHUNK = 5000  # rows encoded and appended at once (bounds the writer's own memory)
+SPILL_MIN_CHUNK = 500  # ... and at least this many, whatever the flush batch: one fsync each
 SPILL_RETRY_S = 1.0  # a spill file that refused is tried again this often, not every tick
 SPILL_CHECK_S = 5.0  # how often a healthy writer looks for other replicas' spill files
 DROP_LOG_S = 5.0  # drops are logged at most this often, one line with the counts
@@ -335,7 +336,12 @@ class DecisionRecorder:
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(2.0)
+            # the step in flight ends within one stalled call (writing a refused batch
+            # row by row can take longer): the rows it holds are its own until then
+            self._thread.join(max(MAX_STALL_S, self._stall_floor) + 1.0)
+            if self._thread.is_alive():
+                log.warning("waiting for the decision writer's step in flight to end")
+                self._thread.join(self._shutdown_flush_s + 30.0)
         with self._take:
             leftover = [*self._inflight, *self._queue]
             self._queue.clear()
@@ -663,11 +669,12 @@ class DecisionRecorder:
 
     def _spill_memory(self) -> None:
         """The store is failing: everything in memory goes to the spill file, so that a
-        crash now loses at most one interval. In chunks of at most a flush batch: rows
-        out of the queue are out of the hot path's reach, which drops the oldest it can
-        see when memory is at its budget, so a smaller chunk keeps that order closer."""
+        crash now loses at most one interval. In chunks of a flush batch: rows out of the
+        queue are out of the hot path's reach, which drops the oldest it can see when
+        memory is at its budget, so a smaller chunk keeps that order closer; but at least
+        ``SPILL_MIN_CHUNK``, since every chunk is one locked, fsynced append."""
         while self._queue and not self._stopping.is_set():
-            if not self._spill_chunk(min(SPILL_CHUNK, self._batch)):
+            if not self._spill_chunk(min(SPILL_CHUNK, max(self._batch, SPILL_MIN_CHUNK))):
                 return
 
     def _spill_excess(self) -> None:

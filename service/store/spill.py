@@ -190,8 +190,11 @@ def _checked(v: list[Any]) -> Row:
 
 _checked_texts: set[str] = set()
 """Shape and answer texts already found to be JSON objects: every decision of one shape
-or answer carries the same text, so each is parsed once, not once per line."""
+or answer carries the same text, so each is parsed once, not once per line. Only texts
+up to ``_CHECKED_TEXT_MAX`` characters are kept: a real shape or answer is a few KB, and
+a hostile file of 1 MiB texts must not pin gigabytes here."""
 _CHECKED_LIMIT = 4096
+_CHECKED_TEXT_MAX = 64 * 1024
 
 
 def _json_object(text: str, i: int, name: str) -> None:
@@ -211,6 +214,8 @@ def _json_object(text: str, i: int, name: str) -> None:
         raise BadLine(
             "bad_fields", f"field {i} ({name}): a JSON {type(value).__name__}, not an object"
         )
+    if len(text) > _CHECKED_TEXT_MAX:
+        return
     if len(_checked_texts) >= _CHECKED_LIMIT:
         _checked_texts.clear()
     _checked_texts.add(text)

@@ -396,7 +396,7 @@ def test_an_unknown_newer_release_gets_the_newest_rules_and_is_told(version: str
     assert isinstance(refusal, Refusal) and want in refusal.message
 
 
-@pytest.mark.parametrize("version", ["0.28.1", "0.27.0.post1", "0.22.0rc1", "0.31.1"])
+@pytest.mark.parametrize("version", ["0.28.1", "0.27.0.post1", "0.27.0.1", "0.22.0rc1", "0.31.1"])
 def test_an_unread_release_inside_a_range_gets_its_rules_and_is_told(version: str) -> None:
     """A release that was never read (not a real one, or published since) but falls in
     a covered range gets that range's rules, and the answer says it was not read."""

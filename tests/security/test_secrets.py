@@ -119,7 +119,9 @@ def test_token_revoke_never_prints_a_secret(tmp_path: Path) -> None:
     assert again.returncode == 1 and f"no active token with id {token_id}" in again.stderr
     bootstrap = _switchboard("token", "revoke", admin_token, env=env)
     assert bootstrap.returncode == 2 and "is not a token id" in bootstrap.stderr
-    for out in (revoked, again, bootstrap):
+    pasted = _switchboard("token", "revoke", f"Bearer {token}", env=env)  # a typo'd paste
+    assert pasted.returncode == 2 and "is not a token id" in pasted.stderr
+    for out in (revoked, again, bootstrap, pasted):
         _assert_hidden(out.stdout + out.stderr, "token revoke", secret)
         _assert_hidden(out.stdout + out.stderr, "token revoke", admin_token)
 

@@ -432,3 +432,34 @@ def test_progress_splits_each_clusters_own_samples_by_stage(api: httpx.Client) -
     (entry,) = api.get("/v1/selections/summary").json()["rollouts"]
     assert entry["cluster"] == "prod-east"
     assert (entry["stage_median_tflops"], entry["rest_median_tflops"]) == (400.5, 610.0), entry
+
+
+def test_a_deferred_guard_waits_for_the_database_and_a_broken_one_is_dropped(
+    api: httpx.Client,
+) -> None:
+    """A guard deferred by a lost connection stays queued, and promotions wait for it;
+    one that fails for another reason is dropped, so it cannot hold every later
+    promotion back."""
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    guards = api.app.state.runtime.rollouts  # type: ignore[attr-defined]
+    database_away = [True]
+    runs: list[str] = []
+
+    def flaky() -> None:
+        runs.append("flaky")
+        if database_away[0]:
+            raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    def broken() -> None:
+        runs.append("broken")
+        raise IntegrityError("INSERT", {}, Exception("duplicate key"))
+
+    assert guards._evaluate(("broken",), broken) == "pending"
+    assert guards._evaluate(("flaky",), flaky) == "pending"
+    assert guards.retry_pending() is False  # broken dropped, flaky still waits
+    assert runs == ["broken", "flaky", "broken", "flaky"]
+    assert list(guards._pending) == [("flaky",)]
+    database_away[0] = False
+    assert guards.retry_pending() is True
+    assert not guards._pending and runs[-1] == "flaky"

@@ -48,11 +48,12 @@ import re
 import subprocess
 import sys
 import zipfile
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
 from mla_switchboard.core.engine_rules.sglang import SGLANG_NAMES
-from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS
+from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS, KIMI_LINEAR_DIMS, R1_DIMS
 
 CACHE = Path.home() / ".cache" / "switchboard-engines" / "sglang"
 FIRST = "0.4.9.post5"  # the first release whose parser has --prefill-attention-backend
@@ -73,8 +74,9 @@ NAMES: dict[str, str] = {name: backend.value for name, backend in SGLANG_NAMES.i
 # instantiated only for these (qk head dim, v head dim) pairs (read from FlashInfer,
 # written once in core/specs.py).
 CUTLASS_QK_V = set(FLASHINFER_CUTLASS_HEAD_DIMS)
-# FlashInfer's trtllm-gen ragged DeepSeek kernel (SGLang's trtllm_mla prefill).
-TRTLLM_DIMS = {(128, 64, 128), (192, 64, 256)}
+# FlashInfer's trtllm-gen ragged DeepSeek kernel (SGLang's trtllm_mla prefill): the MLA
+# dims it is built for, written once in core/specs.py.
+TRTLLM_DIMS = {astuple(dims) for dims in (R1_DIMS, KIMI_LINEAR_DIMS)}
 # Facts about the kernels SGLang calls, read from FlashInfer (not from SGLang): the same
 # for every release here, recorded in each table so that it says what it rests on.
 KERNEL_FACTS: dict[str, dict[str, Any]] = {
