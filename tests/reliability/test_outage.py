@@ -89,6 +89,32 @@ async def _burst(port: int, cluster: str, pods: range, conns: int) -> list[str]:
     return ids
 
 
+def _after_restart(
+    pg: PrivatePostgres,
+    tmp_path: Path,
+    env: dict[str, str],
+    cluster: str,
+    load: SelectLoad,
+    fault_at: float,
+    killed: float,
+) -> tuple[float, list[str], float, list[tuple[float, str]], float]:
+    """A replica started again on the spill file of one killed during a fault: what it
+    replayed, the decisions answered during the fault and at what rate, and those lost
+    (age at the kill, id), the oldest of which is the window the kill cost."""
+    again = ServiceProcess(pg.url, env=env).start(tmp_path)
+    try:
+        replayed = metric(again, "switchboard_decisions_replayed_total")
+    finally:
+        again.stop()
+    stored = stored_decision_ids(pg.url, cluster)
+    answered = list(zip(load.times, load.answers, strict=True))
+    during = [d for t, d in answered if t > fault_at]
+    rate = len(during) / (killed - fault_at)
+    lost = sorted((killed - t, d) for t, d in answered if d not in stored)
+    window = max((age for age, _ in lost), default=0.0)
+    return replayed, during, rate, lost, window
+
+
 def burst(service: ServiceProcess, cluster: str, pods: range, conns: int = 32) -> list[str]:
     return asyncio.run(_burst(service.port, cluster, pods, conns))
 
@@ -126,17 +152,10 @@ def test_kill9_during_an_outage_loses_only_the_last_100ms(
     line_bytes = spill.stat().st_size / max(on_disk, 1)
 
     pg.start()
-    again = ServiceProcess(pg.url, env=env).start(tmp_path)
-    try:
-        replayed = metric(again, "switchboard_decisions_replayed_total")
-    finally:
-        again.stop()
-    stored = stored_decision_ids(pg.url, "k9outage")
-    answered = list(zip(load.times, load.answers, strict=True))
-    during = [d for t, d in answered if t > outage]
-    rate = len(during) / (killed - outage)
-    lost = sorted((killed - t, d) for t, d in answered if d not in stored)
-    window = max((age for age, _ in lost), default=0.0)
+    replayed, during, rate, lost, window = _after_restart(
+        pg, tmp_path, env, "k9outage", load, outage, killed
+    )
+    answered = load.answers
     print(
         f"\nkill -9 after {killed - outage:.1f}s of outage at {rate:.0f} answers/s: "
         f"{len(during)} answered during the outage, {on_disk} in the spill file "
@@ -188,17 +207,10 @@ def test_kill9_while_the_database_hangs_loses_only_the_last_200ms(
         pg.thaw()
     on_disk = lines_in(spill)
 
-    again = ServiceProcess(pg.url, env=env).start(tmp_path)
-    try:
-        replayed = metric(again, "switchboard_decisions_replayed_total")
-    finally:
-        again.stop()
-    stored = stored_decision_ids(pg.url, "k9hang")
-    answered = list(zip(load.times, load.answers, strict=True))
-    during = [d for t, d in answered if t > hung]
-    rate = len(during) / (killed - hung)
-    lost = sorted((killed - t, d) for t, d in answered if d not in stored)
-    window = max((age for age, _ in lost), default=0.0)
+    replayed, during, rate, lost, window = _after_restart(
+        pg, tmp_path, env, "k9hang", load, hung, killed
+    )
+    answered = load.answers
     print(
         f"\nkill -9 after {killed - hung:.1f}s of a frozen database at {rate:.0f} answers/s: "
         f"degraded ({store_error}) {noticed * 1000:.0f} ms after the freeze; {len(during)} "
