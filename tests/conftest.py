@@ -8,6 +8,8 @@ Starlette's TestClient, for the fast path and for tests that need to look inside
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import secrets
 import signal
@@ -15,8 +17,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +29,55 @@ ADMIN = "test-admin-token"
 ROOT = Path(__file__).resolve().parent.parent
 # The PostgreSQL server the suite uses (.ci/run starts it): trust auth, database "test".
 PG_DSN = os.environ.get("SWITCHBOARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+async def _post_all(
+    port: int, path: str, bodies: Iterable[dict[str, Any]], conns: int, token: str
+) -> list[tuple[int, dict[str, str], bytes]]:
+    todo = iter(enumerate(bodies))
+    out: dict[int, tuple[int, dict[str, str], bytes]] = {}
+    prefix = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nContent-Length: "
+    ).encode()
+
+    async def conn() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for i, body in todo:
+                data = json.dumps(body).encode()
+                writer.write(prefix + str(len(data)).encode() + b"\r\n\r\n" + data)
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {}
+                for line in lines[1:]:
+                    k, _, v = line.partition(":")
+                    if k:
+                        headers[k.strip().lower()] = v.strip()
+                content = await reader.readexactly(int(headers.get("content-length", 0)))
+                out[i] = (int(lines[0].split()[1]), headers, content)
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(conn() for _ in range(conns)))
+    return [out[i] for i in range(len(out))]
+
+
+def post_all(
+    port: int,
+    path: str,
+    bodies: Iterable[dict[str, Any]],
+    conns: int = 32,
+    token: str = ADMIN,
+) -> list[tuple[int, dict[str, str], bytes]]:
+    """POST every body to a server process on ``port`` over ``conns`` keep-alive
+    connections, as fast as it answers (pods booting at once): (status, headers with
+    lower-case names, content) per body, in order. Raw HTTP/1.1 on asyncio, since a
+    pool of httpx clients costs this process more CPU per request than the server
+    spends answering it, on the same two cores."""
+    # in a thread of its own: the caller may be inside an event loop (Playwright's)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _post_all(port, path, bodies, conns, token)).result()
 
 
 def free_port() -> int:
@@ -57,6 +110,10 @@ class ServiceProcess:
         self.log_path: Path | None = None
 
     def start(self, log_dir: Path, timeout: float = 30.0) -> ServiceProcess:
+        return self.spawn(log_dir).wait_ready(timeout)
+
+    def spawn(self, log_dir: Path) -> ServiceProcess:
+        """Start the process without waiting for it (``wait_ready`` waits)."""
         env = {
             **os.environ,
             "SWITCHBOARD_DATABASE_URL": self.database_url,
@@ -86,6 +143,11 @@ class ServiceProcess:
             stderr=subprocess.STDOUT,
             preexec_fn=self.preexec_fn,
         )
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> ServiceProcess:
+        """Until ``/readyz`` answers 200; the log when the process exits or never does."""
+        assert self.proc is not None and self.log_path is not None, "spawn() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -110,6 +172,19 @@ class ServiceProcess:
     def client(self, token: str | None = ADMIN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+
+def start_together(log_dir: Path, *services: ServiceProcess) -> tuple[ServiceProcess, ...]:
+    """Start replicas at once, as a deployment does, and wait until each is ready: their
+    start-ups (imports, migrations) overlap instead of adding up."""
+    for service in services:
+        service.spawn(log_dir)
+    try:
+        return tuple(service.wait_ready() for service in services)
+    except BaseException:
+        for service in services:
+            service.stop()
+        raise
 
 
 @pytest.fixture

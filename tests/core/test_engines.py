@@ -54,9 +54,8 @@ def _policies(cap):  # type: ignore[no-untyped-def]
 def test_no_vllm_answer_names_a_backend_vllm_rejects() -> None:
     checked = refused = 0
     for cap, dims, dtype, packages in itertools.product(CAPS, DIMS, DTYPES, PACKAGES):
-        for given, (req, strict) in itertools.product(
-            _policies(cap), itertools.product([None, *Backend], [False, True])
-        ):
+        requests = [(None, False), *itertools.product(Backend, [False, True])]
+        for given, (req, strict) in itertools.product(_policies(cap), requests):
             extra = {} if req is None else {"requested_backend": req.value, "strict": strict}
             result = decide(
                 request(cap, dims, dtype, packages, engine=VLLM, **extra), given, now=NOW

@@ -400,8 +400,10 @@ class PrivatePostgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def private_postgres() -> Iterator[PrivatePostgres]:
+    """A throwaway server for one test module whose tests never stop it (each makes a
+    database of its own); tests that stop, freeze or kill it start their own."""
     pg = PrivatePostgres()
     try:
         pg.init().start()

@@ -24,7 +24,7 @@ from mla_switchboard.agent import pod as agent_pod
 from mla_switchboard.agent.api import SelectionResult, select_backend
 from mla_switchboard.agent.probe import DeviceProbe
 
-from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port
+from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port, start_together
 from tests.reliability.conftest import (
     SERVICE_SOURCES,
     PrivatePostgres,
@@ -56,7 +56,7 @@ def test_kill9_replica_mid_boot_burst(
     whenever the machine finished every boot within 0.5 s (1 run in 3).
     """
     url = pg_url_factory()
-    a, b = (ServiceProcess(url).start(tmp_path) for _ in range(2))
+    a, b = start_together(tmp_path, ServiceProcess(url), ServiceProcess(url))
     monkeypatch.setenv("SWITCHBOARD_URL", f"{a.url},{b.url}")
     monkeypatch.setenv("SWITCHBOARD_TOKEN", ADMIN)
     # the probe sees an H200: real pods, recorded (a pretended GPU is a dry run)

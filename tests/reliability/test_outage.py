@@ -7,7 +7,6 @@ Each test prints its figures; docs/reliability.md summarises them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ADMIN, ServiceProcess
+from tests.conftest import ServiceProcess, post_all
 from tests.reliability.conftest import (
     PrivatePostgres,
     SelectLoad,
@@ -52,43 +51,6 @@ def lines_in(path: Path) -> int:
     return len(path.read_bytes().splitlines()) if path.exists() else 0
 
 
-async def _burst(port: int, cluster: str, pods: range, conns: int) -> list[str]:
-    """``/v1/select`` for each pod over ``conns`` keep-alive connections, as fast as the
-    replica answers; the decision ids of the 200 answers."""
-    todo = iter(pods)
-    ids: list[str] = []
-
-    async def conn() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            for i in todo:
-                body = json.dumps(select_body(cluster, f"pod-{i}")).encode()
-                writer.write(
-                    b"POST /v1/select HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                    + ADMIN.encode()
-                    + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                    + str(len(body)).encode()
-                    + b"\r\n\r\n"
-                    + body
-                )
-                head = await reader.readuntil(b"\r\n\r\n")
-                length, decision = 0, None
-                for line in head.split(b"\r\n")[1:]:
-                    k, _, v = line.partition(b":")
-                    if k.strip().lower() == b"content-length":
-                        length = int(v)
-                    elif k.strip().lower() == b"x-decision-id":
-                        decision = v.strip().decode()
-                await reader.readexactly(length)
-                if head.startswith(b"HTTP/1.1 200") and decision:
-                    ids.append(decision)
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(conn() for _ in range(conns)))
-    return ids
-
-
 def _after_restart(
     pg: PrivatePostgres,
     tmp_path: Path,
@@ -116,7 +78,11 @@ def _after_restart(
 
 
 def burst(service: ServiceProcess, cluster: str, pods: range, conns: int = 32) -> list[str]:
-    return asyncio.run(_burst(service.port, cluster, pods, conns))
+    """``/v1/select`` for each pod over ``conns`` keep-alive connections, as fast as the
+    replica answers; the decision ids of the 200 answers."""
+    bodies = (select_body(cluster, f"pod-{i}") for i in pods)
+    answers = post_all(service.port, "/v1/select", bodies, conns)
+    return [h["x-decision-id"] for code, h, _ in answers if code == 200 and "x-decision-id" in h]
 
 
 # ------------------------------------------------------------ kill -9 mid outage

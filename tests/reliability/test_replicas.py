@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.conftest import ServiceProcess, start_together
 from tests.reliability.conftest import (
     SelectLoad,
     select_body,
@@ -33,8 +33,7 @@ def replicas(
     pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
     d = tmp_path_factory.mktemp("replicas")
-    a = ServiceProcess(pg_url).start(d)
-    b = ServiceProcess(pg_url).start(d)
+    a, b = start_together(d, ServiceProcess(pg_url), ServiceProcess(pg_url))
     yield a, b
     terminate_all([a, b])
 
@@ -157,7 +156,7 @@ def test_sigterm_under_load_loses_no_decision(
     """Both replicas get SIGTERM while agents are calling them: every answer given
     is in the store once they have exited."""
     url = pg_url_factory()
-    services = [ServiceProcess(url).start(tmp_path) for _ in range(2)]
+    services = list(start_together(tmp_path, ServiceProcess(url), ServiceProcess(url)))
     try:
         load = SelectLoad([s.url for s in services], cluster="sigterm-", threads=4, pause_s=0)
         load.start()

@@ -30,19 +30,27 @@ FORCE = {"force": "FLASH_ATTN", "note": "INC-7 back to FA", "rollout": {"percent
 
 
 class Database:
-    """The private server's database ``sb``, owned by the service's role ``svc``."""
+    """A database of the private server, owned by a role of the service's own (both
+    new for each test: one server for the module, nothing shared between tests)."""
 
     def __init__(self, pg: PrivatePostgres) -> None:
         self.pg = pg
-        self.admin(dbname="postgres", sql="CREATE ROLE svc LOGIN")
-        self.admin(dbname="postgres", sql="CREATE DATABASE sb OWNER svc")
-        self.url = f"postgresql+psycopg://svc@127.0.0.1:{pg.port}/sb"
+        suffix = uuid.uuid4().hex[:8]
+        self.role, self.name = f"svc_{suffix}", f"sb_{suffix}"
+        self.admin(dbname="postgres", sql=f"CREATE ROLE {self.role} LOGIN")
+        self.admin(dbname="postgres", sql=f"CREATE DATABASE {self.name} OWNER {self.role}")
+        self.url = f"postgresql+psycopg://{self.role}@127.0.0.1:{pg.port}/{self.name}"
 
-    def admin(self, sql: str, dbname: str = "sb") -> list[tuple[Any, ...]]:
+    def admin(self, sql: str, dbname: str | None = None) -> list[tuple[Any, ...]]:
+        """``sql`` as the server's superuser; ``{role}`` names the service's role."""
         with psycopg.connect(
-            host="127.0.0.1", port=self.pg.port, user="postgres", dbname=dbname, autocommit=True
+            host="127.0.0.1",
+            port=self.pg.port,
+            user="postgres",
+            dbname=dbname or self.name,
+            autocommit=True,
         ) as conn:
-            cur = conn.execute(sql)
+            cur = conn.execute(sql.replace("{role}", self.role))
             return cur.fetchall() if cur.description else []
 
 
@@ -59,7 +67,7 @@ def service(db: Database, tmp_path: Path) -> Iterator[ServiceProcess]:
 
 
 def test_a_committed_write_is_answered_as_committed(db: Database, service: ServiceProcess) -> None:
-    db.admin("REVOKE SELECT ON tokens FROM svc")  # reloads fail from now on
+    db.admin("REVOKE SELECT ON tokens FROM {role}")  # reloads fail from now on
     key = str(uuid.uuid4())
     with service.client() as c:
         r = c.put("/v1/overrides/prod-east", json=FORCE, headers={"Idempotency-Key": key})
@@ -87,7 +95,7 @@ def test_a_committed_write_is_answered_as_committed(db: Database, service: Servi
     stored = db.admin("SELECT spec->'rollout'->>'stage_started_at' FROM overrides")
     assert stored[0][0] == first["override"]["rollout"]["stage_started_at"]  # clock kept
     # the database lets the service read again: it applies the change at its next poll
-    db.admin("GRANT SELECT ON tokens TO svc")
+    db.admin("GRANT SELECT ON tokens TO {role}")
     with service.client() as c:
         wait_until(lambda: c.get("/v1/overrides/prod-east").status_code == 200, 10)
         viewer = created.json()["token"]
@@ -184,7 +192,7 @@ def test_a_stored_failure_report_is_answered_and_its_guard_retried(
     with service.client() as c:
         assert c.put("/v1/overrides/prod-east", json=spec).status_code == 200
         (answer,) = stage_answers(c, "prod-east", 1)
-        db.admin("REVOKE INSERT ON audit FROM svc")  # the halt cannot be written now
+        db.admin("REVOKE INSERT ON audit FROM {role}")  # the halt cannot be written now
         r = c.post(
             f"/v1/selections/{answer['decision_id']}/failure",
             json={"backend": "FLASHINFER", "error": "RuntimeError: illegal memory access"},
@@ -194,7 +202,7 @@ def test_a_stored_failure_report_is_answered_and_its_guard_retried(
         assert db.admin("SELECT count(*) FROM failures") == [(1,)]
         assert rollout_state(c, "prod-east") == "active"
         assert metric(service, "switchboard_rollout_guards_pending") == 1
-        db.admin("GRANT INSERT ON audit TO svc")
+        db.admin("GRANT INSERT ON audit TO {role}")
         took = wait_until(lambda: rollout_state(c, "prod-east") == "halted", 10, what="halt")
         print(f"halted {took:.2f} s after the audit log took writes again")
         (entry,) = c.get("/v1/audit", params={"action": "rollout.failure"}).json()["items"]
@@ -231,13 +239,13 @@ def test_a_retried_report_gets_the_guard_its_first_attempt_never_ran(
             one, two = stage_answers(c, "prod-east", 2)
             r = report(c, one["pod"], "report-one-0001")
             assert r.status_code == 201 and r.json()["guard"] == "checked", r.text
-            db.admin("REVOKE INSERT ON audit FROM svc")
+            db.admin("REVOKE INSERT ON audit FROM {role}")
             r = report(c, two["pod"], "report-two-0001")
             assert r.status_code == 201, r.text  # before: 503 "nothing was changed"
             assert r.json()["counted"] is True and r.json()["guard"] == "pending"
     finally:
         first.stop(signal.SIGKILL)  # the pending evaluation dies with it
-    db.admin("GRANT INSERT ON audit TO svc")
+    db.admin("GRANT INSERT ON audit TO {role}")
     second = ServiceProcess(db.url).start(tmp_path)
     try:
         with second.client() as c:

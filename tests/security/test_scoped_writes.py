@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.conftest import ServiceProcess, start_together
 
 pytestmark = pytest.mark.postgres
 
@@ -31,8 +31,9 @@ def replicas(
     pg_url_factory: Callable[[], str], tmp_path: Path
 ) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
     url = pg_url_factory()
-    a = ServiceProcess(url).start(tmp_path)
-    b = ServiceProcess(url, env={"SWITCHBOARD_CONFIG_POLL_S": "60"}).start(tmp_path)
+    a, b = start_together(
+        tmp_path, ServiceProcess(url), ServiceProcess(url, env={"SWITCHBOARD_CONFIG_POLL_S": "60"})
+    )
     yield a, b
     b.stop()
     a.stop()

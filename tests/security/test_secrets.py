@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -77,17 +78,21 @@ def test_serve_and_token_never_print_the_password(url: str) -> None:
     url = url.format(port=free_port())  # nothing listens there: a database that is down
     env = _env(url)
     starts = 3 if "nosuchdriver" not in url and "notaport" not in url else 1
-    for restart in range(starts):  # a crash loop: each start says why, none the password
-        serve = _switchboard("serve", "--port", str(free_port()), env=env)
-        assert serve.returncode in (1, 2), serve.stderr
-        assert "switchboard:" in serve.stderr and MASK in serve.stderr, serve.stderr
-        _assert_hidden(serve.stdout + serve.stderr, f"serve (start {restart + 1})")
-    for args in (
+    tokens = (
         ["token", "list"],
         ["token", "create", "--role", "agent"],
         ["token", "revoke", "0123456789ab"],
-    ):
-        out = _switchboard(*args, env=env)
+    )
+    # a crash loop's starts (each says why, none the password) and the token commands,
+    # two at a time: each is a process start that mostly waits for its imports
+    commands = [["serve", "--port", str(free_port())] for _ in range(starts)] + list(tokens)
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda args: _switchboard(*args, env=env), commands))
+    for restart, serve in enumerate(outs[:starts]):
+        assert serve.returncode in (1, 2), serve.stderr
+        assert "switchboard:" in serve.stderr and MASK in serve.stderr, serve.stderr
+        _assert_hidden(serve.stdout + serve.stderr, f"serve (start {restart + 1})")
+    for args, out in zip(tokens, outs[starts:], strict=True):
         assert out.returncode != 0
         _assert_hidden(out.stdout + out.stderr, " ".join(args))
         assert "Traceback" not in out.stderr, out.stderr

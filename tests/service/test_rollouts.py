@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.conftest import ServiceProcess, start_together
 from tests.reliability.conftest import terminate_all, wait_until
 from tests.service.test_select_decisions import ALL, body
 
@@ -28,8 +28,7 @@ def replicas(
     pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
     d = tmp_path_factory.mktemp("rollouts")
-    a = ServiceProcess(pg_url).start(d)
-    b = ServiceProcess(pg_url).start(d)
+    a, b = start_together(d, ServiceProcess(pg_url), ServiceProcess(pg_url))
     yield a, b
     terminate_all([a, b])
 
