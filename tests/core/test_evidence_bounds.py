@@ -240,9 +240,12 @@ def test_cost_grows_linearly_with_the_history_of_one_situation() -> None:
     ]
     small = _one_situation(6_400, pods=200)
     large_s, spread_s, small_s = _build_s(large, spread, small)
-    # linear: about 1x and 10x; a copy per observation made the second 54x for 4x
+    # linear: about 1x and 10x; a copy per observation made the second 54x for 4x (a
+    # quadratic cost would be 100x here). Ten times the memory also misses the caches
+    # more: 15-17x in a long test process, hence the wide bound on the second ratio
+    # and the narrow one on the first, which compares equal memory.
     assert large_s < 2 * spread_s, (large_s, spread_s)
-    assert large_s < 15 * small_s, (large_s, small_s)
+    assert large_s < 30 * small_s, (large_s, small_s)
     # one more report on top of 64,000 results costs what it costs on an empty index
     index = EvidenceIndex(large)
     started = time.thread_time()
