@@ -6,7 +6,7 @@ API, answers from the real evaluator) and its operations: 300 and 3,000 pods, 10
 decisions each and one evidence result each, a measured-policy override and a 10 %
 staged rollout in force. The two services run side by side and the runs alternate, so
 the shared machine's noise hits both alike; the figure compared is the ratio of the
-medians, unless the two differ by less than NOISE_FLOOR_S. Absolute times are not
+lower quartiles, unless the two differ by less than NOISE_FLOOR_S. Absolute times are not
 checked (they depend on the machine): only that the cost does not follow the fleet's
 size.
 """
@@ -37,7 +37,7 @@ CLUSTERS = 10
 REPS = 9
 NOISE_FLOOR_S = 0.010
 """A difference this small is the shared machine's noise, whatever the ratio: every
-operation here costs a few ms at both sizes, and one descheduling moves a median of
+operation here costs a few ms at both sizes, and one descheduling moves a figure of
 3 ms to 8. Work that grows with the pods costs 10x at 3,000 pods (the code before the
 fleet aggregates: 0.33 s for a summary at 1,000 pods), far above it."""
 
@@ -114,11 +114,14 @@ def test_ten_times_the_fleet_costs_less_than_twice(
     for _ in range(REPS):
         for size in SIZES:
             runs[size].append(operation(fleets[size]))
-    medians = {size: statistics.median(r) for size, r in runs.items()}
-    ratio = medians[large] / medians[small]
-    assert ratio < 2.0 or medians[large] - medians[small] < NOISE_FLOOR_S, (
-        f"{name}: {medians[large] * 1000:.1f} ms at {large} pods against "
-        f"{medians[small] * 1000:.1f} ms at {small} pods, {ratio:.1f}x for 10x the fleet "
+    # the lower quartile of each size's runs: the shared machine's noise only adds time,
+    # and a stretch of it over half the runs (seen: one size's last five runs at 2x)
+    # moves a median; work that grows with the pods moves every run
+    costs = {size: statistics.quantiles(r, n=4)[0] for size, r in runs.items()}
+    ratio = costs[large] / costs[small]
+    assert ratio < 2.0 or costs[large] - costs[small] < NOISE_FLOOR_S, (
+        f"{name}: {costs[large] * 1000:.1f} ms at {large} pods against "
+        f"{costs[small] * 1000:.1f} ms at {small} pods, {ratio:.1f}x for 10x the fleet "
         f"(runs in ms: {small}: {[round(t * 1000, 1) for t in runs[small]]}, "
         f"{large}: {[round(t * 1000, 1) for t in runs[large]]})"
     )
