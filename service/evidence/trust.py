@@ -249,13 +249,19 @@ class TrustedEvidence:
         if _on_event_loop():
             self._build_later(globs)
             return self._empty
+        return self._scope_index(globs)
+
+    def _scope_index(self, globs: Globs) -> EvidenceIndex:
+        """The index of a scope, built now when it has none (off the event loop);
+        building one moves the generation and re-publishes, so that decisions cached
+        while it was missing (with the empty index) are decided again."""
         with self._lock:
             current = self._current
             found = current.scopes.get(globs)
             built = found is None
             if built:
                 found = current.scopes[globs] = current.build_scope(globs)
-                self._generation += 1  # decisions cached with the empty index must go
+                self._generation += 1
         if built:
             self._on_change()
         return found
@@ -272,12 +278,7 @@ class TrustedEvidence:
     def _build(self, globs: Globs) -> None:
         lower_this_thread()
         try:
-            with self._lock:
-                current = self._current
-                if globs not in current.scopes:
-                    current.scopes[globs] = current.build_scope(globs)
-                    self._generation += 1
-            self._on_change()
+            self._scope_index(globs)
         except Exception:  # a thread of its own: say why, the next decision tries again
             log.exception("building the evidence index of scope %s", globs)
         finally:

@@ -338,7 +338,7 @@ class DecisionRecorder:
         if self._thread is not None:
             # the step in flight ends within one stalled call (writing a refused batch
             # row by row can take longer): the rows it holds are its own until then
-            self._thread.join(max(MAX_STALL_S, self._stall_floor) + 1.0)
+            self._thread.join(self._stall_ceiling + 1.0)
             if self._thread.is_alive():
                 log.warning("waiting for the decision writer's step in flight to end")
                 self._thread.join(self._shutdown_flush_s + 30.0)
@@ -494,9 +494,13 @@ class DecisionRecorder:
         recent writes, at least the floor (4 flush intervals) and at most
         ``MAX_STALL_S``, which bounds what a crash early in a hang can lose."""
         slowest = max(self._recent_writes, default=0.0)
-        ceiling = max(MAX_STALL_S, self._stall_floor)
-        self._stall_s = min(max(self._stall_floor, STALL_FACTOR * slowest), ceiling)
+        self._stall_s = min(max(self._stall_floor, STALL_FACTOR * slowest), self._stall_ceiling)
         return self._stall_s
+
+    @property
+    def _stall_ceiling(self) -> float:
+        """The longest a store call may be in flight before it counts as stalled."""
+        return max(MAX_STALL_S, self._stall_floor)
 
     def _record(self, rows: Sequence[Row]) -> None:
         """On the store's thread: the call itself, the CPU it takes there and, when it
