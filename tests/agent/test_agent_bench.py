@@ -39,6 +39,8 @@ from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import RaggedBatch
 from mla_switchboard.kernels.torch_sdpa import TorchSdpaPrefill
 
+pytestmark = pytest.mark.serial
+
 CONFIGS = Path(__file__).resolve().parent / "configs"
 DSV3 = str(CONFIGS / "deepseek-v3.json")
 GLM5 = str(CONFIGS / "glm-5")

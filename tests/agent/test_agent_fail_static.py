@@ -16,6 +16,8 @@ from mla_switchboard.agent import select_backend
 from mla_switchboard.agent.cache import AnswerCache
 from mla_switchboard.core.evaluator import Decision, decide_locally
 
+pytestmark = pytest.mark.serial
+
 CONFIGS = Path(__file__).resolve().parent / "configs"
 MODEL = CONFIGS / "deepseek-v3.json"
 H200: dict[str, Any] = {

@@ -24,6 +24,8 @@ from mla_switchboard.core.evidence import (
 )
 from mla_switchboard.core.specs import Backend
 
+pytestmark = pytest.mark.serial
+
 S = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 FI = Backend.FLASHINFER

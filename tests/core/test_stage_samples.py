@@ -10,12 +10,15 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, Situation
 from mla_switchboard.core.schemas import Override, OverrideSpec, Rollout, rollout_id
 from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bucket, stage_buckets
 
 from tests.core.conftest import override
+
+pytestmark = pytest.mark.serial
 
 S = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

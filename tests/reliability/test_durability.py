@@ -35,6 +35,8 @@ from tests.reliability.conftest import (
     wait_until,
 )
 
+pytestmark = pytest.mark.serial
+
 # ------------------------------------------------------- spill file, in process
 
 

@@ -38,6 +38,8 @@ from tests.reliability.conftest import (
     without_dac_override,
 )
 
+pytestmark = pytest.mark.serial
+
 # --------------------------------------------------------------- kill -9 a replica
 
 

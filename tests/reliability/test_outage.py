@@ -27,7 +27,7 @@ from tests.reliability.conftest import (
     wait_until,
 )
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.serial]
 
 
 @pytest.fixture

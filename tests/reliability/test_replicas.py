@@ -23,7 +23,7 @@ from tests.reliability.conftest import (
     wait_until,
 )
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.serial]
 
 BOUND_S = 3.0  # the contract is 1 s (0.5 s poll + reload); 3 s absorbs a noisy machine
 

@@ -26,6 +26,8 @@ from mla_switchboard.service.store.spill import LineEncoder, parse_line
 
 from tests.reliability.conftest import FlakyStore, counter, recorder, row, wait_until
 
+pytestmark = pytest.mark.serial
+
 
 def lines_of(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True) if path.exists() else []

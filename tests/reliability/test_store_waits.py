@@ -30,6 +30,8 @@ from sqlalchemy.exc import OperationalError
 
 from tests.reliability.conftest import row
 
+pytestmark = pytest.mark.serial
+
 
 def _stores(url: str) -> tuple[Store, Engine, Engine]:
     main = make_engine(url)

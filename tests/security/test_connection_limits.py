@@ -45,6 +45,8 @@ from mla_switchboard.service.metrics import Metrics
 
 from tests.conftest import ADMIN, ServiceProcess, free_port
 
+pytestmark = pytest.mark.serial
+
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 
 

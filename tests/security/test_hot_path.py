@@ -28,6 +28,8 @@ import pytest
 
 from tests.conftest import ServiceProcess
 
+pytestmark = pytest.mark.serial
+
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 HEADER_TIMEOUT_S = 1.0
 

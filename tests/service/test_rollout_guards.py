@@ -23,6 +23,8 @@ from tests.conftest import ADMIN, make_inprocess_client
 from tests.reliability.conftest import wait_until
 from tests.service.test_select_decisions import ALL, body
 
+pytestmark = pytest.mark.serial
+
 FORCE = {"force": "FLASHINFER", "note": "INC-1 try flashinfer"}
 Pod = tuple[str, dict[str, Any]]  # "cluster/pod" and the answer it got
 

@@ -17,7 +17,7 @@ from tests.conftest import ServiceProcess, start_together
 from tests.reliability.conftest import terminate_all, wait_until
 from tests.service.test_select_decisions import ALL, body
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.serial]
 
 PODS = 1000
 HALT_BOUND_S = 1.5  # the contract is 1 s (0.5 s poll + reload); a little room for noise

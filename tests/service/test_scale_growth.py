@@ -31,6 +31,8 @@ from bench.scale import (
     start_service,
 )
 
+pytestmark = pytest.mark.serial
+
 SIZES = (300, 3000)
 DECISIONS_PER_POD = 10
 CLUSTERS = 10

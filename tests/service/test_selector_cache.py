@@ -25,6 +25,8 @@ from mla_switchboard.core.schemas import SEED_RULES, Override, SelectRequest
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.selector import Rendered, Selector
 
+pytestmark = pytest.mark.serial
+
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 PACKAGES = {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0", "flash_attn": "2.8.3"}
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
