@@ -8,7 +8,9 @@ way round). Standard library only: the agent and the service both import ``core`
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from collections.abc import Iterable
 
 CLUSTER_GLOB_RE = re.compile(r"^[a-z0-9*?._-]{1,63}$")
 """Lower-case cluster names (as Kubernetes writes them) with ``*`` and ``?`` wildcards."""
@@ -37,3 +39,16 @@ def validate_cluster_globs(globs: list[str]) -> list[str]:
                 f"clusters: {glob!r} is not a cluster glob: it needs a letter, a digit or '*'"
             )
     return globs
+
+
+def cluster_matches(cluster: str, globs: Iterable[str] | None) -> bool:
+    """Whether ``cluster`` is matched by any of ``globs`` (None: every cluster).
+
+    The one reading of the glob grammar above (``*`` any run of characters, ``?`` one
+    character, case-sensitive as Kubernetes names are): token scopes, pod filters,
+    rollout guards and evidence trust all ask this, so a glob cannot mean one set of
+    clusters to a read and another to a write.
+    """
+    if globs is None:
+        return True
+    return any(fnmatch.fnmatchcase(cluster, glob) for glob in globs)

@@ -7,13 +7,13 @@ token and the comparison leaks nothing through timing.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
 from typing import Literal
 
+from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.service.state import TokenRecord
 
 Role = Literal["agent", "viewer", "admin"]
@@ -50,7 +50,7 @@ class Principal:
             return True
         if cluster == "*":
             return False
-        return any(fnmatch.fnmatchcase(cluster, glob) for glob in self.clusters)
+        return cluster_matches(cluster, self.clusters)
 
     def out_of_scope(self, cluster: str) -> str:
         """Why this token may not write for ``cluster`` (the 403's message)."""

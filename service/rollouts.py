@@ -22,7 +22,6 @@ which covers a replica that died with a pending one.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import threading
@@ -39,6 +38,7 @@ from mla_switchboard.core.evaluator import (
     in_stage,
 )
 from mla_switchboard.core.evidence import PodSample, Situation, situation_of
+from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
 from mla_switchboard.core.stages import stage_buckets
 from mla_switchboard.service.messages import first_line
@@ -357,7 +357,7 @@ def _halted(current: Rollout, failed: list[str], reason: str) -> Rollout:
 def guards(rollout: Rollout, cluster: str) -> bool:
     """Whether the stage pods of ``cluster`` may halt ``rollout`` (``guard_clusters``)."""
     globs = rollout.guard_clusters
-    return globs is None or any(fnmatch.fnmatchcase(cluster, g) for g in globs)
+    return cluster_matches(cluster, globs)
 
 
 def _pods_and_clusters(pods: list[str]) -> str:

@@ -32,7 +32,6 @@ background; any other thread (a preview, a guard) builds it and waits.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +40,7 @@ from datetime import datetime, timedelta
 
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, Situation
+from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.priority import lower_this_thread
@@ -85,7 +85,7 @@ def _own_index(globs: Globs) -> bool:
 
 
 def _trusts(globs: Globs, cluster: str) -> bool:
-    return any(fnmatch.fnmatchcase(cluster, glob) for glob in globs)
+    return cluster_matches(cluster, globs)
 
 
 def _on_event_loop() -> bool:

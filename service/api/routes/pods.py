@@ -20,6 +20,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from mla_switchboard.core.engine_names import OWN_ENGINE
 from mla_switchboard.core.evaluator import applicable_overrides
+from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.core.schemas import (
     CLUSTER_PATTERN,
     NO_NUL,
@@ -273,7 +274,7 @@ def _scope(principal: Principal, cluster: str | None) -> tuple[str, ...] | None:
 
 
 def _covers(globs: tuple[str, ...], cluster: str) -> bool:
-    return any(fnmatch.fnmatchcase(cluster, g) for g in globs)
+    return cluster_matches(cluster, globs)
 
 
 def _rollout(runtime: Runtime, scope: str | None) -> Override | None:
