@@ -191,7 +191,7 @@ def bench_service(n: int, directory: Path) -> dict[str, float]:
 def _measured_policy(runtime: Runtime) -> None:
     """Policy ``measured`` for the cluster, as an admin's PUT stores it."""
     spec = OverrideSpec.model_validate({"policy": "measured", "note": "bench"})
-    runtime.store.put_override("prod-east", spec, actor="bench", if_match=None, preview=None)
+    runtime.store.config.put_override("prod-east", spec, actor="bench", if_match=None, preview=None)
     runtime.live.reload()
 
 

@@ -353,7 +353,7 @@ def open_store(url: str) -> Store:
     engine = make_engine(url)
     migrate(engine)
     store = Store(engine)
-    store.ensure_seeded()
+    store.config.ensure_seeded()
     return store
 
 
@@ -363,7 +363,7 @@ def fill_decisions(
     """``per_pod`` decisions of every pod, oldest first (a pod's latest has the greatest
     id), in batches through ``Store.record_decisions``, answered by the real evaluator
     under the overrides stored now."""
-    overrides = store.load_config().overrides
+    overrides = store.config.load_config().overrides
     answers = Answers(DecisionInputs(rules=SEED_RULES, overrides=overrides))
     total = len(fleet) * per_pod
     progress = Progress(f"{label}decision rows", total, "rows")
@@ -378,7 +378,7 @@ def fill_decisions(
             old = k < pod.upgraded_after and k < per_pod - 1
             pending.append(decision_record(*(before if old else now)))
         if len(pending) >= batch or i == len(fleet) - 1:
-            store.record_decisions(pending)
+            store.decisions.record_decisions(pending)
             done += len(pending)
             pending = []
             progress.update(done)
@@ -463,7 +463,7 @@ def fill_evidence(
 
     def add(body: dict[str, Any]) -> None:
         report = MeasurementReport.model_validate(body)
-        store.add_measurements(report, body["report_id"], counted=True)
+        store.measurements.add_measurements(report, body["report_id"], counted=True)
         with lock:
             done[0] += len(body["results"])
             progress.update(done[0])
@@ -1054,7 +1054,9 @@ def run_size(args: argparse.Namespace, pods: int, log_dir: Path) -> dict[str, An
     with database(args.store, args.pg, f"{pods}") as url:
         store = open_store(url)
         for cluster, spec in scenario_overrides(clusters).items():
-            store.put_override(cluster, spec, actor="scale-bench", if_match=None, preview=None)
+            store.config.put_override(
+                cluster, spec, actor="scale-bench", if_match=None, preview=None
+            )
         out["fill_decisions"] = fill_decisions(store, fleet, per_pod, label=label)
         # decisions only: the replica's memory before any evidence is stored
         service = start_service(url, log_dir)

@@ -191,7 +191,7 @@ def main() -> int:
     # wrk counts answers it read before its clock ran out; requests still in flight
     # then are answered and recorded too, so the server's own count is the reference.
     seen_by_wrk = sum(r["requests"] - r["non2xx"] for r in [warmup, *rounds["switchboard"]])
-    stored = Store(make_engine(db)).count_decisions()
+    stored = Store(make_engine(db)).decisions.count_decisions()
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in rounds[name])

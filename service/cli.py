@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if runtime.bootstrap_token is None and runtime.store.count_tokens() == 0:
+    if runtime.bootstrap_token is None and runtime.store.tokens.count_tokens() == 0:
         token = _create_token(runtime, name="initial-admin", role="admin", clusters=None)
         url = f"http://{args.host}:{args.port}/"
         print(
@@ -89,7 +89,7 @@ def _create_token(runtime: Runtime, *, name: str, role: str, clusters: list[str]
     from mla_switchboard.service.auth import new_token
 
     token_id, token, secret_hash = new_token()
-    runtime.store.create_token(
+    runtime.store.tokens.create_token(
         token_id=token_id,
         name=name,
         role=role,
@@ -133,12 +133,12 @@ def _token(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        if not runtime.store.revoke_token(token_id, actor="cli"):
+        if not runtime.store.tokens.revoke_token(token_id, actor="cli"):
             print(f"switchboard: no active token with id {token_id}", file=sys.stderr)
             return 1
         print(f"switchboard: revoked token {token_id}", file=sys.stderr)
         return 0
-    for t in runtime.store.load_config().tokens.values():
+    for t in runtime.store.config.load_config().tokens.values():
         state = "revoked" if t.revoked else "active"
         scope = ",".join(t.clusters) if t.clusters else "*"
         print(f"{t.id}\t{t.name}\t{t.role}\t{scope}\t{state}")

@@ -48,7 +48,7 @@ class LiveConfig:
     def reload(self) -> ConfigSnapshot:
         """Load the snapshot now (after our own writes, and at start)."""
         with self._lock:
-            snap = self._store.load_config()
+            snap = self._store.config.load_config()
             self.checked_at = time.monotonic()
             if self.snapshot is None or snap.version >= self.snapshot.version:
                 self.snapshot = snap
@@ -69,7 +69,7 @@ class LiveConfig:
     def _poll(self) -> None:
         while not self._stop.wait(self._poll_s):
             try:
-                versions = self._store.versions()
+                versions = self._store.config.versions()
                 version = versions.get("config_version", 0)
                 if self.snapshot is None or version != self.snapshot.version:
                     self.reload()

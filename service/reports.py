@@ -43,7 +43,7 @@ class Reports:
         if too_fast is not None:
             return too_fast
         report_id = report.report_id or new_id()
-        if report.report_id is not None and runtime.store.has_report(report_id):
+        if report.report_id is not None and runtime.store.measurements.has_report(report_id):
             # the agent retried a report whose answer it never got: already stored (its
             # guard evaluation is run again: the first attempt's may never have run)
             guard = runtime.rollouts.measurements_retried(report, report_id)
@@ -58,14 +58,18 @@ class Reports:
             if runtime.recorder.pending or runtime.recorder.spill_pending:
                 runtime.recorder.flush(wake=False)
             situation = observations[0].situation
-            if not runtime.store.has_decision_for(report.cluster, report.pod, situation):
+            if not runtime.store.measurements.has_decision_for(
+                report.cluster, report.pod, situation
+            ):
                 reason = (
                     f"pod {report.pod!r} has no recorded decision in cluster "
                     f"{report.cluster!r} for this device, capability, dims, dtype, packages "
                     "and engine: stored, not counted as evidence (call /v1/select as this "
                     "pod first)"
                 )
-        count = runtime.store.add_measurements(report, report_id, counted=reason is None)
+        count = runtime.store.measurements.add_measurements(
+            report, report_id, counted=reason is None
+        )
         guard = None
         if reason is None:
             runtime.add_evidence(observations)
@@ -91,13 +95,13 @@ class Reports:
         runtime = self._runtime
         if runtime.recorder.pending or runtime.recorder.spill_pending:
             runtime.recorder.flush()  # the decision may still be in memory or spilled
-        record = runtime.store.get_decision(decision_id)
+        record = runtime.store.decisions.get_decision(decision_id)
         if record is None:
             return Problem(404, f"no decision {decision_id!r}")
         if not principal.may_touch(record.cluster):
             return Problem(403, principal.out_of_scope(record.cluster))
         request = _stored_request(record.request_json)
-        runtime.store.record_failure(decision_id, backend.value, error)
+        runtime.store.measurements.record_failure(decision_id, backend.value, error)
         observation = None
         if request is not None:
             observation = failure_observation(

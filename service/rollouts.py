@@ -320,7 +320,7 @@ class RolloutGuards:
         self, o: Override, change: Callable[[Rollout], Rollout | None], *, action: str, note: str
     ) -> None:
         assert o.rollout is not None
-        updated = self._runtime.store.update_rollout(
+        updated = self._runtime.store.config.update_rollout(
             o.cluster, o.rollout.id, change, actor=SERVICE_ACTOR, action=action, note=note
         )
         if not isinstance(updated, Override) or updated.rollout is None:

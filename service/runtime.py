@@ -81,7 +81,7 @@ class Runtime:
             on_snapshot=lambda _snap: self._publish(),
         )
         self.recorder = DecisionRecorder(
-            self.store,
+            self.store.decisions,
             self.metrics,
             interval_s=settings.flush_interval_s,
             batch=settings.flush_batch,
@@ -114,7 +114,7 @@ class Runtime:
     def prepare_store(self) -> None:
         """Migrate and seed; safe to run from several replicas at once."""
         migrate(self.engine)
-        self.store.ensure_seeded()
+        self.store.config.ensure_seeded()
 
     def start(self) -> None:
         if self.settings.buffer_limit is not None:

@@ -101,7 +101,7 @@ class Writes:
             principal,
             key,
             _override_answer(preview, now),
-            lambda idem: runtime.store.put_override(
+            lambda idem: runtime.store.config.put_override(
                 cluster,
                 spec,
                 actor=principal.name,
@@ -148,7 +148,7 @@ class Writes:
             principal,
             key,
             respond,
-            lambda idem: runtime.store.delete_override(
+            lambda idem: runtime.store.config.delete_override(
                 cluster,
                 actor=principal.name,
                 if_match=if_match,
@@ -228,7 +228,7 @@ class Writes:
             principal,
             key,
             _override_answer(preview, now),
-            lambda idem: runtime.store.update_rollout(
+            lambda idem: runtime.store.config.update_rollout(
                 cluster,
                 current.rollout.id,  # type: ignore[union-attr]
                 change,
@@ -284,7 +284,7 @@ class Writes:
                 principal,
                 key,
                 respond,
-                lambda idem: runtime.store.put_rules(
+                lambda idem: runtime.store.config.put_rules(
                     proposed,
                     actor=principal.name,
                     if_match=if_match,
@@ -323,7 +323,7 @@ class Writes:
         public = {"id": token_id, "name": name, "role": role, "clusters": clusters}
         idem = self._idempotency(principal, key, lambda _stored: (201, public))
         try:
-            replayed = runtime.store.create_token(
+            replayed = runtime.store.tokens.create_token(
                 token_id=token_id,
                 name=name,
                 role=role,
@@ -352,7 +352,7 @@ class Writes:
         was: its secret was never shown, so it must not stay usable."""
         why = first_line(str(exc))
         try:
-            revoked = self._runtime.store.revoke_token(token_id, actor="switchboard")
+            revoked = self._runtime.store.tokens.revoke_token(token_id, actor="switchboard")
         except Exception:  # the database is still away: say which token to revoke
             return Problem(
                 503,
@@ -376,7 +376,9 @@ class Writes:
             return Problem(403, "only an unrestricted admin token may revoke tokens")
         idem = self._idempotency(principal, key, lambda _stored: (204, {}))
         try:
-            result = runtime.store.revoke_token(token_id, actor=principal.name, idempotency=idem)
+            result = runtime.store.tokens.revoke_token(
+                token_id, actor=principal.name, idempotency=idem
+            )
         except OutcomeUnknown as exc:
             return _unknown(exc, key)
         if isinstance(result, Replayed):
@@ -408,7 +410,7 @@ class Writes:
 
         idem = self._idempotency(principal, key, respond)
         try:
-            result = runtime.store.clear_failures(
+            result = runtime.store.measurements.clear_failures(
                 situation, backend, actor=principal.name, note=note, idempotency=idem
             )
         except OutcomeUnknown as exc:

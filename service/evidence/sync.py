@@ -134,7 +134,7 @@ class EvidenceSync:
 
     def start(self) -> None:
         """The first full load, in the caller's thread, then the background thread."""
-        self.notify(self._store.versions())
+        self.notify(self._store.config.versions())
         self.full_reload()
         self._thread = threading.Thread(target=self._loop, name="evidence-sync", daemon=True)
         self._thread.start()
@@ -236,8 +236,8 @@ class EvidenceSync:
         (its commit came after the read's snapshot): it is kept, unless the read has it
         already, so "this replica at once" holds and nothing counts twice."""
         with self._sync_lock:
-            versions = self._store.versions()
-            clears = self._store.last_clear_id()  # what the rows read below reflect
+            versions = self._store.config.versions()
+            clears = self._store.measurements.last_clear_id()  # what the rows read below reflect
             with self._apply_lock:
                 self._pending = []
             try:
@@ -246,7 +246,7 @@ class EvidenceSync:
                 read_keys: dict[str, datetime | None] = {}
                 cursors = []
                 for failures in (False, True):
-                    start = self._store.first_id(failures, since) - 1
+                    start = self._store.measurements.first_id(failures, since) - 1
                     cursor = RowCursor(start)
                     seen = self._read_pages(
                         failures, since, start, lambda page: _add_in_steps(fresh, page), read_keys
@@ -269,7 +269,7 @@ class EvidenceSync:
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
         with self._sync_lock:
-            versions = self._store.versions()
+            versions = self._store.config.versions()
             since = self._clock() - self._max_age
             read: list[Observation] = []
             for failures, cursor in ((False, self._measurements), (True, self._failures)):
@@ -301,9 +301,9 @@ class EvidenceSync:
         sync lock)."""
         cursor = self._clears
         now = time.monotonic()
-        read = self._store.clear_rows(after=cursor.after)
+        read = self._store.measurements.clear_rows(after=cursor.after)
         if cursor.gaps:
-            read += self._store.clear_rows(ids=sorted(cursor.gaps))
+            read += self._store.measurements.clear_rows(ids=sorted(cursor.gaps))
         changed = False
         for clear in read:
             backend = _backend(clear.backend)
@@ -325,7 +325,11 @@ class EvidenceSync:
     # --------------------------------------------------------------- helpers
 
     def _read(self, failures: bool) -> Callable[..., EvidenceRows]:
-        return self._store.failure_rows if failures else self._store.measurement_rows
+        return (
+            self._store.measurements.failure_rows
+            if failures
+            else self._store.measurements.measurement_rows
+        )
 
     def _read_pages(
         self,

@@ -258,8 +258,8 @@ class Fleet:
             snap = self.kept()
             if snap is not None:
                 return snap
-            version, rows = self._store.fleet_groups()
-            shapes = self._store.shapes({r.shape_id for r in rows})
+            version, rows = self._store.decisions.fleet_groups()
+            shapes = self._store.decisions.shapes({r.shape_id for r in rows})
             self.saw(version)
             self._snapshot = FleetSnapshot.build(version, rows, shapes)
             return self._snapshot

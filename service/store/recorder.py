@@ -46,9 +46,8 @@ from pathlib import Path
 import psycopg
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.call_thread import Call, CallThread
-from mla_switchboard.service.store.decisions import Row
+from mla_switchboard.service.store.decisions import DecisionStore, Row
 from mla_switchboard.service.store.spill import REJECTED_LIMIT_BYTES, Replay, SpillFile
 from prometheus_client import Counter
 from sqlalchemy.exc import DataError, IntegrityError
@@ -114,7 +113,7 @@ def _shared_bytes(text: str | None) -> int:
 class DecisionRecorder:
     def __init__(
         self,
-        store: Store,
+        store: DecisionStore,
         metrics: Metrics,
         *,
         interval_s: float,

@@ -239,3 +239,74 @@ def test_no_generic_top_level_names_are_installed(tmp_path: Path) -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def _service_graph() -> dict[str, set[str]]:
+    """Each service module and the service modules it imports, however it imports
+    them (``TYPE_CHECKING`` blocks too: a cycle kept alive by type hints is still
+    one module that cannot be understood, or tested, without the other)."""
+    paths = sorted((ROOT / PARTS["service"]).rglob("*.py"))
+    modules = {module_name(p): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imported, _named = _references(path.read_text(), str(path), name)
+        graph[name] = {m for m in imported if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's), each
+    sorted: every import cycle is inside one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_in_the_service() -> None:
+    assert _cycles(_service_graph()) == []
+
+
+def test_the_cycle_check_sees_a_type_checking_cycle() -> None:
+    a, _ = _references(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from mla_switchboard.service.b import B\n",
+        "service/a.py",
+        "mla_switchboard.service.a",
+    )
+    b, _ = _references(
+        "from mla_switchboard.service import a\n", "service/b.py", "mla_switchboard.service.b"
+    )
+    known = {"mla_switchboard.service.a", "mla_switchboard.service.b"}
+    graph = {
+        "mla_switchboard.service.a": a & known,
+        "mla_switchboard.service.b": b & known,
+    }
+    assert _cycles(graph) == [sorted(known)]

@@ -363,7 +363,7 @@ def test_postgres_refusing_a_row_is_a_refusal_not_an_outage(
     engine = make_engine(url)
     migrate(engine)
     store = Store(engine)
-    store.ensure_seeded()
+    store.config.ensure_seeded()
     metrics = Metrics()
     rec = recorder(store, tmp_path / "spill.jsonl", metrics)  # type: ignore[arg-type]
     rec.start()
@@ -374,7 +374,7 @@ def test_postgres_refusing_a_row_is_a_refusal_not_an_outage(
         assert rec.flush(10)
     finally:
         rec.stop()
-        stored = store.count_decisions()
+        stored = store.decisions.count_decisions()
         engine.dispose()
     assert stored == 9 and rec.degraded is None
     assert counter(metrics, "switchboard_decisions_written_total") == 9
@@ -427,7 +427,7 @@ def test_hostile_lines_are_set_aside_and_never_stop_a_start(tmp_path: Path) -> N
     try:
         registry = runtime.metrics.registry
         replayed = registry.get_sample_value("switchboard_decisions_replayed_total")
-        stored = {d.id for d in runtime.store.list_decisions(
+        stored = {d.id for d in runtime.store.decisions.list_decisions(
             cluster="c", backend=None, limit=1000, before_id=None
         )}  # fmt: skip
         kinds = {

@@ -38,7 +38,7 @@ def _stores(url: str) -> tuple[Store, Engine, Engine]:
     writer = make_writer_engine(url, main)
     migrate(main)
     store = Store(main, decision_writer=writer)
-    store.ensure_seeded()
+    store.config.ensure_seeded()
     return store, main, writer
 
 
@@ -50,7 +50,7 @@ def _record_in_thread(store: Store, wait_s: float) -> tuple[bool, BaseException 
 
     def call() -> None:
         try:
-            store.record_rows([row(1)])
+            store.decisions.record_rows([row(1)])
             outcome.append(None)
         except BaseException as exc:
             outcome.append(exc)
@@ -82,7 +82,7 @@ def test_the_sqlite_writer_gives_up_on_a_lock_long_before_admin_writes(tmp_path:
         assert ended and isinstance(error, OperationalError), error
         assert "locked" in str(error)
         assert took < 8 / 2, took  # the writer's 1 s, not the URL's 8 s
-        store.record_rows([row(2)])  # and the lock gone, it writes again
+        store.decisions.record_rows([row(2)])  # and the lock gone, it writes again
     finally:
         writer.dispose()
         main.dispose()
@@ -121,7 +121,7 @@ def test_the_postgres_writer_has_statement_limits_and_keeps_the_url_options(
         assert ended and isinstance(error, psycopg.OperationalError), error
         assert "lock timeout" in str(error)
         assert took >= WRITER_LOCK_TIMEOUT_MS / 1000 * 0.9
-        store.record_rows([row(2)])
+        store.decisions.record_rows([row(2)])
     finally:
         writer.dispose()
         main.dispose()

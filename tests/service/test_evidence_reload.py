@@ -42,16 +42,16 @@ def test_a_report_applied_during_a_reload_is_kept(runtime: Runtime) -> None:
         SITUATION, "FLASHINFER", "pod-a", 600.0, ok=True, cluster="c", at=datetime.now(UTC),
         source="m:late-report:0",
     )  # fmt: skip
-    read = runtime.store.measurement_rows
+    read = runtime.store.measurements.measurement_rows
 
     def racing(*args: Any, **kw: Any) -> Any:
         rows = read(*args, **kw)  # the read's snapshot predates the report's commit
         runtime.add_evidence([late])  # ...which this replica applies meanwhile
         return rows
 
-    runtime.store.measurement_rows = racing  # type: ignore[method-assign]
+    runtime.store.measurements.measurement_rows = racing  # type: ignore[method-assign]
     runtime.reload_evidence()
-    runtime.store.measurement_rows = read  # type: ignore[method-assign]
+    runtime.store.measurements.measurement_rows = read  # type: ignore[method-assign]
     assert samples(runtime) == [600.0]
     assert runtime.inputs.evidence.group(SITUATION)[Backend.FLASHINFER].samples == 1
 
@@ -85,7 +85,7 @@ def report(cluster: str, pod: str, tflops: float, report_id: str) -> Measurement
 def store_and_apply(rt: Runtime, r: MeasurementReport) -> None:
     """What the report route does: store, then apply on this replica at once."""
     assert r.report_id is not None
-    rt.store.add_measurements(r, r.report_id)
+    rt.store.measurements.add_measurements(r, r.report_id)
     rt.add_evidence(observations_of_report(r, datetime.now(UTC), r.report_id))
 
 
@@ -118,8 +118,8 @@ def test_another_replicas_reports_arrive_incrementally(
     a, b = two_replicas(url)
     try:
         full_reads = []
-        first_id = b.store.first_id
-        b.store.first_id = lambda *args: full_reads.append(args) or first_id(*args)  # type: ignore[method-assign]
+        first_id = b.store.measurements.first_id
+        b.store.measurements.first_id = lambda *args: full_reads.append(args) or first_id(*args)  # type: ignore[method-assign]
         store_and_apply(a, report("c1", "p1", 500.0, "report-0001"))
         assert samples(a) == [500.0]  # at once on the replica that took it
         wait_for(lambda: samples(b) == [500.0])
@@ -189,7 +189,7 @@ def test_a_clear_reaches_every_replica_in_place(
         wait_for(lambda: bool(b.inputs.evidence.group(SITUATION)))
         assert b.inputs.evidence.exclusions(SITUATION, datetime.now(UTC))
         generations = a.trusted.generation, b.trusted.generation
-        a.store.clear_failures(SITUATION, None, actor="admin", note="fixed")
+        a.store.measurements.clear_failures(SITUATION, None, actor="admin", note="fixed")
         a.evidence_sync.catch_up()  # what the clear's write does on its own replica
         assert not a.inputs.evidence.group(SITUATION)
         wait_for(lambda: not b.inputs.evidence.group(SITUATION))
@@ -241,12 +241,12 @@ def test_a_cursor_remembers_gaps_for_a_while() -> None:
 
 def test_old_rows_outside_the_window_are_not_read(runtime: Runtime) -> None:
     since = datetime.now(UTC) - timedelta(days=30)
-    assert runtime.store.first_id(False, since) == 1  # an empty table: from the start
+    assert runtime.store.measurements.first_id(False, since) == 1  # an empty table: from the start
     store_and_apply(runtime, report("c1", "p1", 500.0, "report-0001"))
     with Session(runtime.engine) as s, s.begin():
         s.execute(update(MeasurementRow).values(at=datetime.now(UTC) - timedelta(days=40)))
     store_and_apply(runtime, report("c1", "p2", 510.0, "report-0002"))
-    assert runtime.store.first_id(False, since) == 2
+    assert runtime.store.measurements.first_id(False, since) == 2
     runtime.reload_evidence()
     assert samples(runtime) == [510.0]
 

@@ -68,7 +68,7 @@ def test_fleet_reads_set_off_few_collections(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'sb.db'}"
     store = open_store(url)
     for cluster, spec in scenario_overrides(cluster_names(10)).items():
-        store.put_override(cluster, spec, actor="t", if_match=None, preview=None)
+        store.config.put_override(cluster, spec, actor="t", if_match=None, preview=None)
     fleet = make_fleet(300, 10)
     fill_decisions(store, fleet, 2)
     store.engine.dispose()

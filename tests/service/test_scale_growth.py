@@ -68,7 +68,7 @@ OPERATIONS: dict[str, Callable[[Operations], float]] = {
 def filled(url: str, pods: int) -> None:
     store = open_store(url)
     for cluster, spec in scenario_overrides(cluster_names(CLUSTERS)).items():
-        store.put_override(cluster, spec, actor="scale-test", if_match=None, preview=None)
+        store.config.put_override(cluster, spec, actor="scale-test", if_match=None, preview=None)
     fleet = make_fleet(pods, CLUSTERS)
     fill_decisions(store, fleet, DECISIONS_PER_POD)
     fill_evidence(store, fleet, pods)

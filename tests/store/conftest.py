@@ -43,7 +43,7 @@ def store(engines: Callable[[], Engine]) -> Store:
     engine = engines()
     migrate(engine)
     s = Store(engine)
-    s.ensure_seeded()
+    s.config.ensure_seeded()
     return s
 
 

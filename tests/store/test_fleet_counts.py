@@ -77,7 +77,7 @@ def expected(history: list[DecisionRecord]) -> Counter[tuple[str, str, str, str,
 
 
 def stored(store: Store) -> Counter[tuple[str, str, str, str, int]]:
-    _, groups = store.fleet_groups()
+    _, groups = store.decisions.fleet_groups()
     out: Counter[tuple[str, str, str, str, int]] = Counter()
     for g in groups:
         assert g.pods == sum(g.buckets) > 0 and len(g.buckets) == STAGE_BUCKETS
@@ -91,24 +91,24 @@ def test_counts_follow_each_pods_newest_decision(store: Store) -> None:
     history = random_history(1, 600, 80)
     batches = [history[i : i + 37] for i in range(0, len(history), 37)]
     random.Random(2).shuffle(batches)  # replicas and retries deliver out of order
-    v0 = store.fleet_version()
+    v0 = store.decisions.fleet_version()
     for batch in batches:
-        store.record_decisions(batch)
+        store.decisions.record_decisions(batch)
     assert stored(store) == expected(history)
-    assert store.fleet_version() > v0
+    assert store.decisions.fleet_version() > v0
     # a batch stored again (a commit whose answer was lost, a replayed spill file)
     # changes nothing
-    store.record_decisions(batches[0])
-    store.record_decisions(history[:5])
+    store.decisions.record_decisions(batches[0])
+    store.decisions.record_decisions(history[:5])
     assert stored(store) == expected(history)
     total = sum(expected(history).values())
-    assert sum(n for b in store.summary().values() for n in b.values()) == total
+    assert sum(n for b in store.decisions.summary().values() for n in b.values()) == total
 
 
 def test_a_pod_moving_groups_leaves_the_old_one(store: Store) -> None:
-    store.record_decisions([record(1, "east", "a", "FLASH_ATTN", shape=1)])
-    store.record_decisions([record(2, "east", "a", "CUDNN", shape=2)])
-    (group,) = store.fleet_groups()[1]
+    store.decisions.record_decisions([record(1, "east", "a", "FLASH_ATTN", shape=1)])
+    store.decisions.record_decisions([record(2, "east", "a", "CUDNN", shape=2)])
+    (group,) = store.decisions.fleet_groups()[1]
     assert (group.backend, group.pods) == ("CUDNN", 1)
     assert group.shape_id == shape_of_json(record(2, "east", "a", "CUDNN", 2).request_json).id
 
@@ -122,7 +122,7 @@ def test_replicas_writing_the_same_pods_at_once_keep_counts_exact(
     def write(i: int) -> None:
         mine = history[i::4]
         for j in range(0, len(mine), 25):
-            replicas[i].record_decisions(mine[j : j + 25])
+            replicas[i].decisions.record_decisions(mine[j : j + 25])
 
     run_together(4, write)
     assert stored(store) == expected(history)
@@ -160,13 +160,13 @@ def test_the_migration_fills_the_counts_of_an_existing_store(tmp_path: Path, pod
             )
     migrate(engine)
     store = Store(engine)
-    store.ensure_seeded()
+    store.config.ensure_seeded()
     assert stored(store) == expected(history)
     # old rows keep their text and read back whole; new writes continue the counts
-    got = store.get_decision(history[0].id)
+    got = store.decisions.get_decision(history[0].id)
     assert got is not None and got.request == json.loads(history[0].request_json)
     more = [record(1000 + i, "c0", f"pod-{i}", "CUDNN", shape=9) for i in range(10)]
-    store.record_decisions(more)
+    store.decisions.record_decisions(more)
     assert stored(store) == expected(history + more)
     engine.dispose()
 

@@ -27,7 +27,7 @@ from tests.store.conftest import run_together
 
 def audit(store: Store, **filters: Any) -> list[dict[str, Any]]:
     args = {"action": None, "target": None, "actor": None, "limit": 100, "before_id": None}
-    return store.list_audit(**{**args, **filters})
+    return store.audit.list_audit(**{**args, **filters})
 
 
 def rules_doc(default: list[str]) -> RulesDocument:
@@ -70,7 +70,10 @@ def decision(
 
 
 def latest(store: Store) -> dict[tuple[str, str, str], tuple[str, str]]:
-    return {(p.cluster, p.node, p.pod): (p.decision_id, p.backend) for p in store.latest_per_pod()}
+    return {
+        (p.cluster, p.node, p.pod): (p.decision_id, p.backend)
+        for p in store.decisions.latest_per_pod()
+    }
 
 
 def count(store: Store, table: str) -> int:
@@ -104,12 +107,12 @@ def test_seeding_is_idempotent(engines: Callable[[], Engine]) -> None:
     engine = engines()
     for _ in range(2):
         migrate(engine)
-        Store(engine).ensure_seeded()
+        Store(engine).config.ensure_seeded()
     store = Store(engine)
-    snap = store.load_config()
+    snap = store.config.load_config()
     assert snap.rules.revision == 1
     assert snap.rules.rules_only() == SEED_RULES.rules_only()
-    assert snap.version == 1 == store.config_version()
+    assert snap.version == 1 == store.config.config_version()
     assert count(store, "rules_revisions") == 1
 
 
@@ -124,14 +127,14 @@ def test_replicas_migrate_and_seed_concurrently(db_url: str) -> None:
     def start(i: int) -> int:
         migrate(replicas[i])
         store = Store(replicas[i])
-        store.ensure_seeded()
-        return store.load_config().rules.revision or 0
+        store.config.ensure_seeded()
+        return store.config.load_config().rules.revision or 0
 
     try:
         assert run_together(4, start) == [1, 1, 1, 1]
         store = Store(replicas[0])
         assert count(store, "rules_revisions") == 1
-        assert store.config_version() == 1
+        assert store.config.config_version() == 1
     finally:
         for engine in replicas:
             engine.dispose()
@@ -141,8 +144,8 @@ def test_replicas_migrate_and_seed_concurrently(db_url: str) -> None:
 
 
 def test_rules_revisions_and_stale_if_match(store: Store) -> None:
-    v0 = store.config_version()
-    new = store.put_rules(
+    v0 = store.config.config_version()
+    new = store.config.put_rules(
         rules_doc(["FLASHINFER", "FLASH_ATTN"]),
         actor="alice",
         if_match=rules_etag(1),
@@ -150,18 +153,18 @@ def test_rules_revisions_and_stale_if_match(store: Store) -> None:
         preview={"pods_changed": 0},
     )
     assert isinstance(new, RulesDocument) and new.revision == 2
-    assert store.config_version() == v0 + 1
-    snap = store.load_config()
+    assert store.config.config_version() == v0 + 1
+    snap = store.config.load_config()
     assert snap.rules.revision == 2
     assert [b.value for b in snap.rules.default] == ["FLASHINFER", "FLASH_ATTN"]
 
     # stale If-Match: refused with the current ETag, nothing written, nothing bumped
-    stale = store.put_rules(
+    stale = store.config.put_rules(
         rules_doc(["CUDNN"]), actor="bob", if_match=rules_etag(1), note=None, preview=None
     )
     assert stale == Conflict(rules_etag(2))
-    assert store.load_config().rules.revision == 2
-    assert store.config_version() == v0 + 1
+    assert store.config.load_config().rules.revision == 2
+    assert store.config.config_version() == v0 + 1
 
     entries = audit(store, action="rules.replace")
     assert len(entries) == 1
@@ -178,14 +181,14 @@ def test_unconditional_rules_writes_all_apply(store: Store, engines: Callable[[]
     replicas = [Store(engines()) for _ in range(4)]
 
     def write(i: int) -> Any:
-        return replicas[i].put_rules(
+        return replicas[i].config.put_rules(
             rules_doc(["FLASH_ATTN"]), actor=f"r{i}", if_match=None, note=None, preview=None
         )
 
     results = run_together(4, write)
     assert not [r for r in results if isinstance(r, Conflict)], results
     assert sorted(r.revision for r in results) == [2, 3, 4, 5]
-    assert store.load_config().rules.revision == 5
+    assert store.config.load_config().rules.revision == 5
     assert len(audit(store, action="rules.replace")) == 4
 
 
@@ -195,7 +198,7 @@ def test_conditional_rules_writes_race_one_wins(
     replicas = [Store(engines()) for _ in range(4)]
 
     def write(i: int) -> Any:
-        return replicas[i].put_rules(
+        return replicas[i].config.put_rules(
             rules_doc(["FLASH_ATTN"]),
             actor=f"r{i}",
             if_match=rules_etag(1),
@@ -214,8 +217,8 @@ def test_conditional_rules_writes_race_one_wins(
 
 
 def test_override_put_delete_with_audit(store: Store) -> None:
-    v0 = store.config_version()
-    created = store.put_override(
+    v0 = store.config.config_version()
+    created = store.config.put_override(
         "prod",
         spec(deny=["FLASHINFER"], note="NaNs"),
         actor="alice",
@@ -224,36 +227,37 @@ def test_override_put_delete_with_audit(store: Store) -> None:
     )
     assert not isinstance(created, Conflict)
     assert created.deny == ["FLASHINFER"] and created.created_by == "alice"
-    assert store.config_version() == v0 + 1
-    assert created.revision == store.config_version()
+    assert store.config.config_version() == v0 + 1
+    assert created.revision == store.config.config_version()
     etag = override_etag("prod", created.revision)
 
     # creating again with If-Match "none" is stale now
-    assert store.put_override(
+    assert store.config.put_override(
         "prod", spec(force="CUDNN"), actor="bob", if_match='"none"', preview=None
     ) == Conflict(etag)
-    replaced = store.put_override(
+    replaced = store.config.put_override(
         "prod", spec(force="CUDNN", note="cudnn"), actor="bob", if_match=etag, preview=None
     )
     assert not isinstance(replaced, Conflict) and replaced.force == "CUDNN"
-    assert store.put_override(
+    assert store.config.put_override(
         "prod", spec(force="FLASH_ATTN"), actor="carol", if_match=etag, preview=None
     ) == Conflict(override_etag("prod", replaced.revision))
-    snap = store.load_config()
+    snap = store.config.load_config()
     assert [(o.cluster, o.force) for o in snap.overrides] == [("prod", "CUDNN")]
 
-    assert store.delete_override(
+    assert store.config.delete_override(
         "prod", actor="dave", if_match=etag, note=None, preview=None
     ) == Conflict(override_etag("prod", replaced.revision))
-    deleted = store.delete_override(
+    deleted = store.config.delete_override(
         "prod", actor="dave", if_match=None, note="done", preview={"pods_changed": 3}
     )
     assert deleted is not None and not isinstance(deleted, Conflict)
-    assert store.get_override("prod") is None
+    assert store.config.get_override("prod") is None
     assert (
-        store.delete_override("prod", actor="dave", if_match=None, note=None, preview=None) is None
+        store.config.delete_override("prod", actor="dave", if_match=None, note=None, preview=None)
+        is None
     )
-    assert store.load_config().overrides == ()
+    assert store.config.load_config().overrides == ()
 
     put1, put2 = reversed(audit(store, action="override.put"))
     assert put1["before"] is None and put1["after"]["deny"] == ["FLASHINFER"]
@@ -263,18 +267,20 @@ def test_override_put_delete_with_audit(store: Store) -> None:
     assert gone["before"]["force"] == "CUDNN" and gone["after"] is None
     assert gone["actor"] == "dave" and gone["preview"] == {"pods_changed": 3}
     # three writes applied, the refused ones bumped nothing
-    assert store.config_version() == v0 + 3
+    assert store.config.config_version() == v0 + 3
 
 
 def test_override_if_match_race_one_wins(store: Store, engines: Callable[[], Engine]) -> None:
     """Replicas racing with the same If-Match: exactly one write applies (no lost update)."""
-    first = store.put_override("race", spec(deny=["CUDNN"]), actor="a", if_match=None, preview=None)
+    first = store.config.put_override(
+        "race", spec(deny=["CUDNN"]), actor="a", if_match=None, preview=None
+    )
     assert not isinstance(first, Conflict)
     etag = override_etag("race", first.revision)
     replicas = [Store(engines()) for _ in range(4)]
 
     def write(i: int) -> Any:
-        return replicas[i].put_override(
+        return replicas[i].config.put_override(
             "race",
             spec(force="FLASH_ATTN", note=f"r{i}"),
             actor=f"r{i}",
@@ -285,7 +291,7 @@ def test_override_if_match_race_one_wins(store: Store, engines: Callable[[], Eng
     results = run_together(4, write)
     winners = [r for r in results if not isinstance(r, Conflict)]
     assert len(winners) == 1, results
-    assert store.get_override("race").note == winners[0].note  # type: ignore[union-attr]
+    assert store.config.get_override("race").note == winners[0].note  # type: ignore[union-attr]
     assert len(audit(store, action="override.put", target="race")) == 2
 
 
@@ -293,12 +299,12 @@ def test_override_if_match_race_one_wins(store: Store, engines: Callable[[], Eng
 
 
 def test_tokens(store: Store) -> None:
-    assert store.count_tokens() == 0
-    v0 = store.config_version()
-    store.create_token(
+    assert store.tokens.count_tokens() == 0
+    v0 = store.config.config_version()
+    store.tokens.create_token(
         token_id="t1", name="ci", role="viewer", clusters=None, secret_hash="h" * 64, actor="root"
     )
-    store.create_token(
+    store.tokens.create_token(
         token_id="t2",
         name="prod-admin",
         role="admin",
@@ -306,16 +312,16 @@ def test_tokens(store: Store) -> None:
         secret_hash="g" * 64,
         actor="root",
     )
-    assert store.count_tokens() == 2 and store.config_version() == v0 + 2
-    tokens = store.load_config().tokens
+    assert store.tokens.count_tokens() == 2 and store.config.config_version() == v0 + 2
+    tokens = store.config.load_config().tokens
     assert tokens["t1"].role == "viewer" and tokens["t1"].clusters is None
     assert tokens["t2"].clusters == ("prod-*",) and not tokens["t2"].revoked
     assert tokens["t2"].secret_hash == "g" * 64
-    assert store.revoke_token("t2", actor="root")
-    assert not store.revoke_token("t2", actor="root")
-    assert not store.revoke_token("nope", actor="root")
-    assert store.load_config().tokens["t2"].revoked
-    assert store.config_version() == v0 + 3
+    assert store.tokens.revoke_token("t2", actor="root")
+    assert not store.tokens.revoke_token("t2", actor="root")
+    assert not store.tokens.revoke_token("nope", actor="root")
+    assert store.config.load_config().tokens["t2"].revoked
+    assert store.config.config_version() == v0 + 3
     assert [e["action"] for e in audit(store)] == ["token.revoke", "token.create", "token.create"]
 
 
@@ -323,12 +329,12 @@ def test_tokens(store: Store) -> None:
 
 
 def test_pod_latest_keeps_the_newest(store: Store) -> None:
-    v0 = store.config_version()
+    v0 = store.config.config_version()
     # a newer batch is written before an older one (two replicas, or a retry)
-    store.record_decisions([decision(5, backend="CUDNN"), decision(6, pod="p2")])
-    store.record_decisions([decision(1, backend="FLASHINFER"), decision(2, pod="p2")])
+    store.decisions.record_decisions([decision(5, backend="CUDNN"), decision(6, pod="p2")])
+    store.decisions.record_decisions([decision(1, backend="FLASHINFER"), decision(2, pod="p2")])
     # one batch holding the same pod twice, newest first
-    store.record_decisions(
+    store.decisions.record_decisions(
         [decision(9, pod="p3", backend="TORCH_SDPA"), decision(8, pod="p3", backend="CUDNN")]
     )
     got = latest(store)
@@ -337,31 +343,33 @@ def test_pod_latest_keeps_the_newest(store: Store) -> None:
         ("c1", "n1", "p2"): (decision(6).id, "FLASH_ATTN"),
         ("c1", "n1", "p3"): (decision(9).id, "TORCH_SDPA"),
     }
-    assert store.count_decisions() == 6
-    assert store.summary() == {"c1": {"CUDNN": 1, "FLASH_ATTN": 1, "TORCH_SDPA": 1}}
-    assert store.config_version() == v0  # decisions are not config
+    assert store.decisions.count_decisions() == 6
+    assert store.decisions.summary() == {"c1": {"CUDNN": 1, "FLASH_ATTN": 1, "TORCH_SDPA": 1}}
+    assert store.config.config_version() == v0  # decisions are not config
 
 
 def test_unnamed_pods_are_recorded_not_counted(store: Store) -> None:
-    store.record_decisions(
+    store.decisions.record_decisions(
         [
             decision(1, pod=None),
             decision(2, pod=None, node=None),
             decision(3, node=None, pod="lonely"),
         ]
     )
-    assert store.count_decisions() == 3
-    assert store.summary() == {"c1": {"FLASH_ATTN": 1}}
+    assert store.decisions.count_decisions() == 3
+    assert store.decisions.summary() == {"c1": {"FLASH_ATTN": 1}}
     assert list(latest(store)) == [("c1", "", "lonely")]
 
 
 def test_answers_deduplicated_across_replicas(store: Store, engines: Callable[[], Engine]) -> None:
     other = Store(engines())  # a second replica: its own in-memory set of known answers
-    store.record_decisions([decision(i, pod=f"p{i}", answer="x" * 24) for i in range(5)])
-    other.record_decisions([decision(i, pod=f"q{i}", answer="x" * 24) for i in range(5, 10)])
-    store.record_decisions([decision(10, pod="r", answer="y" * 24)])
+    store.decisions.record_decisions([decision(i, pod=f"p{i}", answer="x" * 24) for i in range(5)])
+    other.decisions.record_decisions(
+        [decision(i, pod=f"q{i}", answer="x" * 24) for i in range(5, 10)]
+    )
+    store.decisions.record_decisions([decision(10, pod="r", answer="y" * 24)])
     assert count(store, "answers") == 2
-    record = store.get_decision(decision(7).id)
+    record = store.decisions.get_decision(decision(7).id)
     assert record is not None and record.answer == {"backend": "FLASH_ATTN", "answer": "x" * 24}
 
 
@@ -369,10 +377,10 @@ def test_retried_batch_is_idempotent(store: Store) -> None:
     """A batch whose commit succeeded but whose acknowledgement was lost (connection
     cut by a database restart) is retried by the recorder: it must not fail forever."""
     batch = [decision(i, pod=f"p{i}") for i in range(20)]
-    store.record_decisions(batch)
+    store.decisions.record_decisions(batch)
     fresh = Store(store.engine)  # no memory of the answers either
-    fresh.record_decisions([*batch, decision(99, pod="p0", backend="CUDNN")])
-    assert store.count_decisions() == 21
+    fresh.decisions.record_decisions([*batch, decision(99, pod="p0", backend="CUDNN")])
+    assert store.decisions.count_decisions() == 21
     assert latest(store)[("c1", "n1", "p0")] == (decision(99).id, "CUDNN")
 
 
@@ -388,12 +396,12 @@ def test_replicas_writing_the_same_pods_concurrently(
         for round_ in range(10):
             base = 1000 * round_ + i * 500
             order = range(30) if i == 0 else reversed(range(30))
-            replicas[i].record_decisions(
+            replicas[i].decisions.record_decisions(
                 [decision(base + k, pod=f"p{k}", answer=answers[k]) for k in order]
             )
 
     run_together(2, write)
-    assert store.count_decisions() == 600
+    assert store.decisions.count_decisions() == 600
     assert count(store, "answers") == 30
     # the newest decision of pod k is replica 1's in the last round: 9000 + 500 + k
     assert latest(store) == {
@@ -406,13 +414,13 @@ def test_listing_order_filters_pagination(store: Store) -> None:
         decision(i, cluster=f"c{i % 2}", pod=f"p{i}", backend=["FLASH_ATTN", "CUDNN"][i % 3 == 0])
         for i in range(25)
     ]
-    store.record_decisions(records[10:])
-    store.record_decisions(records[:10])
+    store.decisions.record_decisions(records[10:])
+    store.decisions.record_decisions(records[:10])
     newest_first = [r.id for r in reversed(records)]
 
     def page(**kw: Any) -> list[str]:
         args = {"cluster": None, "backend": None, "limit": 10, "before_id": None}
-        return [r.id for r in store.list_decisions(**{**args, **kw})]
+        return [r.id for r in store.decisions.list_decisions(**{**args, **kw})]
 
     first = page()
     assert first == newest_first[:10]
@@ -424,13 +432,15 @@ def test_listing_order_filters_pagination(store: Store) -> None:
         r.id for r in reversed(records) if r.backend == "CUDNN"
     ]
     assert page(pod="p7") == [records[7].id]
-    one = store.list_decisions(cluster=None, backend=None, pod="p3", limit=1, before_id=None)[0]
+    one = store.decisions.list_decisions(
+        cluster=None, backend=None, pod="p3", limit=1, before_id=None
+    )[0]
     assert one.created_at == records[3].created_at and one.request == records[3].request
     assert one.node == "n1" and one.source == "priority" and one.rules_revision == 1
 
 
 def test_summary_and_latest_per_pod(store: Store) -> None:
-    store.record_decisions(
+    store.decisions.record_decisions(
         [
             decision(1, cluster="east", pod="a", backend="FLASH_ATTN"),
             decision(2, cluster="east", pod="b", backend="FLASH_ATTN"),
@@ -439,8 +449,11 @@ def test_summary_and_latest_per_pod(store: Store) -> None:
             decision(5, cluster="east", pod="a", backend="CUDNN"),  # pod a moves
         ]
     )
-    assert store.summary() == {"east": {"CUDNN": 2, "FLASH_ATTN": 1}, "west": {"FLASHINFER": 1}}
-    states = {(p.cluster, p.pod): p for p in store.latest_per_pod()}
+    assert store.decisions.summary() == {
+        "east": {"CUDNN": 2, "FLASH_ATTN": 1},
+        "west": {"FLASHINFER": 1},
+    }
+    states = {(p.cluster, p.pod): p for p in store.decisions.latest_per_pod()}
     assert set(states) == {("east", "a"), ("east", "b"), ("east", "c"), ("west", "a")}
     moved = states[("east", "a")]
     assert moved.backend == "CUDNN" and moved.decision_id == decision(5).id

@@ -172,7 +172,7 @@ def _audit_page(
 ) -> dict[str, Any]:
     before = None if cursor is None else int(cursor)
     if not principal.restricted:
-        rows = runtime.store.list_audit(
+        rows = runtime.store.audit.list_audit(
             action=action, target=target, actor=actor, limit=limit + 1, before_id=before
         )
         more = len(rows) > limit
@@ -184,7 +184,7 @@ def _audit_page(
     found: list[dict[str, Any]] = []
     scanned = 0
     while len(found) < limit and scanned < SCAN_LIMIT:
-        batch = runtime.store.list_audit(
+        batch = runtime.store.audit.list_audit(
             action=action, target=target, actor=actor, limit=500, before_id=before
         )
         for row in batch:

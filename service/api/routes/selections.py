@@ -102,7 +102,7 @@ def list_selections(
         return {"items": [], "next_cursor": None}
     runtime.recorder.flush()
     if cluster is not None or not principal.restricted:
-        rows = runtime.store.list_decisions(
+        rows = runtime.store.decisions.list_decisions(
             cluster=cluster,
             backend=None if backend is None else backend.value,
             pod=pod,
@@ -118,7 +118,7 @@ def list_selections(
     found: list[DecisionRecord] = []
     scanned, before = 0, cursor
     while len(found) < limit and scanned < SCAN_LIMIT:
-        batch = runtime.store.list_decisions(
+        batch = runtime.store.decisions.list_decisions(
             cluster=None,
             backend=None if backend is None else backend.value,
             pod=pod,
@@ -175,12 +175,12 @@ async def summary(
 )
 def get_selection(decision_id: str, runtime: RuntimeDep, principal: ViewerDep) -> dict[str, Any]:
     runtime.recorder.flush()
-    record = runtime.store.get_decision(decision_id)
+    record = runtime.store.decisions.get_decision(decision_id)
     if record is None or not principal.may_see(record.cluster):
         fail(404, f"no decision {decision_id!r}")
     return {
         **_item(record),
         "request": record.request,
         "answer": record.answer,
-        "failures": runtime.store.failures_for(decision_id),
+        "failures": runtime.store.measurements.failures_for(decision_id),
     }
