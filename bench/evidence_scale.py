@@ -9,7 +9,7 @@ cluster booting again and again, two backends):
 * ``index_add_report_ms``: one more report of 256 results added to it (median of 50);
 * ``service_full_load_s``: a ``Runtime`` on a SQLite file holding them, reading them
   at start (what a replica does at start);
-* ``service_add_report_ms``: ``runtime.add_evidence`` of one report of 256 results (all
+* ``service_add_report_ms``: ``runtime.evidence_sync.apply_local`` of one report of 256 results (all
   its indexes and the new inputs; median of 50), and ``select_after_report_ms``: the
   decision that follows it (a cache miss, under policy ``measured``; median of 50);
 * with ``--baseline-rev REV``: the index of that revision (``git show``), built the
@@ -165,19 +165,21 @@ def bench_service(n: int, directory: Path) -> dict[str, float]:
     runtime.start()
     try:
         started = time.perf_counter()
-        runtime.reload_evidence()
+        runtime.evidence_sync.reload()
         full = time.perf_counter() - started
         _measured_policy(runtime)
         adds, selects = [], []
         for report in new_reports(50, n):
             started = time.perf_counter()
-            runtime.add_evidence(report)
+            runtime.evidence_sync.apply_local(report)
             adds.append(time.perf_counter() - started)
             started = time.perf_counter()
-            runtime.selector.select(REQUEST, runtime.inputs)
+            runtime.selector.select(REQUEST, runtime.publisher.current())
             selects.append(time.perf_counter() - started)
         now = datetime.now(UTC)
-        answer = decide(REQUEST, runtime.trusted.inputs_for(REQUEST, runtime.inputs, now), now=now)
+        answer = decide(
+            REQUEST, runtime.trusted.inputs_for(REQUEST, runtime.publisher.current(), now), now=now
+        )
         assert getattr(answer, "source", None) == "measured", answer
         return {
             "service_full_load_s": round(full, 4),
@@ -217,7 +219,7 @@ def rss_child(url: str) -> None:
     runtime.start()
     load = time.perf_counter() - started
     gc.collect()
-    summary = runtime.inputs.evidence.summary()
+    summary = runtime.publisher.current().evidence.summary()
     print(
         json.dumps(
             {

@@ -45,6 +45,12 @@ class LiveConfig:
         self.checked_at: float | None = None  # monotonic: last time the store confirmed it
         self.degraded: str | None = None
 
+    def current(self) -> ConfigSnapshot:
+        """The snapshot in force (only once the first one was loaded)."""
+        snap = self.snapshot
+        assert snap is not None, "runtime not started"
+        return snap
+
     def reload(self) -> ConfigSnapshot:
         """Load the snapshot now (after our own writes, and at start)."""
         with self._lock:
@@ -85,3 +91,15 @@ class LiveConfig:
                     log.warning("config store unreachable, serving the rules in memory: %s", exc)
                 self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
                 self._metrics.store_errors.labels(op="config_poll").inc()
+
+
+def fan_out(
+    *listeners: Callable[[Mapping[str, int]], None],
+) -> Callable[[Mapping[str, int]], None]:
+    """One ``on_versions`` that tells every listener what the poller read."""
+
+    def tell(versions: Mapping[str, int]) -> None:
+        for listener in listeners:
+            listener(versions)
+
+    return tell

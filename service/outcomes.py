@@ -1,6 +1,6 @@
 """What a service operation answers, as values: the HTTP edge turns them into responses.
 
-Operations (``service/writes.py``) never raise for an expected refusal; they return a
+Operations (``service/writes/``) never raise for an expected refusal; they return a
 ``Problem`` with the status and the reason, so their callers (routes, the CLI, tests)
 can inspect it, and only the edge decides how it looks on the wire.
 """

@@ -4,7 +4,7 @@ Each report is one flow, run here so that the routes only parse, call and format
 who may report for which cluster, what counts as evidence (only a pod the service
 decided for, in that pod's own situation: a token cannot invent pods or GPUs to
 outvote real ones), the store write, the evidence this replica applies at once
-(``Runtime.add_evidence``; other replicas read the store) and the rollout guards
+(``EvidenceSync.apply_local``; other replicas read the store) and the rollout guards
 (``service/rollouts.py``). Answers are values (``service/outcomes.py``); a report
 that is stored is answered as stored, whatever its guard's fate (``"guard"``).
 """
@@ -12,41 +12,54 @@ that is stored is answered as stored, whatever its guard's fate (``"guard"``).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mla_switchboard.core.evidence import failure_observation, observations_of_report
 from mla_switchboard.core.hardware import peak_bf16_tflops
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.evidence.sync import EvidenceSync
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
+from mla_switchboard.service.rollouts import RolloutGuards
+from mla_switchboard.service.store.decisions import DecisionStore
+from mla_switchboard.service.store.measurements import MeasurementStore
+from mla_switchboard.service.store.recorder import DecisionRecorder
 from pydantic import ValidationError
-
-if TYPE_CHECKING:
-    from mla_switchboard.service.runtime import Runtime
 
 
 class Reports:
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        measurements: MeasurementStore,
+        decisions: DecisionStore,
+        recorder: DecisionRecorder,
+        evidence: EvidenceSync,
+        rollouts: RolloutGuards,
+    ) -> None:
+        """``evidence``: where this replica's own new evidence is applied at once."""
+        self._measurements = measurements
+        self._decisions = decisions
+        self._recorder = recorder
+        self._evidence = evidence
+        self._rollouts = rollouts
 
     def measurements(self, principal: Principal, report: MeasurementReport) -> Outcome:
         """Store a pod's benchmark results (201), once per ``report_id`` (a retry: 200,
         nothing added); they count as evidence only from a pod with a recorded decision
         in its cluster for the report's exact situation, and are kept otherwise, with
         the reason they do not count."""
-        runtime = self._runtime
         if not principal.may_touch(report.cluster):
             return Problem(403, principal.out_of_scope(report.cluster))
         too_fast = _above_peak(report)
         if too_fast is not None:
             return too_fast
         report_id = report.report_id or new_id()
-        if report.report_id is not None and runtime.store.measurements.has_report(report_id):
+        if report.report_id is not None and self._measurements.has_report(report_id):
             # the agent retried a report whose answer it never got: already stored (its
             # guard evaluation is run again: the first attempt's may never have run)
-            guard = runtime.rollouts.measurements_retried(report, report_id)
+            guard = self._rollouts.measurements_retried(report, report_id)
             body = {"measurement_id": report_id, "results": len(report.results)}
             return Done({**body, "duplicate": True, "guard": guard}, status=200)
         observations = observations_of_report(report, datetime.now(UTC), report_id)
@@ -55,25 +68,21 @@ class Reports:
             # The pod's decision may still be in memory: wait for the writer's next
             # batch (at most the flush interval) rather than wake it, so that reports
             # streaming in do not turn its batches into one transaction each.
-            if runtime.recorder.pending or runtime.recorder.spill_pending:
-                runtime.recorder.flush(wake=False)
+            if self._recorder.pending or self._recorder.spill_pending:
+                self._recorder.flush(wake=False)
             situation = observations[0].situation
-            if not runtime.store.measurements.has_decision_for(
-                report.cluster, report.pod, situation
-            ):
+            if not self._measurements.has_decision_for(report.cluster, report.pod, situation):
                 reason = (
                     f"pod {report.pod!r} has no recorded decision in cluster "
                     f"{report.cluster!r} for this device, capability, dims, dtype, packages "
                     "and engine: stored, not counted as evidence (call /v1/select as this "
                     "pod first)"
                 )
-        count = runtime.store.measurements.add_measurements(
-            report, report_id, counted=reason is None
-        )
+        count = self._measurements.add_measurements(report, report_id, counted=reason is None)
         guard = None
         if reason is None:
-            runtime.add_evidence(observations)
-            guard = runtime.rollouts.measurements_reported(report, report_id)
+            self._evidence.apply_local(observations)
+            guard = self._rollouts.measurements_reported(report, report_id)
         body: dict[str, Any] = {
             "measurement_id": report_id,
             "results": count,
@@ -92,24 +101,23 @@ class Reports:
         """Record that the kernel a decision chose failed to build or run (202). It is
         evidence against ``backend`` for pods in the same situation, under the failure
         policy (``core/evidence.py``), and what a rollout's failure guard counts."""
-        runtime = self._runtime
-        if runtime.recorder.pending or runtime.recorder.spill_pending:
-            runtime.recorder.flush()  # the decision may still be in memory or spilled
-        record = runtime.store.decisions.get_decision(decision_id)
+        if self._recorder.pending or self._recorder.spill_pending:
+            self._recorder.flush()  # the decision may still be in memory or spilled
+        record = self._decisions.get_decision(decision_id)
         if record is None:
             return Problem(404, f"no decision {decision_id!r}")
         if not principal.may_touch(record.cluster):
             return Problem(403, principal.out_of_scope(record.cluster))
         request = _stored_request(record.request_json)
-        runtime.store.measurements.record_failure(decision_id, backend.value, error)
+        self._measurements.record_failure(decision_id, backend.value, error)
         observation = None
         if request is not None:
             observation = failure_observation(
                 request, backend.value, error, datetime.now(UTC), record.pod, decision_id
             )
         if observation is not None:
-            runtime.add_evidence([observation])
-        guard = runtime.rollouts.failure_reported(record, backend.value, error)
+            self._evidence.apply_local([observation])
+        guard = self._rollouts.failure_reported(record, backend.value, error)
         body = {
             "decision_id": decision_id,
             "backend": backend.value,

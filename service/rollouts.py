@@ -28,11 +28,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.evaluator import (
     Decision,
+    DecisionInputs,
     applicable_overrides,
     decide,
     in_stage,
@@ -41,15 +42,16 @@ from mla_switchboard.core.evidence import PodSample, Situation, situation_of
 from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
 from mla_switchboard.core.stages import stage_buckets
+from mla_switchboard.service.evidence.trust import TrustedEvidence
+from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store.base import OutcomeUnknown
+from mla_switchboard.service.store.config import ConfigStore
 from prometheus_client import Gauge
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
-
-if TYPE_CHECKING:
-    from mla_switchboard.service.runtime import Runtime
 
 log = logging.getLogger("switchboard.rollouts")
 
@@ -72,8 +74,24 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError, OutcomeUnknown)
 class RolloutGuards:
     """Halts staged overrides on failures or slowdowns; promotes them step by step."""
 
-    def __init__(self, runtime: Runtime, check_s: float = 1.0) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        config: ConfigStore,
+        live: LiveConfig,
+        trusted: TrustedEvidence,
+        inputs: Callable[[], DecisionInputs],
+        catch_up: Callable[[], object],
+        metrics: Metrics,
+        check_s: float = 1.0,
+    ) -> None:
+        """``inputs``: the decision inputs in force; ``catch_up``: read every report
+        the store holds now (``EvidenceSync.catch_up``)."""
+        self._config = config
+        self._live = live
+        self._trusted = trusted
+        self._inputs = inputs
+        self._catch_up = catch_up
+        self._metrics = metrics
         self._check_s = check_s
         self._pending: dict[tuple[str, ...], Callable[[], None]] = {}  # oldest first
         self._pending_lock = threading.Lock()
@@ -81,7 +99,7 @@ class RolloutGuards:
         Gauge(
             "switchboard_rollout_guards_pending",
             "Guard evaluations deferred by a database error, retried every rollout check",
-            registry=runtime.metrics.registry,
+            registry=metrics.registry,
         ).set_function(lambda: len(self._pending))
 
     def start(self) -> None:
@@ -110,7 +128,7 @@ class RolloutGuards:
         and halts a rollout at most once."""
 
         def again() -> None:
-            self._runtime.evidence_sync.catch_up()
+            self._catch_up()
             self.on_measurements(report)
 
         return self._evaluate(("measurements", report_id), again)
@@ -186,7 +204,7 @@ class RolloutGuards:
         }
         first_line = (error.strip().splitlines() or ["(no error text)"])[0][:200]
         where = f"{record.cluster}/{record.pod or '?'}"
-        for o in self._runtime.inputs.overrides:
+        for o in self._inputs().overrides:
             r = o.rollout
             if r is None or (o.cluster, r.id) not in staged:
                 continue
@@ -231,7 +249,7 @@ class RolloutGuards:
         situation = situation_of(request)
         if situation is None:
             return
-        inputs = self._runtime.inputs
+        inputs = self._inputs()
         now = datetime.now(UTC)
         for o in applicable_overrides(request, inputs.overrides, now):
             r = o.rollout
@@ -240,7 +258,7 @@ class RolloutGuards:
             if not guards(r, request.cluster):
                 continue  # this cluster's pods may not halt this rollout
             # the inputs a live decision for this pod uses (evidence it trusts)
-            given = self._runtime.trusted.inputs_for(request, inputs, now)
+            given = self._trusted.inputs_for(request, inputs, now)
             with_it = decide(request, given, now=now)
             without = decide(
                 request,
@@ -270,7 +288,7 @@ class RolloutGuards:
         index, or the all-clusters one for ``*``."""
         r = o.rollout
         assert r is not None
-        trusted = self._runtime.trusted
+        trusted = self._trusted
         evidence = trusted.all if o.cluster == "*" else trusted.of_cluster(o.cluster)
         buckets = stage_buckets(r)
         allowed: dict[str, bool] = {}
@@ -294,7 +312,7 @@ class RolloutGuards:
     def promote_due(self, now: datetime | None = None) -> None:
         """Promote every active rollout whose step passed with no guard fired."""
         now = now or datetime.now(UTC)
-        for o in self._runtime.inputs.overrides:
+        for o in self._inputs().overrides:
             r = o.rollout
             step = None if r is None else rollouts.promotion_due(r, now)
             if r is None or step is None:
@@ -320,20 +338,20 @@ class RolloutGuards:
         self, o: Override, change: Callable[[Rollout], Rollout | None], *, action: str, note: str
     ) -> None:
         assert o.rollout is not None
-        updated = self._runtime.store.config.update_rollout(
+        updated = self._config.update_rollout(
             o.cluster, o.rollout.id, change, actor=SERVICE_ACTOR, action=action, note=note
         )
         if not isinstance(updated, Override) or updated.rollout is None:
             return
         state = updated.rollout.state
         if state == "halted" and o.rollout.state != "halted":
-            self._runtime.metrics.rollout_changes.labels("halt").inc()
+            self._metrics.rollout_changes.labels("halt").inc()
             log.warning("rollout of %s halted: %s", o.label, updated.rollout.halted_reason)
         elif action == "rollout.promote":
-            self._runtime.metrics.rollout_changes.labels("promote").inc()
+            self._metrics.rollout_changes.labels("promote").inc()
             log.info("rollout of %s: %s", o.label, note)
         try:
-            self._runtime.live.reload()
+            self._live.reload()
         except SQLAlchemyError as exc:  # stored and audited: the next poll applies it
             log.warning(
                 "rollout of %s changed; this replica applies it at its next poll (%s)",

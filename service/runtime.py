@@ -1,4 +1,6 @@
-"""Everything one service process holds, started and stopped together.
+"""Everything one service process holds, built, started and stopped together: the
+composition root. It wires each part to the collaborators it uses and holds no logic
+of its own; nothing is handed the runtime.
 
 The FastAPI app, the CLI (token commands, first-start bootstrap) and the tests all
 build a ``Runtime`` from ``Settings``; nothing else opens the database.
@@ -9,33 +11,39 @@ from __future__ import annotations
 import gc
 import logging
 import sys
-import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 
-from mla_switchboard.core.evaluator import DecisionInputs
-from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observation
-from mla_switchboard.core.schemas import FLEET
+from mla_switchboard.service.clusters import KnownClusters
 from mla_switchboard.service.config import Settings
+from mla_switchboard.service.deciding import Decider
 from mla_switchboard.service.evidence.sync import EvidenceSync
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.expiry import PodExpiry
 from mla_switchboard.service.fleet.groups import Fleet
-from mla_switchboard.service.fleet.reads import FleetReads
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.fleet.reads import FleetReads, ReadSettings
+from mla_switchboard.service.inputs import InputsPublisher, index_factory
+from mla_switchboard.service.live import LiveConfig, fan_out
 from mla_switchboard.service.messages import protect
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.reads.audit import AuditReads
+from mla_switchboard.service.reads.health import Health
+from mla_switchboard.service.reads.pods import PodReads
+from mla_switchboard.service.reads.previews import Previews
+from mla_switchboard.service.reads.selections import SelectionReads
 from mla_switchboard.service.refused import RefusedSelects
 from mla_switchboard.service.reports import Reports
 from mla_switchboard.service.rollouts import RolloutGuards
 from mla_switchboard.service.selector import Selector
-from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, make_writer_engine, migrate
 from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
-from mla_switchboard.service.writes import Writes
-from prometheus_client import Gauge
+from mla_switchboard.service.writes.evidence import EvidenceWrites
+from mla_switchboard.service.writes.flow import WriteFlow
+from mla_switchboard.service.writes.overrides import OverrideWrites
+from mla_switchboard.service.writes.rules import RulesWrites
+from mla_switchboard.service.writes.tokens import TokenWrites
 
 log = logging.getLogger("switchboard")
 
@@ -49,6 +57,7 @@ class Runtime:
         self.settings = settings
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         protect(settings.database_url, token)  # no password in any log line or answer
+        self.bootstrap_token = token
         self.metrics = Metrics(settings.metrics_max_clusters)
         self.engine = make_engine(settings.database_url)
         # the decision writer's own pool and shorter waits (a hung database holds it alone)
@@ -56,30 +65,8 @@ class Runtime:
         self.store = Store(self.engine, decision_writer=self.writer_engine)
         self.fleet = Fleet(self.store)
         self.pod_expiry = PodExpiry(self.store, timedelta(days=settings.pod_ttl_days))
-        self.refused_selects = RefusedSelects(
-            self.store, self.metrics, settings.metrics_max_clusters, known=self.known_clusters
-        )
-        self._evidence_version = 0
         self._unwatch_gc: Callable[[], None] | None = None
-        self._inputs_lock = threading.RLock()
-        self._inputs: DecisionInputs | None = None
-        # measured selection trusts only some clusters' evidence (service/evidence/trust.py);
-        # the indexes are kept up to date off the event loop (service/evidence/sync.py)
-        self.trusted = TrustedEvidence(self._new_index, on_change=self._evidence_changed)
-        self.evidence_sync = EvidenceSync(
-            self.store,
-            self.trusted,
-            max_age=timedelta(days=settings.measured_max_age_days),
-            poll_s=settings.config_poll_s,
-            on_change=self._evidence_changed,
-        )
-        self.live = LiveConfig(
-            self.store,
-            self.metrics,
-            settings.config_poll_s,
-            on_versions=self._versions_seen,
-            on_snapshot=lambda _snap: self._publish(),
-        )
+        self._build_inputs(settings)
         self.recorder = DecisionRecorder(
             self.store.decisions,
             self.metrics,
@@ -92,24 +79,84 @@ class Runtime:
             shutdown_flush_s=settings.shutdown_flush_s,
         )
         self.selector = Selector(inputs_for=self.trusted.inputs_for)
-        Gauge(
-            "switchboard_config_staleness_seconds",
-            "Seconds since this replica last confirmed its configuration is current",
-            registry=self.metrics.registry,
-        ).set_function(lambda: self.config_age_s() or 0.0)
-        self.rollouts = RolloutGuards(self, check_s=settings.rollout_check_s)
-        self.reads = FleetReads(self)
-        self.writes = Writes(self)
-        self.reports = Reports(self)
-        self.bootstrap_token = (
-            settings.admin_token.get_secret_value() if settings.admin_token else None
+        self.decider = Decider(self.selector, self.publisher.current, self.recorder, self.metrics)
+        self.health = Health(
+            self.live,
+            self.recorder,
+            self.evidence_sync,
+            self.metrics,
+            settings.max_config_staleness_s,
+        )
+        self._build_services(settings)
+
+    def _build_inputs(self, settings: Settings) -> None:
+        """What every decision reads: the configuration, the trusted evidence and the
+        inputs published from both (``service/inputs.py``)."""
+        # measured selection trusts only some clusters' evidence (service/evidence/trust.py);
+        # the indexes are kept up to date off the event loop (service/evidence/sync.py)
+        self.trusted = TrustedEvidence(
+            partial(index_factory, settings), on_change=lambda: self.publisher.evidence_changed()
+        )
+        self.publisher = InputsPublisher(self.trusted)
+        self.known_clusters = KnownClusters(self.publisher.current, self.fleet)
+        self.refused_selects = RefusedSelects(
+            self.store, self.metrics, settings.metrics_max_clusters, known=self.known_clusters
+        )
+        self.evidence_sync = EvidenceSync(
+            self.store,
+            self.trusted,
+            max_age=timedelta(days=settings.measured_max_age_days),
+            poll_s=settings.config_poll_s,
+            on_change=self.publisher.evidence_changed,
+        )
+        self.live = LiveConfig(
+            self.store,
+            self.metrics,
+            settings.config_poll_s,
+            # other replicas' decisions (fleet_version) and evidence (evidence_version)
+            on_versions=fan_out(self.fleet.notify, self.evidence_sync.notify),
+            on_snapshot=self.publisher.config_changed,
         )
 
-    def _versions_seen(self, versions: dict[str, int]) -> None:
-        """What the config poller read of the store's counters: other replicas'
-        decisions (``fleet_version``) and evidence (``evidence_version``, its epoch)."""
-        self.fleet.saw(versions.get("fleet_version", 0))
-        self.evidence_sync.notify(versions)
+    def _build_services(self, settings: Settings) -> None:
+        """The application services the routes call, each given what it uses."""
+        store, current = self.store, self.publisher.current
+        self.rollouts = RolloutGuards(
+            store.config,
+            self.live,
+            self.trusted,
+            current,
+            self.evidence_sync.catch_up,
+            self.metrics,
+            check_s=settings.rollout_check_s,
+        )
+        self.reads = FleetReads(
+            self.fleet,
+            self.recorder,
+            self.trusted,
+            current,
+            ReadSettings(
+                budget_s=settings.fleet_read_budget_s,
+                min_samples=settings.measured_min_samples,
+                min_pods=settings.measured_min_pods,
+            ),
+        )
+        self.previews = Previews(self.reads)
+        self.audit = AuditReads(store.audit)
+        self.pods = PodReads(self.fleet, self.recorder, store.decisions, self.live, current)
+        self.selections = SelectionReads(
+            self.recorder, store.decisions, store.measurements, self.reads
+        )
+        flow = WriteFlow(self.live, store.recall_idempotency)
+        self.override_writes = OverrideWrites(
+            store.config, self.live, self.previews, flow, self.metrics
+        )
+        self.rules_writes = RulesWrites(store.config, self.live, self.previews, flow)
+        self.token_writes = TokenWrites(store.tokens, flow)
+        self.evidence_writes = EvidenceWrites(store.measurements, self.evidence_sync.catch_up, flow)
+        self.reports = Reports(
+            store.measurements, store.decisions, self.recorder, self.evidence_sync, self.rollouts
+        )
 
     def prepare_store(self) -> None:
         """Migrate and seed; safe to run from several replicas at once."""
@@ -167,91 +214,3 @@ class Runtime:
         self.live.stop()
         self.engine.dispose()
         self.writer_engine.dispose()
-
-    def _new_index(self) -> EvidenceIndex:
-        s = self.settings
-        return EvidenceIndex(
-            min_samples=s.measured_min_samples,
-            min_pods=s.measured_min_pods,
-            failure_policy=FailurePolicy(
-                min_pods=s.failure_min_pods, window=timedelta(hours=s.failure_window_hours)
-            ),
-            per_pod=s.measured_samples_per_pod,
-        )
-
-    def _publish(self, evidence_changed: bool = False) -> None:
-        """Build the one ``DecisionInputs`` every decision reads and swap it in.
-
-        Called whenever the config snapshot or the evidence changes; the hot path only
-        ever reads ``self.inputs`` (one attribute), never a half-applied change. The
-        evidence index of every trust scope the snapshot's overrides name is built
-        here, before the snapshot is in force, so no decision has to build one. New
-        evidence moves the evidence version (kept fleet reads follow it); decisions
-        cached by the selector follow the evidence generation and, per situation, what
-        they read."""
-        with self._inputs_lock:
-            snap = self.live.snapshot
-            if snap is not None and self.trusted.ensure_scopes(snap.overrides):
-                evidence_changed = True
-            if evidence_changed:
-                self._evidence_version += 1
-            if snap is None:
-                return
-            self._inputs = DecisionInputs(
-                rules=snap.rules,
-                overrides=snap.overrides,
-                evidence=self.trusted.all,
-                tag=(snap.version, self._evidence_version),
-                evidence_generation=self.trusted.generation,
-            )
-
-    def _evidence_changed(self) -> None:
-        self._publish(evidence_changed=True)
-
-    @property
-    def inputs(self) -> DecisionInputs:
-        inputs = self._inputs
-        assert inputs is not None, "runtime not started"
-        return inputs
-
-    def known_clusters(self) -> frozenset[str]:
-        """The cluster names this service knows: those with live pods, an override or a
-        rule set of their own (reads the fleet's counts: not for the event loop)."""
-        inputs = self.inputs
-        names = {o.cluster for o in inputs.overrides if o.cluster != FLEET}
-        names.update(inputs.rules.clusters)
-        names.update(g.cluster for g in self.fleet.current().groups)
-        return frozenset(names)
-
-    def reload_evidence(self) -> bool:
-        """Rebuild every evidence index from the store (the window only) and swap them
-        in, waiting for it: for benchmarks and tests that need exactly the store's
-        evidence now (the service itself reads increments and applies clears in place).
-        It runs on the evidence thread, whose priority is below the event loop's. False:
-        still running after a minute (it goes on in the background)."""
-        return self.evidence_sync.reload()
-
-    def add_evidence(self, observations: list[Observation]) -> None:
-        """This replica's own new evidence (already stored), applied at once without a
-        store read; other replicas read it from the store."""
-        self.evidence_sync.apply_local(observations)
-
-    @property
-    def snapshot(self) -> ConfigSnapshot:
-        snap = self.live.snapshot
-        assert snap is not None, "runtime not started"
-        return snap
-
-    def config_age_s(self) -> float | None:
-        """How old this replica's view of the configuration is: seconds since it last
-        confirmed with the store that its snapshot is current (None before the first)."""
-        checked = self.live.checked_at
-        return None if checked is None else time.monotonic() - checked
-
-    def config_stale(self) -> bool:
-        limit = self.settings.max_config_staleness_s
-        age = self.config_age_s()
-        return limit is not None and age is not None and age > limit
-
-    def degraded(self) -> str | None:
-        return self.recorder.degraded or self.live.degraded or self.evidence_sync.degraded

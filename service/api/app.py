@@ -107,7 +107,14 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.add_middleware(
         BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
     )
-    app.select_handler = SelectHandler(runtime, runtime.settings.max_body_bytes)
+    app.select_handler = SelectHandler(
+        runtime.decider,
+        runtime.refused_selects,
+        runtime.live,
+        runtime.bootstrap_token,
+        runtime.metrics,
+        runtime.settings.max_body_bytes,
+    )
     return app
 
 

@@ -1,4 +1,6 @@
-"""Shared dependencies of the routes: the runtime, authentication, error helpers."""
+"""Shared dependencies of the routes: the services they call, authentication, error
+helpers. Each service comes from the app's state through a ``Depends`` function, so a
+route names the one service it calls and never reaches through the runtime."""
 
 from __future__ import annotations
 
@@ -8,17 +10,103 @@ from typing import Annotated, Any, NoReturn
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from mla_switchboard.service.auth import Principal, Role, authenticate
+from mla_switchboard.service.deciding import Decider
+from mla_switchboard.service.fleet.reads import FleetReads
+from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.reads.audit import AuditReads
+from mla_switchboard.service.reads.health import Health
+from mla_switchboard.service.reads.pods import PodReads
+from mla_switchboard.service.reads.previews import Previews
+from mla_switchboard.service.reads.selections import SelectionReads
+from mla_switchboard.service.refused import RefusedSelects
+from mla_switchboard.service.reports import Reports
 from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.state import ConfigSnapshot
+from mla_switchboard.service.writes.evidence import EvidenceWrites
+from mla_switchboard.service.writes.overrides import OverrideWrites
+from mla_switchboard.service.writes.rules import RulesWrites
+from mla_switchboard.service.writes.tokens import TokenWrites
 
 bearer = HTTPBearer(auto_error=False, description="sb_<id>_<secret> token, or the bootstrap token")
 
 
-async def get_runtime(request: Request) -> Runtime:
-    # async: a sync dependency would cost a thread-pool hop on every request
+# async: a sync dependency would cost a thread-pool hop on every request
+
+
+def _runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+async def get_snapshot(request: Request) -> ConfigSnapshot:
+    """The configuration in force (rules, overrides, tokens)."""
+    return _runtime(request).live.current()
+
+
+async def get_decider(request: Request) -> Decider:
+    return _runtime(request).decider
+
+
+async def get_pods(request: Request) -> PodReads:
+    return _runtime(request).pods
+
+
+async def get_selections(request: Request) -> SelectionReads:
+    return _runtime(request).selections
+
+
+async def get_fleet_reads(request: Request) -> FleetReads:
+    return _runtime(request).reads
+
+
+async def get_previews(request: Request) -> Previews:
+    return _runtime(request).previews
+
+
+async def get_audit(request: Request) -> AuditReads:
+    return _runtime(request).audit
+
+
+async def get_health(request: Request) -> Health:
+    return _runtime(request).health
+
+
+async def get_refused(request: Request) -> RefusedSelects:
+    return _runtime(request).refused_selects
+
+
+async def get_reports(request: Request) -> Reports:
+    return _runtime(request).reports
+
+
+async def get_override_writes(request: Request) -> OverrideWrites:
+    return _runtime(request).override_writes
+
+
+async def get_rules_writes(request: Request) -> RulesWrites:
+    return _runtime(request).rules_writes
+
+
+async def get_token_writes(request: Request) -> TokenWrites:
+    return _runtime(request).token_writes
+
+
+async def get_evidence_writes(request: Request) -> EvidenceWrites:
+    return _runtime(request).evidence_writes
+
+
+SnapshotDep = Annotated[ConfigSnapshot, Depends(get_snapshot)]
+PodsDep = Annotated[PodReads, Depends(get_pods)]
+SelectionsDep = Annotated[SelectionReads, Depends(get_selections)]
+FleetReadsDep = Annotated[FleetReads, Depends(get_fleet_reads)]
+PreviewsDep = Annotated[Previews, Depends(get_previews)]
+AuditDep = Annotated[AuditReads, Depends(get_audit)]
+HealthDep = Annotated[Health, Depends(get_health)]
+RefusedDep = Annotated[RefusedSelects, Depends(get_refused)]
+ReportsDep = Annotated[Reports, Depends(get_reports)]
+OverrideWritesDep = Annotated[OverrideWrites, Depends(get_override_writes)]
+RulesWritesDep = Annotated[RulesWrites, Depends(get_rules_writes)]
+TokenWritesDep = Annotated[TokenWrites, Depends(get_token_writes)]
+EvidenceWritesDep = Annotated[EvidenceWrites, Depends(get_evidence_writes)]
 
 
 def fail(status: int, message: str, **extra: Any) -> NoReturn:
@@ -36,10 +124,14 @@ def invalid(location: tuple[str | int, ...], message: str) -> NoReturn:
 
 def principal_from(request: Request, role: Role | None) -> Principal:
     """Authenticate the request's bearer token and check its role; raises 401/403."""
-    return authorize(request.headers.get("authorization", ""), request.app.state.runtime, role)
+    runtime = _runtime(request)
+    header = request.headers.get("authorization", "")
+    return authorize(header, runtime.live, runtime.bootstrap_token, role)
 
 
-def authorize(authorization: str, runtime: Runtime, role: Role | None) -> Principal:
+def authorize(
+    authorization: str, live: LiveConfig, bootstrap: str | None, role: Role | None
+) -> Principal:
     """The principal of an ``Authorization`` header's bearer token, if it has ``role``
     (None: any role); raises 401/403.
 
@@ -54,7 +146,7 @@ def authorize(authorization: str, runtime: Runtime, role: Role | None) -> Princi
             detail={"message": "missing bearer token (Authorization: Bearer <token>)"},
             headers={"WWW-Authenticate": "Bearer"},
         )
-    principal = authenticate(token.strip(), runtime.snapshot.tokens, runtime.bootstrap_token)
+    principal = authenticate(token.strip(), live.current().tokens, bootstrap)
     if principal is None:
         raise HTTPException(
             401,
@@ -97,11 +189,11 @@ def check_visible(principal: Principal, cluster: str, what: str) -> None:
         fail(404, f"no {what}")
 
 
-def metrics_scope(request: Request, runtime: Runtime) -> Callable[[str], bool] | None:
+def metrics_scope(request: Request) -> Callable[[str], bool] | None:
     """Which cluster labels ``/metrics`` may show this caller: none without a token
     (401 when ``SWITCHBOARD_METRICS_REQUIRE_TOKEN`` is on), a viewer token's clusters."""
     if not request.headers.get("authorization", "").strip():
-        if runtime.settings.metrics_require_token:
+        if _runtime(request).settings.metrics_require_token:
             raise HTTPException(
                 401,
                 detail={"message": "metrics need a viewer token (Authorization: Bearer)"},

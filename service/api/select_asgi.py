@@ -41,7 +41,10 @@ from mla_switchboard.service.api.routes.select import (
     parse_json_body,
     select_answer,
 )
-from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.deciding import Decider
+from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.refused import RefusedSelects
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -70,8 +73,22 @@ def is_select(scope: Scope) -> bool:
 class SelectHandler:
     """The ASGI callable for ``POST /v1/select``; one per app."""
 
-    def __init__(self, runtime: Runtime, max_body: int) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        decider: Decider,
+        refused: RefusedSelects,
+        live: LiveConfig,
+        bootstrap_token: str | None,
+        metrics: Metrics,
+        max_body: int,
+    ) -> None:
+        """``live`` and ``bootstrap_token``: the tokens a request is authenticated
+        against."""
+        self._decider = decider
+        self._refused = refused
+        self._live = live
+        self._bootstrap = bootstrap_token
+        self._metrics = metrics
         self._max_body = max_body
         headers, body = too_large(max_body)
         self._too_large: Answer = (413, headers, body)
@@ -111,16 +128,16 @@ class SelectHandler:
             dry_run = dry_run_of(scope["query_string"])
         except RequestValidationError as exc:
             return _unpack(validation_error_response(exc.errors()))
-        runtime = self._runtime
         try:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
-            check_scope(authorize(authorization, runtime, "agent"), body.cluster)
+            principal = authorize(authorization, self._live, self._bootstrap, "agent")
+            check_scope(principal, body.cluster)
         except HTTPException as exc:
-            runtime.refused_selects.count(body.cluster, exc)
+            self._refused.count(body.cluster, exc)
             return _unpack(http_error_response(exc))
         if_none_match = headers.get(b"if-none-match")
         return select_answer(
-            runtime,
+            self._decider,
             body,
             None if if_none_match is None else if_none_match.decode("latin-1"),
             dry_run,
@@ -153,7 +170,7 @@ class SelectHandler:
     def _observe(self, status: int, seconds: float) -> None:
         child = self._latency.get(status)
         if child is None:
-            child = self._runtime.metrics.latency_of("POST", SELECT_PATH, str(status))
+            child = self._metrics.latency_of("POST", SELECT_PATH, str(status))
             self._latency[status] = child
         child.observe(seconds)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -243,6 +243,11 @@ class Fleet:
 
     def saw(self, version: int) -> None:
         self._seen = max(self._seen, version)
+
+    def notify(self, versions: Mapping[str, int]) -> None:
+        """The store's versions, as the config poller just read them: other replicas'
+        decisions move ``fleet_version``."""
+        self.saw(versions.get("fleet_version", 0))
 
     @property
     def latest(self) -> int:

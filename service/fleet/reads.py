@@ -25,19 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as NotYet
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import Override, RulesDocument
+from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.computed import Computed
-from mla_switchboard.service.fleet.groups import Deadline, FleetSnapshot, OverBudget
+from mla_switchboard.service.fleet.groups import Deadline, Fleet, FleetSnapshot, OverBudget
 from mla_switchboard.service.fleet.preview import Preview, replay, with_override
 from mla_switchboard.service.fleet.progress import progress
 from mla_switchboard.service.fleet.regret import exclusions_by_cluster, regret_by_cluster
 from mla_switchboard.service.priority import lower_this_thread
-
-if TYPE_CHECKING:
-    from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.store.recorder import DecisionRecorder
 
 T = TypeVar("T")
 
@@ -93,9 +92,30 @@ class Proposal:
         )
 
 
+@dataclass(frozen=True)
+class ReadSettings:
+    """What fleet reads need of the settings."""
+
+    budget_s: float  # SWITCHBOARD_FLEET_READ_BUDGET_S
+    min_samples: int  # SWITCHBOARD_MEASURED_MIN_SAMPLES
+    min_pods: int  # SWITCHBOARD_MEASURED_MIN_PODS
+
+
 class FleetReads:
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        fleet: Fleet,
+        recorder: DecisionRecorder,
+        trusted: TrustedEvidence,
+        inputs: Callable[[], DecisionInputs],
+        settings: ReadSettings,
+    ) -> None:
+        """``inputs``: the decision inputs in force."""
+        self._fleet = fleet
+        self._recorder = recorder
+        self._trusted = trusted
+        self._inputs = inputs
+        self._settings = settings
         self._summaries: Computed[Answer] = Computed(64)
         self._previews: Computed[Preview] = Computed(256)
         self._evidence: Computed[Answer] = Computed(4)
@@ -110,7 +130,7 @@ class FleetReads:
         """``compute`` on the fleet-read thread (module docstring). A read that could
         not even start within the budget, because others kept the thread busy, is
         over budget; one that started ends within its own."""
-        budget = self._runtime.settings.fleet_read_budget_s
+        budget = self._settings.budget_s
         future = self._worker.submit(compute)
         try:
             return future.result(timeout=budget)
@@ -126,22 +146,20 @@ class FleetReads:
         in it, so the caller sees the pods it just booted. It waits for the writer's
         next batch (at most the flush interval) rather than waking it: a client
         looping on reads must not make the writer write smaller, more batches."""
-        runtime = self._runtime
-        if runtime.recorder.pending:
-            runtime.recorder.flush(wake=False)
-        return runtime.inputs, runtime.fleet.current(), datetime.now(UTC)
+        if self._recorder.pending:
+            self._recorder.flush(wake=False)
+        return self._inputs(), self._fleet.current(), datetime.now(UTC)
 
     def _kept_state(self) -> tuple[DecisionInputs, FleetSnapshot, datetime] | None:
         """Like ``_fresh`` but without I/O or waiting, for the event loop: None when
         the fleet's snapshot is behind or this replica has decisions to write."""
-        runtime = self._runtime
-        fleet = runtime.fleet.kept()
-        if fleet is None or runtime.recorder.pending:
+        fleet = self._fleet.kept()
+        if fleet is None or self._recorder.pending:
             return None
-        return runtime.inputs, fleet, datetime.now(UTC)
+        return self._inputs(), fleet, datetime.now(UTC)
 
     def _deadline(self) -> Deadline:
-        return Deadline(self._runtime.settings.fleet_read_budget_s)
+        return Deadline(self._settings.budget_s)
 
     def summary(self, scope: tuple[str, ...] | None, visible: Visible) -> Answer:
         """``/v1/selections/summary`` for a caller whose token covers ``scope``."""
@@ -168,7 +186,7 @@ class FleetReads:
         visible: Visible,
     ) -> Answer:
         fleet = fleet.visible(visible)
-        trusted = self._runtime.trusted.inputs_for
+        trusted = self._trusted.inputs_for
         deadline = self._deadline()
         clusters: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for group in fleet.groups:
@@ -190,7 +208,7 @@ class FleetReads:
                     now=now,
                     inputs_for=trusted,
                     deadline=deadline,
-                    evidence_of=self._runtime.trusted.of_cluster,
+                    evidence_of=self._trusted.of_cluster,
                 )
                 if visible is None or visible(r["cluster"])
             ],
@@ -211,7 +229,7 @@ class FleetReads:
                     inputs,
                     proposal.applied_to(inputs),
                     now=now,
-                    inputs_for=self._runtime.trusted.inputs_for,
+                    inputs_for=self._trusted.inputs_for,
                     deadline=self._deadline(),
                 )
             ),
@@ -228,18 +246,17 @@ class FleetReads:
         """``/v1/measurements/summary``: the evidence per situation and backend, kept
         per evidence version and generation (an exclusion that lapses moves the
         generation), so a polling dashboard gets a 304 while no report arrives."""
-        inputs = self._runtime.inputs
+        inputs = self._inputs()
         key = ("evidence", inputs.tag[1], inputs.evidence_generation)
         return self._evidence.get(key, lambda: self._serially(lambda: self._evidence_of(key)))
 
     def _evidence_of(self, key: tuple[Any, ...]) -> Answer:
-        runtime = self._runtime
-        evidence = runtime.inputs.evidence
+        evidence = self._inputs().evidence
         body = {
             "groups": evidence.summary(datetime.now(UTC)),
             "failure_policy": evidence.failure_policy.describe(),
-            "min_samples": runtime.settings.measured_min_samples,
-            "min_pods": runtime.settings.measured_min_pods,
+            "min_samples": self._settings.min_samples,
+            "min_pods": self._settings.min_pods,
         }
         return Answer.of(body, _etag(key))
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
 from mla_switchboard.service.fleet.shapes import Shape, request_from_shape, shape_of_json
@@ -128,6 +129,22 @@ class PodFilter:
     shape_ids: tuple[str, ...] | None = None
     buckets: tuple[int, ...] | None = None
     prefix: str | None = None  # of the pod's or the node's name
+
+    def pods_in(self, row: FleetGroup) -> int:
+        """How many pods of one fleet-count row this filter keeps: the conditions
+        ``list_pods`` gives the database, on the counts (``prefix`` aside), so that a
+        page and the facet counts beside it can never disagree."""
+        if self.cluster_globs is not None and not cluster_matches(row.cluster, self.cluster_globs):
+            return 0
+        if self.shape_ids is not None and row.shape_id not in self.shape_ids:
+            return 0
+        if self.backends is not None and row.backend not in self.backends:
+            return 0
+        if self.sources is not None and row.source not in self.sources:
+            return 0
+        if self.buckets is None:
+            return row.pods
+        return sum(row.buckets[b] for b in self.buckets if b < len(row.buckets))
 
 
 @dataclass(frozen=True)

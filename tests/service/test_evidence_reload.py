@@ -34,7 +34,7 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
 
 
 def samples(rt: Runtime, backend: Backend = Backend.FLASHINFER) -> list[float]:
-    return sorted(t for _, _, t in rt.inputs.evidence.samples(SITUATION, backend))
+    return sorted(t for _, _, t in rt.publisher.current().evidence.samples(SITUATION, backend))
 
 
 def test_a_report_applied_during_a_reload_is_kept(runtime: Runtime) -> None:
@@ -46,14 +46,14 @@ def test_a_report_applied_during_a_reload_is_kept(runtime: Runtime) -> None:
 
     def racing(*args: Any, **kw: Any) -> Any:
         rows = read(*args, **kw)  # the read's snapshot predates the report's commit
-        runtime.add_evidence([late])  # ...which this replica applies meanwhile
+        runtime.evidence_sync.apply_local([late])  # ...which this replica applies meanwhile
         return rows
 
     runtime.store.measurements.measurement_rows = racing  # type: ignore[method-assign]
-    runtime.reload_evidence()
+    runtime.evidence_sync.reload()
     runtime.store.measurements.measurement_rows = read  # type: ignore[method-assign]
     assert samples(runtime) == [600.0]
-    assert runtime.inputs.evidence.group(SITUATION)[Backend.FLASHINFER].samples == 1
+    assert runtime.publisher.current().evidence.group(SITUATION)[Backend.FLASHINFER].samples == 1
 
 
 # ------------------------------------------------------------ two replicas, one store
@@ -86,7 +86,7 @@ def store_and_apply(rt: Runtime, r: MeasurementReport) -> None:
     """What the report route does: store, then apply on this replica at once."""
     assert r.report_id is not None
     rt.store.measurements.add_measurements(r, r.report_id)
-    rt.add_evidence(observations_of_report(r, datetime.now(UTC), r.report_id))
+    rt.evidence_sync.apply_local(observations_of_report(r, datetime.now(UTC), r.report_id))
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -142,7 +142,7 @@ def test_another_replicas_reports_arrive_incrementally(
         wait_for(lambda: samples(a) == samples(b))  # a polls on its own schedule too
         assert full_reads == []
         # and the same rows from a full reload: counted once
-        b.reload_evidence()
+        b.evidence_sync.reload()
         assert samples(b) == [500.0, 510.0, 520.0, 530.0, 540.0]
     finally:
         a.stop()
@@ -186,21 +186,23 @@ def test_a_clear_reaches_every_replica_in_place(
         wrong = report("c1", "p1", 500.0, "report-0001").model_copy(deep=True)
         wrong.results[0] = wrong.results[0].model_copy(update={"correct": False})
         store_and_apply(a, wrong)
-        wait_for(lambda: bool(b.inputs.evidence.group(SITUATION)))
-        assert b.inputs.evidence.exclusions(SITUATION, datetime.now(UTC))
+        wait_for(lambda: bool(b.publisher.current().evidence.group(SITUATION)))
+        assert b.publisher.current().evidence.exclusions(SITUATION, datetime.now(UTC))
         generations = a.trusted.generation, b.trusted.generation
         a.store.measurements.clear_failures(SITUATION, None, actor="admin", note="fixed")
         a.evidence_sync.catch_up()  # what the clear's write does on its own replica
-        assert not a.inputs.evidence.group(SITUATION)
-        wait_for(lambda: not b.inputs.evidence.group(SITUATION))
+        assert not a.publisher.current().evidence.group(SITUATION)
+        wait_for(lambda: not b.publisher.current().evidence.group(SITUATION))
         assert (a.trusted.generation, b.trusted.generation) == generations  # not rebuilt
         again = report("c1", "p2", 500.0, "report-0002").model_copy(deep=True)
         again.results[0] = again.results[0].model_copy(update={"correct": False})
         store_and_apply(a, again)
-        wait_for(lambda: bool(b.inputs.evidence.exclusions(SITUATION, datetime.now(UTC))))
+        wait_for(
+            lambda: bool(b.publisher.current().evidence.exclusions(SITUATION, datetime.now(UTC)))
+        )
         for rt in (a, b):  # a restart reads the store: the same as applied in place
-            rt.reload_evidence()
-            failures = rt.inputs.evidence.group(SITUATION)[Backend.FLASHINFER].failures
+            rt.evidence_sync.reload()
+            failures = rt.publisher.current().evidence.group(SITUATION)[Backend.FLASHINFER].failures
             assert [f.pod for f in failures] == ["p2"]
     finally:
         a.stop()
@@ -219,9 +221,9 @@ def test_expired_evidence_is_pruned_in_the_background(tmp_path: Path) -> None:
     try:
         store_and_apply(rt, report("c1", "p1", 500.0, "report-0001"))
         assert samples(rt) == [500.0]
-        tag = rt.inputs.tag
+        tag = rt.publisher.current().tag
         wait_for(lambda: samples(rt) == [])
-        assert rt.inputs.tag != tag  # cached decisions are dropped with it
+        assert rt.publisher.current().tag != tag  # cached decisions are dropped with it
     finally:
         rt.stop()
 
@@ -247,7 +249,7 @@ def test_old_rows_outside_the_window_are_not_read(runtime: Runtime) -> None:
         s.execute(update(MeasurementRow).values(at=datetime.now(UTC) - timedelta(days=40)))
     store_and_apply(runtime, report("c1", "p2", 510.0, "report-0002"))
     assert runtime.store.measurements.first_id(False, since) == 2
-    runtime.reload_evidence()
+    runtime.evidence_sync.reload()
     assert samples(runtime) == [510.0]
 
 

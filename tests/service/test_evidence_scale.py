@@ -143,14 +143,14 @@ def test_selects_stay_fast_with_64000_results_in_one_situation(app: httpx.Client
             [_row(i, "prod-east", now, "other-replica") for i in range(256)],
         )
         s.execute(update(Meta).where(Meta.key == "evidence_version").values(value=Meta.value + 1))
-    before = runtime.inputs.tag
+    before = runtime.publisher.current().tag
     took_all: list[float] = []
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         n = len(took_all)
         took, _ = _select(c, "prod-west" if n % 2 else "prod-east", f"p-{n}")
         took_all.append(took)
-    assert runtime.inputs.tag != before  # the rows were applied meanwhile
+    assert runtime.publisher.current().tag != before  # the rows were applied meanwhile
     late = [t for t in took_all if t >= LIMIT_S]
     print(
         f"{len(took_all)} selects while another replica's report was applied: "

@@ -324,7 +324,7 @@ def _guard_with_history(c: httpx.Client, history: int) -> Callable[[], None]:
     assert r.status_code == 200, r.text
     state = r.json()["override"]["rollout"]
     runtime: Runtime = c.app.state.runtime  # type: ignore[attr-defined]
-    (o,) = runtime.inputs.overrides
+    (o,) = runtime.publisher.current().overrides
     assert o.rollout is not None
     buckets = stage_buckets(o.rollout)
     started = datetime.fromisoformat(state["stage_started_at"])
@@ -340,12 +340,12 @@ def _guard_with_history(c: httpx.Client, history: int) -> Callable[[], None]:
         backend = "CUDNN" if i % 2 else "FLASH_ATTN"
         batch.append(Observation(situation, backend, pod, 500.0, ok=True, cluster=cluster, at=at))
         if len(batch) == 1024:
-            runtime.add_evidence(batch)
+            runtime.evidence_sync.apply_local(batch)
             batch = []
-    runtime.add_evidence(batch)
+    runtime.evidence_sync.apply_local(batch)
     stage = [pod for pod, _ in measured_stage_pods(c, "prod-east", 2)]
     now = datetime.now(UTC)
-    runtime.add_evidence(
+    runtime.evidence_sync.apply_local(
         [
             Observation(situation, b, pod, 500.0 + k, ok=True, cluster="prod-east", at=now)
             for pod in stage
@@ -366,7 +366,7 @@ def _guard_with_history(c: httpx.Client, history: int) -> Callable[[], None]:
 
     def evaluate() -> None:
         runtime.rollouts.on_measurements(measured)
-        assert runtime.inputs.overrides[0].rollout.state == "active"  # type: ignore[union-attr]
+        assert runtime.publisher.current().overrides[0].rollout.state == "active"  # type: ignore[union-attr]
 
     return evaluate
 

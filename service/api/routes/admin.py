@@ -17,12 +17,18 @@ from mla_switchboard.core.schemas import (
     RulesDocument,
     error_responses,
 )
-from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, TokenDep, ViewerDep
+from mla_switchboard.service.api.deps import (
+    AdminDep,
+    AuditDep,
+    PreviewsDep,
+    SnapshotDep,
+    TokenDep,
+    TokenWritesDep,
+    ViewerDep,
+)
 from mla_switchboard.service.api.etags import conditional
 from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
-from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
-from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.writes import IdempotencyKey
 from pydantic import (
     BaseModel,
@@ -68,7 +74,7 @@ class TokenCreated(BaseModel):
 )
 def create_token(
     body: TokenRequest,
-    runtime: RuntimeDep,
+    writes: TokenWritesDep,
     principal: AdminDep,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
@@ -76,7 +82,7 @@ def create_token(
     the same Idempotency-Key says the token exists, without the secret."""
     key = IdempotencyKey.of(idempotency_key, "POST tokens", body.model_dump(mode="json"))
     return respond(
-        runtime.writes.create_token(
+        writes.create_token(
             principal, name=body.name, role=body.role, clusters=body.clusters, key=key
         )
     )
@@ -101,11 +107,11 @@ async def whoami(principal: TokenDep) -> dict[str, Any]:
 
 
 @router.get("/tokens", summary="Tokens (never their secrets)")
-def list_tokens(runtime: RuntimeDep, principal: AdminDep) -> dict[str, Any]:
+def list_tokens(snapshot: SnapshotDep, principal: AdminDep) -> dict[str, Any]:
     """An admin token limited to some clusters lists only the tokens whose every
     cluster lies in its scope (never an unrestricted one)."""
     tokens = sorted(
-        (t for t in runtime.snapshot.tokens.values() if principal.covers(t.clusters)),
+        (t for t in snapshot.tokens.values() if principal.covers(t.clusters)),
         key=lambda t: t.created_at,
     )
     return {
@@ -131,12 +137,12 @@ def list_tokens(runtime: RuntimeDep, principal: AdminDep) -> dict[str, Any]:
 )
 def revoke_token(
     token_id: Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")],
-    runtime: RuntimeDep,
+    writes: TokenWritesDep,
     principal: AdminDep,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
     key = IdempotencyKey.of(idempotency_key, "DELETE tokens", token_id)
-    return respond(runtime.writes.revoke_token(principal, token_id, key=key))
+    return respond(writes.revoke_token(principal, token_id, key=key))
 
 
 @router.get(
@@ -145,7 +151,7 @@ def revoke_token(
     summary="The append-only audit log, newest first",
 )
 def audit(
-    runtime: RuntimeDep,
+    reads: AuditDep,
     principal: ViewerDep,
     action: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
     target: Annotated[str | None, Query(max_length=100, pattern=NO_NUL)] = None,
@@ -157,71 +163,10 @@ def audit(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Answered with an ETag of its content: a poll that finds nothing new gets 304."""
-    page = _audit_page(runtime, principal, action, target, actor, limit, cursor)
+    page = reads.page(
+        principal, action=action, target=target, actor=actor, limit=limit, cursor=cursor
+    )
     return conditional(page, if_none_match)
-
-
-def _audit_page(
-    runtime: Runtime,
-    principal: Principal,
-    action: str | None,
-    target: str | None,
-    actor: str | None,
-    limit: int,
-    cursor: str | None,
-) -> dict[str, Any]:
-    before = None if cursor is None else int(cursor)
-    if not principal.restricted:
-        rows = runtime.store.audit.list_audit(
-            action=action, target=target, actor=actor, limit=limit + 1, before_id=before
-        )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return {"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None}
-    # A token limited to some clusters: those clusters' override (and rollout) entries, and rules
-    # changes shown with only the fleet lists and its clusters' rule sets; token
-    # entries are not shown. Paged by scanning, at most SCAN_LIMIT rows a request.
-    found: list[dict[str, Any]] = []
-    scanned = 0
-    while len(found) < limit and scanned < SCAN_LIMIT:
-        batch = runtime.store.audit.list_audit(
-            action=action, target=target, actor=actor, limit=500, before_id=before
-        )
-        for row in batch:
-            scanned += 1
-            before = row["id"]
-            shown = _audit_entry_for(principal, row)
-            if shown is not None:
-                found.append(shown)
-                if len(found) == limit:
-                    break
-        if len(batch) < 500 and len(found) < limit:
-            return {"items": found, "next_cursor": None}
-    return {"items": found, "next_cursor": None if before is None else str(before)}
-
-
-SCAN_LIMIT = 10_000
-
-
-def _audit_entry_for(principal: Principal, row: dict[str, Any]) -> dict[str, Any] | None:
-    action = str(row["action"])
-    if isinstance(row.get("preview"), dict):
-        row = {**row, "preview": scoped_preview(principal, row["preview"])}
-    if action.startswith(("override.", "rollout.")):
-        return row if principal.may_see(str(row["target"])) else None
-    if action == "rules.replace":
-
-        def visible(document: Any) -> Any:
-            if not isinstance(document, dict):
-                return document
-            clusters = document.get("clusters") or {}
-            return {
-                **document,
-                "clusters": {c: r for c, r in clusters.items() if principal.may_see(c)},
-            }
-
-        return {**row, "before": visible(row["before"]), "after": visible(row["after"])}
-    return None
 
 
 class OverrideProposal(OverrideSpec):
@@ -273,7 +218,7 @@ class PreviewRequest(BaseModel):
     responses=error_responses(413, 503),
     summary="What a change would do to the fleet",
 )
-async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDep) -> Response:
+async def preview(body: PreviewRequest, previews: PreviewsDep, principal: ViewerDep) -> Response:
     """A token limited to some clusters previews the change on its clusters' pods. The
     fleet is replayed by group in a worker thread, and the answer kept until a version
     it depends on moves (see service/fleet/reads.py); a kept one is sent from the
@@ -298,25 +243,7 @@ async def preview(body: PreviewRequest, runtime: RuntimeDep, principal: ViewerDe
         )
     else:
         proposal["override_scope"], proposal["override"] = body.delete_override, None
-    answer = runtime.writes.kept_preview(**proposal)
+    answer = previews.kept_preview(**proposal)
     if answer is None:
-        answer = await run_in_threadpool(lambda: runtime.writes.preview(**proposal))
+        answer = await run_in_threadpool(lambda: previews.preview(**proposal))
     return Response(answer.model_dump_json(), media_type="application/json")
-
-
-def scoped_preview(principal: Principal, preview: dict[str, Any]) -> dict[str, Any]:
-    """A stored preview as a token limited to some clusters may see it: the rows of
-    its clusters only."""
-    if not principal.restricted:
-        return preview
-    out = dict(preview)
-    for field in ("changes", "invalid"):
-        if isinstance(out.get(field), list):
-            out[field] = [
-                row
-                for row in out[field]
-                if isinstance(row, dict) and principal.may_see(str(row.get("cluster")))
-            ]
-    if isinstance(out.get("clusters_affected"), list):
-        out["clusters_affected"] = [c for c in out["clusters_affected"] if principal.may_see(c)]
-    return out

@@ -20,7 +20,9 @@ from mla_switchboard.core.schemas import (
 from mla_switchboard.service.api.deps import (
     AdminDep,
     AgentDep,
-    RuntimeDep,
+    EvidenceWritesDep,
+    FleetReadsDep,
+    ReportsDep,
     ViewerDep,
 )
 from mla_switchboard.service.api.etags import etag_matches
@@ -42,10 +44,10 @@ router = APIRouter(
     },
     summary="Report a pod's kernel benchmark results",
 )
-def report(body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep) -> Response:
+def report(body: MeasurementReport, reports: ReportsDep, principal: AgentDep) -> Response:
     """Results count as evidence only from a pod the service decided for, in its cluster
     and exact situation (see service/reports.py); others are stored with the reason."""
-    return respond(runtime.reports.measurements(principal, body))
+    return respond(reports.measurements(principal, body))
 
 
 @router.get(
@@ -54,7 +56,7 @@ def report(body: MeasurementReport, runtime: RuntimeDep, principal: AgentDep) ->
     responses={304: {"description": "If-None-Match matched: no evidence changed"}},
 )
 def summary(
-    runtime: RuntimeDep,
+    reads: FleetReadsDep,
     _: ViewerDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -62,7 +64,7 @@ def summary(
     over the evidence window (``SWITCHBOARD_MEASURED_MAX_AGE_DAYS``); ``failures``
     counts wrong results and build failures reported by matching pods. Kept until
     evidence changes; the ETag says so (a matching If-None-Match gets 304)."""
-    answer = runtime.reads.evidence_summary()
+    answer = reads.evidence_summary()
     if etag_matches(if_none_match, answer.etag):
         return Response(status_code=304, headers={"ETag": answer.etag})
     return Response(answer.content, media_type="application/json", headers={"ETag": answer.etag})
@@ -99,7 +101,7 @@ class FailureClear(BaseModel):
 )
 def clear_failures(
     body: FailureClear,
-    runtime: RuntimeDep,
+    writes: EvidenceWritesDep,
     principal: AdminDep,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
@@ -116,6 +118,4 @@ def clear_failures(
     )
     backend = None if body.backend is None else body.backend.value
     key = IdempotencyKey.of(idempotency_key, "POST failures/clear", body.model_dump(mode="json"))
-    return respond(
-        runtime.writes.clear_failures(principal, situation, backend, note=body.note, key=key)
-    )
+    return respond(writes.clear_failures(principal, situation, backend, note=body.note, key=key))

@@ -22,7 +22,8 @@ from mla_switchboard.core.schemas import (
 )
 from mla_switchboard.service.api.deps import (
     AdminDep,
-    RuntimeDep,
+    OverrideWritesDep,
+    SnapshotDep,
     ViewerDep,
     fail,
 )
@@ -52,11 +53,11 @@ IfMatch = Annotated[str | None, Header(description="ETag from a GET; stale -> 41
     responses={304: {"description": "If-None-Match matched: nothing changed"}},
 )
 def list_overrides(
-    runtime: RuntimeDep,
+    snapshot: SnapshotDep,
     principal: ViewerDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
-    snap = runtime.snapshot
+    snap = snapshot
     now = datetime.now(UTC)
     mine = [o for o in snap.overrides if principal.may_see(o.cluster)]
     # what is shown changes with the config version and with each expiry passing
@@ -75,11 +76,11 @@ def list_overrides(
 )
 def get_override(
     cluster: Scope,
-    runtime: RuntimeDep,
+    snapshot: SnapshotDep,
     principal: ViewerDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
-    found = next((o for o in runtime.snapshot.overrides if o.cluster == cluster), None)
+    found = next((o for o in snapshot.overrides if o.cluster == cluster), None)
     if found is None or not principal.may_see(cluster):
         fail(404, f"no override for {cluster!r}")
     etag = override_etag(cluster, found.revision)
@@ -96,7 +97,7 @@ def get_override(
 def put_override(
     cluster: Scope,
     spec: OverrideSpec,
-    runtime: RuntimeDep,
+    writes: OverrideWritesDep,
     principal: AdminDep,
     dry_run: DryRun = False,
     if_match: IfMatch = None,
@@ -106,9 +107,7 @@ def put_override(
         idempotency_key, "PUT override", cluster, spec.model_dump(mode="json"), if_match
     )
     return respond(
-        runtime.writes.put_override(
-            principal, cluster, spec, if_match=if_match, dry_run=dry_run, key=key
-        )
+        writes.put_override(principal, cluster, spec, if_match=if_match, dry_run=dry_run, key=key)
     )
 
 
@@ -119,7 +118,7 @@ def put_override(
 )
 def delete_override(
     cluster: Scope,
-    runtime: RuntimeDep,
+    writes: OverrideWritesDep,
     principal: AdminDep,
     dry_run: DryRun = False,
     if_match: IfMatch = None,
@@ -128,7 +127,7 @@ def delete_override(
 ) -> Response:
     key = IdempotencyKey.of(idempotency_key, "DELETE override", cluster, note, if_match)
     return respond(
-        runtime.writes.delete_override(
+        writes.delete_override(
             principal, cluster, if_match=if_match, dry_run=dry_run, note=note, key=key
         )
     )
@@ -170,7 +169,7 @@ class RolloutActionBody(BaseModel):
 def rollout_action(
     cluster: Scope,
     body: RolloutActionBody,
-    runtime: RuntimeDep,
+    writes: OverrideWritesDep,
     principal: AdminDep,
     dry_run: DryRun = False,
     if_match: IfMatch = None,
@@ -182,7 +181,7 @@ def rollout_action(
         idempotency_key, "POST rollout", cluster, body.model_dump(mode="json"), if_match
     )
     return respond(
-        runtime.writes.rollout_action(
+        writes.rollout_action(
             principal,
             cluster,
             body.action,

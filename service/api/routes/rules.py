@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 from mla_switchboard.core.schemas import NO_NUL, RulesDocument, error_responses
-from mla_switchboard.service.api.deps import AdminDep, RuntimeDep, ViewerDep
+from mla_switchboard.service.api.deps import AdminDep, RulesWritesDep, SnapshotDep, ViewerDep
 from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
 from mla_switchboard.service.state import rules_etag
@@ -22,12 +22,12 @@ router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=error_responses
     summary="The priority rules in force, with their revision",
 )
 def get_rules(
-    runtime: RuntimeDep,
+    snapshot: SnapshotDep,
     principal: ViewerDep,
     response: Response,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response | RulesDocument:
-    rules = runtime.snapshot.rules
+    rules = snapshot.rules
     etag = rules_etag(rules.revision or 0)
     if etag_matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
@@ -47,7 +47,7 @@ def get_rules(
 )
 def put_rules(
     document: RulesDocument,
-    runtime: RuntimeDep,
+    writes: RulesWritesDep,
     principal: AdminDep,
     dry_run: Annotated[bool, Query(description="answer the preview, change nothing")] = False,
     if_match: Annotated[
@@ -63,7 +63,7 @@ def put_rules(
         idempotency_key, "PUT rules", document.model_dump(mode="json"), if_match, note
     )
     return respond(
-        runtime.writes.put_rules(
+        writes.put_rules(
             principal, document, if_match=if_match, dry_run=dry_run, note=note, key=key
         )
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -20,11 +19,16 @@ from mla_switchboard.core.schemas import (
     error_responses,
 )
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.api.deps import AgentDep, RuntimeDep, check_scope, principal_from
+from mla_switchboard.service.api.deps import (
+    AgentDep,
+    ReportsDep,
+    check_scope,
+    get_decider,
+    get_refused,
+    principal_from,
+)
 from mla_switchboard.service.api.outcomes import respond
-from mla_switchboard.service.ids import new_id
-from mla_switchboard.service.runtime import Runtime
-from mla_switchboard.service.store.decisions import decision_row
+from mla_switchboard.service.deciding import Decider
 from pydantic import BaseModel, Field, StringConstraints, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
@@ -133,16 +137,15 @@ async def select(body: SelectRequest, request: Request) -> Response:
     """The route as FastAPI serves it: documented in the OpenAPI schema, and the
     reference the lean handler in front of the app (service/api/select_asgi.py) is
     tested against. Both answer through :func:`select_answer`."""
-    runtime: Runtime = request.app.state.runtime
     dry_run = dry_run_of(request.scope["query_string"])
     try:
         principal = principal_from(request, "agent")
         check_scope(principal, body.cluster)
     except HTTPException as exc:
-        runtime.refused_selects.count(body.cluster, exc)
+        (await get_refused(request)).count(body.cluster, exc)
         raise
     status, headers, content = select_answer(
-        runtime, body, request.headers.get("if-none-match"), dry_run
+        await get_decider(request), body, request.headers.get("if-none-match"), dry_run
     )
     response = Response(content, status_code=status)
     response.raw_headers = headers
@@ -173,26 +176,22 @@ _BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 
 
 def select_answer(
-    runtime: Runtime, body: SelectRequest, if_none_match: str | None, dry_run: bool = False
+    decider: Decider, body: SelectRequest, if_none_match: str | None, dry_run: bool = False
 ) -> tuple[int, Headers, bytes]:
-    """Decide for an authorised request, record the decision, count it: the status,
-    headers and body to send. A dry run decides and answers (``decision_id`` null, no
-    ``X-Decision-Id``) and records and counts nothing: a laptop trying a flag is not a
-    pod of the fleet.
+    """The status, headers and body to send for an authorised request: a dry run's
+    answer has no ``decision_id`` (null) and no ``X-Decision-Id``.
 
     Plain bytes, so that the lean handler sends them as they are and the FastAPI
     route wraps them, with the same headers in the same order."""
-    inputs = runtime.inputs
-    result = runtime.selector.select(body, inputs)
+    result, decision_id = decider.decide(body, dry_run)
     if isinstance(result, Refusal):
-        if not dry_run:
-            runtime.metrics.refusals_of(result.kind).inc()
         content = refusal_json(result)
         return 409, [(b"content-length", str(len(content)).encode()), JSON_TYPE], content
-    if dry_run:
-        if if_none_match is not None and result.etag in {
-            t.strip() for t in if_none_match.split(",")
-        }:
+    matched = if_none_match is not None and result.etag in {
+        t.strip() for t in if_none_match.split(",")
+    }
+    if decision_id is None:
+        if matched:
             return 304, [(b"etag", result.etag_header)], b""
         content = result.dry_body
         return (
@@ -201,24 +200,8 @@ def select_answer(
              JSON_TYPE],
             content,
         )  # fmt: skip
-    decision_id = new_id()
-    decision = result.decision
-    runtime.recorder.submit(
-        decision_row(
-            decision_id,
-            datetime.now(UTC),
-            body,
-            result.backend,
-            decision.source,
-            inputs.rules.revision or 0,
-            result.shape,
-            result.answer_id,
-            result.answer_json,
-        )
-    )
-    runtime.metrics.decisions.labels(result.backend, decision.source, body.cluster).inc()
     id_header = decision_id.encode()
-    if if_none_match is not None and result.etag in {t.strip() for t in if_none_match.split(",")}:
+    if matched:
         return 304, [(b"etag", result.etag_header), (b"x-decision-id", id_header)], b""
     content = result.body(id_header)
     return (
@@ -256,11 +239,11 @@ class FailureReport(BaseModel):
     responses=error_responses(401, 403, 404, 413, 503),
 )
 def report_failure(
-    decision_id: str, report: FailureReport, runtime: RuntimeDep, principal: AgentDep
+    decision_id: str, report: FailureReport, reports: ReportsDep, principal: AgentDep
 ) -> Response:
     """Evidence against the backend for pods in the same situation (under the failure
     policy), and what a rollout's failure guard counts (see service/reports.py)."""
-    return respond(runtime.reports.failure(principal, decision_id, report.backend, report.error))
+    return respond(reports.failure(principal, decision_id, report.backend, report.error))
 
 
 __all__ = ["Backend", "router"]

@@ -14,7 +14,7 @@ from mla_switchboard.core.schemas import (
     ModelInfo,
     error_responses,
 )
-from mla_switchboard.service.api.deps import RuntimeDep, ViewerDep, fail
+from mla_switchboard.service.api.deps import SelectionsDep, ViewerDep, fail
 from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel
@@ -74,15 +74,9 @@ def _item(r: DecisionRecord) -> dict[str, Any]:
     }
 
 
-# A token limited to some clusters pages through the log with the others filtered
-# out; one request reads at most this many rows, then answers what it found with the
-# cursor where it stopped (a short page, or an empty one, with a next_cursor).
-SCAN_LIMIT = 10_000
-
-
 @router.get("", response_model=SelectionPage, summary="Recorded decisions, newest first")
 def list_selections(
-    runtime: RuntimeDep,
+    selections: SelectionsDep,
     principal: ViewerDep,
     cluster: Annotated[str | None, Query(pattern=CLUSTER_PATTERN, max_length=63)] = None,
     backend: BackendName | None = None,
@@ -98,45 +92,15 @@ def list_selections(
 ) -> dict[str, Any]:
     # The cursor is the last item's decision id: every value the pattern admits is a
     # position in the time-ordered log (schemathesis: any schema-valid cursor works).
-    if cluster is not None and not principal.may_see(cluster):
-        return {"items": [], "next_cursor": None}
-    runtime.recorder.flush()
-    if cluster is not None or not principal.restricted:
-        rows = runtime.store.decisions.list_decisions(
-            cluster=cluster,
-            backend=None if backend is None else backend.value,
-            pod=pod,
-            limit=limit + 1,
-            before_id=cursor,
-        )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return {
-            "items": [_item(r) for r in rows],
-            "next_cursor": rows[-1].id if more else None,
-        }
-    found: list[DecisionRecord] = []
-    scanned, before = 0, cursor
-    while len(found) < limit and scanned < SCAN_LIMIT:
-        batch = runtime.store.decisions.list_decisions(
-            cluster=None,
-            backend=None if backend is None else backend.value,
-            pod=pod,
-            limit=1000,
-            before_id=before,
-        )
-        if not batch:
-            return {"items": [_item(r) for r in found], "next_cursor": None}
-        for r in batch:
-            scanned += 1
-            before = r.id
-            if principal.may_see(r.cluster):
-                found.append(r)
-                if len(found) == limit:
-                    break
-        if len(batch) < 1000 and len(found) < limit:
-            return {"items": [_item(r) for r in found], "next_cursor": None}
-    return {"items": [_item(r) for r in found], "next_cursor": before}
+    rows, next_cursor = selections.page(
+        principal,
+        cluster=cluster,
+        backend=None if backend is None else backend.value,
+        pod=pod,
+        limit=limit,
+        before=cursor,
+    )
+    return {"items": [_item(r) for r in rows], "next_cursor": next_cursor}
 
 
 @router.get(
@@ -146,7 +110,7 @@ def list_selections(
     summary="Pods per cluster and backend, counting each pod's latest decision",
 )
 async def summary(
-    runtime: RuntimeDep,
+    selections: SelectionsDep,
     principal: ViewerDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -157,11 +121,9 @@ async def summary(
     service/rollouts.py). A token limited to some clusters sees those clusters only.
     Computed from the fleet's counts by group, kept until something it depends on
     changes; the ETag says so (a matching If-None-Match gets 304)."""
-    scope = principal.clusters if principal.restricted else None
-    answer = runtime.reads.kept_summary(scope)  # a polling dashboard: no worker thread
+    answer = selections.kept_summary(principal)  # a polling dashboard: no worker thread
     if answer is None:
-        visible = principal.may_see if principal.restricted else None
-        answer = await run_in_threadpool(runtime.reads.summary, scope, visible)
+        answer = await run_in_threadpool(selections.summary, principal)
     if etag_matches(if_none_match, answer.etag):
         return Response(status_code=304, headers={"ETag": answer.etag})
     return Response(answer.content, media_type="application/json", headers={"ETag": answer.etag})
@@ -173,14 +135,16 @@ async def summary(
     responses=error_responses(404),
     summary="One decision in full",
 )
-def get_selection(decision_id: str, runtime: RuntimeDep, principal: ViewerDep) -> dict[str, Any]:
-    runtime.recorder.flush()
-    record = runtime.store.decisions.get_decision(decision_id)
-    if record is None or not principal.may_see(record.cluster):
+def get_selection(
+    decision_id: str, selections: SelectionsDep, principal: ViewerDep
+) -> dict[str, Any]:
+    found = selections.decision(principal, decision_id)
+    if found is None:
         fail(404, f"no decision {decision_id!r}")
+    record, failures = found
     return {
         **_item(record),
         "request": record.request,
         "answer": record.answer,
-        "failures": runtime.store.measurements.failures_for(decision_id),
+        "failures": failures,
     }

@@ -1,0 +1,64 @@
+"""``/v1/select``'s work once the caller is authorised: decide from the inputs in
+force, hand the decision to the writer, count it. Both the FastAPI route and the lean
+ASGI handler in front of it (``service/api/select_asgi.py``) call it and only format
+its result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from mla_switchboard.core.evaluator import DecisionInputs, Refusal
+from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.service.ids import new_id
+from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.selector import Rendered, Selector
+from mla_switchboard.service.store.decisions import decision_row
+from mla_switchboard.service.store.recorder import DecisionRecorder
+
+
+class Decider:
+    def __init__(
+        self,
+        selector: Selector,
+        inputs: Callable[[], DecisionInputs],
+        recorder: DecisionRecorder,
+        metrics: Metrics,
+    ) -> None:
+        """``inputs``: the decision inputs in force."""
+        self._selector = selector
+        self._inputs = inputs
+        self._recorder = recorder
+        self._metrics = metrics
+
+    def decide(
+        self, body: SelectRequest, dry_run: bool = False
+    ) -> tuple[Rendered | Refusal, str | None]:
+        """The decision (or refusal) and the id it is recorded under. A dry run decides
+        and records and counts nothing (id None): a laptop trying a flag is not a pod
+        of the fleet."""
+        inputs = self._inputs()
+        result = self._selector.select(body, inputs)
+        if isinstance(result, Refusal):
+            if not dry_run:
+                self._metrics.refusals_of(result.kind).inc()
+            return result, None
+        if dry_run:
+            return result, None
+        decision_id = new_id()
+        decision = result.decision
+        self._recorder.submit(
+            decision_row(
+                decision_id,
+                datetime.now(UTC),
+                body,
+                result.backend,
+                decision.source,
+                inputs.rules.revision or 0,
+                result.shape,
+                result.answer_id,
+                result.answer_json,
+            )
+        )
+        self._metrics.decisions.labels(result.backend, decision.source, body.cluster).inc()
+        return result, decision_id

@@ -1,0 +1,100 @@
+"""The decision log as a caller's token may read it, newest first, and one decision
+in full; this replica's own decisions are written first (the caller sees the one it
+was just given)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.fleet.reads import Answer, FleetReads
+from mla_switchboard.service.state import DecisionRecord
+from mla_switchboard.service.store.decisions import DecisionStore
+from mla_switchboard.service.store.measurements import MeasurementStore
+from mla_switchboard.service.store.recorder import DecisionRecorder
+
+SCAN_LIMIT = 10_000
+"""A token limited to some clusters pages through the log with the others filtered
+out; one request reads at most this many rows, then answers what it found with the
+cursor where it stopped (a short page, or an empty one, with a next_cursor)."""
+
+SCAN_BATCH = 1000
+
+
+class SelectionReads:
+    def __init__(
+        self,
+        recorder: DecisionRecorder,
+        decisions: DecisionStore,
+        measurements: MeasurementStore,
+        fleet_reads: FleetReads,
+    ) -> None:
+        self._recorder = recorder
+        self._decisions = decisions
+        self._measurements = measurements
+        self._fleet_reads = fleet_reads
+
+    def page(
+        self,
+        principal: Principal,
+        *,
+        cluster: str | None,
+        backend: str | None,
+        pod: str | None,
+        limit: int,
+        before: str | None,
+    ) -> tuple[list[DecisionRecord], str | None]:
+        """Decisions older than ``before`` (a decision id), newest first, and the
+        cursor of the next page (None: the last)."""
+        if cluster is not None and not principal.may_see(cluster):
+            return [], None
+        self._recorder.flush()
+        if cluster is not None or not principal.restricted:
+            rows = self._decisions.list_decisions(
+                cluster=cluster, backend=backend, pod=pod, limit=limit + 1, before_id=before
+            )
+            more = len(rows) > limit
+            rows = rows[:limit]
+            return rows, rows[-1].id if more else None
+        found: list[DecisionRecord] = []
+        scanned = 0
+        while len(found) < limit and scanned < SCAN_LIMIT:
+            batch = self._decisions.list_decisions(
+                cluster=None, backend=backend, pod=pod, limit=SCAN_BATCH, before_id=before
+            )
+            if not batch:
+                return found, None
+            for r in batch:
+                scanned += 1
+                before = r.id
+                if principal.may_see(r.cluster):
+                    found.append(r)
+                    if len(found) == limit:
+                        break
+            if len(batch) < SCAN_BATCH and len(found) < limit:
+                return found, None
+        return found, before
+
+    def decision(
+        self, principal: Principal, decision_id: str
+    ) -> tuple[DecisionRecord, list[dict[str, Any]]] | None:
+        """One decision and the failures reported of it; None when the caller may not
+        see it (or there is none)."""
+        self._recorder.flush()
+        record = self._decisions.get_decision(decision_id)
+        if record is None or not principal.may_see(record.cluster):
+            return None
+        return record, self._measurements.failures_for(decision_id)
+
+    def kept_summary(self, principal: Principal) -> Answer | None:
+        """The fleet summary for this caller when it is kept and current (no I/O)."""
+        return self._fleet_reads.kept_summary(_scope(principal))
+
+    def summary(self, principal: Principal) -> Answer:
+        """The fleet summary for this caller (see ``FleetReads.summary``)."""
+        visible = principal.may_see if principal.restricted else None
+        return self._fleet_reads.summary(_scope(principal), visible)
+
+
+def _scope(principal: Principal) -> tuple[str, ...] | None:
+    return principal.clusters if principal.restricted else None
