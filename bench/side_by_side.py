@@ -39,8 +39,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 TIMING_TESTS = {
-    "slow_body": "tests/security/test_connection_limits.py::test_slow_body_clients_do_not_starve_selects",
-    "kill9_outage": "tests/reliability/test_outage.py::test_kill9_during_an_outage_loses_only_the_last_100ms",
+    "slow_body": (
+        "tests/security/test_connection_limits.py::test_slow_body_clients_do_not_starve_selects"
+    ),
+    "kill9_outage": (
+        "tests/reliability/test_outage.py::test_kill9_during_an_outage_loses_only_the_last_100ms"
+    ),
     "kill9_freeze": (
         "tests/reliability/test_outage.py::"
         "test_kill9_while_the_database_hangs_loses_only_the_last_200ms"
@@ -95,8 +99,18 @@ def timing_test(tree: Path, test_id: str) -> dict[str, Any]:
     the figures it prints (the kill -9 tests print what was lost)."""
     start = time.monotonic()
     proc = subprocess.run(
-        [python_of(tree), "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q"]
-        + ["-s", test_id],
+        [
+            python_of(tree),
+            "-m",
+            "pytest",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-s",
+            test_id,
+        ],
         cwd=tree,
         capture_output=True,
         text=True,
