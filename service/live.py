@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.state import ConfigSnapshot
-from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.config import ConfigStore
 
 log = logging.getLogger("switchboard.live")
 
@@ -27,13 +27,13 @@ log = logging.getLogger("switchboard.live")
 class LiveConfig:
     def __init__(
         self,
-        store: Store,
+        config: ConfigStore,
         metrics: Metrics,
         poll_s: float,
         on_versions: Callable[[Mapping[str, int]], None] = lambda _versions: None,
         on_snapshot: Callable[[ConfigSnapshot], None] = lambda _snap: None,
     ) -> None:
-        self._store = store
+        self._config = config
         self._on_snapshot = on_snapshot
         self._on_versions = on_versions  # the evidence's versions ride on the same read
         self._metrics = metrics
@@ -54,7 +54,7 @@ class LiveConfig:
     def reload(self) -> ConfigSnapshot:
         """Load the snapshot now (after our own writes, and at start)."""
         with self._lock:
-            snap = self._store.config.load_config()
+            snap = self._config.load_config()
             self.checked_at = time.monotonic()
             if self.snapshot is None or snap.version >= self.snapshot.version:
                 self.snapshot = snap
@@ -75,7 +75,7 @@ class LiveConfig:
     def _poll(self) -> None:
         while not self._stop.wait(self._poll_s):
             try:
-                versions = self._store.config.versions()
+                versions = self._config.versions()
                 version = versions.get("config_version", 0)
                 if self.snapshot is None or version != self.snapshot.version:
                     self.reload()

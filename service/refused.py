@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import OTHER_CLUSTERS, Metrics
 from mla_switchboard.service.periodic import Periodic
-from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.refusals import RefusalStore
 from starlette.exceptions import HTTPException
 
 log = logging.getLogger("switchboard.refused")
@@ -56,7 +56,7 @@ def reason_of(exc: HTTPException) -> str:
 class RefusedSelects:
     def __init__(
         self,
-        store: Store,
+        refusals: RefusalStore,
         metrics: Metrics,
         max_clusters: int,
         known: Callable[[], Collection[str]] = frozenset,
@@ -64,7 +64,7 @@ class RefusedSelects:
     ) -> None:
         """``known``: the cluster names the service knows now (may read the store: it
         is called from the background thread only); ``clock``: the hour budgets' time."""
-        self._store = store
+        self._refusals = refusals
         self._metrics = metrics
         self._max_clusters = max_clusters
         self._unknown_names = min(max_clusters, UNKNOWN_NAMES_PER_HOUR)
@@ -131,7 +131,7 @@ class RefusedSelects:
             pending, self._pending = self._pending, Counter()
         if pending:
             try:
-                self._store.refusals.add_refusals(pending, datetime.now(UTC))
+                self._refusals.add_refusals(pending, datetime.now(UTC))
             except Exception:
                 with self._lock:
                     self._pending.update(pending)
@@ -141,7 +141,7 @@ class RefusedSelects:
 
     def recent(self, since: datetime) -> list[tuple[str, str, int, datetime]]:
         self.flush()
-        return self._store.refusals.refusals_since(since)
+        return self._refusals.refusals_since(since)
 
     def stop(self) -> None:
         self._thread.stop()

@@ -63,8 +63,8 @@ class Runtime:
         # the decision writer's own pool and shorter waits (a hung database holds it alone)
         self.writer_engine = make_writer_engine(settings.database_url, self.engine)
         self.store = Store(self.engine, decision_writer=self.writer_engine)
-        self.fleet = Fleet(self.store)
-        self.pod_expiry = PodExpiry(self.store, timedelta(days=settings.pod_ttl_days))
+        self.fleet = Fleet(self.store.decisions)
+        self.pod_expiry = PodExpiry(self.store.decisions, timedelta(days=settings.pod_ttl_days))
         self._unwatch_gc: Callable[[], None] | None = None
         self._build_inputs(settings)
         self.recorder = DecisionRecorder(
@@ -100,17 +100,21 @@ class Runtime:
         self.publisher = InputsPublisher(self.trusted)
         self.known_clusters = KnownClusters(self.publisher.current, self.fleet)
         self.refused_selects = RefusedSelects(
-            self.store, self.metrics, settings.metrics_max_clusters, known=self.known_clusters
+            self.store.refusals,
+            self.metrics,
+            settings.metrics_max_clusters,
+            known=self.known_clusters,
         )
         self.evidence_sync = EvidenceSync(
-            self.store,
+            self.store.config,
+            self.store.measurements,
             self.trusted,
             max_age=timedelta(days=settings.measured_max_age_days),
             poll_s=settings.config_poll_s,
             on_change=self.publisher.evidence_changed,
         )
         self.live = LiveConfig(
-            self.store,
+            self.store.config,
             self.metrics,
             settings.config_poll_s,
             # other replicas' decisions (fleet_version) and evidence (evidence_version)

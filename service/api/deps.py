@@ -4,13 +4,12 @@ route names the one service it calls and never reaches through the runtime."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any, NoReturn
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, NoReturn, TypeVar
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from mla_switchboard.service.auth import Principal, Role, authenticate
-from mla_switchboard.service.deciding import Decider
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.reads.audit import AuditReads
@@ -30,83 +29,41 @@ from mla_switchboard.service.writes.tokens import TokenWrites
 bearer = HTTPBearer(auto_error=False, description="sb_<id>_<secret> token, or the bootstrap token")
 
 
-# async: a sync dependency would cost a thread-pool hop on every request
+T = TypeVar("T")
 
 
 def _runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-async def get_snapshot(request: Request) -> ConfigSnapshot:
-    """The configuration in force (rules, overrides, tokens)."""
-    return _runtime(request).live.current()
+def _service(pick: Callable[[Runtime], T]) -> Callable[[Request], Coroutine[Any, Any, T]]:
+    """A dependency answering the part of the app's runtime ``pick`` names. Async: a
+    sync dependency would cost a thread-pool hop on every request."""
+
+    async def dependency(request: Request) -> T:
+        return pick(_runtime(request))
+
+    return dependency
 
 
-async def get_decider(request: Request) -> Decider:
-    return _runtime(request).decider
-
-
-async def get_pods(request: Request) -> PodReads:
-    return _runtime(request).pods
-
-
-async def get_selections(request: Request) -> SelectionReads:
-    return _runtime(request).selections
-
-
-async def get_fleet_reads(request: Request) -> FleetReads:
-    return _runtime(request).reads
-
-
-async def get_previews(request: Request) -> Previews:
-    return _runtime(request).previews
-
-
-async def get_audit(request: Request) -> AuditReads:
-    return _runtime(request).audit
-
-
-async def get_health(request: Request) -> Health:
-    return _runtime(request).health
-
-
-async def get_refused(request: Request) -> RefusedSelects:
-    return _runtime(request).refused_selects
-
-
-async def get_reports(request: Request) -> Reports:
-    return _runtime(request).reports
-
-
-async def get_override_writes(request: Request) -> OverrideWrites:
-    return _runtime(request).override_writes
-
-
-async def get_rules_writes(request: Request) -> RulesWrites:
-    return _runtime(request).rules_writes
-
-
-async def get_token_writes(request: Request) -> TokenWrites:
-    return _runtime(request).token_writes
-
-
-async def get_evidence_writes(request: Request) -> EvidenceWrites:
-    return _runtime(request).evidence_writes
-
+get_snapshot = _service(lambda r: r.live.current())
+"""The configuration in force (rules, overrides, tokens)."""
+get_decider = _service(lambda r: r.decider)
+get_refused = _service(lambda r: r.refused_selects)
 
 SnapshotDep = Annotated[ConfigSnapshot, Depends(get_snapshot)]
-PodsDep = Annotated[PodReads, Depends(get_pods)]
-SelectionsDep = Annotated[SelectionReads, Depends(get_selections)]
-FleetReadsDep = Annotated[FleetReads, Depends(get_fleet_reads)]
-PreviewsDep = Annotated[Previews, Depends(get_previews)]
-AuditDep = Annotated[AuditReads, Depends(get_audit)]
-HealthDep = Annotated[Health, Depends(get_health)]
+PodsDep = Annotated[PodReads, Depends(_service(lambda r: r.pods))]
+SelectionsDep = Annotated[SelectionReads, Depends(_service(lambda r: r.selections))]
+FleetReadsDep = Annotated[FleetReads, Depends(_service(lambda r: r.reads))]
+PreviewsDep = Annotated[Previews, Depends(_service(lambda r: r.previews))]
+AuditDep = Annotated[AuditReads, Depends(_service(lambda r: r.audit))]
+HealthDep = Annotated[Health, Depends(_service(lambda r: r.health))]
 RefusedDep = Annotated[RefusedSelects, Depends(get_refused)]
-ReportsDep = Annotated[Reports, Depends(get_reports)]
-OverrideWritesDep = Annotated[OverrideWrites, Depends(get_override_writes)]
-RulesWritesDep = Annotated[RulesWrites, Depends(get_rules_writes)]
-TokenWritesDep = Annotated[TokenWrites, Depends(get_token_writes)]
-EvidenceWritesDep = Annotated[EvidenceWrites, Depends(get_evidence_writes)]
+ReportsDep = Annotated[Reports, Depends(_service(lambda r: r.reports))]
+OverrideWritesDep = Annotated[OverrideWrites, Depends(_service(lambda r: r.override_writes))]
+RulesWritesDep = Annotated[RulesWrites, Depends(_service(lambda r: r.rules_writes))]
+TokenWritesDep = Annotated[TokenWrites, Depends(_service(lambda r: r.token_writes))]
+EvidenceWritesDep = Annotated[EvidenceWrites, Depends(_service(lambda r: r.evidence_writes))]
 
 
 def fail(status: int, message: str, **extra: Any) -> NoReturn:

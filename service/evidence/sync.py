@@ -36,8 +36,8 @@ from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.evidence.trust import Indexes, TrustedEvidence
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
-from mla_switchboard.service.store import Store
-from mla_switchboard.service.store.measurements import EvidenceRows
+from mla_switchboard.service.store.config import ConfigStore
+from mla_switchboard.service.store.measurements import EvidenceRows, MeasurementStore
 
 log = logging.getLogger("switchboard.evidence")
 
@@ -96,7 +96,8 @@ class EvidenceSync:
 
     def __init__(
         self,
-        store: Store,
+        config: ConfigStore,
+        measurements: MeasurementStore,
         trusted: TrustedEvidence,
         *,
         max_age: timedelta,
@@ -104,7 +105,8 @@ class EvidenceSync:
         on_change: Callable[[], None],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._store = store
+        self._config = config
+        self._measurement_store = measurements
         self._trusted = trusted
         self._max_age = max_age
         self._poll_s = poll_s
@@ -134,7 +136,7 @@ class EvidenceSync:
 
     def start(self) -> None:
         """The first full load, in the caller's thread, then the background thread."""
-        self.notify(self._store.config.versions())
+        self.notify(self._config.versions())
         self.full_reload()
         self._thread = threading.Thread(target=self._loop, name="evidence-sync", daemon=True)
         self._thread.start()
@@ -236,8 +238,8 @@ class EvidenceSync:
         (its commit came after the read's snapshot): it is kept, unless the read has it
         already, so "this replica at once" holds and nothing counts twice."""
         with self._sync_lock:
-            versions = self._store.config.versions()
-            clears = self._store.measurements.last_clear_id()  # what the rows read below reflect
+            versions = self._config.versions()
+            clears = self._measurement_store.last_clear_id()  # what the rows read below reflect
             with self._apply_lock:
                 self._pending = []
             try:
@@ -246,7 +248,7 @@ class EvidenceSync:
                 read_keys: dict[str, datetime | None] = {}
                 cursors = []
                 for failures in (False, True):
-                    start = self._store.measurements.first_id(failures, since) - 1
+                    start = self._measurement_store.first_id(failures, since) - 1
                     cursor = RowCursor(start)
                     seen = self._read_pages(
                         failures, since, start, lambda page: _add_in_steps(fresh, page), read_keys
@@ -269,7 +271,7 @@ class EvidenceSync:
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
         with self._sync_lock:
-            versions = self._store.config.versions()
+            versions = self._config.versions()
             since = self._clock() - self._max_age
             read: list[Observation] = []
             for failures, cursor in ((False, self._measurements), (True, self._failures)):
@@ -301,9 +303,9 @@ class EvidenceSync:
         sync lock)."""
         cursor = self._clears
         now = time.monotonic()
-        read = self._store.measurements.clear_rows(after=cursor.after)
+        read = self._measurement_store.clear_rows(after=cursor.after)
         if cursor.gaps:
-            read += self._store.measurements.clear_rows(ids=sorted(cursor.gaps))
+            read += self._measurement_store.clear_rows(ids=sorted(cursor.gaps))
         changed = False
         for clear in read:
             backend = _backend(clear.backend)
@@ -326,9 +328,9 @@ class EvidenceSync:
 
     def _read(self, failures: bool) -> Callable[..., EvidenceRows]:
         return (
-            self._store.measurements.failure_rows
+            self._measurement_store.failure_rows
             if failures
-            else self._store.measurements.measurement_rows
+            else self._measurement_store.measurement_rows
         )
 
     def _read_pages(

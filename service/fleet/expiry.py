@@ -13,7 +13,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.service.periodic import Periodic
-from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.decisions import DecisionStore
 
 log = logging.getLogger("switchboard.fleet")
 
@@ -21,8 +21,10 @@ SWEEP_EVERY_S = 300.0
 
 
 class PodExpiry:
-    def __init__(self, store: Store, ttl: timedelta, every_s: float = SWEEP_EVERY_S) -> None:
-        self._store = store
+    def __init__(
+        self, decisions: DecisionStore, ttl: timedelta, every_s: float = SWEEP_EVERY_S
+    ) -> None:
+        self._decisions = decisions
         self._ttl = ttl
         self._thread = Periodic("pod-expiry", every_s, self.sweep, log)
 
@@ -37,7 +39,7 @@ class PodExpiry:
         cutoff = (now or datetime.now(UTC)) - self._ttl
         total = 0
         while not self._thread.stopping.is_set():
-            n = self._store.decisions.expire_pods(cutoff)
+            n = self._decisions.expire_pods(cutoff)
             total += n
             if n < 5000:
                 break

@@ -26,8 +26,7 @@ from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bu
 from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
 from mla_switchboard.service.priority import let_the_loop_in
 from mla_switchboard.service.state import PodState
-from mla_switchboard.service.store import Store
-from mla_switchboard.service.store.decisions import FleetGroup
+from mla_switchboard.service.store.decisions import DecisionStore, FleetGroup
 
 T = TypeVar("T")
 
@@ -235,8 +234,8 @@ class Fleet:
     changed, and a read of O(groups) rows when something did (shapes are read once
     each: they never change); another replica's decisions show within the poll."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, decisions: DecisionStore) -> None:
+        self._decisions = decisions
         self._lock = threading.Lock()
         self._snapshot: FleetSnapshot | None = None
         self._seen = 0  # the newest fleet_version the poller reported
@@ -251,7 +250,7 @@ class Fleet:
 
     @property
     def latest(self) -> int:
-        return max(self._seen, self._store.decisions.fleet_version_written)
+        return max(self._seen, self._decisions.fleet_version_written)
 
     def kept(self) -> FleetSnapshot | None:
         """The snapshot, when it is the latest known (no I/O: for the event loop)."""
@@ -263,8 +262,8 @@ class Fleet:
             snap = self.kept()
             if snap is not None:
                 return snap
-            version, rows = self._store.decisions.fleet_groups()
-            shapes = self._store.decisions.shapes({r.shape_id for r in rows})
+            version, rows = self._decisions.fleet_groups()
+            shapes = self._decisions.shapes({r.shape_id for r in rows})
             self.saw(version)
             self._snapshot = FleetSnapshot.build(version, rows, shapes)
             return self._snapshot

@@ -113,7 +113,7 @@ def test_the_name_budgets_start_again_each_hour(sqlite_url: str) -> None:
     migrate(engine)
     now = [datetime(2026, 12, 1, 9, 59, tzinfo=UTC)]
     counter = RefusedSelects(
-        Store(engine), Metrics(), max_clusters=2, known=lambda: {"east", "west", "north"},
+        Store(engine).refusals, Metrics(), max_clusters=2, known=lambda: {"east", "west", "north"},
         clock=lambda: now[0],
     )  # fmt: skip
     counter.refresh_known()
