@@ -365,7 +365,7 @@ def test_postgres_refusing_a_row_is_a_refusal_not_an_outage(
     store = Store(engine)
     store.config.ensure_seeded()
     metrics = Metrics()
-    rec = recorder(store, tmp_path / "spill.jsonl", metrics)  # type: ignore[arg-type]
+    rec = recorder(store.decisions, tmp_path / "spill.jsonl", metrics)  # type: ignore[arg-type]
     rec.start()
     try:
         for i in range(10):
