@@ -28,12 +28,17 @@ here (multiply by ln 2, transpose).
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any
 
 import torch
 from mla_switchboard.core.specs import FLASHINFER_FA3_HEAD_DIMS, Backend, Capability, MLADims
-from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
+from mla_switchboard.kernels.base import (
+    BackendUnavailable,
+    MLAPrefillKernel,
+    RaggedBatch,
+    lse_base2_to_contract,
+)
+from torch import Tensor
 
 __all__ = ["FlashInferPrefill", "default_path"]
 
@@ -131,15 +136,8 @@ class FlashInferPrefill(MLAPrefillKernel):
         self.plans += 1
 
     def _forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: RaggedBatch,
-        *,
-        causal: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
         if batch is not self._planned_batch or causal is not self._planned_causal:
             self._plan(batch, causal)
         if q.stride(-1) != 1:
@@ -155,7 +153,7 @@ class FlashInferPrefill(MLAPrefillKernel):
             return out, lse
         out, lse = self._run(q, k, v, return_lse=True)
         # [T, H] base 2 -> [H, T] natural log
-        return out, (lse.float() * math.log(2.0)).t().contiguous()
+        return out, lse_base2_to_contract(lse)
 
     def direct_calls(
         self, inputs: dict[str, Any], *, causal: bool, return_lse: bool
