@@ -20,11 +20,11 @@ FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 from mla_switchboard.core.engines import OWN_ENGINE, EngineProfile, resolve
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
@@ -530,30 +530,44 @@ class _Deciding:
             rule = f"{a.profile.label(a.engine.version)}'s own default order"
         else:
             listed, rule = priority_list(self.inputs.rules, self.request.cluster, cap)
-        for backend in listed:
-            trace.consider(backend, "priority")
-        for backend in listed:
-            if not self.reasons[backend]:
-                why = trace.say(
-                    f"Using {backend}: first valid backend in the priority list ({rule}: "
-                    f"{', '.join(b.value for b in listed)})."
-                )
-                return self.finish(backend, "priority", why)
+        chosen = self.first_valid(
+            listed,
+            "priority",
+            lambda backend: (
+                f"Using {backend}: first valid backend in the priority list "
+                f"({rule}: {', '.join(b.value for b in listed)})."
+            ),
+        )
+        if chosen is not None:
+            return chosen
         trace.messages.append(
             f"No backend in the priority list ({rule}: "
             f"{', '.join(b.value for b in listed) or 'empty'}) is valid."
         )
         return None
 
+    def first_valid(
+        self,
+        backends: Sequence[Backend],
+        source: Literal["priority", "fallback"],
+        why: Callable[[Backend], str],
+    ) -> Decision | None:
+        """The first valid one of ``backends``, all of them listed as considered first."""
+        for backend in backends:
+            self.trace.consider(backend, source)
+        for backend in backends:
+            if not self.reasons[backend]:
+                return self.finish(backend, source, self.trace.say(why(backend)))
+        return None
+
     def fallback(self) -> Decision | Refusal:
         """The fallback chain, then any valid backend at all, else a refusal naming why."""
         trace, reasons = self.trace, self.reasons
-        for backend in FALLBACK_CHAIN:
-            trace.consider(backend, "fallback")
-        for backend in FALLBACK_CHAIN:
-            if not reasons[backend]:
-                why = trace.say(f"Using fallback {backend}.")
-                return self.finish(backend, "fallback", why)
+        chosen = self.first_valid(
+            FALLBACK_CHAIN, "fallback", lambda backend: f"Using fallback {backend}."
+        )
+        if chosen is not None:
+            return chosen
         # Last resort: a valid backend outside every list beats refusing the pod, and a
         # refusal must never leave a valid candidate unexplained.
         for backend in Backend:

@@ -78,6 +78,10 @@ def bucket(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
+_GraphKey = tuple[int, int, int, bool, bool, bool, bool]
+"""What a graph is built for: (b, s_q, s_kv, causal, bottom_right, stats, dense)."""
+
+
 def _offsets_tensor(cudnn: Any, g: Any, name: str, uid: _Uid, b: int) -> Any:
     """A graph input of ``b + 1`` int64 element offsets (ragged tensors)."""
     t = g.tensor(
@@ -181,7 +185,7 @@ class CudnnPrefill(MLAPrefillKernel):
         if hit is not None:
             return hit
         try:
-            built = self._build_graph(b, s_q, s_kv, causal, bottom_right, stats, dense)
+            built = self._build_graph(key)
         except Exception as exc:
             raise RuntimeError(
                 f"cuDNN could not build an SDPA graph for B={b}, S_q={s_q}, S_kv={s_kv}, "
@@ -194,17 +198,9 @@ class CudnnPrefill(MLAPrefillKernel):
         self.graph_builds += 1
         return built
 
-    def _build_graph(
-        self,
-        b: int,
-        s_q: int,
-        s_kv: int,
-        causal: bool,
-        bottom_right: bool,
-        stats: bool,
-        dense: bool = False,
-    ) -> tuple[Any, int]:
+    def _build_graph(self, key: _GraphKey) -> tuple[Any, int]:
         """One cuDNN SDPA graph, validated and with its plans built; and its workspace size."""
+        b, s_q, s_kv, causal, bottom_right, stats, dense = key
         cudnn = self._cudnn
         dqk, dv = self.dims.qk_head_dim, self.dims.v_head_dim
         g = cudnn.pygraph(
@@ -432,7 +428,7 @@ class CudnnPrefill(MLAPrefillKernel):
         calls: dict[str, Any] = {}
         forms = [False, True] if batch.equal_lengths else [False]
         for dense in forms:
-            graph, ws = self._build_graph(b, s_q, s_kv, causal, bottom_right, return_lse, dense)
+            graph, ws = self._build_graph((b, s_q, s_kv, causal, bottom_right, return_lse, dense))
             pack: dict[int, Any] = dict(base)
             stats_shape: tuple[int, ...] | None = None
             if not dense:

@@ -49,13 +49,18 @@ class ChangeReason(BaseModel):
     )
 
 
-class Change(BaseModel):
-    """Pods of one cluster that would go from one backend to another."""
+class _FromBackend(BaseModel):
+    """Pods of one cluster that run a backend now (``from`` in JSON: a Python keyword)."""
 
     model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
 
     cluster: str
     from_: str = Field(alias="from")
+
+
+class Change(_FromBackend):
+    """Pods of one cluster that would go from one backend to another."""
+
     to: str
     pods: int
     reasons: list[ChangeReason] = Field(
@@ -63,13 +68,9 @@ class Change(BaseModel):
     )
 
 
-class InvalidChange(BaseModel):
+class InvalidChange(_FromBackend):
     """Pods the change would refuse a backend (a strict request, or nothing valid)."""
 
-    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
-
-    cluster: str
-    from_: str = Field(alias="from")
     reason: str
     pods: int
 
