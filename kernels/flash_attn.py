@@ -157,19 +157,13 @@ class FlashAttnPrefill(MLAPrefillKernel):
         if path == "flash-attn3":
             if cap is None or cap.major != 9:
                 return f"FA3 needs compute capability 9.x, got {cap}"
-            try:
-                mod = importlib.import_module("flash_attn_interface")
-            except ImportError as exc:
-                return f"flash_attn_interface not importable ({exc})"
-            self._fn = mod.flash_attn_varlen_func
-            self._pad_plan(native=True)
+            problem = self._use_package("flash_attn_interface", native=True)
+            if problem is not None:
+                return problem
         elif path == "flash-attn2":
-            try:
-                mod = importlib.import_module("flash_attn")
-            except ImportError as exc:
-                return f"flash_attn not importable ({exc})"
-            self._fn = mod.flash_attn_varlen_func
-            self._pad_plan(native=False)
+            problem = self._use_package("flash_attn", native=False)
+            if problem is not None:
+                return problem
         else:
             op = getattr(torch.ops.aten, "_flash_attention_forward", None)
             if op is None:
@@ -183,6 +177,16 @@ class FlashAttnPrefill(MLAPrefillKernel):
         self._has_return_attn_probs = "return_attn_probs" in params
         self._kind = path
         self.impl = path
+        return None
+
+    def _use_package(self, module: str, *, native: bool) -> str | None:
+        """Call ``module``'s ``flash_attn_varlen_func``; None, or why it cannot be used."""
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            return f"{module} not importable ({exc})"
+        self._fn = mod.flash_attn_varlen_func
+        self._pad_plan(native=native)
         return None
 
     def _forward(
