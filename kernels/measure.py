@@ -100,13 +100,22 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
-class BenchResult:
-    """Timing of one (instance, shape): median and min over ``iters`` calls."""
+class _Timing:
+    """What every timing row starts with: which code ran, on what, and its median."""
 
     backend: str
     impl: str
     shape: dict[str, Any]
     median_ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchResult(_Timing):
+    """Timing of one (instance, shape): median and min over ``iters`` calls."""
+
     min_ms: float
     tflops: float
     iters: int
@@ -565,13 +574,9 @@ def host_us_interleaved(
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(_Timing):
     """One shape: the wrapper against its library's own direct call(s), same run."""
 
-    backend: str
-    impl: str
-    shape: dict[str, Any]
-    median_ms: float
     tflops: float
     host_us: float
     direct: dict[str, dict[str, float]]  # name -> {median_ms, tflops, host_us}
@@ -582,9 +587,6 @@ class Comparison:
     ratio: float | None  # median_ms / direct_ms
     host_overhead_us: float | None  # host_us - direct_host_us
     iters: int
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def compare_direct(
