@@ -63,7 +63,7 @@ class Runtime:
         # the decision writer's own pool and shorter waits (a hung database holds it alone)
         self.writer_engine = make_writer_engine(settings.database_url, self.engine)
         self.store = Store(self.engine, decision_writer=self.writer_engine)
-        self.fleet = Fleet(self.store.decisions)
+        self.fleet = Fleet(self.store.decisions, self.store.fleet)
         self.pod_expiry = PodExpiry(self.store.decisions, timedelta(days=settings.pod_ttl_days))
         self._unwatch_gc: Callable[[], None] | None = None
         self._build_inputs(settings)
@@ -147,7 +147,7 @@ class Runtime:
         )
         self.previews = Previews(self.reads)
         self.audit = AuditReads(store.audit)
-        self.pods = PodReads(self.fleet, self.recorder, store.decisions, self.live, current)
+        self.pods = PodReads(self.fleet, self.recorder, store.fleet, self.live, current)
         self.selections = SelectionReads(
             self.recorder, store.decisions, store.measurements, self.reads
         )

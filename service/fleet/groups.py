@@ -26,7 +26,9 @@ from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bu
 from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
 from mla_switchboard.service.priority import let_the_loop_in
 from mla_switchboard.service.state import PodState
-from mla_switchboard.service.store.decisions import DecisionStore, FleetGroup
+from mla_switchboard.service.store.decisions import DecisionStore
+from mla_switchboard.service.store.fleet import FleetStore
+from mla_switchboard.service.store.rows import FleetGroup
 
 T = TypeVar("T")
 
@@ -234,8 +236,11 @@ class Fleet:
     changed, and a read of O(groups) rows when something did (shapes are read once
     each: they never change); another replica's decisions show within the poll."""
 
-    def __init__(self, decisions: DecisionStore) -> None:
+    def __init__(self, decisions: DecisionStore, counts: FleetStore) -> None:
+        """``decisions``: what this replica's writer moved the fleet's version to;
+        ``counts``: the fleet's counts by group, and the shapes they name."""
         self._decisions = decisions
+        self._counts = counts
         self._lock = threading.Lock()
         self._snapshot: FleetSnapshot | None = None
         self._seen = 0  # the newest fleet_version the poller reported
@@ -262,8 +267,8 @@ class Fleet:
             snap = self.kept()
             if snap is not None:
                 return snap
-            version, rows = self._decisions.fleet_groups()
-            shapes = self._decisions.shapes({r.shape_id for r in rows})
+            version, rows = self._counts.fleet_groups()
+            shapes = self._counts.shapes({r.shape_id for r in rows})
             self.saw(version)
             self._snapshot = FleetSnapshot.build(version, rows, shapes)
             return self._snapshot

@@ -25,8 +25,9 @@ from mla_switchboard.core.stages import bucket_in_stage, stage_buckets
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.groups import Fleet, FleetSnapshot
 from mla_switchboard.service.live import LiveConfig
-from mla_switchboard.service.store.decisions import DecisionStore, LivePod, PodFilter
+from mla_switchboard.service.store.fleet import FleetStore, PodFilter
 from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.store.rows import LivePod
 
 Position = tuple[str, str, str]
 """(cluster, node, pod): where a page starts, after it."""
@@ -54,14 +55,14 @@ class PodReads:
         self,
         fleet: Fleet,
         recorder: DecisionRecorder,
-        decisions: DecisionStore,
+        counts: FleetStore,
         live: LiveConfig,
         inputs: Callable[[], DecisionInputs],
     ) -> None:
         """``inputs``: the decision inputs in force (their overrides: who is staged)."""
         self._fleet = fleet
         self._recorder = recorder
-        self._decisions = decisions
+        self._counts = counts
         self._live = live
         self._inputs = inputs
 
@@ -82,7 +83,7 @@ class PodReads:
         where = pod_filter(principal, query, shapes, overrides)
         if where is None:
             return [], None
-        rows = self._decisions.list_pods(where, after=after, limit=limit + 1)
+        rows = self._counts.list_pods(where, after=after, limit=limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
         now = datetime.now(UTC)

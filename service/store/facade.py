@@ -6,6 +6,7 @@ from mla_switchboard.service.store.audit import AuditStore
 from mla_switchboard.service.store.base import Replayed, recall_idempotency
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.decisions import DecisionStore
+from mla_switchboard.service.store.fleet import FleetStore
 from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.refusals import RefusalStore
 from mla_switchboard.service.store.tokens import TokenStore
@@ -24,6 +25,7 @@ class Store:
         self.tokens = TokenStore(engine)
         self.audit = AuditStore(engine)
         self.decisions = DecisionStore(engine, writer=decision_writer)
+        self.fleet = FleetStore(engine)
         self.measurements = MeasurementStore(engine)
         self.refusals = RefusalStore(engine)
 

@@ -77,7 +77,7 @@ def expected(history: list[DecisionRecord]) -> Counter[tuple[str, str, str, str,
 
 
 def stored(store: Store) -> Counter[tuple[str, str, str, str, int]]:
-    _, groups = store.decisions.fleet_groups()
+    _, groups = store.fleet.fleet_groups()
     out: Counter[tuple[str, str, str, str, int]] = Counter()
     for g in groups:
         assert g.pods == sum(g.buckets) > 0 and len(g.buckets) == STAGE_BUCKETS
@@ -91,24 +91,24 @@ def test_counts_follow_each_pods_newest_decision(store: Store) -> None:
     history = random_history(1, 600, 80)
     batches = [history[i : i + 37] for i in range(0, len(history), 37)]
     random.Random(2).shuffle(batches)  # replicas and retries deliver out of order
-    v0 = store.decisions.fleet_version()
+    v0 = store.fleet.fleet_version()
     for batch in batches:
         store.decisions.record_decisions(batch)
     assert stored(store) == expected(history)
-    assert store.decisions.fleet_version() > v0
+    assert store.fleet.fleet_version() > v0
     # a batch stored again (a commit whose answer was lost, a replayed spill file)
     # changes nothing
     store.decisions.record_decisions(batches[0])
     store.decisions.record_decisions(history[:5])
     assert stored(store) == expected(history)
     total = sum(expected(history).values())
-    assert sum(n for b in store.decisions.summary().values() for n in b.values()) == total
+    assert sum(n for b in store.fleet.summary().values() for n in b.values()) == total
 
 
 def test_a_pod_moving_groups_leaves_the_old_one(store: Store) -> None:
     store.decisions.record_decisions([record(1, "east", "a", "FLASH_ATTN", shape=1)])
     store.decisions.record_decisions([record(2, "east", "a", "CUDNN", shape=2)])
-    (group,) = store.decisions.fleet_groups()[1]
+    (group,) = store.fleet.fleet_groups()[1]
     assert (group.backend, group.pods) == ("CUDNN", 1)
     assert group.shape_id == shape_of_json(record(2, "east", "a", "CUDNN", 2).request_json).id
 

@@ -344,7 +344,7 @@ def test_pod_latest_keeps_the_newest(store: Store) -> None:
         ("c1", "n1", "p3"): (decision(9).id, "TORCH_SDPA"),
     }
     assert store.decisions.count_decisions() == 6
-    assert store.decisions.summary() == {"c1": {"CUDNN": 1, "FLASH_ATTN": 1, "TORCH_SDPA": 1}}
+    assert store.fleet.summary() == {"c1": {"CUDNN": 1, "FLASH_ATTN": 1, "TORCH_SDPA": 1}}
     assert store.config.config_version() == v0  # decisions are not config
 
 
@@ -357,7 +357,7 @@ def test_unnamed_pods_are_recorded_not_counted(store: Store) -> None:
         ]
     )
     assert store.decisions.count_decisions() == 3
-    assert store.decisions.summary() == {"c1": {"FLASH_ATTN": 1}}
+    assert store.fleet.summary() == {"c1": {"FLASH_ATTN": 1}}
     assert list(latest(store)) == [("c1", "", "lonely")]
 
 
@@ -449,7 +449,7 @@ def test_summary_and_latest_per_pod(store: Store) -> None:
             decision(5, cluster="east", pod="a", backend="CUDNN"),  # pod a moves
         ]
     )
-    assert store.decisions.summary() == {
+    assert store.fleet.summary() == {
         "east": {"CUDNN": 2, "FLASH_ATTN": 1},
         "west": {"FLASHINFER": 1},
     }
