@@ -267,7 +267,7 @@ def priority_list(rules: RulesDocument, cluster: str, cap: Capability) -> tuple[
         scopes.append((rules.clusters[cluster], f"cluster {cluster} rule"))
     scopes.append((rules, "fleet rule"))
     for ruleset, scope in scopes:
-        for key in (f"{cap.major}.{cap.minor}", str(cap.major)):
+        for key in (str(cap), str(cap.major)):
             if key in ruleset.by_capability:
                 return ruleset.by_capability[key], f"{scope} for capability {key}"
         if ruleset.default is not None:

@@ -41,6 +41,7 @@ from mla_switchboard.core.evidence import PodSample, Situation, situation_of
 from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
 from mla_switchboard.core.stages import stage_buckets
+from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("switchboard.rollouts")
 
-SERVICE_ACTOR = "switchboard"
+SERVICE_ACTOR = PROGRAM
 """The audit log's actor for what the service does by itself."""
 
 GuardOutcome = Literal["checked", "pending"]

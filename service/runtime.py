@@ -17,6 +17,7 @@ from datetime import timedelta
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.evidence import EvidenceIndex, FailurePolicy, Observation
 from mla_switchboard.core.schemas import FLEET
+from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.evidence.sync import EvidenceSync
 from mla_switchboard.service.evidence.trust import TrustedEvidence
@@ -37,7 +38,7 @@ from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
 from mla_switchboard.service.writes import Writes
 from prometheus_client import Gauge
 
-log = logging.getLogger("switchboard")
+log = logging.getLogger(PROGRAM)
 
 YOUNG_GC_THRESHOLD = 10_000
 """Net new tracked objects before a young collection (CPython's default is 700): see

@@ -34,6 +34,7 @@ from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
+from mla_switchboard.service.rollouts import SERVICE_ACTOR
 from mla_switchboard.service.state import Conflict, override_etag, rules_etag
 from mla_switchboard.service.store.base import Idempotency, OutcomeUnknown, Replayed
 from sqlalchemy.exc import SQLAlchemyError
@@ -352,7 +353,7 @@ class Writes:
         was: its secret was never shown, so it must not stay usable."""
         why = first_line(str(exc))
         try:
-            revoked = self._runtime.store.revoke_token(token_id, actor="switchboard")
+            revoked = self._runtime.store.revoke_token(token_id, actor=SERVICE_ACTOR)
         except Exception:  # the database is still away: say which token to revoke
             return Problem(
                 503,

@@ -21,6 +21,7 @@ from mla_switchboard.core.specs import (
     Capability,
     MLADims,
     SelectionContext,
+    format_capability,
     parse_backend,
 )
 
@@ -305,7 +306,7 @@ def log_plan(plan: BenchPlan) -> None:
     """One line saying what will run where, and one per backend left out and why."""
     where = plan.device_name or "no GPU"
     if plan.capability is not None:
-        where += f" ({plan.capability[0]}.{plan.capability[1]})"
+        where += f" ({format_capability(plan.capability)})"
     engine = plan.pod.request.engine
     log.info(
         "bench on %s, %s: %s at H%d %s; shapes %s, %d calls a forward pass; budget %gs%s",

@@ -73,10 +73,14 @@ ENGINE_ALLOWED = {
     "core/engine_rules/": "the engine profiles",
     "tools/engine_profiles/": "downloads and runs each engine release",
     "kernels/flash_attn.py": "imports vLLM's bundled FlashAttention from the vllm package",
+    "core/version.py": "the program's name (PROGRAM), a word our own engine's name shares",
+    "service/migrations/": "history: a migration keeps the column default it created",
+    "bench/select_load.py": "labels its two servers: 'switchboard' there is the program",
 }
 """Files that may spell an engine's name, display name or ``--format``, and why. Our
-own engine is not checked: its name is the product's (the logger, the cache folder,
-the program)."""
+own engine's name is also the program's word (``core.version.PROGRAM``, in logger names
+and prose), so it is caught as a whole string: a default or comparison that means the
+engine."""
 
 
 def _sources() -> list[Path]:
@@ -252,10 +256,13 @@ def test_the_probe_and_the_evidence_key_read_the_registry() -> None:
 def _engine_spellings() -> dict[str, re.Pattern[str]]:
     """Each engine other than our own: its name (and display name) as a word in any
     case, which covers its ``--format`` (``vllm-args``), ``NAME==VERSION``, a command
-    (``vllm serve``), a module path (``sglang.srt``) and a requirement (``vllm>=0.21``)."""
+    (``vllm serve``), a module path (``sglang.srt``) and a requirement (``vllm>=0.21``);
+    our own engine as the whole string, in any case."""
     found = {}
     for entry in engine_entries():
         if entry.name == OWN_ENGINE:
+            whole = "|".join(re.escape(w) for w in {entry.name, entry.display})
+            found[entry.name] = re.compile(rf"^(?:{whole})$", re.I)
             continue
         words = "|".join(re.escape(w) for w in {entry.name, entry.display})
         found[entry.name] = re.compile(rf"(?<![A-Za-z0-9_])(?:{words})(?![A-Za-z0-9])", re.I)
@@ -319,6 +326,8 @@ COMMAND = ["vllm serve", "model"]
 ENGINE_MODULE = "sglang.srt.server_args"
 REQUIREMENT = "vllm>=0.21"
 FORMATS = ("json", "@FMT@")
+DEFAULT_ENGINE = "@OWN@"
+LOGGER = "@OWN@.agent"
 LABEL = f"vLLM {1}"
 FINE = ("flashinfers", "my_vllm_thing", "no_cudnn_here")
 """
@@ -328,7 +337,8 @@ def test_the_spelling_checks_see_a_second_copy() -> None:
     """The scans are only worth something if they would catch the bug they exist for:
     each form, planted in a synthetic module, is reported; documentation is not."""
     fmt = next(e.format for e in engine_entries() if e.format is not None)
-    strings = _used_strings(Path("agent/planted.py"), PLANTED.replace("@FMT@", fmt))
+    planted = PLANTED.replace("@FMT@", fmt).replace("@OWN@", OWN_ENGINE)
+    strings = _used_strings(Path("agent/planted.py"), planted)
     texts = [t for _, t in strings]
     assert not any("docstring" in t for t in texts)
     backends = _backend_offenders("agent/planted.py", strings)
@@ -350,7 +360,8 @@ def test_the_spelling_checks_see_a_second_copy() -> None:
     engines = _engine_offenders("scripts/planted.py", strings)
     found = {o.split(" in ", 1)[1] for o in engines}
     assert found == {
-        repr(t) for t in ("vllm serve", "sglang.srt.server_args", "vllm>=0.21", fmt, "vLLM ")
+        repr(t)
+        for t in ("vllm serve", "sglang.srt.server_args", "vllm>=0.21", fmt, "vLLM ", OWN_ENGINE)
     }, engines
     # the allow-list is by file: a wrapper may import its own library, not another's
     assert _package_offenders(_own_wrapper(Backend.FLASH_ATTN), [(1, "flash_attn")]) == []
