@@ -24,9 +24,9 @@ from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.core.engine_names import (
     ENGINE_NAMES,
+    ENGINE_REGISTRY,
     by_format,
     detection_order,
-    engine_entries,
 )
 from mla_switchboard.core.engines import (
     ENGINE_VERSION_MAX_LENGTH,
@@ -97,7 +97,7 @@ def parse_engine(text: str) -> EngineInfo:
     name, sep, version = raw.partition("=")
     name = name.strip().lower()
     version = version.lstrip("=").strip()
-    entries = {e.name: e for e in engine_entries()}
+    entries = {e.name: e for e in ENGINE_REGISTRY}
     example = f"{detection_order()[0].name}==0.33.0"
     if name not in entries:
         raise ValueError(

@@ -19,7 +19,6 @@ FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from typing import Any
 
 from mla_switchboard.core.engines import OWN_ENGINE, EngineProfile, resolve
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
+from mla_switchboard.core.names import model_matches
 from mla_switchboard.core.schemas import (
     FLEET,
     SEED_RULES,
@@ -254,7 +254,7 @@ def applicable_overrides(
         for o in overrides
         if o.cluster in (FLEET, request.cluster)
         and (o.expires_at is None or o.expires_at > now)
-        and (o.model is None or fnmatch.fnmatchcase(request.model.name or "", o.model))
+        and model_matches(request.model.name, o.model)
     ]
     matched.sort(key=lambda o: o.cluster != FLEET)
     return matched

@@ -51,13 +51,14 @@ from mla_switchboard.core.specs import (
 __all__ = [
     "VLLM_EXCEPTIONS",
     "VLLM_LEGACY",
+    "VLLM_PREFILL_FLAG",
     "VLLM_PROFILES",
     "VLLM_RANGES",
     "VllmBackendRule",
     "VllmRange",
 ]
 
-_ATTENTION_CONFIG_FLAG = EngineFlag(option="--attention-config.mla_prefill_backend", joined=True)
+VLLM_PREFILL_FLAG = EngineFlag(option="--attention-config.mla_prefill_backend", joined=True)
 """What releases 0.21.0 to 0.33.0 parse into ``AttentionConfig.mla_prefill_backend``: each
 table records its own release's ``EngineArgs`` parser taking it (and 0.20.2's refusing
 it); no environment variable is read."""
@@ -100,7 +101,7 @@ class VllmRange:
     backends: Mapping[Backend, VllmBackendRule]
     order: tuple[tuple[int | None, MLADims | None, tuple[Backend, ...]], ...]
     changes: str = ""
-    flag: EngineFlag = _ATTENTION_CONFIG_FLAG
+    flag: EngineFlag = VLLM_PREFILL_FLAG
     """How the range's releases are told the prefill backend (its parser's spelling)."""
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from mla_switchboard.core.engine_names import ENGINE_NAMES, OWN_ENGINE, engine_entries
+from mla_switchboard.core.engine_names import ENGINE_NAMES, ENGINE_REGISTRY, OWN_ENGINE
 from mla_switchboard.core.engines import ENGINES
 from mla_switchboard.core.schemas import EngineName
 from mla_switchboard.core.specs import KERNEL_PACKAGES, SPECS, TORCH, Backend
@@ -259,7 +259,7 @@ def _engine_spellings() -> dict[str, re.Pattern[str]]:
     (``vllm serve``), a module path (``sglang.srt``) and a requirement (``vllm>=0.21``);
     our own engine as the whole string, in any case."""
     found = {}
-    for entry in engine_entries():
+    for entry in ENGINE_REGISTRY:
         if entry.name == OWN_ENGINE:
             whole = "|".join(re.escape(w) for w in {entry.name, entry.display})
             found[entry.name] = re.compile(rf"^(?:{whole})$", re.I)
@@ -293,7 +293,7 @@ def test_engine_names_agree_with_the_wire_contract_and_the_formats() -> None:
 
     assert OWN_ENGINE in ENGINE_NAMES
     assert set(get_args(EngineName)) == set(ENGINE_NAMES) == set(ENGINES)
-    formats = [e.format for e in engine_entries() if e.format is not None]
+    formats = [e.format for e in ENGINE_REGISTRY if e.format is not None]
     assert list(SELECT_FORMATS) == ["json", "env", *formats]
 
 
@@ -336,7 +336,7 @@ FINE = ("flashinfers", "my_vllm_thing", "no_cudnn_here")
 def test_the_spelling_checks_see_a_second_copy() -> None:
     """The scans are only worth something if they would catch the bug they exist for:
     each form, planted in a synthetic module, is reported; documentation is not."""
-    fmt = next(e.format for e in engine_entries() if e.format is not None)
+    fmt = next(e.format for e in ENGINE_REGISTRY if e.format is not None)
     planted = PLANTED.replace("@FMT@", fmt).replace("@OWN@", OWN_ENGINE)
     strings = _used_strings(Path("agent/planted.py"), planted)
     texts = [t for _, t in strings]

@@ -61,6 +61,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mla_switchboard.core.engine_rules.vllm import VLLM_LEGACY, VLLM_PREFILL_FLAG
 from mla_switchboard.core.specs import Backend
 
 __all__ = [
@@ -74,8 +75,8 @@ __all__ = [
     "table_for",
 ]
 
-FIRST = (0, 21, 0)  # --attention-config.mla_prefill_backend appeared in 0.21.0
-FLAG = "--attention-config.mla_prefill_backend"
+FIRST = VLLM_LEGACY.until  # the first release with the flag (0.21.0): the core's claim
+FLAG = VLLM_PREFILL_FLAG.option  # the option the core's answers give (--opt=NAME)
 FLAG_FIELD = "AttentionConfig.mla_prefill_backend"
 CACHE = Path(
     os.environ.get("SWITCHBOARD_ENGINE_CACHE", "~/.cache/switchboard-engines")

@@ -9,7 +9,6 @@ of at most ``limit`` rows whatever the fleet's size, continued with an opaque cu
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -18,9 +17,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-from mla_switchboard.core.engine_names import OWN_ENGINE
 from mla_switchboard.core.evaluator import applicable_overrides
-from mla_switchboard.core.names import cluster_matches
+from mla_switchboard.core.names import cluster_matches, model_matches
 from mla_switchboard.core.schemas import (
     CLUSTER_PATTERN,
     NO_NUL,
@@ -188,9 +186,7 @@ def pod_facets(
                 "cluster": group.cluster,
                 "backend": row.backend,
                 "source": row.source,
-                "engine": None
-                if request is None
-                else (request.engine.name if request.engine else OWN_ENGINE),
+                "engine": None if request is None else request.engine_name,
                 "gpu": None if request is None else request.device.name or None,
             }
             for name, value in values.items():
@@ -298,14 +294,12 @@ def _shapes(
     for shape_id, request in shapes.items():
         if request is None:
             continue
-        if engine is not None and (request.engine.name if request.engine else OWN_ENGINE) != (
-            engine
-        ):
+        if engine is not None and request.engine_name != engine:
             continue
         if gpu is not None and request.device.name != gpu:
             continue
         model = rollout.model if rollout is not None else None
-        if model is not None and not fnmatch.fnmatchcase(request.model.name or "", model):
+        if not model_matches(request.model.name, model):
             continue
         kept.append(shape_id)
     return tuple(sorted(kept))
