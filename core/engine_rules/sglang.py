@@ -1,6 +1,6 @@
 """SGLang's MLA prefill rules, as data per release range.
 
-Each range is a run of releases whose tables agree: ``core/data/engines/sglang/<v>.json``,
+Each range is a run of releases whose tables agree: ``tools/engine_profiles/data/sglang/<v>.json``,
 written by ``tools/engine_profiles/sglang.py`` from each release's own code (its argument
 parser and the DeepSeek model's attention dispatch run under stubs; the rest read with
 file:line). ``tests/core/test_engine_profiles_sglang.py`` checks every range against

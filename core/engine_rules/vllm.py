@@ -1,6 +1,6 @@
 """vLLM's MLA prefill rules, per release range.
 
-Every range below was read off the tables in ``core/data/engines/vllm/<release>.json``,
+Every range below was read off the tables in ``tools/engine_profiles/data/vllm/<release>.json``,
 which ``python -m tools.engine_profiles.vllm`` produces by running each release's own
 selection code (its ``AttentionConfig``, ``get_mla_prefill_backend`` and every backend's
 ``validate_configuration``) on a simulated CUDA platform. Releases whose tables agree
@@ -305,7 +305,7 @@ def _profile(vrange: VllmRange) -> EngineProfile:
         since=vrange.since,
         until=vrange.until,
         verified=vrange.releases[-1],
-        sources=tuple(f"core/data/engines/vllm/{r}.json" for r in vrange.releases),
+        sources=tuple(f"tools/engine_profiles/data/vllm/{r}.json" for r in vrange.releases),
         accepts=frozenset(vrange.backends),
         rule=_rule_for(vrange),
         default_order=_order_for(vrange),

@@ -1,6 +1,7 @@
 """SGLang's MLA prefill behaviour per release, taken from each release's own code.
 
-``python -m tools.engine_profiles.sglang [--versions V ...] [--out core/data/engines/sglang]``
+``python -m tools.engine_profiles.sglang [--versions V ...] [--out DIR]`` (default
+``tools/engine_profiles/data/sglang``)
 
 For each SGLang release that has ``--prefill-attention-backend`` (0.4.9.post5 is the
 first: ``pip download`` of 0.4.9.post4 and older shows no such flag), the wheel is
@@ -60,6 +61,8 @@ from mla_switchboard.core.engine_rules.sglang import (
     SGLANG_PREFILL_FLAG,
 )
 from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS, KIMI_LINEAR_DIMS, R1_DIMS
+
+from tools.engine_profiles import TABLES
 
 CACHE = Path.home() / ".cache" / "switchboard-engines" / "sglang"
 FIRST = version_text(SGLANG_FIRST)  # the first release whose parser has the prefill flag
@@ -560,7 +563,7 @@ def dump(table: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", nargs="*", help="default: every release since " + FIRST)
-    parser.add_argument("--out", default="core/data/engines/sglang")
+    parser.add_argument("--out", default=str(TABLES / "sglang"))
     parser.add_argument(
         "--check",
         action="store_true",
