@@ -76,6 +76,7 @@ ENGINE_ALLOWED = {
     "core/version.py": "the program's name (PROGRAM), a word our own engine's name shares",
     "service/migrations/": "history: a migration keeps the column default it created",
     "bench/select_load.py": "labels its two servers: 'switchboard' there is the program",
+    "bench/side_by_side.py": "reads select_load's results under the same label",
 }
 """Files that may spell an engine's name, display name or ``--format``, and why. Our
 own engine's name is also the program's word (``core.version.PROGRAM``, in logger names
