@@ -49,6 +49,7 @@ def writer(
 ) -> StoreWriter:
     file = SpillFile(spill, 1 << 20) if spill else None
     log = SpillLog(file, metrics, threading.Condition())
+    policy.setdefault("stall_s", 5.0)  # no stall from a loaded machine, unless tested
     return StoreWriter(store, metrics, RetryPolicy(0.01, **policy), log)  # type: ignore[arg-type]
 
 
