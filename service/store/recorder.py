@@ -29,8 +29,9 @@ its count, never once per decision. The counts are exact: a decision is counted
 written or replayed only once the store took it, and a row the store refuses only as
 rejected.
 
-The hot path hands over one plain tuple per decision (``Row``) and adds up its size;
-serialising and SQL happen on the writer thread, in batches. This class runs that
+The hot path hands over one named tuple per decision (``Row``: ``rows.Decision``, as
+small as a plain tuple) and adds up its size; serialising and SQL happen on the writer
+thread, in batches. This class runs that
 thread and composes the parts in ``recording/``: the memory queue, the store writer,
 the spill log and its drain.
 """
@@ -44,11 +45,11 @@ from pathlib import Path
 
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store import Store
-from mla_switchboard.service.store.decisions import Row
 from mla_switchboard.service.store.recording.memory_queue import DROP_LOG_S, MIB, MemoryQueue
 from mla_switchboard.service.store.recording.spill_drain import SpillDrain
 from mla_switchboard.service.store.recording.spill_log import SpillLog
 from mla_switchboard.service.store.recording.writer import RetryPolicy, StoreWriter
+from mla_switchboard.service.store.rows import Decision as Row
 from mla_switchboard.service.store.spill import REJECTED_LIMIT_BYTES, SpillFile
 
 log = logging.getLogger("switchboard.recorder")

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.store.decisions import Row
 from mla_switchboard.service.store.recording.spill_log import SPILL_CHECK_S, SpillLog
+from mla_switchboard.service.store.rows import Decision as Row
 from mla_switchboard.service.store.spill import Replay
 from prometheus_client import Counter
 

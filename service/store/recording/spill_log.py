@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.store.decisions import Row
+from mla_switchboard.service.store.rows import Decision as Row
 from mla_switchboard.service.store.spill import SpillFile
 from prometheus_client import Counter
 

@@ -28,8 +28,8 @@ from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.call_thread import Call, CallThread
-from mla_switchboard.service.store.decisions import Row
 from mla_switchboard.service.store.recording.spill_log import SpillLog
+from mla_switchboard.service.store.rows import Decision as Row
 from prometheus_client import Counter
 from sqlalchemy.exc import DataError, IntegrityError
 
