@@ -19,7 +19,6 @@ they are local and the serving engine pays for the same torch import anyway.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,19 +27,17 @@ from typing import Any
 
 from mla_switchboard.agent.cache import AnswerCache, default_cache_dir
 from mla_switchboard.agent.client import (
-    DEFAULT_DEADLINE_S,
     ServiceRefused,
     ServiceUnavailable,
     ask_service,
-    deadline_from_env,
     parse_urls,
     report_failure,
-    token_from_env,
 )
 from mla_switchboard.agent.errors import BadInputError, NoBackendError, TokenRefused
 from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_order
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.pod import ModelSource, PodDescription, PodSpec, describe_pod
+from mla_switchboard.agent.settings import DEADLINE, TOKEN, URL, AgentSettings
 from mla_switchboard.core.evaluator import SEED_RULES, Refusal, decide_locally
 from mla_switchboard.core.schemas import Candidate, EngineInfo, SelectRequest, SelectResponse
 from mla_switchboard.core.specs import Backend
@@ -223,7 +220,7 @@ def token_problem(exc: ServiceRefused) -> str:
     """What a refused token means and how to fix it, for the pod's log."""
     if exc.status == 401:
         fix = (
-            "set SWITCHBOARD_TOKEN (or --token) to an agent token "
+            f"set {TOKEN} (or --token) to an agent token "
             "(`switchboard token create --role agent --name <fleet>` on the service)"
         )
     else:
@@ -263,7 +260,7 @@ def decide(
 
     why: str
     if not urls:
-        why = "no service URL configured (SWITCHBOARD_URL or --url)"
+        why = f"no service URL configured ({URL} or --url)"
     else:
         budget = deadline_s - (time.monotonic() - started) - FALLBACK_RESERVE_S
         try:
@@ -355,6 +352,7 @@ def select_backend(
     build: bool = True,
     check: bool = False,
     fail_on_auth_error: bool = False,
+    settings: AgentSettings | None = None,
     **fields: Any,
 ) -> SelectionResult:
     """Choose this pod's MLA prefill backend and (by default) build its kernel.
@@ -365,7 +363,8 @@ def select_backend(
     PodSpec replace its fields. Service settings default to ``SWITCHBOARD_URL``
     (comma-separated, tried in turn), ``SWITCHBOARD_TOKEN`` and
     ``SWITCHBOARD_DEADLINE`` (seconds, default 2); the cache to
-    ``$SWITCHBOARD_CACHE_DIR`` or ``$XDG_CACHE_HOME/switchboard``.
+    ``$SWITCHBOARD_CACHE_DIR`` or ``$XDG_CACHE_HOME/switchboard``: ``settings``, read
+    from the environment now when not given (:class:`~.settings.AgentSettings`).
 
     Raises BadInputError (not an MLA model, unreadable config, bad argument),
     NoBackendError (a refusal: a strict request that is invalid, or no backend the
@@ -376,17 +375,18 @@ def select_backend(
     is a dry run: the service records nothing (no ``decision_id``), nothing is built.
     """
     spec = _pod_spec(spec, fields)
+    settings = settings if settings is not None else AgentSettings.from_environ()
     notes = Notes()
-    url_list = _url_list(urls)
-    token = token if token is not None else token_from_env()
+    url_list = _url_list(urls, settings)
+    token = token if token is not None else settings.token
     if deadline is None:
         try:
-            deadline = deadline_from_env(DEFAULT_DEADLINE_S)
+            deadline = settings.deadline_s()
         except ValueError as exc:
-            raise BadInputError(f"SWITCHBOARD_DEADLINE: {exc}") from None
+            raise BadInputError(f"{DEADLINE}: {exc}") from None
     if not deadline > 0:
         raise BadInputError(f"deadline must be positive, got {deadline!r}")
-    pod_description = describe_pod(spec, notes)
+    pod_description = describe_pod(spec, settings, notes)
     request = pod_description.request
     building = build and not pod_description.pretend
     if building and pod_description.model.num_heads is None:
@@ -394,7 +394,7 @@ def select_backend(
 
     cache = None
     if use_cache:
-        directory = cache_dir or os.environ.get("SWITCHBOARD_CACHE_DIR") or default_cache_dir()
+        directory = cache_dir or settings.cache_dir or default_cache_dir(settings.xdg_cache_home)
         cache = AnswerCache(directory)
 
     try:
@@ -422,12 +422,12 @@ def select_backend(
     return result
 
 
-def _url_list(urls: Sequence[str] | str | None) -> list[str]:
-    """The service URLs to try in turn: given, or from the environment when None."""
+def _url_list(urls: Sequence[str] | str | None, settings: AgentSettings) -> list[str]:
+    """The service URLs to try in turn: given, or the settings' when None."""
     try:
-        if isinstance(urls, str) or urls is None:
-            return parse_urls(urls)
-        return parse_urls(",".join(urls))
+        if urls is None:
+            return parse_urls(settings.url, URL)
+        return parse_urls(urls if isinstance(urls, str) else ",".join(urls))
     except ValueError as exc:
         raise BadInputError(str(exc)) from None
 

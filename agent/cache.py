@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mla_switchboard.core.schemas import SelectRequest, SelectResponse
+from mla_switchboard.core.version import PROGRAM
 from pydantic import ValidationError
 
 __all__ = ["AnswerCache", "CacheEntry", "cache_key", "default_cache_dir"]
@@ -33,12 +34,12 @@ FORMAT = 1
 _IDENTITY_FIELDS = {"node", "pod"}
 
 
-def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/switchboard``, else ``~/.cache/switchboard`` (XDG: a relative
-    ``XDG_CACHE_HOME`` is invalid and ignored)."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
+def default_cache_dir(base: str) -> Path:
+    """``$XDG_CACHE_HOME/switchboard`` (``base``, as the settings read it), else
+    ``~/.cache/switchboard`` (XDG: a relative ``XDG_CACHE_HOME`` is invalid and
+    ignored)."""
     root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
-    return root / "switchboard"
+    return root / PROGRAM
 
 
 def cache_key(request: SelectRequest) -> str:

@@ -16,7 +16,6 @@ is an answer, not an outage, and is never retried.
 from __future__ import annotations
 
 import email.utils
-import os
 import random
 import threading
 import time
@@ -26,25 +25,22 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
+from mla_switchboard.agent.settings import URL
 from mla_switchboard.core.schemas import SelectRequest, SelectResponse
 from mla_switchboard.core.version import __version__
 from pydantic import ValidationError
 
 __all__ = [
-    "DEFAULT_DEADLINE_S",
     "AskResult",
     "PostResult",
     "ServiceRefused",
     "ServiceUnavailable",
     "ask_service",
-    "deadline_from_env",
     "parse_urls",
     "post_json",
     "report_failure",
-    "token_from_env",
 ]
 
-DEFAULT_DEADLINE_S = 2.0
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 0.5
 FIRST_TRY_S = 0.1
@@ -106,17 +102,15 @@ class AskResult:
     attempts: list[str] = field(default_factory=list)
 
 
-def parse_urls(value: str | None = None) -> list[str]:
-    """``http://a,http://b`` (default: ``$SWITCHBOARD_URL``) as a list, trailing slashes
-    dropped.
+def parse_urls(value: str, source: str = "--url") -> list[str]:
+    """``http://a,http://b`` (``--url``, or ``source`` such as ``$SWITCHBOARD_URL``) as
+    a list, trailing slashes dropped.
 
     Raises ValueError for a URL that is not ``http(s)://host[:port][/path]``: httpx
     would reject ``127.0.0.1:18000`` on every attempt, and the pod would spend its
     whole deadline retrying a typo before falling back.
     """
-    source = "--url" if value is not None else "SWITCHBOARD_URL"
-    raw = value if value is not None else os.environ.get("SWITCHBOARD_URL", "")
-    urls = [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+    urls = [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
     for url in urls:
         problem = _url_problem(url)
         if problem:
@@ -137,21 +131,6 @@ def _url_problem(url: str) -> str | None:
     except (httpx.InvalidURL, ValueError) as exc:
         return f"is not a valid URL ({exc})"
     return None
-
-
-def token_from_env() -> str | None:
-    return os.environ.get("SWITCHBOARD_TOKEN") or None
-
-
-def deadline_from_env(default: float = DEFAULT_DEADLINE_S) -> float:
-    """``SWITCHBOARD_DEADLINE`` in seconds; a bad value is a bad input, not a default."""
-    raw = os.environ.get("SWITCHBOARD_DEADLINE")
-    if raw is None or not raw.strip():
-        return default
-    value = float(raw)  # ValueError is the caller's bad input
-    if not value > 0:
-        raise ValueError(f"SWITCHBOARD_DEADLINE must be positive, got {raw!r}")
-    return value
 
 
 def _detail_text(detail: Any) -> str:
@@ -340,7 +319,7 @@ def ask_service(
     Raises ServiceUnavailable (outage or deadline) or ServiceRefused (a 4xx answer).
     """
     if not urls:
-        raise ServiceUnavailable("no service URL configured (SWITCHBOARD_URL)")
+        raise ServiceUnavailable(f"no service URL configured ({URL})")
     deadline_at = time.monotonic() + deadline_s
     body = request.model_dump(mode="json")
     attempts: list[str] = []  # shared with the thread, so a timeout can still say what failed
@@ -462,7 +441,7 @@ def post_json(
     ``report_id``). Raises ServiceUnavailable or ServiceRefused.
     """
     if not urls:
-        raise ServiceUnavailable("no service URL configured (SWITCHBOARD_URL)")
+        raise ServiceUnavailable(f"no service URL configured ({URL})")
     deadline_at = time.monotonic() + deadline_s
     attempts: list[str] = []
     finished, result = run_within(

@@ -17,16 +17,16 @@ The engines, their distributions and format names come from
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
 
 from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.notes import Notes
+from mla_switchboard.agent.settings import ENGINE, AgentSettings
 from mla_switchboard.core.engine_names import (
     ENGINE_NAMES,
+    ENGINE_REGISTRY,
     by_format,
     detection_order,
-    engine_entries,
 )
 from mla_switchboard.core.engines import (
     ENGINE_VERSION_MAX_LENGTH,
@@ -97,7 +97,7 @@ def parse_engine(text: str) -> EngineInfo:
     name, sep, version = raw.partition("=")
     name = name.strip().lower()
     version = version.lstrip("=").strip()
-    entries = {e.name: e for e in engine_entries()}
+    entries = {e.name: e for e in ENGINE_REGISTRY}
     example = f"{detection_order()[0].name}==0.33.0"
     if name not in entries:
         raise ValueError(
@@ -119,7 +119,9 @@ def parse_engine(text: str) -> EngineInfo:
     return _engine(name, version)
 
 
-def given_engine(engine: EngineInfo | str | None) -> tuple[EngineInfo | None, str]:
+def given_engine(
+    engine: EngineInfo | str | None, settings: AgentSettings
+) -> tuple[EngineInfo | None, str]:
     """The engine the caller named, and where: the argument (``--engine``), else
     ``$SWITCHBOARD_ENGINE``; (None, "") when neither names one. BadInputError names
     the source of a value that does not parse."""
@@ -127,7 +129,7 @@ def given_engine(engine: EngineInfo | str | None) -> tuple[EngineInfo | None, st
         return engine, "--engine"
     source = "--engine"
     if engine is None:
-        engine, source = os.environ.get("SWITCHBOARD_ENGINE") or None, "SWITCHBOARD_ENGINE"
+        engine, source = settings.engine, ENGINE
     if engine is None:
         return None, ""
     try:
@@ -137,7 +139,11 @@ def given_engine(engine: EngineInfo | str | None) -> tuple[EngineInfo | None, st
 
 
 def resolve_engine(
-    engine: EngineInfo | str | None, notes: Notes, *, output_format: str | None = None
+    engine: EngineInfo | str | None,
+    notes: Notes,
+    settings: AgentSettings,
+    *,
+    output_format: str | None = None,
 ) -> EngineInfo | None:
     """The engine to name in the request: the given one (argument, then
     ``$SWITCHBOARD_ENGINE``), else the installed one, else None (Switchboard's kernels,
@@ -150,7 +156,7 @@ def resolve_engine(
     different engine, given or installed, is a contradiction the operator must
     resolve, so BadInputError names both.
     """
-    resolved, origin = given_engine(engine)
+    resolved, origin = given_engine(engine, settings)
     if resolved is None:
         resolved, origin = detect_engine(), "the installed engine"
         if resolved is not None:

@@ -22,6 +22,7 @@ from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.model_config import ModelDims, read_model
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.probe import DeviceProbe, probe_device, probe_packages
+from mla_switchboard.agent.settings import CLUSTER, AgentSettings
 from mla_switchboard.core.schemas import DeviceInfo, EngineInfo, ModelInfo, SelectRequest
 from mla_switchboard.core.specs import Backend, Dtype, parse_backend
 from pydantic import ValidationError
@@ -195,7 +196,9 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def describe_pod(spec: PodSpec, notes: Notes | None = None) -> PodDescription:
+def describe_pod(
+    spec: PodSpec, settings: AgentSettings, notes: Notes | None = None
+) -> PodDescription:
     """Probe the pod and read the model into the request the service expects.
 
     ``packages`` None probes them, except in a dry run, where it means ``"any"`` (the
@@ -204,9 +207,9 @@ def describe_pod(spec: PodSpec, notes: Notes | None = None) -> PodDescription:
     before the probes (which import torch), so bad input fails fast.
     """
     notes = notes if notes is not None else Notes()
-    cluster = spec.cluster or os.environ.get("SWITCHBOARD_CLUSTER")
+    cluster = spec.cluster or settings.cluster
     if not cluster:
-        raise BadInputError("no cluster given (--cluster or SWITCHBOARD_CLUSTER)")
+        raise BadInputError(f"no cluster given (--cluster or {CLUSTER})")
     dims = spec.read_model()
     requested: Backend | None = None
     if spec.requested_backend is not None:
@@ -214,7 +217,7 @@ def describe_pod(spec: PodSpec, notes: Notes | None = None) -> PodDescription:
             requested = parse_backend(str(spec.requested_backend))
         except ValueError as exc:
             raise BadInputError(f"--requested: {exc}") from None
-    engine = resolve_engine(spec.engine, notes)
+    engine = resolve_engine(spec.engine, notes, settings)
     given_capability = parse_capability(spec.capability) if spec.capability is not None else None
     model_dtype = dims.dtype
     if model_dtype is None:
@@ -245,8 +248,8 @@ def describe_pod(spec: PodSpec, notes: Notes | None = None) -> PodDescription:
     try:
         request = SelectRequest(
             cluster=cluster,
-            node=spec.node or os.environ.get("SWITCHBOARD_NODE") or None,
-            pod=spec.pod or os.environ.get("SWITCHBOARD_POD") or socket.gethostname() or None,
+            node=spec.node or settings.node,
+            pod=spec.pod or settings.pod or socket.gethostname() or None,
             device=DeviceInfo(name=device.name, capability=device.capability),
             model=ModelInfo(
                 name=dims.name,

@@ -45,6 +45,7 @@ SIZES = (16_000, 32_000, 64_000)
 PODS = 2_000
 REPORT = 256
 
+from mla_switchboard.core.engines import OWN_ENGINE  # noqa: E402
 from mla_switchboard.core.evaluator import decide  # noqa: E402
 from mla_switchboard.core.evidence import (  # noqa: E402
     EvidenceIndex,
@@ -61,7 +62,7 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 PACKAGES = {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0"}
 SITUATION = Situation(
-    "NVIDIA H200", "9.0", "128,64,128", "bfloat16", packages_key(PACKAGES), "switchboard"
+    "NVIDIA H200", "9.0", "128,64,128", "bfloat16", packages_key(PACKAGES), OWN_ENGINE
 )
 REQUEST = SelectRequest.model_validate(
     {

@@ -97,6 +97,7 @@ from mla_switchboard.core.schemas import (  # noqa: E402
     OverrideSpec,
     SelectRequest,
 )
+from mla_switchboard.core.specs import format_capability  # noqa: E402
 from mla_switchboard.service.ids import new_id  # noqa: E402
 from mla_switchboard.service.selector import Rendered  # noqa: E402
 from mla_switchboard.service.state import DecisionRecord  # noqa: E402
@@ -429,7 +430,7 @@ def clear_body(pod: Pod, n: int) -> dict[str, Any]:
     engine = None if req.get("engine") is None else EngineInfo.model_validate(req["engine"])
     return {
         "device": req["device"]["name"],
-        "capability": f"{cap[0]}.{cap[1]}",
+        "capability": format_capability(cap),
         "dims": [m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"]],
         "dtype": req["dtype"],
         "packages": req["packages"],

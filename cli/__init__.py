@@ -91,10 +91,10 @@ def _missing_server_modules() -> list[str]:
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    from mla_switchboard.core.version import __version__
+    from mla_switchboard.core.version import PROGRAM, __version__
 
     parser = argparse.ArgumentParser(
-        prog="switchboard",
+        prog=PROGRAM,
         description="MLA Switchboard: fleet-wide choice of the MLA prefill attention backend.",
         epilog="Run `switchboard COMMAND --help` for a command's flags and environment.",
     )

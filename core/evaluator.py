@@ -19,7 +19,6 @@ FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from typing import Any, Literal
 
 from mla_switchboard.core.engines import OWN_ENGINE, EngineProfile, resolve
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
+from mla_switchboard.core.names import model_matches
 from mla_switchboard.core.schemas import (
     FLEET,
     SEED_RULES,
@@ -254,7 +254,7 @@ def applicable_overrides(
         for o in overrides
         if o.cluster in (FLEET, request.cluster)
         and (o.expires_at is None or o.expires_at > now)
-        and (o.model is None or fnmatch.fnmatchcase(request.model.name or "", o.model))
+        and model_matches(request.model.name, o.model)
     ]
     matched.sort(key=lambda o: o.cluster != FLEET)
     return matched
@@ -267,7 +267,7 @@ def priority_list(rules: RulesDocument, cluster: str, cap: Capability) -> tuple[
         scopes.append((rules.clusters[cluster], f"cluster {cluster} rule"))
     scopes.append((rules, "fleet rule"))
     for ruleset, scope in scopes:
-        for key in (f"{cap.major}.{cap.minor}", str(cap.major)):
+        for key in (str(cap), str(cap.major)):
             if key in ruleset.by_capability:
                 return ruleset.by_capability[key], f"{scope} for capability {key}"
         if ruleset.default is not None:

@@ -44,9 +44,10 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+from mla_switchboard.core.engines import OWN_ENGINE
 from mla_switchboard.core.schemas import EngineInfo, Evidence, MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import KERNEL_PACKAGES as _PACKAGES
-from mla_switchboard.core.specs import Backend
+from mla_switchboard.core.specs import Backend, format_capability
 from mla_switchboard.core.stages import stage_bucket
 
 __all__ = [
@@ -78,12 +79,39 @@ SAMPLES_PER_POD = 8
 
 @dataclass(frozen=True, order=True)
 class Situation:
+    """One situation's key, field by field as the store keeps it (a row's columns give
+    one back as they are); :meth:`of` builds one from what a pod or an admin says."""
+
     device: str
-    capability: str
-    dims: str
+    capability: str  # format_capability(): "9.0"
+    dims: str  # dims_key(): "128,64,128"
     dtype: str
     packages: str  # canonical JSON of the kernel packages' versions
-    engine: str = "switchboard"  # engine_key(): "switchboard" or "vllm 0.33.0"
+    engine: str = OWN_ENGINE  # engine_key(): "switchboard" or "vllm 0.33.0"
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        device: str | None,
+        capability: Sequence[int] | str,
+        dims: Sequence[int],
+        dtype: str,
+        packages: Mapping[str, str],
+        engine: EngineInfo | str | None,
+    ) -> Situation:
+        """The situation of a request, a measurement report or a failure clear: every
+        part written by the one key function for it, so the three meet on one key.
+        ``capability`` and ``engine`` may be given as keys already (``"9.0"``, a clear's
+        ``"vllm 0.33.0"``)."""
+        return cls(
+            device=device or "",
+            capability=capability if isinstance(capability, str) else format_capability(capability),
+            dims=dims_key(*dims),
+            dtype=dtype,
+            packages=packages_key(packages),
+            engine=engine if isinstance(engine, str) else engine_key(engine),
+        )
 
 
 def packages_key(packages: Mapping[str, str]) -> str:
@@ -101,8 +129,8 @@ def dims_key(qk_nope: int, qk_rope: int, v: int) -> str:
 def engine_key(engine: EngineInfo | None) -> str:
     """The engine part of a situation: its name and exact version (a code path can
     change between releases), ``switchboard`` for our own wrappers."""
-    if engine is None or engine.name == "switchboard":
-        return "switchboard"
+    if engine is None or engine.name == OWN_ENGINE:
+        return OWN_ENGINE
     return f"{engine.name} {engine.version or '?'}"
 
 
@@ -111,14 +139,21 @@ def situation_of(request: SelectRequest) -> Situation | None:
     cap = request.device.capability
     if cap is None or request.packages is None:
         return None
-    m = request.model
-    return Situation(
-        device=request.device.name or "",
-        capability=f"{cap[0]}.{cap[1]}",
-        dims=dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
-        dtype=request.dtype.value,
-        packages=packages_key(request.packages),
-        engine=engine_key(request.engine),
+    return _situation(request, cap, request.packages)
+
+
+def _situation(
+    source: SelectRequest | MeasurementReport, cap: Sequence[int], packages: Mapping[str, str]
+) -> Situation:
+    """The situation a request or a report is about (both say it in the same fields)."""
+    m = source.model
+    return Situation.of(
+        device=source.device.name,
+        capability=cap,
+        dims=(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
+        dtype=source.dtype.value,
+        packages=packages,
+        engine=source.engine,
     )
 
 
@@ -885,15 +920,7 @@ def observations_of_report(
     cap = report.device.capability
     if cap is None:
         return []
-    m = report.model
-    situation = Situation(
-        device=report.device.name or "",
-        capability=f"{cap[0]}.{cap[1]}",
-        dims=dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
-        dtype=report.dtype.value,
-        packages=packages_key(report.packages),
-        engine=engine_key(report.engine),
-    )
+    situation = _situation(report, cap, report.packages)
     return [
         Observation(
             situation=situation,

@@ -52,3 +52,12 @@ def cluster_matches(cluster: str, globs: Iterable[str] | None) -> bool:
     if globs is None:
         return True
     return any(fnmatch.fnmatchcase(cluster, glob) for glob in globs)
+
+
+def model_matches(model: str | None, glob: str | None) -> bool:
+    """Whether a model name is matched by an override's or a rollout's model glob (None:
+    every model). A request naming no model is matched as the empty name, so only a
+    glob such as ``*`` takes it; case-sensitive, as model names are written."""
+    if glob is None:
+        return True
+    return fnmatch.fnmatchcase(model or "", glob)

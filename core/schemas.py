@@ -207,6 +207,11 @@ class SelectRequest(_Strict):
         default=None, description="the serving engine; absent means switchboard's own kernels"
     )
 
+    @property
+    def engine_name(self) -> str:
+        """The engine that runs the decision: the one named, else our own kernels."""
+        return self.engine.name if self.engine is not None else OWN_ENGINE
+
 
 class Candidate(BaseModel):
     backend: Backend

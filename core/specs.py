@@ -19,7 +19,7 @@ and every non-empty list names the fact that rules the backend out.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "KernelPackage",
     "MLADims",
     "SelectionContext",
+    "format_capability",
     "parse_backend",
     "parse_dtype",
 ]
@@ -104,6 +105,14 @@ def parse_backend(value: str) -> Backend:
         raise ValueError(f"unknown backend {value!r}; valid backends: {names}") from None
 
 
+def format_capability(capability: Sequence[int]) -> str:
+    """``(9, 0)`` -> ``"9.0"``: how a compute capability is written wherever it is a key
+    or a word (situations, stored measurements, rule keys, reasons), so that a
+    situation read back from the store, a rule's key and a reason agree."""
+    major, minor = capability
+    return f"{major}.{minor}"
+
+
 @dataclass(frozen=True, order=True)
 class Capability:
     """A CUDA compute capability, e.g. ``Capability(9, 0)`` for Hopper."""
@@ -112,7 +121,7 @@ class Capability:
     minor: int
 
     def __str__(self) -> str:
-        return f"{self.major}.{self.minor}"
+        return format_capability((self.major, self.minor))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 DISTRIBUTION = "mla-switchboard"
+PROGRAM = "switchboard"
+"""The program's name: its command, its root logger, its cache folder, and the actor
+of the changes the service makes itself. Our own kernels' engine shares the word but
+is another fact (``core.engines.OWN_ENGINE``)."""
 
 
 def _installed_version() -> str:

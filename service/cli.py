@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.messages import (
     first_line,
     install_exception_redaction,
@@ -313,7 +314,7 @@ def _clusters(parser: argparse.ArgumentParser, clusters: list[str] | None) -> li
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="switchboard", description="MLA Switchboard: fleet-wide MLA prefill backend choice"
+        prog=PROGRAM, description="MLA Switchboard: fleet-wide MLA prefill backend choice"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)

@@ -42,6 +42,7 @@ from mla_switchboard.core.evidence import PodSample, Situation, situation_of
 from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
 from mla_switchboard.core.stages import stage_buckets
+from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.messages import first_line
@@ -55,7 +56,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 log = logging.getLogger("switchboard.rollouts")
 
-SERVICE_ACTOR = "switchboard"
+SERVICE_ACTOR = PROGRAM
 """The audit log's actor for what the service does by itself."""
 
 GuardOutcome = Literal["checked", "pending"]

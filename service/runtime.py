@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 
+from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.clusters import KnownClusters
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.deciding import Decider
@@ -45,7 +46,7 @@ from mla_switchboard.service.writes.overrides import OverrideWrites
 from mla_switchboard.service.writes.rules import RulesWrites
 from mla_switchboard.service.writes.tokens import TokenWrites
 
-log = logging.getLogger("switchboard")
+log = logging.getLogger(PROGRAM)
 
 YOUNG_GC_THRESHOLD = 10_000
 """Net new tracked objects before a young collection (CPython's default is 700): see

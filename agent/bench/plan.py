@@ -13,6 +13,7 @@ from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.model_config import ModelDims
 from mla_switchboard.agent.notes import Notes, log
 from mla_switchboard.agent.pod import PodDescription, PodSpec, describe_pod
+from mla_switchboard.agent.settings import AgentSettings
 from mla_switchboard.core.engines import resolve as resolve_engine_profile
 from mla_switchboard.core.evaluator import context_of
 from mla_switchboard.core.schemas import EngineInfo, SelectRequest
@@ -20,6 +21,7 @@ from mla_switchboard.core.specs import (
     SPECS,
     Backend,
     Capability,
+    format_capability,
     parse_backend,
 )
 
@@ -234,9 +236,11 @@ def plan_bench(
     budget_s: float = 300.0,
     iters: int = 20,
     layers: int | None = None,
+    settings: AgentSettings | None = None,
 ) -> BenchPlan:
     """Describe the pod (its packages probed: a bench never pretends) and decide which
     backends and shapes to run. Raises BadInputError for anything wrong with the input.
+    ``settings``: the environment's (read now when not given).
     """
     notes = Notes()
     if pod.pretend:
@@ -255,7 +259,8 @@ def plan_bench(
             raise BadInputError(f"--backends: {exc}") from None
         if not wanted:
             raise BadInputError("--backends names no backend")
-    description = describe_pod(dataclasses.replace(pod, packages="probe"), notes)
+    settings = settings if settings is not None else AgentSettings.from_environ()
+    description = describe_pod(dataclasses.replace(pod, packages="probe"), settings, notes)
     if description.model.num_heads is None:
         raise BadInputError(
             "the model config has no num_attention_heads; give the head count with --num-heads"
@@ -299,7 +304,7 @@ def log_plan(plan: BenchPlan) -> None:
     """One line saying what will run where, and one per backend left out and why."""
     where = plan.device_name or "no GPU"
     if plan.capability is not None:
-        where += f" ({plan.capability[0]}.{plan.capability[1]})"
+        where += f" ({format_capability(plan.capability)})"
     engine = plan.pod.request.engine
     log.info(
         "bench on %s, %s: %s at H%d %s; shapes %s, %d calls a forward pass; budget %gs%s",

@@ -81,13 +81,14 @@ def build_report(plan: BenchPlan, outcome: BenchOutcome) -> MeasurementReport | 
     )
 
 
-def _post(report: MeasurementReport, urls: Sequence[str], deadline_s: float) -> ReportStatus:
+def _post(
+    report: MeasurementReport, urls: Sequence[str], token: str | None, deadline_s: float
+) -> ReportStatus:
     """POST the report; never raises."""
     from mla_switchboard.agent.client import (
         ServiceRefused,
         ServiceUnavailable,
         post_json,
-        token_from_env,
     )
 
     try:
@@ -95,7 +96,7 @@ def _post(report: MeasurementReport, urls: Sequence[str], deadline_s: float) -> 
             "/v1/measurements",
             report.model_dump(mode="json"),
             urls=urls,
-            token=token_from_env(),
+            token=token,
             deadline_s=deadline_s,
         )
     except (ServiceRefused, ServiceUnavailable) as exc:
@@ -112,9 +113,11 @@ def deliver(
     *,
     no_report: bool,
     urls: Sequence[str],
+    token: str | None,
     deadline_s: float,
 ) -> ReportStatus:
-    """Build the report and post it unless told not to; what became of it (logged)."""
+    """Build the report and post it unless told not to, with ``token`` (the agent
+    token of the settings); what became of it (logged)."""
     if outcome.skipped:
         log.warning("bench: %d steps skipped (%s)", len(outcome.skipped), outcome.skipped[0].reason)
     try:
@@ -127,7 +130,7 @@ def deliver(
         return ReportStatus(False, NOTHING_MEASURED)
     if no_report:
         return ReportStatus(False, NOT_REQUESTED)
-    status = _post(report, urls, deadline_s)
+    status = _post(report, urls, token, deadline_s)
     if status.posted:
         log.info(
             "bench: reported %d results as measurement %s to %s",

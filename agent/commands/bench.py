@@ -27,6 +27,7 @@ from mla_switchboard.agent.commands.parsing import (
 )
 from mla_switchboard.agent.errors import AgentError, BadInputError
 from mla_switchboard.agent.notes import log, to_stderr
+from mla_switchboard.agent.settings import URL, AgentSettings
 
 if TYPE_CHECKING:
     from mla_switchboard.core.specs import Backend
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _report_urls(args: argparse.Namespace) -> list[str]:
+def _report_urls(args: argparse.Namespace, settings: AgentSettings) -> list[str]:
     """Where the report goes: ``--url``, else ``$SWITCHBOARD_URL``; BadInputError when
     there is none and the report was not waived with ``--no-report``."""
     urls = url_list(args)
@@ -110,12 +111,12 @@ def _report_urls(args: argparse.Namespace) -> list[str]:
         from mla_switchboard.agent.client import parse_urls
 
         try:
-            urls = parse_urls()
+            urls = parse_urls(settings.url, URL)
         except ValueError as exc:
             raise BadInputError(str(exc)) from None
     if not args.no_report and not urls:
         raise BadInputError(
-            "no service URL to report to (--url or SWITCHBOARD_URL); "
+            f"no service URL to report to (--url or {URL}); "
             "give one, or --no-report to measure only"
         )
     return urls
@@ -138,9 +139,10 @@ def bench_main(
 
     from mla_switchboard.agent import bench
 
+    settings = AgentSettings.from_environ()
     with to_stderr():
         try:
-            urls = _report_urls(args)
+            urls = _report_urls(args, settings)
             plan = bench.plan_bench(
                 pod_spec_from(args),
                 backends=args.backends.split(",") if args.backends is not None else None,
@@ -149,6 +151,7 @@ def bench_main(
                 budget_s=args.budget,
                 iters=args.iters,
                 layers=args.layers,
+                settings=settings,
             )
         except BadInputError as exc:
             log.error("error: %s", exc)
@@ -162,7 +165,12 @@ def bench_main(
                 plan, kernel_classes=kernel_classes, started=started, interrupts=interrupts
             )
             status = bench.deliver(
-                plan, outcome, no_report=args.no_report, urls=urls, deadline_s=args.deadline
+                plan,
+                outcome,
+                no_report=args.no_report,
+                urls=urls,
+                token=settings.token,
+                deadline_s=args.deadline,
             )
     if args.format == "json":
         text = json.dumps(bench.to_document(plan, outcome, report=status), indent=2) + "\n"

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mla_switchboard.agent.notes import log
+from mla_switchboard.agent.settings import ENGINE
 from mla_switchboard.core.engine_names import by_format, detection_order
 from mla_switchboard.core.engine_rules.switchboard import SWITCHBOARD_ENV
 
@@ -56,8 +57,8 @@ def _env_values(document: Mapping[str, Any]) -> dict[str, str]:
         "SWITCHBOARD_SOURCE": document["source"],
         "SWITCHBOARD_DECISION_ID": document["decision_id"] or "",
         "SWITCHBOARD_RULES_REVISION": str(document["rules_revision"] or ""),
-        "SWITCHBOARD_ENGINE": engine,
-        "SWITCHBOARD_ENGINE_ARGS": args,
+        ENGINE: engine,  # the variable select reads the engine from, so exporting it holds
+        f"{ENGINE}_ARGS": args,
     }
     for entry in detection_order():
         values[f"SWITCHBOARD_{entry.name.upper()}_ARGS"] = args if entry.name == engine else ""

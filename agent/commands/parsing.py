@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from mla_switchboard.agent.settings import CLUSTER, ENGINE, ENVIRONMENT, NODE, POD, TOKEN, URL
+
 if TYPE_CHECKING:  # imported when a flag is parsed
     from mla_switchboard.agent.pod import PackagesArg, PodSpec
     from mla_switchboard.core.schemas import EngineInfo
@@ -33,27 +35,7 @@ __all__ = [
     "url_list",
 ]
 
-ENVIRONMENT = {
-    "SWITCHBOARD_URL": "service URL(s), comma-separated (default of --url)",
-    "SWITCHBOARD_TOKEN": "bearer token with the agent role",
-    "SWITCHBOARD_CLUSTER": "cluster name (default of --cluster)",
-    "SWITCHBOARD_NODE": "node name (default of --node)",
-    "SWITCHBOARD_POD": "pod name (default of --pod; else the hostname)",
-    "SWITCHBOARD_ENGINE": "serving engine, as --engine (default: detected)",
-    "SWITCHBOARD_DEADLINE": "seconds for the decision (select's default of --deadline: 2)",
-    "SWITCHBOARD_CACHE_DIR": "answer cache (default of --cache-dir)",
-    "XDG_CACHE_HOME": "answer cache under $XDG_CACHE_HOME/switchboard when no cache dir is set",
-}
-"""Every environment variable a command reads, as its ``--help`` lists it."""
-
-POD_ENVIRONMENT = (
-    "SWITCHBOARD_URL",
-    "SWITCHBOARD_TOKEN",
-    "SWITCHBOARD_CLUSTER",
-    "SWITCHBOARD_NODE",
-    "SWITCHBOARD_POD",
-    "SWITCHBOARD_ENGINE",
-)
+POD_ENVIRONMENT = (URL, TOKEN, CLUSTER, NODE, POD, ENGINE)
 """What every pod command reads: the service, and the pod's own description."""
 
 
@@ -158,7 +140,7 @@ def _engine_help() -> str:
     order = ", then ".join(e.display for e in engines)
     return (
         f"serving engine that runs the backend: {named}, or {OWN_ENGINE} (our own kernels); "
-        f"default $SWITCHBOARD_ENGINE, else detected from the installed packages ({order} "
+        f"default ${ENGINE}, else detected from the installed packages ({order} "
         f"first), else {OWN_ENGINE}"
     )
 
@@ -171,15 +153,15 @@ def add_pod_arguments(parser: argparse.ArgumentParser) -> None:
     (and turned into a PodSpec by :func:`pod_spec_from`)."""
     what = parser.add_argument_group("the model and the pod")
     what.add_argument("--model", metavar="PATH", help="config.json or model directory")
-    what.add_argument("--cluster", help="cluster name (default: $SWITCHBOARD_CLUSTER)")
+    what.add_argument("--cluster", help=f"cluster name (default: ${CLUSTER})")
     what.add_argument(
         "--dtype", help="bfloat16, float16 or float32 (default: the config's, else bfloat16)"
     )
     for flag in ("qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim", "num-heads"):
         what.add_argument(f"--{flag}", type=int, metavar="N", help="override the config")
     what.add_argument("--model-name", help="model name sent to the service (overrides match it)")
-    what.add_argument("--node", help="node name (default: $SWITCHBOARD_NODE)")
-    what.add_argument("--pod", help="pod name (default: $SWITCHBOARD_POD, else the hostname)")
+    what.add_argument("--node", help=f"node name (default: ${NODE})")
+    what.add_argument("--pod", help=f"pod name (default: ${POD}, else the hostname)")
     what.add_argument("--engine", type=_engine, metavar="NAME[==VERSION]", help=_engine_help())
 
 
@@ -190,7 +172,7 @@ def add_url_argument(group: argparse._ArgumentGroup) -> None:
         type=_urls,
         metavar="URL",
         help="service URL with its scheme (http://host:port), repeatable or comma-separated, "
-        "tried in turn (default: $SWITCHBOARD_URL); the token comes from $SWITCHBOARD_TOKEN",
+        f"tried in turn (default: ${URL}); the token comes from ${TOKEN}",
     )
 
 

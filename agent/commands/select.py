@@ -37,6 +37,15 @@ from mla_switchboard.agent.commands.parsing import (
 )
 from mla_switchboard.agent.errors import AgentError, BadInputError, NoBackendError, TokenRefused
 from mla_switchboard.agent.notes import Notes, log, to_stderr
+from mla_switchboard.agent.settings import (
+    CACHE_DIR,
+    DEADLINE,
+    DEFAULT_DEADLINE_S,
+    URL,
+    XDG_CACHE_HOME,
+    AgentSettings,
+)
+from mla_switchboard.core.version import PROGRAM
 
 if TYPE_CHECKING:
     from mla_switchboard.agent.pod import PodSpec
@@ -52,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Choose this pod's MLA prefill backend and print how to select it in the "
         "serving engine. Asks the Switchboard service; when it does not answer in time, uses "
         "the last answer it gave for this situation, else decides locally with the seed rules.",
-        [*POD_ENVIRONMENT, "SWITCHBOARD_DEADLINE", "SWITCHBOARD_CACHE_DIR", "XDG_CACHE_HOME"],
+        [*POD_ENVIRONMENT, DEADLINE, CACHE_DIR, XDG_CACHE_HOME],
     )
     add_pod_arguments(p)
     _add_wish_arguments(p)
@@ -102,11 +111,11 @@ def _add_service_arguments(p: argparse.ArgumentParser) -> None:
         "--deadline",
         type=positive_float,
         metavar="SECONDS",
-        help="total time for the decision (default: $SWITCHBOARD_DEADLINE or 2)",
+        help=f"total time for the decision (default: ${DEADLINE} or {DEFAULT_DEADLINE_S:g})",
     )
     svc.add_argument(
         "--cache-dir",
-        help="answer cache (default: $SWITCHBOARD_CACHE_DIR, else $XDG_CACHE_HOME/switchboard)",
+        help=f"answer cache (default: ${CACHE_DIR}, else ${XDG_CACHE_HOME}/{PROGRAM})",
     )
     svc.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     svc.add_argument(
@@ -160,7 +169,7 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _with_format_engine(spec: PodSpec, fmt: str) -> PodSpec:
+def _with_format_engine(spec: PodSpec, fmt: str, settings: AgentSettings) -> PodSpec:
     """The PodSpec with the engine an engine's args format needs (see
     :func:`~mla_switchboard.agent.engine.resolve_engine`); unchanged for json and env,
     where the pod's description resolves it."""
@@ -168,7 +177,8 @@ def _with_format_engine(spec: PodSpec, fmt: str) -> PodSpec:
         return spec
     from mla_switchboard.agent.engine import resolve_engine
 
-    return dataclasses.replace(spec, engine=resolve_engine(spec.engine, Notes(), output_format=fmt))
+    engine = resolve_engine(spec.engine, Notes(), settings, output_format=fmt)
+    return dataclasses.replace(spec, engine=engine)
 
 
 def _write(text: str) -> None:
@@ -201,15 +211,16 @@ def select_main(argv: Sequence[str]) -> int:
 
     from mla_switchboard.agent.api import select_backend
 
+    settings = AgentSettings.from_environ()
     with to_stderr():
         try:
-            spec = _with_format_engine(pod_spec_from(args), args.format)
+            spec = _with_format_engine(pod_spec_from(args), args.format, settings)
         except BadInputError as exc:
             log.error("error: %s", exc)
             return 2
         urls = url_list(args)
         if args.measure:
-            _measure_first(spec, urls, args.measure_budget)
+            _measure_first(spec, urls, args.measure_budget, settings)
         try:
             result = select_backend(
                 spec,
@@ -220,6 +231,7 @@ def select_main(argv: Sequence[str]) -> int:
                 build=args.check,
                 check=args.check,
                 fail_on_auth_error=args.fail_on_auth_error,
+                settings=settings,
             )
         except BadInputError as exc:
             log.error("error: %s", exc)
@@ -245,7 +257,9 @@ def select_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _measure_first(spec: PodSpec, urls: list[str] | None, budget_s: float) -> None:
+def _measure_first(
+    spec: PodSpec, urls: list[str] | None, budget_s: float, settings: AgentSettings
+) -> None:
     """``select --measure``: bench this pod in a child process, bounded by the budget.
 
     Never raises: a pod that cannot measure still boots on the decision.
@@ -258,11 +272,11 @@ def _measure_first(spec: PodSpec, urls: list[str] | None, budget_s: float) -> No
         notes.info("not measuring: --capability/--device-name pretend to be another GPU")
         return
     try:
-        report_to = urls if urls is not None else parse_urls()
+        report_to = urls if urls is not None else parse_urls(settings.url, URL)
     except ValueError:
         return  # the select right after says what is wrong with SWITCHBOARD_URL
     if not report_to:
-        notes.warn("not measuring: no service URL to report to (--url or SWITCHBOARD_URL)")
+        notes.warn(f"not measuring: no service URL to report to (--url or {URL})")
         return
     try:  # bad input fails the select right after; measuring it first would waste the budget
         spec.read_model()

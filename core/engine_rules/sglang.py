@@ -1,6 +1,6 @@
 """SGLang's MLA prefill rules, as data per release range.
 
-Each range is a run of releases whose tables agree: ``core/data/engines/sglang/<v>.json``,
+Each range is a run of releases whose tables agree: ``tools/engine_profiles/data/sglang/<v>.json``,
 written by ``tools/engine_profiles/sglang.py`` from each release's own code (its argument
 parser and the DeepSeek model's attention dispatch run under stubs; the rest read with
 file:line). ``tests/core/test_engine_profiles_sglang.py`` checks every range against
@@ -50,8 +50,11 @@ from mla_switchboard.core.specs import (
 )
 
 __all__ = [
+    "SGLANG_DECODE_FLAG",
     "SGLANG_EXCEPTIONS",
+    "SGLANG_FIRST",
     "SGLANG_NAMES",
+    "SGLANG_PREFILL_FLAG",
     "SGLANG_PROFILES",
     "SGLANG_RANGES",
     "SGLANG_UNVERIFIED",
@@ -71,9 +74,9 @@ about exactly these. FLASH_ATTN is fa3 on 9.x and fa4 (FlashAttention 4) on 10.x
 
 _HALF = (Dtype.BFLOAT16, Dtype.FLOAT16)
 _TRTLLM_DIMS = (R1_DIMS, KIMI_LINEAR_DIMS)
-_FIRST = (0, 4, 9, 5)  # the first release with --prefill-attention-backend
-_PREFILL_FLAG = EngineFlag(option="--prefill-attention-backend")
-_DECODE_FLAG = EngineFlag(option="--decode-attention-backend")
+SGLANG_FIRST = (0, 4, 9, 5)  # the first release with --prefill-attention-backend
+SGLANG_PREFILL_FLAG = EngineFlag(option="--prefill-attention-backend")
+SGLANG_DECODE_FLAG = EngineFlag(option="--decode-attention-backend")
 _SOURCES = (
     "python/sglang/srt/server_args.py (and arg_groups/ from 0.5.19)",
     "python/sglang/srt/models/deepseek_v2.py (models/deepseek_common/ from 0.5.8)",
@@ -94,8 +97,8 @@ class SglangRange:
     ragged_needs_rope: bool  # FlashInfer's ragged prefill is off when qk_rope_head_dim is 0
     deepseek_trtllm_default: bool  # DeepSeek-V3 family on 10.x defaults to trtllm_mla
     tokenspeed_refusal: str | None  # why its tokenspeed_mla name cannot be a prefill choice
-    prefill_flag: EngineFlag = _PREFILL_FLAG  # how these releases are told the prefill
-    decode_flag: EngineFlag = _DECODE_FLAG  # ... and the decode backend (pinned)
+    prefill_flag: EngineFlag = SGLANG_PREFILL_FLAG  # how these releases are told the prefill
+    decode_flag: EngineFlag = SGLANG_DECODE_FLAG  # ... and the decode backend (pinned)
 
     @property
     def verified(self) -> str:
@@ -189,7 +192,7 @@ SGLANG_RANGES: tuple[SglangRange, ...] = (
         None,
     ),
     SglangRange(
-        _FIRST,
+        SGLANG_FIRST,
         (0, 5, 1),
         ("0.4.9.post5", "0.4.9.post6", "0.4.10", "0.4.10.post1", "0.4.10.post2"),
         _BASE,
@@ -302,7 +305,7 @@ def _unverified_choice(backend: Backend, ctx: SelectionContext, label: str) -> E
     flag = SGLANG_RANGES[-1].prefill_flag.option
     return EngineChoice(
         note=f"{label} has no {flag} (SGLang's first release with it is "
-        f"{version_text(_FIRST)}): no engine flags are given, so SGLang keeps its own choice."
+        f"{version_text(SGLANG_FIRST)}): no engine flags are given, so SGLang keeps its own choice."
     )
 
 
@@ -330,7 +333,7 @@ SGLANG_UNVERIFIED = EngineProfile(
     name="sglang",
     display="SGLang",
     since=None,
-    until=_FIRST,
+    until=SGLANG_FIRST,
     verified="0.4.9.post4",
     sources=(),
     accepts=SGLANG_RANGES[-1].accepts,
@@ -362,7 +365,7 @@ SGLANG_EXCEPTIONS: tuple[DeliberateRefusal, ...] = (
     ),
     DeliberateRefusal(
         Backend.FLASH_ATTN,
-        since=_FIRST,
+        since=SGLANG_FIRST,
         until=None,
         qk_head_dim_over=256,
         reason="SGLang checks no head dims for fa3 or fa4 prefill, so it takes them for a qk "

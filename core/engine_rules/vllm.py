@@ -1,6 +1,6 @@
 """vLLM's MLA prefill rules, per release range.
 
-Every range below was read off the tables in ``core/data/engines/vllm/<release>.json``,
+Every range below was read off the tables in ``tools/engine_profiles/data/vllm/<release>.json``,
 which ``python -m tools.engine_profiles.vllm`` produces by running each release's own
 selection code (its ``AttentionConfig``, ``get_mla_prefill_backend`` and every backend's
 ``validate_configuration``) on a simulated CUDA platform. Releases whose tables agree
@@ -51,13 +51,14 @@ from mla_switchboard.core.specs import (
 __all__ = [
     "VLLM_EXCEPTIONS",
     "VLLM_LEGACY",
+    "VLLM_PREFILL_FLAG",
     "VLLM_PROFILES",
     "VLLM_RANGES",
     "VllmBackendRule",
     "VllmRange",
 ]
 
-_ATTENTION_CONFIG_FLAG = EngineFlag(option="--attention-config.mla_prefill_backend", joined=True)
+VLLM_PREFILL_FLAG = EngineFlag(option="--attention-config.mla_prefill_backend", joined=True)
 """What releases 0.21.0 to 0.33.0 parse into ``AttentionConfig.mla_prefill_backend``: each
 table records its own release's ``EngineArgs`` parser taking it (and 0.20.2's refusing
 it); no environment variable is read."""
@@ -100,7 +101,7 @@ class VllmRange:
     backends: Mapping[Backend, VllmBackendRule]
     order: tuple[tuple[int | None, MLADims | None, tuple[Backend, ...]], ...]
     changes: str = ""
-    flag: EngineFlag = _ATTENTION_CONFIG_FLAG
+    flag: EngineFlag = VLLM_PREFILL_FLAG
     """How the range's releases are told the prefill backend (its parser's spelling)."""
 
 
@@ -304,7 +305,7 @@ def _profile(vrange: VllmRange) -> EngineProfile:
         since=vrange.since,
         until=vrange.until,
         verified=vrange.releases[-1],
-        sources=tuple(f"core/data/engines/vllm/{r}.json" for r in vrange.releases),
+        sources=tuple(f"tools/engine_profiles/data/vllm/{r}.json" for r in vrange.releases),
         accepts=frozenset(vrange.backends),
         rule=_rule_for(vrange),
         default_order=_order_for(vrange),

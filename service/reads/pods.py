@@ -9,7 +9,6 @@ filter (``PodFilter.pods_in``) to the fleet's counts by group.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 from collections import Counter
 from collections.abc import Callable
@@ -17,9 +16,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from mla_switchboard.core.engine_names import OWN_ENGINE
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
-from mla_switchboard.core.names import cluster_matches
+from mla_switchboard.core.names import cluster_matches, model_matches
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import bucket_in_stage, stage_buckets
 from mla_switchboard.service.auth import Principal
@@ -128,7 +126,7 @@ class PodReads:
                     "cluster": group.cluster,
                     "backend": row.backend,
                     "source": row.source,
-                    "engine": None if request is None else _engine(request),
+                    "engine": None if request is None else request.engine_name,
                     "gpu": None if request is None else request.device.name or None,
                 }
                 for name, value in values.items():
@@ -182,10 +180,6 @@ def _digest(params: tuple[Any, ...]) -> str:
     return hashlib.sha256(repr(params).encode()).hexdigest()[:16]
 
 
-def _engine(request: SelectRequest) -> str:
-    return request.engine.name if request.engine else OWN_ENGINE
-
-
 def _scope(principal: Principal, cluster: str | None) -> tuple[str, ...] | None:
     """The cluster globs to list: the asked cluster within the token's scope, else the
     token's scope (None: every cluster); ``()``: nothing the caller may see."""
@@ -215,12 +209,12 @@ def _shapes(
     for shape_id, request in shapes.items():
         if request is None:
             continue
-        if engine is not None and _engine(request) != engine:
+        if engine is not None and request.engine_name != engine:
             continue
         if gpu is not None and request.device.name != gpu:
             continue
         model = rollout.model if rollout is not None else None
-        if model is not None and not fnmatch.fnmatchcase(request.model.name or "", model):
+        if not model_matches(request.model.name, model):
             continue
         kept.append(shape_id)
     return tuple(sorted(kept))

@@ -22,6 +22,7 @@ from mla_switchboard.core.evidence import (
     situation_of,
 )
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
+from mla_switchboard.core.specs import format_capability
 from mla_switchboard.service.fleet.shapes import request_from_shape, shape_situation
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import (
@@ -124,7 +125,7 @@ class MeasurementStore:
                 "node": report.node,
                 "pod": report.pod,
                 "device_name": report.device.name or "",
-                "capability": None if cap is None else f"{cap[0]}.{cap[1]}",
+                "capability": None if cap is None else format_capability(cap),
                 "dims": dims,
                 "num_heads": m.num_heads,
                 "dtype": report.dtype.value,

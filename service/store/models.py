@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from mla_switchboard.core.engines import OWN_ENGINE
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -243,7 +244,7 @@ class MeasurementRow(Base):
     correct: Mapped[bool] = mapped_column(Boolean)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     # the serving engine whose code path was measured: "switchboard" or "vllm 0.33.0"
-    engine: Mapped[str] = mapped_column(String(80), server_default="switchboard")
+    engine: Mapped[str] = mapped_column(String(80), server_default=OWN_ENGINE)
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # Counted as evidence: the reporting pod has a recorded decision in this cluster
     # for the same situation. Reports that do not are kept, not counted.

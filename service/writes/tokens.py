@@ -6,6 +6,7 @@ from __future__ import annotations
 from mla_switchboard.service.auth import Principal, new_token
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
+from mla_switchboard.service.rollouts import SERVICE_ACTOR
 from mla_switchboard.service.store.base import OutcomeUnknown, Replayed
 from mla_switchboard.service.store.tokens import TokenStore
 from mla_switchboard.service.writes.flow import IdempotencyKey, WriteFlow, key_reused, unknown
@@ -64,7 +65,7 @@ class TokenWrites:
         was: its secret was never shown, so it must not stay usable."""
         why = first_line(str(exc))
         try:
-            revoked = self._tokens.revoke_token(token_id, actor="switchboard")
+            revoked = self._tokens.revoke_token(token_id, actor=SERVICE_ACTOR)
         except Exception:  # the database is still away: say which token to revoke
             return Problem(
                 503,

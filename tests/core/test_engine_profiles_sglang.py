@@ -1,6 +1,6 @@
 """SGLang's profiles against every committed release table.
 
-``core/data/engines/sglang/<version>.json`` is what ``tools/engine_profiles/sglang.py``
+``tools/engine_profiles/data/sglang/<version>.json`` is what ``tools/engine_profiles/sglang.py``
 found by running that release's own parser and attention dispatch (and reading the
 rest, each fact marked "run" or "read"). Per release and situation, the profile's
 reasons for a backend are empty exactly when the release runs it (no answer it rejects,
@@ -21,7 +21,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,8 +45,9 @@ from mla_switchboard.core.specs import (
 )
 
 from tests.core.conftest import ALL, KIMI, NOW, R1, override, request
+from tools.engine_profiles import TABLES
 
-DATA = Path(__file__).resolve().parents[2] / "core" / "data" / "engines" / "sglang"
+DATA = TABLES / "sglang"
 PREFILL = SGLANG_RANGES[0].prefill_flag.option
 DECODE = SGLANG_RANGES[0].decode_flag.option
 EVERY_PACKAGE = dict.fromkeys(KERNEL_PACKAGES, "1")

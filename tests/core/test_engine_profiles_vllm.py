@@ -1,6 +1,6 @@
 """The core's vLLM rules against every release's own answers.
 
-Each ``core/data/engines/vllm/<release>.json`` was produced by running that release's
+Each ``tools/engine_profiles/data/vllm/<release>.json`` was produced by running that release's
 own selection code (``python -m tools.engine_profiles.vllm``). For every release and
 every situation of its grid this checks that the core's profile for that release:
 
@@ -24,11 +24,9 @@ from __future__ import annotations
 import itertools
 import json
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
-from mla_switchboard.core import engine_rules
 from mla_switchboard.core.engine_rules.base import DeliberateRefusal, parse_version
 from mla_switchboard.core.engine_rules.vllm import (
     VLLM_EXCEPTIONS,
@@ -50,8 +48,9 @@ from mla_switchboard.core.specs import (
 )
 
 from tests.core.conftest import NOW, override, request
+from tools.engine_profiles import TABLES
 
-TABLES_DIR = Path(engine_rules.__file__).resolve().parent.parent / "data" / "engines" / "vllm"
+TABLES_DIR = TABLES / "vllm"
 
 PRIORITY = DecisionInputs(rules=SEED_RULES)
 ENGINE_DEFAULT = DecisionInputs(

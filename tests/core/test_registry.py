@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from mla_switchboard.core.engine_names import ENGINE_NAMES, OWN_ENGINE, engine_entries
+from mla_switchboard.core.engine_names import ENGINE_NAMES, ENGINE_REGISTRY, OWN_ENGINE
 from mla_switchboard.core.engines import ENGINES
 from mla_switchboard.core.schemas import EngineName
 from mla_switchboard.core.specs import KERNEL_PACKAGES, SPECS, TORCH, Backend
@@ -73,10 +73,15 @@ ENGINE_ALLOWED = {
     "core/engine_rules/": "the engine profiles",
     "tools/engine_profiles/": "downloads and runs each engine release",
     "kernels/flash_attn.py": "imports vLLM's bundled FlashAttention from the vllm package",
+    "core/version.py": "the program's name (PROGRAM), a word our own engine's name shares",
+    "service/migrations/": "history: a migration keeps the column default it created",
+    "bench/select_load.py": "labels its two servers: 'switchboard' there is the program",
+    "bench/side_by_side.py": "reads select_load's results under the same label",
 }
 """Files that may spell an engine's name, display name or ``--format``, and why. Our
-own engine is not checked: its name is the product's (the logger, the cache folder,
-the program)."""
+own engine's name is also the program's word (``core.version.PROGRAM``, in logger names
+and prose), so it is caught as a whole string: a default or comparison that means the
+engine."""
 
 
 def _sources() -> list[Path]:
@@ -252,10 +257,13 @@ def test_the_probe_and_the_evidence_key_read_the_registry() -> None:
 def _engine_spellings() -> dict[str, re.Pattern[str]]:
     """Each engine other than our own: its name (and display name) as a word in any
     case, which covers its ``--format`` (``vllm-args``), ``NAME==VERSION``, a command
-    (``vllm serve``), a module path (``sglang.srt``) and a requirement (``vllm>=0.21``)."""
+    (``vllm serve``), a module path (``sglang.srt``) and a requirement (``vllm>=0.21``);
+    our own engine as the whole string, in any case."""
     found = {}
-    for entry in engine_entries():
+    for entry in ENGINE_REGISTRY:
         if entry.name == OWN_ENGINE:
+            whole = "|".join(re.escape(w) for w in {entry.name, entry.display})
+            found[entry.name] = re.compile(rf"^(?:{whole})$", re.I)
             continue
         words = "|".join(re.escape(w) for w in {entry.name, entry.display})
         found[entry.name] = re.compile(rf"(?<![A-Za-z0-9_])(?:{words})(?![A-Za-z0-9])", re.I)
@@ -286,7 +294,7 @@ def test_engine_names_agree_with_the_wire_contract_and_the_formats() -> None:
 
     assert OWN_ENGINE in ENGINE_NAMES
     assert set(get_args(EngineName)) == set(ENGINE_NAMES) == set(ENGINES)
-    formats = [e.format for e in engine_entries() if e.format is not None]
+    formats = [e.format for e in ENGINE_REGISTRY if e.format is not None]
     assert list(SELECT_FORMATS) == ["json", "env", *formats]
 
 
@@ -319,6 +327,8 @@ COMMAND = ["vllm serve", "model"]
 ENGINE_MODULE = "sglang.srt.server_args"
 REQUIREMENT = "vllm>=0.21"
 FORMATS = ("json", "@FMT@")
+DEFAULT_ENGINE = "@OWN@"
+LOGGER = "@OWN@.agent"
 LABEL = f"vLLM {1}"
 FINE = ("flashinfers", "my_vllm_thing", "no_cudnn_here")
 """
@@ -327,8 +337,9 @@ FINE = ("flashinfers", "my_vllm_thing", "no_cudnn_here")
 def test_the_spelling_checks_see_a_second_copy() -> None:
     """The scans are only worth something if they would catch the bug they exist for:
     each form, planted in a synthetic module, is reported; documentation is not."""
-    fmt = next(e.format for e in engine_entries() if e.format is not None)
-    strings = _used_strings(Path("agent/planted.py"), PLANTED.replace("@FMT@", fmt))
+    fmt = next(e.format for e in ENGINE_REGISTRY if e.format is not None)
+    planted = PLANTED.replace("@FMT@", fmt).replace("@OWN@", OWN_ENGINE)
+    strings = _used_strings(Path("agent/planted.py"), planted)
     texts = [t for _, t in strings]
     assert not any("docstring" in t for t in texts)
     backends = _backend_offenders("agent/planted.py", strings)
@@ -350,7 +361,8 @@ def test_the_spelling_checks_see_a_second_copy() -> None:
     engines = _engine_offenders("scripts/planted.py", strings)
     found = {o.split(" in ", 1)[1] for o in engines}
     assert found == {
-        repr(t) for t in ("vllm serve", "sglang.srt.server_args", "vllm>=0.21", fmt, "vLLM ")
+        repr(t)
+        for t in ("vllm serve", "sglang.srt.server_args", "vllm>=0.21", fmt, "vLLM ", OWN_ENGINE)
     }, engines
     # the allow-list is by file: a wrapper may import its own library, not another's
     assert _package_offenders(_own_wrapper(Backend.FLASH_ATTN), [(1, "flash_attn")]) == []

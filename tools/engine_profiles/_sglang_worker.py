@@ -24,6 +24,7 @@ from typing import Any
 from mla_switchboard.core.engine_rules.sglang import SGLANG_NAMES
 
 from tools.engine_profiles import _stubs
+from tools.engine_profiles.sglang import FLAGS
 
 # Small pure libraries a release's parser introspects for real (newer releases build
 # their fields from msgspec structs): installed by the tool into DEPS, outside the repo.
@@ -31,7 +32,6 @@ REAL = ("msgspec",)
 DEPS = Path.home() / ".cache" / "switchboard-engines" / "pydeps"
 
 NAMES = tuple(SGLANG_NAMES)  # the SGLang names the tool asks about, the core's map
-FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
 
 
 def parser_choices(root: str) -> dict[str, Any]:

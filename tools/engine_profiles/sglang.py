@@ -1,6 +1,7 @@
 """SGLang's MLA prefill behaviour per release, taken from each release's own code.
 
-``python -m tools.engine_profiles.sglang [--versions V ...] [--out core/data/engines/sglang]``
+``python -m tools.engine_profiles.sglang [--versions V ...] [--out DIR]`` (default
+``tools/engine_profiles/data/sglang``)
 
 For each SGLang release that has ``--prefill-attention-backend`` (0.4.9.post5 is the
 first: ``pip download`` of 0.4.9.post4 and older shows no such flag), the wheel is
@@ -52,11 +53,24 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
-from mla_switchboard.core.engine_rules.sglang import SGLANG_NAMES
+from mla_switchboard.core.engine_rules.base import version_text
+from mla_switchboard.core.engine_rules.sglang import (
+    SGLANG_DECODE_FLAG,
+    SGLANG_FIRST,
+    SGLANG_NAMES,
+    SGLANG_PREFILL_FLAG,
+)
 from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS, KIMI_LINEAR_DIMS, R1_DIMS
 
+from tools.engine_profiles import TABLES
+
 CACHE = Path.home() / ".cache" / "switchboard-engines" / "sglang"
-FIRST = "0.4.9.post5"  # the first release whose parser has --prefill-attention-backend
+FIRST = version_text(SGLANG_FIRST)  # the first release whose parser has the prefill flag
+PREFILL = SGLANG_PREFILL_FLAG.option  # the options the core's answers give
+DECODE = SGLANG_DECODE_FLAG.option
+FLAGS = ("--attention-backend", PREFILL, DECODE)
+"""The flags whose choices a release's parser is asked for: both the core gives, and
+the one that sets prefill and decode together (which the core never gives)."""
 CAPS = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)]
 DIMS = [
     (128, 64, 128),  # DeepSeek-V2/V3/R1, Kimi-K2
@@ -223,9 +237,7 @@ def read_choices(src: Source) -> tuple[dict[str, list[str]] | None, str | None]:
         if m:
             names = [n for n in re.findall(r'"([^"]+)"', m.group(1))]
             line = text[: m.start()].count("\n") + 1
-            flags = ("--attention-backend", "--prefill-attention-backend")
-            flags += ("--decode-attention-backend",)
-            return {f: names for f in flags}, f"python/sglang/srt/{rel}:{line}"
+            return {f: names for f in FLAGS}, f"python/sglang/srt/{rel}:{line}"
     return None, None
 
 
@@ -359,7 +371,7 @@ def situations(
     defaults: dict[str, str | None],
 ) -> list[dict[str, Any]]:
     """Per capability, dims and dtype: each SGLang name's verdict and kernel."""
-    prefill = set(choices.get("--prefill-attention-backend") or [])
+    prefill = set(choices.get(PREFILL) or [])
     rows = []
     for (major, minor), dims, dtype in ((c, d, t) for c in CAPS for d in DIMS for t in DTYPES):
         cap = f"{major}.{minor}"
@@ -508,8 +520,8 @@ def extract(version: str) -> dict[str, Any]:
             **KERNEL_FACTS,
         },
         "flags": {
-            "prefill": "--prefill-attention-backend",
-            "decode": "--decode-attention-backend",
+            "prefill": PREFILL,
+            "decode": DECODE,
             "decode_pin": "SGLang's own automatic choice for the pod (each situation's "
             "'automatic'), pinned so that setting only the prefill flag moves nothing else",
         },
@@ -529,8 +541,8 @@ def check_first(released: list[str]) -> None:
     before = [v for v in released if vkey(v) < vkey(FIRST)]
     for version, expect in ((before[-1], False), (FIRST, True)):
         choices = _worker(fetch(version), "parser") or {}
-        has = "--prefill-attention-backend" in choices
-        print(f"{version}: --prefill-attention-backend {'present' if has else 'absent'}")
+        has = PREFILL in choices
+        print(f"{version}: {PREFILL} {'present' if has else 'absent'}")
         if has is not expect:
             raise SystemExit(f"FIRST ({FIRST}) is stale: check {version}")
 
@@ -551,7 +563,7 @@ def dump(table: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", nargs="*", help="default: every release since " + FIRST)
-    parser.add_argument("--out", default="core/data/engines/sglang")
+    parser.add_argument("--out", default=str(TABLES / "sglang"))
     parser.add_argument(
         "--check",
         action="store_true",

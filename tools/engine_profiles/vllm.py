@@ -1,7 +1,7 @@
 """Extract each vLLM release's MLA prefill rules by running that release's own code.
 
     python -m tools.engine_profiles.vllm [--versions 0.27.0 0.33.0 ...]
-                                         [--out core/data/engines/vllm]
+                                         [--out tools/engine_profiles/data/vllm]
 
 Why: the core's rules (``core/engine_rules/vllm.py``) must say, for the release a pod
 runs, exactly which prefill backends that release starts with; an answer the release
@@ -61,7 +61,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mla_switchboard.core.engine_rules.vllm import VLLM_LEGACY, VLLM_PREFILL_FLAG
 from mla_switchboard.core.specs import Backend
+
+from tools.engine_profiles import TABLES
 
 __all__ = [
     "GRID",
@@ -74,8 +77,8 @@ __all__ = [
     "table_for",
 ]
 
-FIRST = (0, 21, 0)  # --attention-config.mla_prefill_backend appeared in 0.21.0
-FLAG = "--attention-config.mla_prefill_backend"
+FIRST = VLLM_LEGACY.until  # the first release with the flag (0.21.0): the core's claim
+FLAG = VLLM_PREFILL_FLAG.option  # the option the core's answers give (--opt=NAME)
 FLAG_FIELD = "AttentionConfig.mla_prefill_backend"
 CACHE = Path(
     os.environ.get("SWITCHBOARD_ENGINE_CACHE", "~/.cache/switchboard-engines")
@@ -431,7 +434,7 @@ def summary(table: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", nargs="*", help="releases (default: 0.21.0 to newest)")
-    parser.add_argument("--out", default="core/data/engines/vllm", type=Path)
+    parser.add_argument("--out", default=TABLES / "vllm", type=Path)
     parser.add_argument("--keep-wheels", action="store_true")
     parser.add_argument(
         "--check",

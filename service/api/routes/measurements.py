@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
-from mla_switchboard.core.evidence import Situation, dims_key, packages_key
+from mla_switchboard.core.engines import OWN_ENGINE
+from mla_switchboard.core.evidence import Situation
 from mla_switchboard.core.schemas import (
     NO_NUL,
     NONBLANK,
@@ -85,7 +86,7 @@ class FailureClear(BaseModel):
     dtype: DtypeName
     packages: PackageMap = Field(default_factory=dict)
     engine: Annotated[str, StringConstraints(min_length=1, max_length=80, pattern=NO_NUL)] = (
-        "switchboard"
+        OWN_ENGINE
     )
     backend: BackendName | None = Field(default=None, description="null: every backend")
     note: Annotated[
@@ -108,12 +109,12 @@ def clear_failures(
     """Evidence is fleet-wide per situation, so only an unrestricted admin may clear it.
     Measured selection stops counting the cleared failures on every replica within the
     poll interval (this one at once)."""
-    situation = Situation(
+    situation = Situation.of(
         device=body.device,
         capability=body.capability,
-        dims=dims_key(*body.dims),
+        dims=body.dims,
         dtype=body.dtype.value,
-        packages=packages_key(body.packages),
+        packages=body.packages,
         engine=body.engine,
     )
     backend = None if body.backend is None else body.backend.value

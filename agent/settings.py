@@ -1,0 +1,101 @@
+"""The agent's settings: every environment variable it reads, named and read here.
+
+A pod is configured by its environment (``SWITCHBOARD_URL`` and the rest, set in its
+manifest), and the agent's commands and ``select_backend`` read it once, at their
+start, into :class:`AgentSettings`, which they hand to what needs a value; no other
+module reads ``os.environ`` for them. The names are written here only, so a command's
+``--help``, its errors and the reader cannot disagree about what a variable is called.
+Standard library only: the agent must not need the server's dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "CACHE_DIR",
+    "CLUSTER",
+    "DEADLINE",
+    "DEFAULT_DEADLINE_S",
+    "ENGINE",
+    "ENVIRONMENT",
+    "NODE",
+    "POD",
+    "TOKEN",
+    "URL",
+    "XDG_CACHE_HOME",
+    "AgentSettings",
+]
+
+URL = "SWITCHBOARD_URL"
+TOKEN = "SWITCHBOARD_TOKEN"
+CLUSTER = "SWITCHBOARD_CLUSTER"
+NODE = "SWITCHBOARD_NODE"
+POD = "SWITCHBOARD_POD"
+ENGINE = "SWITCHBOARD_ENGINE"
+DEADLINE = "SWITCHBOARD_DEADLINE"
+CACHE_DIR = "SWITCHBOARD_CACHE_DIR"
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
+
+DEFAULT_DEADLINE_S = 2.0
+
+ENVIRONMENT = {
+    URL: "service URL(s), comma-separated (default of --url)",
+    TOKEN: "bearer token with the agent role",
+    CLUSTER: "cluster name (default of --cluster)",
+    NODE: "node name (default of --node)",
+    POD: "pod name (default of --pod; else the hostname)",
+    ENGINE: "serving engine, as --engine (default: detected)",
+    DEADLINE: f"seconds for the decision (select's default of --deadline: {DEFAULT_DEADLINE_S:g})",
+    CACHE_DIR: "answer cache (default of --cache-dir)",
+    XDG_CACHE_HOME: "answer cache under $XDG_CACHE_HOME/switchboard when no cache dir is set",
+}
+"""Every environment variable a command reads, as its ``--help`` lists it."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the environment says, as read once. An empty variable counts as unset.
+
+    ``deadline`` stays text: a bad value is the caller's bad input, reported when the
+    deadline is needed (:meth:`deadline_s`), not when the settings are read.
+    """
+
+    url: str = ""
+    token: str | None = None
+    cluster: str | None = None
+    node: str | None = None
+    pod: str | None = None
+    engine: str | None = None
+    deadline: str | None = None
+    cache_dir: str | None = None
+    xdg_cache_home: str = ""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
+        """The settings of ``environ`` (default: this process's environment, now)."""
+        env = os.environ if environ is None else environ
+        return cls(
+            url=env.get(URL, ""),
+            token=env.get(TOKEN) or None,
+            cluster=env.get(CLUSTER) or None,
+            node=env.get(NODE) or None,
+            pod=env.get(POD) or None,
+            engine=env.get(ENGINE) or None,
+            deadline=env.get(DEADLINE),
+            cache_dir=env.get(CACHE_DIR) or None,
+            xdg_cache_home=env.get(XDG_CACHE_HOME, ""),
+        )
+
+    def deadline_s(self, default: float = DEFAULT_DEADLINE_S) -> float:
+        """``SWITCHBOARD_DEADLINE`` in seconds; ValueError for a bad value, never the
+        default in its place."""
+        raw = self.deadline
+        if raw is None or not raw.strip():
+            return default
+        value = float(raw)  # ValueError is the caller's bad input
+        if not value > 0:
+            raise ValueError(f"{DEADLINE} must be positive, got {raw!r}")
+        return value
