@@ -1,4 +1,5 @@
-"""Slow clients cannot take the service's connections (service/api/server.py).
+"""Slow clients cannot take the service's connections (service/api/server.py: the
+body deadline middleware and the guarded uvicorn protocol).
 
 - a request body has ``SWITCHBOARD_BODY_TIMEOUT_S`` from the end of its headers; past
   that 408, the connection closed, and the route reading it sees the client gone;
@@ -8,7 +9,7 @@
 - a client that goes away is counted and logged in one line at most a minute, never
   with a traceback.
 
-The protocol is first tested on its own, in a uvicorn server in this process with a
+The limits are first tested on their own, in a uvicorn server in this process with a
 small ASGI app; then a real ``switchboard serve`` process limited to 1,024 descriptors
 is held by 1,100 slow-body clients while pods ask for decisions through the agent's
 own client and deadline.
@@ -40,7 +41,11 @@ from mla_switchboard.agent.client import (
     ask_service,
 )
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.api.server import QuietLog, guarded_protocol
+from mla_switchboard.service.api.body_deadline import BodyDeadline
+from mla_switchboard.service.api.conn_events import ConnectionEvents, QuietLog
+from mla_switchboard.service.api.conn_limits import Limits
+from mla_switchboard.service.api.server import guard_protocol
+from mla_switchboard.service.api.uvicorn_guard import GuardedProtocol
 from mla_switchboard.service.metrics import Metrics
 
 from tests.conftest import ADMIN, ServiceProcess, free_port
@@ -55,8 +60,8 @@ R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 
 @dataclass
 class Toy:
-    """A uvicorn server in a thread of this process, with the guarded protocol, in
-    front of a small app: ``/busy`` waits for ``release``; anything else reads its
+    """A uvicorn server in a thread of this process, with the guarded protocol and the
+    body deadline, in front of a small app: ``/busy`` waits for ``release``; anything else reads its
     body and answers 200 with its length. ``seen`` lists the disconnects the app saw."""
 
     port: int
@@ -103,12 +108,13 @@ def toy_server() -> Iterator[Callable[..., Toy]]:
 
     def start(**limits: Any) -> Toy:
         toy = Toy(free_port(), Metrics(), threading.Event())
-        options = {"max_header_bytes": 32 * 1024, "header_timeout_s": 10.0, **limits}
+        events = ConnectionEvents(toy.metrics)
+        guard = Limits(32 * 1024, 10.0, limits.get("max_connections"), events)
         config = uvicorn.Config(
-            _toy_app(toy),
+            BodyDeadline(_toy_app(toy), limits.get("body_timeout_s", 10.0), events),
             host="127.0.0.1",
             port=toy.port,
-            http=guarded_protocol(**options, metrics=toy.metrics),
+            http=guard_protocol(GuardedProtocol, guard),
             lifespan="off",
             log_level="warning",
         )
