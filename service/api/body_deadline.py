@@ -17,6 +17,7 @@ its answer: counted and logged quietly (service/api/conn_events.py).
 from __future__ import annotations
 
 import asyncio
+import time
 
 from mla_switchboard.service.api.conn_events import ConnectionEvents, refusal_body
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,22 +41,20 @@ def _closing(start: Message) -> Message:
 class _Request:
     """One request's reads and answer, between the server and the app."""
 
-    __slots__ = ("_done", "_limits", "_receive", "_send", "_started", "_timer", "cut", "scope")
+    __slots__ = ("_done", "_limits", "_receive", "_send", "_started", "cut", "scope")
 
     def __init__(self, limits: BodyDeadline, scope: Scope, receive: Receive, send: Send) -> None:
         self._limits = limits
         self.scope = scope
         self._receive = receive
         self._send = send
-        self._timer: asyncio.TimerHandle | None = None
         self._done = False  # the whole body read (or the client gone)
         self._started = False  # the app's answer under way
         self.cut = False  # the 408 went instead of the app's answer
 
     async def receive(self) -> Message:
-        if self._timer is None and not self._done:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self._limits.body_timeout_s, self._expire)
+        if not self._done:
+            self._limits.reading(self)
         message = await self._receive()
         if message["type"] == "http.request":
             if message.get("more_body", False):
@@ -65,7 +64,7 @@ class _Request:
                 f"{self.scope.get('method', '?')} {self.scope.get('path', '?')!a}"
             )
         self._done = True
-        self.stop()
+        self._limits.read(self)
         return message
 
     async def send(self, message: Message) -> None:
@@ -77,13 +76,7 @@ class _Request:
                 message = _closing(message)
         await self._send(message)
 
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self) -> None:
-        self._timer = None
+    def expire(self) -> None:
         if self._done or self._started:
             return  # an answer under way closes the connection itself (send)
         self.cut = True
@@ -98,7 +91,11 @@ class _Request:
 
 
 class BodyDeadline:
-    """ASGI middleware: every HTTP request's body within ``body_timeout_s``."""
+    """ASGI middleware: every HTTP request's body within ``body_timeout_s``.
+
+    One timer for all requests, ticking only while some body is being read: a timer
+    per request (set and cancelled around every read) cost 7 us of the ~200 us CPU
+    a select takes; a body then times out up to a tick (a tenth of the time) late."""
 
     def __init__(self, app: ASGIApp, body_timeout_s: float, events: ConnectionEvents) -> None:
         self.app = app
@@ -110,6 +107,33 @@ class BodyDeadline:
             (b"content-length", str(len(self.body)).encode()),
             CLOSE,
         ]
+        self._tick_s = min(1.0, body_timeout_s / 10)
+        self._deadlines: dict[_Request, float] = {}  # oldest first: all have one timeout
+        self._ticking = False
+
+    def reading(self, request: _Request) -> None:
+        """``request``'s app waits on its body: its clock starts (at its first read)."""
+        if request not in self._deadlines:
+            self._deadlines[request] = time.monotonic() + self.body_timeout_s
+            if not self._ticking:
+                self._ticking = True
+                asyncio.get_running_loop().call_later(self._tick_s, self._tick)
+
+    def read(self, request: _Request) -> None:
+        self._deadlines.pop(request, None)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        while self._deadlines:
+            request, deadline = next(iter(self._deadlines.items()))
+            if deadline > now:
+                break
+            del self._deadlines[request]
+            request.expire()
+        if self._deadlines:
+            asyncio.get_running_loop().call_later(self._tick_s, self._tick)
+        else:
+            self._ticking = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -119,4 +143,4 @@ class BodyDeadline:
         try:
             await self.app(scope, request.receive, request.send)
         finally:
-            request.stop()
+            self.read(request)

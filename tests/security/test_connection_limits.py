@@ -61,8 +61,9 @@ R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 @dataclass
 class Toy:
     """A uvicorn server in a thread of this process, with the guarded protocol and the
-    body deadline, in front of a small app: ``/busy`` waits for ``release``; anything else reads its
-    body and answers 200 with its length. ``seen`` lists the disconnects the app saw."""
+    body deadline, in front of a small app: ``/busy`` waits for ``release``; ``/early``
+    answers 200 without reading its body; anything else reads its body and answers 200
+    with its length. ``seen`` lists the disconnects the app saw."""
 
     port: int
     metrics: Metrics
@@ -86,7 +87,7 @@ def _toy_app(toy: Toy) -> Callable[..., Any]:
             while not toy.release.is_set():
                 await asyncio.sleep(0.01)
         size = 0
-        while True:
+        while path != "/early":  # answers without reading its body (as a 404 does)
             message = await receive()
             if message["type"] == "http.disconnect":
                 toy.seen.append(f"{path} disconnect")
@@ -199,6 +200,22 @@ def test_a_body_within_its_time_passes_and_the_clock_is_per_request(
         sock.sendall(_request("/echo", 3, b"abc"))
         assert _read_one(sock).endswith(b"\r\n\r\n3")
     assert toy.closed("body_timeout") == 0
+
+
+def test_an_answer_before_the_body_is_read_closes_the_connection(
+    toy_server: Callable[..., Toy],
+) -> None:
+    """Nothing would bound the rest of a body no route reads: the answer says
+    ``connection: close`` and the server closes, whatever the client still sends."""
+    toy = toy_server(body_timeout_s=10.0)
+    with toy.connect() as sock:
+        start = time.monotonic()
+        sock.sendall(_request("/early", 60_000, b"{"))
+        answer = _read_answer(sock, 5)
+        took = time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"connection: close" in answer.lower()
+    assert took < 2.0, took
 
 
 def test_at_the_limit_the_longest_waiting_connection_gives_way(
