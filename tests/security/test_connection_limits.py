@@ -170,15 +170,21 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 5) -> None:
         time.sleep(0.01)
 
 
+def _first_byte_of_a_long_body(toy: Toy, path: str) -> tuple[bytes, float]:
+    """Headers for a 60,000-byte body and its first byte, then nothing: what the
+    server answers before it closes, and how long that took."""
+    with toy.connect() as sock:
+        start = time.monotonic()
+        sock.sendall(_request(path, 60_000, b"{"))
+        answer = _read_answer(sock, 5)
+        return answer, time.monotonic() - start
+
+
 def test_a_slow_body_is_408_and_the_route_sees_the_client_gone(
     toy_server: Callable[..., Toy],
 ) -> None:
     toy = toy_server(body_timeout_s=0.5)
-    with toy.connect() as sock:
-        start = time.monotonic()
-        sock.sendall(_request("/echo", 60_000, b"{"))
-        answer = _read_answer(sock, 5)
-        took = time.monotonic() - start
+    answer, took = _first_byte_of_a_long_body(toy, "/echo")
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"request body not complete within 0.5 s" in answer
     assert 0.4 < took < 2.0, took
@@ -208,11 +214,7 @@ def test_an_answer_before_the_body_is_read_closes_the_connection(
     """Nothing would bound the rest of a body no route reads: the answer says
     ``connection: close`` and the server closes, whatever the client still sends."""
     toy = toy_server(body_timeout_s=10.0)
-    with toy.connect() as sock:
-        start = time.monotonic()
-        sock.sendall(_request("/early", 60_000, b"{"))
-        answer = _read_answer(sock, 5)
-        took = time.monotonic() - start
+    answer, took = _first_byte_of_a_long_body(toy, "/early")
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert b"connection: close" in answer.lower()
     assert took < 2.0, took
