@@ -223,6 +223,7 @@ class ServiceProcess:
     def wait_ready(self, timeout: float = 30.0) -> ServiceProcess:
         """Until ``/readyz`` answers 200; the log when the process exits or never does."""
         assert self.proc is not None and self.log_path is not None, "spawn() first"
+        load = MachineLoad(self.proc.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -233,7 +234,9 @@ class ServiceProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError(f"service not ready in {timeout}s:\n{self.log_path.read_text()}")
+        raise RuntimeError(
+            load.says(f"service not ready in {timeout}s:\n{self.log_path.read_text()}")
+        )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
