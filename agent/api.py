@@ -40,7 +40,7 @@ from mla_switchboard.agent.client import (
 from mla_switchboard.agent.errors import BadInputError, NoBackendError, TokenRefused
 from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_order
 from mla_switchboard.agent.notes import Notes
-from mla_switchboard.agent.pod import ModelSource, PodSpec, describe_pod
+from mla_switchboard.agent.pod import ModelSource, PodDescription, PodSpec, describe_pod
 from mla_switchboard.core.evaluator import SEED_RULES, Refusal, decide_locally
 from mla_switchboard.core.schemas import Candidate, EngineInfo, SelectRequest, SelectResponse
 from mla_switchboard.core.specs import Backend
@@ -377,13 +377,7 @@ def select_backend(
     """
     spec = _pod_spec(spec, fields)
     notes = Notes()
-    try:
-        if isinstance(urls, str) or urls is None:
-            url_list = parse_urls(urls)
-        else:
-            url_list = parse_urls(",".join(urls))
-    except ValueError as exc:
-        raise BadInputError(str(exc)) from None
+    url_list = _url_list(urls)
     token = token if token is not None else token_from_env()
     if deadline is None:
         try:
@@ -418,8 +412,32 @@ def select_backend(
         # the caller's report of the refusal shows what was asked and what was seen
         exc.request, exc.notes, exc.pretend = request, list(notes), pod_description.pretend
         raise
+    result = _result_of(answer, request, notes, pretend=pod_description.pretend)
+    if pod_description.pretend and (build or check):
+        notes.info("pretending to be another GPU (--capability/--device-name): nothing is built")
+    if not building:
+        return result
+
+    _build_into(result, pod_description, notes, check=check, urls=url_list, token=token)
+    return result
+
+
+def _url_list(urls: Sequence[str] | str | None) -> list[str]:
+    """The service URLs to try in turn: given, or from the environment when None."""
+    try:
+        if isinstance(urls, str) or urls is None:
+            return parse_urls(urls)
+        return parse_urls(",".join(urls))
+    except ValueError as exc:
+        raise BadInputError(str(exc)) from None
+
+
+def _result_of(
+    answer: _Answer, request: SelectRequest, notes: Notes, *, pretend: bool
+) -> SelectionResult:
+    """The service's (or the local) answer as the caller sees it, before any build."""
     response = answer.response
-    result = SelectionResult(
+    return SelectionResult(
         backend=response.backend,
         source=response.source,
         candidates=list(response.candidates),
@@ -432,18 +450,31 @@ def select_backend(
         service_url=answer.url,
         cached_source=answer.cached_source,
         revalidated=answer.revalidated,
-        pretend=pod_description.pretend,
+        pretend=pretend,
         evidence=None if response.evidence is None else response.evidence.model_dump(mode="json"),
         # the engine asked for; the answer's echo where none was named (switchboard)
         engine=request.engine or response.engine,
         engine_args=list(response.engine_args),
         engine_env=dict(response.engine_env),
     )
-    if pod_description.pretend and (build or check):
-        notes.info("pretending to be another GPU (--capability/--device-name): nothing is built")
-    if not building:
-        return result
 
+
+def _build_into(
+    result: SelectionResult,
+    pod_description: PodDescription,
+    notes: Notes,
+    *,
+    check: bool,
+    urls: list[str],
+    token: str | None,
+) -> None:
+    """Build the decided kernel (or the next that builds) and record it on ``result``.
+
+    A backend that fails is reported to the service against the decision, so the
+    fleet's evidence learns of it; the answer's engine arguments are dropped when the
+    kernel built is not the one they select."""
+    request = pod_description.request
+    decided, candidates = result.decided_backend, result.candidates
     dims = pod_description.model
     shape = KernelShape(
         num_heads=dims.num_heads or 0,
@@ -456,16 +487,14 @@ def select_backend(
     )
 
     def on_failure(backend: Backend, error: str) -> None:
-        if result.decision_id is None or not url_list:
+        if result.decision_id is None or not urls:
             return
-        problem = report_failure(
-            result.decision_id, backend.value, error, urls=url_list, token=token
-        )
+        problem = report_failure(result.decision_id, backend.value, error, urls=urls, token=token)
         if problem is not None:
             notes.warn(f"could not report the {backend} failure to the service: {problem}")
 
     outcome = build_kernel(
-        build_order(response.backend, response.candidates),
+        build_order(decided, candidates),
         shape,
         notes=notes,
         check=check,
@@ -475,13 +504,12 @@ def select_backend(
     result.kernel = outcome.kernel
     result.build_failures = [(b.value, why) for b, why in outcome.failures]
     if outcome.failures:
-        notes.warn(f"using {outcome.backend} instead of {response.backend}")
+        notes.warn(f"using {outcome.backend} instead of {decided}")
         if result.engine_args or result.engine_env:
             # The answer's engine arguments select the decided backend; the agent has
             # no mapping of its own (the answer is the one source), so it gives none.
             notes.warn(
-                f"the engine arguments select {response.backend}, which did not build "
+                f"the engine arguments select {decided}, which did not build "
                 "here; giving none, so the engine chooses on its own"
             )
             result.engine_args, result.engine_env = [], {}
-    return result

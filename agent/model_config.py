@@ -122,6 +122,54 @@ def _default_name(path: Path | None, config: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _not_mla(cfg: Mapping[str, Any], source: str) -> str:
+    """Why a config that is no MLA model is refused, naming what gave it away."""
+    text = text_config(cfg)
+    model_type = text.get("model_type") or cfg.get("model_type") or "unknown"
+    why = (
+        "it sets use_mla: false"
+        if text.get("use_mla") is False
+        else "its config has no kv_lora_rank"
+    )
+    return (
+        f"{source} describes a {model_type} model that does not use MLA ({why}); "
+        "Switchboard selects MLA prefill backends only"
+    )
+
+
+def _dims(
+    cfg: Mapping[str, Any], explicit: Mapping[str, int | None], source: str
+) -> dict[str, int]:
+    """The three head dims: each from the arguments, else from the config, else refused."""
+    dims: dict[str, int] = {}
+    for key in DIM_KEYS:
+        # A rope part of 0 is a real MLA layout (GLM-5-Next: (256, 0, 256)).
+        zero_ok = key == "qk_rope_head_dim"
+        if explicit[key] is not None:
+            dims[key] = _positive_int(explicit[key], key, "the arguments", zero_ok=zero_ok)
+            continue
+        value = _lookup(cfg, key)
+        if value is None:
+            flag = "--" + key.replace("_", "-")
+            raise BadInputError(f"{key} is not in {source}; give it with {flag}")
+        dims[key] = _positive_int(value, key, source, zero_ok=zero_ok)
+    return dims
+
+
+def _dtype(cfg: Mapping[str, Any], dtype: str | Dtype | None, source: str) -> Dtype | None:
+    """The argument's dtype, else the config's (``dtype`` or ``torch_dtype``), else None."""
+    raw_dtype = dtype if dtype is not None else _lookup(cfg, "dtype", "torch_dtype")
+    if isinstance(raw_dtype, Dtype):
+        return raw_dtype
+    if raw_dtype is None:
+        return None
+    try:
+        return parse_dtype(str(raw_dtype))
+    except ValueError as exc:
+        where = "the arguments" if dtype is not None else source
+        raise BadInputError(f"dtype in {where}: {exc}; give one with --dtype") from None
+
+
 def read_model(
     path: str | Path | None = None,
     *,
@@ -145,53 +193,20 @@ def read_model(
     source = str(file) if file is not None else ("the model config" if config else "the flags")
     cfg: Mapping[str, Any] = config or {}
     if config is not None and not is_mla(cfg):
-        text = text_config(cfg)
-        model_type = text.get("model_type") or cfg.get("model_type") or "unknown"
-        why = (
-            "it sets use_mla: false"
-            if text.get("use_mla") is False
-            else "its config has no kv_lora_rank"
-        )
-        raise BadInputError(
-            f"{source} describes a {model_type} model that does not use MLA ({why}); "
-            "Switchboard selects MLA prefill backends only"
-        )
-
+        raise BadInputError(_not_mla(cfg, source))
     explicit = {
         "qk_nope_head_dim": qk_nope_head_dim,
         "qk_rope_head_dim": qk_rope_head_dim,
         "v_head_dim": v_head_dim,
     }
-    dims: dict[str, int] = {}
-    for key in DIM_KEYS:
-        # A rope part of 0 is a real MLA layout (GLM-5-Next: (256, 0, 256)).
-        zero_ok = key == "qk_rope_head_dim"
-        if explicit[key] is not None:
-            dims[key] = _positive_int(explicit[key], key, "the arguments", zero_ok=zero_ok)
-            continue
-        value = _lookup(cfg, key)
-        if value is None:
-            flag = "--" + key.replace("_", "-")
-            raise BadInputError(f"{key} is not in {source}; give it with {flag}")
-        dims[key] = _positive_int(value, key, source, zero_ok=zero_ok)
-
+    dims = _dims(cfg, explicit, source)
     heads: int | None
     if num_heads is not None:
         heads = _positive_int(num_heads, "num_heads", "the arguments")
     else:
         found = _lookup(cfg, "num_attention_heads")
         heads = None if found is None else _positive_int(found, "num_attention_heads", source)
-
-    resolved_dtype: Dtype | None = None
-    raw_dtype = dtype if dtype is not None else _lookup(cfg, "dtype", "torch_dtype")
-    if isinstance(raw_dtype, Dtype):
-        resolved_dtype = raw_dtype
-    elif raw_dtype is not None:
-        try:
-            resolved_dtype = parse_dtype(str(raw_dtype))
-        except ValueError as exc:
-            where = "the arguments" if dtype is not None else source
-            raise BadInputError(f"dtype in {where}: {exc}; give one with --dtype") from None
+    resolved_dtype = _dtype(cfg, dtype, source)
 
     qk_head_dim = dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"]
     rope = _lookup(cfg, "rope_scaling", "rope_parameters")

@@ -20,11 +20,11 @@ FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 from mla_switchboard.core.engines import OWN_ENGINE, EngineProfile, resolve
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
@@ -390,68 +390,99 @@ def decide(
     """Choose a backend for ``request``; see the module docstring for precedence.
     ``bucket``: the pod's stage bucket when the caller has it (a replay of stored pods
     by group); else it is computed from the request's cluster and pod name."""
-    cap = request.device.capability
-    a = assess(request, inputs, now, bucket)
-    reasons = a.reasons
-    refs = _refs(a)
-    ctx = context_of(request)
-    trace = _Trace()
-    trace.messages.extend(_stage_messages(a))
-    notes = a.profile.notes(a.engine.version)
-    trace.messages.extend(notes)
-    read = a.situation if a.policy == "measured" else None  # what the evidence was asked
+    deciding = _Deciding(request, inputs, assess(request, inputs, now, bucket))
+    # The precedence, highest first: each step answers or leaves the pod to the next.
+    for step in (deciding.forced, deciding.requested, deciding.automatic):
+        outcome = step()
+        if outcome is not None:
+            return outcome
+    return deciding.fallback()
+
+
+class _Deciding:
+    """One ``decide`` call: the assessment, the trace so far, and the steps of precedence.
+
+    A class rather than one long function so each step (override, request, evidence
+    or priority list, fallback) reads on its own, while all of them append to the one
+    trace that explains the answer.
+    """
+
+    def __init__(self, request: SelectRequest, inputs: DecisionInputs, a: Assessment) -> None:
+        self.request = request
+        self.inputs = inputs
+        self.a = a
+        self.reasons = a.reasons
+        self.refs = _refs(a)
+        self.ctx = context_of(request)
+        self.trace = _Trace()
+        self.trace.messages.extend(_stage_messages(a))
+        self.notes = a.profile.notes(a.engine.version)
+        self.trace.messages.extend(self.notes)
+        # What the evidence was asked, reported with the outcome.
+        self.read = a.situation if a.policy == "measured" else None
 
     def finish(
-        backend: Backend, source: Source, why: str, evidence: Evidence | None = None
+        self, backend: Backend, source: Source, why: str, evidence: Evidence | None = None
     ) -> Decision:
-        choice = a.profile.choice(backend, ctx, a.profile.label(a.engine.version))
+        a, trace = self.a, self.trace
+        choice = a.profile.choice(backend, self.ctx, a.profile.label(a.engine.version))
         if choice.note:
             trace.messages.append(choice.note)
         return Decision(
             backend=backend,
             source=source,
-            candidates=_candidates(trace, reasons),
+            candidates=_candidates(trace, self.reasons),
             messages=tuple(trace.messages),
-            overrides=refs,
+            overrides=self.refs,
             evidence=evidence,
             engine=a.engine,
             engine_args=choice.args,
             engine_env=tuple(sorted(choice.env.items())),
             why=why,
-            evidence_situation=read,
+            evidence_situation=self.read,
         )
 
-    def refuse(kind: str, message: str) -> Refusal:
-        message = " ".join([message, *(f"{n}." for n in notes)])
-        return Refusal(kind, message, _candidates(trace, reasons), refs, a.engine, read)
+    def refuse(self, kind: str, message: str) -> Refusal:
+        message = " ".join([message, *(f"{n}." for n in self.notes)])
+        candidates = _candidates(self.trace, self.reasons)
+        return Refusal(kind, message, candidates, self.refs, self.a.engine, self.read)
 
-    forcing = [o for o in a.active if o.force is not None]
-    if forcing:
+    def forced(self) -> Decision | None:
+        """An active override's force, when the forced backend is valid here."""
+        forcing = [o for o in self.a.active if o.force is not None]
+        if not forcing:
+            return None
+        trace, reasons = self.trace, self.reasons
         force_by = forcing[-1]  # the cluster's own force beats the fleet's
         forced = force_by.force
         assert forced is not None
         trace.consider(forced, "forced")
         if not reasons[forced]:
             why = trace.say(f"Forced to {forced} by {force_by.label}: {force_by.note}")
-            if request.requested_backend not in (None, forced):
+            if self.request.requested_backend not in (None, forced):
                 trace.messages.append(
-                    f"Requested MLA prefill backend {request.requested_backend} "
+                    f"Requested MLA prefill backend {self.request.requested_backend} "
                     f"was overridden by {force_by.label}."
                 )
-            return finish(forced, "override", why)
+            return self.finish(forced, "override", why)
         trace.messages.append(
             f"Backend {forced} forced by {force_by.label} is not valid: "
             f"{reasons[forced]}. Skipping the override."
         )
+        return None
 
-    requested = request.requested_backend
-    if requested is not None:
+    def requested(self) -> Decision | Refusal | None:
+        """The pod's own request: used when valid, refused when invalid and strict."""
+        requested = self.request.requested_backend
+        if requested is None:
+            return None
+        trace, reasons = self.trace, self.reasons
         trace.consider(requested, "requested")
         if not reasons[requested]:
             why = trace.say(f"Using requested MLA prefill backend {requested}.")
-            return finish(requested, "requested", why)
-        if request.strict:
-            return refuse(
+            return self.finish(requested, "requested", why)
+        if self.request.strict:
+            return self.refuse(
                 "requested_invalid",
                 f"Requested MLA prefill backend {requested} is not valid: "
                 f"{reasons[requested]}. strict is true, so no other backend is chosen.",
@@ -460,67 +491,102 @@ def decide(
             f"Requested MLA prefill backend {requested} is not valid: "
             f"{reasons[requested]}. Falling back to auto-selection."
         )
+        return None
 
-    if cap is None:
-        trace.messages.append("No CUDA device: using the CPU-capable fallback.")
-    else:
-        if a.policy == "measured":
-            evidence = inputs.evidence.rank(a.situation, a.valid())
-            if evidence is not None:
-                trace.consider(evidence.backend, "measured")
-                why = trace.say(
-                    f"Using {evidence.backend}: fastest correct backend measured for this "
-                    f"device, dims, dtype and engine ({evidence.median_tflops:.0f} TFLOP/s "
-                    f"median over {evidence.samples} samples from {evidence.pods} pods)."
-                )
-                return finish(evidence.backend, "measured", why, evidence)
+    def automatic(self) -> Decision | None:
+        """On a GPU: the evidence (when the policy is measured), then a priority list."""
+        cap = self.request.device.capability
+        if cap is None:
+            self.trace.messages.append("No CUDA device: using the CPU-capable fallback.")
+            return None
+        if self.a.policy == "measured":
+            measured = self.measured()
+            if measured is not None:
+                return measured
+        return self.listed(Capability(*cap))
+
+    def measured(self) -> Decision | None:
+        a, trace = self.a, self.trace
+        evidence = self.inputs.evidence.rank(a.situation, a.valid())
+        if evidence is None:
             trace.messages.append(
                 "Policy is measured but the evidence for this situation is too thin; "
                 "using the priority list."
             )
+            return None
+        trace.consider(evidence.backend, "measured")
+        why = trace.say(
+            f"Using {evidence.backend}: fastest correct backend measured for this "
+            f"device, dims, dtype and engine ({evidence.median_tflops:.0f} TFLOP/s "
+            f"median over {evidence.samples} samples from {evidence.pods} pods)."
+        )
+        return self.finish(evidence.backend, "measured", why, evidence)
+
+    def listed(self, cap: Capability) -> Decision | None:
+        """The first valid backend of the engine's own order or the rules' priority list."""
+        a, trace = self.a, self.trace
         if a.policy == "engine-default":
-            listed = a.profile.default_order(ctx)
+            listed = a.profile.default_order(self.ctx)
             rule = f"{a.profile.label(a.engine.version)}'s own default order"
         else:
-            listed, rule = priority_list(inputs.rules, request.cluster, Capability(*cap))
-        for backend in listed:
-            trace.consider(backend, "priority")
-        for backend in listed:
-            if not reasons[backend]:
-                why = trace.say(
-                    f"Using {backend}: first valid backend in the priority list ({rule}: "
-                    f"{', '.join(b.value for b in listed)})."
-                )
-                return finish(backend, "priority", why)
+            listed, rule = priority_list(self.inputs.rules, self.request.cluster, cap)
+        chosen = self.first_valid(
+            listed,
+            "priority",
+            lambda backend: (
+                f"Using {backend}: first valid backend in the priority list "
+                f"({rule}: {', '.join(b.value for b in listed)})."
+            ),
+        )
+        if chosen is not None:
+            return chosen
         trace.messages.append(
             f"No backend in the priority list ({rule}: "
             f"{', '.join(b.value for b in listed) or 'empty'}) is valid."
         )
+        return None
 
-    for backend in FALLBACK_CHAIN:
-        trace.consider(backend, "fallback")
-    for backend in FALLBACK_CHAIN:
-        if not reasons[backend]:
-            why = trace.say(f"Using fallback {backend}.")
-            return finish(backend, "fallback", why)
-    # Last resort: a valid backend outside every list beats refusing the pod, and a
-    # refusal must never leave a valid candidate unexplained.
-    for backend in Backend:
-        if not reasons[backend]:
-            trace.consider(backend, "fallback")
-            why = trace.say(
-                f"Using {backend}: the only kind of backend valid for this pod "
-                "(none in the priority list or the fallback chain is)."
-            )
-            return finish(backend, "fallback", why)
-    engine_text = (
-        "" if a.engine.name == OWN_ENGINE else f" under {a.profile.label(a.engine.version)}"
-    )
-    summary = "; ".join(f"{b}: {reasons[b][0]}" for b in Backend)
-    return refuse(
-        "no_valid_backend",
-        f"No MLA prefill backend is valid for this pod{engine_text}. {summary}.",
-    )
+    def first_valid(
+        self,
+        backends: Sequence[Backend],
+        source: Literal["priority", "fallback"],
+        why: Callable[[Backend], str],
+    ) -> Decision | None:
+        """The first valid one of ``backends``, all of them listed as considered first."""
+        for backend in backends:
+            self.trace.consider(backend, source)
+        for backend in backends:
+            if not self.reasons[backend]:
+                return self.finish(backend, source, self.trace.say(why(backend)))
+        return None
+
+    def fallback(self) -> Decision | Refusal:
+        """The fallback chain, then any valid backend at all, else a refusal naming why."""
+        trace, reasons = self.trace, self.reasons
+        chosen = self.first_valid(
+            FALLBACK_CHAIN, "fallback", lambda backend: f"Using fallback {backend}."
+        )
+        if chosen is not None:
+            return chosen
+        # Last resort: a valid backend outside every list beats refusing the pod, and a
+        # refusal must never leave a valid candidate unexplained.
+        for backend in Backend:
+            if not reasons[backend]:
+                trace.consider(backend, "fallback")
+                why = trace.say(
+                    f"Using {backend}: the only kind of backend valid for this pod "
+                    "(none in the priority list or the fallback chain is)."
+                )
+                return self.finish(backend, "fallback", why)
+        a = self.a
+        engine_text = (
+            "" if a.engine.name == OWN_ENGINE else f" under {a.profile.label(a.engine.version)}"
+        )
+        summary = "; ".join(f"{b}: {reasons[b][0]}" for b in Backend)
+        return self.refuse(
+            "no_valid_backend",
+            f"No MLA prefill backend is valid for this pod{engine_text}. {summary}.",
+        )
 
 
 def _candidates(trace: _Trace, reasons: dict[Backend, list[str]]) -> tuple[Candidate, ...]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import abc
 import importlib.util
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -45,6 +45,7 @@ from mla_switchboard.core.specs import (
     SelectionContext,
     parse_dtype,
 )
+from torch import Tensor
 
 __all__ = [
     "BackendUnavailable",
@@ -52,6 +53,7 @@ __all__ = [
     "RaggedBatch",
     "canonical_device",
     "device_capability",
+    "lse_base2_to_contract",
     "resolve_dtype",
 ]
 
@@ -123,6 +125,11 @@ def device_capability(device: torch.device) -> Capability | None:
     return Capability(major, minor)
 
 
+def lse_base2_to_contract(lse: torch.Tensor) -> torch.Tensor:
+    """A ``[T, H]`` base-2 LSE (FlashInfer's and trtllm-gen's) as the contract's ``[H, T]`` ln."""
+    return (lse.float() * math.log(2.0)).t().contiguous()
+
+
 def _installed(packages: Sequence[str]) -> dict[str, str]:
     """Which of ``packages`` are importable, without importing them."""
     found: dict[str, str] = {}
@@ -161,6 +168,7 @@ class RaggedBatch:
     """
 
     __slots__ = (
+        "_kv_lengths",
         "batch_size",
         "cu_seqlens_k",
         "cu_seqlens_q",
@@ -201,6 +209,17 @@ class RaggedBatch:
         #: True when all sequences share one query length and one key length: the
         #: packed batch is then also a dense ``[B, S, H, D]`` tensor without padding.
         self.equal_lengths = len(set(self.lens_q)) <= 1 and len(set(self.lens_k)) <= 1
+        self._kv_lengths: torch.Tensor | None = None
+
+    def kv_lengths(self) -> torch.Tensor:
+        """Per-sequence key lengths on the device, computed once per batch (not per layer).
+
+        Kernels that take lengths beside the offsets (trtllm-gen, tokenspeed) share it.
+        """
+        if self._kv_lengths is None:
+            cu = self.cu_seqlens_k
+            self._kv_lengths = cu[1:] - cu[:-1]
+        return self._kv_lengths
 
     def __repr__(self) -> str:
         return f"RaggedBatch(lens_q={self.lens_q}, lens_k={self.lens_k})"
@@ -441,15 +460,8 @@ class MLAPrefillKernel(abc.ABC):
 
     @abc.abstractmethod
     def _forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: RaggedBatch,
-        *,
-        causal: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """Run the kernel on validated inputs; return ``(out, lse or None)``."""
 
     # --------------------------------------------------------------- validation
@@ -471,108 +483,148 @@ class MLAPrefillKernel(abc.ABC):
         never decrease, end at the token counts, respect the declared maxima) need the
         offsets on the host, which is one small copy per new offsets tensor (cached).
         """
-        h, dqk, dv = self.num_heads, self.dims.qk_head_dim, self.dims.v_head_dim
+        _raise_first(self._static_reasons(q, k, v, cu_seqlens_q, cu_seqlens_k))
+        _raise_first(
+            _max_seqlen_reason(name, value)
+            for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k))
+        )
+        host_q = self._host_q.get(cu_seqlens_q)
+        host_k = self._host_k.get(cu_seqlens_k)
+        _raise_first(
+            _offsets_values_reason(name, host, total, max_len)
+            for name, host, total, max_len in (
+                ("cu_seqlens_q", host_q, q.shape[0], max_seqlen_q),
+                ("cu_seqlens_k", host_k, k.shape[0], max_seqlen_k),
+            )
+        )
+        _raise_first(_sequence_reasons(host_q, host_k, causal))
+        return RaggedBatch(cu_seqlens_q, cu_seqlens_k, host_q, host_k, max_seqlen_q, max_seqlen_k)
+
+    def _static_reasons(
+        self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor
+    ) -> Iterator[str | None]:
+        """The checks that need no offsets values, in order; each runs once those before pass."""
         for name, t in (("q", q), ("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() != 3:
-                raise ValueError(
-                    f"{name} must be 3-D [tokens, heads, head_dim], got shape {tuple(t.shape)}"
-                )
-            if t.dtype != self.dtype:
-                raise ValueError(
-                    f"{name} has dtype {t.dtype} but this {self.backend} kernel was created "
-                    f"for {self.dtype}"
-                )
-            if not _same_device(t.device, self.device):
-                raise ValueError(
-                    f"{name} is on {t.device} but this {self.backend} kernel was created "
-                    f"for {self.device}"
-                )
-        if tuple(q.shape[1:]) != (h, dqk):
-            raise ValueError(
-                f"q must have shape [T_q, {h}, {dqk}] (heads, qk_nope+qk_rope), "
-                f"got {tuple(q.shape)}"
-            )
-        if tuple(k.shape[1:]) != (h, dqk):
-            raise ValueError(
-                f"k must have shape [T_k, {h}, {dqk}] (heads, qk_nope+qk_rope), "
-                f"got {tuple(k.shape)}"
-            )
-        if tuple(v.shape[1:]) != (h, dv):
-            raise ValueError(
-                f"v must have shape [T_k, {h}, {dv}] (heads, v_head_dim), got {tuple(v.shape)}"
-            )
-        if k.shape[0] != v.shape[0]:
-            raise ValueError(
-                f"k and v must have the same number of tokens, got {k.shape[0]} and {v.shape[0]}"
-            )
+            yield _token_tensor_reason(name, t, self)
+        yield _head_shapes_reason(q, k, v, self.num_heads, self.dims)
         for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dtype != torch.int32:
-                raise ValueError(f"{name} must have dtype torch.int32, got {t.dtype}")
-            if t.dim() != 1 or t.shape[0] < 2:
-                raise ValueError(
-                    f"{name} must be 1-D with batch_size + 1 >= 2 entries, "
-                    f"got shape {tuple(t.shape)}"
-                )
-            if not _same_device(t.device, self.device):
-                raise ValueError(
-                    f"{name} is on {t.device} but this {self.backend} kernel was created "
-                    f"for {self.device}"
-                )
+            yield _offsets_tensor_reason(name, t, self)
         if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
-            raise ValueError(
+            yield (
                 "cu_seqlens_q and cu_seqlens_k must have the same length (batch_size + 1), "
                 f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
             )
-        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-
-        host_q = self._host_q.get(cu_seqlens_q)
-        host_k = self._host_k.get(cu_seqlens_k)
-        for name, host, total, max_len in (
-            ("cu_seqlens_q", host_q, q.shape[0], max_seqlen_q),
-            ("cu_seqlens_k", host_k, k.shape[0], max_seqlen_k),
-        ):
-            if host[0] != 0:
-                raise ValueError(f"{name} must start at 0, got {host[0]}")
-            for i in range(len(host) - 1):
-                if host[i + 1] < host[i]:
-                    raise ValueError(
-                        f"{name} must be non-decreasing, but entry {i + 1} ({host[i + 1]}) "
-                        f"< entry {i} ({host[i]})"
-                    )
-            if host[-1] != total:
-                tensor = "q" if name.endswith("_q") else "k/v"
-                raise ValueError(
-                    f"{name}[-1] = {host[-1]} must equal the number of {tensor} tokens ({total})"
-                )
-            longest = max(host[i + 1] - host[i] for i in range(len(host) - 1))
-            arg = "max_seqlen_q" if name.endswith("_q") else "max_seqlen_k"
-            if longest > max_len:
-                raise ValueError(
-                    f"{arg} = {max_len} is smaller than the longest sequence in {name} ({longest})"
-                )
-        for i in range(len(host_q) - 1):
-            lq = host_q[i + 1] - host_q[i]
-            lk = host_k[i + 1] - host_k[i]
-            if lq > 0 and lk == 0:
-                raise ValueError(
-                    f"sequence {i} has {lq} query tokens but no key/value tokens; "
-                    "its output would be undefined"
-                )
-            if causal and lq > lk:
-                raise ValueError(
-                    f"sequence {i} has more query tokens ({lq}) than key tokens ({lk}); with a "
-                    "bottom-right causal mask its first queries would see no key"
-                )
-        return RaggedBatch(cu_seqlens_q, cu_seqlens_k, host_q, host_k, max_seqlen_q, max_seqlen_k)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(impl={self.impl!r}, num_heads={self.num_heads}, "
             f"dims={self.dims}, dtype={self.dtype}, device={self.device})"
         )
+
+
+# ------------------------------------------------------------------ input checks
+# Each check returns the reason an argument is malformed, or None; ``check_inputs``
+# raises the first reason, so a check may assume every check before it passed.
+
+
+def _raise_first(reasons: Iterable[str | None]) -> None:
+    """Raise ValueError with the first reason given; the rest are never computed."""
+    for reason in reasons:
+        if reason is not None:
+            raise ValueError(reason)
+
+
+def _device_reason(name: str, t: torch.Tensor, kernel: MLAPrefillKernel) -> str | None:
+    if _same_device(t.device, kernel.device):
+        return None
+    return (
+        f"{name} is on {t.device} but this {kernel.backend} kernel was created for {kernel.device}"
+    )
+
+
+def _token_tensor_reason(name: str, t: object, kernel: MLAPrefillKernel) -> str | None:
+    """q, k or v: a 3-D tensor of the kernel's dtype on its device."""
+    if not isinstance(t, torch.Tensor):
+        return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+    if t.dim() != 3:
+        return f"{name} must be 3-D [tokens, heads, head_dim], got shape {tuple(t.shape)}"
+    if t.dtype != kernel.dtype:
+        return (
+            f"{name} has dtype {t.dtype} but this {kernel.backend} kernel was created "
+            f"for {kernel.dtype}"
+        )
+    return _device_reason(name, t, kernel)
+
+
+def _head_shapes_reason(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, h: int, dims: MLADims
+) -> str | None:
+    """Heads and head dims as created, and as many value tokens as key tokens."""
+    dqk, dv = dims.qk_head_dim, dims.v_head_dim
+    if tuple(q.shape[1:]) != (h, dqk):
+        return f"q must have shape [T_q, {h}, {dqk}] (heads, qk_nope+qk_rope), got {tuple(q.shape)}"
+    if tuple(k.shape[1:]) != (h, dqk):
+        return f"k must have shape [T_k, {h}, {dqk}] (heads, qk_nope+qk_rope), got {tuple(k.shape)}"
+    if tuple(v.shape[1:]) != (h, dv):
+        return f"v must have shape [T_k, {h}, {dv}] (heads, v_head_dim), got {tuple(v.shape)}"
+    if k.shape[0] != v.shape[0]:
+        return f"k and v must have the same number of tokens, got {k.shape[0]} and {v.shape[0]}"
+    return None
+
+
+def _offsets_tensor_reason(name: str, t: object, kernel: MLAPrefillKernel) -> str | None:
+    """cu_seqlens_*: a 1-D int32 tensor of at least two entries on the kernel's device."""
+    if not isinstance(t, torch.Tensor):
+        return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+    if t.dtype != torch.int32:
+        return f"{name} must have dtype torch.int32, got {t.dtype}"
+    if t.dim() != 1 or t.shape[0] < 2:
+        return f"{name} must be 1-D with batch_size + 1 >= 2 entries, got shape {tuple(t.shape)}"
+    return _device_reason(name, t, kernel)
+
+
+def _max_seqlen_reason(name: str, value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"{name} must be a non-negative int, got {value!r}"
+    return None
+
+
+def _offsets_values_reason(
+    name: str, host: tuple[int, ...], total: int, max_len: int
+) -> str | None:
+    """Offsets start at 0, never decrease, end at the token count, respect the maximum."""
+    if host[0] != 0:
+        return f"{name} must start at 0, got {host[0]}"
+    for i in range(len(host) - 1):
+        if host[i + 1] < host[i]:
+            return (
+                f"{name} must be non-decreasing, but entry {i + 1} ({host[i + 1]}) "
+                f"< entry {i} ({host[i]})"
+            )
+    if host[-1] != total:
+        tensor = "q" if name.endswith("_q") else "k/v"
+        return f"{name}[-1] = {host[-1]} must equal the number of {tensor} tokens ({total})"
+    longest = max(host[i + 1] - host[i] for i in range(len(host) - 1))
+    arg = "max_seqlen_q" if name.endswith("_q") else "max_seqlen_k"
+    if longest > max_len:
+        return f"{arg} = {max_len} is smaller than the longest sequence in {name} ({longest})"
+    return None
+
+
+def _sequence_reasons(
+    host_q: tuple[int, ...], host_k: tuple[int, ...], causal: bool
+) -> Iterator[str | None]:
+    """Every sequence's queries have keys to attend to (all of them, when causal)."""
+    for i in range(len(host_q) - 1):
+        lq = host_q[i + 1] - host_q[i]
+        lk = host_k[i + 1] - host_k[i]
+        if lq > 0 and lk == 0:
+            yield (
+                f"sequence {i} has {lq} query tokens but no key/value tokens; "
+                "its output would be undefined"
+            )
+        if causal and lq > lk:
+            yield (
+                f"sequence {i} has more query tokens ({lq}) than key tokens ({lk}); with a "
+                "bottom-right causal mask its first queries would see no key"
+            )

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
+from torch import Tensor
 
 __all__ = ["CudnnPrefill", "bucket"]
 
@@ -75,6 +76,27 @@ def bucket(n: int, minimum: int = 1) -> int:
     """Round ``n`` up to a power of two (at least ``minimum``): the graph-cache key."""
     n = max(n, minimum, 1)
     return 1 << (n - 1).bit_length()
+
+
+_GraphKey = tuple[int, int, int, bool, bool, bool, bool]
+"""What a graph is built for: (b, s_q, s_kv, causal, bottom_right, stats, dense)."""
+
+
+def _offsets_tensor(cudnn: Any, g: Any, name: str, uid: _Uid, b: int) -> Any:
+    """A graph input of ``b + 1`` int64 element offsets (ragged tensors)."""
+    t = g.tensor(
+        name=name, dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1],
+        data_type=cudnn.data_type.INT64,
+    )  # fmt: skip
+    t.set_uid(int(uid))
+    return t
+
+
+def _lengths_tensor(cudnn: Any, g: Any, name: str, uid: _Uid, b: int) -> Any:
+    """A graph input of ``b`` int32 sequence lengths (the padding mask)."""
+    t = g.tensor(name=name, dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32)
+    t.set_uid(int(uid))
+    return t
 
 
 class CudnnPrefill(MLAPrefillKernel):
@@ -163,7 +185,7 @@ class CudnnPrefill(MLAPrefillKernel):
         if hit is not None:
             return hit
         try:
-            built = self._build_graph(b, s_q, s_kv, causal, bottom_right, stats, dense)
+            built = self._build_graph(key)
         except Exception as exc:
             raise RuntimeError(
                 f"cuDNN could not build an SDPA graph for B={b}, S_q={s_q}, S_kv={s_kv}, "
@@ -176,53 +198,20 @@ class CudnnPrefill(MLAPrefillKernel):
         self.graph_builds += 1
         return built
 
-    def _build_graph(
-        self,
-        b: int,
-        s_q: int,
-        s_kv: int,
-        causal: bool,
-        bottom_right: bool,
-        stats: bool,
-        dense: bool = False,
-    ) -> tuple[Any, int]:
+    def _build_graph(self, key: _GraphKey) -> tuple[Any, int]:
+        """One cuDNN SDPA graph, validated and with its plans built; and its workspace size."""
+        b, s_q, s_kv, causal, bottom_right, stats, dense = key
         cudnn = self._cudnn
-        h, dqk, dv = self.num_heads, self.dims.qk_head_dim, self.dims.v_head_dim
-        io = self._io_type
+        dqk, dv = self.dims.qk_head_dim, self.dims.v_head_dim
         g = cudnn.pygraph(
             handle=self._handle,
-            io_data_type=io,
+            io_data_type=self._io_type,
             intermediate_data_type=cudnn.data_type.FLOAT,
             compute_data_type=cudnn.data_type.FLOAT,
         )
-
-        def offsets(name: str, uid: _Uid) -> Any:
-            t = g.tensor(
-                name=name, dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1],
-                data_type=cudnn.data_type.INT64,
-            )  # fmt: skip
-            t.set_uid(int(uid))
-            return t
-
-        def lengths(name: str, uid: _Uid) -> Any:
-            t = g.tensor(
-                name=name, dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32
-            )
-            t.set_uid(int(uid))
-            return t
-
-        q_t = g.tensor(
-            name="q", dim=[b, h, s_q, dqk], stride=[s_q * h * dqk, dqk, h * dqk, 1], data_type=io
-        )
-        k_t = g.tensor(
-            name="k", dim=[b, h, s_kv, dqk], stride=[s_kv * h * dqk, dqk, h * dqk, 1], data_type=io
-        )
-        v_t = g.tensor(
-            name="v", dim=[b, h, s_kv, dv], stride=[s_kv * h * dv, dv, h * dv, 1], data_type=io
-        )
-        q_t.set_uid(int(_Uid.Q))
-        k_t.set_uid(int(_Uid.K))
-        v_t.set_uid(int(_Uid.V))
+        q_t = self._bhsd_input(g, "q", _Uid.Q, b, s_q, dqk)
+        k_t = self._bhsd_input(g, "k", _Uid.K, b, s_kv, dqk)
+        v_t = self._bhsd_input(g, "v", _Uid.V, b, s_kv, dv)
         kwargs: dict[str, Any] = {
             "name": "mla_prefill",
             "q": q_t,
@@ -232,12 +221,12 @@ class CudnnPrefill(MLAPrefillKernel):
             "attn_scale": self.softmax_scale,
         }
         if not dense:
-            q_t.set_ragged_offset(offsets("ragged_q", _Uid.RAGGED_Q))
-            k_t.set_ragged_offset(offsets("ragged_k", _Uid.RAGGED_K))
-            v_t.set_ragged_offset(offsets("ragged_v", _Uid.RAGGED_V))
+            q_t.set_ragged_offset(_offsets_tensor(cudnn, g, "ragged_q", _Uid.RAGGED_Q, b))
+            k_t.set_ragged_offset(_offsets_tensor(cudnn, g, "ragged_k", _Uid.RAGGED_K, b))
+            v_t.set_ragged_offset(_offsets_tensor(cudnn, g, "ragged_v", _Uid.RAGGED_V, b))
             kwargs["use_padding_mask"] = True
-            kwargs["seq_len_q"] = lengths("seq_len_q", _Uid.SEQ_Q)
-            kwargs["seq_len_kv"] = lengths("seq_len_kv", _Uid.SEQ_KV)
+            kwargs["seq_len_q"] = _lengths_tensor(cudnn, g, "seq_len_q", _Uid.SEQ_Q, b)
+            kwargs["seq_len_kv"] = _lengths_tensor(cudnn, g, "seq_len_kv", _Uid.SEQ_KV, b)
         if causal:
             kwargs["diagonal_alignment"] = (
                 cudnn.diagonal_alignment.BOTTOM_RIGHT
@@ -246,30 +235,50 @@ class CudnnPrefill(MLAPrefillKernel):
             )
             kwargs["diagonal_band_right_bound"] = 0
         o_t, stats_t = g.sdpa(**kwargs)
-        o_t.set_output(True).set_dim([b, h, s_q, dv]).set_stride(
-            [s_q * h * dv, dv, h * dv, 1]
-        ).set_data_type(io)
-        o_t.set_uid(int(_Uid.O))
-        if not dense:
-            o_t.set_ragged_offset(offsets("ragged_o", _Uid.RAGGED_O))
+        self._set_output(g, o_t, b, s_q, dense)
         if stats:
-            stats_t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
-            stats_t.set_dim([b, h, s_q, 1])
-            if dense:
-                # Written straight into [H, T] (T = B * S_q): no transpose afterwards.
-                stats_t.set_stride([s_q, b * s_q, 1, 1])
-            elif self.stats_layout == "ragged":
-                stats_t.set_stride([s_q * h, 1, h, 1])
-                stats_t.set_ragged_offset(offsets("ragged_stats", _Uid.RAGGED_STATS))
-            else:
-                stats_t.set_stride([h * s_q, s_q, 1, 1])
-            stats_t.set_uid(int(_Uid.STATS))
+            self._set_stats(g, stats_t, b, s_q, dense)
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
         g.build_plans()
         return g, int(g.get_workspace_size())
+
+    def _bhsd_input(self, g: Any, name: str, uid: _Uid, b: int, s: int, d: int) -> Any:
+        """A ``[B, H, S, D]`` view of packed ``[T, H, D]`` tokens (``S`` padded per sequence)."""
+        h = self.num_heads
+        t = g.tensor(
+            name=name, dim=[b, h, s, d], stride=[s * h * d, d, h * d, 1], data_type=self._io_type
+        )
+        t.set_uid(int(uid))
+        return t
+
+    def _set_output(self, g: Any, o_t: Any, b: int, s_q: int, dense: bool) -> None:
+        h, dv = self.num_heads, self.dims.v_head_dim
+        o_t.set_output(True).set_dim([b, h, s_q, dv]).set_stride(
+            [s_q * h * dv, dv, h * dv, 1]
+        ).set_data_type(self._io_type)
+        o_t.set_uid(int(_Uid.O))
+        if not dense:
+            o_t.set_ragged_offset(_offsets_tensor(self._cudnn, g, "ragged_o", _Uid.RAGGED_O, b))
+
+    def _set_stats(self, g: Any, stats_t: Any, b: int, s_q: int, dense: bool) -> None:
+        """The LSE output, laid out as ``stats_layout`` says (dense: straight into [H, T])."""
+        cudnn, h = self._cudnn, self.num_heads
+        stats_t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+        stats_t.set_dim([b, h, s_q, 1])
+        if dense:
+            # Written straight into [H, T] (T = B * S_q): no transpose afterwards.
+            stats_t.set_stride([s_q, b * s_q, 1, 1])
+        elif self.stats_layout == "ragged":
+            stats_t.set_stride([s_q * h, 1, h, 1])
+            stats_t.set_ragged_offset(
+                _offsets_tensor(cudnn, g, "ragged_stats", _Uid.RAGGED_STATS, b)
+            )
+        else:
+            stats_t.set_stride([h * s_q, s_q, 1, 1])
+        stats_t.set_uid(int(_Uid.STATS))
 
     # ---------------------------------------------------------------- metadata
     def _metadata(self, batch: RaggedBatch, b: int, s_q: int) -> dict[int, torch.Tensor]:
@@ -354,15 +363,8 @@ class CudnnPrefill(MLAPrefillKernel):
         return prep
 
     def _forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: RaggedBatch,
-        *,
-        causal: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
         prep = self._prep
         if (
             prep is None
@@ -426,7 +428,7 @@ class CudnnPrefill(MLAPrefillKernel):
         calls: dict[str, Any] = {}
         forms = [False, True] if batch.equal_lengths else [False]
         for dense in forms:
-            graph, ws = self._build_graph(b, s_q, s_kv, causal, bottom_right, return_lse, dense)
+            graph, ws = self._build_graph((b, s_q, s_kv, causal, bottom_right, return_lse, dense))
             pack: dict[int, Any] = dict(base)
             stats_shape: tuple[int, ...] | None = None
             if not dense:

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
+from torch import Tensor
 
 __all__ = ["FlashAttnPrefill", "vllm_fa_version"]
 
@@ -156,19 +157,13 @@ class FlashAttnPrefill(MLAPrefillKernel):
         if path == "flash-attn3":
             if cap is None or cap.major != 9:
                 return f"FA3 needs compute capability 9.x, got {cap}"
-            try:
-                mod = importlib.import_module("flash_attn_interface")
-            except ImportError as exc:
-                return f"flash_attn_interface not importable ({exc})"
-            self._fn = mod.flash_attn_varlen_func
-            self._pad_plan(native=True)
+            problem = self._use_package("flash_attn_interface", native=True)
+            if problem is not None:
+                return problem
         elif path == "flash-attn2":
-            try:
-                mod = importlib.import_module("flash_attn")
-            except ImportError as exc:
-                return f"flash_attn not importable ({exc})"
-            self._fn = mod.flash_attn_varlen_func
-            self._pad_plan(native=False)
+            problem = self._use_package("flash_attn", native=False)
+            if problem is not None:
+                return problem
         else:
             op = getattr(torch.ops.aten, "_flash_attention_forward", None)
             if op is None:
@@ -184,87 +179,27 @@ class FlashAttnPrefill(MLAPrefillKernel):
         self.impl = path
         return None
 
+    def _use_package(self, module: str, *, native: bool) -> str | None:
+        """Call ``module``'s ``flash_attn_varlen_func``; None, or why it cannot be used."""
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            return f"{module} not importable ({exc})"
+        self._fn = mod.flash_attn_varlen_func
+        self._pad_plan(native=native)
+        return None
+
     def _forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: RaggedBatch,
-        *,
-        causal: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        kind = self._kind
+        self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
         if self._padded_dim:
             if self._pad_qk:
                 q = F.pad(q, (0, self._pad_qk))
                 k = F.pad(k, (0, self._pad_qk))
             if self._pad_v:
                 v = F.pad(v, (0, self._pad_v))
-        if kind == "vllm":
-            # vLLM's signature orders max_seqlen_q before cu_seqlens_q: keywords only.
-            res = self._fn(
-                q=q,
-                k=k,
-                v=v,
-                max_seqlen_q=batch.max_seqlen_q,
-                cu_seqlens_q=batch.cu_seqlens_q,
-                max_seqlen_k=batch.max_seqlen_k,
-                cu_seqlens_k=batch.cu_seqlens_k,
-                softmax_scale=self.softmax_scale,
-                causal=causal,
-                return_softmax_lse=return_lse,
-                fa_version=self._fa_version,
-            )
-            out, lse = res if return_lse else (res, None)
-        elif kind == "torch-bundled-fa2":
-            # aten::_flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q,
-            #   max_k, dropout_p, is_causal, return_debug_mask, *, scale=None, ...)
-            # -> (output, softmax_logsumexp, rng_state, unused, debug_attn_mask)
-            res = self._fn(
-                q,
-                k,
-                v,
-                batch.cu_seqlens_q,
-                batch.cu_seqlens_k,
-                batch.max_seqlen_q,
-                batch.max_seqlen_k,
-                0.0,
-                causal,
-                False,
-                scale=self.softmax_scale,
-            )
-            out, lse = res[0], res[1]
-        elif kind == "flash-attn3":
-            kwargs: dict[str, Any] = {"softmax_scale": self.softmax_scale, "causal": causal}
-            if self._has_return_attn_probs:
-                kwargs["return_attn_probs"] = True
-            res = self._fn(
-                q,
-                k,
-                v,
-                batch.cu_seqlens_q,
-                batch.cu_seqlens_k,
-                batch.max_seqlen_q,
-                batch.max_seqlen_k,
-                **kwargs,
-            )
-            out, lse = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
-        else:  # flash-attn2
-            res = self._fn(
-                q,
-                k,
-                v,
-                batch.cu_seqlens_q,
-                batch.cu_seqlens_k,
-                batch.max_seqlen_q,
-                batch.max_seqlen_k,
-                dropout_p=0.0,
-                softmax_scale=self.softmax_scale,
-                causal=causal,
-                return_attn_probs=return_lse,
-            )
-            out, lse = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
+        call = _CALLS.get(self._kind, FlashAttnPrefill._call_fa2)
+        out, lse = call(self, (q, k, v, *_offsets(batch)), batch, causal, return_lse)
         if self._pad_v:
             out = out[..., : self.dims.v_head_dim]
         if return_lse:
@@ -272,6 +207,51 @@ class FlashAttnPrefill(MLAPrefillKernel):
                 raise RuntimeError(f"{self.impl} returned no LSE")
             return out, unpad_lse(lse, batch, self.num_heads)
         return out, None
+
+    # One method per code path: each library orders and names the same arguments
+    # differently; ``args`` is the positional ``(q, k, v, cu_q, cu_k, max_q, max_k)``.
+    def _call_vllm(
+        self, args: tuple[Any, ...], batch: RaggedBatch, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        # vLLM's signature orders max_seqlen_q before cu_seqlens_q: keywords only.
+        q, k, v = args[:3]
+        res = self._fn(
+            q=q, k=k, v=v,
+            max_seqlen_q=batch.max_seqlen_q, cu_seqlens_q=batch.cu_seqlens_q,
+            max_seqlen_k=batch.max_seqlen_k, cu_seqlens_k=batch.cu_seqlens_k,
+            softmax_scale=self.softmax_scale, causal=causal,
+            return_softmax_lse=return_lse, fa_version=self._fa_version,
+        )  # fmt: skip
+        return res if return_lse else (res, None)
+
+    def _call_torch_fa2(
+        self, args: tuple[Any, ...], batch: RaggedBatch, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        # aten::_flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q,
+        #   max_k, dropout_p, is_causal, return_debug_mask, *, scale=None, ...)
+        # -> (output, softmax_logsumexp, rng_state, unused, debug_attn_mask)
+        res = self._fn(*args, 0.0, causal, False, scale=self.softmax_scale)
+        return res[0], res[1]
+
+    def _call_fa3(
+        self, args: tuple[Any, ...], batch: RaggedBatch, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        kwargs: dict[str, Any] = {"softmax_scale": self.softmax_scale, "causal": causal}
+        if self._has_return_attn_probs:
+            kwargs["return_attn_probs"] = True
+        return _out_and_lse(self._fn(*args, **kwargs))
+
+    def _call_fa2(
+        self, args: tuple[Any, ...], batch: RaggedBatch, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        res = self._fn(
+            *args,
+            dropout_p=0.0,
+            softmax_scale=self.softmax_scale,
+            causal=causal,
+            return_attn_probs=return_lse,
+        )
+        return _out_and_lse(res)
 
     def direct_calls(
         self, inputs: dict[str, Any], *, causal: bool, return_lse: bool
@@ -333,3 +313,20 @@ class FlashAttnPrefill(MLAPrefillKernel):
                 return_attn_probs=return_lse,
             )
         }
+
+
+_CALLS = {
+    "vllm": FlashAttnPrefill._call_vllm,
+    "torch-bundled-fa2": FlashAttnPrefill._call_torch_fa2,
+    "flash-attn3": FlashAttnPrefill._call_fa3,
+}
+
+
+def _offsets(batch: RaggedBatch) -> tuple[Any, ...]:
+    """``(cu_q, cu_k, max_q, max_k)`` in the order flash-attn's varlen functions take them."""
+    return (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k)
+
+
+def _out_and_lse(res: Any) -> tuple[Tensor, Tensor | None]:
+    """flash-attn returns ``out`` alone or a tuple led by ``(out, lse)``."""
+    return (res[0], res[1]) if isinstance(res, tuple) else (res, None)

@@ -28,12 +28,17 @@ here (multiply by ln 2, transpose).
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any
 
 import torch
 from mla_switchboard.core.specs import FLASHINFER_FA3_HEAD_DIMS, Backend, Capability, MLADims
-from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
+from mla_switchboard.kernels.base import (
+    BackendUnavailable,
+    MLAPrefillKernel,
+    RaggedBatch,
+    lse_base2_to_contract,
+)
+from torch import Tensor
 
 __all__ = ["FlashInferPrefill", "default_path"]
 
@@ -107,15 +112,11 @@ class FlashInferPrefill(MLAPrefillKernel):
         self._planned_causal = False
         self.plans = 0
 
-    def _plan(self, batch: RaggedBatch, causal: bool) -> None:
-        self._planned_batch, self._planned_causal = batch, causal
-        key = (batch.host_cu_q, batch.host_cu_k, causal)
-        if key == self._planned:  # new offsets tensors, same values: keep the plan
-            return
-        # Host indptrs: plan() needs them on the CPU anyway; passing them avoids a sync.
-        qo_indptr = torch.tensor(batch.host_cu_q, dtype=torch.int32)
-        kv_indptr = torch.tensor(batch.host_cu_k, dtype=torch.int32)
-        self._wrapper.plan(
+    def _plan_on(
+        self, wrapper: Any, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, causal: bool
+    ) -> None:
+        """Plan ``wrapper`` for this kernel's heads, dims, scale and dtype (MHA: H == H_kv)."""
+        wrapper.plan(
             qo_indptr,
             kv_indptr,
             self.num_heads,
@@ -127,19 +128,22 @@ class FlashInferPrefill(MLAPrefillKernel):
             q_data_type=self.dtype,
             kv_data_type=self.dtype,
         )
+
+    def _plan(self, batch: RaggedBatch, causal: bool) -> None:
+        self._planned_batch, self._planned_causal = batch, causal
+        key = (batch.host_cu_q, batch.host_cu_k, causal)
+        if key == self._planned:  # new offsets tensors, same values: keep the plan
+            return
+        # Host indptrs: plan() needs them on the CPU anyway; passing them avoids a sync.
+        qo_indptr = torch.tensor(batch.host_cu_q, dtype=torch.int32)
+        kv_indptr = torch.tensor(batch.host_cu_k, dtype=torch.int32)
+        self._plan_on(self._wrapper, qo_indptr, kv_indptr, causal)
         self._planned = key
         self.plans += 1
 
     def _forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: RaggedBatch,
-        *,
-        causal: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
         if batch is not self._planned_batch or causal is not self._planned_causal:
             self._plan(batch, causal)
         if q.stride(-1) != 1:
@@ -155,7 +159,7 @@ class FlashInferPrefill(MLAPrefillKernel):
             return out, lse
         out, lse = self._run(q, k, v, return_lse=True)
         # [T, H] base 2 -> [H, T] natural log
-        return out, (lse.float() * math.log(2.0)).t().contiguous()
+        return out, lse_base2_to_contract(lse)
 
     def direct_calls(
         self, inputs: dict[str, Any], *, causal: bool, return_lse: bool
@@ -167,18 +171,7 @@ class FlashInferPrefill(MLAPrefillKernel):
         w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
             workspace, "NHD", backend=self._fi_backend
         )
-        w.plan(
-            inputs["cu_seqlens_q"].cpu(),
-            inputs["cu_seqlens_k"].cpu(),
-            self.num_heads,
-            self.num_heads,
-            self.dims.qk_head_dim,
-            head_dim_vo=self.dims.v_head_dim,
-            causal=causal,
-            sm_scale=self.softmax_scale,
-            q_data_type=self.dtype,
-            kv_data_type=self.dtype,
-        )
+        self._plan_on(w, inputs["cu_seqlens_q"].cpu(), inputs["cu_seqlens_k"].cpu(), causal)
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         name = f"flashinfer-{self._fi_backend}-run"
         if return_lse and self._native_ln_hn:  # the contract's LSE, made by FlashInfer

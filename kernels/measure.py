@@ -100,13 +100,22 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
-class BenchResult:
-    """Timing of one (instance, shape): median and min over ``iters`` calls."""
+class _Timing:
+    """What every timing row starts with: which code ran, on what, and its median."""
 
     backend: str
     impl: str
     shape: dict[str, Any]
     median_ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchResult(_Timing):
+    """Timing of one (instance, shape): median and min over ``iters`` calls."""
+
     min_ms: float
     tflops: float
     iters: int
@@ -195,6 +204,28 @@ def _query_lengths(seqlens: Sequence[int], q_shorter_than_kv: bool) -> list[int]
     return [max(1, s // 4) if s > 0 else 0 for s in seqlens]
 
 
+def _check_batch(
+    num_heads: int,
+    dims: MLADims,
+    seqlens: Sequence[int],
+    q_shorter_than_kv: bool,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int,
+) -> dict[str, Any]:
+    """The batch a reference check runs: kernel and reference must see the same one."""
+    return make_inputs(
+        num_heads=num_heads,
+        qk_head_dim=dims.qk_head_dim,
+        v_head_dim=dims.v_head_dim,
+        seqlens_q=_query_lengths(seqlens, q_shorter_than_kv),
+        seqlens_k=list(seqlens),
+        dtype=dtype,
+        device=device,
+        seed=seed,
+    )
+
+
 def reference_outputs(
     *,
     num_heads: int,
@@ -215,16 +246,7 @@ def reference_outputs(
     from mla_switchboard.kernels.torch_sdpa import TorchSdpaPrefill
 
     torch_dtype, _ = resolve_dtype(dtype)
-    inputs = make_inputs(
-        num_heads=num_heads,
-        qk_head_dim=dims.qk_head_dim,
-        v_head_dim=dims.v_head_dim,
-        seqlens_q=_query_lengths(seqlens, q_shorter_than_kv),
-        seqlens_k=list(seqlens),
-        dtype=torch_dtype,
-        device=device,
-        seed=seed,
-    )
+    inputs = _check_batch(num_heads, dims, seqlens, q_shorter_than_kv, torch_dtype, device, seed)
     ref_kernel = TorchSdpaPrefill.create(
         num_heads,
         dims.qk_nope_head_dim,
@@ -264,28 +286,20 @@ def reference_check(
     torch_dtype, spec_dtype = resolve_dtype(dtype)
     tol = tolerances or default_tolerances(torch_dtype)
     lens_q = _query_lengths(seqlens, q_shorter_than_kv)
-    lens_k = list(seqlens)
     meta = {
         "backend": str(inst.backend),
         "impl": inst.impl,
         "seqlens_q": tuple(lens_q),
-        "seqlens_k": tuple(lens_k),
+        "seqlens_k": tuple(seqlens),
         "causal": causal,
         "dtype": spec_dtype.value,
         "tolerances": tol,
     }
-    inputs = make_inputs(
-        num_heads=inst.num_heads,
-        qk_head_dim=inst.dims.qk_head_dim,
-        v_head_dim=inst.dims.v_head_dim,
-        seqlens_q=lens_q,
-        seqlens_k=lens_k,
-        dtype=torch_dtype,
-        device=device,
-        seed=seed,
+    inputs = _check_batch(
+        inst.num_heads, inst.dims, seqlens, q_shorter_than_kv, torch_dtype, device, seed
     )
     if reference is None:
-        ref_out, ref_lse = reference_outputs(
+        reference = reference_outputs(
             num_heads=inst.num_heads,
             dims=inst.dims,
             softmax_scale=inst.softmax_scale,
@@ -296,20 +310,42 @@ def reference_check(
             q_shorter_than_kv=q_shorter_than_kv,
             seed=seed,
         )
-    else:
-        ref_out, ref_lse = reference
     try:
-        out, lse = inst.prefill(**inputs, causal=causal, return_lse=True)
-        if inst.device.type == "cuda":
-            torch.cuda.synchronize(inst.device)
+        out, lse = _run_checked(inst, inputs, causal)
     except Exception as exc:  # a sweep reports, it does not stop
-        return CheckResult(
-            ok=False,
-            max_abs_err_out=math.inf,
-            max_abs_err_lse=math.inf,
-            error=f"{type(exc).__name__}: {exc}",
-            **meta,
-        )
+        return _failed(f"{type(exc).__name__}: {exc}", meta)
+    ref_out, ref_lse = reference
+    problems = _layout_problems(out, lse, ref_out, ref_lse, torch_dtype)
+    if problems:
+        return _failed("; ".join(problems), meta)
+    return _compare(out, lse, ref_out, ref_lse, tol, meta)
+
+
+def _run_checked(
+    inst: MLAPrefillKernel, inputs: dict[str, Any], causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``inst.prefill`` with the LSE, finished on the device so a late failure shows here."""
+    out, lse = inst.prefill(**inputs, causal=causal, return_lse=True)
+    if inst.device.type == "cuda":
+        torch.cuda.synchronize(inst.device)
+    return out, lse
+
+
+def _failed(error: str, meta: dict[str, Any]) -> CheckResult:
+    """A check that produced no comparable numbers: infinite errors, the reason said."""
+    return CheckResult(
+        ok=False, max_abs_err_out=math.inf, max_abs_err_lse=math.inf, error=error, **meta
+    )
+
+
+def _layout_problems(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    ref_out: torch.Tensor,
+    ref_lse: torch.Tensor,
+    torch_dtype: torch.dtype,
+) -> list[str]:
+    """Shape or dtype mismatches, which make an elementwise comparison meaningless."""
     problems: list[str] = []
     if tuple(out.shape) != tuple(ref_out.shape) or out.dtype != torch_dtype:
         problems.append(
@@ -321,14 +357,18 @@ def reference_check(
             f"lse has shape {tuple(lse.shape)} dtype {lse.dtype}, expected "
             f"{tuple(ref_lse.shape)} torch.float32"
         )
-    if problems:
-        return CheckResult(
-            ok=False,
-            max_abs_err_out=math.inf,
-            max_abs_err_lse=math.inf,
-            error="; ".join(problems),
-            **meta,
-        )
+    return problems
+
+
+def _compare(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    ref_out: torch.Tensor,
+    ref_lse: torch.Tensor,
+    tol: Tolerances,
+    meta: dict[str, Any],
+) -> CheckResult:
+    """Elementwise comparison under ``tol``, plus a check that nothing is non-finite."""
     diff_out = (out.float() - ref_out).abs()
     diff_lse = (lse - ref_lse).abs()
     err_out = float(diff_out.max()) if diff_out.numel() else 0.0
@@ -390,6 +430,57 @@ def _time_ms(fn: Callable[[], Any], device: torch.device, warmup: int, iters: in
     return times
 
 
+def _bench_inputs(
+    inst: MLAPrefillKernel,
+    seqlens: Sequence[int],
+    num_heads: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+) -> dict[str, Any]:
+    """The self-attention batch over ``seqlens`` that timings run on."""
+    return make_inputs(
+        num_heads=num_heads,
+        qk_head_dim=inst.dims.qk_head_dim,
+        v_head_dim=inst.dims.v_head_dim,
+        seqlens_q=seqlens,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+    )
+
+
+def _flops(inst: MLAPrefillKernel, seqlens: Sequence[int], num_heads: int, causal: bool) -> float:
+    """:func:`causal_flops` of self-attention over ``seqlens`` with ``inst``'s dims."""
+    return causal_flops(
+        seqlens,
+        num_heads=num_heads,
+        qk_head_dim=inst.dims.qk_head_dim,
+        v_head_dim=inst.dims.v_head_dim,
+        causal=causal,
+    )
+
+
+def _shape(
+    inst: MLAPrefillKernel,
+    seqlens: Sequence[int],
+    num_heads: int,
+    dtype: str,
+    causal: bool,
+    return_lse: bool,
+) -> dict[str, Any]:
+    """The shape a timing row reports, the same keys for benchmarks and comparisons."""
+    return {
+        "seqlens": list(seqlens),
+        "num_heads": num_heads,
+        "qk_head_dim": inst.dims.qk_head_dim,
+        "v_head_dim": inst.dims.v_head_dim,
+        "dtype": dtype,
+        "causal": causal,
+        "return_lse": return_lse,
+    }
+
+
 def benchmark(
     inst: MLAPrefillKernel,
     *,
@@ -416,38 +507,16 @@ def benchmark(
     if iters < 1 or warmup < 0:
         raise ValueError("iters must be >= 1 and warmup >= 0")
     dev = canonical_device(device)
-    inputs = make_inputs(
-        num_heads=num_heads,
-        qk_head_dim=inst.dims.qk_head_dim,
-        v_head_dim=inst.dims.v_head_dim,
-        seqlens_q=seqlens,
-        dtype=torch_dtype,
-        device=dev,
-        seed=seed,
-    )
+    inputs = _bench_inputs(inst, seqlens, num_heads, torch_dtype, dev, seed)
     times = _time_ms(
         lambda: inst.prefill(**inputs, causal=causal, return_lse=return_lse), dev, warmup, iters
     )
     median = statistics.median(times)
-    flops = causal_flops(
-        seqlens,
-        num_heads=num_heads,
-        qk_head_dim=inst.dims.qk_head_dim,
-        v_head_dim=inst.dims.v_head_dim,
-        causal=causal,
-    )
+    flops = _flops(inst, seqlens, num_heads, causal)
     return BenchResult(
         backend=str(inst.backend),
         impl=inst.impl,
-        shape={
-            "seqlens": list(seqlens),
-            "num_heads": num_heads,
-            "qk_head_dim": inst.dims.qk_head_dim,
-            "v_head_dim": inst.dims.v_head_dim,
-            "dtype": spec_dtype.value,
-            "causal": causal,
-            "return_lse": return_lse,
-        },
+        shape=_shape(inst, seqlens, num_heads, spec_dtype.value, causal, return_lse),
         median_ms=median,
         min_ms=min(times),
         tflops=flops / (median * 1e-3) / 1e12,
@@ -505,13 +574,9 @@ def host_us_interleaved(
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(_Timing):
     """One shape: the wrapper against its library's own direct call(s), same run."""
 
-    backend: str
-    impl: str
-    shape: dict[str, Any]
-    median_ms: float
     tflops: float
     host_us: float
     direct: dict[str, dict[str, float]]  # name -> {median_ms, tflops, host_us}
@@ -522,9 +587,6 @@ class Comparison:
     ratio: float | None  # median_ms / direct_ms
     host_overhead_us: float | None  # host_us - direct_host_us
     iters: int
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def compare_direct(
@@ -552,22 +614,8 @@ def compare_direct(
     """
     torch_dtype, spec_dtype = resolve_dtype(dtype)
     dev = canonical_device(device)
-    inputs = make_inputs(
-        num_heads=num_heads,
-        qk_head_dim=inst.dims.qk_head_dim,
-        v_head_dim=inst.dims.v_head_dim,
-        seqlens_q=seqlens,
-        dtype=torch_dtype,
-        device=dev,
-        seed=seed,
-    )
-    flops = causal_flops(
-        seqlens,
-        num_heads=num_heads,
-        qk_head_dim=inst.dims.qk_head_dim,
-        v_head_dim=inst.dims.v_head_dim,
-        causal=causal,
-    )
+    inputs = _bench_inputs(inst, seqlens, num_heads, torch_dtype, dev, seed)
+    flops = _flops(inst, seqlens, num_heads, causal)
 
     def wrapper() -> Any:
         return inst.prefill(**inputs, causal=causal, return_lse=return_lse)
@@ -588,15 +636,7 @@ def compare_direct(
     return Comparison(
         backend=str(inst.backend),
         impl=inst.impl,
-        shape={
-            "seqlens": list(seqlens),
-            "num_heads": num_heads,
-            "qk_head_dim": inst.dims.qk_head_dim,
-            "v_head_dim": inst.dims.v_head_dim,
-            "dtype": spec_dtype.value,
-            "causal": causal,
-            "return_lse": return_lse,
-        },
+        shape=_shape(inst, seqlens, num_heads, spec_dtype.value, causal, return_lse),
         median_ms=med["wrapper"],
         tflops=tf["wrapper"],
         host_us=host["wrapper"],

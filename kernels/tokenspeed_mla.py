@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
+from torch import Tensor
 
 __all__ = ["TokenspeedMlaPrefill"]
 
@@ -71,30 +71,16 @@ class TokenspeedMlaPrefill(MLAPrefillKernel):
                     self.backend,
                     [f"tokenspeed_mla could not compile its prefill kernel: {exc}"],
                 ) from exc
-        self._seq_lens_batch: RaggedBatch | None = None
-        self._seq_lens: torch.Tensor | None = None
         self.impl = "tokenspeed-mla-prefill"
 
     def _forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: RaggedBatch,
-        *,
-        causal: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if batch is not self._seq_lens_batch:
-            # Unused by the kernel (it reads the offsets), required by the signature.
-            cu = batch.cu_seqlens_k
-            self._seq_lens = cu[1:] - cu[:-1]
-            self._seq_lens_batch = batch
+        self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
         res = self._fn(
             query=q if q.is_contiguous() else q.contiguous(),
             key=k if k.is_contiguous() else k.contiguous(),
             value=v if v.is_contiguous() else v.contiguous(),
-            seq_lens=self._seq_lens,
+            seq_lens=batch.kv_lengths(),  # unused by the kernel, required by the signature
             cum_seq_lens=batch.cu_seqlens_k,
             max_seq_len=batch.max_seqlen_k,
             batch_size=batch.batch_size,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import MLAPrefillKernel, RaggedBatch
+from torch import Tensor
 
 __all__ = ["TorchSdpaPrefill"]
 
@@ -50,15 +51,8 @@ class TorchSdpaPrefill(MLAPrefillKernel):
         self.impl = "torch-fp32-reference"
 
     def _forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: RaggedBatch,
-        *,
-        causal: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
         h, dv = self.num_heads, self.dims.v_head_dim
         t_q = q.shape[0]
         out = torch.zeros((t_q, h, dv), dtype=self.dtype, device=q.device)

@@ -17,12 +17,17 @@ Blackwell run with ``kernels.measure.reference_check``.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
+from mla_switchboard.kernels.base import (
+    BackendUnavailable,
+    MLAPrefillKernel,
+    RaggedBatch,
+    lse_base2_to_contract,
+)
+from torch import Tensor
 
 __all__ = ["TrtllmRaggedPrefill"]
 
@@ -47,23 +52,10 @@ class TrtllmRaggedPrefill(MLAPrefillKernel):
         # trtllm-gen kernels keep counters in the workspace and expect it zeroed.
         self._workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.impl = "flashinfer-trtllm-ragged-deepseek"
-        self._seq_lens_batch: RaggedBatch | None = None
-        self._seq_lens_kv: torch.Tensor | None = None
 
     def _forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: RaggedBatch,
-        *,
-        causal: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if batch is not self._seq_lens_batch:  # once per batch, not per layer
-            self._seq_lens_kv = batch.cu_seqlens_k[1:] - batch.cu_seqlens_k[:-1]
-            self._seq_lens_batch = batch
-        seq_lens_kv = self._seq_lens_kv
+        self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
+    ) -> tuple[Tensor, Tensor | None]:
         out = torch.empty(
             (q.shape[0], self.num_heads, self.dims.v_head_dim), dtype=self.dtype, device=q.device
         )
@@ -72,7 +64,7 @@ class TrtllmRaggedPrefill(MLAPrefillKernel):
             key=k if k.is_contiguous() else k.contiguous(),
             value=v if v.is_contiguous() else v.contiguous(),
             workspace_buffer=self._workspace,
-            seq_lens=seq_lens_kv,
+            seq_lens=batch.kv_lengths(),
             max_q_len=batch.max_seqlen_q,
             max_kv_len=batch.max_seqlen_k,
             bmm1_scale=self.softmax_scale,
@@ -90,4 +82,4 @@ class TrtllmRaggedPrefill(MLAPrefillKernel):
         if not return_lse:
             return (res[0] if isinstance(res, tuple) else res), None
         out, lse = res
-        return out, (lse.float() * math.log(2.0)).t().contiguous()
+        return out, lse_base2_to_contract(lse)

@@ -312,12 +312,22 @@ def _clusters(parser: argparse.ArgumentParser, clusters: list[str] | None) -> li
 
 
 def build_parser() -> argparse.ArgumentParser:
-    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="switchboard", description="MLA Switchboard: fleet-wide MLA prefill backend choice"
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_health(sub)
+    create = _add_token(sub)
+    parser.set_defaults(create_parser=create)
+    return parser
 
+
+_Subparsers = Any  # argparse's _SubParsersAction, private to argparse
+_RAW = argparse.RawDescriptionHelpFormatter
+
+
+def _add_serve(sub: _Subparsers) -> None:
     serve = sub.add_parser(
         "serve",
         help="run the service (uvicorn)",
@@ -325,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         "docs at /docs. Creates and migrates the database on its first start; with no "
         "token configured it creates an admin token and prints it once on stderr.",
         epilog=_environment_help(),
-        formatter_class=raw,
+        formatter_class=_RAW,
     )
     serve.add_argument(
         "--host",
@@ -352,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_serve)
 
+
+def _add_health(sub: _Subparsers) -> None:
     health = sub.add_parser(
         "health",
         help="exit 0 if the local service answers /readyz with 200 (container healthcheck)",
@@ -359,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         "container image's HEALTHCHECK runs it, so that it follows SWITCHBOARD_PORT.",
         epilog="environment variables read:\n"
         "  SWITCHBOARD_PORT        the port to ask (default 8000)",
-        formatter_class=raw,
+        formatter_class=_RAW,
     )
     health.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
     health.add_argument(
@@ -371,31 +383,24 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
     health.set_defaults(func=_health)
 
-    token_env = _environment_help(["database_url"])
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--create",
-        action="store_true",
-        help="create the database if it does not exist yet (otherwise refused: only "
-        "`switchboard serve` creates one)",
-    )
+
+def _add_token(sub: _Subparsers) -> argparse.ArgumentParser:
+    """``token create|revoke|list``; returns ``create``'s parser (``--clusters`` errors)."""
     token = sub.add_parser(
         "token",
         help="manage API tokens directly in the database",
         description="Create, list and revoke API tokens in the service's database, without "
         "the API (for the first tokens, or when no admin token is at hand). Says which "
         "database it uses and refuses to create a new one unless --create is given.",
-        epilog=token_env,
-        formatter_class=raw,
+        epilog=_environment_help(["database_url"]),
+        formatter_class=_RAW,
     )
     tsub = token.add_subparsers(dest="token_command", required=True)
-    create = tsub.add_parser(
+    create = _token_command(
+        tsub,
         "create",
-        parents=[common],
-        help="create a token and print it once",
-        description="Create a token and print it once on stdout.",
-        epilog=token_env,
-        formatter_class=raw,
+        "create a token and print it once",
+        "Create a token and print it once on stdout.",
     )
     create.add_argument("--role", required=True, choices=["agent", "viewer", "admin"])
     create.add_argument("--name", default=None, help="who holds it (default: <role>-token)")
@@ -407,26 +412,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="limit an admin token to these cluster globs (a-z 0-9 . _ - * ?), "
         "e.g. 'prod-*'; default: every cluster",
     )
-    revoke = tsub.add_parser(
+    revoke = _token_command(
+        tsub,
         "revoke",
-        parents=[common],
-        help="revoke a token by id",
-        description="Revoke a token by its id (the part after sb_, as `token list` shows).",
-        epilog=token_env,
-        formatter_class=raw,
+        "revoke a token by id",
+        "Revoke a token by its id (the part after sb_, as `token list` shows).",
     )
     revoke.add_argument("id")
-    tsub.add_parser(
+    _token_command(
+        tsub,
         "list",
-        parents=[common],
-        help="list tokens (never their secrets)",
-        description="List tokens: id, name, role, cluster limit, state. Never the secrets.",
-        epilog=token_env,
-        formatter_class=raw,
+        "list tokens (never their secrets)",
+        "List tokens: id, name, role, cluster limit, state. Never the secrets.",
     )
     token.set_defaults(func=_token)
-    parser.set_defaults(create_parser=create)
-    return parser
+    return create
+
+
+def _token_command(
+    tsub: _Subparsers, name: str, help_text: str, description: str
+) -> argparse.ArgumentParser:
+    """A ``token`` subcommand: each opens the database, so each takes ``--create``."""
+    command: argparse.ArgumentParser = tsub.add_parser(
+        name,
+        help=help_text,
+        description=description,
+        epilog=_environment_help(["database_url"]),
+        formatter_class=_RAW,
+    )
+    command.add_argument(
+        "--create",
+        action="store_true",
+        help="create the database if it does not exist yet (otherwise refused: only "
+        "`switchboard serve` creates one)",
+    )
+    return command
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -80,31 +80,45 @@ class BoundedClusterCounter:
 
 
 class Metrics:
+    """Every metric the service exports, registered in one order (the scrape's order)."""
+
     def __init__(self, max_clusters: int = 200) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._add_select_metrics(max_clusters)
+        self._add_latency_metrics()
+        self._add_write_metrics()
+        self._add_connection_metrics()
+
+    def _counter(self, name: str, documentation: str, labels: Iterable[str] = ()) -> Counter:
+        return Counter(name, documentation, labels, registry=self.registry)
+
+    def _gauge(self, name: str, documentation: str) -> Gauge:
+        return Gauge(name, documentation, registry=self.registry)
+
+    def _add_select_metrics(self, max_clusters: int) -> None:
         self.refused_selects = BoundedClusterCounter(
-            Counter(
+            self._counter(
                 "switchboard_refused_selects_total",
                 "Selects refused for their token (401/403), by reason and claimed cluster: "
                 "pods with a missing or mistyped token show here",
                 ["reason", "cluster"],
-                registry=r,
             ),
             max_clusters,
         )
         self.decisions = BoundedClusterCounter(
-            Counter(
+            self._counter(
                 "switchboard_decisions_total",
                 "Decisions answered by /v1/select",
                 ["backend", "source", "cluster"],
-                registry=r,
             ),
             max_clusters,
         )
-        self.refusals = Counter(
-            "switchboard_refusals_total", "Selections answered 409", ["kind"], registry=r
+        self.refusals = self._counter(
+            "switchboard_refusals_total", "Selections answered 409", ["kind"]
         )
+
+    def _add_latency_metrics(self) -> None:
+        r = self.registry
         self.loop_lag = Histogram(
             "switchboard_event_loop_lag_seconds",
             "How late the event loop ran a timer set every 50 ms: what any request waited "
@@ -130,68 +144,62 @@ class Metrics:
         )
         self.latency_of = Children(self.latency)  # (method, route, status) -> child
         self.refusals_of = Children(self.refusals)  # kind -> child
-        self.rollout_changes = Counter(
+
+    def _add_write_metrics(self) -> None:
+        """Rollout and override writes, and the decision recorder's buffer and spill file."""
+        self.rollout_changes = self._counter(
             "switchboard_rollout_changes_total",
             "Staged overrides halted by a guard or promoted by a step, by the service itself",
             ["change"],
-            registry=r,
         )
-        self.override_writes = Counter(
-            "switchboard_override_writes_total", "Override writes", ["action"], registry=r
+        self.override_writes = self._counter(
+            "switchboard_override_writes_total", "Override writes", ["action"]
         )
-        self.store_errors = Counter(
-            "switchboard_store_errors_total", "Failed database operations", ["op"], registry=r
+        self.store_errors = self._counter(
+            "switchboard_store_errors_total", "Failed database operations", ["op"]
         )
-        self.decisions_written = Counter(
-            "switchboard_decisions_written_total", "Decisions written to the store", registry=r
+        self.decisions_written = self._counter(
+            "switchboard_decisions_written_total", "Decisions written to the store"
         )
-        self.decisions_dropped = Counter(
+        self.decisions_dropped = self._counter(
             "switchboard_decisions_dropped_total",
             "Decisions lost: memory was at SWITCHBOARD_BUFFER_LIMIT_MB and the spill file "
             "could not take them (full, or not writable)",
-            registry=r,
         )
-        self.buffered = Gauge(
-            "switchboard_decisions_buffered",
-            "Decisions in memory waiting to be written",
-            registry=r,
+        self.buffered = self._gauge(
+            "switchboard_decisions_buffered", "Decisions in memory waiting to be written"
         )
-        self.buffered_bytes = Gauge(
+        self.buffered_bytes = self._gauge(
             "switchboard_decisions_buffered_bytes",
             "Estimated memory held by the decisions waiting to be written",
-            registry=r,
         )
-        self.spill_bytes = Gauge(
+        self.spill_bytes = self._gauge(
             "switchboard_spill_file_bytes",
             "Size of the spill file (decisions waiting there for the store)",
-            registry=r,
         )
-        self.spill_degraded = Gauge(
+        self.spill_degraded = self._gauge(
             "switchboard_spill_degraded",
             "1 while the spill file cannot take decisions (not writable, or full)",
-            registry=r,
         )
-        self.store_degraded = Gauge(
-            "switchboard_store_degraded", "1 while the database is unreachable", registry=r
+        self.store_degraded = self._gauge(
+            "switchboard_store_degraded", "1 while the database is unreachable"
         )
-        self.connections_closed = Counter(
+
+    def _add_connection_metrics(self) -> None:
+        self.connections_closed = self._counter(
             "switchboard_connections_closed_total",
             "Connections the server closed before answering: header_size (431), "
             "header_timeout and body_timeout (408), evicted (its place taken at the "
             "connection limit) and refused (503, at the limit with every connection busy)",
             ["reason"],
-            registry=r,
         )
-        self.client_disconnects = Counter(
+        self.client_disconnects = self._counter(
             "switchboard_client_disconnects_total",
             "Requests whose client closed the connection before the answer",
-            registry=r,
         )
-        self.connections_open = Gauge(
-            "switchboard_connections_open", "Open HTTP connections", registry=r
-        )
-        self.config_version = Gauge(
-            "switchboard_config_version", "Config version held in memory", registry=r
+        self.connections_open = self._gauge("switchboard_connections_open", "Open HTTP connections")
+        self.config_version = self._gauge(
+            "switchboard_config_version", "Config version held in memory"
         )
 
     def watch_gc(self) -> Callable[[], None]:

@@ -30,6 +30,7 @@ from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import OTHER_CLUSTERS, Metrics
 from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.rows import RefusalCount
 from starlette.exceptions import HTTPException
 
 log = logging.getLogger("switchboard.refused")
@@ -139,7 +140,7 @@ class RefusedSelects:
         if self._stale_known:
             self.refresh_known()
 
-    def recent(self, since: datetime) -> list[tuple[str, str, int, datetime]]:
+    def recent(self, since: datetime) -> list[RefusalCount]:
         self.flush()
         return self._store.refusals.refusals_since(since)
 

@@ -14,13 +14,12 @@ from mla_switchboard.agent.model_config import ModelDims
 from mla_switchboard.agent.notes import Notes, log
 from mla_switchboard.agent.pod import PodDescription, PodSpec, describe_pod
 from mla_switchboard.core.engines import resolve as resolve_engine_profile
+from mla_switchboard.core.evaluator import context_of
 from mla_switchboard.core.schemas import EngineInfo, SelectRequest
 from mla_switchboard.core.specs import (
     SPECS,
     Backend,
     Capability,
-    MLADims,
-    SelectionContext,
     parse_backend,
 )
 
@@ -205,14 +204,9 @@ def runnable_backends(
     in a vLLM pod, CUDNN or a FLASHINFER vLLM runs only on Blackwell would be evidence
     for a choice the service can never make, measured out of a boot's budget.
     """
-    ctx = SelectionContext(
+    ctx = dataclasses.replace(
+        context_of(request),
         capability=None if capability is None else Capability(*capability),
-        dims=MLADims(
-            request.model.qk_nope_head_dim,
-            request.model.qk_rope_head_dim,
-            request.model.v_head_dim,
-        ),
-        dtype=request.dtype,
         packages=request.packages if request.packages is not None else {},
     )
     engine = request.engine or EngineInfo()

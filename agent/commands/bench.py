@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from mla_switchboard.agent.commands.parsing import (
-    Parser,
+    POD_ENVIRONMENT,
     add_pod_arguments,
     add_url_argument,
-    environment_epilog,
+    command_parser,
     parse_args,
     pod_spec_from,
     positive_float,
@@ -39,23 +39,13 @@ DEFAULT_REPORT_DEADLINE_S = 10.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="switchboard bench",
-        description="Measure every MLA prefill backend valid on this pod (reference check "
+    p = command_parser(
+        "switchboard bench",
+        "Measure every MLA prefill backend valid on this pod (reference check "
         "first, then TFLOP/s on prefill shapes with the model's dims, called as the layers of "
         "a forward pass call it) and report it to the Switchboard service as evidence for "
         "measured selection.",
-        epilog=environment_epilog(
-            [
-                "SWITCHBOARD_URL",
-                "SWITCHBOARD_TOKEN",
-                "SWITCHBOARD_CLUSTER",
-                "SWITCHBOARD_NODE",
-                "SWITCHBOARD_POD",
-                "SWITCHBOARD_ENGINE",
-            ]
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        POD_ENVIRONMENT,
     )
     add_pod_arguments(p)
     run = p.add_argument_group("what to run")

@@ -20,9 +20,11 @@ if TYPE_CHECKING:  # imported when a flag is parsed
 
 __all__ = [
     "ENVIRONMENT",
+    "POD_ENVIRONMENT",
     "Parser",
     "add_pod_arguments",
     "add_url_argument",
+    "command_parser",
     "environment_epilog",
     "parse_args",
     "pod_spec_from",
@@ -44,12 +46,32 @@ ENVIRONMENT = {
 }
 """Every environment variable a command reads, as its ``--help`` lists it."""
 
+POD_ENVIRONMENT = (
+    "SWITCHBOARD_URL",
+    "SWITCHBOARD_TOKEN",
+    "SWITCHBOARD_CLUSTER",
+    "SWITCHBOARD_NODE",
+    "SWITCHBOARD_POD",
+    "SWITCHBOARD_ENGINE",
+)
+"""What every pod command reads: the service, and the pod's own description."""
+
 
 def environment_epilog(names: Sequence[str]) -> str:
     """The ``--help`` epilog listing the variables ``names`` a command reads."""
     width = max(len(n) for n in names)
     lines = [f"  {n.ljust(width)}  {ENVIRONMENT[n]}" for n in names]
     return "environment variables read:\n" + "\n".join(lines)
+
+
+def command_parser(prog: str, description: str, environment: Sequence[str]) -> Parser:
+    """A command's parser, whose ``--help`` ends with the variables it reads."""
+    return Parser(
+        prog=prog,
+        description=description,
+        epilog=environment_epilog(environment),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 class _ArgumentError(Exception):

@@ -25,10 +25,10 @@ from mla_switchboard.agent.commands.formats import (
     format_document,
 )
 from mla_switchboard.agent.commands.parsing import (
-    Parser,
+    POD_ENVIRONMENT,
     add_pod_arguments,
     add_url_argument,
-    environment_epilog,
+    command_parser,
     packages_flag,
     parse_args,
     pod_spec_from,
@@ -47,27 +47,23 @@ DEFAULT_MEASURE_BUDGET_S = 60.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="switchboard select",
-        description="Choose this pod's MLA prefill backend and print how to select it in the "
+    p = command_parser(
+        "switchboard select",
+        "Choose this pod's MLA prefill backend and print how to select it in the "
         "serving engine. Asks the Switchboard service; when it does not answer in time, uses "
         "the last answer it gave for this situation, else decides locally with the seed rules.",
-        epilog=environment_epilog(
-            [
-                "SWITCHBOARD_URL",
-                "SWITCHBOARD_TOKEN",
-                "SWITCHBOARD_CLUSTER",
-                "SWITCHBOARD_NODE",
-                "SWITCHBOARD_POD",
-                "SWITCHBOARD_ENGINE",
-                "SWITCHBOARD_DEADLINE",
-                "SWITCHBOARD_CACHE_DIR",
-                "XDG_CACHE_HOME",
-            ]
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        [*POD_ENVIRONMENT, "SWITCHBOARD_DEADLINE", "SWITCHBOARD_CACHE_DIR", "XDG_CACHE_HOME"],
     )
     add_pod_arguments(p)
+    _add_wish_arguments(p)
+    _add_dry_run_arguments(p)
+    _add_service_arguments(p)
+    _add_measure_arguments(p)
+    _add_output_arguments(p)
+    return p
+
+
+def _add_wish_arguments(p: argparse.ArgumentParser) -> None:
     decision = p.add_argument_group("the pod's own wish")
     decision.add_argument(
         "--requested",
@@ -82,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="fail (exit 1) instead of auto-selecting when --requested is not valid",
     )
 
+
+def _add_dry_run_arguments(p: argparse.ArgumentParser) -> None:
     dry = p.add_argument_group(
         "dry runs (nothing is built, measured, cached or recorded by the service)"
     )
@@ -96,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: probe, or 'any' in a dry run)",
     )
 
+
+def _add_service_arguments(p: argparse.ArgumentParser) -> None:
     svc = p.add_argument_group("the service")
     add_url_argument(svc)
     svc.add_argument(
@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "local decision (for teams that prefer a crash loop to a misconfigured pod)",
     )
 
+
+def _add_measure_arguments(p: argparse.ArgumentParser) -> None:
     measure = p.add_argument_group("measured selection")
     measure.add_argument(
         "--measure",
@@ -131,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the most the measurement may add to the boot (default {DEFAULT_MEASURE_BUDGET_S:g})",
     )
 
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     engine_formats = " / ".join(f for f in SELECT_FORMATS if args_format_engine(f))
     out.add_argument(
@@ -154,7 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when no backend is valid for the pod and its engine (default: print no "
         "engine flags, say why on stderr and exit 0, so the engine keeps its own choice)",
     )
-    return p
 
 
 def _with_format_engine(spec: PodSpec, fmt: str) -> PodSpec:

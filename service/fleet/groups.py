@@ -27,7 +27,7 @@ from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
 from mla_switchboard.service.priority import let_the_loop_in
 from mla_switchboard.service.state import PodState
 from mla_switchboard.service.store import Store
-from mla_switchboard.service.store.decisions import FleetGroup
+from mla_switchboard.service.store.rows import FleetGroup
 
 T = TypeVar("T")
 

@@ -49,13 +49,18 @@ class ChangeReason(BaseModel):
     )
 
 
-class Change(BaseModel):
-    """Pods of one cluster that would go from one backend to another."""
+class _FromBackend(BaseModel):
+    """Pods of one cluster that run a backend now (``from`` in JSON: a Python keyword)."""
 
     model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
 
     cluster: str
     from_: str = Field(alias="from")
+
+
+class Change(_FromBackend):
+    """Pods of one cluster that would go from one backend to another."""
+
     to: str
     pods: int
     reasons: list[ChangeReason] = Field(
@@ -63,13 +68,9 @@ class Change(BaseModel):
     )
 
 
-class InvalidChange(BaseModel):
+class InvalidChange(_FromBackend):
     """Pods the change would refuse a backend (a strict request, or nothing valid)."""
 
-    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
-
-    cluster: str
-    from_: str = Field(alias="from")
     reason: str
     pods: int
 
@@ -99,11 +100,8 @@ def replay(
     Both sides are full ``DecisionInputs``, evidence included, and go through the same
     evaluator as ``/v1/select``: a preview of a ``measured`` policy sees the evidence
     the live path will use."""
-    changes: Counter[tuple[str, str, str]] = Counter()
-    reasons: dict[tuple[str, str, str], Counter[tuple[str, ...]]] = {}
-    invalid: Counter[tuple[str, str, str]] = Counter()
-    explained: dict[tuple[int, int, str], tuple[str, ...]] = {}
-    unreadable = pending = total = 0
+    tally = _Tally()
+    unreadable = total = 0
     classes = ClassCache()
     memo = DecisionMemo(now)
 
@@ -132,49 +130,77 @@ def replay(
             before, after = both(request, group.shape_id, stage)
             for row in group.rows:
                 n = stage.count(row)
-                if not n:
-                    continue
-                was = row.backend if isinstance(before, Refusal) else before.backend.value
-                if was != row.backend:
-                    pending += n
-                if isinstance(after, Refusal):
-                    if not isinstance(before, Refusal):
-                        invalid[(group.cluster, was, after.message)] += n
-                elif after.backend.value != was:
-                    key = (group.cluster, was, after.backend.value)
-                    changes[key] += n
-                    found = explained.get((id(before), id(after), was))
-                    if found is None:
-                        found = explained[(id(before), id(after), was)] = why_moved(
-                            before, after, was
+                if n:
+                    tally.add(group.cluster, row.backend, before, after, n)
+    return tally.preview(total=total, unreadable=unreadable)
+
+
+class _Tally:
+    """What a replay counts: pods that change, pods refused, and pods still pending."""
+
+    def __init__(self) -> None:
+        self.changes: Counter[tuple[str, str, str]] = Counter()
+        self.reasons: dict[tuple[str, str, str], Counter[tuple[str, ...]]] = {}
+        self.invalid: Counter[tuple[str, str, str]] = Counter()
+        # why_moved per pair of decisions (memoised, so shared) and backend left
+        self.explained: dict[tuple[int, int, str], tuple[str, ...]] = {}
+        self.pending = 0
+
+    def add(
+        self,
+        cluster: str,
+        recorded: str,
+        before: Decision | Refusal,
+        after: Decision | Refusal,
+        n: int,
+    ) -> None:
+        """``n`` pods of ``cluster`` that run ``recorded`` and get ``before``, then ``after``."""
+        was = recorded if isinstance(before, Refusal) else before.backend.value
+        if was != recorded:
+            self.pending += n
+        if isinstance(after, Refusal):
+            if not isinstance(before, Refusal):
+                self.invalid[(cluster, was, after.message)] += n
+        elif after.backend.value != was:
+            key = (cluster, was, after.backend.value)
+            self.changes[key] += n
+            found = self.explained.get((id(before), id(after), was))
+            if found is None:
+                found = self.explained[(id(before), id(after), was)] = why_moved(before, after, was)
+            self.reasons.setdefault(key, Counter())[found] += n
+
+    def preview(self, *, total: int, unreadable: int) -> Preview:
+        changes, invalid, reasons = self.changes, self.invalid, self.reasons
+        affected = sorted({c for c, _, _ in changes} | {c for c, _, _ in invalid})
+        return Preview(
+            pods_total=total,
+            pods_changed=sum(changes.values()),
+            pods_invalid=sum(invalid.values()),
+            changes=[
+                Change(
+                    cluster=c,
+                    from_=f,
+                    to=t,
+                    pods=n,
+                    reasons=[
+                        ChangeReason(pods=k, why=list(why))
+                        for why, k in sorted(
+                            reasons[(c, f, t)].items(), key=lambda kv: (-kv[1], kv)
                         )
-                    reasons.setdefault(key, Counter())[found] += n
-    affected = sorted({c for c, _, _ in changes} | {c for c, _, _ in invalid})
-    return Preview(
-        pods_total=total,
-        pods_changed=sum(changes.values()),
-        pods_invalid=sum(invalid.values()),
-        changes=[
-            Change(
-                cluster=c,
-                from_=f,
-                to=t,
-                pods=n,
-                reasons=[
-                    ChangeReason(pods=k, why=list(why))
-                    for why, k in sorted(reasons[(c, f, t)].items(), key=lambda kv: (-kv[1], kv))
-                ],
-            )
-            for (c, f, t), n in sorted(changes.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0]))
-        ],
-        invalid=[
-            InvalidChange(cluster=c, from_=f, reason=r, pods=n)
-            for (c, f, r), n in sorted(invalid.items())
-        ],
-        clusters_affected=affected,
-        pods_pending=pending,
-        pods_unreadable=unreadable,
-    )
+                    ],
+                )
+                for (c, f, t), n in sorted(
+                    changes.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0])
+                )
+            ],
+            invalid=[
+                InvalidChange(cluster=c, from_=f, reason=r, pods=n)
+                for (c, f, r), n in sorted(invalid.items())
+            ],
+            clusters_affected=affected,
+            pods_pending=self.pending,
+            pods_unreadable=unreadable,
+        )
 
 
 def why_moved(before: Decision | Refusal, after: Decision, was: str) -> tuple[str, ...]:

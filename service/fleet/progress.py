@@ -12,17 +12,21 @@ from typing import Any
 from mla_switchboard.core.evaluator import (
     Decision,
     DecisionInputs,
+    Refusal,
     applicable_overrides,
     decide,
     in_stage,
 )
-from mla_switchboard.core.evidence import EvidenceIndex, situation_of
+from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
+from mla_switchboard.core.schemas import Override
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_buckets
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
     DecisionMemo,
     FleetSnapshot,
+    PodGroup,
+    StageClass,
     each_group,
     partial_rollouts,
 )
@@ -51,28 +55,20 @@ def progress(
     per-cluster ones); without it, each cluster's samples are picked out of
     ``inputs.evidence``. Either way the samples are split by the stage buckets stored
     with them, never by hashing pod names again."""
-    out = []
     classes = ClassCache()
     memo = DecisionMemo(now)
+    out = []
     for o in sorted(inputs.overrides, key=lambda o: o.cluster):
-        r = o.rollout
-        if r is None:
+        if o.rollout is None:
             continue
-        inside_buckets: frozenset[int | None] = frozenset(stage_buckets(r))
-        if len(inside_buckets) == STAGE_BUCKETS:
-            inside_buckets = ALL_BUCKETS  # complete: every pod, named or not
-        outside_buckets = ALL_BUCKETS - inside_buckets
-        scoped = in_stage_n = booted = 0
-        stage_speed: list[float] = []
-        rest_speed: list[float] = []
-        sampled: set[tuple[str, Any, str]] = set()
+        tally = _Progress(o)
         for group in each_group(fleet, deadline):
             request = group.request
             if o.cluster not in ("*", group.cluster) or request is None:
                 continue
             if not any(x is o for x in applicable_overrides(request, (o,), now)):
                 continue
-            scoped += group.pods
+            tally.scoped += group.pods
             narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
             for stage in classes.of(partial_rollouts(request, inputs.overrides, now)):
                 inside = in_stage(request, o, stage.bucket)
@@ -86,47 +82,80 @@ def progress(
                     if inside
                     else None
                 )
-                for row in group.rows:
-                    n = stage.count(row)
-                    if not n:
-                        continue
-                    in_stage_n += n if inside else 0
-                    if isinstance(given, Decision) and given.backend.value == row.backend:
-                        booted += n
+                tally.count(group, stage, inside, given)
             situation = situation_of(request)
-            if situation is None:
-                continue
-            for row in group.rows:
-                key = (group.cluster, situation, row.backend)
-                if key in sampled:
-                    continue  # shapes that differ only in what the evidence ignores
-                sampled.add(key)
-                evidence = inputs.evidence if evidence_of is None else evidence_of(group.cluster)
-                for buckets, speeds in (
-                    (inside_buckets, stage_speed),
-                    (outside_buckets, rest_speed),
-                ):
-                    speeds.extend(
-                        tflops
-                        for cluster, _, tflops in evidence.stage_samples(
-                            situation, row.backend, buckets
-                        )
-                        if cluster == group.cluster
-                    )
-        out.append(
-            {
-                "cluster": o.cluster,
-                "revision": o.revision,
-                "rollout": r.model_dump(mode="json"),
-                "pods_in_scope": scoped,
-                "pods_in_stage": in_stage_n,
-                "pods_booted_with_it": booted,
-                "failures": r.failures,
-                "stage_median_tflops": _median(stage_speed),
-                "rest_median_tflops": _median(rest_speed),
-            }
-        )
+            if situation is not None:
+                tally.sample(group, situation, evidence_of or (lambda _: inputs.evidence))
+        out.append(tally.summary())
     return out
+
+
+class _Progress:
+    """One staged override's counts and speeds, added up group by group."""
+
+    def __init__(self, override: Override) -> None:
+        rollout = override.rollout
+        assert rollout is not None
+        self.override, self.rollout = override, rollout
+        inside: frozenset[int | None] = frozenset(stage_buckets(rollout))
+        if len(inside) == STAGE_BUCKETS:
+            inside = ALL_BUCKETS  # complete: every pod, named or not
+        self.inside_buckets, self.outside_buckets = inside, ALL_BUCKETS - inside
+        self.scoped = self.in_stage = self.booted = 0
+        self.stage_speed: list[float] = []
+        self.rest_speed: list[float] = []
+        self.sampled: set[tuple[str, Situation, str]] = set()
+
+    def count(
+        self, group: PodGroup, stage: StageClass, inside: bool, given: Decision | Refusal | None
+    ) -> None:
+        """Pods of ``group`` in ``stage``: in the override's stage, and booted with it."""
+        for row in group.rows:
+            n = stage.count(row)
+            if not n:
+                continue
+            self.in_stage += n if inside else 0
+            if isinstance(given, Decision) and given.backend.value == row.backend:
+                self.booted += n
+
+    def sample(
+        self,
+        group: PodGroup,
+        situation: Situation,
+        evidence_of: Callable[[str], EvidenceIndex],
+    ) -> None:
+        """The group's own samples, split by the stage buckets stored with them."""
+        for row in group.rows:
+            key = (group.cluster, situation, row.backend)
+            if key in self.sampled:
+                continue  # shapes that differ only in what the evidence ignores
+            self.sampled.add(key)
+            evidence = evidence_of(group.cluster)
+            for buckets, speeds in (
+                (self.inside_buckets, self.stage_speed),
+                (self.outside_buckets, self.rest_speed),
+            ):
+                speeds.extend(
+                    tflops
+                    for cluster, _, tflops in evidence.stage_samples(
+                        situation, row.backend, buckets
+                    )
+                    if cluster == group.cluster
+                )
+
+    def summary(self) -> dict[str, Any]:
+        o, r = self.override, self.rollout
+        return {
+            "cluster": o.cluster,
+            "revision": o.revision,
+            "rollout": r.model_dump(mode="json"),
+            "pods_in_scope": self.scoped,
+            "pods_in_stage": self.in_stage,
+            "pods_booted_with_it": self.booted,
+            "failures": r.failures,
+            "stage_median_tflops": _median(self.stage_speed),
+            "rest_median_tflops": _median(self.rest_speed),
+        }
 
 
 def _median(values: list[float]) -> float | None:

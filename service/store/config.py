@@ -80,7 +80,7 @@ class ConfigStore:
         ``evidence_epoch`` (bumped when evidence is cleared) in one round trip (the
         poller's)."""
         with Session(self.engine) as s:
-            return {k: v for k, v in s.execute(select(Meta.key, Meta.value))}
+            return {row.key: row.value for row in s.execute(select(Meta.key, Meta.value))}
 
     def load_config(self) -> ConfigSnapshot:
         with Session(self.engine) as s:

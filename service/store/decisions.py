@@ -16,7 +16,6 @@ import itertools
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,23 +24,11 @@ from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
 from mla_switchboard.service.fleet.shapes import Shape, request_from_shape, shape_of_json
 from mla_switchboard.service.state import DecisionRecord, PodState
 from mla_switchboard.service.store.base import aware
-from mla_switchboard.service.store.models import (
-    AnswerRow,
-    DecisionRow,
-    FleetCount,
-    Meta,
-    PodLatest,
-    ShapeRow,
-)
-from sqlalchemy import Connection, Engine, delete, func, or_, select, tuple_
+from mla_switchboard.service.store.models import AnswerRow, DecisionRow, PodLatest, ShapeRow
+from mla_switchboard.service.store.rows import Decision, PodPointer, columns
+from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
-Row = tuple[Any, ...]
-"""One decision as the writer takes it: ``(id, created_at, cluster, node, pod, backend,
-source, rules_revision, shape_id, answer_id, shape_json, answer_json)``. The two JSON
-texts are shared by every decision of one shape or answer and stored once each."""
-
-ROW_FIELDS = 12
 SQLITE_ROWS = 64
 """Rows per SQLite statement (see ``DecisionStore._sqlite_rows``)."""
 KNOWN_LIMIT = 100_000
@@ -58,10 +45,10 @@ def decision_row(
     shape: Shape,
     answer_id: str,
     answer_json: str,
-) -> Row:
+) -> Decision:
     """The row ``/v1/select`` hands the recorder (``shape``: ``shape_of(request)``, which
     the selector computed once for every pod of that shape)."""
-    return (
+    return Decision(
         decision_id,
         created_at,
         request.cluster,
@@ -77,13 +64,13 @@ def decision_row(
     )
 
 
-def rows_of(records: Iterable[DecisionRecord]) -> list[Row]:
+def rows_of(records: Iterable[DecisionRecord]) -> list[Decision]:
     """``DecisionRecord`` values (a whole request as JSON text) as the writer's rows."""
     out = []
     for d in records:
         shape = shape_of_json(d.request_json)
         out.append(
-            (
+            Decision(
                 d.id,
                 d.created_at,
                 d.cluster,
@@ -99,48 +86,6 @@ def rows_of(records: Iterable[DecisionRecord]) -> list[Row]:
             )
         )
     return out
-
-
-@dataclass(frozen=True)
-class LivePod:
-    """One pod of the live fleet: its newest decision, when it was made, its shape."""
-
-    cluster: str
-    node: str
-    pod: str
-    decision_id: str
-    backend: str
-    source: str
-    seen_at: datetime
-    shape_id: str | None
-    bucket: int | None
-
-
-@dataclass(frozen=True)
-class PodFilter:
-    """What ``list_pods`` selects; every field narrows (None: no condition). Cluster
-    globs use the token rule (``*`` and ``?`` over [a-z0-9._-]), so a token's scope is
-    a filter the database applies, not a scan."""
-
-    cluster_globs: tuple[str, ...] | None = None
-    backends: tuple[str, ...] | None = None
-    sources: tuple[str, ...] | None = None
-    shape_ids: tuple[str, ...] | None = None
-    buckets: tuple[int, ...] | None = None
-    prefix: str | None = None  # of the pod's or the node's name
-
-
-@dataclass(frozen=True)
-class FleetGroup:
-    """Pods whose newest decision is in one (cluster, shape, backend, source) group;
-    ``buckets[b]`` of them are in stage bucket ``b``."""
-
-    cluster: str
-    shape_id: str
-    backend: str
-    source: str
-    pods: int
-    buckets: tuple[int, ...]
 
 
 _POD_LATEST_CONFLICT = (
@@ -194,12 +139,11 @@ class DecisionStore:
         self._writer = writer or engine
         self._known_answers: set[str] = set()
         self._known_shapes: set[str] = set()
-        self._shapes: dict[str, str] = {}  # id -> JSON, read back once (immutable)
         self._bumped = 0
         # the fleet_version this writer's last committed batch made (0: none yet)
         self.fleet_version_written = 0
         self._postgres = engine.dialect.name == "postgresql"
-        self._sql = self._prepare_sql()
+        self._sql = _statements("?" if engine.dialect.paramstyle == "qmark" else "%s")
         if engine.dialect.name == "sqlite":
             # SQLAlchemy's own SQLite DateTime text format, naive UTC
             self._timestamp: Callable[[datetime], Any] = lambda d: (
@@ -213,7 +157,7 @@ class DecisionStore:
         """Insert a batch of ``DecisionRecord`` values (see ``record_rows``)."""
         self.record_rows(rows_of(batch))
 
-    def record_rows(self, rows: Sequence[Row]) -> None:
+    def record_rows(self, rows: Sequence[Decision]) -> None:
         """Insert a batch, its new shapes and answers, move each pod's newest pointer and
         the fleet's counts, in one transaction.
 
@@ -229,9 +173,11 @@ class DecisionStore:
         """
         if not rows:
             return
-        shapes = {r[8]: r[10] for r in rows if r[8] not in self._known_shapes}
+        shapes = {r.shape_id: r.shape_json for r in rows if r.shape_id not in self._known_shapes}
         answers = {
-            r[9]: r[11] for r in rows if r[9] not in self._known_answers and r[11] is not None
+            r.answer_id: r.answer_json
+            for r in rows
+            if r.answer_id not in self._known_answers and r.answer_json is not None
         }
         newest = _newest_per_pod(rows)
         self._bumped = 0
@@ -267,10 +213,18 @@ class DecisionStore:
             known.update(new)
 
     def _insert_sqlite(
-        self, conn: Connection, rows: Sequence[Row], newest: dict[PodKey, Row]
+        self, conn: Connection, rows: Sequence[Decision], newest: dict[PodKey, Decision]
     ) -> None:
         ts = self._timestamp
-        self._sqlite_rows(conn, "decisions", [(r[0], ts(r[1]), *r[2:10]) for r in rows])
+        self._sqlite_rows(
+            conn,
+            "decisions",
+            [
+                (r.id, ts(r.created_at), r.cluster, r.node, r.pod, r.backend, r.source,
+                 r.rules_revision, r.shape_id, r.answer_id)
+                for r in rows
+            ],
+        )  # fmt: skip
         if not newest:
             return
         old = self._old_latest_sqlite(conn, list(newest))
@@ -280,7 +234,18 @@ class DecisionStore:
                 conn,
                 "pod_latest",
                 [
-                    (c, n, p, r[0], r[5], r[6], ts(r[1]), r[9], r[8], stage_bucket(c, p))
+                    (
+                        c,
+                        n,
+                        p,
+                        r.id,
+                        r.backend,
+                        r.source,
+                        ts(r.created_at),
+                        r.answer_id,
+                        r.shape_id,
+                        stage_bucket(c, p),
+                    )
                     for (c, n, p), r in sorted(moved.items())
                 ],
             )
@@ -321,8 +286,8 @@ class DecisionStore:
             self._sql[key] = sql
         return sql
 
-    def _old_latest_sqlite(self, conn: Connection, keys: list[PodKey]) -> dict[PodKey, Row]:
-        out: dict[PodKey, Row] = {}
+    def _old_latest_sqlite(self, conn: Connection, keys: list[PodKey]) -> dict[PodKey, PodPointer]:
+        out: dict[PodKey, PodPointer] = {}
         for i in range(0, len(keys), 300):
             chunk = keys[i : i + 300]
             marks = ", ".join(["(?, ?, ?)"] * len(chunk))
@@ -331,12 +296,12 @@ class DecisionStore:
                 f"FROM pod_latest WHERE (cluster, node, pod) IN (VALUES {marks})",
                 tuple(v for key in chunk for v in key),
             )
-            for row in result:
-                out[(row[0], row[1], row[2])] = tuple(row)
+            for row in map(PodPointer._make, result):
+                out[(row.cluster, row.node, row.pod)] = row
         return out
 
     def _copy_postgres(
-        self, conn: Connection, rows: Sequence[Row], newest: dict[PodKey, Row]
+        self, conn: Connection, rows: Sequence[Decision], newest: dict[PodKey, Decision]
     ) -> None:
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
@@ -353,35 +318,39 @@ class DecisionStore:
                 info[_STAGE_READY] = True
             with cur.copy(f"COPY sb_stage ({_STAGE_COLUMNS}) FROM STDIN") as copy:
                 for r in rows:
-                    copy.write_row((*r[:10], stage_bucket(r[2], r[4])))
+                    copy.write_row(
+                        (r.id, r.created_at, r.cluster, r.node, r.pod, r.backend, r.source,
+                         r.rules_revision, r.shape_id, r.answer_id, stage_bucket(r.cluster, r.pod))
+                    )  # fmt: skip
             cur.execute(_PG_DECISIONS_FROM_STAGE)
             if not newest:
                 return
             cur.execute(_PG_FLEET_LOCK)
             cur.execute(_PG_OLD_LATEST)
-            old = {(r[0], r[1], r[2]): tuple(r) for r in cur.fetchall()}
+            pointers = map(PodPointer._make, cur.fetchall())
+            old = {(r.cluster, r.node, r.pod): r for r in pointers}
         if self._move(conn, newest, old):
             conn.exec_driver_sql(_PG_POD_LATEST_FROM_STAGE)
 
     def _move(
-        self, conn: Connection, newest: dict[PodKey, Row], old: dict[PodKey, Row]
-    ) -> dict[PodKey, Row]:
+        self, conn: Connection, newest: dict[PodKey, Decision], old: dict[PodKey, PodPointer]
+    ) -> dict[PodKey, Decision]:
         """Apply to ``fleet_counts`` what the batch's newest decisions do to each pod's
         group; returns the pods that move (their stored decision is older)."""
-        moved: dict[PodKey, Row] = {}
+        moved: dict[PodKey, Decision] = {}
         delta: dict[GroupKey, list[int]] = defaultdict(lambda: [0] * STAGE_BUCKETS)
         for key, r in newest.items():
             before = old.get(key)
-            if before is not None and before[3] >= r[0]:
+            if before is not None and before.decision_id >= r.id:
                 continue  # the store holds a newer decision of this pod
             moved[key] = r
             cluster, _, pod = key
             bucket = stage_bucket(cluster, pod)
             assert bucket is not None  # only named pods are counted
-            if before is not None and before[4] is not None:
-                was = before[7] if before[7] is not None else bucket
-                delta[(cluster, before[4], before[5], before[6])][was] -= 1
-            delta[(cluster, r[8], r[5], r[6])][bucket] += 1
+            if before is not None and before.shape_id is not None:
+                was = before.bucket if before.bucket is not None else bucket
+                delta[(cluster, before.shape_id, before.backend, before.source)][was] -= 1
+            delta[(cluster, r.shape_id, r.backend, r.source)][bucket] += 1
         changed = {k: v for k, v in delta.items() if any(v)}
         if changed:
             self._apply_counts(conn, changed)
@@ -399,8 +368,9 @@ class DecisionStore:
                 f"WHERE (cluster, shape_id, backend, source) IN (VALUES {values})",
                 tuple(v for key in chunk for v in key),
             )
-            for c, s, b, src, buckets in result:
-                current[(c, s, b, src)] = json.loads(buckets)
+            for row in result:
+                key = (row.cluster, row.shape_id, row.backend, row.source)
+                current[key] = json.loads(row.buckets)
         upserts, deletes = [], []
         for key in keys:
             counts = current.get(key) or [0] * STAGE_BUCKETS
@@ -416,32 +386,6 @@ class DecisionStore:
             conn.exec_driver_sql(self._sql["fleet_delete"], deletes)
         bumped = conn.exec_driver_sql(self._sql["fleet_bump"]).scalar()
         self._bumped = int(bumped or 0)
-
-    def _prepare_sql(self) -> dict[str, str]:
-        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
-
-        def values(n: int) -> str:
-            return "(" + ", ".join([mark] * n) + ")"
-
-        return {
-            "shapes": f"INSERT INTO shapes (id, request) VALUES {values(2)} "
-            "ON CONFLICT (id) DO NOTHING",
-            "answers": f"INSERT INTO answers (id, answer) VALUES {values(2)} "
-            "ON CONFLICT (id) DO NOTHING",
-            "decisions": "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, "
-            f"source, rules_revision, shape_id, answer_id) VALUES {values(10)} "
-            "ON CONFLICT (id) DO NOTHING",
-            "pod_latest": "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, "
-            f"source, created_at, answer_id, shape_id, bucket) VALUES {values(10)} "
-            f"{_POD_LATEST_CONFLICT}",
-            "fleet_upsert": "INSERT INTO fleet_counts (cluster, shape_id, backend, source, pods, "
-            f"buckets) VALUES {values(6)} ON CONFLICT (cluster, shape_id, backend, source) "
-            "DO UPDATE SET pods = excluded.pods, buckets = excluded.buckets",
-            "fleet_delete": f"DELETE FROM fleet_counts WHERE cluster = {mark} AND "
-            f"shape_id = {mark} AND backend = {mark} AND source = {mark}",
-            "fleet_bump": "UPDATE meta SET value = value + 1 WHERE key = 'fleet_version' "
-            "RETURNING value",
-        }
 
     # -------------------------------------------------------------------- reads
     def count_decisions(self) -> int:
@@ -472,97 +416,16 @@ class DecisionStore:
         if before_id is not None:
             q = q.where(DecisionRow.id < before_id)
         with Session(self.engine) as s:
-            return [_decision(r, shape) for r, shape in s.execute(q)]
+            return [_decision(row.DecisionRow, row.request) for row in s.execute(q)]
 
     def get_decision(self, decision_id: str) -> DecisionRecord | None:
         with Session(self.engine) as s:
             found = s.execute(self._with_request().where(DecisionRow.id == decision_id)).first()
             if found is None:
                 return None
-            row, shape = found
-            answer = s.get(AnswerRow, row.answer_id)
-            return _decision(row, shape, None if answer is None else answer.answer)
-
-    def summary(self) -> dict[str, dict[str, int]]:
-        """Pods per cluster and backend (each named pod's newest decision)."""
-        q = select(FleetCount.cluster, FleetCount.backend, func.sum(FleetCount.pods)).group_by(
-            FleetCount.cluster, FleetCount.backend
-        )
-        out: dict[str, dict[str, int]] = {}
-        with Session(self.engine) as s:
-            for cluster, backend, n in s.execute(q):
-                if n:
-                    out.setdefault(cluster, {})[backend] = int(n)
-        return {c: dict(sorted(b.items())) for c, b in sorted(out.items())}
-
-    def fleet_version(self) -> int:
-        with Session(self.engine) as s:
-            return s.scalar(select(Meta.value).where(Meta.key == "fleet_version")) or 0
-
-    def fleet_groups(self) -> tuple[int, list[FleetGroup]]:
-        """Every group with its per-bucket counts, and the ``fleet_version`` they are as
-        of (read in one transaction): O(clusters x shapes x backends) rows."""
-        with self.engine.connect() as conn, conn.begin():
-            version = conn.execute(
-                select(Meta.value).where(Meta.key == "fleet_version")
-            ).scalar_one_or_none()
-            q = select(
-                FleetCount.cluster,
-                FleetCount.shape_id,
-                FleetCount.backend,
-                FleetCount.source,
-                FleetCount.pods,
-                FleetCount.buckets,
-            )
-            groups = [
-                FleetGroup(c, s, b, src, n, tuple(json.loads(buckets)))
-                for c, s, b, src, n, buckets in conn.execute(q)
-            ]
-        return version or 0, groups
-
-    def shapes(self, ids: Iterable[str]) -> dict[str, str]:
-        """Shape JSON by id; shapes never change, so each is read from the store once."""
-        wanted = [i for i in set(ids) if i not in self._shapes]
-        if wanted:
-            with self.engine.connect() as conn:
-                for i in range(0, len(wanted), 500):
-                    q = select(ShapeRow.id, ShapeRow.request).where(
-                        ShapeRow.id.in_(wanted[i : i + 500])
-                    )
-                    self._shapes.update({k: v for k, v in conn.execute(q)})
-        return {i: self._shapes[i] for i in ids if i in self._shapes}
-
-    def list_pods(
-        self, where: PodFilter, *, after: tuple[str, str, str] | None, limit: int
-    ) -> list[LivePod]:
-        """Live pods in (cluster, node, pod) order after the cursor ``after``: one page
-        costs an index range scan of the primary key, however large the fleet."""
-        p = PodLatest
-        q = select(
-            p.cluster, p.node, p.pod, p.decision_id, p.backend, p.source, p.created_at,
-            p.shape_id, p.bucket,
-        )  # fmt: skip
-        if where.cluster_globs is not None:
-            q = q.where(or_(*(_glob(p.cluster, g) for g in where.cluster_globs)))
-        if where.backends is not None:
-            q = q.where(p.backend.in_(where.backends))
-        if where.sources is not None:
-            q = q.where(p.source.in_(where.sources))
-        if where.shape_ids is not None:
-            q = q.where(p.shape_id.in_(where.shape_ids))
-        if where.buckets is not None:
-            q = q.where(p.bucket.in_(where.buckets))
-        if where.prefix:
-            start = _like_escape(where.prefix) + "%"
-            q = q.where(or_(p.pod.like(start, escape="\\"), p.node.like(start, escape="\\")))
-        if after is not None:
-            q = q.where(tuple_(p.cluster, p.node, p.pod) > tuple_(*after))
-        q = q.order_by(p.cluster, p.node, p.pod).limit(limit)
-        with self.engine.connect() as conn:
-            return [
-                LivePod(c, n, pod, d, b, src, aware(at), shape, bucket)
-                for c, n, pod, d, b, src, at, shape, bucket in conn.execute(q)
-            ]
+            answer = s.get(AnswerRow, found.DecisionRow.answer_id)
+            answer_json = None if answer is None else answer.answer
+            return _decision(found.DecisionRow, found.request, answer_json)
 
     def expire_pods(self, seen_before: datetime, limit: int = 5000) -> int:
         """Take pods whose newest decision is older than ``seen_before`` out of the live
@@ -574,28 +437,28 @@ class DecisionStore:
             else:
                 conn.exec_driver_sql(_PG_FLEET_LOCK)
             p = PodLatest
-            stale = conn.execute(
-                select(
-                    p.cluster, p.node, p.pod, p.decision_id, p.shape_id, p.backend, p.source,
-                    p.bucket,
+            stale = [
+                PodPointer._make(row)
+                for row in conn.execute(
+                    select(*columns(p, PodPointer))
+                    .where(p.created_at < seen_before)
+                    .order_by(p.created_at)
+                    .limit(limit)
                 )
-                .where(p.created_at < seen_before)
-                .order_by(p.created_at)
-                .limit(limit)
-            ).all()  # fmt: skip
+            ]
             if not stale:
                 return 0
             delta: dict[GroupKey, list[int]] = defaultdict(lambda: [0] * STAGE_BUCKETS)
-            for c, _n, pod, _d, shape, backend, source, bucket in stale:
-                if shape is not None:
-                    b = bucket if bucket is not None else (stage_bucket(c, pod) or 0)
-                    delta[(c, shape, backend, source)][b] -= 1
+            for r in stale:
+                if r.shape_id is not None:
+                    b = r.bucket if r.bucket is not None else (stage_bucket(r.cluster, r.pod) or 0)
+                    delta[(r.cluster, r.shape_id, r.backend, r.source)][b] -= 1
             for i in range(0, len(stale), 300):
                 chunk = stale[i : i + 300]
                 conn.execute(
                     delete(p).where(
                         tuple_(p.cluster, p.node, p.pod, p.decision_id).in_(
-                            [(r[0], r[1], r[2], r[3]) for r in chunk]
+                            [(r.cluster, r.node, r.pod, r.decision_id) for r in chunk]
                         )
                     )
                 )
@@ -617,41 +480,60 @@ class DecisionStore:
                 PodLatest.backend,
                 PodLatest.source,
                 DecisionRow.request,
-                ShapeRow.request,
+                ShapeRow.request.label("shape_json"),
             )
             .join(DecisionRow, DecisionRow.id == PodLatest.decision_id)
             .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
         )
         with self.engine.connect() as conn:
             return [
-                PodState(c, n, p, d, b, src, _request_json(request, shape, c, n or None, p))
-                for c, n, p, d, b, src, request, shape in conn.execute(q)
-            ]
+                PodState(
+                    r.cluster, r.node, r.pod, r.decision_id, r.backend, r.source,
+                    _request_json(r.request, r.shape_json, r.cluster, r.node or None, r.pod),
+                )
+                for r in conn.execute(q)
+            ]  # fmt: skip
 
 
-def _glob(column: Any, glob: str) -> Any:
-    """A cluster glob (``*``, ``?`` over [a-z0-9._-]) as SQL LIKE."""
-    if not any(ch in glob for ch in "*?"):
-        return column == glob
-    pattern = _like_escape(glob).replace("*", "%").replace("?", "_")
-    return column.like(pattern, escape="\\")
+def _statements(mark: str) -> dict[str, str]:
+    """The batch statements in the driver's parameter style ``mark``: built once per
+    store, not per batch."""
 
+    def values(n: int) -> str:
+        return "(" + ", ".join([mark] * n) + ")"
 
-def _like_escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return {
+        "shapes": f"INSERT INTO shapes (id, request) VALUES {values(2)} "
+        "ON CONFLICT (id) DO NOTHING",
+        "answers": f"INSERT INTO answers (id, answer) VALUES {values(2)} "
+        "ON CONFLICT (id) DO NOTHING",
+        "decisions": "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, "
+        f"source, rules_revision, shape_id, answer_id) VALUES {values(10)} "
+        "ON CONFLICT (id) DO NOTHING",
+        "pod_latest": "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, "
+        f"source, created_at, answer_id, shape_id, bucket) VALUES {values(10)} "
+        f"{_POD_LATEST_CONFLICT}",
+        "fleet_upsert": "INSERT INTO fleet_counts (cluster, shape_id, backend, source, pods, "
+        f"buckets) VALUES {values(6)} ON CONFLICT (cluster, shape_id, backend, source) "
+        "DO UPDATE SET pods = excluded.pods, buckets = excluded.buckets",
+        "fleet_delete": f"DELETE FROM fleet_counts WHERE cluster = {mark} AND "
+        f"shape_id = {mark} AND backend = {mark} AND source = {mark}",
+        "fleet_bump": "UPDATE meta SET value = value + 1 WHERE key = 'fleet_version' "
+        "RETURNING value",
+    }
 
 
 def _flat(rows: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
     return tuple(itertools.chain.from_iterable(rows))
 
 
-def _newest_per_pod(rows: Sequence[Row]) -> dict[PodKey, Row]:
-    newest: dict[PodKey, Row] = {}
+def _newest_per_pod(rows: Sequence[Decision]) -> dict[PodKey, Decision]:
+    newest: dict[PodKey, Decision] = {}
     for r in rows:
-        if not r[4]:
+        if not r.pod:
             continue  # an unnamed pod cannot be counted as one pod
-        key = (r[2], r[3] or "", r[4])
-        if key not in newest or newest[key][0] < r[0]:
+        key = (r.cluster, r.node or "", r.pod)
+        if key not in newest or newest[key].id < r.id:
             newest[key] = r
     return newest
 

@@ -6,6 +6,7 @@ from mla_switchboard.service.store.audit import AuditStore
 from mla_switchboard.service.store.base import Replayed, recall_idempotency
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.decisions import DecisionStore
+from mla_switchboard.service.store.fleet import FleetStore
 from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.refusals import RefusalStore
 from mla_switchboard.service.store.tokens import TokenStore
@@ -23,6 +24,7 @@ class Store:
         self.tokens = TokenStore(engine)
         self.audit = AuditStore(engine)
         self.decisions = DecisionStore(engine, writer=decision_writer)
+        self.fleet = FleetStore(engine)
         self.measurements = MeasurementStore(engine)
         self.refusals = RefusalStore(engine)
 
@@ -45,11 +47,11 @@ class Store:
         self.count_decisions = d.count_decisions
         self.list_decisions = d.list_decisions
         self.get_decision = d.get_decision
-        self.summary = d.summary
         self.latest_per_pod = d.latest_per_pod
-        self.fleet_groups = d.fleet_groups
-        self.fleet_version = d.fleet_version
-        self.shapes = d.shapes
+        self.summary = self.fleet.summary
+        self.fleet_groups = self.fleet.fleet_groups
+        self.fleet_version = self.fleet.fleet_version
+        self.shapes = self.fleet.shapes
         self.has_report = m.has_report
         self.add_measurements = m.add_measurements
         self.has_decision_for = m.has_decision_for

@@ -39,6 +39,7 @@ from mla_switchboard.service.store.models import (
     MeasurementRow,
     ShapeRow,
 )
+from mla_switchboard.service.store.rows import ClearRead, FailureRead, MeasurementRead, columns
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
@@ -90,19 +91,19 @@ class MeasurementStore:
         decisions are compared (a pod that changed packages has a newer one). A
         decision's situation is its shape's, worked out once per shape."""
         q = (
-            select(DecisionRow.request, ShapeRow.request, DecisionRow.node)
+            select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
             .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
             .where(DecisionRow.cluster == cluster, DecisionRow.pod == pod)
             .order_by(DecisionRow.id.desc())
             .limit(20)
         )
         with self.engine.connect() as conn:
-            for request_json, shape_json, node in conn.execute(q):
-                if request_json is None and shape_json is not None:
-                    if shape_situation(shape_json) == situation:
+            for row in conn.execute(q):
+                if row.request is None and row.shape_json is not None:
+                    if shape_situation(row.shape_json) == situation:
                         return True
                     continue
-                request = _request(request_json, shape_json, cluster, node, pod)
+                request = _request(row.request, row.shape_json, cluster, row.node, pod)
                 if request is not None and situation_of(request) == situation:
                     return True
         return False
@@ -207,35 +208,20 @@ class MeasurementStore:
         the answer, and those that count (from pods the service decided for, not
         cleared, not older than ``since``, with a GPU) are its observations."""
         m = MeasurementRow
-        q = select(
-            m.id, m.device_name, m.capability, m.dims, m.dtype, m.packages, m.engine,
-            m.backend, m.pod, m.cluster, m.at, m.tflops, m.correct, m.error, m.impl,
-            m.report_id, m.counted, m.cleared_at,
-        )  # fmt: skip
-        q = _page(q, m.id, after, ids, limit)
+        q = _page(select(*columns(m, MeasurementRead)), m.id, after, ids, limit)
         out = EvidenceRows()
         with self.engine.connect() as conn:
-            for row in conn.execute(q):
-                out.ids.append(row[0])
-                device, cap, dims, dtype, pkgs, engine, backend, pod, cluster, at = row[1:11]
-                tflops, ok, error, impl, report_id, counted, cleared_at = row[11:]
-                at = aware(at)
-                if not counted or cleared_at is not None or cap is None or at < since:
+            for row in map(MeasurementRead._make, conn.execute(q)):
+                out.ids.append(row.id)
+                at = aware(row.at)
+                if (
+                    not row.counted
+                    or row.cleared_at is not None
+                    or row.capability is None
+                    or at < since
+                ):
                     continue
-                out.observations.append(
-                    Observation(
-                        out.situation(device, cap, dims, dtype, pkgs, engine),
-                        backend,
-                        pod,
-                        tflops,
-                        ok=bool(ok),
-                        cluster=cluster,
-                        at=at,
-                        error=error if error is not None else (None if ok else "wrong result"),
-                        impl=impl,
-                        source=measurement_source(report_id, row[0]),
-                    )
-                )
+                out.observations.append(_observation(out, row, at))
         out.more = after is not None and len(out.ids) >= limit
         return out
 
@@ -253,17 +239,17 @@ class MeasurementStore:
         q = _page(_failures_with_requests(), FailureRow.id, after, ids, limit)
         out = EvidenceRows()
         with self.engine.connect() as conn:
-            for row in conn.execute(q):
-                fid, backend, error, at, cleared_at, request_json, shape_json = row[:7]
-                cluster, node, pod, decision_id = row[7:]
-                out.ids.append(fid)
-                at = aware(at)
-                if cleared_at is not None or at < since:
+            for row in map(FailureRead._make, conn.execute(q)):
+                out.ids.append(row.id)
+                at = aware(row.at)
+                if row.cleared_at is not None or at < since:
                     continue
-                request = _request(request_json, shape_json, cluster, node, pod)
+                request = _request(row.request_json, row.shape_json, row.cluster, row.node, row.pod)
                 if request is None:
                     continue  # recorded under an older schema
-                observation = failure_observation(request, backend, error, at, pod, decision_id)
+                observation = failure_observation(
+                    request, row.backend, row.error, at, row.pod, row.decision_id
+                )
                 if observation is not None:
                     out.observations.append(observation)
         out.more = after is not None and len(out.ids) >= limit
@@ -312,17 +298,16 @@ class MeasurementStore:
             cleared = s.execute(update(m).where(*wrong).values(cleared_at=now)).rowcount or 0
             ids = []
             q = _failures_with_requests().where(FailureRow.cleared_at.is_(None))
-            for row in s.execute(q):
-                fid, fbackend, request_json, shape_json = row[0], row[1], row[5], row[6]
-                if backend is not None and fbackend != backend:
+            for row in map(FailureRead._make, s.execute(q)):
+                if backend is not None and row.backend != backend:
                     continue
-                if request_json is None and shape_json is not None:
-                    if shape_situation(shape_json) == situation:
-                        ids.append(fid)
+                if row.request_json is None and row.shape_json is not None:
+                    if shape_situation(row.shape_json) == situation:
+                        ids.append(row.id)
                     continue
-                request = _request(request_json, shape_json, row[7], row[8], row[9])
+                request = _request(row.request_json, row.shape_json, row.cluster, row.node, row.pod)
                 if request is not None and situation_of(request) == situation:
-                    ids.append(fid)
+                    ids.append(row.id)
             if ids:
                 s.execute(update(FailureRow).where(FailureRow.id.in_(ids)).values(cleared_at=now))
             cleared += len(ids)
@@ -359,16 +344,20 @@ class MeasurementStore:
         """The admins' clears with an id above ``after`` (ordered by id), or those with
         the given ``ids``: what a replica applies to its evidence in place."""
         c = EvidenceClearRow
-        q = select(
-            c.id, c.at, c.device_name, c.capability, c.dims, c.dtype, c.packages, c.engine,
-            c.backend,
-        )  # fmt: skip
-        q = _page(q, c.id, after, ids, PAGE_ROWS)
+        q = _page(select(*columns(c, ClearRead)), c.id, after, ids, PAGE_ROWS)
         with self.engine.connect() as conn:
             return [
-                Clear(row[0], aware(row[1]), Situation(*row[2:8]), row[8])
-                for row in conn.execute(q)
-            ]
+                Clear(
+                    row.id,
+                    aware(row.at),
+                    Situation(
+                        row.device_name, row.capability, row.dims, row.dtype, row.packages,
+                        row.engine,
+                    ),
+                    row.backend,
+                )
+                for row in map(ClearRead._make, conn.execute(q))
+            ]  # fmt: skip
 
     def last_clear_id(self) -> int:
         with self.engine.connect() as conn:
@@ -382,9 +371,8 @@ def _page(q: Any, id_column: Any, after: int | None, ids: Collection[int], limit
 
 
 def _failures_with_requests() -> Any:
-    """Failure rows with what their decision recorded: (id, backend, error, at,
-    cleared_at, request JSON, shape JSON, cluster, node, pod, decision id). Outer joins,
-    so a failure row is read (its id seen) even when its decision cannot be."""
+    """Failure rows with what their decision recorded, in ``FailureRead``'s order. Outer
+    joins, so a failure row is read (its id seen) even when its decision cannot be."""
     return (
         select(
             FailureRow.id,
@@ -401,6 +389,25 @@ def _failures_with_requests() -> Any:
         )
         .join(DecisionRow, DecisionRow.id == FailureRow.decision_id, isouter=True)
         .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
+    )
+
+
+def _observation(rows: EvidenceRows, row: MeasurementRead, at: datetime) -> Observation:
+    """A counted measurement as evidence (its situation shared with the read's others)."""
+    ok = row.correct
+    return Observation(
+        rows.situation(
+            row.device_name, row.capability, row.dims, row.dtype, row.packages, row.engine
+        ),
+        row.backend,
+        row.pod,
+        row.tflops,
+        ok=bool(ok),
+        cluster=row.cluster,
+        at=at,
+        error=row.error if row.error is not None else (None if ok else "wrong result"),
+        impl=row.impl,
+        source=measurement_source(row.report_id, row.id),
     )
 
 

@@ -29,8 +29,9 @@ its count, never once per decision. The counts are exact: a decision is counted
 written or replayed only once the store took it, and a row the store refuses only as
 rejected.
 
-The hot path hands over one plain tuple per decision (``Row``) and adds up its size;
-serialising and SQL happen here, on the writer thread, in batches.
+The hot path hands over one named tuple per decision (``Row``: ``rows.Decision``, as
+small as a plain tuple) and adds up its size; serialising and SQL happen here, on the
+writer thread, in batches.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.call_thread import Call, CallThread
-from mla_switchboard.service.store.decisions import Row
+from mla_switchboard.service.store.rows import Decision as Row
 from mla_switchboard.service.store.spill import REJECTED_LIMIT_BYTES, Replay, SpillFile
 from prometheus_client import Counter
 from sqlalchemy.exc import DataError, IntegrityError
@@ -101,8 +102,8 @@ def row_bytes(row: Row) -> int:
     parser often shares them too: the estimate errs on the safe side (measured against
     RSS in tests/reliability/test_durability.py). Lengths, not ``sys.getsizeof``: this
     runs on the hot path, and getsizeof costs four times as much."""
-    node, pod = row[3], row[4]
-    size = _ROW_FIXED + len(row[0]) + len(row[2])
+    node, pod = row.node, row.pod
+    size = _ROW_FIXED + len(row.id) + len(row.cluster)
     size += -64 if node is None else len(node) if node.isascii() else 4 * len(node) + 24
     return size + (-64 if pod is None else len(pod) if pod.isascii() else 4 * len(pod) + 24)
 
@@ -228,12 +229,12 @@ class DecisionRecorder:
         the memory budget the oldest decision is dropped here; that only happens when
         the writer could not move the excess to the spill file (it tries from nine
         tenths of the budget on)."""
-        node, pod = row[3], row[4]
-        size = _ROW_FIXED + len(row[0]) + len(row[2])
+        node, pod = row.node, row.pod
+        size = _ROW_FIXED + len(row.id) + len(row.cluster)
         size += -64 if node is None else len(node) if node.isascii() else 4 * len(node) + 24
         size += -64 if pod is None else len(pod) if pod.isascii() else 4 * len(pod) + 24
         seen = self._shared_seen
-        if row[8] not in seen or row[9] not in seen:
+        if row.shape_id not in seen or row.answer_id not in seen:
             size += self._count_shared(seen, row)
         self._in += size
         queue = self._queue
@@ -245,7 +246,7 @@ class DecisionRecorder:
     def _count_shared(self, seen: set[str], row: Row) -> int:
         """A shape or answer text not yet counted while buffered: its bytes, once."""
         added = 0
-        for key, text in ((row[8], row[10]), (row[9], row[11])):
+        for key, text in ((row.shape_id, row.shape_json), (row.answer_id, row.answer_json)):
             if key not in seen:
                 seen.add(key)
                 added += _shared_bytes(text)

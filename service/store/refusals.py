@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.service.store.base import aware
 from mla_switchboard.service.store.models import RefusedSelectRow
+from mla_switchboard.service.store.rows import RefusalCount
 from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -39,15 +40,23 @@ class RefusalStore:
             s.execute(stmt)
             s.execute(delete(t).where(t.hour < hour - KEEP))
 
-    def refusals_since(self, since: datetime) -> list[tuple[str, str, int, datetime]]:
-        """(cluster, reason, count, last refused) since ``since``, most refused first."""
+    def refusals_since(self, since: datetime) -> list[RefusalCount]:
+        """Refused selects per cluster and reason since ``since``, most refused first."""
         t = RefusedSelectRow
         since_hour = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
         q = (
-            select(t.cluster, t.reason, func.sum(t.count), func.max(t.last_at))
+            select(
+                t.cluster,
+                t.reason,
+                func.sum(t.count).label("refused"),
+                func.max(t.last_at).label("last_at"),
+            )
             .where(t.hour >= since_hour)
             .group_by(t.cluster, t.reason)
         )
         with Session(self.engine) as s:
-            rows = [(c, r, int(n), aware(last)) for c, r, n, last in s.execute(q)]
-        return sorted(rows, key=lambda row: (-row[2], row[0], row[1]))
+            rows = [
+                RefusalCount(r.cluster, r.reason, int(r.refused), aware(r.last_at))
+                for r in s.execute(q)
+            ]
+        return sorted(rows, key=lambda r: (-r.refused, r.cluster, r.reason))

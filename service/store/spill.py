@@ -1,6 +1,6 @@
 """The spill file: a local log of the decisions the store could not take yet.
 
-One decision per line, a JSON array in ``Row`` order (``created_at`` as ISO text), so
+One decision per line, a JSON array in ``Decision`` field order (``created_at`` as ISO text), so
 that each line can be checked, replayed or set aside on its own: a bad line never costs
 its neighbours. Appends take an exclusive ``flock`` and end with ``fsync``, so several
 replicas may share one path (a shared volume) and an acknowledged append survives a
@@ -32,17 +32,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mla_switchboard.service.fleet.shapes import shape_of_json
 from mla_switchboard.service.messages import first_line
-from mla_switchboard.service.store.decisions import ROW_FIELDS, Row
+from mla_switchboard.service.store.rows import Decision
 
 log = logging.getLogger("switchboard.recorder")
 
-OLD_ROW_FIELDS = 11
-"""Lines spilled before shapes: ``(id, created_at, cluster, node, pod, backend, source,
-rules_revision, request_json, answer_id, answer_json)``."""
+
+class OldLine(NamedTuple):
+    """A line spilled before shapes: the whole request as JSON text where a line now
+    has its shape's id."""
+
+    id: Any
+    created_at: Any
+    cluster: Any
+    node: Any
+    pod: Any
+    backend: Any
+    source: Any
+    rules_revision: Any
+    request_json: Any
+    answer_id: Any
+    answer_json: Any
+
+
+ROW_FIELDS = len(Decision._fields)
+OLD_ROW_FIELDS = len(OldLine._fields)
 
 MAX_LINE = 4 * 1024 * 1024
 """A real line is a few KB (bodies are at most 64 KB); anything longer is damage, and
@@ -58,21 +75,23 @@ REJECTED_LIMIT_BYTES = 64 * 1024 * 1024
 _REJECTED_FLUSH_BYTES = 1024 * 1024  # bad lines held before they are written out
 _UNKEPT_LOG_S = 5.0
 
-# (name, most characters the store's column takes, None allowed); created_at and
+# name: (most characters the store's column takes, None allowed); created_at and
 # rules_revision are checked apart. The limits are the columns' (service/store/models.py):
 # a value PostgreSQL refuses would fail its whole batch, again at every retry.
-_TEXT_FIELDS: dict[int, tuple[str, int | None, bool]] = {
-    0: ("id", 26, False),
-    2: ("cluster", 63, False),
-    3: ("node", 253, True),
-    4: ("pod", 253, True),
-    5: ("backend", 32, False),
-    6: ("source", 32, False),
-    8: ("shape_id", 24, False),
-    9: ("answer_id", 24, False),
-    10: ("shape_json", None, False),
-    11: ("answer_json", None, True),
+_TEXT_FIELDS: dict[str, tuple[int | None, bool]] = {
+    "id": (26, False),
+    "cluster": (63, False),
+    "node": (253, True),
+    "pod": (253, True),
+    "backend": (32, False),
+    "source": (32, False),
+    "shape_id": (24, False),
+    "answer_id": (24, False),
+    "shape_json": (None, False),
+    "answer_json": (None, True),
 }
+_FIELD_AT = {name: i for i, name in enumerate(Decision._fields)}
+"""Each field's place in a line (what a reason names, beside the field's name)."""
 _INT32 = 2**31 - 1
 
 
@@ -97,9 +116,14 @@ class LineEncoder:
     def __init__(self) -> None:
         self._texts: dict[str | None, str] = {}
 
-    def line(self, row: Row) -> bytes:
-        head = json.dumps([row[0], row[1].isoformat(), *row[2:10]], separators=(",", ":"))
-        return f"{head[:-1]},{self._text(row[10])},{self._text(row[11])}]\n".encode()
+    def line(self, row: Decision) -> bytes:
+        head = json.dumps(
+            [row.id, row.created_at.isoformat(), row.cluster, row.node, row.pod, row.backend,
+             row.source, row.rules_revision, row.shape_id, row.answer_id],
+            separators=(",", ":"),
+        )  # fmt: skip
+        shape, answer = self._text(row.shape_json), self._text(row.answer_json)
+        return f"{head[:-1]},{shape},{answer}]\n".encode()
 
     def _text(self, text: str | None) -> str:
         encoded = self._texts.get(text)
@@ -110,8 +134,8 @@ class LineEncoder:
         return encoded
 
 
-def parse_line(raw: bytes) -> Row:
-    """One spill line as a ``Row``, checked field by field; ``BadLine`` says why not,
+def parse_line(raw: bytes) -> Decision:
+    """One spill line as a ``Decision``, checked field by field; ``BadLine`` says why not,
     and nothing else is ever raised (an error no check foresaw is a ``BadLine`` of kind
     ``unexpected``).
 
@@ -125,7 +149,7 @@ def parse_line(raw: bytes) -> Row:
         raise BadLine("unexpected", f"{type(exc).__name__}: {first_line(exc)}") from None
 
 
-def _parse(raw: bytes) -> Row:
+def _parse(raw: bytes) -> Decision:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -139,30 +163,38 @@ def _parse(raw: bytes) -> Row:
     if not isinstance(value, list):
         raise BadLine("bad_fields", f"a JSON {type(value).__name__}, not an array")
     if len(value) == OLD_ROW_FIELDS:
-        value = _from_old_format(value)
-    elif len(value) != ROW_FIELDS:
+        return _checked(_from_old_format(OldLine._make(value)))
+    if len(value) != ROW_FIELDS:
         raise BadLine(
             "bad_fields",
             f"{len(value)} fields, expected {ROW_FIELDS} (or {OLD_ROW_FIELDS}, the old format)",
         )
-    return _checked(value)
+    return _checked(Decision._make(value))
 
 
-def _from_old_format(v: list[Any]) -> list[Any]:
-    if not isinstance(v[8], str):
+def _from_old_format(v: OldLine) -> Decision:
+    request = v.request_json
+    if not isinstance(request, str):
         raise BadLine("bad_fields", "field 8 (request_json): not a string")
-    if len(v[8]) > MAX_JSON_TEXT:
-        raise BadLine("bad_fields", f"field 8 (request_json): {len(v[8])} characters, over 1 MiB")
+    if len(request) > MAX_JSON_TEXT:
+        raise BadLine(
+            "bad_fields", f"field 8 (request_json): {len(request)} characters, over 1 MiB"
+        )
     try:
-        shape = shape_of_json(v[8])
+        shape = shape_of_json(request)
     except RecursionError:
         raise BadLine("bad_fields", "field 8 (request_json): JSON nested too deep") from None
-    return [*v[:8], shape.id, v[9], shape.json, v[10]]
+    return Decision(
+        v.id, v.created_at, v.cluster, v.node, v.pod, v.backend, v.source, v.rules_revision,
+        shape.id, v.answer_id, shape.json, v.answer_json,
+    )  # fmt: skip
 
 
-def _checked(v: list[Any]) -> Row:
-    for i, (name, limit, nullable) in _TEXT_FIELDS.items():
-        x = v[i]
+def _checked(v: Decision) -> Decision:
+    """``v`` as read from JSON (any types) checked field by field; ``created_at`` is
+    read as a time."""
+    for name, (limit, nullable) in _TEXT_FIELDS.items():
+        x, i = getattr(v, name), _FIELD_AT[name]
         if x is None and nullable:
             continue
         if not isinstance(x, str):
@@ -171,21 +203,22 @@ def _checked(v: list[Any]) -> Row:
             raise BadLine("bad_fields", f"field {i} ({name}): {len(x)} characters (1-{limit})")
         if "\x00" in x:
             raise BadLine("bad_fields", f"field {i} ({name}): holds a NUL character")
-    revision = v[7]
+    revision = v.rules_revision
     if type(revision) is not int or not 0 <= revision <= _INT32:
         raise BadLine("bad_fields", f"field 7 (rules_revision): {revision!r}, not an integer")
-    if not isinstance(v[1], str):
+    text: Any = v.created_at
+    if not isinstance(text, str):
         raise BadLine("bad_fields", "field 1 (created_at): not a string")
     try:
-        created = datetime.fromisoformat(v[1])
+        created = datetime.fromisoformat(text)
     except ValueError:
-        raise BadLine("bad_fields", f"field 1 (created_at): {v[1][:40]!r} is not a time") from None
+        raise BadLine("bad_fields", f"field 1 (created_at): {text[:40]!r} is not a time") from None
     if created.tzinfo is None:
         raise BadLine("bad_fields", "field 1 (created_at): no time zone")
-    _json_object(v[10], 10, "shape_json")
-    if v[11] is not None:
-        _json_object(v[11], 11, "answer_json")
-    return (v[0], created, *v[2:])
+    _json_object(v.shape_json, _FIELD_AT["shape_json"], "shape_json")
+    if v.answer_json is not None:
+        _json_object(v.answer_json, _FIELD_AT["answer_json"], "answer_json")
+    return v._replace(created_at=created)
 
 
 _checked_texts: set[str] = set()
@@ -275,7 +308,7 @@ class SpillFile:
         except OSError:
             return 0
 
-    def append(self, rows: Sequence[Row]) -> Appended:
+    def append(self, rows: Sequence[Decision]) -> Appended:
         """Append as many of ``rows`` as the size limit and the disk allow, in order,
         and fsync. A write the disk cut short is cut back to the last whole line, so
         the count is exact and the file never ends in half a decision."""
@@ -386,7 +419,7 @@ class SpillFile:
         self._unkept_unlogged = 0
         self._unkept_logged_at = now
 
-    def set_aside(self, refused: Sequence[tuple[Row, str]]) -> None:
+    def set_aside(self, refused: Sequence[tuple[Decision, str]]) -> None:
         """Rows the store itself refused, as lines in ``<name>.rejected``."""
         self.write_rejected(
             [
@@ -403,11 +436,11 @@ class SpillFile:
             return True
         return any(self._leftovers())
 
-    def peek(self, n: int) -> list[Row]:
+    def peek(self, n: int) -> list[Decision]:
         """Up to ``n`` good rows from the files a drain would take, without taking any:
         a failing store is tried with real rows, and no file moves until it answers."""
         for path in [*self._leftovers(), self.path]:
-            rows: list[Row] = []
+            rows: list[Decision] = []
             try:
                 with path.open("rb") as f:
                     while len(rows) < n:
@@ -498,8 +531,8 @@ class Replay:
             raise
         return cls(path, fd, spill)
 
-    def read(self, n: int) -> list[Row]:
-        rows: list[Row] = []
+    def read(self, n: int) -> list[Decision]:
+        rows: list[Decision] = []
         bad: list[dict[str, Any]] = []
         f = self._file
         while len(rows) < n:

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.store.rows import Decision
 from sqlalchemy.exc import DataError
 
 from tests.conftest import ADMIN, ServiceProcess, free_port
@@ -201,7 +202,7 @@ class FlakyStore:
 
     def __init__(self) -> None:
         self.up = False
-        self.rows: dict[str, tuple[Any, ...]] = {}
+        self.rows: dict[str, Decision] = {}
         self.calls = 0
         self.refuse: set[str] = set()
         self.delay_s = 0.0  # per batch: a slow store
@@ -209,23 +210,25 @@ class FlakyStore:
         self.answering.set()
         self._lock = threading.Lock()
 
-    def record_rows(self, rows: list[tuple[Any, ...]]) -> None:
+    def record_rows(self, rows: list[Decision]) -> None:
         self.answering.wait()
         time.sleep(self.delay_s)
         with self._lock:
             self.calls += 1
             if not self.up:
                 raise ConnectionError("connection refused")
-            if any(r[0] in self.refuse for r in rows):
+            if any(r.id in self.refuse for r in rows):
                 raise DataError("INSERT", {}, ValueError("value too long for type varchar(26)"))
             for r in rows:
-                self.rows.setdefault(r[0], r)
+                self.rows.setdefault(r.id, r)
 
 
-def row(i: int, *, shape: str = "shape1", pod: str | None = None) -> tuple[Any, ...]:
-    """A decision as ``/v1/select`` hands it over (``Row``)."""
-    return (f"id{i:05d}", datetime.now(UTC), "c", "n", pod or f"p{i}", "FLASH_ATTN", "priority",
-            1, shape, "a1", '{"device":{}}', '{"backend":"FLASH_ATTN"}')  # fmt: skip
+def row(i: int, *, shape: str = "shape1", pod: str | None = None) -> Decision:
+    """A decision as ``/v1/select`` hands it over."""
+    return Decision(
+        f"id{i:05d}", datetime.now(UTC), "c", "n", pod or f"p{i}", "FLASH_ATTN", "priority",
+        1, shape, "a1", '{"device":{}}', '{"backend":"FLASH_ATTN"}',
+    )  # fmt: skip
 
 
 def recorder(

@@ -286,7 +286,7 @@ def test_a_corrupt_spill_file_keeps_every_good_line(
     assert rec.replay_spill() == 999 + 1  # every good line, and the old-format one
 
     assert len(store.rows) == 1000 and "id00010" not in store.rows
-    assert store.rows["old00001"][4] == "p-old" and len(store.rows["old00001"]) == 12
+    assert store.rows["old00001"].pod == "p-old" and len(store.rows["old00001"]) == 12
     rejected = [json.loads(x) for x in (tmp_path / "spill.jsonl.rejected").read_text().splitlines()]
     reasons = [r["reason"] for r in rejected]
     assert len(rejected) == 7, reasons
@@ -370,7 +370,7 @@ def test_postgres_refusing_a_row_is_a_refusal_not_an_outage(
     try:
         for i in range(10):
             r = row(i)
-            rec.submit((r[0], r[1], "c" * 80, *r[3:]) if i == 4 else r)
+            rec.submit(r._replace(cluster="c" * 80) if i == 4 else r)
         assert rec.flush(10)
     finally:
         rec.stop()
@@ -479,7 +479,7 @@ def test_the_rejected_file_is_bounded_and_what_it_cannot_take_is_counted(
 
 def test_parse_line_checks_each_field() -> None:
     line = good_lines(1)[0]
-    assert parse_line(line)[0] == "id00000"
+    assert parse_line(line).id == "id00000"
     v = json.loads(line)
     for i, value, says in [
         (7, True, "rules_revision"),
@@ -496,7 +496,7 @@ def test_parse_line_checks_each_field() -> None:
             parse_line(json.dumps(broken).encode())
     none_node = list(v)
     none_node[3] = None
-    assert parse_line(json.dumps(none_node).encode())[3] is None
+    assert parse_line(json.dumps(none_node).encode()).node is None
 
 
 # ------------------------------------------------------------ a disk that refuses
@@ -588,7 +588,7 @@ def test_the_budget_counts_bytes_and_shared_texts_once(tmp_path: Path) -> None:
     assert rec.buffered_bytes <= 1000 * per_row
     assert rec.pending + counter(metrics, "switchboard_decisions_dropped_total") == 1500
     assert rec.pending > 990  # dropped only past the budget, oldest first
-    assert next(iter(rec._queue))[0] == f"id{1500 - rec.pending:05d}"
+    assert next(iter(rec._queue)).id == f"id{1500 - rec.pending:05d}"
 
 
 def test_an_unwritable_spill_path_is_reported_at_start_without_the_path(tmp_path: Path) -> None:

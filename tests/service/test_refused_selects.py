@@ -123,7 +123,7 @@ def test_the_name_budgets_start_again_each_hour(sqlite_url: str) -> None:
     now[0] += timedelta(minutes=2)  # 10:01: a new hour
     for name in ["north", "junk-3"]:
         counter.count(name, missing)
-    got = {c: n for c, _, n, _ in counter.recent(now[0] - timedelta(hours=2))}
+    got = {r.cluster: r.refused for r in counter.recent(now[0] - timedelta(hours=2))}
     assert got == {"east": 1, "west": 1, "(other)": 1, "north": 1, "junk-1": 1, "junk-2": 1,
                    "(unknown cluster)": 1, "junk-3": 1}  # fmt: skip
     engine.dispose()

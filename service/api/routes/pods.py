@@ -38,7 +38,8 @@ from mla_switchboard.service.api.etags import conditional, etag_matches
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.groups import PodGroup
 from mla_switchboard.service.runtime import Runtime
-from mla_switchboard.service.store.decisions import FleetGroup, LivePod, PodFilter
+from mla_switchboard.service.store.fleet import PodFilter
+from mla_switchboard.service.store.rows import FleetGroup, LivePod
 from pydantic import BaseModel
 
 router = APIRouter(prefix="/v1", tags=["selections"], responses=error_responses(401, 403))
@@ -123,7 +124,7 @@ def list_pods(
     )
     if where is None:
         return conditional({"items": [], "next_cursor": None}, if_none_match)
-    rows = runtime.store.decisions.list_pods(where, after=after, limit=limit + 1)
+    rows = runtime.store.fleet.list_pods(where, after=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     now = datetime.now(UTC)
@@ -391,8 +392,8 @@ def refusals(
     ``service/refused.py``)."""
     since = datetime.now(UTC) - timedelta(hours=hours)
     items = [
-        {"cluster": c, "reason": r, "count": n, "last_at": last}
-        for c, r, n, last in runtime.refused_selects.recent(since)
-        if principal.may_see(c)
+        {"cluster": r.cluster, "reason": r.reason, "count": r.refused, "last_at": r.last_at}
+        for r in runtime.refused_selects.recent(since)
+        if principal.may_see(r.cluster)
     ]
     return conditional(jsonable_encoder({"hours": hours, "items": items}), if_none_match)
