@@ -45,8 +45,6 @@ from mla_switchboard.service.metrics import Metrics
 
 from tests.conftest import ADMIN, ServiceProcess, free_port
 
-pytestmark = pytest.mark.serial
-
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 
 
@@ -163,6 +161,7 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 5) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.serial
 def test_a_slow_body_is_408_and_the_route_sees_the_client_gone(
     toy_server: Callable[..., Toy],
 ) -> None:
@@ -180,6 +179,7 @@ def test_a_slow_body_is_408_and_the_route_sees_the_client_gone(
     assert toy.disconnects() == 0  # the server cut it: not a client that went away
 
 
+@pytest.mark.serial
 def test_a_body_within_its_time_passes_and_the_clock_is_per_request(
     toy_server: Callable[..., Toy],
 ) -> None:
@@ -226,6 +226,7 @@ def test_at_the_limit_the_longest_waiting_connection_gives_way(
         sock.close()
 
 
+@pytest.mark.serial
 def test_when_every_connection_is_busy_a_newcomer_gets_503(
     toy_server: Callable[..., Toy],
 ) -> None:
@@ -445,6 +446,7 @@ def _metric(service: ServiceProcess, name: str) -> float:
     )
 
 
+@pytest.mark.serial
 def test_slow_body_clients_do_not_starve_selects(
     service_factory: type[ServiceProcess],
     sqlite_url: str,
