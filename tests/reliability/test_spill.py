@@ -21,7 +21,8 @@ from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store import spill as spill_module
 from mla_switchboard.service.store.db import make_engine, migrate
-from mla_switchboard.service.store.recorder import DecisionRecorder, row_bytes
+from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.store.recording.memory_queue import row_bytes
 from mla_switchboard.service.store.spill import LineEncoder, parse_line
 
 from tests.reliability.conftest import FlakyStore, counter, recorder, row, wait_until
@@ -237,7 +238,7 @@ def test_a_spill_file_that_cannot_be_read_is_left_and_logged_once(
     for i in range(100, 150):
         rec.submit(row(i))
     assert rec.flush(2)  # new decisions are written all the same
-    rec._next_spill_check = rec._drain_blocked_until = 0.0
+    rec._drain._next_check = rec._drain._blocked_until = 0.0
     rec.flush(0.2)
     rec.stop()
     assert len(store.rows) == 50 and spill.exists()
@@ -587,7 +588,7 @@ def test_the_budget_counts_bytes_and_shared_texts_once(tmp_path: Path) -> None:
     assert rec.buffered_bytes <= 1000 * per_row
     assert rec.pending + counter(metrics, "switchboard_decisions_dropped_total") == 1500
     assert rec.pending > 990  # dropped only past the budget, oldest first
-    assert next(iter(rec._queue)).id == f"id{1500 - rec.pending:05d}"
+    assert next(iter(rec._memory._queue)).id == f"id{1500 - rec.pending:05d}"
 
 
 def test_an_unwritable_spill_path_is_reported_at_start_without_the_path(tmp_path: Path) -> None:
@@ -609,8 +610,8 @@ def test_the_old_count_limit_still_applies_and_says_it_is_deprecated(
     runtime = Runtime(settings)
     runtime.start()
     try:
-        assert runtime.recorder._limit == 5000
-        assert runtime.recorder._budget == 128 * 2**20
+        assert runtime.recorder._memory.limit == 5000
+        assert runtime.recorder._memory.budget == 128 * 2**20
     finally:
         runtime.stop()
     assert "SWITCHBOARD_BUFFER_LIMIT is deprecated" in caplog.text
