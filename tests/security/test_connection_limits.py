@@ -50,8 +50,6 @@ from mla_switchboard.service.metrics import Metrics
 
 from tests.conftest import ADMIN, ServiceProcess, free_port
 
-pytestmark = pytest.mark.serial
-
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 
 
@@ -180,6 +178,7 @@ def _first_byte_of_a_long_body(toy: Toy, path: str) -> tuple[bytes, float]:
         return answer, time.monotonic() - start
 
 
+@pytest.mark.serial
 def test_a_slow_body_is_408_and_the_route_sees_the_client_gone(
     toy_server: Callable[..., Toy],
 ) -> None:
@@ -193,6 +192,7 @@ def test_a_slow_body_is_408_and_the_route_sees_the_client_gone(
     assert toy.disconnects() == 0  # the server cut it: not a client that went away
 
 
+@pytest.mark.serial
 def test_a_body_within_its_time_passes_and_the_clock_is_per_request(
     toy_server: Callable[..., Toy],
 ) -> None:
@@ -251,6 +251,7 @@ def test_at_the_limit_the_longest_waiting_connection_gives_way(
         sock.close()
 
 
+@pytest.mark.serial
 def test_when_every_connection_is_busy_a_newcomer_gets_503(
     toy_server: Callable[..., Toy],
 ) -> None:
@@ -470,6 +471,7 @@ def _metric(service: ServiceProcess, name: str) -> float:
     )
 
 
+@pytest.mark.serial
 def test_slow_body_clients_do_not_starve_selects(
     service_factory: type[ServiceProcess],
     sqlite_url: str,
