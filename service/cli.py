@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from mla_switchboard.service.api.app import create_app
-    from mla_switchboard.service.api.server import server_options
+    from mla_switchboard.service.api.conn_events import ConnectionEvents
+    from mla_switchboard.service.api.server import server_options, with_limits
     from mla_switchboard.service.config import Settings
     from mla_switchboard.service.runtime import Runtime
     from mla_switchboard.service.store.db import StoreConfigError
@@ -73,15 +74,16 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+    events = ConnectionEvents(runtime.metrics)
     uvicorn.run(
-        create_app(runtime=runtime),
+        with_limits(create_app(runtime=runtime), settings, events),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=10,
         log_config=log_config,
-        **server_options(settings, runtime.metrics),
+        **server_options(settings, events),
     )
     return 0
 

@@ -80,6 +80,81 @@ def post_all(
         return pool.submit(asyncio.run, _post_all(port, path, bodies, conns, token)).result()
 
 
+class MachineLoad:
+    """What the machine did while a timing-bound test measured, for its assertion
+    messages: a wall-clock bound missed on a busy machine must say the machine was
+    busy. Reports the load average and the CPU time this process (and the ``pids``
+    given, e.g. the server under test) got against the wall time since ``restart``:
+    on an idle machine a busy process gets close to one CPU second per second."""
+
+    def __init__(self, *pids: int) -> None:
+        self.pids = pids
+        self.restart()
+
+    def restart(self) -> MachineLoad:
+        """Start the measured interval now."""
+        self._wall = time.monotonic()
+        self._cpu = time.process_time()
+        self._pid_cpu = {pid: _cpu_seconds_of(pid) for pid in self.pids}
+        return self
+
+    def __str__(self) -> str:
+        wall = time.monotonic() - self._wall
+        one, five, _ = os.getloadavg()
+        parts = [
+            f"machine load {one:.1f} (1 min) / {five:.1f} (5 min) on {os.cpu_count()} CPUs",
+            f"this process got {time.process_time() - self._cpu:.2f} s CPU in {wall:.2f} s",
+        ]
+        for pid, before in self._pid_cpu.items():
+            after = _cpu_seconds_of(pid)
+            if before is not None and after is not None:
+                parts.append(f"pid {pid} got {after - before:.2f} s CPU")
+        return "; ".join(parts)
+
+    def says(self, message: object) -> str:
+        """``message`` followed by the load seen: an assertion's message."""
+        return f"{message} [{self}]"
+
+
+def _cpu_seconds_of(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (Linux /proc), None when unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture
+def machine_load() -> MachineLoad:
+    """The load seen from the test's start (``restart()`` it where the measured part
+    begins); its ``says(message)`` goes in a timing-bound assertion."""
+    return MachineLoad()
+
+
+_CALL_LOAD = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    load = MachineLoad()
+    try:
+        return (yield)
+    finally:
+        item.stash[_CALL_LOAD] = str(load)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed timing-bound (``serial``) test's report says how busy the machine was
+    during its call, whichever assertion failed."""
+    report = yield
+    load = item.stash.get(_CALL_LOAD, "")
+    if report.when == "call" and report.failed and load and item.get_closest_marker("serial"):
+        report.sections.append(("machine load during the test", load))
+    return report
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -148,6 +223,7 @@ class ServiceProcess:
     def wait_ready(self, timeout: float = 30.0) -> ServiceProcess:
         """Until ``/readyz`` answers 200; the log when the process exits or never does."""
         assert self.proc is not None and self.log_path is not None, "spawn() first"
+        load = MachineLoad(self.proc.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -158,7 +234,9 @@ class ServiceProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError(f"service not ready in {timeout}s:\n{self.log_path.read_text()}")
+        raise RuntimeError(
+            load.says(f"service not ready in {timeout}s:\n{self.log_path.read_text()}")
+        )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

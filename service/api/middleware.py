@@ -9,7 +9,8 @@ every request goes through before a route sees it.
   its raw CESU bytes) is valid JSON syntax but no string a store can hold or an
   answer can encode, and is refused with a 422 naming the field;
 - a client that goes away while its body is read ends the request there: the route
-  never runs on half a body (the server counts the disconnect, service/api/server.py);
+  never runs on half a body (the body deadline counts the disconnect,
+  service/api/body_deadline.py);
 - the request latency histogram, with bounded labels (unknown methods are ``OTHER``).
 """
 

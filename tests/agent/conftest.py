@@ -1,7 +1,7 @@
-"""Fixtures for the agent tests: one real service per module, and real bad servers.
+"""Fixtures for the agent tests: one real service per session, and real bad servers.
 
 Starting ``switchboard serve`` takes seconds (migrations, imports), so the tests
-that only read from the service share one process per module; the tests that stop
+that only read from the service share the session's process; the tests that stop
 the service start their own through ``service_factory`` (tests/conftest.py). The
 "service hangs" and "5xx/429" cases are real sockets on loopback, not mocks: a
 listener that accepts and never answers, and a small HTTP server that answers what
@@ -39,14 +39,13 @@ ServiceProcess = _shared.ServiceProcess
 free_port = _shared.free_port
 
 
-@pytest.fixture(scope="module")
-def agent_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real service shared by the tests of one module (they never stop it)."""
-    directory = tmp_path_factory.mktemp("agent-service")
-    service = ServiceProcess(f"sqlite:///{directory / 'switchboard.db'}").start(directory)
-    service.token = ADMIN
-    yield service
-    service.stop()
+@pytest.fixture(scope="session")
+def agent_service(shared_service: Any) -> Any:
+    """The session's real service (tests/conftest.py's ``shared_service``), with the
+    token the agent tests use: they never stop it, and each reads back only its own
+    clusters and pods, so one process serves them all."""
+    shared_service.token = ADMIN
+    return shared_service
 
 
 @pytest.fixture

@@ -39,25 +39,25 @@ def _operations(service: ServiceProcess) -> list[tuple[str, str]]:
     ]
 
 
-def test_docs_pages_name_no_external_url(live_service: ServiceProcess) -> None:
-    html = httpx.get(live_service.url + "/docs").text
+def test_docs_pages_name_no_external_url(shared_service: ServiceProcess) -> None:
+    html = httpx.get(shared_service.url + "/docs").text
     assert re.findall(r"""(?:src|href)=["']?(https?:)?//""", html) == []
     assert "cdn.jsdelivr.net" not in html and "fonts.googleapis.com" not in html
     # ReDoc is gone rather than half offline (its bundle fetches a logo from a CDN)
-    assert httpx.get(live_service.url + "/redoc").status_code == 404
+    assert httpx.get(shared_service.url + "/redoc").status_code == 404
     for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
-        r = httpx.get(f"{live_service.url}/docs-assets/{asset}")
+        r = httpx.get(f"{shared_service.url}/docs-assets/{asset}")
         assert r.status_code == 200 and len(r.content) > 10_000, asset
-    assert httpx.get(live_service.url + "/docs-assets/core.py").status_code == 404
-    assert httpx.get(live_service.url + "/docs-assets/..%2Fapp.py").status_code == 404
+    assert httpx.get(shared_service.url + "/docs-assets/core.py").status_code == 404
+    assert httpx.get(shared_service.url + "/docs-assets/..%2Fapp.py").status_code == 404
 
 
-def test_docs_render_offline_in_chromium(live_service: ServiceProcess, tmp_path: Path) -> None:
+def test_docs_render_offline_in_chromium(shared_service: ServiceProcess, tmp_path: Path) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    operations = _operations(live_service)
+    operations = _operations(shared_service)
     assert ("POST", "/v1/select") in operations and len(operations) > 10
     blocked: list[str] = []
 
@@ -77,7 +77,7 @@ def test_docs_render_offline_in_chromium(live_service: ServiceProcess, tmp_path:
             page = context.new_page()
             console_errors = ConsoleErrors(page, set())
 
-            page.goto(live_service.url + "/docs")
+            page.goto(shared_service.url + "/docs")
             blocks = page.locator(".opblock")
             expect(blocks).to_have_count(len(operations))
             shown = {

@@ -24,8 +24,6 @@ from mla_switchboard.core.evidence import (
 )
 from mla_switchboard.core.specs import Backend
 
-pytestmark = pytest.mark.serial
-
 S = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 FI = Backend.FLASHINFER
@@ -230,6 +228,7 @@ def _build_s(*sets: list[Observation], rounds: int = 3) -> list[float]:
     return best
 
 
+@pytest.mark.serial
 def test_cost_grows_linearly_with_the_history_of_one_situation() -> None:
     """64,000 results in one situation cost about what 64,000 spread over ten
     situations cost (the same memory, so the machine's caches weigh the same), and

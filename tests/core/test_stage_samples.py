@@ -18,8 +18,6 @@ from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bu
 
 from tests.core.conftest import override
 
-pytestmark = pytest.mark.serial
-
 S = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -141,6 +139,7 @@ def _history(n: int, stage: frozenset[int], started: datetime) -> EvidenceIndex:
     return index
 
 
+@pytest.mark.serial
 def test_reading_a_stage_costs_the_same_at_10x_the_history() -> None:
     """6,400 and 64,000 samples in the situation, the stage's own 8 the same: the read
     costs the same (thread CPU time, median of 9 runs of 50 reads, sizes alternating);

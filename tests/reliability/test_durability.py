@@ -35,8 +35,6 @@ from tests.reliability.conftest import (
     wait_until,
 )
 
-pytestmark = pytest.mark.serial
-
 # ------------------------------------------------------- spill file, in process
 
 
@@ -186,6 +184,7 @@ def write_attempts(service: ServiceProcess) -> float:
     return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(key))
 
 
+@pytest.mark.serial
 @pytest.mark.postgres
 def test_outage_backoff_staleness_and_readyz_without_connection_details(
     tmp_path: Path,
@@ -300,6 +299,7 @@ async def _max_rate(port: int, deadline: float, answers: list[tuple[float, str]]
     await asyncio.gather(*(conn() for _ in range(64)))
 
 
+@pytest.mark.serial
 @pytest.mark.postgres
 def test_kill9_at_maximum_rate_loses_only_the_last_100ms(
     pg_url_factory: Callable[[], str], tmp_path: Path

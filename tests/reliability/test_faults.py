@@ -38,8 +38,6 @@ from tests.reliability.conftest import (
     without_dac_override,
 )
 
-pytestmark = pytest.mark.serial
-
 # --------------------------------------------------------------- kill -9 a replica
 
 

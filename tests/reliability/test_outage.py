@@ -27,7 +27,7 @@ from tests.reliability.conftest import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.postgres, pytest.mark.serial]
+pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
@@ -88,6 +88,7 @@ def burst(service: ServiceProcess, cluster: str, pods: range, conns: int = 32) -
 # ------------------------------------------------------------ kill -9 mid outage
 
 
+@pytest.mark.serial
 def test_kill9_during_an_outage_loses_only_the_last_100ms(
     pg: PrivatePostgres, tmp_path: Path
 ) -> None:
@@ -140,6 +141,7 @@ def test_kill9_during_an_outage_loses_only_the_last_100ms(
 # ------------------------------------------------------------ a database that hangs
 
 
+@pytest.mark.serial
 def test_kill9_while_the_database_hangs_loses_only_the_last_200ms(
     pg: PrivatePostgres, tmp_path: Path
 ) -> None:

@@ -23,7 +23,7 @@ from tests.reliability.conftest import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.postgres, pytest.mark.serial]
+pytestmark = pytest.mark.postgres
 
 BOUND_S = 3.0  # the contract is 1 s (0.5 s poll + reload); 3 s absorbs a noisy machine
 
@@ -47,6 +47,7 @@ def propagation(what: str, write: Callable[[], None], honoured: Callable[[], boo
     return seconds
 
 
+@pytest.mark.serial
 def test_override_written_on_a_is_honoured_by_b(
     replicas: tuple[ServiceProcess, ServiceProcess],
 ) -> None:
@@ -74,6 +75,7 @@ def test_override_written_on_a_is_honoured_by_b(
         propagation("override DELETE", remove, lambda: not honoured())
 
 
+@pytest.mark.serial
 def test_token_created_and_revoked_on_a_is_honoured_by_b(
     replicas: tuple[ServiceProcess, ServiceProcess],
 ) -> None:
@@ -101,6 +103,7 @@ def test_token_created_and_revoked_on_a_is_honoured_by_b(
             assert cb.post("/v1/select", json=body).status_code == 401
 
 
+@pytest.mark.serial
 def test_rules_written_on_a_are_honoured_by_b(
     replicas: tuple[ServiceProcess, ServiceProcess],
 ) -> None:
@@ -123,6 +126,7 @@ def test_rules_written_on_a_are_honoured_by_b(
         assert cb.get("/v1/rules").json()["revision"] == doc["revision"] + 1
 
 
+@pytest.mark.serial
 def test_decisions_from_both_replicas_in_one_listing(
     replicas: tuple[ServiceProcess, ServiceProcess],
 ) -> None:

@@ -27,8 +27,6 @@ from mla_switchboard.service.store.spill import LineEncoder, parse_line
 
 from tests.reliability.conftest import FlakyStore, counter, recorder, row, wait_until
 
-pytestmark = pytest.mark.serial
-
 
 def lines_of(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True) if path.exists() else []
@@ -199,6 +197,7 @@ def test_replicas_sharing_a_spill_path_each_line_is_drained_once(tmp_path: Path)
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.serial
 def test_a_start_replays_for_a_bounded_time_and_the_writer_does_the_rest(
     tmp_path: Path,
 ) -> None:

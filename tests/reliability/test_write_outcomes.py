@@ -24,7 +24,7 @@ from tests.conftest import ADMIN, ServiceProcess
 from tests.reliability.conftest import PrivatePostgres, metric, wait_until
 from tests.service.test_select_decisions import ALL
 
-pytestmark = [pytest.mark.postgres, pytest.mark.serial]
+pytestmark = pytest.mark.postgres
 
 FORCE = {"force": "FLASH_ATTN", "note": "INC-7 back to FA", "rollout": {"percent": 10}}
 

@@ -1,4 +1,5 @@
-"""Slow clients cannot take the service's connections (service/api/server.py).
+"""Slow clients cannot take the service's connections (service/api/server.py: the
+body deadline middleware and the guarded uvicorn protocol).
 
 - a request body has ``SWITCHBOARD_BODY_TIMEOUT_S`` from the end of its headers; past
   that 408, the connection closed, and the route reading it sees the client gone;
@@ -8,7 +9,7 @@
 - a client that goes away is counted and logged in one line at most a minute, never
   with a traceback.
 
-The protocol is first tested on its own, in a uvicorn server in this process with a
+The limits are first tested on their own, in a uvicorn server in this process with a
 small ASGI app; then a real ``switchboard serve`` process limited to 1,024 descriptors
 is held by 1,100 slow-body clients while pods ask for decisions through the agent's
 own client and deadline.
@@ -40,12 +41,14 @@ from mla_switchboard.agent.client import (
     ask_service,
 )
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.api.server import QuietLog, guarded_protocol
+from mla_switchboard.service.api.body_deadline import BodyDeadline
+from mla_switchboard.service.api.conn_events import ConnectionEvents, QuietLog
+from mla_switchboard.service.api.conn_limits import Limits
+from mla_switchboard.service.api.server import guard_protocol
+from mla_switchboard.service.api.uvicorn_guard import GuardedProtocol
 from mla_switchboard.service.metrics import Metrics
 
 from tests.conftest import ADMIN, ServiceProcess, free_port
-
-pytestmark = pytest.mark.serial
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 
@@ -55,9 +58,10 @@ R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 
 @dataclass
 class Toy:
-    """A uvicorn server in a thread of this process, with the guarded protocol, in
-    front of a small app: ``/busy`` waits for ``release``; anything else reads its
-    body and answers 200 with its length. ``seen`` lists the disconnects the app saw."""
+    """A uvicorn server in a thread of this process, with the guarded protocol and the
+    body deadline, in front of a small app: ``/busy`` waits for ``release``; ``/early``
+    answers 200 without reading its body; anything else reads its body and answers 200
+    with its length. ``seen`` lists the disconnects the app saw."""
 
     port: int
     metrics: Metrics
@@ -81,7 +85,7 @@ def _toy_app(toy: Toy) -> Callable[..., Any]:
             while not toy.release.is_set():
                 await asyncio.sleep(0.01)
         size = 0
-        while True:
+        while path != "/early":  # answers without reading its body (as a 404 does)
             message = await receive()
             if message["type"] == "http.disconnect":
                 toy.seen.append(f"{path} disconnect")
@@ -103,12 +107,13 @@ def toy_server() -> Iterator[Callable[..., Toy]]:
 
     def start(**limits: Any) -> Toy:
         toy = Toy(free_port(), Metrics(), threading.Event())
-        options = {"max_header_bytes": 32 * 1024, "header_timeout_s": 10.0, **limits}
+        events = ConnectionEvents(toy.metrics)
+        guard = Limits(32 * 1024, 10.0, limits.get("max_connections"), events)
         config = uvicorn.Config(
-            _toy_app(toy),
+            BodyDeadline(_toy_app(toy), limits.get("body_timeout_s", 10.0), events),
             host="127.0.0.1",
             port=toy.port,
-            http=guarded_protocol(**options, metrics=toy.metrics),
+            http=guard_protocol(GuardedProtocol, guard),
             lifespan="off",
             log_level="warning",
         )
@@ -163,15 +168,22 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 5) -> None:
         time.sleep(0.01)
 
 
+def _first_byte_of_a_long_body(toy: Toy, path: str) -> tuple[bytes, float]:
+    """Headers for a 60,000-byte body and its first byte, then nothing: what the
+    server answers before it closes, and how long that took."""
+    with toy.connect() as sock:
+        start = time.monotonic()
+        sock.sendall(_request(path, 60_000, b"{"))
+        answer = _read_answer(sock, 5)
+        return answer, time.monotonic() - start
+
+
+@pytest.mark.serial
 def test_a_slow_body_is_408_and_the_route_sees_the_client_gone(
     toy_server: Callable[..., Toy],
 ) -> None:
     toy = toy_server(body_timeout_s=0.5)
-    with toy.connect() as sock:
-        start = time.monotonic()
-        sock.sendall(_request("/echo", 60_000, b"{"))
-        answer = _read_answer(sock, 5)
-        took = time.monotonic() - start
+    answer, took = _first_byte_of_a_long_body(toy, "/echo")
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"request body not complete within 0.5 s" in answer
     assert 0.4 < took < 2.0, took
@@ -180,6 +192,7 @@ def test_a_slow_body_is_408_and_the_route_sees_the_client_gone(
     assert toy.disconnects() == 0  # the server cut it: not a client that went away
 
 
+@pytest.mark.serial
 def test_a_body_within_its_time_passes_and_the_clock_is_per_request(
     toy_server: Callable[..., Toy],
 ) -> None:
@@ -193,6 +206,18 @@ def test_a_body_within_its_time_passes_and_the_clock_is_per_request(
         sock.sendall(_request("/echo", 3, b"abc"))
         assert _read_one(sock).endswith(b"\r\n\r\n3")
     assert toy.closed("body_timeout") == 0
+
+
+def test_an_answer_before_the_body_is_read_closes_the_connection(
+    toy_server: Callable[..., Toy],
+) -> None:
+    """Nothing would bound the rest of a body no route reads: the answer says
+    ``connection: close`` and the server closes, whatever the client still sends."""
+    toy = toy_server(body_timeout_s=10.0)
+    answer, took = _first_byte_of_a_long_body(toy, "/early")
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"connection: close" in answer.lower()
+    assert took < 2.0, took
 
 
 def test_at_the_limit_the_longest_waiting_connection_gives_way(
@@ -226,6 +251,7 @@ def test_at_the_limit_the_longest_waiting_connection_gives_way(
         sock.close()
 
 
+@pytest.mark.serial
 def test_when_every_connection_is_busy_a_newcomer_gets_503(
     toy_server: Callable[..., Toy],
 ) -> None:
@@ -445,6 +471,7 @@ def _metric(service: ServiceProcess, name: str) -> float:
     )
 
 
+@pytest.mark.serial
 def test_slow_body_clients_do_not_starve_selects(
     service_factory: type[ServiceProcess],
     sqlite_url: str,

@@ -28,8 +28,6 @@ import pytest
 
 from tests.conftest import ServiceProcess
 
-pytestmark = pytest.mark.serial
-
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 HEADER_TIMEOUT_S = 1.0
 
@@ -96,6 +94,7 @@ def send_huge_header(service: ServiceProcess, size: int = 64 * 1024 * 1024) -> b
         sock.close()
 
 
+@pytest.mark.serial
 def test_huge_header_is_431_and_closed(service: ServiceProcess) -> None:
     start = time.monotonic()
     answer = send_huge_header(service)
@@ -105,11 +104,13 @@ def test_huge_header_is_431_and_closed(service: ServiceProcess) -> None:
     assert httpx.get(service.url + "/healthz", headers={"X-Fine": "a" * 8000}).status_code == 200
 
 
+@pytest.mark.serial
 def test_headers_just_under_the_limit_pass(service: ServiceProcess) -> None:
     r = httpx.get(service.url + "/healthz", headers={"X-Big": "a" * 30_000})
     assert r.status_code == 200
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("partial", [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: 1"])
 def test_half_sent_headers_are_closed(service: ServiceProcess, partial: bytes) -> None:
     sock = _connect(service)
@@ -124,6 +125,7 @@ def test_half_sent_headers_are_closed(service: ServiceProcess, partial: bytes) -
     assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer[:200]
 
 
+@pytest.mark.serial
 def test_trickled_headers_are_closed(service: ServiceProcess) -> None:
     """A byte every 0.2 s keeps the connection busy, never complete: still closed."""
     sock = _connect(service)
@@ -139,6 +141,7 @@ def test_trickled_headers_are_closed(service: ServiceProcess) -> None:
     assert time.monotonic() - start < HEADER_TIMEOUT_S + 3
 
 
+@pytest.mark.serial
 def test_keep_alive_requests_still_work(service: ServiceProcess) -> None:
     """The header timer is per request: a kept-alive connection making requests for
     longer than the timeout is fine."""
@@ -149,6 +152,7 @@ def test_keep_alive_requests_still_work(service: ServiceProcess) -> None:
             time.sleep(0.3)
 
 
+@pytest.mark.serial
 def test_metrics_cluster_labels_are_bounded(service: ServiceProcess) -> None:
     prefix = f"card-{uuid.uuid4().hex[:4]}"
     with service.client() as c:
@@ -256,6 +260,7 @@ def attacker(port: int, active: Any, stop: Any, counts: Any) -> None:
         t.join()
 
 
+@pytest.mark.serial
 def test_select_p99_under_attack(service: ServiceProcess, capsys: pytest.CaptureFixture) -> None:
     with service.client() as c:  # a fleet for the previews to replay
         for i in range(2000):

@@ -23,8 +23,6 @@ from tests.conftest import ADMIN, make_inprocess_client
 from tests.reliability.conftest import wait_until
 from tests.service.test_select_decisions import ALL, body
 
-pytestmark = pytest.mark.serial
-
 FORCE = {"force": "FLASHINFER", "note": "INC-1 try flashinfer"}
 Pod = tuple[str, dict[str, Any]]  # "cluster/pod" and the answer it got
 
@@ -371,6 +369,7 @@ def _guard_with_history(c: httpx.Client, history: int) -> Callable[[], None]:
     return evaluate
 
 
+@pytest.mark.serial
 def test_a_guard_costs_the_same_at_10x_the_evidence(tmp_path: Any) -> None:
     """6,400 and 64,000 samples of history in the situation: a report's guard costs the
     same (thread CPU time of 10 evaluations, median of 9 runs, the sizes alternating).

@@ -25,8 +25,6 @@ from mla_switchboard.core.schemas import SEED_RULES, Override, SelectRequest
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.selector import Rendered, Selector
 
-pytestmark = pytest.mark.serial
-
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 PACKAGES = {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0", "flash_attn": "2.8.3"}
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
@@ -222,6 +220,7 @@ def _hit_cost(overrides: tuple[Override, ...], n: int = 3000) -> float:
     return time.thread_time() - began
 
 
+@pytest.mark.serial
 def test_a_select_costs_the_same_whatever_other_clusters_roll_out() -> None:
     """A fleet with a staged override per cluster: a pod's select reads its own
     cluster's and the fleet's, so 100x the clusters with rollouts costs the same."""
