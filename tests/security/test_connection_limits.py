@@ -34,12 +34,8 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from mla_switchboard.agent.client import (
-    DEFAULT_DEADLINE_S,
-    ServiceRefused,
-    ServiceUnavailable,
-    ask_service,
-)
+from mla_switchboard.agent.client import ServiceRefused, ServiceUnavailable, ask_service
+from mla_switchboard.agent.settings import DEFAULT_DEADLINE_S
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.service.api.body_deadline import BodyDeadline
 from mla_switchboard.service.api.conn_events import ConnectionEvents, QuietLog

@@ -150,7 +150,8 @@ def run(app, **options):
     thread.join()
 
     async def serving():
-        async with app.router.lifespan_context(app):
+        inner = getattr(app, "app", app)  # the FastAPI app inside the server's middleware
+        async with inner.router.lifespan_context(inner):
             async def fail():
                 raise ConnectionError(f"task lost {URL} ({TOKEN})")
 
