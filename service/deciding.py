@@ -6,6 +6,7 @@ its result."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mla_switchboard.core.evaluator import DecisionInputs, Refusal
@@ -17,19 +18,14 @@ from mla_switchboard.service.store.decisions import decision_row
 from mla_switchboard.service.store.recorder import DecisionRecorder
 
 
+@dataclass(eq=False)
 class Decider:
-    def __init__(
-        self,
-        selector: Selector,
-        inputs: Callable[[], DecisionInputs],
-        recorder: DecisionRecorder,
-        metrics: Metrics,
-    ) -> None:
-        """``inputs``: the decision inputs in force."""
-        self._selector = selector
-        self._inputs = inputs
-        self._recorder = recorder
-        self._metrics = metrics
+    """``inputs``: the decision inputs in force."""
+
+    selector: Selector
+    inputs: Callable[[], DecisionInputs]
+    recorder: DecisionRecorder
+    metrics: Metrics
 
     def decide(
         self, body: SelectRequest, dry_run: bool = False
@@ -37,17 +33,17 @@ class Decider:
         """The decision (or refusal) and the id it is recorded under. A dry run decides
         and records and counts nothing (id None): a laptop trying a flag is not a pod
         of the fleet."""
-        inputs = self._inputs()
-        result = self._selector.select(body, inputs)
+        inputs = self.inputs()
+        result = self.selector.select(body, inputs)
         if isinstance(result, Refusal):
             if not dry_run:
-                self._metrics.refusals_of(result.kind).inc()
+                self.metrics.refusals_of(result.kind).inc()
             return result, None
         if dry_run:
             return result, None
         decision_id = new_id()
         decision = result.decision
-        self._recorder.submit(
+        self.recorder.submit(
             decision_row(
                 decision_id,
                 datetime.now(UTC),
@@ -60,5 +56,5 @@ class Decider:
                 result.answer_json,
             )
         )
-        self._metrics.decisions.labels(result.backend, decision.source, body.cluster).inc()
+        self.metrics.decisions.labels(result.backend, decision.source, body.cluster).inc()
         return result, decision_id

@@ -11,6 +11,7 @@ that is stored is answered as stored, whatever its guard's fate (``"guard"``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,21 +30,15 @@ from mla_switchboard.service.store.recorder import DecisionRecorder
 from pydantic import ValidationError
 
 
+@dataclass(eq=False)
 class Reports:
-    def __init__(
-        self,
-        measurements: MeasurementStore,
-        decisions: DecisionStore,
-        recorder: DecisionRecorder,
-        evidence: EvidenceSync,
-        rollouts: RolloutGuards,
-    ) -> None:
-        """``evidence``: where this replica's own new evidence is applied at once."""
-        self._measurements = measurements
-        self._decisions = decisions
-        self._recorder = recorder
-        self._evidence = evidence
-        self._rollouts = rollouts
+    """``evidence``: where this replica's own new evidence is applied at once."""
+
+    measurement_store: MeasurementStore
+    decisions: DecisionStore
+    recorder: DecisionRecorder
+    evidence: EvidenceSync
+    rollouts: RolloutGuards
 
     def measurements(self, principal: Principal, report: MeasurementReport) -> Outcome:
         """Store a pod's benchmark results (201), once per ``report_id`` (a retry: 200,
@@ -56,10 +51,10 @@ class Reports:
         if too_fast is not None:
             return too_fast
         report_id = report.report_id or new_id()
-        if report.report_id is not None and self._measurements.has_report(report_id):
+        if report.report_id is not None and self.measurement_store.has_report(report_id):
             # the agent retried a report whose answer it never got: already stored (its
             # guard evaluation is run again: the first attempt's may never have run)
-            guard = self._rollouts.measurements_retried(report, report_id)
+            guard = self.rollouts.measurements_retried(report, report_id)
             body = {"measurement_id": report_id, "results": len(report.results)}
             return Done({**body, "duplicate": True, "guard": guard}, status=200)
         observations = observations_of_report(report, datetime.now(UTC), report_id)
@@ -68,21 +63,21 @@ class Reports:
             # The pod's decision may still be in memory: wait for the writer's next
             # batch (at most the flush interval) rather than wake it, so that reports
             # streaming in do not turn its batches into one transaction each.
-            if self._recorder.pending or self._recorder.spill_pending:
-                self._recorder.flush(wake=False)
+            if self.recorder.pending or self.recorder.spill_pending:
+                self.recorder.flush(wake=False)
             situation = observations[0].situation
-            if not self._measurements.has_decision_for(report.cluster, report.pod, situation):
+            if not self.measurement_store.has_decision_for(report.cluster, report.pod, situation):
                 reason = (
                     f"pod {report.pod!r} has no recorded decision in cluster "
                     f"{report.cluster!r} for this device, capability, dims, dtype, packages "
                     "and engine: stored, not counted as evidence (call /v1/select as this "
                     "pod first)"
                 )
-        count = self._measurements.add_measurements(report, report_id, counted=reason is None)
+        count = self.measurement_store.add_measurements(report, report_id, counted=reason is None)
         guard = None
         if reason is None:
-            self._evidence.apply_local(observations)
-            guard = self._rollouts.measurements_reported(report, report_id)
+            self.evidence.apply_local(observations)
+            guard = self.rollouts.measurements_reported(report, report_id)
         body: dict[str, Any] = {
             "measurement_id": report_id,
             "results": count,
@@ -101,23 +96,23 @@ class Reports:
         """Record that the kernel a decision chose failed to build or run (202). It is
         evidence against ``backend`` for pods in the same situation, under the failure
         policy (``core/evidence.py``), and what a rollout's failure guard counts."""
-        if self._recorder.pending or self._recorder.spill_pending:
-            self._recorder.flush()  # the decision may still be in memory or spilled
-        record = self._decisions.get_decision(decision_id)
+        if self.recorder.pending or self.recorder.spill_pending:
+            self.recorder.flush()  # the decision may still be in memory or spilled
+        record = self.decisions.get_decision(decision_id)
         if record is None:
             return Problem(404, f"no decision {decision_id!r}")
         if not principal.may_touch(record.cluster):
             return Problem(403, principal.out_of_scope(record.cluster))
         request = _stored_request(record.request_json)
-        self._measurements.record_failure(decision_id, backend.value, error)
+        self.measurement_store.record_failure(decision_id, backend.value, error)
         observation = None
         if request is not None:
             observation = failure_observation(
                 request, backend.value, error, datetime.now(UTC), record.pod, decision_id
             )
         if observation is not None:
-            self._evidence.apply_local([observation])
-        guard = self._rollouts.failure_reported(record, backend.value, error)
+            self.evidence.apply_local([observation])
+        guard = self.rollouts.failure_reported(record, backend.value, error)
         body = {
             "decision_id": decision_id,
             "backend": backend.value,

@@ -26,7 +26,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -72,35 +72,32 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError, OutcomeUnknown)
 """What keeps a deferred evaluation waiting: the database is away or did not answer."""
 
 
+@dataclass(eq=False)
 class RolloutGuards:
-    """Halts staged overrides on failures or slowdowns; promotes them step by step."""
+    """Halts staged overrides on failures or slowdowns; promotes them step by step.
 
-    def __init__(
-        self,
-        config: ConfigStore,
-        live: LiveConfig,
-        trusted: TrustedEvidence,
-        inputs: Callable[[], DecisionInputs],
-        catch_up: Callable[[], object],
-        metrics: Metrics,
-        check_s: float = 1.0,
-    ) -> None:
-        """``inputs``: the decision inputs in force; ``catch_up``: read every report
-        the store holds now (``EvidenceSync.catch_up``)."""
-        self._config = config
-        self._live = live
-        self._trusted = trusted
-        self._inputs = inputs
-        self._catch_up = catch_up
-        self._metrics = metrics
-        self._check_s = check_s
-        self._pending: dict[tuple[str, ...], Callable[[], None]] = {}  # oldest first
-        self._pending_lock = threading.Lock()
-        self._thread = Periodic("rollout-steps", check_s, self.check, log)
+    ``inputs``: the decision inputs in force; ``catch_up``: read every report the
+    store holds now (``EvidenceSync.catch_up``)."""
+
+    config: ConfigStore
+    live: LiveConfig
+    trusted: TrustedEvidence
+    inputs: Callable[[], DecisionInputs]
+    catch_up: Callable[[], object]
+    metrics: Metrics
+    check_s: float = 1.0
+    _pending: dict[tuple[str, ...], Callable[[], None]] = field(
+        init=False, default_factory=dict
+    )  # oldest first
+    _pending_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _thread: Periodic = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._thread = Periodic("rollout-steps", self.check_s, self.check, log)
         Gauge(
             "switchboard_rollout_guards_pending",
             "Guard evaluations deferred by a database error, retried every rollout check",
-            registry=metrics.registry,
+            registry=self.metrics.registry,
         ).set_function(lambda: len(self._pending))
 
     def start(self) -> None:
@@ -129,7 +126,7 @@ class RolloutGuards:
         and halts a rollout at most once."""
 
         def again() -> None:
-            self._catch_up()
+            self.catch_up()
             self.on_measurements(report)
 
         return self._evaluate(("measurements", report_id), again)
@@ -180,7 +177,7 @@ class RolloutGuards:
             log.warning(
                 "rollout guard not evaluated (%s): the report is stored; retried every %g s",
                 first_line(exc),
-                self._check_s,
+                self.check_s,
             )
             if dropped:
                 log.error("rollout guard evaluations dropped: more than %d pending", MAX_PENDING)
@@ -205,7 +202,7 @@ class RolloutGuards:
         }
         first_line = (error.strip().splitlines() or ["(no error text)"])[0][:200]
         where = f"{record.cluster}/{record.pod or '?'}"
-        for o in self._inputs().overrides:
+        for o in self.inputs().overrides:
             r = o.rollout
             if r is None or (o.cluster, r.id) not in staged:
                 continue
@@ -250,7 +247,7 @@ class RolloutGuards:
         situation = situation_of(request)
         if situation is None:
             return
-        inputs = self._inputs()
+        inputs = self.inputs()
         now = datetime.now(UTC)
         for o in applicable_overrides(request, inputs.overrides, now):
             r = o.rollout
@@ -259,7 +256,7 @@ class RolloutGuards:
             if not guards(r, request.cluster):
                 continue  # this cluster's pods may not halt this rollout
             # the inputs a live decision for this pod uses (evidence it trusts)
-            given = self._trusted.inputs_for(request, inputs, now)
+            given = self.trusted.inputs_for(request, inputs, now)
             with_it = decide(request, given, now=now)
             without = decide(
                 request,
@@ -289,7 +286,7 @@ class RolloutGuards:
         index, or the all-clusters one for ``*``."""
         r = o.rollout
         assert r is not None
-        trusted = self._trusted
+        trusted = self.trusted
         evidence = trusted.all if o.cluster == "*" else trusted.of_cluster(o.cluster)
         buckets = stage_buckets(r)
         allowed: dict[str, bool] = {}
@@ -313,7 +310,7 @@ class RolloutGuards:
     def promote_due(self, now: datetime | None = None) -> None:
         """Promote every active rollout whose step passed with no guard fired."""
         now = now or datetime.now(UTC)
-        for o in self._inputs().overrides:
+        for o in self.inputs().overrides:
             r = o.rollout
             step = None if r is None else rollouts.promotion_due(r, now)
             if r is None or step is None:
@@ -339,20 +336,20 @@ class RolloutGuards:
         self, o: Override, change: Callable[[Rollout], Rollout | None], *, action: str, note: str
     ) -> None:
         assert o.rollout is not None
-        updated = self._config.update_rollout(
+        updated = self.config.update_rollout(
             o.cluster, o.rollout.id, change, actor=SERVICE_ACTOR, action=action, note=note
         )
         if not isinstance(updated, Override) or updated.rollout is None:
             return
         state = updated.rollout.state
         if state == "halted" and o.rollout.state != "halted":
-            self._metrics.rollout_changes.labels("halt").inc()
+            self.metrics.rollout_changes.labels("halt").inc()
             log.warning("rollout of %s halted: %s", o.label, updated.rollout.halted_reason)
         elif action == "rollout.promote":
-            self._metrics.rollout_changes.labels("promote").inc()
+            self.metrics.rollout_changes.labels("promote").inc()
             log.info("rollout of %s: %s", o.label, note)
         try:
-            self._live.reload()
+            self.live.reload()
         except SQLAlchemyError as exc:  # stored and audited: the next poll applies it
             log.warning(
                 "rollout of %s changed; this replica applies it at its next poll (%s)",

@@ -5,6 +5,7 @@ on them): plain Python, nothing of the server's.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from mla_switchboard.service.api.conn_events import ConnectionEvents, refusal_body
@@ -29,29 +30,29 @@ def raw_answer(status: int, reason: str, message: str, retry_after: int | None =
     return (head + tail).encode() + body
 
 
+@dataclass(eq=False)
 class Limits(Generic[C]):
     """What one server's connections share: the limits, their answers, the open
     connections and those waiting on their client (oldest first)."""
 
-    def __init__(
-        self,
-        max_header_bytes: int,
-        header_timeout_s: float,
-        max_connections: int | None,
-        events: ConnectionEvents,
-    ) -> None:
-        self.max_header_bytes = max_header_bytes
-        self.header_timeout_s = header_timeout_s
-        self.max_connections = max_connections
-        self.events = events
-        self.opened: set[C] = set()
-        self.waiting: OrderedDict[C, None] = OrderedDict()
-        self.limit = f"server at its connection limit ({max_connections})"
+    max_header_bytes: int
+    header_timeout_s: float
+    max_connections: int | None
+    events: ConnectionEvents
+    opened: set[C] = field(init=False, default_factory=set)
+    waiting: OrderedDict[C, None] = field(init=False, default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        self.limit = f"server at its connection limit ({self.max_connections})"
         self.too_large = raw_answer(
-            431, "Request Header Fields Too Large", f"request headers over {max_header_bytes} bytes"
+            431,
+            "Request Header Fields Too Large",
+            f"request headers over {self.max_header_bytes} bytes",
         )
         self.too_slow = raw_answer(
-            408, "Request Timeout", f"request headers not complete within {header_timeout_s:g} s"
+            408,
+            "Request Timeout",
+            f"request headers not complete within {self.header_timeout_s:g} s",
         )
         self.busy = raw_answer(
             503, "Service Unavailable", f"{self.limit}, every connection busy; retry", 1

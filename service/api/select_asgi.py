@@ -26,6 +26,7 @@ The decision path never touches the store, so the store's 503 cannot arise here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
@@ -70,29 +71,23 @@ def is_select(scope: Scope) -> bool:
     return scope["type"] == "http" and scope["path"] == SELECT_PATH and scope["method"] == "POST"
 
 
+@dataclass(eq=False)
 class SelectHandler:
-    """The ASGI callable for ``POST /v1/select``; one per app."""
+    """The ASGI callable for ``POST /v1/select``; one per app. ``live`` and
+    ``bootstrap_token``: the tokens a request is authenticated against."""
 
-    def __init__(
-        self,
-        decider: Decider,
-        refused: RefusedSelects,
-        live: LiveConfig,
-        bootstrap_token: str | None,
-        metrics: Metrics,
-        max_body: int,
-    ) -> None:
-        """``live`` and ``bootstrap_token``: the tokens a request is authenticated
-        against."""
-        self._decider = decider
-        self._refused = refused
-        self._live = live
-        self._bootstrap = bootstrap_token
-        self._metrics = metrics
-        self._max_body = max_body
-        headers, body = too_large(max_body)
-        self._too_large: Answer = (413, headers, body)
-        self._latency: dict[int, Any] = {}  # status -> histogram child
+    decider: Decider
+    refused: RefusedSelects
+    live: LiveConfig
+    bootstrap_token: str | None
+    metrics: Metrics
+    max_body: int
+    _too_large: Answer = field(init=False)
+    _latency: dict[int, Any] = field(init=False, default_factory=dict)  # status -> histogram child
+
+    def __post_init__(self) -> None:
+        headers, body = too_large(self.max_body)
+        self._too_large = (413, headers, body)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = perf_counter()
@@ -115,7 +110,7 @@ class SelectHandler:
         # Starlette's ``headers.get`` reads the first of repeated headers; so does this
         headers: dict[bytes, bytes] = dict(reversed(scope["headers"]))
         length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self._max_body):
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return self._too_large
         raw = await self._read_body(receive)
         if raw is None:
@@ -130,14 +125,14 @@ class SelectHandler:
             return _unpack(validation_error_response(exc.errors()))
         try:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
-            principal = authorize(authorization, self._live, self._bootstrap, "agent")
+            principal = authorize(authorization, self.live, self.bootstrap_token, "agent")
             check_scope(principal, body.cluster)
         except HTTPException as exc:
-            self._refused.count(body.cluster, exc)
+            self.refused.count(body.cluster, exc)
             return _unpack(http_error_response(exc))
         if_none_match = headers.get(b"if-none-match")
         return select_answer(
-            self._decider,
+            self.decider,
             body,
             None if if_none_match is None else if_none_match.decode("latin-1"),
             dry_run,
@@ -159,18 +154,18 @@ class SelectHandler:
                     raise ClientGone
                 chunk = message.get("body", b"")
                 size += len(chunk)
-                if size > self._max_body:
+                if size > self.max_body:
                     return None
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     break
             body = b"".join(chunks)
-        return None if len(body) > self._max_body else body
+        return None if len(body) > self.max_body else body
 
     def _observe(self, status: int, seconds: float) -> None:
         child = self._latency.get(status)
         if child is None:
-            child = self._metrics.latency_of("POST", SELECT_PATH, str(status))
+            child = self.metrics.latency_of("POST", SELECT_PATH, str(status))
             self._latency[status] = child
         child.observe(seconds)
 

@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import Observation, report_key
@@ -87,6 +88,7 @@ class RowCursor:
                 del self.gaps[i]
 
 
+@dataclass(eq=False)
 class EvidenceSync:
     """Full reloads, incremental reads, local reports and expiry for one replica's
     :class:`TrustedEvidence` (module docstring). ``on_change`` is called, outside any
@@ -94,26 +96,18 @@ class EvidenceSync:
     inputs; a cached decision is decided again only when its own situation's evidence
     moved)."""
 
-    def __init__(
-        self,
-        config: ConfigStore,
-        measurements: MeasurementStore,
-        trusted: TrustedEvidence,
-        *,
-        max_age: timedelta,
-        poll_s: float,
-        on_change: Callable[[], None],
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ) -> None:
-        self._config = config
-        self._measurement_store = measurements
-        self._trusted = trusted
-        self._max_age = max_age
-        self._poll_s = poll_s
-        self._on_change = on_change
-        self._clock = clock
+    config: ConfigStore
+    measurement_store: MeasurementStore
+    trusted: TrustedEvidence
+    _: KW_ONLY
+    max_age: timedelta
+    poll_s: float
+    on_change: Callable[[], None]
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+    def __post_init__(self) -> None:
         # prune at most this often: a pass walks every pod (nothing when nothing expired)
-        self._prune_every_s = min(60.0, max_age.total_seconds() / 10)
+        self._prune_every_s = min(60.0, self.max_age.total_seconds() / 10)
         self._pruned_at = 0.0
         self._sync_lock = threading.Lock()  # one store read (full or incremental) at a time
         self._apply_lock = threading.Lock()  # dedupe and apply, atomically
@@ -136,7 +130,7 @@ class EvidenceSync:
 
     def start(self) -> None:
         """The first full load, in the caller's thread, then the background thread."""
-        self.notify(self._config.versions())
+        self.notify(self.config.versions())
         self.full_reload()
         self._thread = threading.Thread(target=self._loop, name="evidence-sync", daemon=True)
         self._thread.start()
@@ -156,7 +150,7 @@ class EvidenceSync:
     def _loop(self) -> None:
         lower_this_thread()  # evidence upkeep waits while the event loop wants the CPU
         while not self._stop.is_set():
-            self._wake.wait(self._poll_s)
+            self._wake.wait(self.poll_s)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -226,9 +220,9 @@ class EvidenceSync:
                     self._local[_key(o)] = now
             if self._pending is not None:
                 self._pending.extend(fresh)
-            changed = self._trusted.add(fresh)
+            changed = self.trusted.add(fresh)
         if changed:
-            self._on_change()
+            self.on_change()
         return changed
 
     def full_reload(self) -> None:
@@ -238,17 +232,17 @@ class EvidenceSync:
         (its commit came after the read's snapshot): it is kept, unless the read has it
         already, so "this replica at once" holds and nothing counts twice."""
         with self._sync_lock:
-            versions = self._config.versions()
-            clears = self._measurement_store.last_clear_id()  # what the rows read below reflect
+            versions = self.config.versions()
+            clears = self.measurement_store.last_clear_id()  # what the rows read below reflect
             with self._apply_lock:
                 self._pending = []
             try:
-                fresh = self._trusted.fresh()
-                since = self._clock() - self._max_age
+                fresh = self.trusted.fresh()
+                since = self.clock() - self.max_age
                 read_keys: dict[str, datetime | None] = {}
                 cursors = []
                 for failures in (False, True):
-                    start = self._measurement_store.first_id(failures, since) - 1
+                    start = self.measurement_store.first_id(failures, since) - 1
                     cursor = RowCursor(start)
                     seen = self._read_pages(
                         failures, since, start, lambda page: _add_in_steps(fresh, page), read_keys
@@ -258,7 +252,7 @@ class EvidenceSync:
                 with self._apply_lock:
                     pending = self._pending or []
                     fresh.add(o for o in pending if not o.source or _key(o) not in read_keys)
-                    self._trusted.swap(fresh)
+                    self.trusted.swap(fresh)
                     self._met(read_keys)
                     self._measurements, self._failures = cursors
                     self._clears = RowCursor(clears)
@@ -266,13 +260,13 @@ class EvidenceSync:
                 with self._apply_lock:
                     self._pending = None
             self._applied = {k: versions.get(k, 0) for k in _KEYS}
-        self._on_change()
+        self.on_change()
 
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
         with self._sync_lock:
-            versions = self._config.versions()
-            since = self._clock() - self._max_age
+            versions = self.config.versions()
+            since = self.clock() - self.max_age
             read: list[Observation] = []
             for failures, cursor in ((False, self._measurements), (True, self._failures)):
                 now = time.monotonic()
@@ -285,7 +279,7 @@ class EvidenceSync:
             with self._apply_lock:
                 new = [o for o in read if not o.source or _key(o) not in self._local]
                 self._met({_key(o): o.at for o in read if o.source})
-                changed = self._trusted.add(new)
+                changed = self.trusted.add(new)
             # clears after the rows: a failure stored before a clear is read first,
             # then forgotten; one noted after the clear's time stays. A failure whose
             # commit overlaps the clear's (its time earlier, its row not yet visible to
@@ -295,7 +289,7 @@ class EvidenceSync:
             changed = self._apply_clears() or changed
             self._applied["evidence_version"] = versions.get("evidence_version", 0)
         if changed:
-            self._on_change()
+            self.on_change()
         return changed
 
     def _apply_clears(self) -> bool:
@@ -303,15 +297,15 @@ class EvidenceSync:
         sync lock)."""
         cursor = self._clears
         now = time.monotonic()
-        read = self._measurement_store.clear_rows(after=cursor.after)
+        read = self.measurement_store.clear_rows(after=cursor.after)
         if cursor.gaps:
-            read += self._measurement_store.clear_rows(ids=sorted(cursor.gaps))
+            read += self.measurement_store.clear_rows(ids=sorted(cursor.gaps))
         changed = False
         for clear in read:
             backend = _backend(clear.backend)
             if clear.backend is not None and backend is None:
                 continue
-            if self._trusted.clear_failures(clear.situation, backend, clear.at):
+            if self.trusted.clear_failures(clear.situation, backend, clear.at):
                 changed = True
         cursor.advance([c.id for c in read], now)
         return changed
@@ -319,18 +313,18 @@ class EvidenceSync:
     def prune(self) -> bool:
         """Drop evidence older than the window; True (and ``on_change``) when any went."""
         self._pruned_at = time.monotonic()
-        changed = self._trusted.prune(self._clock(), self._max_age)
+        changed = self.trusted.prune(self.clock(), self.max_age)
         if changed:
-            self._on_change()
+            self.on_change()
         return changed
 
     # --------------------------------------------------------------- helpers
 
     def _read(self, failures: bool) -> Callable[..., EvidenceRows]:
         return (
-            self._measurement_store.failure_rows
+            self.measurement_store.failure_rows
             if failures
-            else self._measurement_store.measurement_rows
+            else self.measurement_store.measurement_rows
         )
 
     def _read_pages(
@@ -360,7 +354,7 @@ class EvidenceSync:
         now = time.monotonic()
         for key in [k for k in self._local if k in keys]:
             del self._local[key]
-        recent = self._clock() - timedelta(seconds=RECENT_S)
+        recent = self.clock() - timedelta(seconds=RECENT_S)
         for key, at in keys.items():
             if at is None or at >= recent:
                 self._recent[key] = now

@@ -10,6 +10,7 @@ background thread of every replica (the store's fleet lock makes them take turns
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.service.periodic import Periodic
@@ -20,13 +21,15 @@ log = logging.getLogger("switchboard.fleet")
 SWEEP_EVERY_S = 300.0
 
 
+@dataclass(eq=False)
 class PodExpiry:
-    def __init__(
-        self, decisions: DecisionStore, ttl: timedelta, every_s: float = SWEEP_EVERY_S
-    ) -> None:
-        self._decisions = decisions
-        self._ttl = ttl
-        self._thread = Periodic("pod-expiry", every_s, self.sweep, log)
+    decisions: DecisionStore
+    ttl: timedelta
+    every_s: float = SWEEP_EVERY_S
+    _thread: Periodic = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._thread = Periodic("pod-expiry", self.every_s, self.sweep, log)
 
     def start(self) -> None:
         self._thread.start()
@@ -36,13 +39,13 @@ class PodExpiry:
 
     def sweep(self, now: datetime | None = None) -> int:
         """Take every pod not seen within the TTL out of the live fleet; how many."""
-        cutoff = (now or datetime.now(UTC)) - self._ttl
+        cutoff = (now or datetime.now(UTC)) - self.ttl
         total = 0
         while not self._thread.stopping.is_set():
-            n = self._decisions.expire_pods(cutoff)
+            n = self.decisions.expire_pods(cutoff)
             total += n
             if n < 5000:
                 break
         if total:
-            log.info("%d pods not seen for %s left the live fleet", total, self._ttl)
+            log.info("%d pods not seen for %s left the live fleet", total, self.ttl)
         return total

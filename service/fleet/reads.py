@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as NotYet
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -101,27 +101,24 @@ class ReadSettings:
     min_pods: int  # SWITCHBOARD_MEASURED_MIN_PODS
 
 
+def _read_worker() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="fleet-read", initializer=lower_this_thread)
+
+
+@dataclass(eq=False)
 class FleetReads:
-    def __init__(
-        self,
-        fleet: Fleet,
-        recorder: DecisionRecorder,
-        trusted: TrustedEvidence,
-        inputs: Callable[[], DecisionInputs],
-        settings: ReadSettings,
-    ) -> None:
-        """``inputs``: the decision inputs in force."""
-        self._fleet = fleet
-        self._recorder = recorder
-        self._trusted = trusted
-        self._inputs = inputs
-        self._settings = settings
-        self._summaries: Computed[Answer] = Computed(64)
-        self._previews: Computed[Preview] = Computed(256)
-        self._evidence: Computed[Answer] = Computed(4)
-        self._worker = ThreadPoolExecutor(
-            1, thread_name_prefix="fleet-read", initializer=lower_this_thread
-        )
+    """``inputs``: the decision inputs in force. Each kind of answer has its own
+    cache; the slow ones are computed on one low-priority worker thread."""
+
+    fleet: Fleet
+    recorder: DecisionRecorder
+    trusted: TrustedEvidence
+    inputs: Callable[[], DecisionInputs]
+    settings: ReadSettings
+    _summaries: Computed[Answer] = field(init=False, default_factory=lambda: Computed(64))
+    _previews: Computed[Preview] = field(init=False, default_factory=lambda: Computed(256))
+    _evidence: Computed[Answer] = field(init=False, default_factory=lambda: Computed(4))
+    _worker: ThreadPoolExecutor = field(init=False, default_factory=_read_worker)
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
@@ -130,7 +127,7 @@ class FleetReads:
         """``compute`` on the fleet-read thread (module docstring). A read that could
         not even start within the budget, because others kept the thread busy, is
         over budget; one that started ends within its own."""
-        budget = self._settings.budget_s
+        budget = self.settings.budget_s
         future = self._worker.submit(compute)
         try:
             return future.result(timeout=budget)
@@ -146,20 +143,20 @@ class FleetReads:
         in it, so the caller sees the pods it just booted. It waits for the writer's
         next batch (at most the flush interval) rather than waking it: a client
         looping on reads must not make the writer write smaller, more batches."""
-        if self._recorder.pending:
-            self._recorder.flush(wake=False)
-        return self._inputs(), self._fleet.current(), datetime.now(UTC)
+        if self.recorder.pending:
+            self.recorder.flush(wake=False)
+        return self.inputs(), self.fleet.current(), datetime.now(UTC)
 
     def _kept_state(self) -> tuple[DecisionInputs, FleetSnapshot, datetime] | None:
         """Like ``_fresh`` but without I/O or waiting, for the event loop: None when
         the fleet's snapshot is behind or this replica has decisions to write."""
-        fleet = self._fleet.kept()
-        if fleet is None or self._recorder.pending:
+        fleet = self.fleet.kept()
+        if fleet is None or self.recorder.pending:
             return None
-        return self._inputs(), fleet, datetime.now(UTC)
+        return self.inputs(), fleet, datetime.now(UTC)
 
     def _deadline(self) -> Deadline:
-        return Deadline(self._settings.budget_s)
+        return Deadline(self.settings.budget_s)
 
     def summary(self, scope: tuple[str, ...] | None, visible: Visible) -> Answer:
         """``/v1/selections/summary`` for a caller whose token covers ``scope``."""
@@ -186,7 +183,7 @@ class FleetReads:
         visible: Visible,
     ) -> Answer:
         fleet = fleet.visible(visible)
-        trusted = self._trusted.inputs_for
+        trusted = self.trusted.inputs_for
         deadline = self._deadline()
         clusters: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for group in fleet.groups:
@@ -208,7 +205,7 @@ class FleetReads:
                     now=now,
                     inputs_for=trusted,
                     deadline=deadline,
-                    evidence_of=self._trusted.of_cluster,
+                    evidence_of=self.trusted.of_cluster,
                 )
                 if visible is None or visible(r["cluster"])
             ],
@@ -229,7 +226,7 @@ class FleetReads:
                     inputs,
                     proposal.applied_to(inputs),
                     now=now,
-                    inputs_for=self._trusted.inputs_for,
+                    inputs_for=self.trusted.inputs_for,
                     deadline=self._deadline(),
                 )
             ),
@@ -246,17 +243,17 @@ class FleetReads:
         """``/v1/measurements/summary``: the evidence per situation and backend, kept
         per evidence version and generation (an exclusion that lapses moves the
         generation), so a polling dashboard gets a 304 while no report arrives."""
-        inputs = self._inputs()
+        inputs = self.inputs()
         key = ("evidence", inputs.tag[1], inputs.evidence_generation)
         return self._evidence.get(key, lambda: self._serially(lambda: self._evidence_of(key)))
 
     def _evidence_of(self, key: tuple[Any, ...]) -> Answer:
-        evidence = self._inputs().evidence
+        evidence = self.inputs().evidence
         body = {
             "groups": evidence.summary(datetime.now(UTC)),
             "failure_policy": evidence.failure_policy.describe(),
-            "min_samples": self._settings.min_samples,
-            "min_pods": self._settings.min_pods,
+            "min_samples": self.settings.min_samples,
+            "min_pods": self.settings.min_pods,
         }
         return Answer.of(body, _etag(key))
 

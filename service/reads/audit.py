@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.store.audit import AuditStore
 
 
+@dataclass(eq=False)
 class AuditReads:
-    def __init__(self, audit: AuditStore) -> None:
-        self._audit = audit
+    audit: AuditStore
 
     def page(
         self,
@@ -25,7 +26,7 @@ class AuditReads:
         """Entries older than ``cursor`` (an entry id) and the next page's cursor."""
         before = None if cursor is None else int(cursor)
         if not principal.restricted:
-            rows = self._audit.list_audit(
+            rows = self.audit.list_audit(
                 action=action, target=target, actor=actor, limit=limit + 1, before_id=before
             )
             more = len(rows) > limit
@@ -38,7 +39,7 @@ class AuditReads:
         found: list[dict[str, Any]] = []
         scanned = 0
         while len(found) < limit and scanned < SCAN_LIMIT:
-            batch = self._audit.list_audit(
+            batch = self.audit.list_audit(
                 action=action, target=target, actor=actor, limit=500, before_id=before
             )
             for row in batch:

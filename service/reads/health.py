@@ -4,6 +4,7 @@ and how old its view of the configuration is (also a gauge for ``/metrics``)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from mla_switchboard.service.evidence.sync import EvidenceSync
@@ -13,55 +14,52 @@ from mla_switchboard.service.store.recorder import DecisionRecorder
 from prometheus_client import Gauge
 
 
+@dataclass(eq=False)
 class Health:
-    def __init__(
-        self,
-        live: LiveConfig,
-        recorder: DecisionRecorder,
-        evidence_sync: EvidenceSync,
-        metrics: Metrics,
-        max_config_staleness_s: float | None,
-    ) -> None:
-        self._live = live
-        self._recorder = recorder
-        self._evidence_sync = evidence_sync
-        self._metrics = metrics
-        self._max_staleness_s = max_config_staleness_s
+    """Registers its staleness gauge on ``metrics`` when made: one per replica."""
+
+    live: LiveConfig
+    recorder: DecisionRecorder
+    evidence_sync: EvidenceSync
+    metrics: Metrics
+    max_config_staleness_s: float | None
+
+    def __post_init__(self) -> None:
         Gauge(
             "switchboard_config_staleness_seconds",
             "Seconds since this replica last confirmed its configuration is current",
-            registry=metrics.registry,
+            registry=self.metrics.registry,
         ).set_function(lambda: self.config_age_s() or 0.0)
 
     def config_age_s(self) -> float | None:
         """How old this replica's view of the configuration is: seconds since it last
         confirmed with the store that its snapshot is current (None before the first)."""
-        checked = self._live.checked_at
+        checked = self.live.checked_at
         return None if checked is None else time.monotonic() - checked
 
     def config_stale(self) -> bool:
-        limit = self._max_staleness_s
+        limit = self.max_config_staleness_s
         age = self.config_age_s()
         return limit is not None and age is not None and age > limit
 
     def degraded(self) -> str | None:
-        return self._recorder.degraded or self._live.degraded or self._evidence_sync.degraded
+        return self.recorder.degraded or self.live.degraded or self.evidence_sync.degraded
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Whether this replica is ready (rules in memory, its view not too old), and
         the state it reports: the store's kind of error only, never a host or URL."""
-        snap = self._live.snapshot
+        snap = self.live.snapshot
         degraded = self.degraded()
         age = self.config_age_s()
         stale = self.config_stale()
         ready = snap is not None and not stale
-        recorder = self._recorder
+        recorder = self.recorder
         body: dict[str, Any] = {
             "status": "ready" if ready else "not ready",
             "rules_revision": None if snap is None else snap.rules.revision,
             "config_version": None if snap is None else snap.version,
             "config_age_s": None if age is None else round(age, 3),
-            "max_config_staleness_s": self._max_staleness_s,
+            "max_config_staleness_s": self.max_config_staleness_s,
             "config_stale": stale,
             "store": "degraded" if degraded else "ok",
             "store_error": None if degraded is None else degraded.split(":", 1)[0],
@@ -73,7 +71,7 @@ class Health:
 
     def refresh_gauges(self) -> Metrics:
         """Set the gauges read at scrape time; the metrics to render."""
-        m, recorder = self._metrics, self._recorder
+        m, recorder = self.metrics, self.recorder
         m.buffered.set(recorder.pending)
         m.buffered_bytes.set(recorder.buffered_bytes)
         m.spill_bytes.set(recorder.spill_bytes())

@@ -48,28 +48,22 @@ class PodQuery:
     prefix: str | None = None  # of the pod's or the node's name (pages only)
 
 
+@dataclass(eq=False)
 class PodReads:
-    def __init__(
-        self,
-        fleet: Fleet,
-        recorder: DecisionRecorder,
-        counts: FleetStore,
-        live: LiveConfig,
-        inputs: Callable[[], DecisionInputs],
-    ) -> None:
-        """``inputs``: the decision inputs in force (their overrides: who is staged)."""
-        self._fleet = fleet
-        self._recorder = recorder
-        self._counts = counts
-        self._live = live
-        self._inputs = inputs
+    """``inputs``: the decision inputs in force (their overrides: who is staged)."""
+
+    fleet: Fleet
+    recorder: DecisionRecorder
+    counts: FleetStore
+    live: LiveConfig
+    inputs: Callable[[], DecisionInputs]
 
     def _current(self) -> FleetSnapshot:
         """The fleet with the caller's own pods in it: they are written by the writer's
         next batch, which this waits for rather than wakes."""
-        if self._recorder.pending:
-            self._recorder.flush(wake=False)
-        return self._fleet.current()
+        if self.recorder.pending:
+            self.recorder.flush(wake=False)
+        return self.fleet.current()
 
     def page(
         self, principal: Principal, query: PodQuery, *, after: Position | None, limit: int
@@ -77,11 +71,11 @@ class PodReads:
         """One page of the caller's live fleet and where the next starts (None: last)."""
         fleet = self._current()
         shapes = {g.shape_id: g.request for g in fleet.groups}
-        overrides = self._inputs().overrides
+        overrides = self.inputs().overrides
         where = pod_filter(principal, query, shapes, overrides)
         if where is None:
             return [], None
-        rows = self._counts.list_pods(where, after=after, limit=limit + 1)
+        rows = self.counts.list_pods(where, after=after, limit=limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
         now = datetime.now(UTC)
@@ -99,11 +93,11 @@ class PodReads:
         from the fleet's counts: O(groups x filters), whatever the number of pods."""
         fleet = self._current()
         params = (principal.clusters, *(getattr(query, f) for f in FACETS), query.stage)
-        etag = f'"facets-{fleet.version}-{self._live.current().version}-{_digest(params)}"'
+        etag = f'"facets-{fleet.version}-{self.live.current().version}-{_digest(params)}"'
         if unless(etag):
             return etag, None
         shapes = {g.shape_id: g.request for g in fleet.groups}
-        overrides = self._inputs().overrides
+        overrides = self.inputs().overrides
 
         def where_but(facet: str | None) -> PodFilter | None:
             loose = query if facet is None else replace(query, **{facet: None})

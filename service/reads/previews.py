@@ -3,15 +3,17 @@ caller may see: the fleet reads' preview, scoped to the caller's token."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mla_switchboard.core.schemas import Override, RulesDocument
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.fleet.reads import FleetReads, Proposal
 
 
+@dataclass(eq=False)
 class Previews:
-    def __init__(self, reads: FleetReads) -> None:
-        self._reads = reads
+    reads: FleetReads
 
     def preview(
         self,
@@ -26,7 +28,7 @@ class Previews:
         restricted = principal is not None and principal.restricted
         scope = principal.clusters if restricted and principal is not None else None
         visible = principal.may_see if restricted and principal is not None else None
-        return self._reads.preview(Proposal(rules, override_scope, override), scope, visible)
+        return self.reads.preview(Proposal(rules, override_scope, override), scope, visible)
 
     def kept_preview(
         self,
@@ -40,4 +42,4 @@ class Previews:
         may ask before handing a miss to a worker thread)."""
         restricted = principal is not None and principal.restricted
         scope = principal.clusters if restricted and principal is not None else None
-        return self._reads.kept_preview(Proposal(rules, override_scope, override), scope)
+        return self.reads.kept_preview(Proposal(rules, override_scope, override), scope)

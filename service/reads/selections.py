@@ -4,6 +4,7 @@ was just given)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from mla_switchboard.service.auth import Principal
@@ -21,18 +22,12 @@ cursor where it stopped (a short page, or an empty one, with a next_cursor)."""
 SCAN_BATCH = 1000
 
 
+@dataclass(eq=False)
 class SelectionReads:
-    def __init__(
-        self,
-        recorder: DecisionRecorder,
-        decisions: DecisionStore,
-        measurements: MeasurementStore,
-        fleet_reads: FleetReads,
-    ) -> None:
-        self._recorder = recorder
-        self._decisions = decisions
-        self._measurements = measurements
-        self._fleet_reads = fleet_reads
+    recorder: DecisionRecorder
+    decisions: DecisionStore
+    measurements: MeasurementStore
+    fleet_reads: FleetReads
 
     def page(
         self,
@@ -48,9 +43,9 @@ class SelectionReads:
         cursor of the next page (None: the last)."""
         if cluster is not None and not principal.may_see(cluster):
             return [], None
-        self._recorder.flush()
+        self.recorder.flush()
         if cluster is not None or not principal.restricted:
-            rows = self._decisions.list_decisions(
+            rows = self.decisions.list_decisions(
                 cluster=cluster, backend=backend, pod=pod, limit=limit + 1, before_id=before
             )
             more = len(rows) > limit
@@ -59,7 +54,7 @@ class SelectionReads:
         found: list[DecisionRecord] = []
         scanned = 0
         while len(found) < limit and scanned < SCAN_LIMIT:
-            batch = self._decisions.list_decisions(
+            batch = self.decisions.list_decisions(
                 cluster=None, backend=backend, pod=pod, limit=SCAN_BATCH, before_id=before
             )
             if not batch:
@@ -80,20 +75,20 @@ class SelectionReads:
     ) -> tuple[DecisionRecord, list[dict[str, Any]]] | None:
         """One decision and the failures reported of it; None when the caller may not
         see it (or there is none)."""
-        self._recorder.flush()
-        record = self._decisions.get_decision(decision_id)
+        self.recorder.flush()
+        record = self.decisions.get_decision(decision_id)
         if record is None or not principal.may_see(record.cluster):
             return None
-        return record, self._measurements.failures_for(decision_id)
+        return record, self.measurements.failures_for(decision_id)
 
     def kept_summary(self, principal: Principal) -> Answer | None:
         """The fleet summary for this caller when it is kept and current (no I/O)."""
-        return self._fleet_reads.kept_summary(_scope(principal))
+        return self.fleet_reads.kept_summary(_scope(principal))
 
     def summary(self, principal: Principal) -> Answer:
         """The fleet summary for this caller (see ``FleetReads.summary``)."""
         visible = principal.may_see if principal.restricted else None
-        return self._fleet_reads.summary(_scope(principal), visible)
+        return self.fleet_reads.summary(_scope(principal), visible)
 
 
 def _scope(principal: Principal) -> tuple[str, ...] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,9 +38,9 @@ def add_audit(
     )
 
 
+@dataclass(eq=False)
 class AuditStore:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    engine: Engine
 
     def list_audit(
         self,

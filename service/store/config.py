@@ -8,6 +8,7 @@ values (``Conflict``), never as exceptions the HTTP layer has to guess about.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,9 +43,9 @@ def _override(row: OverrideRow) -> Override:
     )
 
 
+@dataclass(eq=False)
 class ConfigStore:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    engine: Engine
 
     def ensure_seeded(self) -> None:
         """Revision 1 of the rules and the version counters, unless already there.

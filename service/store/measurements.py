@@ -77,9 +77,9 @@ class Clear:
     backend: str | None
 
 
+@dataclass(eq=False)
 class MeasurementStore:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    engine: Engine
 
     def has_report(self, report_id: str) -> bool:
         with Session(self.engine) as s:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mla_switchboard.service.state import TokenRecord
@@ -36,9 +37,9 @@ def load_tokens(s: Session) -> dict[str, TokenRecord]:
     return {t.id: token_record(t) for t in s.scalars(select(TokenRow))}
 
 
+@dataclass(eq=False)
 class TokenStore:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    engine: Engine
 
     def create_token(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from mla_switchboard.core.evidence import Situation
@@ -18,14 +18,13 @@ from mla_switchboard.service.writes.flow import (
 from sqlalchemy.exc import SQLAlchemyError
 
 
+@dataclass(eq=False)
 class EvidenceWrites:
-    def __init__(
-        self, measurements: MeasurementStore, catch_up: Callable[[], object], flow: WriteFlow
-    ) -> None:
-        """``catch_up``: read every clear the store holds now (``EvidenceSync.catch_up``)."""
-        self._measurements = measurements
-        self._catch_up = catch_up
-        self._flow = flow
+    """``catch_up``: read every clear the store holds now (``EvidenceSync.catch_up``)."""
+
+    measurements: MeasurementStore
+    catch_up: Callable[[], object]
+    flow: WriteFlow
 
     def clear_failures(
         self,
@@ -45,11 +44,11 @@ class EvidenceWrites:
         def respond(cleared: int) -> tuple[int, dict[str, Any]]:
             return 200, {"cleared": cleared, "situation": asdict(situation), "backend": backend}
 
-        result, answered = self._flow.attempt(
+        result, answered = self.flow.attempt(
             principal,
             key,
             respond,
-            lambda idem: self._measurements.clear_failures(
+            lambda idem: self.measurements.clear_failures(
                 situation, backend, actor=principal.name, note=note, idempotency=idem
             ),
         )
@@ -57,7 +56,7 @@ class EvidenceWrites:
             return answered
         _, body = respond(result)
         try:
-            self._catch_up()  # this replica at once, as the others will
+            self.catch_up()  # this replica at once, as the others will
         except SQLAlchemyError as exc:
             return Done({**body, **pending(exc)})
         return Done(body)

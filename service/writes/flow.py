@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mla_switchboard.service.auth import Principal
@@ -46,12 +47,12 @@ Respond = Callable[[Any], tuple[int, dict[str, Any]]]
 """A write's answer (status, body) from what the store returned."""
 
 
+@dataclass(eq=False)
 class WriteFlow:
     """The steps every write shares (see ``service/writes/__init__.py``)."""
 
-    def __init__(self, live: LiveConfig, recall: Recall) -> None:
-        self._live = live
-        self._recall = recall
+    live: LiveConfig
+    recall: Recall
 
     def idempotency(
         self, principal: Principal, key: IdempotencyKey | None, respond: Respond
@@ -62,7 +63,7 @@ class WriteFlow:
 
     def replayed_elsewhere(self, principal: Principal, key: IdempotencyKey) -> bool:
         """Whether this key was used already (the delete it names happened)."""
-        return self._recall(principal.id, key.key) is not None
+        return self.recall(principal.id, key.key) is not None
 
     def recalled(self, principal: Principal, key: IdempotencyKey | None) -> Outcome | None:
         """The kept answer of this key, read before a write's own checks, for writes
@@ -71,7 +72,7 @@ class WriteFlow:
         racing retries still apply once."""
         if key is None:
             return None
-        found = self._recall(principal.id, key.key, key.request_hash)
+        found = self.recall(principal.id, key.key, key.request_hash)
         if found is None:
             return None
         if not found.same_request:
@@ -126,7 +127,7 @@ class WriteFlow:
         """Make this replica see its own committed write now (others follow within the
         poll interval). A failed reload does not undo the commit: say so instead."""
         try:
-            self._live.reload()
+            self.live.reload()
         except SQLAlchemyError as exc:
             return pending(exc)
         return {}

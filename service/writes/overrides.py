@@ -5,6 +5,7 @@ written with its audit entry in one transaction (``service/writes/flow.py``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,20 +28,13 @@ from mla_switchboard.service.writes.flow import (
 )
 
 
+@dataclass(eq=False)
 class OverrideWrites:
-    def __init__(
-        self,
-        config: ConfigStore,
-        live: LiveConfig,
-        previews: Previews,
-        flow: WriteFlow,
-        metrics: Metrics,
-    ) -> None:
-        self._config = config
-        self._live = live
-        self._previews = previews
-        self._flow = flow
-        self._metrics = metrics
+    config: ConfigStore
+    live: LiveConfig
+    previews: Previews
+    flow: WriteFlow
+    metrics: Metrics
 
     def put_override(
         self,
@@ -66,17 +60,17 @@ class OverrideWrites:
                 "revision": 0,
             }
         )
-        preview = self._previews.preview(
+        preview = self.previews.preview(
             principal=principal, override_scope=cluster, override=proposed
         )
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 
-        outcome = self._flow.write(
+        outcome = self.flow.write(
             principal,
             key,
             _override_answer(preview, now),
-            lambda idem: self._config.put_override(
+            lambda idem: self.config.put_override(
                 cluster,
                 spec,
                 actor=principal.name,
@@ -87,7 +81,7 @@ class OverrideWrites:
             what=f"override {cluster!r}",
         )
         if isinstance(outcome, Done) and not outcome.replayed:
-            self._metrics.override_writes.labels("put").inc()
+            self.metrics.override_writes.labels("put").inc()
         return _with_override_etag(outcome, cluster)
 
     def delete_override(
@@ -102,13 +96,13 @@ class OverrideWrites:
     ) -> Outcome:
         if not principal.may_touch(cluster):
             return out_of_scope(principal, cluster)
-        if not any(o.cluster == cluster for o in self._live.current().overrides):
-            self._live.reload()  # it may have been written on another replica just now
-            if not any(o.cluster == cluster for o in self._live.current().overrides):
-                replayed = key is not None and self._flow.replayed_elsewhere(principal, key)
+        if not any(o.cluster == cluster for o in self.live.current().overrides):
+            self.live.reload()  # it may have been written on another replica just now
+            if not any(o.cluster == cluster for o in self.live.current().overrides):
+                replayed = key is not None and self.flow.replayed_elsewhere(principal, key)
                 if not replayed:
                     return Problem(404, f"no override for {cluster!r}")
-        preview = self._previews.preview(principal=principal, override_scope=cluster, override=None)
+        preview = self.previews.preview(principal=principal, override_scope=cluster, override=None)
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 
@@ -118,11 +112,11 @@ class OverrideWrites:
                 "preview": preview.model_dump(),
             }
 
-        outcome = self._flow.write(
+        outcome = self.flow.write(
             principal,
             key,
             respond,
-            lambda idem: self._config.delete_override(
+            lambda idem: self.config.delete_override(
                 cluster,
                 actor=principal.name,
                 if_match=if_match,
@@ -134,7 +128,7 @@ class OverrideWrites:
             missing=f"no override for {cluster!r}",
         )
         if isinstance(outcome, Done) and not outcome.replayed:
-            self._metrics.override_writes.labels("delete").inc()
+            self.metrics.override_writes.labels("delete").inc()
         return outcome
 
     def rollout_action(
@@ -154,7 +148,7 @@ class OverrideWrites:
         ``rollout.<action>`` with the admin as actor."""
         if not principal.may_touch(cluster):
             return out_of_scope(principal, cluster)
-        replayed = self._flow.recalled(principal, key)
+        replayed = self.flow.recalled(principal, key)
         if replayed is not None:
             # a retry of an action that went through: the rollout's state (or ETag) now
             # refuses the action itself, and the answer is what the first request got
@@ -170,7 +164,7 @@ class OverrideWrites:
         if isinstance(changed, str):
             return Problem(409, changed, extra={"state": current.rollout.state})
         proposed = current.model_copy(update={"rollout": changed})
-        preview = self._previews.preview(
+        preview = self.previews.preview(
             principal=principal, override_scope=cluster, override=proposed
         )
         if dry_run:
@@ -181,11 +175,11 @@ class OverrideWrites:
             again = rollouts.acted(stored, action, by=principal.name, note=note, now=now, to=to)
             return again if isinstance(again, Rollout) else None
 
-        outcome = self._flow.write(
+        outcome = self.flow.write(
             principal,
             key,
             _override_answer(preview, now),
-            lambda idem: self._config.update_rollout(
+            lambda idem: self.config.update_rollout(
                 cluster,
                 current.rollout.id,  # type: ignore[union-attr]
                 change,
@@ -200,7 +194,7 @@ class OverrideWrites:
             missing=f"the rollout of {cluster!r} changed meanwhile (read it again)",
         )
         if isinstance(outcome, Done) and not outcome.replayed:
-            self._metrics.rollout_changes.labels(action).inc()
+            self.metrics.rollout_changes.labels(action).inc()
         return _with_override_etag(outcome, cluster)
 
     def _staged(self, cluster: str, if_match: str | None) -> Override | Problem:
@@ -211,13 +205,13 @@ class OverrideWrites:
         store checks it again)."""
         current = self._override(cluster)
         if current is None or current.rollout is None:
-            self._live.reload()  # it may have been written on another replica just now
+            self.live.reload()  # it may have been written on another replica just now
             current = self._override(cluster)
         if current is None or current.rollout is None:
             return Problem(404, f"no staged override for {cluster!r}")
         etag = override_etag(cluster, current.revision)
         if if_match is not None and if_match != etag:
-            self._live.reload()  # this replica's copy may be the older one
+            self.live.reload()  # this replica's copy may be the older one
             current = self._override(cluster)
             if current is None or current.rollout is None:
                 return Problem(404, f"no staged override for {cluster!r}")
@@ -232,7 +226,7 @@ class OverrideWrites:
         return current
 
     def _override(self, cluster: str) -> Override | None:
-        return next((o for o in self._live.current().overrides if o.cluster == cluster), None)
+        return next((o for o in self.live.current().overrides if o.cluster == cluster), None)
 
 
 def _override_answer(

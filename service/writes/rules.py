@@ -4,6 +4,7 @@ revision within the writer's cluster scope (``scoped_merge``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mla_switchboard.core.schemas import RulesDocument
@@ -16,14 +17,12 @@ from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.writes.flow import IdempotencyKey, WriteFlow, with_etag
 
 
+@dataclass(eq=False)
 class RulesWrites:
-    def __init__(
-        self, config: ConfigStore, live: LiveConfig, previews: Previews, flow: WriteFlow
-    ) -> None:
-        self._config = config
-        self._live = live
-        self._previews = previews
-        self._flow = flow
+    config: ConfigStore
+    live: LiveConfig
+    previews: Previews
+    flow: WriteFlow
 
     def put_rules(
         self,
@@ -42,14 +41,14 @@ class RulesWrites:
             if_match = rules_etag(document.revision)
         merge = scoped_merge(principal, document)
         try:
-            proposed = merge(self._live.current().rules)
+            proposed = merge(self.live.current().rules)
         except OutOfScope:
-            self._live.reload()  # this replica's copy may be behind the store's
+            self.live.reload()  # this replica's copy may be behind the store's
             try:
-                proposed = merge(self._live.current().rules)
+                proposed = merge(self.live.current().rules)
             except OutOfScope as exc:
                 return Problem(403, str(exc))
-        preview = self._previews.preview(principal=principal, rules=proposed)
+        preview = self.previews.preview(principal=principal, rules=proposed)
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 
@@ -57,11 +56,11 @@ class RulesWrites:
             return 200, {"rules": stored.model_dump(mode="json"), "preview": preview.model_dump()}
 
         try:
-            outcome = self._flow.write(
+            outcome = self.flow.write(
                 principal,
                 key,
                 respond,
-                lambda idem: self._config.put_rules(
+                lambda idem: self.config.put_rules(
                     proposed,
                     actor=principal.name,
                     if_match=if_match,

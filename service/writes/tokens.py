@@ -3,6 +3,8 @@ admin token may do either."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mla_switchboard.service.auth import Principal, new_token
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
@@ -12,10 +14,10 @@ from mla_switchboard.service.store.tokens import TokenStore
 from mla_switchboard.service.writes.flow import IdempotencyKey, WriteFlow, key_reused, unknown
 
 
+@dataclass(eq=False)
 class TokenWrites:
-    def __init__(self, tokens: TokenStore, flow: WriteFlow) -> None:
-        self._tokens = tokens
-        self._flow = flow
+    tokens: TokenStore
+    flow: WriteFlow
 
     def create_token(
         self,
@@ -34,9 +36,9 @@ class TokenWrites:
             return Problem(403, "only an unrestricted admin token may create tokens")
         token_id, token, secret_hash = new_token()
         public = {"id": token_id, "name": name, "role": role, "clusters": clusters}
-        idem = self._flow.idempotency(principal, key, lambda _stored: (201, public))
+        idem = self.flow.idempotency(principal, key, lambda _stored: (201, public))
         try:
-            replayed = self._tokens.create_token(
+            replayed = self.tokens.create_token(
                 token_id=token_id,
                 name=name,
                 role=role,
@@ -58,14 +60,14 @@ class TokenWrites:
                 f"(DELETE /v1/tokens/{first}) and create another",
                 extra={"id": first},
             )
-        return Done({**public, "token": token, **self._flow.applied()}, status=201)
+        return Done({**public, "token": token, **self.flow.applied()}, status=201)
 
     def _token_unknown(self, token_id: str, exc: OutcomeUnknown) -> Problem:
         """Find out whether a token whose commit failed was stored, and revoke it if it
         was: its secret was never shown, so it must not stay usable."""
         why = first_line(str(exc))
         try:
-            revoked = self._tokens.revoke_token(token_id, actor=SERVICE_ACTOR)
+            revoked = self.tokens.revoke_token(token_id, actor=SERVICE_ACTOR)
         except Exception:  # the database is still away: say which token to revoke
             return Problem(
                 503,
@@ -86,14 +88,14 @@ class TokenWrites:
     ) -> Outcome:
         if principal.restricted:
             return Problem(403, "only an unrestricted admin token may revoke tokens")
-        idem = self._flow.idempotency(principal, key, lambda _stored: (204, {}))
+        idem = self.flow.idempotency(principal, key, lambda _stored: (204, {}))
         try:
-            result = self._tokens.revoke_token(token_id, actor=principal.name, idempotency=idem)
+            result = self.tokens.revoke_token(token_id, actor=principal.name, idempotency=idem)
         except OutcomeUnknown as exc:
             return unknown(exc, key)
         if isinstance(result, Replayed):
             return Done({}, status=204, replayed=True) if result.same_request else key_reused()
         if not result:
             return Problem(404, f"no active token {token_id!r}")
-        self._flow.applied()
+        self.flow.applied()
         return Done({}, status=204)
