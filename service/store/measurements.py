@@ -324,18 +324,7 @@ class MeasurementStore:
             )
             # every replica forgets these failures in place when it reads this row
             # (service/evidence/sync.py): the rows it read before are not read again
-            s.add(
-                EvidenceClearRow(
-                    at=now,
-                    device_name=situation.device,
-                    capability=situation.capability,
-                    dims=situation.dims,
-                    dtype=situation.dtype,
-                    packages=situation.packages,
-                    engine=situation.engine,
-                    backend=backend,
-                )
-            )
+            s.add(_clear_row(situation, backend, now))
             bump(s, "evidence_version")
             if idempotency is not None:
                 idempotency.keep(s, cleared)
@@ -429,3 +418,10 @@ def _request(
         return SelectRequest.model_validate(request_from_shape(shape_json, cluster, node, pod))
     except ValueError:
         return None
+
+
+def _clear_row(situation: Situation, backend: str | None, now: datetime) -> EvidenceClearRow:
+    """A clear's row: the situation's fields are its columns (the device's name under
+    ``device_name``), so a field the situation gains cannot be left out of its clears."""
+    columns = asdict(situation)
+    return EvidenceClearRow(at=now, device_name=columns.pop("device"), backend=backend, **columns)
