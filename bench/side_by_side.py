@@ -61,10 +61,12 @@ SCALE_OPERATIONS = (
 
 
 def python_of(tree: Path) -> str:
-    py = tree / ".venv" / "bin" / "python"
-    if not py.exists():
-        sys.exit(f"{tree}: no .venv (python3 -m venv .venv && .venv/bin/pip install -e '.[test]')")
-    return str(py)
+    """The checkout's own environment: ``.venv``, else the one ``.ci/run`` made."""
+    for venv in (".venv", ".ci/.venv"):
+        py = tree / venv / "bin" / "python"
+        if py.exists():
+            return str(py)
+    sys.exit(f"{tree}: no .venv (python3 -m venv .venv && .venv/bin/pip install -e '.[test]')")
 
 
 def commit_of(tree: Path) -> str:
