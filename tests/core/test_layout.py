@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -239,6 +240,22 @@ def test_no_generic_top_level_names_are_installed(tmp_path: Path) -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_every_package_folder_is_in_the_wheel() -> None:
+    """pyproject lists the packages the wheel (and so the image) carries, one by one: a
+    new folder of modules that is not listed imports in an editable
+    checkout and is missing from every installed copy."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {  # every folder holding Python modules, with an __init__.py or without
+        module_name(py.parent / "__init__.py")
+        for part in PARTS.values()
+        for py in (ROOT / part).rglob("*.py")
+    }
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+    assert listed - found == set(), f"listed but not found: {sorted(listed - found)}"
 
 
 def _service_graph() -> dict[str, set[str]]:

@@ -6,10 +6,11 @@ continued with an opaque cursor; its facets; refused selects. What is read is
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from mla_switchboard.core.schemas import (
@@ -73,6 +74,30 @@ StageQ = Annotated[
 ]
 
 
+@dataclass
+class PodFilterParams:
+    """The filters ``GET /v1/pods`` and its facets share, as one FastAPI dependency:
+    both routes take the same query parameters, checked the same way."""
+
+    cluster: ClusterQ = None
+    backend: BackendName | None = None
+    source: Source | None = None
+    engine: EngineName | None = None
+    gpu: GpuQ = None
+    stage: StageQ = None
+
+    def query(self, prefix: str | None = None) -> PodQuery:
+        return PodQuery(
+            cluster=self.cluster,
+            backend=None if self.backend is None else self.backend.value,
+            source=self.source,
+            engine=self.engine,
+            gpu=self.gpu,
+            stage=self.stage,
+            prefix=prefix,
+        )
+
+
 @router.get(
     "/pods",
     response_model=PodPage,
@@ -82,12 +107,7 @@ StageQ = Annotated[
 def list_pods(
     pods: PodsDep,
     principal: ViewerDep,
-    cluster: ClusterQ = None,
-    backend: BackendName | None = None,
-    source: Source | None = None,
-    engine: EngineName | None = None,
-    gpu: GpuQ = None,
-    stage: StageQ = None,
+    where: Annotated[PodFilterParams, Depends()],
     q: Annotated[
         str | None,
         Query(min_length=1, max_length=253, pattern=NO_NUL, description="pod or node name prefix"),
@@ -98,8 +118,7 @@ def list_pods(
 ) -> Response:
     """One page of the caller's live fleet, filtered in the store. The ETag is the
     page's content: a console polling a page that did not change gets a 304."""
-    query = _query(cluster, backend, source, engine, gpu, stage, prefix=q)
-    items, last = pods.page(principal, query, after=_cursor(cursor), limit=limit)
+    items, last = pods.page(principal, where.query(prefix=q), after=_cursor(cursor), limit=limit)
     page = {"items": items, "next_cursor": None if last is None else _encode(last)}
     return conditional(jsonable_encoder(page), if_none_match)
 
@@ -112,12 +131,7 @@ def list_pods(
 def pod_facets(
     pods: PodsDep,
     principal: ViewerDep,
-    cluster: ClusterQ = None,
-    backend: BackendName | None = None,
-    source: Source | None = None,
-    engine: EngineName | None = None,
-    gpu: GpuQ = None,
-    stage: StageQ = None,
+    where: Annotated[PodFilterParams, Depends()],
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Every value of each ``GET /v1/pods`` filter in the caller's live fleet, with the
@@ -126,31 +140,10 @@ def pod_facets(
     cluster, so another can be picked), and ``pods``: how many pods these filters keep
     (``q`` aside), so that a console can fill its filter lists and say "1-100 of 3,412".
     Read from the fleet's counts: O(groups x filters), whatever the number of pods."""
-    query = _query(cluster, backend, source, engine, gpu, stage)
-    etag, body = pods.facets(principal, query, lambda e: etag_matches(if_none_match, e))
+    etag, body = pods.facets(principal, where.query(), lambda e: etag_matches(if_none_match, e))
     if body is None:
         return Response(status_code=304, headers={"ETag": etag})
     return JSONResponse(body, headers={"ETag": etag})
-
-
-def _query(
-    cluster: str | None,
-    backend: BackendName | None,
-    source: str | None,
-    engine: EngineName | None,
-    gpu: str | None,
-    stage: str | None,
-    prefix: str | None = None,
-) -> PodQuery:
-    return PodQuery(
-        cluster=cluster,
-        backend=None if backend is None else backend.value,
-        source=source,
-        engine=engine,
-        gpu=gpu,
-        stage=stage,
-        prefix=prefix,
-    )
 
 
 def _encode(key: Position) -> str:
