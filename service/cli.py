@@ -28,7 +28,7 @@ from mla_switchboard.service.messages import (
 
 if TYPE_CHECKING:
     from mla_switchboard.service.config import Settings
-    from mla_switchboard.service.runtime import Runtime
+    from mla_switchboard.service.store import Store
 
 # Imports stay inside the subcommands: `switchboard token list` need not load FastAPI.
 
@@ -63,7 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 1
     if runtime.bootstrap_token is None and runtime.store.tokens.count_tokens() == 0:
-        token = _create_token(runtime, name="initial-admin", role="admin", clusters=None)
+        token = _create_token(runtime.store, name="initial-admin", role="admin", clusters=None)
         url = f"http://{args.host}:{args.port}/"
         print(
             "switchboard: first start, no token configured. Created an admin token; it is "
@@ -88,11 +88,11 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _create_token(runtime: Runtime, *, name: str, role: str, clusters: list[str] | None) -> str:
+def _create_token(store: Store, *, name: str, role: str, clusters: list[str] | None) -> str:
     from mla_switchboard.service.auth import new_token
 
     token_id, token, secret_hash = new_token()
-    runtime.store.tokens.create_token(
+    store.tokens.create_token(
         token_id=token_id,
         name=name,
         role=role,
@@ -103,9 +103,22 @@ def _create_token(runtime: Runtime, *, name: str, role: str, clusters: list[str]
     return token
 
 
+def _open_store(settings: Settings) -> Store:
+    """The store alone, migrated and seeded: a token command reads and writes rows and
+    needs none of the running service (its recorder, evidence or background loops),
+    so it starts in a fraction of the time ``Runtime`` takes."""
+    from mla_switchboard.service.store import Store
+    from mla_switchboard.service.store.db import make_engine, migrate
+
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    store = Store(engine)
+    store.config.ensure_seeded()
+    return store
+
+
 def _token(args: argparse.Namespace) -> int:
     from mla_switchboard.service.config import Settings
-    from mla_switchboard.service.runtime import Runtime
     from mla_switchboard.service.store.db import StoreConfigError
 
     settings = Settings()
@@ -118,13 +131,12 @@ def _token(args: argparse.Namespace) -> int:
         print(f"switchboard token: {problem}", file=sys.stderr)
         return 2
     try:
-        runtime = Runtime(settings)
-        runtime.prepare_store()
+        store = _open_store(settings)
     except StoreConfigError as exc:
         print(f"switchboard token: {exc}", file=sys.stderr)
         return 2
     if args.token_command == "create":
-        token = _create_token(runtime, name=args.name, role=args.role, clusters=args.clusters)
+        token = _create_token(store, name=args.name, role=args.role, clusters=args.clusters)
         print(token)
         return 0
     if args.token_command == "revoke":
@@ -136,12 +148,12 @@ def _token(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        if not runtime.store.tokens.revoke_token(token_id, actor="cli"):
+        if not store.tokens.revoke_token(token_id, actor="cli"):
             print(f"switchboard: no active token with id {token_id}", file=sys.stderr)
             return 1
         print(f"switchboard: revoked token {token_id}", file=sys.stderr)
         return 0
-    for t in runtime.store.config.load_config().tokens.values():
+    for t in store.config.load_config().tokens.values():
         state = "revoked" if t.revoked else "active"
         scope = ",".join(t.clusters) if t.clusters else "*"
         print(f"{t.id}\t{t.name}\t{t.role}\t{scope}\t{state}")
