@@ -139,13 +139,6 @@ def check_scope(principal: Principal, cluster: str) -> None:
         fail(403, principal.out_of_scope(cluster))
 
 
-def check_visible(principal: Principal, cluster: str, what: str) -> None:
-    """Reads outside a token's clusters are answered as if there were nothing there
-    (404): a scoped viewer learns nothing of other clusters, not even that they exist."""
-    if not principal.may_see(cluster):
-        fail(404, f"no {what}")
-
-
 def metrics_scope(request: Request) -> Callable[[str], bool] | None:
     """Which cluster labels ``/metrics`` may show this caller: none without a token
     (401 when ``SWITCHBOARD_METRICS_REQUIRE_TOKEN`` is on), a viewer token's clusters."""
