@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import (
     NO_NUL,
@@ -27,7 +27,8 @@ from mla_switchboard.service.api.deps import (
     ViewerDep,
 )
 from mla_switchboard.service.api.etags import conditional
-from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
+from mla_switchboard.service.api.outcomes import respond
+from mla_switchboard.service.api.params import IdempotencyKeyHeader, IfNoneMatch
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.writes import IdempotencyKey
 from pydantic import (
@@ -160,7 +161,7 @@ def audit(
     # ASCII digits only, at most 18 (below 2**63): str.isdigit() let "²" through to
     # int() and 20 digits overflowed the database's integer, both answered 500.
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     """Answered with an ETag of its content: a poll that finds nothing new gets 304."""
     page = reads.page(
