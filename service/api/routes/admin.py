@@ -30,6 +30,7 @@ from mla_switchboard.service.api.etags import conditional
 from mla_switchboard.service.api.outcomes import respond
 from mla_switchboard.service.api.params import IdempotencyKeyHeader, IfNoneMatch
 from mla_switchboard.service.fleet.preview import Preview
+from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.writes import IdempotencyKey
 from pydantic import (
     BaseModel,
@@ -224,16 +225,14 @@ async def preview(body: PreviewRequest, previews: PreviewsDep, principal: Viewer
     fleet is replayed by group in a worker thread, and the answer kept until a version
     it depends on moves (see service/fleet/reads.py); a kept one is sent from the
     event loop at once."""
-    proposal: dict[str, Any] = {"principal": principal}
     if body.rules is not None:
-        proposal["rules"] = body.rules
+        proposal = Proposal(rules=body.rules)
     elif body.override is not None:
         # as PUT /v1/overrides stores it: a staged override with its rollout's state
         # (its id chooses the stage's pods, as the write will)
         scope = body.override.cluster
         spec = OverrideSpec.model_validate(body.override.model_dump(exclude={"cluster"}))
-        proposal["override_scope"] = scope
-        proposal["override"] = Override.model_validate(
+        override = Override.model_validate(
             {
                 **rollouts.stored_payload(scope, spec, datetime.now(UTC)),
                 "cluster": scope,
@@ -242,9 +241,10 @@ async def preview(body: PreviewRequest, previews: PreviewsDep, principal: Viewer
                 "revision": 0,
             }
         )
+        proposal = Proposal(override_scope=scope, override=override)
     else:
-        proposal["override_scope"], proposal["override"] = body.delete_override, None
-    answer = previews.kept_preview(**proposal)
+        proposal = Proposal(override_scope=body.delete_override, override=None)
+    answer = previews.kept_preview(principal, proposal)
     if answer is None:
-        answer = await run_in_threadpool(lambda: previews.preview(**proposal))
+        answer = await run_in_threadpool(lambda: previews.preview(principal, proposal))
     return Response(answer.model_dump_json(), media_type="application/json")
