@@ -1,7 +1,7 @@
 """The agent's failure kinds, one per exit code of ``switchboard select``.
 
 Kept apart from the modules that raise them so that the CLI can map them to exit
-codes (2 for bad input, 1 for the rest) without importing torch or httpx first.
+codes (:func:`exit_code`) without importing torch or httpx first.
 """
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the CLI imports this module before pydantic is needed
     from mla_switchboard.core.schemas import Candidate, SelectRequest
 
-__all__ = ["AgentError", "BadInputError", "KernelBuildError", "NoBackendError", "TokenRefused"]
+__all__ = [
+    "AgentError",
+    "BadInputError",
+    "KernelBuildError",
+    "NoBackendError",
+    "TokenRefused",
+    "exit_code",
+]
 
 
 class AgentError(Exception):
@@ -68,3 +75,13 @@ class KernelBuildError(AgentError):
 class TokenRefused(AgentError):
     """The service refused the pod's token (401/403) and the caller asked to fail on it
     (``--fail-on-auth-error``) rather than boot on the seed rules (exit code 3)."""
+
+
+def exit_code(error: AgentError) -> int:
+    """The exit code a command ends with for ``error``: 2 bad input, 3 a refused token,
+    1 the rest (a ``NoBackendError`` is the commands' own to answer first)."""
+    if isinstance(error, BadInputError):
+        return 2
+    if isinstance(error, TokenRefused):
+        return 3
+    return 1

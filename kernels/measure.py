@@ -243,10 +243,22 @@ def reference_outputs(
     Same arguments, same seed, same inputs: computing this once and passing it as
     ``reference=`` lets a sweep check many backends against one reference.
     """
-    from mla_switchboard.kernels.torch_sdpa import TorchSdpaPrefill
-
     torch_dtype, _ = resolve_dtype(dtype)
     inputs = _check_batch(num_heads, dims, seqlens, q_shorter_than_kv, torch_dtype, device, seed)
+    return _reference(inputs, num_heads, dims, softmax_scale, causal, device)
+
+
+def _reference(
+    inputs: dict[str, Any],
+    num_heads: int,
+    dims: MLADims,
+    softmax_scale: float,
+    causal: bool,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 TORCH_SDPA ``(out, lse)`` for a batch (``inputs`` are left as they are)."""
+    from mla_switchboard.kernels.torch_sdpa import TorchSdpaPrefill
+
     ref_kernel = TorchSdpaPrefill.create(
         num_heads,
         dims.qk_nope_head_dim,
@@ -256,9 +268,8 @@ def reference_outputs(
         torch.float32,
         device,
     )
-    for name in ("q", "k", "v"):
-        inputs[name] = inputs[name].float()
-    out, lse = ref_kernel.prefill(**inputs, causal=causal, return_lse=True)
+    fp32 = {**inputs, **{name: inputs[name].float() for name in ("q", "k", "v")}}
+    out, lse = ref_kernel.prefill(**fp32, causal=causal, return_lse=True)
     return out, lse
 
 
@@ -298,17 +309,9 @@ def reference_check(
     inputs = _check_batch(
         inst.num_heads, inst.dims, seqlens, q_shorter_than_kv, torch_dtype, device, seed
     )
-    if reference is None:
-        reference = reference_outputs(
-            num_heads=inst.num_heads,
-            dims=inst.dims,
-            softmax_scale=inst.softmax_scale,
-            seqlens=seqlens,
-            causal=causal,
-            dtype=torch_dtype,
-            device=device,
-            q_shorter_than_kv=q_shorter_than_kv,
-            seed=seed,
+    if reference is None:  # from the batch the kernel runs: the same inputs, built once
+        reference = _reference(
+            inputs, inst.num_heads, inst.dims, inst.softmax_scale, causal, device
         )
     try:
         out, lse = _run_checked(inst, inputs, causal)

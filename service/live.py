@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store.config import ConfigStore
 
@@ -37,9 +38,7 @@ class LiveConfig:
         self._on_snapshot = on_snapshot
         self._on_versions = on_versions  # the evidence's versions ride on the same read
         self._metrics = metrics
-        self._poll_s = poll_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = Periodic("config-poller", poll_s, self._poll, log, housekeeping=False)
         self._lock = threading.Lock()
         self.snapshot: ConfigSnapshot | None = None
         self.checked_at: float | None = None  # monotonic: last time the store confirmed it
@@ -64,33 +63,30 @@ class LiveConfig:
 
     def start(self) -> None:
         self.reload()
-        self._thread = threading.Thread(target=self._poll, name="config-poller", daemon=True)
-        self._thread.start()
+        self._poller.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._poller.stop()
 
     def _poll(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                versions = self._config.versions()
-                version = versions.get("config_version", 0)
-                if self.snapshot is None or version != self.snapshot.version:
-                    self.reload()
-                else:
-                    self.checked_at = time.monotonic()
-                # never blocks: the fleet and the evidence are read elsewhere
-                self._on_versions(versions)
-                if self.degraded is not None:
-                    log.warning("config store reachable again")
-                self.degraded = None
-            except Exception as exc:
-                if self.degraded is None:
-                    log.warning("config store unreachable, serving the rules in memory: %s", exc)
-                self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
-                self._metrics.store_errors.labels(op="config_poll").inc()
+        """One round of the poller: its failures are said here (degraded), once."""
+        try:
+            versions = self._config.versions()
+            version = versions.get("config_version", 0)
+            if self.snapshot is None or version != self.snapshot.version:
+                self.reload()
+            else:
+                self.checked_at = time.monotonic()
+            # never blocks: the fleet and the evidence are read elsewhere
+            self._on_versions(versions)
+            if self.degraded is not None:
+                log.warning("config store reachable again")
+            self.degraded = None
+        except Exception as exc:
+            if self.degraded is None:
+                log.warning("config store unreachable, serving the rules in memory: %s", exc)
+            self.degraded = f"{type(exc).__name__}: {first_line(exc)}"
+            self._metrics.store_errors.labels(op="config_poll").inc()
 
 
 def fan_out(

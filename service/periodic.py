@@ -3,7 +3,9 @@
 The service's housekeeping (promoting rollout steps, taking stale pods out of the
 live fleet, storing refused-select counts) all runs this way: in a daemon thread,
 never on the event loop, and a round that fails (the database is away) is logged in
-one line and simply tried again at the next one.
+one line and simply tried again at the next one. So does the config poller
+(``service/live.py``), at the event loop's priority: replicas must see a write within
+its interval.
 """
 
 from __future__ import annotations
@@ -11,24 +13,27 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import lower_this_thread
 
 
+@dataclass(eq=False)
 class Periodic:
-    def __init__(
-        self, name: str, every_s: float, work: Callable[[], object], log: logging.Logger
-    ) -> None:
-        self._name = name
-        self._every_s = every_s
-        self._work = work
-        self._log = log
-        self.stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+    """``work`` every ``every_s`` seconds, in a daemon thread called ``name``, from
+    ``start`` until ``stop``; a ``housekeeping`` thread yields to the event loop."""
+
+    name: str
+    every_s: float
+    work: Callable[[], object]
+    log: logging.Logger
+    housekeeping: bool = field(default=True, kw_only=True)
+    stopping: threading.Event = field(default_factory=threading.Event, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -37,9 +42,10 @@ class Periodic:
             self._thread.join(5)
 
     def _loop(self) -> None:
-        lower_this_thread()  # housekeeping waits while the event loop wants the CPU
-        while not self.stopping.wait(self._every_s):
+        if self.housekeeping:
+            lower_this_thread()  # housekeeping waits while the event loop wants the CPU
+        while not self.stopping.wait(self.every_s):
             try:
-                self._work()
+                self.work()
             except Exception as exc:  # the store may be down: try again next round
-                self._log.warning("%s: %s: %s", self._name, type(exc).__name__, first_line(exc))
+                self.log.warning("%s: %s: %s", self.name, type(exc).__name__, first_line(exc))

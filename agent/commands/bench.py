@@ -25,7 +25,7 @@ from mla_switchboard.agent.commands.parsing import (
     positive_int,
     url_list,
 )
-from mla_switchboard.agent.errors import AgentError, BadInputError
+from mla_switchboard.agent.errors import AgentError, BadInputError, exit_code
 from mla_switchboard.agent.notes import log, to_stderr
 from mla_switchboard.agent.settings import URL, AgentSettings
 
@@ -153,12 +153,9 @@ def bench_main(
                 layers=args.layers,
                 settings=settings,
             )
-        except BadInputError as exc:
-            log.error("error: %s", exc)
-            return 2
         except AgentError as exc:
             log.error("error: %s", exc)
-            return 1
+            return exit_code(exc)
         bench.log_plan(plan)
         with bench.interruptible() as interrupts:
             outcome = bench.run_bench(

@@ -35,7 +35,7 @@ from mla_switchboard.agent.commands.parsing import (
     positive_float,
     url_list,
 )
-from mla_switchboard.agent.errors import AgentError, BadInputError, NoBackendError, TokenRefused
+from mla_switchboard.agent.errors import AgentError, BadInputError, NoBackendError, exit_code
 from mla_switchboard.agent.notes import Notes, log, to_stderr
 from mla_switchboard.agent.settings import (
     CACHE_DIR,
@@ -233,17 +233,11 @@ def select_main(argv: Sequence[str]) -> int:
                 fail_on_auth_error=args.fail_on_auth_error,
                 settings=settings,
             )
-        except BadInputError as exc:
-            log.error("error: %s", exc)
-            return 2
-        except TokenRefused as exc:
-            log.error("error: %s", exc)
-            return 3
         except NoBackendError as exc:
             return _refused(exc, args)
         except AgentError as exc:
             log.error("error: %s", exc)
-            return 1
+            return exit_code(exc)
         log.info("%s (%s)", result.backend, result.source)
         for message in result.messages:  # e.g. why a requested backend was not taken
             log.info("  %s", message)

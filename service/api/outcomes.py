@@ -4,23 +4,9 @@ field as FastAPI's validation errors do)."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import Header
 from fastapi.responses import JSONResponse, Response
 from mla_switchboard.service.api.deps import fail, invalid
 from mla_switchboard.service.outcomes import Done, Outcome
-from mla_switchboard.service.writes import IDEMPOTENCY_KEY_PATTERN
-
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        pattern=IDEMPOTENCY_KEY_PATTERN,
-        description="makes a retry safe: a second request with the same key gets the first "
-        "one's answer instead of a second change (kept 24 h, per token); 1-200 printable "
-        "ASCII characters, e.g. a UUID",
-    ),
-]
 
 
 def respond(outcome: Outcome) -> Response:

@@ -523,20 +523,10 @@ async function applyEdit() {
   const scope = editor.previewScope;
   const seq = dialog.seq;
   const apply = $("ed-apply");
-  apply.disabled = true;
   const key = keyFor(editor, [scope, editor.spec, editor.etag]);
-  let r;
-  try {
-    r = await send("PUT", `/v1/overrides/${enc(scope)}`,
-      { body: editor.spec, ifMatch: editor.etag, key });
-  } catch (err) {
-    if (dialogLive(seq)) {
-      actionFailed("ed-error", err);
-      apply.disabled = false; // the same key: a retry applies once
-    }
-    return;
-  }
-  if (!dialogLive(seq)) return;
+  const r = await sendFromDialog(seq, "ed-error", apply, "PUT", `/v1/overrides/${enc(scope)}`,
+    { body: editor.spec, ifMatch: editor.etag, key });
+  if (r === null) return;
   if (r.status === 412) {
     await showConflict(scope, seq);
     return;
@@ -636,6 +626,43 @@ function actionFailed(errorId, err) {
     : String(err.message || err));
 }
 
+/** The end of a dialog that confirms an audited write, its ids starting ``prefix``: the
+ *  note (why, for the audit log), the error line, Cancel and the confirming button. */
+function confirmEnd(prefix, label, attrs, confirm) {
+  return [
+    field("Note (why: goes to the audit log)", `${prefix}-note`,
+      h("textarea", { id: `${prefix}-note`, rows: 2, maxlength: 2000 })),
+    errorBox(`${prefix}-error`),
+    h("div", { class: "dialog-actions" },
+      button("Cancel", { class: "btn btn-quiet" }, closeDialog),
+      button(label, { ...attrs, id: `${prefix}-confirm` }, guarded(confirm)))];
+}
+
+/** The note typed in such a dialog; null, said in its error line, when it is blank. */
+function auditNote(prefix) {
+  const note = $(`${prefix}-note`).value.trim();
+  if (!note) setError(`${prefix}-error`, "Note: say why (it goes to the audit log).");
+  return note || null;
+}
+
+/** Send the write a dialog confirms, its button disabled meanwhile. The answer, or null
+ *  when there is none to show: the request failed (said in ``errorId``, the button
+ *  enabled again: a retry with the same key applies once) or the dialog was closed or
+ *  replaced while it was on its way. */
+async function sendFromDialog(seq, errorId, confirm, method, path, options) {
+  confirm.disabled = true;
+  try {
+    const r = await send(method, path, options);
+    return dialogLive(seq) ? r : null;
+  } catch (err) {
+    if (dialogLive(seq)) {
+      actionFailed(errorId, err);
+      confirm.disabled = false;
+    }
+    return null;
+  }
+}
+
 // ---------------------------------------------------------------- removing an override
 
 async function openRemove(scope) {
@@ -651,13 +678,8 @@ async function openRemove(scope) {
     h("p", {}, "Pods go back to what the rules give them, each at its next boot",
       got.body.rollout ? " (its rollout ends with it)" : "", "."),
     h("div", { id: "rm-preview", class: "ed-preview" }, h("p", { class: "muted" }, "Dry run…")),
-    field("Note (why: goes to the audit log)", "rm-note",
-      h("textarea", { id: "rm-note", rows: 2, maxlength: 2000 })),
-    errorBox("rm-error"),
-    h("div", { class: "dialog-actions" },
-      button("Cancel", { class: "btn btn-quiet" }, closeDialog),
-      button("Remove override", { class: "btn btn-danger", id: "rm-confirm", disabled: true },
-        guarded(() => confirmRemove(scope, got.etag, holder, seq)))));
+    ...confirmEnd("rm", "Remove override", { class: "btn btn-danger", disabled: true },
+      () => confirmRemove(scope, got.etag, holder, seq)));
   const dry = await send("DELETE", `/v1/overrides/${enc(scope)}?dry_run=true`);
   if (!dialogLive(seq)) return;
   if (!dry.ok) {
@@ -670,25 +692,13 @@ async function openRemove(scope) {
 }
 
 async function confirmRemove(scope, etag, holder, seq) {
-  const note = $("rm-note").value.trim();
-  if (!note) {
-    setError("rm-error", "Note: say why (it goes to the audit log).");
-    return;
-  }
+  const note = auditNote("rm");
+  if (note === null) return;
   setError("rm-error", "");
-  $("rm-confirm").disabled = true;
-  let r;
-  try {
-    r = await send("DELETE", `/v1/overrides/${enc(scope)}?note=${encodeURIComponent(note)}`,
-      { ifMatch: etag, key: keyFor(holder, [scope, note, etag]) });
-  } catch (err) {
-    if (dialogLive(seq)) {
-      actionFailed("rm-error", err);
-      $("rm-confirm").disabled = false;
-    }
-    return;
-  }
-  if (!dialogLive(seq)) return;
+  const r = await sendFromDialog(seq, "rm-error", $("rm-confirm"), "DELETE",
+    `/v1/overrides/${enc(scope)}?note=${encodeURIComponent(note)}`,
+    { ifMatch: etag, key: keyFor(holder, [scope, note, etag]) });
+  if (r === null) return;
   if (r.status === 412 || r.status === 404) {
     await staleAction(scope, "rm-error", seq, () => openRemove(scope));
     refreshAll();
@@ -742,13 +752,9 @@ async function openRolloutAction(scope, action) {
       : null,
     h("p", { id: "ra-change", class: "state-change" }),
     h("div", { id: "ra-preview", class: "ed-preview" }, h("p", { class: "muted" }, "Dry run…")),
-    field("Note (why: goes to the audit log)", "ra-note",
-      h("textarea", { id: "ra-note", rows: 2, maxlength: 2000 })),
-    errorBox("ra-error"),
-    h("div", { class: "dialog-actions" },
-      button("Cancel", { class: "btn btn-quiet" }, closeDialog),
-      button(verb, { class: `btn ${action === "halt" ? "btn-danger" : "btn-primary"}`,
-        id: "ra-confirm", disabled: true }, guarded(() => confirmRolloutAction(ctx, seq)))));
+    ...confirmEnd("ra", verb,
+      { class: `btn ${action === "halt" ? "btn-danger" : "btn-primary"}`, disabled: true },
+      () => confirmRolloutAction(ctx, seq)));
   ctx.seq = seq;
   if (action === "promote") {
     // a new target is a new dry run (after a pause in typing)
@@ -804,27 +810,15 @@ function refusal(r) {
 }
 
 async function confirmRolloutAction(ctx, seq) {
-  const note = $("ra-note").value.trim();
-  if (!note) {
-    setError("ra-error", "Note: say why (it goes to the audit log).");
-    return;
-  }
+  const note = auditNote("ra");
+  if (note === null) return;
   setError("ra-error", "");
   const body = rolloutBody(ctx, note);
   const confirm = $("ra-confirm");
-  confirm.disabled = true;
-  let r;
-  try {
-    r = await send("POST", `/v1/overrides/${enc(ctx.scope)}/rollout`,
-      { body, ifMatch: ctx.etag, key: keyFor(ctx, [ctx.scope, body, ctx.etag]) });
-  } catch (err) {
-    if (dialogLive(seq)) {
-      actionFailed("ra-error", err);
-      confirm.disabled = false;
-    }
-    return;
-  }
-  if (!dialogLive(seq)) return;
+  const r = await sendFromDialog(seq, "ra-error", confirm, "POST",
+    `/v1/overrides/${enc(ctx.scope)}/rollout`,
+    { body, ifMatch: ctx.etag, key: keyFor(ctx, [ctx.scope, body, ctx.etag]) });
+  if (r === null) return;
   if (r.status === 412) {
     await staleAction(ctx.scope, "ra-error", seq, () => openRolloutAction(ctx.scope, ctx.action));
     refreshAll();
@@ -863,37 +857,19 @@ function openClear(g) {
     h("p", { class: "action-what" }, "Clearing them (after a fix: a new driver, a patched " +
       "kernel) lets measured selection pick the backend again, on every replica within the " +
       "poll interval. Every cleared report stays in the store."),
-    field("Note (why: goes to the audit log)", "cf-note",
-      h("textarea", { id: "cf-note", rows: 2, maxlength: 2000 })),
-    errorBox("cf-error"),
-    h("div", { class: "dialog-actions" },
-      button("Cancel", { class: "btn btn-quiet" }, closeDialog),
-      button("Clear failures", { class: "btn btn-danger", id: "cf-confirm" },
-        guarded(() => confirmClear(g, holder, seq)))));
+    ...confirmEnd("cf", "Clear failures", { class: "btn btn-danger" },
+      () => confirmClear(g, holder, seq)));
   return seq;
 }
 
 async function confirmClear(g, holder, seq) {
-  const note = $("cf-note").value.trim();
-  if (!note) {
-    setError("cf-error", "Note: say why (it goes to the audit log).");
-    return;
-  }
+  const note = auditNote("cf");
+  if (note === null) return;
   const body = { device: g.device, capability: g.capability, dims: g.dims, dtype: g.dtype,
     packages: g.packages || {}, engine: g.engine, backend: g.backend, note };
-  $("cf-confirm").disabled = true;
-  let r;
-  try {
-    r = await send("POST", "/v1/measurements/failures/clear",
-      { body, key: keyFor(holder, body) });
-  } catch (err) {
-    if (dialogLive(seq)) {
-      actionFailed("cf-error", err);
-      $("cf-confirm").disabled = false;
-    }
-    return;
-  }
-  if (!dialogLive(seq)) return;
+  const r = await sendFromDialog(seq, "cf-error", $("cf-confirm"), "POST",
+    "/v1/measurements/failures/clear", { body, key: keyFor(holder, body) });
+  if (r === null) return;
   if (!r.ok) {
     setError("cf-error", `Not cleared (${r.status}): ${r.message}`);
     $("cf-confirm").disabled = false;

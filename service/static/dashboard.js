@@ -207,6 +207,18 @@ async function api(path) {
   throw new ApiError(res.status, message, path);
 }
 
+/** ``path``'s answer, or null when this server does not have the endpoint (it answers
+ *  404: an older service), so that its panel can say so and the rest still shows. Other
+ *  errors are thrown to refreshAll: auth errors sign out, others show the banner. */
+async function apiIfServed(path) {
+  try {
+    return await api(path);
+  } catch (err) {
+    if (err.status === 404) return null;
+    throw err;
+  }
+}
+
 /** Why the service refused, in one line: its message, or each 422 problem with its field
  *  ("rollout.percent: Input should be less than or equal to 100"). */
 function problemText(status, body) {
@@ -1039,20 +1051,14 @@ function notAvailable(what, path) {
 }
 
 async function loadOverrides() {
-  const box = $("overrides");
-  let data;
-  try {
-    data = await api("/v1/overrides");
-  } catch (err) {
-    if (err.status === 404) {
-      state.activeOverrides = null;
-      const kpi = $("kpi-overrides");
-      if (kpi) kpi.textContent = "–";
-      $("overrides-count").textContent = "";
-      box.replaceChildren(notAvailable("Overrides", "/v1/overrides"));
-      return;
-    }
-    throw err; // handled by refreshAll: auth errors sign out, others show the banner
+  const data = await apiIfServed("/v1/overrides");
+  if (data === null) {
+    state.activeOverrides = null;
+    const kpi = $("kpi-overrides");
+    if (kpi) kpi.textContent = "–";
+    $("overrides-count").textContent = "";
+    $("overrides").replaceChildren(notAvailable("Overrides", "/v1/overrides"));
+    return;
   }
   renderOverrides(data.items || []);
 }
@@ -1414,18 +1420,8 @@ function showExcludedCard() {
 /** Situations (GPU, capability, dims, dtype, engine, kernel packages) whose backends
  *  have failure reports: what POST /v1/measurements/failures/clear takes, one each. */
 async function loadSituations() {
-  let data;
-  try {
-    data = await api("/v1/measurements/summary");
-  } catch (err) {
-    if (err.status === 404) {
-      state.situations = [];
-      renderSituations();
-      return;
-    }
-    throw err;
-  }
-  state.situations = (data.groups || []).filter((g) => g.failures > 0);
+  const data = await apiIfServed("/v1/measurements/summary");
+  state.situations = ((data && data.groups) || []).filter((g) => g.failures > 0);
   renderSituations();
 }
 
@@ -1461,17 +1457,8 @@ function renderSituations() {
 /** "7 refused selects from prod-east in the last hour: missing bearer token": pods whose
  *  agent token is wrong boot on their agent's local answer, so this is where they show. */
 async function loadRefusals() {
-  let data;
-  try {
-    data = await api("/v1/refusals?hours=1");
-  } catch (err) {
-    if (err.status === 404) {
-      renderRefused([]);
-      return;
-    }
-    throw err;
-  }
-  renderRefused(data.items || []);
+  const data = await apiIfServed("/v1/refusals?hours=1");
+  renderRefused((data && data.items) || []);
 }
 
 function renderRefused(items) {
@@ -1494,16 +1481,11 @@ function renderRefused(items) {
 
 async function loadAudit() {
   const box = $("audit");
-  let data;
-  try {
-    data = await api("/v1/audit?limit=20");
-  } catch (err) {
-    if (err.status === 404) {
-      $("audit-count").textContent = "";
-      box.replaceChildren(notAvailable("The audit log is", "/v1/audit"));
-      return;
-    }
-    throw err;
+  const data = await apiIfServed("/v1/audit?limit=20");
+  if (data === null) {
+    $("audit-count").textContent = "";
+    box.replaceChildren(notAvailable("The audit log is", "/v1/audit"));
+    return;
   }
   const items = data.items || [];
   $("audit-count").textContent = items.length ? `last ${items.length}` : "";

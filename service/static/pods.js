@@ -112,12 +112,7 @@ async function loadPods({ quiet = false } = {}) {
  *  with fewer choices and no total). */
 async function loadFacets(f) {
   const { q, ...rest } = f; // facets count without the search: it is a prefix scan
-  try {
-    return await api(`/v1/pods/facets?${podQuery(rest)}`);
-  } catch (err) {
-    if (err.status === 404) return null;
-    throw err;
-  }
+  return apiIfServed(`/v1/pods/facets?${podQuery(rest)}`);
 }
 
 /** Fill a filter's select with ``values`` ([name, label]), keeping what is chosen even

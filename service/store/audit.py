@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from mla_switchboard.service.store.base import aware
+from mla_switchboard.service.store.base import aware, newest_first
 from mla_switchboard.service.store.models import AuditRow
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
@@ -51,15 +51,13 @@ class AuditStore:
         limit: int,
         before_id: int | None,
     ) -> list[dict[str, Any]]:
-        q = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit)
-        if action is not None:
-            q = q.where(AuditRow.action == action)
-        if target is not None:
-            q = q.where(AuditRow.target == target)
-        if actor is not None:
-            q = q.where(AuditRow.actor == actor)
-        if before_id is not None:
-            q = q.where(AuditRow.id < before_id)
+        q = newest_first(
+            select(AuditRow),
+            AuditRow.id,
+            limit=limit,
+            before_id=before_id,
+            equal=((AuditRow.action, action), (AuditRow.target, target), (AuditRow.actor, actor)),
+        )
         with Session(self.engine) as s:
             return [
                 {

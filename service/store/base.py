@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mla_switchboard.service.store.models import IdempotencyRow, Meta
-from sqlalchemy import Engine, delete, select, update
+from sqlalchemy import Engine, Select, delete, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,26 @@ class Refused(Exception):
 def aware(value: datetime) -> datetime:
     # SQLite hands back naive datetimes; everything we store is UTC.
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def newest_first(
+    q: Select[Any],
+    id_column: Any,
+    *,
+    limit: int,
+    before_id: object | None,
+    equal: Iterable[tuple[Any, object | None]],
+) -> Select[Any]:
+    """A page of a log, newest first (the audit trail, the decisions): at most ``limit``
+    rows with an id below ``before_id`` (None: from the newest), and each column of
+    ``equal`` equal to its value (a value of None: any)."""
+    q = q.order_by(id_column.desc()).limit(limit)
+    for column, value in equal:
+        if value is not None:
+            q = q.where(column == value)
+    if before_id is not None:
+        q = q.where(id_column < before_id)
+    return q
 
 
 def bump(s: Session, key: str = "config_version") -> int:

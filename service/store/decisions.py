@@ -23,7 +23,7 @@ from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
 from mla_switchboard.service.fleet.shapes import Shape, request_from_shape, shape_of_json
 from mla_switchboard.service.state import DecisionRecord, PodState
-from mla_switchboard.service.store.base import aware
+from mla_switchboard.service.store.base import aware, newest_first
 from mla_switchboard.service.store.models import AnswerRow, DecisionRow, PodLatest, ShapeRow
 from mla_switchboard.service.store.rows import Decision, PodPointer, columns
 from sqlalchemy import Connection, Engine, delete, func, select, tuple_
@@ -406,15 +406,17 @@ class DecisionStore:
         limit: int,
         before_id: str | None,
     ) -> list[DecisionRecord]:
-        q = self._with_request().order_by(DecisionRow.id.desc()).limit(limit)
-        if cluster is not None:
-            q = q.where(DecisionRow.cluster == cluster)
-        if backend is not None:
-            q = q.where(DecisionRow.backend == backend)
-        if pod is not None:
-            q = q.where(DecisionRow.pod == pod)
-        if before_id is not None:
-            q = q.where(DecisionRow.id < before_id)
+        q = newest_first(
+            self._with_request(),
+            DecisionRow.id,
+            limit=limit,
+            before_id=before_id,
+            equal=(
+                (DecisionRow.cluster, cluster),
+                (DecisionRow.backend, backend),
+                (DecisionRow.pod, pod),
+            ),
+        )
         with Session(self.engine) as s:
             return [_decision(row.DecisionRow, row.request) for row in s.execute(q)]
 

@@ -55,44 +55,33 @@ class TokenStore:
         """Create a token; a retry with the same ``idempotency`` key is answered with
         what the first request stored (never the secret: it is not stored)."""
         try:
-            return self._create(token_id, name, role, clusters, secret_hash, actor, idempotency)
+            with admin_write(self.engine, idempotency) as (s, _):
+                s.add(
+                    TokenRow(
+                        id=token_id,
+                        name=name,
+                        role=role,
+                        clusters=None if clusters is None else list(clusters),
+                        secret_hash=secret_hash,
+                        created_at=datetime.now(UTC),
+                        created_by=actor,
+                    )
+                )
+                add_audit(
+                    s,
+                    actor=actor,
+                    action="token.create",
+                    target=name,
+                    before=None,
+                    after={"id": token_id, "name": name, "role": role, "clusters": clusters},
+                    note=None,
+                    preview=None,
+                )
+                if idempotency is not None:
+                    idempotency.keep(s, token_id)
         except Refused as refused:
             return refused.result  # type: ignore[no-any-return]
-
-    def _create(
-        self,
-        token_id: str,
-        name: str,
-        role: str,
-        clusters: Sequence[str] | None,
-        secret_hash: str,
-        actor: str,
-        idempotency: Idempotency | None,
-    ) -> None:
-        with admin_write(self.engine, idempotency) as (s, _):
-            s.add(
-                TokenRow(
-                    id=token_id,
-                    name=name,
-                    role=role,
-                    clusters=None if clusters is None else list(clusters),
-                    secret_hash=secret_hash,
-                    created_at=datetime.now(UTC),
-                    created_by=actor,
-                )
-            )
-            add_audit(
-                s,
-                actor=actor,
-                action="token.create",
-                target=name,
-                before=None,
-                after={"id": token_id, "name": name, "role": role, "clusters": clusters},
-                note=None,
-                preview=None,
-            )
-            if idempotency is not None:
-                idempotency.keep(s, token_id)
+        return None
 
     def revoke_token(
         self, token_id: str, *, actor: str, idempotency: Idempotency | None = None

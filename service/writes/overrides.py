@@ -14,6 +14,7 @@ from mla_switchboard.core.rollouts import RolloutAction
 from mla_switchboard.core.schemas import Override, OverrideSpec, Rollout
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
+from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
@@ -61,7 +62,7 @@ class OverrideWrites:
             }
         )
         preview = self.previews.preview(
-            principal=principal, override_scope=cluster, override=proposed
+            principal, Proposal(override_scope=cluster, override=proposed)
         )
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
@@ -102,7 +103,7 @@ class OverrideWrites:
                 replayed = key is not None and self.flow.replayed_elsewhere(principal, key)
                 if not replayed:
                     return Problem(404, f"no override for {cluster!r}")
-        preview = self.previews.preview(principal=principal, override_scope=cluster, override=None)
+        preview = self.previews.preview(principal, Proposal(override_scope=cluster, override=None))
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 
@@ -165,7 +166,7 @@ class OverrideWrites:
             return Problem(409, changed, extra={"state": current.rollout.state})
         proposed = current.model_copy(update={"rollout": changed})
         preview = self.previews.preview(
-            principal=principal, override_scope=cluster, override=proposed
+            principal, Proposal(override_scope=cluster, override=proposed)
         )
         if dry_run:
             return Done({"dry_run": True, "rollout": changed.model_dump(mode="json"),

@@ -9,6 +9,7 @@ from typing import Any
 
 from mla_switchboard.core.schemas import RulesDocument
 from mla_switchboard.service.auth import OutOfScope, Principal
+from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.reads.previews import Previews
@@ -48,7 +49,7 @@ class RulesWrites:
                 proposed = merge(self.live.current().rules)
             except OutOfScope as exc:
                 return Problem(403, str(exc))
-        preview = self.previews.preview(principal=principal, rules=proposed)
+        preview = self.previews.preview(principal, Proposal(rules=proposed))
         if dry_run:
             return Done({"dry_run": True, "preview": preview.model_dump()})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.schemas import (
     NO_NUL,
@@ -27,8 +27,10 @@ from mla_switchboard.service.api.deps import (
     ViewerDep,
 )
 from mla_switchboard.service.api.etags import conditional
-from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
+from mla_switchboard.service.api.outcomes import respond
+from mla_switchboard.service.api.params import IdempotencyKeyHeader, IfNoneMatch
 from mla_switchboard.service.fleet.preview import Preview
+from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.writes import IdempotencyKey
 from pydantic import (
     BaseModel,
@@ -160,7 +162,7 @@ def audit(
     # ASCII digits only, at most 18 (below 2**63): str.isdigit() let "²" through to
     # int() and 20 digits overflowed the database's integer, both answered 500.
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     """Answered with an ETag of its content: a poll that finds nothing new gets 304."""
     page = reads.page(
@@ -223,16 +225,14 @@ async def preview(body: PreviewRequest, previews: PreviewsDep, principal: Viewer
     fleet is replayed by group in a worker thread, and the answer kept until a version
     it depends on moves (see service/fleet/reads.py); a kept one is sent from the
     event loop at once."""
-    proposal: dict[str, Any] = {"principal": principal}
     if body.rules is not None:
-        proposal["rules"] = body.rules
+        proposal = Proposal(rules=body.rules)
     elif body.override is not None:
         # as PUT /v1/overrides stores it: a staged override with its rollout's state
         # (its id chooses the stage's pods, as the write will)
         scope = body.override.cluster
         spec = OverrideSpec.model_validate(body.override.model_dump(exclude={"cluster"}))
-        proposal["override_scope"] = scope
-        proposal["override"] = Override.model_validate(
+        override = Override.model_validate(
             {
                 **rollouts.stored_payload(scope, spec, datetime.now(UTC)),
                 "cluster": scope,
@@ -241,9 +241,10 @@ async def preview(body: PreviewRequest, previews: PreviewsDep, principal: Viewer
                 "revision": 0,
             }
         )
+        proposal = Proposal(override_scope=scope, override=override)
     else:
-        proposal["override_scope"], proposal["override"] = body.delete_override, None
-    answer = previews.kept_preview(**proposal)
+        proposal = Proposal(override_scope=body.delete_override, override=None)
+    answer = previews.kept_preview(principal, proposal)
     if answer is None:
-        answer = await run_in_threadpool(lambda: previews.preview(**proposal))
+        answer = await run_in_threadpool(lambda: previews.preview(principal, proposal))
     return Response(answer.model_dump_json(), media_type="application/json")

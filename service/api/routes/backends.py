@@ -9,12 +9,11 @@ with a release, so it is built once and a poll with its ETag costs a 304.
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Response
 from mla_switchboard.core.schemas import BackendsDocument, backends_document, error_responses
 from mla_switchboard.service.api.deps import ViewerDep
 from mla_switchboard.service.api.etags import conditional
+from mla_switchboard.service.api.params import IfNoneMatch
 
 router = APIRouter(prefix="/v1/backends", tags=["backends"], responses=error_responses(401, 403))
 
@@ -27,7 +26,5 @@ DOCUMENT = backends_document().model_dump(mode="json")
     responses={304: {"description": "If-None-Match matched"}},
     summary="Every backend: what it runs on, the packages it needs, its display order and colour",
 )
-def get_backends(
-    principal: ViewerDep, if_none_match: Annotated[str | None, Header()] = None
-) -> Response:
+def get_backends(principal: ViewerDep, if_none_match: IfNoneMatch = None) -> Response:
     return conditional(DOCUMENT, if_none_match)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Response
 from mla_switchboard.core.engines import OWN_ENGINE
 from mla_switchboard.core.evidence import Situation
 from mla_switchboard.core.schemas import (
@@ -27,7 +27,8 @@ from mla_switchboard.service.api.deps import (
     ViewerDep,
 )
 from mla_switchboard.service.api.etags import etag_matches
-from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
+from mla_switchboard.service.api.outcomes import respond
+from mla_switchboard.service.api.params import IdempotencyKeyHeader, IfNoneMatch
 from mla_switchboard.service.writes import IdempotencyKey
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -59,7 +60,7 @@ def report(body: MeasurementReport, reports: ReportsDep, principal: AgentDep) ->
 def summary(
     reads: FleetReadsDep,
     _: ViewerDep,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     """Groups are (device, capability, dims, dtype, kernel package versions, backend),
     over the evidence window (``SWITCHBOARD_MEASURED_MAX_AGE_DAYS``); ``failures``

@@ -9,11 +9,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Path, Response
 from fastapi.responses import JSONResponse
 from mla_switchboard.core.rollouts import RolloutAction
 from mla_switchboard.core.schemas import (
-    NO_NUL,
     NONBLANK,
     OVERRIDE_SCOPE_PATTERN,
     OverrideSpec,
@@ -28,9 +27,10 @@ from mla_switchboard.service.api.deps import (
     fail,
 )
 from mla_switchboard.service.api.etags import etag_matches
-from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
+from mla_switchboard.service.api.outcomes import respond
+from mla_switchboard.service.api.params import AuditNote, IfNoneMatch, WriteControlsDep
 from mla_switchboard.service.state import override_etag
-from mla_switchboard.service.writes import IdempotencyKey, shown
+from mla_switchboard.service.writes import shown
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
@@ -43,8 +43,6 @@ Scope = Annotated[
         description="a cluster name, or * for the whole fleet",
     ),
 ]
-DryRun = Annotated[bool, Query(description="answer the preview and change nothing")]
-IfMatch = Annotated[str | None, Header(description="ETag from a GET; stale -> 412")]
 
 
 @router.get(
@@ -55,7 +53,7 @@ IfMatch = Annotated[str | None, Header(description="ETag from a GET; stale -> 41
 def list_overrides(
     snapshot: SnapshotDep,
     principal: ViewerDep,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     snap = snapshot
     now = datetime.now(UTC)
@@ -78,7 +76,7 @@ def get_override(
     cluster: Scope,
     snapshot: SnapshotDep,
     principal: ViewerDep,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     found = next((o for o in snapshot.overrides if o.cluster == cluster), None)
     if found is None or not principal.may_see(cluster):
@@ -99,15 +97,14 @@ def put_override(
     spec: OverrideSpec,
     writes: OverrideWritesDep,
     principal: AdminDep,
-    dry_run: DryRun = False,
-    if_match: IfMatch = None,
-    idempotency_key: IdempotencyKeyHeader = None,
+    control: WriteControlsDep,
 ) -> Response:
-    key = IdempotencyKey.of(
-        idempotency_key, "PUT override", cluster, spec.model_dump(mode="json"), if_match
-    )
+    if_match = control.if_match
+    key = control.key("PUT override", cluster, spec.model_dump(mode="json"), if_match)
     return respond(
-        writes.put_override(principal, cluster, spec, if_match=if_match, dry_run=dry_run, key=key)
+        writes.put_override(
+            principal, cluster, spec, if_match=if_match, dry_run=control.dry_run, key=key
+        )
     )
 
 
@@ -120,15 +117,14 @@ def delete_override(
     cluster: Scope,
     writes: OverrideWritesDep,
     principal: AdminDep,
-    dry_run: DryRun = False,
-    if_match: IfMatch = None,
-    note: Annotated[str | None, Query(max_length=2000, pattern=NO_NUL)] = None,
-    idempotency_key: IdempotencyKeyHeader = None,
+    control: WriteControlsDep,
+    note: AuditNote = None,
 ) -> Response:
-    key = IdempotencyKey.of(idempotency_key, "DELETE override", cluster, note, if_match)
+    if_match = control.if_match
+    key = control.key("DELETE override", cluster, note, if_match)
     return respond(
         writes.delete_override(
-            principal, cluster, if_match=if_match, dry_run=dry_run, note=note, key=key
+            principal, cluster, if_match=if_match, dry_run=control.dry_run, note=note, key=key
         )
     )
 
@@ -171,15 +167,12 @@ def rollout_action(
     body: RolloutActionBody,
     writes: OverrideWritesDep,
     principal: AdminDep,
-    dry_run: DryRun = False,
-    if_match: IfMatch = None,
-    idempotency_key: IdempotencyKeyHeader = None,
+    control: WriteControlsDep,
 ) -> Response:
     """``?dry_run=true`` answers the rollout it would store and the preview of the pods
     that would change, and changes nothing: what the dashboard's confirmation shows."""
-    key = IdempotencyKey.of(
-        idempotency_key, "POST rollout", cluster, body.model_dump(mode="json"), if_match
-    )
+    if_match = control.if_match
+    key = control.key("POST rollout", cluster, body.model_dump(mode="json"), if_match)
     return respond(
         writes.rollout_action(
             principal,
@@ -188,7 +181,7 @@ def rollout_action(
             note=body.note,
             to=body.percent,
             if_match=if_match,
-            dry_run=dry_run,
+            dry_run=control.dry_run,
             key=key,
         )
     )

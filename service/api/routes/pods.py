@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from mla_switchboard.core.schemas import (
@@ -24,6 +24,7 @@ from mla_switchboard.core.schemas import (
 )
 from mla_switchboard.service.api.deps import PodsDep, RefusedDep, ViewerDep
 from mla_switchboard.service.api.etags import conditional, etag_matches
+from mla_switchboard.service.api.params import IfNoneMatch
 from mla_switchboard.service.reads.pods import PodQuery, Position
 from pydantic import BaseModel
 
@@ -114,7 +115,7 @@ def list_pods(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Cursor = None,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     """One page of the caller's live fleet, filtered in the store. The ETag is the
     page's content: a console polling a page that did not change gets a 304."""
@@ -132,7 +133,7 @@ def pod_facets(
     pods: PodsDep,
     principal: ViewerDep,
     where: Annotated[PodFilterParams, Depends()],
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     """Every value of each ``GET /v1/pods`` filter in the caller's live fleet, with the
     pods it would keep together with the *other* filters given (a faceted search: with
@@ -189,7 +190,7 @@ def refusals(
     refused: RefusedDep,
     principal: ViewerDep,
     hours: Annotated[int, Query(ge=1, le=168, description="how far back (hours)")] = 1,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     """Pods whose agent sent no token, an unknown or revoked one, one without the agent
     role, or one limited to other clusters: each such pod still boots (its agent

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Header, Query, Response
-from mla_switchboard.core.schemas import NO_NUL, RulesDocument, error_responses
+from fastapi import APIRouter, Response
+from mla_switchboard.core.schemas import RulesDocument, error_responses
 from mla_switchboard.service.api.deps import AdminDep, RulesWritesDep, SnapshotDep, ViewerDep
 from mla_switchboard.service.api.etags import etag_matches
-from mla_switchboard.service.api.outcomes import IdempotencyKeyHeader, respond
+from mla_switchboard.service.api.outcomes import respond
+from mla_switchboard.service.api.params import AuditNote, IfNoneMatch, WriteControlsDep
 from mla_switchboard.service.state import rules_etag
-from mla_switchboard.service.writes import IdempotencyKey
 
 router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=error_responses(401, 403))
 
@@ -25,7 +23,7 @@ def get_rules(
     snapshot: SnapshotDep,
     principal: ViewerDep,
     response: Response,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response | RulesDocument:
     rules = snapshot.rules
     etag = rules_etag(rules.revision or 0)
@@ -49,21 +47,14 @@ def put_rules(
     document: RulesDocument,
     writes: RulesWritesDep,
     principal: AdminDep,
-    dry_run: Annotated[bool, Query(description="answer the preview, change nothing")] = False,
-    if_match: Annotated[
-        str | None,
-        Header(description="ETag from GET; stale -> 412 (so is a stale revision in the body)"),
-    ] = None,
-    note: Annotated[
-        str | None, Query(max_length=2000, pattern=NO_NUL, description="why, for the audit log")
-    ] = None,
-    idempotency_key: IdempotencyKeyHeader = None,
+    control: WriteControlsDep,
+    note: AuditNote = None,
 ) -> Response:
-    key = IdempotencyKey.of(
-        idempotency_key, "PUT rules", document.model_dump(mode="json"), if_match, note
-    )
+    """A stale ``revision`` in the body is refused with 412, as a stale If-Match is."""
+    if_match = control.if_match
+    key = control.key("PUT rules", document.model_dump(mode="json"), if_match, note)
     return respond(
         writes.put_rules(
-            principal, document, if_match=if_match, dry_run=dry_run, note=note, key=key
+            principal, document, if_match=if_match, dry_run=control.dry_run, note=note, key=key
         )
     )

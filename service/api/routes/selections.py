@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Query, Response
 from mla_switchboard.core.schemas import (
     CLUSTER_PATTERN,
     NO_NUL,
@@ -16,6 +16,7 @@ from mla_switchboard.core.schemas import (
 )
 from mla_switchboard.service.api.deps import SelectionsDep, ViewerDep, fail
 from mla_switchboard.service.api.etags import etag_matches
+from mla_switchboard.service.api.params import IfNoneMatch
 from mla_switchboard.service.state import DecisionRecord
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -112,7 +113,7 @@ def list_selections(
 async def summary(
     selections: SelectionsDep,
     principal: ViewerDep,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     """``regret`` estimates, per cluster, the prefill throughput lost by the current
     choices against the best measured valid backend; ``excluded`` lists, per cluster,

@@ -1,17 +1,14 @@
 """measurements per engine; failures an admin can clear
 
-Revision ID: 0003
-Revises: 0002
 Create Date: 2026-11-30 17:20:00
 """
 
 import sqlalchemy as sa
 from alembic import op
+from mla_switchboard.service.migrations import columns
 
 revision = "0003"
 down_revision = "0002"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
@@ -19,9 +16,9 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("engine", sa.String(length=80), nullable=False, server_default="switchboard")
         )
-        batch.add_column(sa.Column("cleared_at", sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(columns.timestamp("cleared_at", nullable=True))
     with op.batch_alter_table("failures") as batch:
-        batch.add_column(sa.Column("cleared_at", sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(columns.timestamp("cleared_at", nullable=True))
 
 
 def downgrade() -> None:

@@ -1,7 +1,5 @@
 """measurements.counted: evidence only from pods with a decision in their cluster
 
-Revision ID: 0004
-Revises: 0003
 Create Date: 2026-11-30 17:20:00
 
 Reports stored before this revision are counted when the reporting pod has any
@@ -16,8 +14,6 @@ from alembic import op
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

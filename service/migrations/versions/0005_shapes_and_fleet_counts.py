@@ -1,7 +1,5 @@
 """shapes, stage buckets and fleet counts: fleet reads that grow with situations
 
-Revision ID: 0005
-Revises: 0004
 Create Date: 2026-12-01 08:00:00
 
 A decision stores its request's shape (everything but cluster, node and pod) once
@@ -19,36 +17,29 @@ import sqlalchemy as sa
 from alembic import op
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
 from mla_switchboard.service.fleet.shapes import shape_of_json
+from mla_switchboard.service.migrations import columns
 
 revision = "0005"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
-        "shapes",
-        sa.Column("id", sa.String(length=24), nullable=False),
-        sa.Column("request", sa.Text(), nullable=False),
-        sa.PrimaryKeyConstraint("id"),
-    )
+    op.create_table("shapes", *columns.content_addressed("request"))
     op.create_table(
         "fleet_counts",
-        sa.Column("cluster", sa.String(length=63), nullable=False),
-        sa.Column("shape_id", sa.String(length=24), nullable=False),
-        sa.Column("backend", sa.String(length=32), nullable=False),
-        sa.Column("source", sa.String(length=32), nullable=False),
+        columns.cluster(),
+        columns.content_id("shape_id"),
+        *columns.choice(),
         sa.Column("pods", sa.Integer(), nullable=False),
         sa.Column("buckets", sa.Text(), nullable=False),
         sa.PrimaryKeyConstraint("cluster", "shape_id", "backend", "source"),
     )
     with op.batch_alter_table("decisions") as batch:
         batch.alter_column("request", existing_type=sa.Text(), nullable=True)
-        batch.add_column(sa.Column("shape_id", sa.String(length=24), nullable=True))
+        batch.add_column(columns.content_id("shape_id", nullable=True))
         batch.create_index("ix_decisions_cluster_pod_id", ["cluster", "pod", "id"])
     with op.batch_alter_table("pod_latest") as batch:
-        batch.add_column(sa.Column("shape_id", sa.String(length=24), nullable=True))
+        batch.add_column(columns.content_id("shape_id", nullable=True))
         batch.add_column(sa.Column("bucket", sa.Integer(), nullable=True))
     with op.batch_alter_table("meta") as batch:
         batch.alter_column("value", existing_type=sa.Integer(), type_=sa.BigInteger())

@@ -1,18 +1,15 @@
 """pod_latest by last seen (pods not seen for a while leave the live fleet);
 refused_selects (selects refused for their token, per claimed cluster and hour)
 
-Revision ID: 0007
-Revises: 0006
 Create Date: 2026-12-01 11:00:00
 """
 
 import sqlalchemy as sa
 from alembic import op
+from mla_switchboard.service.migrations import columns
 
 revision = "0007"
 down_revision = "0006"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
@@ -20,11 +17,11 @@ def upgrade() -> None:
         batch.create_index("ix_pod_latest_created_at", ["created_at"])
     op.create_table(
         "refused_selects",
-        sa.Column("cluster", sa.String(length=63), nullable=False),
+        columns.cluster(),
         sa.Column("reason", sa.String(length=64), nullable=False),
-        sa.Column("hour", sa.DateTime(timezone=True), nullable=False),
+        columns.timestamp("hour"),
         sa.Column("count", sa.Integer(), nullable=False),
-        sa.Column("last_at", sa.DateTime(timezone=True), nullable=False),
+        columns.timestamp("last_at"),
         sa.PrimaryKeyConstraint("cluster", "reason", "hour"),
     )
 
