@@ -38,6 +38,8 @@ a different note and expiry.
     python bench/scale.py                      # PostgreSQL, the three sizes (long)
     python bench/scale.py --sizes 1000,10000 --repeat 3 --load-rounds 1   # quicker
     python bench/scale.py --sqlite             # a SQLite file instead
+    python bench/scale.py --axis overrides     # clusters x overrides (scale_overrides.py)
+    python bench/scale.py --axis evidence      # stored reports, one busy situation
 
 Needs the PostgreSQL server of the tests (127.0.0.1:5432, trust, database "test";
 ``--pg`` or ``SWITCHBOARD_BENCH_PG`` for another); each size gets a schema of its own,
@@ -105,6 +107,7 @@ from mla_switchboard.service.store import Store  # noqa: E402
 from mla_switchboard.service.store.db import make_engine, migrate  # noqa: E402
 
 from bench.common import free_port, raw_select  # noqa: E402
+from bench.scale_support import product_root  # noqa: E402
 
 TOKEN = "bench-scale-admin-token"
 PG_DSN = os.environ.get("SWITCHBOARD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -542,7 +545,9 @@ class Service:
 
 def start_service(url: str, log_dir: Path, timeout: float = 600.0, **env: str) -> Service:
     """Start ``python -m mla_switchboard.service.cli serve`` on ``url`` (as
-    tests/conftest.py's ServiceProcess does) and wait for ``/readyz``."""
+    tests/conftest.py's ServiceProcess does) and wait for ``/readyz``. It runs in the
+    checkout this interpreter's product comes from, which is this one unless another
+    checkout's python runs this file (bench/side_by_side.py)."""
     port = free_port()
     log = log_dir / f"service-{port}.log"
     environ = {
@@ -556,7 +561,7 @@ def start_service(url: str, log_dir: Path, timeout: float = 600.0, **env: str) -
     t0 = time.monotonic()
     with log.open("ab") as f:
         proc = subprocess.Popen(
-            [*cmd, "--log-level", "warning"], cwd=ROOT, env=environ, stdout=f, stderr=f
+            [*cmd, "--log-level", "warning"], cwd=product_root(), env=environ, stdout=f, stderr=f
         )
     deadline = t0 + timeout
     while time.monotonic() < deadline:
@@ -609,6 +614,11 @@ class Operations:
         self.n = 0
         self.etags: dict[str, str | None] = {}
 
+    def check(self, response: httpx.Response) -> httpx.Response:
+        """What every measured answer goes through: a refusal ends the run here (a
+        subclass may count it instead, with the time it took)."""
+        return ok(response)
+
     def close(self) -> None:
         self.pool.shutdown()
         for c in self.clients:
@@ -625,13 +635,13 @@ class Operations:
         self.n += 1
         pod = self.rng.choice(self.fleet)
         request = {**pod.request, "pod": f"{pod.request['pod']}-new-{self.n}"}
-        ok(self.clients[0].post("/v1/select", json=request))
+        self.check(self.clients[0].post("/v1/select", json=request))
         time.sleep(WRITER_SETTLE_S)
 
     def cold(self, response: httpx.Response, what: str) -> httpx.Response:
         """``response``, checked to be a new computation: its ETag differs from the
         last one seen for ``what`` (a kept answer would carry the same)."""
-        ok(response)
+        self.check(response)
         etag = response.headers.get("etag")
         if etag is not None and etag == self.etags.get(what):
             raise RuntimeError(f"{what}: the answer was kept, the run is not cold")
@@ -665,18 +675,20 @@ class Operations:
                 if path == "/v1/selections/summary":
                     self.cold(f.result(), "dashboard summary")
                 else:
-                    ok(f.result())
-            ok(c[0].get("/v1/whoami"))
+                    self.check(f.result())
+            self.check(c[0].get("/v1/whoami"))
             futures = [self.pool.submit(c[i].get, p) for i, p in enumerate(DASHBOARD_REFRESH)]
             for f in futures:
-                ok(f.result())
+                self.check(f.result())
 
         return timed(load)
 
     def preview(self, scope: str) -> float:
         body = self.proposal("FLASHINFER")
         return timed(
-            lambda: ok(self.clients[0].put(f"/v1/overrides/{scope}?dry_run=true", json=body))
+            lambda: self.check(
+                self.clients[0].put(f"/v1/overrides/{scope}?dry_run=true", json=body)
+            )
         )
 
     def preview_cluster(self) -> float:
@@ -688,12 +700,14 @@ class Operations:
     def admin_put(self) -> float:
         body = self.proposal("CUDNN")
         return timed(
-            lambda: ok(self.clients[0].put(f"/v1/overrides/{self.admin_cluster}", json=body))
+            lambda: self.check(
+                self.clients[0].put(f"/v1/overrides/{self.admin_cluster}", json=body)
+            )
         )
 
     def admin_delete(self) -> float:
         path = f"/v1/overrides/{self.admin_cluster}?note=scale+bench+{self.n}"
-        return timed(lambda: ok(self.clients[0].delete(path)))
+        return timed(lambda: self.check(self.clients[0].delete(path)))
 
 
 def repeat(call: Callable[[], float], times: int, warmup: int = 1) -> dict[str, Any]:
@@ -982,8 +996,10 @@ def measure_load(
     rounds: int,
     report_rate: float,
     seed: int = 3,
+    scenarios: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Select latency at ``rate`` requests/s in each scenario; the scenarios alternate
+    """Select latency at ``rate`` requests/s in each scenario (default ``SCENARIOS``:
+    name -> the background loads it runs); the scenarios alternate
     within a round so that the shared machine's noise hits each alike. Per scenario:
     the median over rounds of p50 and p99, and the worst max."""
     rng = random.Random(seed)
@@ -991,9 +1007,10 @@ def measure_load(
         http_select(p.request, service.port) for p in rng.sample(fleet, min(2000, len(fleet)))
     ]
     SelectLoad(service.port, requests, rate, 2.0).result()  # warm-up
-    per: dict[str, list[dict[str, Any]]] = {k: [] for k in SCENARIOS}
+    scenarios = SCENARIOS if scenarios is None else scenarios
+    per: dict[str, list[dict[str, Any]]] = {k: [] for k in scenarios}
     for r in range(rounds):
-        for name, kinds in SCENARIOS.items():
+        for name, kinds in scenarios.items():
             background = Background(service, fleet, report_rate)
             seen = server_view(service)
             background.start(kinds)
@@ -1467,6 +1484,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--seed", type=int, default=7, help="the fleet's random seed")
     ap.add_argument("--out", default=str(RESULTS), help="JSON results (default %(default)s)")
+    ap.add_argument(
+        "--axis",
+        choices=AXES,
+        default="pods",
+        help="what grows: pods (this module), overrides (clusters x overrides, "
+        "bench/scale_overrides.py) or evidence (stored reports and one busy situation, "
+        "bench/scale_evidence.py); each has its own --help (default %(default)s)",
+    )
     args = ap.parse_args(argv)
     if args.clusters < 4:
         ap.error("--clusters: at least 4 (overrides, the previewed and the written cluster)")
@@ -1475,7 +1500,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+AXES = ("pods", "overrides", "evidence")
+
+
+def axis_main(argv: list[str] | None) -> Callable[[list[str] | None], int] | None:
+    """The ``main`` of the module of ``--axis`` when it is not pods (None then)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--axis", choices=AXES, default="pods")
+    known, _ = pre.parse_known_args(argv)
+    if known.axis == "overrides":
+        from bench.scale_overrides import main as overrides_main
+
+        return overrides_main
+    if known.axis == "evidence":
+        from bench.scale_evidence import main as evidence_main
+
+        return evidence_main
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    other = axis_main(argv)
+    if other is not None:
+        return other(argv)
     args = parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     result: dict[str, Any] = {
@@ -1483,7 +1530,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "store": args.store,
-        "parameters": {k: v for k, v in vars(args).items() if k not in ("pg",)},
+        "parameters": {k: v for k, v in vars(args).items() if k not in ("pg", "axis")},
         "sizes": {},
     }
     out = Path(args.out)

@@ -11,11 +11,24 @@ first so the machine's drift hits both alike:
 - the slow-body test (1,100 slow clients at 1,024 descriptors, selects still answered);
 - kill -9 during a database outage and during a database freeze (what each loses);
 - ``bench/scale.py`` at one fleet size (summary, dashboard, preview, admin write, select
-  p99 idle and under load, RSS).
+  p99 idle and under load, RSS);
+- with ``--axes``, the scale bench's other axes: ``overrides`` (clusters x overrides,
+  bench/scale_overrides.py) and ``evidence`` (stored reports and one busy situation,
+  bench/scale_evidence.py), each with the arguments of ``--overrides-args`` /
+  ``--evidence-args``.
 
-Each tool and test is run from its own checkout, as that checkout ships it.
+Each tool and test is run from its own checkout, as that checkout ships it, except the
+overrides and evidence axes: a checkout from before they existed has no such modules, so
+*this* checkout's ``bench/scale.py --axis ...`` is run by each checkout's own python
+(``TREE/.venv/bin/python THIS/bench/scale.py``, in TREE): the service it starts, the
+store API it fills with and the migrations are that checkout's (the bench finds them
+through the interpreter's editable install, ``bench/scale_support.py``), the bench code
+is the same for both.
 
     python bench/side_by_side.py --before ../wt-before --after . [--scale-sizes 100000]
+    python bench/side_by_side.py --before ../wt-before --axes overrides,evidence \
+        --skip load,tests --overrides-args="--pods 100000" \
+        --out bench/results/side_by_side_scale.json
 
 Writes ``bench/results/side_by_side.json`` (or ``--out``) and prints a table.
 """
@@ -27,6 +40,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -147,6 +161,56 @@ def scale(tree: Path, sizes: str) -> dict[str, Any]:
     return found
 
 
+AXES = ("pods", "overrides", "evidence")
+
+
+def scale_axis(tree: Path, axis: str, extra: list[str]) -> dict[str, Any]:
+    """This checkout's ``bench/scale.py --axis AXIS`` run by ``tree``'s python, in
+    ``tree`` (module docstring); its progress goes to stderr as it runs. The figures it
+    wrote, less the per-round detail of its load runs."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [python_of(tree), str(ROOT / "bench" / "scale.py"), f"--axis={axis}", *extra]
+        cmd.append(f"--out={out.name}")
+        print("  " + shlex.join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, cwd=tree, check=True, stdout=sys.stderr)
+        r = json.loads(Path(out.name).read_text())
+    return _trim(r)
+
+
+def merged_table(before: str, after: str) -> str:
+    """Two runs' Markdown tables of the same shape as one, each cell "before -> after"
+    (the tables one after the other when their shapes differ)."""
+    b_lines, a_lines = before.splitlines(), after.splitlines()
+    if len(b_lines) != len(a_lines):
+        return f"before:\n{before}\n\nafter:\n{after}"
+    out = []
+    for b, a in zip(b_lines, a_lines, strict=True):
+        b_cells, a_cells = b.split("|"), a.split("|")
+        if (
+            b == a
+            or len(b_cells) != len(a_cells)
+            or set(b) <= set("|-")
+            or b_cells[1] != a_cells[1]
+        ):
+            out.append(b if b == a or len(b_cells) != len(a_cells) else a)
+            continue
+        cells = [b_cells[1]] + [
+            x if x.strip() == y.strip() else f" {x.strip()} -> {y.strip()} "
+            for x, y in zip(b_cells[2:-1], a_cells[2:-1], strict=True)
+        ]
+        out.append("|" + "|".join(cells) + "|")
+    return "\n".join(out)
+
+
+def _trim(value: Any) -> Any:
+    """``value`` without the bulky per-round lists (``rounds``, ``bursts``)."""
+    if isinstance(value, dict):
+        return {k: _trim(v) for k, v in value.items() if k not in ("rounds", "bursts")}
+    if isinstance(value, list):
+        return [_trim(v) for v in value]
+    return value
+
+
 def alternate(
     before: Path, after: Path, times: int, measure: Callable[[Path], Any]
 ) -> dict[str, list[Any]]:
@@ -169,11 +233,29 @@ def main() -> int:
     ap.add_argument("--load-duration", type=int, default=6, help="seconds per round")
     ap.add_argument("--test-repeats", type=int, default=1, help="runs of each timing test")
     ap.add_argument("--scale-sizes", default="10000", help="bench/scale.py --sizes ('' skips)")
+    ap.add_argument(
+        "--axes",
+        default="pods",
+        help=f"scale axes, comma-separated, of {', '.join(AXES)} (default pods: --scale-sizes)",
+    )
+    ap.add_argument(
+        "--overrides-args",
+        default="",
+        help="arguments for bench/scale.py --axis overrides, with '=': --overrides-args='--quick'",
+    )
+    ap.add_argument(
+        "--evidence-args",
+        default="",
+        help="arguments for bench/scale.py --axis evidence, with '=': --evidence-args='--quick'",
+    )
     ap.add_argument("--skip", default="", help="comma-separated: load, tests, scale")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/side_by_side.json")
     args = ap.parse_args()
     before, after = args.before.resolve(), args.after.resolve()
     skip = set(filter(None, args.skip.split(",")))
+    axes = [a.strip() for a in args.axes.split(",") if a.strip()]
+    if set(axes) - set(AXES):
+        ap.error(f"--axes: unknown {sorted(set(axes) - set(AXES))}; choose from {AXES}")
     result: dict[str, Any] = {
         "benchmark": "the same guarantees measured on two checkouts, alternating, one run",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -195,9 +277,18 @@ def main() -> int:
             result[name] = alternate(
                 before, after, args.test_repeats, lambda t, i=test_id: timing_test(t, i)
             )
-    if args.scale_sizes and "scale" not in skip:
+    if "pods" in axes and args.scale_sizes and "scale" not in skip:
         print(f"scale {args.scale_sizes}", file=sys.stderr)
         result["scale"] = alternate(before, after, 1, lambda t: scale(t, args.scale_sizes))
+    for axis in (a for a in axes if a != "pods"):
+        extra = shlex.split(getattr(args, f"{axis}_args"))
+        print(f"scale, axis {axis} {shlex.join(extra)}", file=sys.stderr)
+        runs = alternate(before, after, 1, lambda t, a=axis, x=extra: scale_axis(t, a, x))
+        result[f"scale_{axis}"] = runs
+        text = merged_table(runs["before"][0]["table"], runs["after"][0]["table"])
+        result[f"scale_{axis}_table"] = text
+        print(f"\nscale, axis {axis}: before -> after\n{text}\n", file=sys.stderr, flush=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")  # a long run keeps it
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0
