@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import TypeVar
 
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
@@ -92,6 +93,19 @@ class FleetSnapshot:
     @property
     def pods(self) -> int:
         return sum(g.pods for g in self.groups)
+
+    @cached_property
+    def by_cluster(self) -> dict[str, tuple[PodGroup, ...]]:
+        """Each cluster's groups, in snapshot order, found once per snapshot: a read
+        that concerns one cluster (its override's rollout, a preview of its override)
+        walks that cluster's groups, not the fleet's."""
+        found: dict[str, list[PodGroup]] = {}
+        for g in self.groups:
+            found.setdefault(g.cluster, []).append(g)
+        return {cluster: tuple(mine) for cluster, mine in found.items()}
+
+    def of_cluster(self, cluster: str) -> tuple[PodGroup, ...]:
+        return self.by_cluster.get(cluster, ())
 
     def visible(self, may_see: Callable[[str], bool] | None) -> FleetSnapshot:
         if may_see is None:
@@ -206,22 +220,35 @@ class ClassCache:
 
 
 class Deadline:
-    """A fleet read's time budget, checked between groups; each check also lets the
-    event loop in (``service/priority.py``): a group is one evaluation, so the loop
-    never waits for the interpreter longer than that."""
+    """A fleet read's budget of CPU time, checked between groups; each check also lets
+    the event loop in (``service/priority.py``): a group is one evaluation, so the loop
+    never waits for the interpreter longer than that.
 
-    def __init__(self, budget_s: float | None) -> None:
-        self._at = None if budget_s is None else time.monotonic() + budget_s
+    What is counted is the CPU time of the thread that made the deadline (the read's
+    own, ``time.thread_time``), not the wall clock: the fleet-read thread runs at a
+    lower priority than the event loop and yields to it, so on a busy replica a read
+    may take several times its CPU in wall time, and that wait is the loop's work, not
+    the read's. ``clock`` is for tests."""
+
+    def __init__(
+        self, budget_s: float | None, clock: Callable[[], float] = time.thread_time
+    ) -> None:
+        self._clock = clock
+        self._at = None if budget_s is None else clock() + budget_s
         self._budget = budget_s
 
     def check(self) -> None:
         let_the_loop_in()
-        if self._at is not None and time.monotonic() > self._at:
-            raise OverBudget(f"fleet read over its {self._budget:g} s budget")
+        if self._at is not None and self._clock() > self._at:
+            raise OverBudget(f"fleet read over its {self._budget:g} s budget of CPU time")
 
 
-def each_group(snapshot: FleetSnapshot, deadline: Deadline | None = None) -> Iterator[PodGroup]:
-    for group in snapshot.groups:
+def each_group(
+    snapshot: FleetSnapshot | Iterable[PodGroup], deadline: Deadline | None = None
+) -> Iterator[PodGroup]:
+    """The groups of a snapshot (or any of its groups), checking ``deadline`` before each."""
+    groups = snapshot.groups if isinstance(snapshot, FleetSnapshot) else snapshot
+    for group in groups:
         if deadline is not None:
             deadline.check()
         yield group

@@ -19,7 +19,7 @@ an override that no longer applies, and the evaluator's own reason for the new c
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -94,12 +94,20 @@ def replay(
     now: datetime,
     inputs_for: InputsFor | None = None,
     deadline: Deadline | None = None,
+    settled: Callable[[str], int] | None = None,
 ) -> Preview:
     """Count what changes from ``current`` to ``proposed`` for every pod of ``fleet``.
 
     Both sides are full ``DecisionInputs``, evidence included, and go through the same
     evaluator as ``/v1/select``: a preview of a ``measured`` policy sees the evidence
-    the live path will use."""
+    the live path will use.
+
+    A cluster the proposal leaves alike (:func:`untouched`: the same rules and the same
+    overrides for it) has no pod that changes or becomes invalid, only pods pending
+    under the configuration in force: ``settled(cluster)`` gives that count (a fleet
+    read's kept per-cluster figure, ``service/fleet/parts.py``) and the cluster is not
+    replayed. So a preview of one cluster's override decides that cluster's groups,
+    whatever the number of clusters. Without ``settled`` every cluster is replayed."""
     tally = _Tally()
     unreadable = total = 0
     classes = ClassCache()
@@ -116,23 +124,43 @@ def replay(
             lambda: (under(current, request, stage.bucket), under(proposed, request, stage.bucket)),
         )
 
-    for group in each_group(fleet, deadline):
-        total += group.pods
-        request = group.request
-        if request is None:
-            unreadable += group.pods  # recorded under an older schema; cannot be replayed
+    for cluster, groups in fleet.by_cluster.items():
+        if settled is not None and untouched(current, proposed, cluster):
+            for group in groups:
+                total += group.pods
+                if group.request is None:
+                    unreadable += group.pods
+            tally.pending += settled(cluster)
             continue
-        staged = _union(
-            partial_rollouts(request, current.overrides, now),
-            partial_rollouts(request, proposed.overrides, now),
-        )
-        for stage in classes.of(staged):
-            before, after = both(request, group.shape_id, stage)
-            for row in group.rows:
-                n = stage.count(row)
-                if n:
-                    tally.add(group.cluster, row.backend, before, after, n)
+        for group in each_group(groups, deadline):
+            total += group.pods
+            request = group.request
+            if request is None:
+                unreadable += group.pods  # recorded under an older schema; cannot be replayed
+                continue
+            staged = _union(
+                partial_rollouts(request, current.overrides, now),
+                partial_rollouts(request, proposed.overrides, now),
+            )
+            for stage in classes.of(staged):
+                before, after = both(request, group.shape_id, stage)
+                for row in group.rows:
+                    n = stage.count(row)
+                    if n:
+                        tally.add(group.cluster, row.backend, before, after, n)
     return tally.preview(total=total, unreadable=unreadable)
+
+
+def untouched(current: DecisionInputs, proposed: DecisionInputs, cluster: str) -> bool:
+    """Whether ``proposed`` decides every pod of ``cluster`` as ``current`` does: the
+    same rules, evidence and overrides for the cluster (the very objects: a proposal
+    replaces one scope's override and keeps the others), and so the same trust scope."""
+    if proposed.rules is not current.rules or proposed.evidence is not current.evidence:
+        return False
+    if proposed.evidence_generation != current.evidence_generation:
+        return False
+    mine, theirs = current.overrides_for(cluster), proposed.overrides_for(cluster)
+    return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs, strict=True))
 
 
 class _Tally:
