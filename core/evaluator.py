@@ -67,6 +67,9 @@ __all__ = [
 ]
 
 FALLBACK_CHAIN: tuple[Backend, ...] = (Backend.FLASH_ATTN, Backend.TORCH_SDPA)
+_BACKENDS: tuple[Backend, ...] = tuple(Backend)
+"""Every backend in the table's order (iterating the enum itself costs microseconds a
+time, and a fleet read decides thousands of groups)."""
 DEFAULT_ENGINE = EngineInfo()
 
 
@@ -295,9 +298,11 @@ class Refusal:
 class _Trace:
     order: list[tuple[Backend, CandidateRole]] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    considered: set[Backend] = field(default_factory=set)
 
     def consider(self, backend: Backend, role: CandidateRole) -> None:
-        if all(b is not backend for b, _ in self.order):
+        if backend not in self.considered:
+            self.considered.add(backend)
             self.order.append((backend, role))
 
     def say(self, message: str) -> str:
@@ -378,7 +383,7 @@ class Assessment:
     reasons: dict[Backend, list[str]]
 
     def valid(self) -> list[Backend]:
-        return [b for b in Backend if not self.reasons[b]]
+        return [b for b in _BACKENDS if not self.reasons[b]]
 
 
 def assess(
@@ -440,7 +445,7 @@ def _own_reasons(
             ctx = replace(ctx, packages={**bundled, **ctx.packages})
         found = {
             b: tuple(SPECS[b].validate(ctx) + profile.reasons(b, ctx, engine.version))
-            for b in Backend
+            for b in _BACKENDS
         }
         if len(_own_reasons_kept) >= OWN_REASONS_KEPT:
             _own_reasons_kept.clear()
@@ -685,7 +690,7 @@ class _Deciding:
             return chosen
         # Last resort: a valid backend outside every list beats refusing the pod, and a
         # refusal must never leave a valid candidate unexplained.
-        for backend in Backend:
+        for backend in _BACKENDS:
             if not reasons[backend]:
                 trace.consider(backend, "fallback")
                 why = trace.say(
@@ -697,7 +702,7 @@ class _Deciding:
         engine_text = (
             "" if a.engine.name == OWN_ENGINE else f" under {a.profile.label(a.engine.version)}"
         )
-        summary = "; ".join(f"{b}: {reasons[b][0]}" for b in Backend)
+        summary = "; ".join(f"{b}: {reasons[b][0]}" for b in _BACKENDS)
         return self.refuse(
             "no_valid_backend",
             f"No MLA prefill backend is valid for this pod{engine_text}. {summary}.",
@@ -709,15 +714,30 @@ def _candidates(trace: _Trace, reasons: dict[Backend, list[str]]) -> tuple[Candi
     (what a pod tries if its chosen kernel fails to build), then the rest."""
     for backend in FALLBACK_CHAIN:
         trace.consider(backend, "fallback")
-    for backend in Backend:
+    for backend in _BACKENDS:
         trace.consider(backend, "unlisted")
-    # built from values of the right types already: pydantic's validation is skipped
-    return tuple(
-        Candidate.model_construct(
-            backend=b, valid=not reasons[b], reasons=list(reasons[b]), role=role
-        )
-        for b, role in trace.order
-    )
+    return tuple(_candidate(b, role, reasons[b]) for b, role in trace.order)
+
+
+CANDIDATES_KEPT = 8192
+"""How many distinct candidates ``_candidate`` keeps (a backend, its role and its
+reasons: a fleet has a few per description and override)."""
+_candidates_kept: dict[tuple[Backend, str, tuple[str, ...]], Candidate] = {}
+
+
+def _candidate(backend: Backend, role: CandidateRole, reasons: list[str]) -> Candidate:
+    """The candidate entry of a decision, made once per distinct (backend, role,
+    reasons) and shared by every decision that has it: building the model is most of a
+    decision's cost, and a fleet read makes thousands of alike decisions. A decision's
+    candidates are read, never changed (the answer is a serialisation of them)."""
+    key = (backend, role, tuple(reasons))
+    found = _candidates_kept.get(key)
+    if found is None:
+        found = Candidate(backend=backend, valid=not reasons, reasons=list(reasons), role=role)
+        if len(_candidates_kept) >= CANDIDATES_KEPT:
+            _candidates_kept.clear()
+        _candidates_kept[key] = found
+    return found
 
 
 def decide_locally(request: SelectRequest) -> Decision | Refusal:

@@ -114,18 +114,34 @@ class FleetSnapshot:
 
     @classmethod
     def build(
-        cls, version: int, rows: Iterable[FleetGroup], shapes: dict[str, str]
+        cls,
+        version: int,
+        rows: Iterable[FleetGroup],
+        shapes: dict[str, str],
+        previous: FleetSnapshot | None = None,
     ) -> FleetSnapshot:
+        """The snapshot of ``rows``. ``previous``: the one it replaces; its groups whose
+        rows are the very same objects (``FleetStore.fleet_groups`` keeps an unchanged
+        row's) are kept as they are, so a new version costs the groups it changed."""
         by_group: dict[tuple[str, str], list[FleetGroup]] = defaultdict(list)
         for row in rows:
             by_group[(row.cluster, row.shape_id)].append(row)
+        before = {} if previous is None else previous.by_key
         groups = []
         for (cluster, shape_id), members in sorted(by_group.items()):
+            members.sort(key=lambda r: (r.backend, r.source))
+            kept = before.get((cluster, shape_id))
+            if kept is not None and _same_rows(kept, members, shapes):
+                groups.append(kept)
+                continue
             shape = shapes.get(shape_id)
             request = None if shape is None else shape_request(shape, cluster)
-            members.sort(key=lambda r: (r.backend, r.source))
             groups.append(PodGroup(cluster, shape_id, request, tuple(members)))
         return cls(version, tuple(groups))
+
+    @cached_property
+    def by_key(self) -> dict[tuple[str, str], PodGroup]:
+        return {(g.cluster, g.shape_id): g for g in self.groups}
 
     @classmethod
     def of_pods(cls, pods: Iterable[PodState], version: int = 0) -> FleetSnapshot:
@@ -141,6 +157,14 @@ class FleetSnapshot:
             counts[(p.cluster, shape.id, p.backend, p.source)][bucket or 0] += 1
         rows = [FleetGroup(c, s, b, src, sum(v), tuple(v)) for (c, s, b, src), v in counts.items()]
         return cls.build(version, rows, shapes)
+
+
+def _same_rows(kept: PodGroup, rows: Sequence[FleetGroup], shapes: dict[str, str]) -> bool:
+    """Whether ``kept`` is the group of ``rows`` (the same row objects), its shape
+    parsed as it is now."""
+    if len(kept.rows) != len(rows) or (kept.request is None and kept.shape_id in shapes):
+        return False
+    return all(a is b for a, b in zip(kept.rows, rows, strict=True))
 
 
 def partial_rollouts(
@@ -297,5 +321,5 @@ class Fleet:
             version, rows = self._counts.fleet_groups()
             shapes = self._counts.shapes({r.shape_id for r in rows})
             self.saw(version)
-            self._snapshot = FleetSnapshot.build(version, rows, shapes)
+            self._snapshot = FleetSnapshot.build(version, rows, shapes, self._snapshot)
             return self._snapshot
