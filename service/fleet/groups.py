@@ -161,10 +161,13 @@ class FleetSnapshot:
 
 def _same_rows(kept: PodGroup, rows: Sequence[FleetGroup], shapes: dict[str, str]) -> bool:
     """Whether ``kept`` is the group of ``rows`` (the same row objects), its shape
-    parsed as it is now."""
-    if len(kept.rows) != len(rows) or (kept.request is None and kept.shape_id in shapes):
+    parsed as it would be now (one that was not readable may have become so)."""
+    if len(kept.rows) != len(rows):
         return False
-    return all(a is b for a, b in zip(kept.rows, rows, strict=True))
+    if not all(a is b for a, b in zip(kept.rows, rows, strict=True)):
+        return False
+    shape = shapes.get(kept.shape_id)
+    return kept.request is not None or shape is None or shape_request(shape, "x") is None
 
 
 def partial_rollouts(

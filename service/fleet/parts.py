@@ -5,8 +5,9 @@ A summary adds up, cluster by cluster, what each cluster's pods give: their coun
 their regret and exclusions, and their part of every staged override's progress. A
 preview of one cluster's override needs, of every other cluster, only how many of its
 pods run something else than the configuration in force gives them (``pods_pending``):
-the proposal decides them exactly as before. Each of these is a function of one
-cluster's:
+the proposal decides them exactly as before; and of the cluster it replays, what the
+configuration in force gives each group (the preview's "from", ``given``). Each of
+these is a function of one cluster's:
 
 - groups (its pods' counts by shape, backend, source and stage bucket);
 - rules (the fleet's and the cluster's own rule set);
@@ -14,7 +15,8 @@ cluster's:
   with which of them have expired;
 - evidence: the indexes its pods' decisions read (the trust scope their overrides
   give them, found through ``inputs_for``) and its own samples (``evidence_of``), as
-  their versions, under the evidence generation (which moves when an index is replaced).
+  their versions, under an epoch that moves when one of those indexes is replaced by
+  another object (a full reload, a cluster's first report, a new trust scope).
 
 That tuple is the part's key. A read works out only the parts whose key moved and
 takes the others as kept, so a summary after one pod booted, a report of one cluster,
@@ -70,6 +72,9 @@ class ClusterPart:
     """per position in ``DecisionInputs.overrides_for(cluster)``: that staged
     override's progress among this cluster's pods"""
     pending: int | None = None
+    given: dict[tuple[str, frozenset[int] | None], str | None] | None = None
+    """per (shape, stage class) of the configuration in force: the backend it gives
+    those pods (None: refused); worked out with ``pending``"""
 
 
 class _Texts:
@@ -139,9 +144,12 @@ class ClusterParts:
                 part = self._kept[cluster] = ClusterPart(key)
             return part
 
-    def forget_others(self, clusters: Sequence[str] | set[str] | dict[str, Any]) -> None:
-        """Drop the parts of clusters no longer in the fleet (their pods expired)."""
+    def forget_others(self, clusters: dict[str, Any]) -> None:
+        """Drop the parts of clusters no longer in the fleet (``clusters``: the whole
+        fleet's, not a caller's scope), once they are many."""
         with self._lock:
+            if len(self._kept) <= 2 * len(clusters) + 64:
+                return
             for cluster in [c for c in self._kept if c not in clusters]:
                 del self._kept[cluster]
 
@@ -158,8 +166,9 @@ class ClusterParts:
         inputs = reading.inputs
         stamp = (inputs.overrides, inputs.evidence_generation, inputs.evidence)
         if any(a is not b for a, b in zip(self._stamp, stamp, strict=True)):
-            # the previous mapping is kept until the next one: its indexes are alive, so
-            # "the same object" below is never a new one at a reused address
+            # the previous mapping is kept until the next change: its indexes stay alive
+            # meanwhile, so "the same object" below is never a new one at a reused
+            # address (a replaced index is released at the change after)
             self._stamp, self._before, self._read = stamp, self._read, {}
         models = frozenset(g.request.model.name for g in groups if g.request is not None)
         found = self._read.get(cluster)
@@ -211,8 +220,6 @@ class PartsRead:
             inputs, now, inputs_for, evidence_of, memo=self._memo, classes=self._classes
         )
         self._found: dict[str, ClusterPart] = {}
-        if len(parts._kept) > 2 * len(fleet.by_cluster) + 64:
-            parts.forget_others(fleet.by_cluster)
 
     # ------------------------------------------------------------------ keys
 
@@ -323,28 +330,48 @@ class PartsRead:
         """Pods of ``cluster`` whose recorded backend is not what the configuration in
         force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
         part = self.part(cluster)
-        if part.pending is None:
+        if part.pending is None or part.given is None:
             self._parts.count("pending")
-            part.pending = self._pending(self.fleet.of_cluster(cluster))
+            part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
         return part.pending
 
-    def _pending(self, groups: Sequence[PodGroup]) -> int:
+    def given(self, group: PodGroup, bucket: int | None) -> str | None:
+        """The backend the configuration in force gives the pods of ``group`` in stage
+        bucket ``bucket`` (None: refused): a preview's "from", kept with ``pending``.
+        ``bucket`` is any bucket of a stage class of the preview's, which splits those
+        of the configuration in force further (a proposal may add a staged rollout)."""
+        self.pending(group.cluster)
+        given = self.part(group.cluster).given
+        assert given is not None and group.request is not None
+        for stage in self._classes.of(self._partials(group)):
+            if stage.buckets is None or bucket in stage.buckets:
+                return given[(group.shape_id, stage.buckets)]
+        raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")
+
+    def _partials(self, group: PodGroup) -> tuple[Override, ...]:
+        assert group.request is not None
+        return partial_rollouts(group.request, self.inputs.overrides, self.now)
+
+    def _current(
+        self, groups: Sequence[PodGroup]
+    ) -> tuple[int, dict[tuple[str, frozenset[int] | None], str | None]]:
         inputs, now, memo, narrow = self.inputs, self.now, self._memo, self._inputs_for
         pending = 0
+        given: dict[tuple[str, frozenset[int] | None], str | None] = {}
         for group in each_group(groups, self.deadline):
             request = group.request
             if request is None:
                 continue
             narrowed = inputs if narrow is None else narrow(request, inputs, now)
-            for stage in self._classes.of(partial_rollouts(request, inputs.overrides, now)):
-                given: Decision | Refusal = memo.get(
+            for stage in self._classes.of(self._partials(group)):
+                decided: Decision | Refusal = memo.get(
                     memo.key(request, group.shape_id, stage, inputs),
                     lambda r=request, n=narrowed, b=stage.bucket: decide(r, n, now=now, bucket=b),
                 )
+                backend = None if isinstance(decided, Refusal) else decided.backend.value
+                given[(group.shape_id, stage.buckets)] = backend
                 for row in group.rows:
                     n = stage.count(row)
-                    if not n or isinstance(given, Refusal):
-                        continue
-                    if given.backend.value != row.backend:
+                    if n and backend is not None and backend != row.backend:
                         pending += n
-        return pending
+        return pending, given

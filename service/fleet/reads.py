@@ -1,12 +1,15 @@
 """The reads dashboards and admins make of the whole fleet: the summary and previews.
 
 Each is computed from the fleet's counts by group (``service/fleet/groups.py``) on
-this replica's one fleet-read thread, within a time budget
-(``SWITCHBOARD_FLEET_READ_BUDGET_S``), and kept per every version it depends on: the
-configuration and evidence in force (``DecisionInputs.tag``), which overrides have
-expired, the fleet's counts (``fleet_version``) and the caller's cluster scope.
-Identical requests at the same time share one computation; a repeated one is a
-lookup, and its ETag lets a polling dashboard get a 304 without a body.
+this replica's one fleet-read thread, within a budget of that thread's CPU time
+(``SWITCHBOARD_FLEET_READ_BUDGET_S``, ``Deadline``), and kept per every version it
+depends on: the configuration and evidence in force (``DecisionInputs.tag``), which
+overrides have expired, the fleet's counts (``fleet_version``) and the caller's cluster
+scope. Identical requests at the same time share one computation; a repeated one is a
+lookup, and its ETag lets a polling dashboard get a 304 without a body. Below that,
+each cluster's share of a summary or a preview is kept across versions until what it
+depends on changes (``service/fleet/parts.py``): a new version costs the clusters it
+changed.
 
 The thread is one, so however many dashboards and admins ask for different things at
 once, at most one fleet read competes with the event loop; it runs at a lower
@@ -185,6 +188,7 @@ class FleetReads:
         """Added up cluster by cluster from the kept parts (``service/fleet/parts.py``):
         only the clusters whose groups, overrides, rules or evidence changed since are
         worked out again."""
+        self._parts.forget_others(fleet.by_cluster)
         fleet = fleet.visible(visible)
         parts = self._parts_of(fleet, inputs, now)
         clusters = sorted(fleet.by_cluster)
@@ -219,6 +223,7 @@ class FleetReads:
         key = ("preview", *_versions(inputs, fleet, now), proposal.digest(), scope)
 
         def compute() -> Preview:
+            self._parts.forget_others(fleet.by_cluster)
             return self._preview(proposal, inputs, fleet.visible(visible), now)
 
         return self._previews.get(key, lambda: self._serially(compute))
@@ -236,7 +241,7 @@ class FleetReads:
             now=now,
             inputs_for=self.trusted.inputs_for,
             deadline=parts.deadline,
-            settled=parts.pending,
+            settled=parts,
         )
 
     def kept_preview(self, proposal: Proposal, scope: tuple[str, ...] | None) -> Preview | None:

@@ -7,7 +7,7 @@ calls) the operation makes, not its time: a count does not depend on the machine
 load. A kept figure of a cluster costs no evaluation, and an override's effect is
 looked up per cluster (``OverrideSet``: ``tests/core/test_override_index.py``), so an
 operation that concerns one cluster costs that cluster's groups at both sizes (measured:
-6 evaluations for the summary, 16-23 for a preview or an admin write, at 10 and at 100
+6 evaluations for the summary, 8-14 for a preview or an admin write, at 10 and at 100
 overrides). Before the per-cluster parts, the summary after one pod booted evaluated
 the fleet's groups again (103, then 376) and a preview or an admin write of one
 cluster's override replayed every cluster that held an override of its own (424-428,
