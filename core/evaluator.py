@@ -19,7 +19,7 @@ FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
@@ -53,6 +53,7 @@ __all__ = [
     "Assessment",
     "Decision",
     "DecisionInputs",
+    "OverrideSet",
     "Refusal",
     "applicable_overrides",
     "assess",
@@ -66,7 +67,77 @@ __all__ = [
 ]
 
 FALLBACK_CHAIN: tuple[Backend, ...] = (Backend.FLASH_ATTN, Backend.TORCH_SDPA)
+_BACKENDS: tuple[Backend, ...] = tuple(Backend)
+"""Every backend in the table's order (iterating the enum itself costs microseconds a
+time, and a fleet read decides thousands of groups)."""
 DEFAULT_ENGINE = EngineInfo()
+
+
+class OverrideSet(tuple[Override, ...]):
+    """The overrides in force: the tuple they are (equal to it, in its order), with
+    each cluster's share found once.
+
+    A request of cluster ``c`` can only be touched by the fleet's overrides (``*``)
+    and ``c``'s own, so everything that asks which overrides apply to a request
+    (``applicable_overrides``, ``decision_key``, a fleet read's stage classes) reads
+    :meth:`for_cluster` instead of scanning them all: with an override on each of a
+    thousand clusters that is the difference between two overrides and a thousand per
+    request. Being the tuple itself, it travels with ``DecisionInputs`` through
+    ``dataclasses.replace`` (a decision's evidence is narrowed that way), so the index
+    is built once per set of overrides, not once per decision."""
+
+    _joined: dict[str, tuple[Override, ...]]
+    _staged: dict[str, tuple[Override, ...]]
+
+    def __new__(cls, overrides: Iterable[Override] = ()) -> OverrideSet:
+        self = super().__new__(cls, overrides)
+        self._joined = {}  # per cluster asked: the fleet's and its own, joined once
+        self._staged = {}  # per cluster asked: the partial rollouts among those
+        return self
+
+    @cached_property
+    def _by_cluster(self) -> dict[str, tuple[Override, ...]]:
+        found: dict[str, list[Override]] = {}
+        for o in self:
+            found.setdefault(o.cluster, []).append(o)
+        return {cluster: tuple(mine) for cluster, mine in found.items()}
+
+    @cached_property
+    def _positions(self) -> dict[int, int]:
+        return {id(o): i for i, o in enumerate(self)}
+
+    def position(self, o: Override) -> int:
+        """Where ``o`` (one of the set's own objects) is in the set."""
+        return self._positions[id(o)]
+
+    def own(self, cluster: str) -> tuple[Override, ...]:
+        """The overrides whose scope is exactly ``cluster`` (``*``: the fleet's)."""
+        return self._by_cluster.get(cluster, ())
+
+    def for_cluster(self, cluster: str) -> tuple[Override, ...]:
+        """Every override that may apply to a pod of ``cluster``: the fleet's, then the
+        cluster's own, each in the set's order (what ``applicable_overrides`` would
+        keep of the whole set before looking at the model and the expiry)."""
+        joined = self._joined
+        found = joined.get(cluster)
+        if found is None:
+            fleet = self.own(FLEET)
+            found = fleet if cluster == FLEET else fleet + self.own(cluster)
+            joined[cluster] = found  # a race stores the same value twice
+        return found
+
+    def staged_for(self, cluster: str) -> tuple[Override, ...]:
+        """The partial rollouts (active, under 100 %) among :meth:`for_cluster`."""
+        staged = self._staged
+        found = staged.get(cluster)
+        if found is None:
+            found = staged[cluster] = tuple(o for o in self.for_cluster(cluster) if _partial(o))
+        return found
+
+    @classmethod
+    def of(cls, overrides: Sequence[Override]) -> OverrideSet:
+        """``overrides`` as a set with its index (itself when it is one already)."""
+        return overrides if isinstance(overrides, OverrideSet) else cls(overrides)
 
 
 @dataclass(frozen=True)
@@ -76,6 +147,8 @@ class DecisionInputs:
     The service builds a new one whenever the rules, the overrides or the evidence
     change and swaps it in with one assignment; requests read whichever is current and
     never see a half-applied change. ``tag`` identifies it for the decision cache.
+    ``overrides`` is kept as an :class:`OverrideSet` (any sequence given is turned
+    into one), so what applies to one cluster is found without reading the others.
     """
 
     rules: RulesDocument
@@ -89,22 +162,25 @@ class DecisionInputs:
     situation it read (``Decision.evidence_situation``) can be kept until that
     situation's evidence changes, and every other decision across all of them."""
 
-    @cached_property
-    def _staged_by_cluster(self) -> dict[str, tuple[Override, ...]]:
-        staged: dict[str, list[Override]] = {}
-        for o in self.overrides:
-            if _partial(o):
-                staged.setdefault(o.cluster, []).append(o)
-        return {cluster: tuple(found) for cluster, found in staged.items()}
+    def __post_init__(self) -> None:
+        if not isinstance(self.overrides, OverrideSet):
+            object.__setattr__(self, "overrides", OverrideSet(self.overrides))
+
+    @property
+    def override_set(self) -> OverrideSet:
+        """``overrides`` with its index by cluster (see :class:`OverrideSet`)."""
+        return OverrideSet.of(self.overrides)
+
+    def overrides_for(self, cluster: str) -> tuple[Override, ...]:
+        """The overrides that may apply to a pod of ``cluster``: the fleet's and the
+        cluster's own (``OverrideSet.for_cluster``), found once per inputs."""
+        return self.override_set.for_cluster(cluster)
 
     def staged_for(self, cluster: str) -> tuple[Override, ...]:
         """The partial rollouts a pod of ``cluster`` may be in the stage of: the fleet's
         and the cluster's own (what ``decision_key`` reads), found once per inputs, so
         the hot path's cost does not grow with the overrides of other clusters."""
-        by = self._staged_by_cluster
-        if not by:
-            return ()
-        return by.get(FLEET, ()) + (by.get(cluster, ()) if cluster != FLEET else ())
+        return self.override_set.staged_for(cluster)
 
 
 LOCAL_INPUTS = DecisionInputs(rules=SEED_RULES)
@@ -128,6 +204,8 @@ def decision_key(
     m = request.model
     d = request.device
     e = request.engine
+    if isinstance(overrides, OverrideSet):  # the same bits, in the same order, as a scan
+        overrides = sorted(overrides.staged_for(request.cluster), key=overrides.position)
     partial = [o for o in overrides if _partial(o) and o.cluster in (FLEET, request.cluster)]
     if partial and bucket is None:
         bucket = stage_bucket(request.cluster, request.pod)
@@ -220,9 +298,11 @@ class Refusal:
 class _Trace:
     order: list[tuple[Backend, CandidateRole]] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    considered: set[Backend] = field(default_factory=set)
 
     def consider(self, backend: Backend, role: CandidateRole) -> None:
-        if all(b is not backend for b, _ in self.order):
+        if backend not in self.considered:
+            self.considered.add(backend)
             self.order.append((backend, role))
 
     def say(self, message: str) -> str:
@@ -248,10 +328,15 @@ def context_of(request: SelectRequest) -> SelectionContext:
 def applicable_overrides(
     request: SelectRequest, overrides: Sequence[Override], now: datetime
 ) -> list[Override]:
-    """Overrides in force for this request: fleet first, then the cluster's own."""
+    """Overrides in force for this request: fleet first, then the cluster's own.
+    Given an :class:`OverrideSet` (``DecisionInputs.overrides``), only the fleet's and
+    the request's cluster's are read."""
+    candidates = (
+        overrides.for_cluster(request.cluster) if isinstance(overrides, OverrideSet) else overrides
+    )
     matched = [
         o
-        for o in overrides
+        for o in candidates
         if o.cluster in (FLEET, request.cluster)
         and (o.expires_at is None or o.expires_at > now)
         and model_matches(request.model.name, o.model)
@@ -298,7 +383,7 @@ class Assessment:
     reasons: dict[Backend, list[str]]
 
     def valid(self) -> list[Backend]:
-        return [b for b in Backend if not self.reasons[b]]
+        return [b for b in _BACKENDS if not self.reasons[b]]
 
 
 def assess(
@@ -307,7 +392,7 @@ def assess(
     """Every backend's reasons for ``request`` under ``inputs``: the one place validity is
     decided (the decision, the preview and the regret all read it from here).
     ``bucket``: the pod's stage bucket when the caller has it (see ``in_stage``)."""
-    matched = applicable_overrides(request, inputs.overrides, now)
+    matched = applicable_overrides(request, inputs.override_set, now)
     if bucket is None and any(o.rollout is not None for o in matched):
         bucket = stage_bucket(request.cluster, request.pod)
     staged = tuple((o, in_stage(request, o, bucket)) for o in matched if o.rollout is not None)
@@ -316,13 +401,7 @@ def assess(
     policy = effective_policy(active)
     engine = request.engine or DEFAULT_ENGINE
     profile = resolve(engine.name, engine.version)
-    ctx = context_of(request)
-    if profile.bundled_packages and ctx.packages is not None:  # the engine brings them
-        bundled = {name: "bundled" for name in profile.bundled_packages}
-        ctx = replace(ctx, packages={**bundled, **ctx.packages})
-    reasons: dict[Backend, list[str]] = {
-        b: SPECS[b].validate(ctx) + profile.reasons(b, ctx, engine.version) for b in Backend
-    }
+    reasons = {b: list(why) for b, why in _own_reasons(request, engine, profile).items()}
     for o in active:
         for backend in o.deny:
             reasons[backend].append(f"denied by {o.label}: {o.note}")
@@ -331,6 +410,47 @@ def assess(
         for backend, why in inputs.evidence.exclusions(situation, now).items():
             reasons[backend].append(why)
     return Assessment(tuple(active), staged, policy, engine, profile, situation, reasons)
+
+
+OWN_REASONS_KEPT = 4096
+"""How many request descriptions' own reasons ``_own_reasons`` keeps (a fleet has a
+few hundred: its deployments' GPUs, models, packages and engines)."""
+_own_reasons_kept: dict[tuple[Any, ...], dict[Backend, tuple[str, ...]]] = {}
+
+
+def _own_reasons(
+    request: SelectRequest, engine: EngineInfo, profile: EngineProfile
+) -> dict[Backend, tuple[str, ...]]:
+    """Every backend's reasons from our spec and the engine's rules alone: a function of
+    what the request says of the device, model dims, dtype, packages and engine (not of
+    its cluster, pod, overrides or evidence), so a fleet read deciding thousands of
+    groups of a few hundred descriptions works each description's out once. Kept in a
+    bounded table (emptied when full); a race computes the same value twice."""
+    m = request.model
+    key = (
+        request.device.capability,
+        m.qk_nope_head_dim,
+        m.qk_rope_head_dim,
+        m.v_head_dim,
+        request.dtype,
+        None if request.packages is None else tuple(sorted(request.packages.items())),
+        engine.name,
+        engine.version,
+    )
+    found = _own_reasons_kept.get(key)
+    if found is None:
+        ctx = context_of(request)
+        if profile.bundled_packages and ctx.packages is not None:  # the engine brings them
+            bundled = {name: "bundled" for name in profile.bundled_packages}
+            ctx = replace(ctx, packages={**bundled, **ctx.packages})
+        found = {
+            b: tuple(SPECS[b].validate(ctx) + profile.reasons(b, ctx, engine.version))
+            for b in _BACKENDS
+        }
+        if len(_own_reasons_kept) >= OWN_REASONS_KEPT:
+            _own_reasons_kept.clear()
+        _own_reasons_kept[key] = found
+    return found
 
 
 def _refs(a: Assessment) -> tuple[OverrideRef, ...]:
@@ -570,7 +690,7 @@ class _Deciding:
             return chosen
         # Last resort: a valid backend outside every list beats refusing the pod, and a
         # refusal must never leave a valid candidate unexplained.
-        for backend in Backend:
+        for backend in _BACKENDS:
             if not reasons[backend]:
                 trace.consider(backend, "fallback")
                 why = trace.say(
@@ -582,7 +702,7 @@ class _Deciding:
         engine_text = (
             "" if a.engine.name == OWN_ENGINE else f" under {a.profile.label(a.engine.version)}"
         )
-        summary = "; ".join(f"{b}: {reasons[b][0]}" for b in Backend)
+        summary = "; ".join(f"{b}: {reasons[b][0]}" for b in _BACKENDS)
         return self.refuse(
             "no_valid_backend",
             f"No MLA prefill backend is valid for this pod{engine_text}. {summary}.",
@@ -594,12 +714,30 @@ def _candidates(trace: _Trace, reasons: dict[Backend, list[str]]) -> tuple[Candi
     (what a pod tries if its chosen kernel fails to build), then the rest."""
     for backend in FALLBACK_CHAIN:
         trace.consider(backend, "fallback")
-    for backend in Backend:
+    for backend in _BACKENDS:
         trace.consider(backend, "unlisted")
-    return tuple(
-        Candidate(backend=b, valid=not reasons[b], reasons=list(reasons[b]), role=role)
-        for b, role in trace.order
-    )
+    return tuple(_candidate(b, role, reasons[b]) for b, role in trace.order)
+
+
+CANDIDATES_KEPT = 8192
+"""How many distinct candidates ``_candidate`` keeps (a backend, its role and its
+reasons: a fleet has a few per description and override)."""
+_candidates_kept: dict[tuple[Backend, str, tuple[str, ...]], Candidate] = {}
+
+
+def _candidate(backend: Backend, role: CandidateRole, reasons: list[str]) -> Candidate:
+    """The candidate entry of a decision, made once per distinct (backend, role,
+    reasons) and shared by every decision that has it: building the model is most of a
+    decision's cost, and a fleet read makes thousands of alike decisions. A decision's
+    candidates are read, never changed (the answer is a serialisation of them)."""
+    key = (backend, role, tuple(reasons))
+    found = _candidates_kept.get(key)
+    if found is None:
+        found = Candidate(backend=backend, valid=not reasons, reasons=list(reasons), role=role)
+        if len(_candidates_kept) >= CANDIDATES_KEPT:
+            _candidates_kept.clear()
+        _candidates_kept[key] = found
+    return found
 
 
 def decide_locally(request: SelectRequest) -> Decision | Refusal:

@@ -53,7 +53,7 @@ class LiveConfig:
     def reload(self) -> ConfigSnapshot:
         """Load the snapshot now (after our own writes, and at start)."""
         with self._lock:
-            snap = self._config.load_config()
+            snap = self._config.load_config(self.snapshot)
             self.checked_at = time.monotonic()
             if self.snapshot is None or snap.version >= self.snapshot.version:
                 self.snapshot = snap

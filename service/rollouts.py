@@ -202,7 +202,7 @@ class RolloutGuards:
         }
         first_line = (error.strip().splitlines() or ["(no error text)"])[0][:200]
         where = f"{record.cluster}/{record.pod or '?'}"
-        for o in self.inputs().overrides:
+        for o in self.inputs().overrides_for(record.cluster):  # the fleet's, the cluster's
             r = o.rollout
             if r is None or (o.cluster, r.id) not in staged:
                 continue
@@ -260,7 +260,11 @@ class RolloutGuards:
             with_it = decide(request, given, now=now)
             without = decide(
                 request,
-                replace(given, overrides=tuple(x for x in given.overrides if x is not o)),
+                # what decides this pod is its cluster's share of the overrides
+                replace(
+                    given,
+                    overrides=tuple(x for x in given.overrides_for(request.cluster) if x is not o),
+                ),
                 now=now,
             )
             if not isinstance(with_it, Decision) or not isinstance(without, Decision):

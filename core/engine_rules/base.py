@@ -6,6 +6,7 @@ Standard library only, like the rest of ``core``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ _NUMBERS = re.compile(_RELEASE_NUMBERS)
 _POST = re.compile(r"\.post([0-9]+)")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_version(text: str | None) -> Version | None:
     """``"0.33.0"``, ``"0.33.1rc1"``, ``"0.11.0+cu128"`` -> (0, 33, 0) etc.; None when
     absent or unreadable (the profile then applies its newest verified rules).

@@ -9,7 +9,8 @@ changes already did to pods that have not rebooted since (those are counted apar
 them). Pods the proposal would refuse outright (a strict request that is no longer
 valid, or nothing valid at all) are reported as invalid with the reason. One group is
 decided once per stage class whatever its number of pods, so a preview of the whole
-fleet costs O(clusters x situations).
+fleet costs O(clusters x situations), and a preview of one cluster's override, which
+changes nothing elsewhere, replays that cluster's groups only (``replay``'s ``settled``).
 
 Each change says why its pods move, read off the same two decisions (``why_moved``):
 what the proposal says against the backend they leave, the stage they enter or leave,
@@ -19,9 +20,9 @@ an override that no longer applies, and the evaluator's own reason for the new c
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
 from mla_switchboard.core.schemas import Override, OverrideRef
@@ -30,6 +31,7 @@ from mla_switchboard.service.fleet.groups import (
     Deadline,
     DecisionMemo,
     FleetSnapshot,
+    PodGroup,
     StageClass,
     each_group,
     partial_rollouts,
@@ -86,6 +88,20 @@ class Preview(BaseModel):
     pods_unreadable: int = 0
 
 
+class Settled(Protocol):
+    """What a fleet read keeps of each cluster under the configuration in force
+    (``service/fleet/parts.py``)."""
+
+    def pending(self, cluster: str) -> int:
+        """Pods of ``cluster`` whose recorded backend is not what the config gives."""
+        ...
+
+    def given(self, group: PodGroup, bucket: int | None) -> str | None:
+        """The backend the config in force gives the pods of ``group`` in the stage
+        bucket ``bucket`` (None: they are refused)."""
+        ...
+
+
 def replay(
     fleet: FleetSnapshot,
     current: DecisionInputs,
@@ -94,45 +110,83 @@ def replay(
     now: datetime,
     inputs_for: InputsFor | None = None,
     deadline: Deadline | None = None,
+    settled: Settled | None = None,
 ) -> Preview:
     """Count what changes from ``current`` to ``proposed`` for every pod of ``fleet``.
 
     Both sides are full ``DecisionInputs``, evidence included, and go through the same
     evaluator as ``/v1/select``: a preview of a ``measured`` policy sees the evidence
-    the live path will use."""
+    the live path will use.
+
+    With ``settled`` (a fleet read's kept per-cluster figures), a cluster the proposal
+    leaves alike (:func:`untouched`: the same rules and the same overrides for it) has
+    no pod that changes or becomes invalid, only pods pending under the configuration
+    in force: ``settled.pending`` gives that count and the cluster is not replayed. So a
+    preview of one cluster's override decides that cluster's groups, whatever the
+    number of clusters. In a cluster it replays, the backend the configuration in force
+    gives a group is ``settled.given``, and the decision itself is made only for groups
+    that move (its reasons say why). Without ``settled`` every group of every cluster
+    is decided under both."""
     tally = _Tally()
     unreadable = total = 0
     classes = ClassCache()
     memo = DecisionMemo(now)
 
-    def under(inputs: DecisionInputs, request: Any, bucket: int | None) -> Decision | Refusal:
-        narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-        return decide(request, narrowed, now=now, bucket=bucket)
+    def under(
+        side: str, inputs: DecisionInputs, request: Any, shape_id: str, stage: StageClass
+    ) -> Decision | Refusal:
+        def compute() -> Decision | Refusal:
+            narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
+            return decide(request, narrowed, now=now, bucket=stage.bucket)
 
-    def both(request: Any, shape_id: str, stage: StageClass) -> tuple[Any, Any]:
-        key = memo.key(request, shape_id, stage, current, proposed)
-        return memo.get(
-            key,
-            lambda: (under(current, request, stage.bucket), under(proposed, request, stage.bucket)),
-        )
+        return memo.get((side, *memo.key(request, shape_id, stage, inputs)), compute)
 
-    for group in each_group(fleet, deadline):
-        total += group.pods
-        request = group.request
-        if request is None:
-            unreadable += group.pods  # recorded under an older schema; cannot be replayed
+    for cluster, groups in fleet.by_cluster.items():
+        if settled is not None and untouched(current, proposed, cluster):
+            for group in groups:
+                total += group.pods
+                if group.request is None:
+                    unreadable += group.pods
+            tally.pending += settled.pending(cluster)
             continue
-        staged = _union(
-            partial_rollouts(request, current.overrides, now),
-            partial_rollouts(request, proposed.overrides, now),
-        )
-        for stage in classes.of(staged):
-            before, after = both(request, group.shape_id, stage)
-            for row in group.rows:
-                n = stage.count(row)
-                if n:
-                    tally.add(group.cluster, row.backend, before, after, n)
+        for group in each_group(groups, deadline):
+            total += group.pods
+            request = group.request
+            if request is None:
+                unreadable += group.pods  # recorded under an older schema; cannot be replayed
+                continue
+            staged = _union(
+                partial_rollouts(request, current.overrides, now),
+                partial_rollouts(request, proposed.overrides, now),
+            )
+            for stage in classes.of(staged):
+                after = under("to", proposed, request, group.shape_id, stage)
+
+                def before(r: Any = request, g: PodGroup = group, st: StageClass = stage) -> Any:
+                    return under("from", current, r, g.shape_id, st)
+
+                if settled is not None:
+                    given = settled.given(group, stage.bucket)
+                else:
+                    decided = before()
+                    given = None if isinstance(decided, Refusal) else decided.backend.value
+                for row in group.rows:
+                    n = stage.count(row)
+                    if n:
+                        tally.add(group.cluster, row.backend, given, before, after, n)
     return tally.preview(total=total, unreadable=unreadable)
+
+
+def untouched(current: DecisionInputs, proposed: DecisionInputs, cluster: str) -> bool:
+    """Whether ``proposed`` decides every pod of ``cluster`` as ``current`` does: the
+    same rules, evidence and overrides for the cluster (the very objects: a proposal
+    replaces one scope's override and keeps the others), and so the same trust scope."""
+    if proposed.rules is not current.rules or proposed.evidence is not current.evidence:
+        return False
+    if proposed.evidence_generation != current.evidence_generation:
+        return False
+    mine, theirs = current.overrides_for(cluster), proposed.overrides_for(cluster)
+    return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs, strict=True))
 
 
 class _Tally:
@@ -150,23 +204,28 @@ class _Tally:
         self,
         cluster: str,
         recorded: str,
-        before: Decision | Refusal,
+        given: str | None,
+        before: Callable[[], Decision | Refusal],
         after: Decision | Refusal,
         n: int,
     ) -> None:
-        """``n`` pods of ``cluster`` that run ``recorded`` and get ``before``, then ``after``."""
-        was = recorded if isinstance(before, Refusal) else before.backend.value
+        """``n`` pods of ``cluster`` that run ``recorded``, to which the configuration
+        in force gives ``given`` (None: it refuses them; ``before()``: that decision,
+        asked only when they move) and the proposal ``after``."""
+        was = recorded if given is None else given
         if was != recorded:
             self.pending += n
         if isinstance(after, Refusal):
-            if not isinstance(before, Refusal):
+            if given is not None:
                 self.invalid[(cluster, was, after.message)] += n
         elif after.backend.value != was:
             key = (cluster, was, after.backend.value)
             self.changes[key] += n
-            found = self.explained.get((id(before), id(after), was))
+            decided = before()
+            found = self.explained.get((id(decided), id(after), was))
             if found is None:
-                found = self.explained[(id(before), id(after), was)] = why_moved(before, after, was)
+                found = why_moved(decided, after, was)
+                self.explained[(id(decided), id(after), was)] = found
             self.reasons.setdefault(key, Counter())[found] += n
 
     def preview(self, *, total: int, unreadable: int) -> Preview:

@@ -5,7 +5,7 @@ bucket (``service/fleet/groups.py``), never per pod."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +18,7 @@ from mla_switchboard.core.evaluator import (
     in_stage,
 )
 from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
-from mla_switchboard.core.schemas import Override
+from mla_switchboard.core.schemas import FLEET, Override
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_buckets
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
@@ -49,28 +49,62 @@ def progress(
     scope and in the stage, how many booted with it (their newest decision runs what
     the override gives them), failures counted, and the stage's measured speed against
     the rest of the scope (median TFLOP/s of the backends each part runs, from the
-    samples of its own pods). Counted per group and stage bucket, never per pod.
+    samples of its own pods). Counted per group and stage bucket, never per pod, and
+    per cluster: a cluster's override walks that cluster's groups only, the fleet's
+    (``*``) every group once (:meth:`ProgressWalk.cluster`).
 
     ``evidence_of(cluster)`` gives one cluster's own evidence index (the runtime's
     per-cluster ones); without it, each cluster's samples are picked out of
     ``inputs.evidence``. Either way the samples are split by the stage buckets stored
     with them, never by hashing pod names again."""
-    classes = ClassCache()
-    memo = DecisionMemo(now)
+    walk = ProgressWalk(inputs, now, inputs_for, evidence_of)
     out = []
     for o in sorted(inputs.overrides, key=lambda o: o.cluster):
         if o.rollout is None:
             continue
-        tally = _Progress(o)
-        for group in each_group(fleet, deadline):
+        tally = RolloutTally.of(o)
+        clusters = fleet.by_cluster if o.cluster == FLEET else (o.cluster,)
+        for cluster in clusters:
+            tally.merge(walk.cluster(o, fleet.of_cluster(cluster), deadline))
+        out.append(tally.summary())
+    return out
+
+
+class ProgressWalk:
+    """What the rollouts' progress shares within one read: the inputs, the stage
+    classes and the decisions (each group decided once per class, and shared with
+    every cluster it holds for alike: ``DecisionMemo``)."""
+
+    def __init__(
+        self,
+        inputs: DecisionInputs,
+        now: datetime,
+        inputs_for: InputsFor | None = None,
+        evidence_of: Callable[[str], EvidenceIndex] | None = None,
+        memo: DecisionMemo | None = None,
+        classes: ClassCache | None = None,
+    ) -> None:
+        self.inputs, self.now, self.inputs_for = inputs, now, inputs_for
+        self.evidence_of = evidence_of or (lambda _: inputs.evidence)
+        self.memo = memo or DecisionMemo(now)
+        self.classes = classes or ClassCache()
+
+    def cluster(
+        self, o: Override, groups: Sequence[PodGroup], deadline: Deadline | None = None
+    ) -> RolloutTally:
+        """``o``'s progress among ``groups`` (one cluster's): what
+        :class:`RolloutTally` adds up, to be merged with the other clusters'."""
+        inputs, now, memo = self.inputs, self.now, self.memo
+        tally = RolloutTally.of(o)
+        for group in each_group(groups, deadline):
             request = group.request
-            if o.cluster not in ("*", group.cluster) or request is None:
+            if o.cluster not in (FLEET, group.cluster) or request is None:
                 continue
             if not any(x is o for x in applicable_overrides(request, (o,), now)):
                 continue
             tally.scoped += group.pods
-            narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-            for stage in classes.of(partial_rollouts(request, inputs.overrides, now)):
+            narrowed = inputs if self.inputs_for is None else self.inputs_for(request, inputs, now)
+            for stage in self.classes.of(partial_rollouts(request, inputs.overrides, now)):
                 inside = in_stage(request, o, stage.bucket)
                 given = (
                     memo.get(
@@ -85,13 +119,18 @@ def progress(
                 tally.count(group, stage, inside, given)
             situation = situation_of(request)
             if situation is not None:
-                tally.sample(group, situation, evidence_of or (lambda _: inputs.evidence))
-        out.append(tally.summary())
-    return out
+                tally.sample(group, situation, self.evidence_of)
+        return tally
 
 
-class _Progress:
-    """One staged override's counts and speeds, added up group by group."""
+class RolloutTally:
+    """One staged override's counts and speeds, added up group by group; the tallies of
+    several clusters merge into the override's (sums, and the speeds' lists joined:
+    their medians do not depend on the order)."""
+
+    @classmethod
+    def of(cls, override: Override) -> RolloutTally:
+        return cls(override)
 
     def __init__(self, override: Override) -> None:
         rollout = override.rollout
@@ -105,6 +144,15 @@ class _Progress:
         self.stage_speed: list[float] = []
         self.rest_speed: list[float] = []
         self.sampled: set[tuple[str, Situation, str]] = set()
+
+    def merge(self, other: RolloutTally) -> None:
+        """Add another part of the override's scope (another cluster's groups)."""
+        self.scoped += other.scoped
+        self.in_stage += other.in_stage
+        self.booted += other.booted
+        self.stage_speed.extend(other.stage_speed)
+        self.rest_speed.extend(other.rest_speed)
+        self.sampled |= other.sampled
 
     def count(
         self, group: PodGroup, stage: StageClass, inside: bool, given: Decision | Refusal | None

@@ -1,12 +1,15 @@
 """The reads dashboards and admins make of the whole fleet: the summary and previews.
 
 Each is computed from the fleet's counts by group (``service/fleet/groups.py``) on
-this replica's one fleet-read thread, within a time budget
-(``SWITCHBOARD_FLEET_READ_BUDGET_S``), and kept per every version it depends on: the
-configuration and evidence in force (``DecisionInputs.tag``), which overrides have
-expired, the fleet's counts (``fleet_version``) and the caller's cluster scope.
-Identical requests at the same time share one computation; a repeated one is a
-lookup, and its ETag lets a polling dashboard get a 304 without a body.
+this replica's one fleet-read thread, within a budget of that thread's CPU time
+(``SWITCHBOARD_FLEET_READ_BUDGET_S``, ``Deadline``), and kept per every version it
+depends on: the configuration and evidence in force (``DecisionInputs.tag``), which
+overrides have expired, the fleet's counts (``fleet_version``) and the caller's cluster
+scope. Identical requests at the same time share one computation; a repeated one is a
+lookup, and its ETag lets a polling dashboard get a 304 without a body. Below that,
+each cluster's share of a summary or a preview is kept across versions until what it
+depends on changes (``service/fleet/parts.py``): a new version costs the clusters it
+changed.
 
 The thread is one, so however many dashboards and admins ask for different things at
 once, at most one fleet read competes with the event loop; it runs at a lower
@@ -19,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as NotYet
@@ -28,13 +30,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from mla_switchboard.core.evaluator import DecisionInputs
-from mla_switchboard.core.schemas import Override, RulesDocument
+from mla_switchboard.core.schemas import FLEET, Override, RulesDocument
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.computed import Computed
 from mla_switchboard.service.fleet.groups import Deadline, Fleet, FleetSnapshot, OverBudget
+from mla_switchboard.service.fleet.parts import ClusterParts, PartsRead
 from mla_switchboard.service.fleet.preview import Preview, replay, with_override
-from mla_switchboard.service.fleet.progress import progress
-from mla_switchboard.service.fleet.regret import exclusions_by_cluster, regret_by_cluster
+from mla_switchboard.service.fleet.progress import RolloutTally
 from mla_switchboard.service.priority import lower_this_thread
 from mla_switchboard.service.store.recorder import DecisionRecorder
 
@@ -119,6 +121,7 @@ class FleetReads:
     _previews: Computed[Preview] = field(init=False, default_factory=lambda: Computed(256))
     _evidence: Computed[Answer] = field(init=False, default_factory=lambda: Computed(4))
     _worker: ThreadPoolExecutor = field(init=False, default_factory=_read_worker)
+    _parts: ClusterParts = field(init=False, default_factory=ClusterParts)
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
@@ -182,35 +185,35 @@ class FleetReads:
         now: datetime,
         visible: Visible,
     ) -> Answer:
+        """Added up cluster by cluster from the kept parts (``service/fleet/parts.py``):
+        only the clusters whose groups, overrides, rules or evidence changed since are
+        worked out again."""
+        self._parts.forget_others(fleet.by_cluster)
         fleet = fleet.visible(visible)
-        trusted = self.trusted.inputs_for
-        deadline = self._deadline()
-        clusters: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for group in fleet.groups:
-            for row in group.rows:
-                clusters[group.cluster][row.backend] += row.pods
+        parts = self._parts_of(fleet, inputs, now)
+        clusters = sorted(fleet.by_cluster)
+        excluded = {c: found for c in clusters if (found := parts.excluded(c))}
         body = {
-            "clusters": {c: dict(sorted(b.items())) for c, b in sorted(clusters.items())},
-            "regret": regret_by_cluster(
-                fleet, inputs, now=now, inputs_for=trusted, deadline=deadline
-            ),
-            "excluded": exclusions_by_cluster(
-                fleet, inputs, now=now, inputs_for=trusted, deadline=deadline
-            ),
+            "clusters": {c: parts.counts(c) for c in clusters},
+            "regret": {c: parts.regret(c) for c in clusters},
+            "excluded": excluded,
             "rollouts": [
                 r
-                for r in progress(
-                    fleet,
-                    inputs,
-                    now=now,
-                    inputs_for=trusted,
-                    deadline=deadline,
-                    evidence_of=self.trusted.of_cluster,
-                )
+                for r in _progress(parts, inputs, clusters)
                 if visible is None or visible(r["cluster"])
             ],
         }
         return Answer.of(body, _etag(key))
+
+    def _parts_of(self, fleet: FleetSnapshot, inputs: DecisionInputs, now: datetime) -> PartsRead:
+        return self._parts.reading(
+            fleet,
+            inputs,
+            now,
+            inputs_for=self.trusted.inputs_for,
+            evidence_of=self.trusted.of_cluster,
+            deadline=self._deadline(),
+        )
 
     def preview(
         self, proposal: Proposal, scope: tuple[str, ...] | None, visible: Visible
@@ -218,18 +221,27 @@ class FleetReads:
         """What ``proposal`` would change for the pods ``visible`` to the caller."""
         inputs, fleet, now = self._fresh()
         key = ("preview", *_versions(inputs, fleet, now), proposal.digest(), scope)
-        return self._previews.get(
-            key,
-            lambda: self._serially(
-                lambda: replay(
-                    fleet.visible(visible),
-                    inputs,
-                    proposal.applied_to(inputs),
-                    now=now,
-                    inputs_for=self.trusted.inputs_for,
-                    deadline=self._deadline(),
-                )
-            ),
+
+        def compute() -> Preview:
+            self._parts.forget_others(fleet.by_cluster)
+            return self._preview(proposal, inputs, fleet.visible(visible), now)
+
+        return self._previews.get(key, lambda: self._serially(compute))
+
+    def _preview(
+        self, proposal: Proposal, inputs: DecisionInputs, fleet: FleetSnapshot, now: datetime
+    ) -> Preview:
+        """The clusters the proposal touches are replayed; every other one's pending pods
+        are a kept per-cluster figure (``replay``'s ``settled``)."""
+        parts = self._parts_of(fleet, inputs, now)
+        return replay(
+            fleet,
+            inputs,
+            proposal.applied_to(inputs),
+            now=now,
+            inputs_for=self.trusted.inputs_for,
+            deadline=parts.deadline,
+            settled=parts,
         )
 
     def kept_preview(self, proposal: Proposal, scope: tuple[str, ...] | None) -> Preview | None:
@@ -260,6 +272,34 @@ class FleetReads:
     @property
     def preview_computations(self) -> int:
         return self._previews.computations
+
+
+def _progress(
+    parts: PartsRead, inputs: DecisionInputs, clusters: list[str]
+) -> list[dict[str, Any]]:
+    """Each staged override's progress (``fleet/progress.py``), added up from the parts
+    of the clusters it covers: its own cluster's, or every cluster's for ``*``."""
+    out = []
+    overrides = inputs.override_set
+    fleet_wide = overrides.own(FLEET)
+    shown = set(clusters)
+    for o in sorted(overrides, key=lambda o: o.cluster):
+        if o.rollout is None:
+            continue
+        tally = RolloutTally.of(o)
+        if o.cluster == FLEET:
+            position = _position(fleet_wide, o)
+            for cluster in clusters:
+                tally.merge(parts.progress(cluster, position, o))
+        elif o.cluster in shown:
+            position = len(fleet_wide) + _position(overrides.own(o.cluster), o)
+            tally.merge(parts.progress(o.cluster, position, o))
+        out.append(tally.summary())
+    return out
+
+
+def _position(overrides: tuple[Override, ...], o: Override) -> int:
+    return next(i for i, x in enumerate(overrides) if x is o)
 
 
 def _versions(inputs: DecisionInputs, fleet: FleetSnapshot, now: datetime) -> tuple[Any, ...]:

@@ -6,18 +6,38 @@ that pod, overrides' denies included). Per cluster the figure is
 ``1 - sum(chosen) / sum(best)`` over those pods: the share of attention-prefill
 throughput lost, as a fleet operator would add it up. Pods are taken by group
 (``service/fleet/groups.py``): one assessment per cluster, shape and stage class.
+
+Both figures here are a cluster's own (its groups, its overrides, the evidence it
+trusts), so each is worked out per cluster (:func:`cluster_regret`,
+:func:`cluster_exclusions`) and a fleet read may keep a cluster's until what it depends
+on changes (``service/fleet/parts.py``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides, assess
+from mla_switchboard.core.evaluator import (
+    Assessment,
+    DecisionInputs,
+    applicable_overrides,
+    assess,
+)
 from mla_switchboard.core.evidence import situation_of
+from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.fleet.groups import ClassCache, Deadline, FleetSnapshot, each_group
+from mla_switchboard.service.fleet.groups import (
+    ClassCache,
+    Deadline,
+    DecisionMemo,
+    FleetSnapshot,
+    PodGroup,
+    StageClass,
+    each_group,
+)
 from mla_switchboard.service.fleet.groups import partial_rollouts as _partials
 from mla_switchboard.service.selector import InputsFor
 
@@ -33,20 +53,41 @@ def regret_by_cluster(
     """Per cluster: pods, pods measured, pods on their best backend, the share of
     throughput lost and the best alternatives. Validity comes from the evaluator's
     ``assess`` (spec, engine, denies and, under policy measured, failure evidence)."""
-    acc: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {
-            "pods": 0,
-            "pods_measured": 0,
-            "pods_on_best": 0,
-            "chosen": 0.0,
-            "best": 0.0,
-            "switch_to": defaultdict(int),
-        }
-    )
-    classes = ClassCache()
-    for group in each_group(fleet, deadline):
-        a = acc[group.cluster]
-        a["pods"] += group.pods
+    classes, memo = ClassCache(), DecisionMemo(now)
+    return {
+        cluster: cluster_regret(
+            groups,
+            inputs,
+            now=now,
+            inputs_for=inputs_for,
+            deadline=deadline,
+            classes=classes,
+            memo=memo,
+        )
+        for cluster, groups in sorted(fleet.by_cluster.items())
+    }
+
+
+def cluster_regret(
+    groups: Sequence[PodGroup],
+    inputs: DecisionInputs,
+    *,
+    now: datetime,
+    inputs_for: InputsFor | None = None,
+    deadline: Deadline | None = None,
+    classes: ClassCache | None = None,
+    memo: DecisionMemo | None = None,
+) -> dict[str, Any]:
+    """One cluster's regret (``regret_by_cluster``'s entry), from its ``groups``.
+    ``classes``, ``memo``: shared by the clusters of one read (an assessment holds for
+    every cluster that decides the group alike: ``DecisionMemo``)."""
+    classes = classes or ClassCache()
+    memo = memo or DecisionMemo(now)
+    pods = measured_pods = on_best = 0
+    chosen_sum = best_sum = 0.0
+    switch_to: dict[str, int] = defaultdict(int)
+    for group in each_group(groups, deadline):
+        pods += group.pods
         request = group.request
         if request is None:
             continue
@@ -55,7 +96,7 @@ def regret_by_cluster(
         if not evidence.group(situation_of(request)):
             continue  # nothing measured for these pods: no assessment needed
         for stage in classes.of(_partials(request, inputs.overrides, now)):
-            assessed = assess(request, narrowed, now, stage.bucket)
+            assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.situation is None:
                 break
             measured = evidence.group(assessed.situation)
@@ -72,24 +113,21 @@ def regret_by_cluster(
                 if not n or chosen is None or chosen.median_tflops is None:
                     continue
                 best_tflops = max(best.median_tflops or 0.0, chosen.median_tflops)
-                a["pods_measured"] += n
-                a["chosen"] += n * chosen.median_tflops
-                a["best"] += n * best_tflops
+                measured_pods += n
+                chosen_sum += n * chosen.median_tflops
+                best_sum += n * best_tflops
                 if best_backend.value == row.backend or best_tflops <= chosen.median_tflops:
-                    a["pods_on_best"] += n
+                    on_best += n
                 else:
-                    a["switch_to"][best_backend.value] += n
-    out: dict[str, dict[str, Any]] = {}
-    for cluster, a in sorted(acc.items()):
-        lost = 0.0 if a["best"] <= 0 else 1.0 - a["chosen"] / a["best"]
-        out[cluster] = {
-            "pods": a["pods"],
-            "pods_measured": a["pods_measured"],
-            "pods_on_best": a["pods_on_best"],
-            "throughput_lost_pct": round(100.0 * lost, 2),
-            "best_alternatives": dict(sorted(a["switch_to"].items())),
-        }
-    return out
+                    switch_to[best_backend.value] += n
+    lost = 0.0 if best_sum <= 0 else 1.0 - chosen_sum / best_sum
+    return {
+        "pods": pods,
+        "pods_measured": measured_pods,
+        "pods_on_best": on_best,
+        "throughput_lost_pct": round(100.0 * lost, 2),
+        "best_alternatives": dict(sorted(switch_to.items())),
+    }
 
 
 def exclusions_by_cluster(
@@ -103,10 +141,39 @@ def exclusions_by_cluster(
     """Per cluster, the backends that failure evidence excludes for its pods under
     policy ``measured``, with the reason (who failed, when, with what). The summary and
     the dashboard show it, so an exclusion is never a silent gap."""
-    out: dict[str, dict[str, str]] = defaultdict(dict)
-    seen: set[tuple[str, Any]] = set()
-    classes = ClassCache()
-    for group in each_group(fleet, deadline):
+    classes, memo = ClassCache(), DecisionMemo(now)
+    out = {}
+    for cluster, groups in sorted(fleet.by_cluster.items()):
+        found = cluster_exclusions(
+            groups,
+            inputs,
+            now=now,
+            inputs_for=inputs_for,
+            deadline=deadline,
+            classes=classes,
+            memo=memo,
+        )
+        if found:
+            out[cluster] = found
+    return out
+
+
+def cluster_exclusions(
+    groups: Sequence[PodGroup],
+    inputs: DecisionInputs,
+    *,
+    now: datetime,
+    inputs_for: InputsFor | None = None,
+    deadline: Deadline | None = None,
+    classes: ClassCache | None = None,
+    memo: DecisionMemo | None = None,
+) -> dict[str, str]:
+    """One cluster's exclusions (``exclusions_by_cluster``'s entry; empty: none)."""
+    classes = classes or ClassCache()
+    memo = memo or DecisionMemo(now)
+    out: dict[str, str] = {}
+    seen: set[Any] = set()
+    for group in each_group(groups, deadline):
         request = group.request
         if request is None:
             continue
@@ -115,11 +182,27 @@ def exclusions_by_cluster(
             continue  # failure evidence excludes only under policy measured
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         for stage in classes.of(_partials(request, inputs.overrides, now)):
-            assessed = assess(request, narrowed, now, stage.bucket)
-            key = (group.cluster, assessed.situation)
-            if assessed.policy != "measured" or assessed.situation is None or key in seen:
+            assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
+            if assessed.policy != "measured" or assessed.situation is None:
                 continue
-            seen.add(key)
+            if assessed.situation in seen:
+                continue
+            seen.add(assessed.situation)
             for backend, reason in narrowed.evidence.exclusions(assessed.situation, now).items():
-                out[group.cluster].setdefault(backend.value, reason)
-    return {cluster: dict(sorted(v.items())) for cluster, v in sorted(out.items())}
+                out.setdefault(backend.value, reason)
+    return dict(sorted(out.items()))
+
+
+def _assessed(
+    memo: DecisionMemo,
+    request: SelectRequest,
+    group: PodGroup,
+    stage: StageClass,
+    inputs: DecisionInputs,
+    narrowed: DecisionInputs,
+    now: datetime,
+) -> Assessment:
+    """``assess`` of one group and stage class, shared through ``memo`` with every
+    cluster that decides it alike (the regret and the exclusions ask the same)."""
+    key = ("assess", *memo.key(request, group.shape_id, stage, inputs))
+    return memo.get(key, lambda: assess(request, narrowed, now, stage.bucket))

@@ -83,7 +83,12 @@ class ConfigStore:
         with Session(self.engine) as s:
             return {row.key: row.value for row in s.execute(select(Meta.key, Meta.value))}
 
-    def load_config(self) -> ConfigSnapshot:
+    def load_config(self, previous: ConfigSnapshot | None = None) -> ConfigSnapshot:
+        """The configuration as stored now. ``previous``: the snapshot this replica holds;
+        its overrides whose stored revision has not moved are kept as they are (every
+        change of an override moves its revision), so a reload after one cluster's
+        override changed parses that one, not every cluster's, and readers that key
+        their work by override (``service/fleet/parts.py``) see the others unchanged."""
         with Session(self.engine) as s:
             version = s.scalar(select(Meta.value).where(Meta.key == "config_version")) or 0
             row = s.scalars(
@@ -92,9 +97,28 @@ class ConfigStore:
             rules = RulesDocument.model_validate(
                 {**row.document, "revision": row.revision, "updated_at": aware(row.created_at)}
             )
-            overrides = tuple(_override(o) for o in s.scalars(select(OverrideRow)))
+            overrides = self._overrides(s, previous)
             tokens = load_tokens(s)
         return ConfigSnapshot(version=version, rules=rules, overrides=overrides, tokens=tokens)
+
+    def _overrides(self, s: Session, previous: ConfigSnapshot | None) -> tuple[Override, ...]:
+        if previous is None:
+            return tuple(_override(o) for o in s.scalars(select(OverrideRow)))
+        kept = {(o.cluster, o.revision): o for o in previous.overrides}
+        stored = s.execute(select(OverrideRow.cluster, OverrideRow.revision)).all()
+        changed = [cluster for cluster, revision in stored if (cluster, revision) not in kept]
+        fresh: dict[str, Override] = {}
+        for i in range(0, len(changed), 500):
+            rows = s.scalars(
+                select(OverrideRow).where(OverrideRow.cluster.in_(changed[i : i + 500]))
+            )
+            fresh.update((o.cluster, _override(o)) for o in rows)
+        out = []
+        for cluster, revision in stored:
+            found = kept.get((cluster, revision)) or fresh.get(cluster)
+            if found is not None:  # None: deleted between the two reads (the next has it)
+                out.append(found)
+        return tuple(out)
 
     # ------------------------------------------------------------------- rules
     def put_rules(

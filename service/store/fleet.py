@@ -54,6 +54,8 @@ class FleetStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._shapes: dict[str, str] = {}  # id -> JSON, read back once (immutable)
+        # each group's row as last read, with the text its buckets were parsed from
+        self._rows: dict[tuple[str, str, str, str], tuple[int, str, FleetGroup]] = {}
 
     def summary(self) -> dict[str, dict[str, int]]:
         """Pods per cluster and backend (each named pod's newest decision)."""
@@ -80,14 +82,24 @@ class FleetStore:
                 select(Meta.value).where(Meta.key == "fleet_version")
             ).scalar_one_or_none()
             q = select(*columns(FleetCount, GroupCounts))
-            groups = [
-                FleetGroup(
-                    g.cluster, g.shape_id, g.backend, g.source, g.pods,
-                    tuple(json.loads(g.buckets)),
-                )
-                for g in map(GroupCounts._make, conn.execute(q))
-            ]  # fmt: skip
+            groups = [self._row(g) for g in map(GroupCounts._make, conn.execute(q))]
+        if len(self._rows) > 2 * len(groups) + 1024:  # groups that left the fleet
+            live = {(g.cluster, g.shape_id, g.backend, g.source) for g in groups}
+            self._rows = {k: v for k, v in self._rows.items() if k in live}
         return version or 0, groups
+
+    def _row(self, g: GroupCounts) -> FleetGroup:
+        """The group's row: the one read last time (the same object) while its counts
+        are the same, so a new fleet version parses only the groups it changed, and
+        readers that keep work per group (``service/fleet/``) tell them apart by
+        identity."""
+        key = (g.cluster, g.shape_id, g.backend, g.source)
+        kept = self._rows.get(key)
+        if kept is not None and kept[0] == g.pods and kept[1] == g.buckets:
+            return kept[2]
+        row = FleetGroup(*key, g.pods, tuple(json.loads(g.buckets)))
+        self._rows[key] = (g.pods, g.buckets, row)
+        return row
 
     def shapes(self, ids: Iterable[str]) -> dict[str, str]:
         """Shape JSON by id; shapes never change, so each is read from the store once."""

@@ -188,3 +188,32 @@ def _old_row(d: DecisionRecord) -> tuple[Any, ...]:
         d.request_json,
         d.answer_id,
     )
+
+
+def test_a_new_fleet_version_reads_back_the_unchanged_groups_as_they_were(store: Store) -> None:
+    """Rows whose counts did not move are the same objects on the next read, and so is
+    a snapshot's group of them: a new version costs the groups it changed, and the fleet
+    reads kept per cluster (``service/fleet/parts.py``) compare them by identity."""
+    from mla_switchboard.service.fleet.groups import FleetSnapshot
+
+    history = [record(i, f"c{i % 3}", f"p{i}", BACKENDS[i % 2], shape=i % 2) for i in range(12)]
+    store.decisions.record_decisions(history)
+    v1, first = store.fleet.fleet_groups()
+    shapes = store.fleet.shapes({g.shape_id for g in first})
+    before = FleetSnapshot.build(v1, first, shapes)
+    booted = record(100, "c1", "new", "CUDNN", shape=0)
+    store.decisions.record_decisions([booted])
+    v2, second = store.fleet.fleet_groups()
+    after = FleetSnapshot.build(v2, second, shapes, before)
+    assert v2 > v1 and stored(store) == expected([*history, booted])
+
+    new_shape = shape_of_json(booted.request_json).id
+    old_rows = {(g.cluster, g.shape_id, g.backend): g for g in first}
+    for g in second:
+        is_new = (g.cluster, g.shape_id, g.backend) == ("c1", new_shape, "CUDNN")
+        assert (old_rows.get((g.cluster, g.shape_id, g.backend)) is g) is not is_new
+    old_groups = {(g.cluster, g.shape_id): g for g in before.groups}
+    for g in after.groups:
+        changed = (g.cluster, g.shape_id) == ("c1", new_shape)
+        assert (old_groups.get((g.cluster, g.shape_id)) is g) is not changed
+    assert FleetSnapshot.build(v2, second, shapes) == after  # the same content either way

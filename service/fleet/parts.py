@@ -1,0 +1,377 @@
+"""Each cluster's share of the fleet reads, kept across reads until what it depends on
+changes.
+
+A summary adds up, cluster by cluster, what each cluster's pods give: their counts,
+their regret and exclusions, and their part of every staged override's progress. A
+preview of one cluster's override needs, of every other cluster, only how many of its
+pods run something else than the configuration in force gives them (``pods_pending``):
+the proposal decides them exactly as before; and of the cluster it replays, what the
+configuration in force gives each group (the preview's "from", ``given``). Each of
+these is a function of one cluster's:
+
+- groups (its pods' counts by shape, backend, source and stage bucket);
+- rules (the fleet's and the cluster's own rule set);
+- overrides (the fleet's ``*`` ones and its own: ``DecisionInputs.overrides_for``),
+  with which of them have expired;
+- evidence: the indexes its pods' decisions read (the trust scope their overrides
+  give them, found through ``inputs_for``) and its own samples (``evidence_of``), as
+  their versions, under an epoch that moves when one of those indexes is replaced by
+  another object (a full reload, a cluster's first report, a new trust scope).
+
+That tuple is the part's key. A read works out only the parts whose key moved and
+takes the others as kept, so a summary after one pod booted, a report of one cluster,
+or an override written on one cluster costs that cluster's groups plus a lookup per
+other cluster: O(clusters + overrides) lookups and the changed clusters' evaluations,
+however many clusters hold overrides. Within one read the decisions are shared by
+every cluster they hold for alike (``DecisionMemo``), as before.
+
+Only the configuration in force is kept (one part per cluster); a proposal is never
+kept. The parts are read and written by the replica's one fleet-read thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.evidence import EvidenceIndex
+from mla_switchboard.core.schemas import Override, RulesDocument
+from mla_switchboard.service.fleet.groups import (
+    ClassCache,
+    Deadline,
+    DecisionMemo,
+    FleetSnapshot,
+    PodGroup,
+    each_group,
+    partial_rollouts,
+)
+from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally
+from mla_switchboard.service.fleet.regret import cluster_exclusions, cluster_regret
+from mla_switchboard.service.selector import InputsFor
+
+__all__ = ["ClusterPart", "ClusterParts", "PartsRead"]
+
+
+@dataclass(eq=False)
+class ClusterPart:
+    """One cluster's share of the fleet reads under one key; each figure is worked out
+    the first time a read asks for it (a summary never needs ``pending``, a preview
+    needs nothing else)."""
+
+    key: Hashable
+    counts: dict[str, int] | None = None
+    regret: dict[str, Any] | None = None
+    excluded: dict[str, str] | None = None
+    progress: dict[int, RolloutTally] = field(default_factory=dict)
+    """per position in ``DecisionInputs.overrides_for(cluster)``: that staged
+    override's progress among this cluster's pods"""
+    pending: int | None = None
+    given: dict[tuple[str, frozenset[int] | None], str | None] | None = None
+    """per (shape, stage class) of the configuration in force: the backend it gives
+    those pods (None: refused); worked out with ``pending``"""
+
+
+class _Texts:
+    """Each override's content as text, worked out once per override object: a reload
+    keeps the objects of the overrides that did not change (``ConfigStore.load_config``),
+    and so their texts."""
+
+    def __init__(self) -> None:
+        self._set: Sequence[Override] | None = None
+        self._text: dict[int, tuple[Override, str]] = {}  # the object is held: ids stay
+
+    def of(self, overrides: Sequence[Override], o: Override) -> str:
+        if overrides is not self._set:  # a new configuration: forget the overrides gone
+            alive = {id(x): x for x in overrides}
+            self._text = {i: v for i, v in self._text.items() if alive.get(i) is v[0]}
+            self._set = overrides
+        found = self._text.get(id(o))
+        if found is None or found[0] is not o:
+            found = self._text[id(o)] = (o, o.model_dump_json())
+        return found[1]
+
+
+_Read = tuple[frozenset[str], list[EvidenceIndex], int]
+"""A cluster's models, the evidence indexes its figures read, and their epoch."""
+
+
+class ClusterParts:
+    """The parts of the configuration in force, one per cluster (module docstring).
+
+    ``computed`` counts the figures worked out, by kind: what the growth tests count,
+    since a figure kept costs no evaluation however large the fleet."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, ClusterPart] = {}
+        self._lock = threading.Lock()
+        self._texts = _Texts()
+        self._rules: tuple[RulesDocument, str] | None = None
+        self._stamp: tuple[Any, ...] = (None, None, None)
+        self._read: dict[str, _Read] = {}
+        self._before: dict[str, _Read] = {}
+        self._epochs = itertools.count()
+        self.computed: dict[str, int] = {}
+
+    def reading(
+        self,
+        fleet: FleetSnapshot,
+        inputs: DecisionInputs,
+        now: datetime,
+        *,
+        inputs_for: InputsFor | None = None,
+        evidence_of: Callable[[str], EvidenceIndex] | None = None,
+        deadline: Deadline | None = None,
+    ) -> PartsRead:
+        """One read's view of the parts: ``fleet``, ``inputs`` and ``now`` are those of
+        the read; parts it works out are kept for the next."""
+        return PartsRead(self, fleet, inputs, now, inputs_for, evidence_of, deadline)
+
+    def count(self, kind: str) -> None:
+        self.computed[kind] = self.computed.get(kind, 0) + 1
+
+    def kept(self, cluster: str, key: Hashable) -> ClusterPart:
+        """The part of ``cluster`` under ``key``: the kept one while the key holds,
+        else a new, empty one (kept from now on)."""
+        with self._lock:
+            part = self._kept.get(cluster)
+            if part is None or part.key != key:
+                part = self._kept[cluster] = ClusterPart(key)
+            return part
+
+    def forget_others(self, clusters: dict[str, Any]) -> None:
+        """Drop the parts of clusters no longer in the fleet (``clusters``: the whole
+        fleet's, not a caller's scope), once they are many."""
+        with self._lock:
+            if len(self._kept) <= 2 * len(clusters) + 64:
+                return
+            for cluster in [c for c in self._kept if c not in clusters]:
+                del self._kept[cluster]
+
+    def read_by(
+        self, cluster: str, groups: Sequence[PodGroup], reading: PartsRead
+    ) -> tuple[list[EvidenceIndex], int]:
+        """``reading.indexes_read`` of ``cluster``, and its epoch.
+
+        Which indexes a cluster reads changes only with the overrides in force (its
+        pods' trust scopes) and when an index is replaced or added (the evidence
+        generation moves), so they are found again only then; a read in between asks
+        each index's version. The epoch moves when the indexes found are other objects
+        than before: a version is only comparable within one index."""
+        inputs = reading.inputs
+        stamp = (inputs.overrides, inputs.evidence_generation, inputs.evidence)
+        if any(a is not b for a, b in zip(self._stamp, stamp, strict=True)):
+            # the previous mapping is kept until the next change: its indexes stay alive
+            # meanwhile, so "the same object" below is never a new one at a reused
+            # address (a replaced index is released at the change after)
+            self._stamp, self._before, self._read = stamp, self._read, {}
+        models = frozenset(g.request.model.name for g in groups if g.request is not None)
+        found = self._read.get(cluster)
+        if found is None or found[0] != models:
+            indexes = reading.indexes_read(cluster, groups)
+            prior = found or self._before.get(cluster)
+            same = (
+                prior is not None
+                and len(prior[1]) == len(indexes)
+                and all(a is b for a, b in zip(prior[1], indexes, strict=True))
+            )
+            epoch = prior[2] if same and prior is not None else next(self._epochs)
+            found = self._read[cluster] = (models, indexes, epoch)
+        return found[1], found[2]
+
+    def rules_text(self, rules: RulesDocument) -> str:
+        kept = self._rules
+        if kept is None or kept[0] is not rules:
+            text = rules.model_dump_json()
+            digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+            kept = self._rules = (rules, digest)
+        return kept[1]
+
+    def override_text(self, overrides: Sequence[Override], o: Override) -> str:
+        return self._texts.of(overrides, o)
+
+
+class PartsRead:
+    """The parts as one read sees them (see :meth:`ClusterParts.reading`)."""
+
+    def __init__(
+        self,
+        parts: ClusterParts,
+        fleet: FleetSnapshot,
+        inputs: DecisionInputs,
+        now: datetime,
+        inputs_for: InputsFor | None,
+        evidence_of: Callable[[str], EvidenceIndex] | None,
+        deadline: Deadline | None,
+    ) -> None:
+        self._parts = parts
+        self.fleet, self.inputs, self.now = fleet, inputs, now
+        self._inputs_for = inputs_for
+        self._evidence_of = evidence_of
+        self.deadline = deadline
+        self._memo = DecisionMemo(now)
+        self._classes = ClassCache()
+        self._walk = ProgressWalk(
+            inputs, now, inputs_for, evidence_of, memo=self._memo, classes=self._classes
+        )
+        self._found: dict[str, ClusterPart] = {}
+
+    # ------------------------------------------------------------------ keys
+
+    def key(self, cluster: str) -> tuple[Hashable, ...]:
+        """What every figure of ``cluster`` depends on (module docstring)."""
+        inputs, now = self.inputs, self.now
+        groups = self.fleet.of_cluster(cluster)
+        overrides = inputs.overrides_for(cluster)
+        texts = self._parts
+        return (
+            tuple((g.shape_id, g.rows) for g in groups),
+            texts.rules_text(inputs.rules),
+            tuple(texts.override_text(inputs.overrides, o) for o in overrides),
+            tuple(o.expires_at is not None and o.expires_at <= now for o in overrides),
+            self._evidence_key(cluster, groups),
+        )
+
+    def _evidence_key(self, cluster: str, groups: Sequence[PodGroup]) -> Hashable:
+        """The evidence the cluster's figures read: the indexes (``indexes_read``) and
+        their versions, under an epoch that moves when one of them is replaced by
+        another object (``ClusterParts.read_by``)."""
+        indexes, epoch = self._parts.read_by(cluster, groups, self)
+        return (epoch, tuple(index.version for index in indexes))
+
+    def indexes_read(self, cluster: str, groups: Sequence[PodGroup]) -> list[EvidenceIndex]:
+        """The evidence indexes the figures of ``cluster`` read: for each model among
+        its ``groups``, the one ``inputs_for`` gives its first request (a pod's trust
+        scope is a function of its cluster and model: the overrides that apply), then
+        the cluster's own samples (``evidence_of``: rollout progress)."""
+        inputs = self.inputs
+        found: list[EvidenceIndex] = []
+        if self._inputs_for is None:
+            found.append(inputs.evidence)
+        else:
+            models: set[str] = set()
+            for g in groups:
+                request = g.request
+                if request is None or request.model.name in models:
+                    continue
+                models.add(request.model.name)
+                found.append(self._inputs_for(request, inputs, self.now).evidence)
+        if self._evidence_of is not None:
+            found.append(self._evidence_of(cluster))
+        return found
+
+    def part(self, cluster: str) -> ClusterPart:
+        part = self._found.get(cluster)
+        if part is None:
+            part = self._found[cluster] = self._parts.kept(cluster, self.key(cluster))
+        return part
+
+    # --------------------------------------------------------------- figures
+
+    def counts(self, cluster: str) -> dict[str, int]:
+        """Pods per backend they run now."""
+        part = self.part(cluster)
+        if part.counts is None:
+            counts: dict[str, int] = {}
+            for g in self.fleet.of_cluster(cluster):
+                for row in g.rows:
+                    counts[row.backend] = counts.get(row.backend, 0) + row.pods
+            part.counts = dict(sorted(counts.items()))
+        return part.counts
+
+    def regret(self, cluster: str) -> dict[str, Any]:
+        part = self.part(cluster)
+        if part.regret is None:
+            self._parts.count("regret")
+            part.regret = cluster_regret(
+                self.fleet.of_cluster(cluster),
+                self.inputs,
+                now=self.now,
+                inputs_for=self._inputs_for,
+                deadline=self.deadline,
+                classes=self._classes,
+                memo=self._memo,
+            )
+        return part.regret
+
+    def excluded(self, cluster: str) -> dict[str, str]:
+        part = self.part(cluster)
+        if part.excluded is None:
+            self._parts.count("excluded")
+            part.excluded = cluster_exclusions(
+                self.fleet.of_cluster(cluster),
+                self.inputs,
+                now=self.now,
+                inputs_for=self._inputs_for,
+                deadline=self.deadline,
+                classes=self._classes,
+                memo=self._memo,
+            )
+        return part.excluded
+
+    def progress(self, cluster: str, position: int, o: Override) -> RolloutTally:
+        """``o``'s progress among the pods of ``cluster``; ``position``: where ``o``
+        is in ``inputs.overrides_for(cluster)`` (the same in every part of one key)."""
+        part = self.part(cluster)
+        found = part.progress.get(position)
+        if found is None:
+            self._parts.count("progress")
+            found = part.progress[position] = self._walk.cluster(
+                o, self.fleet.of_cluster(cluster), self.deadline
+            )
+        return found
+
+    def pending(self, cluster: str) -> int:
+        """Pods of ``cluster`` whose recorded backend is not what the configuration in
+        force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
+        part = self.part(cluster)
+        if part.pending is None or part.given is None:
+            self._parts.count("pending")
+            part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
+        return part.pending
+
+    def given(self, group: PodGroup, bucket: int | None) -> str | None:
+        """The backend the configuration in force gives the pods of ``group`` in stage
+        bucket ``bucket`` (None: refused): a preview's "from", kept with ``pending``.
+        ``bucket`` is any bucket of a stage class of the preview's, which splits those
+        of the configuration in force further (a proposal may add a staged rollout)."""
+        self.pending(group.cluster)
+        given = self.part(group.cluster).given
+        assert given is not None and group.request is not None
+        for stage in self._classes.of(self._partials(group)):
+            if stage.buckets is None or bucket in stage.buckets:
+                return given[(group.shape_id, stage.buckets)]
+        raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")
+
+    def _partials(self, group: PodGroup) -> tuple[Override, ...]:
+        assert group.request is not None
+        return partial_rollouts(group.request, self.inputs.overrides, self.now)
+
+    def _current(
+        self, groups: Sequence[PodGroup]
+    ) -> tuple[int, dict[tuple[str, frozenset[int] | None], str | None]]:
+        inputs, now, memo, narrow = self.inputs, self.now, self._memo, self._inputs_for
+        pending = 0
+        given: dict[tuple[str, frozenset[int] | None], str | None] = {}
+        for group in each_group(groups, self.deadline):
+            request = group.request
+            if request is None:
+                continue
+            narrowed = inputs if narrow is None else narrow(request, inputs, now)
+            for stage in self._classes.of(self._partials(group)):
+                decided: Decision | Refusal = memo.get(
+                    memo.key(request, group.shape_id, stage, inputs),
+                    lambda r=request, n=narrowed, b=stage.bucket: decide(r, n, now=now, bucket=b),
+                )
+                backend = None if isinstance(decided, Refusal) else decided.backend.value
+                given[(group.shape_id, stage.buckets)] = backend
+                for row in group.rows:
+                    n = stage.count(row)
+                    if n and backend is not None and backend != row.backend:
+                        pending += n
+        return pending, given

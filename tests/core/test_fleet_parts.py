@@ -1,0 +1,204 @@
+"""Fleet reads kept per cluster (``service/fleet/parts.py``) answer exactly what reading
+the whole fleet again answers, and a change to one cluster works out that cluster only.
+
+The reference is the whole-fleet functions (``regret_by_cluster``,
+``exclusions_by_cluster``, ``progress``, ``replay`` without kept figures), themselves
+checked against deciding every pod one by one in ``test_fleet_replay.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from mla_switchboard.core.evaluator import DecisionInputs
+from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_of
+from mla_switchboard.core.schemas import SEED_RULES, Override, SelectRequest
+from mla_switchboard.service.fleet.groups import FleetSnapshot, PodGroup
+from mla_switchboard.service.fleet.preview import replay, with_override
+from mla_switchboard.service.fleet.progress import progress
+from mla_switchboard.service.fleet.reads import FleetReads, Proposal, ReadSettings
+from mla_switchboard.service.fleet.regret import exclusions_by_cluster, regret_by_cluster
+
+from tests.core.conftest import override
+from tests.core.test_fleet_replay import SHAPES, fleet, staged
+
+NOW = datetime.now(UTC)
+CLUSTERS = ("east", "west", "canary")
+
+
+class Evidence:
+    """Each cluster's own index (the default trust scope), as the runtime keeps them."""
+
+    def __init__(self) -> None:
+        self.indexes = {c: EvidenceIndex(min_samples=1, min_pods=1) for c in CLUSTERS}
+
+    def report(self, cluster: str, backend: str, tflops: float, pods: int = 3) -> None:
+        situation = situation_of(SHAPES[0])
+        assert situation is not None
+        self.indexes[cluster].add(
+            Observation(situation, backend, f"{cluster}-{i}", tflops, ok=True, cluster=cluster)
+            for i in range(pods)
+        )
+
+    def inputs_for(
+        self, request: SelectRequest, inputs: DecisionInputs, now: datetime
+    ) -> DecisionInputs:
+        return replace(inputs, evidence=self.indexes[request.cluster])
+
+    def of_cluster(self, cluster: str) -> EvidenceIndex:
+        return self.indexes[cluster]
+
+
+@dataclass
+class Snapshots:
+    snap: FleetSnapshot
+
+    def current(self) -> FleetSnapshot:
+        return self.snap
+
+    def kept(self) -> FleetSnapshot:
+        return self.snap
+
+
+class Quiet:
+    pending = 0
+
+
+def reads_of(snapshots: Snapshots, evidence: Evidence, inputs: Callable[[], Any]) -> FleetReads:
+    return FleetReads(snapshots, Quiet(), evidence, inputs, ReadSettings(600, 1, 1))  # type: ignore[arg-type]
+
+
+def whole(snap: FleetSnapshot, inputs: DecisionInputs, evidence: Evidence) -> dict[str, Any]:
+    """The summary's figures read from the whole fleet again."""
+    kw: dict[str, Any] = {"now": NOW, "inputs_for": evidence.inputs_for}
+    return {
+        "regret": regret_by_cluster(snap, inputs, **kw),
+        "excluded": exclusions_by_cluster(snap, inputs, **kw),
+        "rollouts": progress(snap, inputs, evidence_of=evidence.of_cluster, **kw),
+    }
+
+
+def shown(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: body[k] for k in ("regret", "excluded", "rollouts")}
+
+
+def with_one_more_pod(snap: FleetSnapshot, cluster: str) -> FleetSnapshot:
+    """A pod of ``cluster`` booted (in bucket 0, on what its group's first row runs)."""
+    groups: list[PodGroup] = list(snap.groups)
+    i = next(k for k, g in enumerate(groups) if g.cluster == cluster)
+    g = groups[i]
+    first = g.rows[0]
+    moved = replace(first, pods=first.pods + 1, buckets=(first.buckets[0] + 1, *first.buckets[1:]))
+    groups[i] = replace(g, rows=(moved, *g.rows[1:]))
+    return FleetSnapshot(snap.version + 1, tuple(groups))
+
+
+OVERRIDES = (
+    staged("east", 30, force="FLASHINFER"),
+    override("west", policy="measured", note="west measured"),
+    staged("*", 20, deny=["TRTLLM_RAGGED"]),
+    staged("canary", 50, force="CUDNN"),
+)
+
+
+@pytest.fixture
+def world() -> tuple[Snapshots, Evidence, dict[str, DecisionInputs], FleetReads]:
+    evidence = Evidence()
+    for cluster in CLUSTERS:
+        evidence.report(cluster, "FLASHINFER", 600)
+        evidence.report(cluster, "FLASH_ATTN", 200)
+    current = {"inputs": DecisionInputs(SEED_RULES, OVERRIDES, tag=(1, 1))}
+    snapshots = Snapshots(FleetSnapshot.of_pods(fleet(3, current["inputs"]), version=1))
+    reads = reads_of(snapshots, evidence, lambda: current["inputs"])
+    yield snapshots, evidence, current, reads
+    reads.close()
+
+
+def test_a_summary_from_kept_parts_is_the_whole_fleets(world: Any) -> None:
+    snapshots, evidence, current, reads = world
+    parts = reads._parts
+
+    def check() -> None:
+        body = reads.summary(None, None).body
+        assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+
+    check()
+    first = dict(parts.computed)
+    # progress: the fleet's rollout in each of the three clusters, east's and canary's own
+    assert first == {"regret": 3, "excluded": 3, "progress": 5}
+
+    snapshots.snap = with_one_more_pod(snapshots.snap, "west")
+    check()
+    assert parts.computed == {"regret": 4, "excluded": 4, "progress": 6}  # west's only
+
+    # an override written on east: every override is another object after a reload
+    again = tuple(Override.model_validate(o.model_dump()) for o in OVERRIDES)
+    again = (staged("east", 60, force="FLASHINFER"), *again[1:])
+    current["inputs"] = DecisionInputs(SEED_RULES, again, tag=(2, 1))
+    check()
+    assert parts.computed == {"regret": 5, "excluded": 5, "progress": 8}  # east: * and its own
+
+    evidence.report("canary", "CUDNN", 900)  # canary's evidence moved
+    current["inputs"] = replace(current["inputs"], tag=(2, 2))
+    check()
+    assert parts.computed == {"regret": 6, "excluded": 6, "progress": 10}
+
+    # the fleet's override changed: every cluster again
+    current["inputs"] = replace(
+        current["inputs"],
+        overrides=with_override(again, "*", staged("*", 40, deny=["TRTLLM_RAGGED"])),
+        tag=(3, 2),
+    )
+    check()
+    assert parts.computed == {"regret": 9, "excluded": 9, "progress": 15}
+
+
+def test_a_scoped_summary_reads_the_clusters_it_may_see(world: Any) -> None:
+    snapshots, evidence, current, reads = world
+    visible = {"east", "canary"}.__contains__
+    body = reads.summary(("east", "canary"), visible).body
+    expected = whole(snapshots.snap.visible(visible), current["inputs"], evidence)
+    expected["rollouts"] = [r for r in expected["rollouts"] if visible(r["cluster"])]
+    assert shown(body) == expected
+    assert sorted(body["clusters"]) == ["canary", "east"]
+
+
+@pytest.mark.parametrize(
+    ("scope", "proposal"),
+    [
+        ("east", staged("east", 60, force="FLASHINFER")),
+        ("west", None),
+        ("canary", override("canary", deny=["FLASH_ATTN"])),
+        ("north", override("north", deny=["FLASH_ATTN"])),  # no pods there yet
+        ("*", staged("*", 10, force="FLASHINFER")),
+    ],
+)
+def test_a_preview_with_kept_pending_counts_is_the_full_replay(
+    world: Any, scope: str, proposal: Override | None
+) -> None:
+    snapshots, evidence, current, reads = world
+    inputs = current["inputs"]
+    proposed = Proposal(override_scope=scope, override=proposal)
+    got = reads.preview(proposed, None, None)
+    full = replay(
+        snapshots.snap,
+        inputs,
+        proposed.applied_to(inputs),
+        now=NOW,
+        inputs_for=evidence.inputs_for,
+    )
+    assert got == full
+    # each cluster's figures under the configuration in force: the pods pending of
+    # those the proposal leaves alike, what it gives each group of those it touches
+    assert reads._parts.computed == {"pending": len(CLUSTERS)}
+
+    # the next preview of another change reads them as kept
+    other = Proposal(override_scope=scope, override=override(scope, deny=["CUDNN"], note="2"))
+    assert reads.preview(other, None, None) == replay(
+        snapshots.snap, inputs, other.applied_to(inputs), now=NOW, inputs_for=evidence.inputs_for
+    )
+    assert reads._parts.computed == {"pending": len(CLUSTERS)}
