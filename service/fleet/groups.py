@@ -27,7 +27,7 @@ from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bu
 from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
 from mla_switchboard.service.priority import let_the_loop_in
 from mla_switchboard.service.state import PodState
-from mla_switchboard.service.store.decisions import DecisionStore
+from mla_switchboard.service.store.decisions import DecisionStore, FleetChange
 from mla_switchboard.service.store.fleet import FleetStore
 from mla_switchboard.service.store.rows import FleetGroup
 
@@ -142,6 +142,41 @@ class FleetSnapshot:
     @cached_property
     def by_key(self) -> dict[tuple[str, str], PodGroup]:
         return {(g.cluster, g.shape_id): g for g in self.groups}
+
+    def patched(self, changes: Sequence[FleetChange], shapes: dict[str, str]) -> FleetSnapshot:
+        """This snapshot with ``changes`` (the transactions right after its version, in
+        order) applied: what a read of every row would give as of the last one. Only
+        the groups they touch are made again."""
+        groups = dict(self.by_key)
+        touched: dict[tuple[str, str], dict[tuple[str, str], FleetGroup]] = {}
+
+        def rows_of(key: tuple[str, str]) -> dict[tuple[str, str], FleetGroup]:
+            found = touched.get(key)
+            if found is None:
+                was = groups.get(key)
+                rows = () if was is None else was.rows
+                found = touched[key] = {(r.backend, r.source): r for r in rows}
+            return found
+
+        for change in changes:
+            for row in change.rows:
+                rows_of((row.cluster, row.shape_id))[(row.backend, row.source)] = row
+            for cluster, shape_id, backend, source in change.gone:
+                rows_of((cluster, shape_id)).pop((backend, source), None)
+        for (cluster, shape_id), rows in touched.items():
+            if not rows:
+                groups.pop((cluster, shape_id), None)
+                continue
+            members = sorted(rows.values(), key=lambda r: (r.backend, r.source))
+            was = groups.get((cluster, shape_id))
+            shape = shapes.get(shape_id)
+            if was is not None and (was.request is not None or shape is None):
+                request = was.request
+            else:
+                request = None if shape is None else shape_request(shape, cluster)
+            groups[(cluster, shape_id)] = PodGroup(cluster, shape_id, request, tuple(members))
+        version = changes[-1].version if changes else self.version
+        return FleetSnapshot(version, tuple(groups[k] for k in sorted(groups)))
 
     @classmethod
     def of_pods(cls, pods: Iterable[PodState], version: int = 0) -> FleetSnapshot:
@@ -300,8 +335,10 @@ class Fleet:
     Which version is the latest is known without asking the store: this replica's
     writer says what each of its batches made, and the config poller sees the others'
     (every ``SWITCHBOARD_CONFIG_POLL_S``). So ``current()`` is a lookup while nothing
-    changed, and a read of O(groups) rows when something did (shapes are read once
-    each: they never change); another replica's decisions show within the poll."""
+    changed; when only this replica changed the counts since, their changes are applied
+    to the snapshot (``DecisionStore.fleet_changes_since``: the groups they touched);
+    otherwise it reads the O(groups) rows again (shapes are read once each: they never
+    change). Another replica's decisions show within the poll."""
 
     def __init__(self, decisions: DecisionStore, counts: FleetStore) -> None:
         """``decisions``: what this replica's writer moved the fleet's version to;
@@ -334,8 +371,28 @@ class Fleet:
             snap = self.kept()
             if snap is not None:
                 return snap
+            patched = self._patched()
+            if patched is not None:
+                self._snapshot = patched
+                return patched
             version, rows = self._counts.fleet_groups()
             shapes = self._counts.shapes({r.shape_id for r in rows})
             self.saw(version)
             self._snapshot = FleetSnapshot.build(version, rows, shapes, self._snapshot)
             return self._snapshot
+
+    def _patched(self) -> FleetSnapshot | None:
+        """The snapshot moved to the latest version by this replica's own changes, when
+        they are every change since it (no other replica wrote meanwhile): no I/O but
+        the shapes of new groups, and a cost of the groups those changes touched. None
+        when there is a gap (a full read then)."""
+        snap = self._snapshot
+        if snap is None:
+            return None
+        changes = self._decisions.fleet_changes_since(snap.version)
+        if not changes or changes[-1].version < self.latest:  # another replica wrote
+            return None
+        if any(c.version != snap.version + i for i, c in enumerate(changes, start=1)):
+            return None
+        shapes = self._counts.shapes({r.shape_id for c in changes for r in c.rows})
+        return snap.patched(changes, shapes)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections import defaultdict
+import threading
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +27,7 @@ from mla_switchboard.service.fleet.shapes import Shape, request_from_shape, shap
 from mla_switchboard.service.state import DecisionRecord, PodState
 from mla_switchboard.service.store.base import aware, newest_first
 from mla_switchboard.service.store.models import AnswerRow, DecisionRow, PodLatest, ShapeRow
-from mla_switchboard.service.store.rows import Decision, PodPointer, columns
+from mla_switchboard.service.store.rows import Decision, FleetGroup, PodPointer, columns
 from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
@@ -131,6 +133,22 @@ _STAGE_READY = "sb_stage_v2"
 PodKey = tuple[str, str, str]
 GroupKey = tuple[str, str, str, str]
 
+CHANGES_KEPT = 256
+"""How many of its own committed changes to the fleet's counts a store keeps for
+readers in this process (``fleet_changes_since``)."""
+
+
+@dataclass(frozen=True)
+class FleetChange:
+    """What one committed transaction of this process did to ``fleet_counts``: the
+    ``fleet_version`` it made, the rows it wrote (as they now are) and the groups it
+    emptied. A reader holding the counts as of the version before can apply it instead
+    of reading every row again (``service/fleet/groups.py``)."""
+
+    version: int
+    rows: tuple[FleetGroup, ...] = ()
+    gone: tuple[GroupKey, ...] = ()
+
 
 class DecisionStore:
     def __init__(self, engine: Engine, *, writer: Engine | None = None) -> None:
@@ -142,6 +160,12 @@ class DecisionStore:
         self._bumped = 0
         # the fleet_version this writer's last committed batch made (0: none yet)
         self.fleet_version_written = 0
+        # this process's committed changes to the counts, newest last; the change a
+        # transaction makes is noted per thread (the writer's, the pod expiry's) and
+        # kept once it committed
+        self._changes: deque[FleetChange] = deque(maxlen=CHANGES_KEPT)
+        self._changes_lock = threading.Lock()
+        self._change = threading.local()
         self._postgres = engine.dialect.name == "postgresql"
         self._sql = _statements("?" if engine.dialect.paramstyle == "qmark" else "%s")
         if engine.dialect.name == "sqlite":
@@ -181,6 +205,7 @@ class DecisionStore:
         }
         newest = _newest_per_pod(rows)
         self._bumped = 0
+        self._change.made = None
         info: dict[Any, Any] | None = None
         try:
             with self._writer.begin() as conn:
@@ -205,6 +230,7 @@ class DecisionStore:
             if info is not None:
                 info.pop(_STAGE_READY, None)
             raise
+        self._committed()
         if self._bumped:
             self.fleet_version_written = max(self.fleet_version_written, self._bumped)
         for known, new in ((self._known_shapes, shapes), (self._known_answers, answers)):
@@ -371,13 +397,14 @@ class DecisionStore:
             for row in result:
                 key = (row.cluster, row.shape_id, row.backend, row.source)
                 current[key] = json.loads(row.buckets)
-        upserts, deletes = [], []
+        upserts, deletes, written = [], [], []
         for key in keys:
             counts = current.get(key) or [0] * STAGE_BUCKETS
             merged = [max(0, a + d) for a, d in zip(counts, delta[key], strict=True)]
             total = sum(merged)
             if total:
                 upserts.append((*key, total, json.dumps(merged, separators=(",", ":"))))
+                written.append(FleetGroup(*key, total, tuple(merged)))
             elif key in current:
                 deletes.append(key)
         if upserts:
@@ -386,6 +413,22 @@ class DecisionStore:
             conn.exec_driver_sql(self._sql["fleet_delete"], deletes)
         bumped = conn.exec_driver_sql(self._sql["fleet_bump"]).scalar()
         self._bumped = int(bumped or 0)
+        self._change.made = FleetChange(self._bumped, tuple(written), tuple(deletes))
+
+    def _committed(self) -> None:
+        """Keep the change the transaction just committed on this thread (if any)."""
+        made = getattr(self._change, "made", None)
+        self._change.made = None
+        if made is not None and made.version:
+            with self._changes_lock:
+                self._changes.append(made)
+
+    def fleet_changes_since(self, version: int) -> list[FleetChange]:
+        """This process's committed changes to the fleet's counts after ``version``, in
+        version order (those of other replicas are not here: a reader finds a gap)."""
+        with self._changes_lock:
+            found = [c for c in self._changes if c.version > version]
+        return sorted(found, key=lambda c: c.version)
 
     # -------------------------------------------------------------------- reads
     def count_decisions(self) -> int:
@@ -433,6 +476,7 @@ class DecisionStore:
         """Take pods whose newest decision is older than ``seen_before`` out of the live
         fleet (``pod_latest`` and the counts), at most ``limit`` per call so the fleet
         lock is held briefly; their decisions stay in the log. Returns how many."""
+        self._change.made = None
         with self.engine.begin() as conn:
             if not self._postgres:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
@@ -467,7 +511,9 @@ class DecisionStore:
             if delta:
                 self._apply_counts(conn, delta)
             else:
-                conn.exec_driver_sql(self._sql["fleet_bump"])
+                bumped = conn.exec_driver_sql(self._sql["fleet_bump"]).scalar()
+                self._change.made = FleetChange(int(bumped or 0))
+        self._committed()
         return len(stale)
 
     def latest_per_pod(self) -> list[PodState]:

@@ -217,3 +217,53 @@ def test_a_new_fleet_version_reads_back_the_unchanged_groups_as_they_were(store:
         changed = (g.cluster, g.shape_id) == ("c1", new_shape)
         assert (old_groups.get((g.cluster, g.shape_id)) is g) is not changed
     assert FleetSnapshot.build(v2, second, shapes) == after  # the same content either way
+
+
+class CountingReads:
+    """A ``FleetStore`` that counts its reads of every row."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.full_reads = store, 0
+
+    def fleet_groups(self) -> Any:
+        self.full_reads += 1
+        return self.store.fleet.fleet_groups()
+
+    def shapes(self, ids: Any) -> dict[str, str]:
+        return self.store.fleet.shapes(ids)
+
+
+def test_the_snapshot_follows_this_replicas_own_changes_without_reading_every_row(
+    store: Store, engines: Callable[[], Engine]
+) -> None:
+    """After this replica's batches (and its pod expiry), the fleet's snapshot is the
+    previous one with their changes applied, equal to a read of every row; a batch of
+    another replica leaves a gap in the versions, and the next read reads every row."""
+    from mla_switchboard.service.fleet.groups import Fleet
+
+    history = random_history(7, 400, 60)
+    store.decisions.record_decisions(history[:100])
+    reads = CountingReads(store)
+    fleet = Fleet(store.decisions, reads)  # type: ignore[arg-type]
+
+    def fresh() -> Any:
+        return Fleet(store.decisions, store.fleet).current()
+
+    assert fleet.current() == fresh() and reads.full_reads == 1
+    for i in range(100, 400, 50):
+        store.decisions.record_decisions(history[i : i + 50])
+        assert fleet.current() == fresh()
+    # pods leaving the fleet (the expiry sweep) move pods out of their groups too
+    expired = store.decisions.expire_pods(T0 + timedelta(milliseconds=150))
+    assert expired > 0
+    fleet.saw(store.fleet.fleet_version())
+    assert fleet.current() == fresh()
+    assert reads.full_reads == 1  # every change was this replica's: none read again
+
+    other = Store(engines())
+    other.decisions.record_decisions([record(1000, "c9", "elsewhere", "CUDNN", shape=3)])
+    store.decisions.record_decisions([record(1001, "c1", "here", "CUDNN", shape=3)])
+    fleet.saw(other.fleet.fleet_version())
+    got = fleet.current()
+    assert got == fresh() and reads.full_reads == 2  # the other replica's batch: a gap
+    assert any(g.cluster == "c9" for g in got.groups)
