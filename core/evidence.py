@@ -21,24 +21,52 @@ cost follow the number of pods, not the history. A pod's older results make room
 newer ones; results older than the evidence window are dropped by
 :meth:`EvidenceIndex.prune`.
 
-An :class:`EvidenceIndex` changes in place: adding an observation costs a binary search
-and a memmove in a sorted list (never a copy of the samples), and a write publishes
-immutable per-situation summaries (:class:`BackendStats`) with one assignment, which
-readers use without a lock. :meth:`EvidenceIndex.with_observations` still gives a new
-index, by copying (for tests and one-off comparisons).
+**Every cost follows what counts, once.** An :class:`EvidenceIndex` changes in place
+under its own lock and publishes immutable per-situation summaries
+(:class:`BackendStats`) with one assignment, which readers (every decision) use
+without a lock. Behind them, per situation and backend (``_Tally``):
+
+- each pod's counted samples are one immutable ``bytes`` *record* (18 bytes a sample:
+  time, TFLOP/s, code path), kept in a dict per stage bucket that is ordered by the
+  pod's newest sample. A report replaces its pod's record and, when its newest sample
+  moved, deletes and re-inserts the pod (O(1)); nothing is ever copied per pod (the
+  ordered tuples of each bucket were copied per pod: building 100,000 pods' evidence
+  grew as n^1.9). A late report marks its bucket for sorting on the next read of it;
+- every counted TFLOP/s is also in chunked sorted arrays whose lengths a Fenwick tree
+  sums, so an insertion is a memmove within a chunk and the median a descent;
+- a heap of (time, pod), one entry per pod at or before its oldest dated sample, is
+  what :meth:`EvidenceIndex.prune` pops up to the evidence window's cutoff: a prune
+  looks at what expired (and at pods that moved on since their entry was filed, once
+  each), never at every pod, and runs in steps that let the event loop in;
+- none of it is a container per pod: a collection has a few objects per tally to
+  visit, whatever the pods.
+
+**A full read is a bulk load** (:class:`EvidenceLoader`): rows come as plain tuples,
+each pod's record is bounded as it is read (the loader holds what counts, never the
+history), then every pod is filed once into each index that trusts its cluster, the
+record and the heap entry shared between them, and each index's TFLOP/s are sorted in
+pieces instead of inserted one by one; an index that takes exactly the same pods as
+another (a situation seen in one cluster) copies it. History beyond the window is
+never read into memory at all: a reader starts at the window's first row, and nothing
+reads older rows (the store keeps them).
+
+:meth:`EvidenceIndex.with_observations` still gives a new index, by copying (for tests
+and one-off comparisons).
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 import json
 import math
+import struct
 import sys
 import threading
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -48,15 +76,17 @@ from mla_switchboard.core.engines import OWN_ENGINE
 from mla_switchboard.core.schemas import EngineInfo, Evidence, MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import KERNEL_PACKAGES as _PACKAGES
 from mla_switchboard.core.specs import Backend, format_capability
-from mla_switchboard.core.stages import stage_bucket
+from mla_switchboard.core.stages import pod_key, stage_bucket_of_key
 
 __all__ = [
     "KERNEL_PACKAGES",
     "SAMPLES_PER_POD",
     "BackendStats",
     "EvidenceIndex",
+    "EvidenceLoader",
     "FailureNote",
     "FailurePolicy",
+    "LoadedSample",
     "Observation",
     "PodSample",
     "Situation",
@@ -112,6 +142,23 @@ class Situation:
             packages=packages_key(packages),
             engine=engine if isinstance(engine, str) else engine_key(engine),
         )
+
+    def __post_init__(self) -> None:
+        # a situation is a key of every lookup a decision or a report makes: hash its
+        # six strings once, not at each lookup
+        object.__setattr__(self, "_hash", hash(_fields_of(self)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined,no-any-return]
+
+    def __reduce__(self) -> tuple[type[Situation], tuple[str, ...]]:
+        return (Situation, _fields_of(self))  # the hash of a string differs per process
+
+
+def _fields_of(situation: Situation) -> tuple[str, ...]:
+    """A situation's fields, in order (``dataclasses.astuple`` copies deeply: slower)."""
+    s = situation
+    return (s.device, s.capability, s.dims, s.dtype, s.packages, s.engine)
 
 
 def packages_key(packages: Mapping[str, str]) -> str:
@@ -263,10 +310,6 @@ class BackendStats:
 
 
 Group = Mapping[Backend, BackendStats]
-Sample = tuple[float, float, str | None]
-"""(time key, TFLOP/s, impl) of one counted result"""
-PodKey = tuple[str, str]
-"""(cluster, pod)"""
 PodSample = tuple[str, str, float]
 """(cluster, pod, TFLOP/s) of one counted sample"""
 
@@ -279,17 +322,73 @@ class _SortedFloats:
 
     An insertion or removal is a binary search and a memmove within one chunk, so its
     cost does not grow with the number of samples (one flat sorted list moved half of
-    them each time); the median walks the chunks' lengths. A chunk is an ``array('d')``:
-    8 bytes a value instead of a float object and its pointer, and nothing inside it
-    for the garbage collector to visit."""
+    them each time). The chunks' lengths are summed in a Fenwick tree, so the median
+    (which every write publishes) is a descent of it, not a walk of every chunk; a
+    write only notes which chunk grew or shrank, and a split or merge of chunks has it
+    rebuilt by the next read (once every few hundred writes). A chunk is an
+    ``array('d')``: 8 bytes a value instead of a float object and its pointer, and
+    nothing inside it for the garbage collector to visit. A bulk load sorts instead
+    (:meth:`of`)."""
 
     CHUNK = 256
-    __slots__ = ("_chunks", "_len", "_maxes")
+    PIECE = 8192
+    """Values :meth:`of` sorts in one call (a millisecond or two)."""
+    __slots__ = ("_chunks", "_len", "_maxes", "_pending", "_tree")
 
     def __init__(self) -> None:
         self._chunks: list[array[float]] = []
         self._maxes: list[float] = []  # each chunk's largest item, for the binary search
         self._len = 0
+        self._tree: list[int] | None = None  # Fenwick tree of the chunks' lengths
+        self._pending: dict[int, int] = {}  # chunk -> change in length since it was read
+
+    @classmethod
+    def of(cls, values: list[float], pause: Callable[[], None] = lambda: None) -> _SortedFloats:
+        """``values`` (in any order), sorted in steps of at most ``PIECE`` values with
+        ``pause`` between them: a bulk load never holds the interpreter for one sort of
+        everything (200,000 values take 80 ms on one slow core).
+
+        Every ``CHUNK``-th value is a splitter; each piece is sorted and cut at the
+        splitters into bins, which hold about ``CHUNK`` values each, in order; a bin
+        (runs already sorted) is then merged and becomes a chunk or a few."""
+        out = cls()
+        if not values:
+            return out
+        splitters = sorted(values[:: cls.CHUNK])[1:]
+        bins: list[list[float]] = [[] for _ in range(len(splitters) + 1)]
+        for start in range(0, len(values), cls.PIECE):
+            piece = sorted(values[start : start + cls.PIECE])
+            lo = 0
+            for b, splitter in enumerate(splitters):
+                hi = bisect.bisect_left(piece, splitter, lo)
+                if hi > lo:
+                    bins[b] += piece[lo:hi]
+                    lo = hi
+            bins[-1] += piece[lo:]
+            pause()
+        done = 0
+        for found in bins:
+            if not found:
+                continue
+            found.sort()
+            step = len(found) if len(found) <= 2 * cls.CHUNK else cls.CHUNK
+            for at in range(0, len(found), step):
+                chunk = array("d", found[at : at + step])
+                out._chunks.append(chunk)
+                out._maxes.append(chunk[-1])
+            done += len(found)
+            if done >= cls.PIECE:
+                done = 0
+                pause()
+        out._len = len(values)
+        return out
+
+    def copy(self) -> _SortedFloats:
+        out = type(self)()
+        out._chunks = [chunk[:] for chunk in self._chunks]
+        out._maxes = list(self._maxes)
+        out._len = self._len
+        return out
 
     def __len__(self) -> int:
         return self._len
@@ -303,6 +402,7 @@ class _SortedFloats:
         if not self._chunks:
             self._chunks.append(array("d", (value,)))
             self._maxes.append(value)
+            self._tree = None
             return
         i = min(bisect.bisect_left(self._maxes, value), len(self._maxes) - 1)
         chunk = self._chunks[i]
@@ -314,6 +414,9 @@ class _SortedFloats:
             self._chunks.insert(i + 1, upper)
             self._maxes[i] = chunk[-1]
             self._maxes.insert(i + 1, upper[-1])
+            self._tree = None
+        elif self._tree is not None:
+            self._pending[i] = self._pending.get(i, 0) + 1
 
     def remove(self, value: float) -> None:
         """Remove one item equal to ``value`` (which must be there)."""
@@ -324,10 +427,14 @@ class _SortedFloats:
         if not chunk:
             del self._chunks[i]
             del self._maxes[i]
+            self._tree = None
             return
         self._maxes[i] = chunk[-1]
         if len(chunk) < self.CHUNK // 2 and len(self._chunks) > 1:
             self._merge(min(i, len(self._chunks) - 2))
+            self._tree = None
+        elif self._tree is not None:
+            self._pending[i] = self._pending.get(i, 0) - 1
 
     def _merge(self, i: int) -> None:
         """Join chunk ``i`` with the next one (split again when too large)."""
@@ -341,12 +448,38 @@ class _SortedFloats:
             self._chunks[i] = merged
             self._maxes[i] = merged[-1]
 
+    def _lengths(self) -> list[int]:
+        """The Fenwick tree of the chunks' lengths, brought up to date."""
+        tree = self._tree
+        n = len(self._chunks)
+        if tree is None:
+            tree = [0] * (n + 1)
+            for i in range(1, n + 1):
+                tree[i] += len(self._chunks[i - 1])
+                parent = i + (i & -i)
+                if parent <= n:
+                    tree[parent] += tree[i]
+            self._tree = tree
+        else:
+            for chunk, change in self._pending.items():
+                i = chunk + 1
+                while i <= n:
+                    tree[i] += change
+                    i += i & -i
+        self._pending.clear()
+        return tree
+
     def __getitem__(self, k: int) -> float:
-        for chunk in self._chunks:
-            if k < len(chunk):
-                return chunk[k]
-            k -= len(chunk)
-        raise IndexError(k)
+        if not 0 <= k < self._len:
+            raise IndexError(k)
+        tree = self._lengths()
+        n, chunk, step = len(tree) - 1, 0, 1 << (len(tree) - 1).bit_length()
+        while step:  # the last chunk whose predecessors hold at most k items
+            if chunk + step <= n and tree[chunk + step] <= k:
+                chunk += step
+                k -= tree[chunk]
+            step >>= 1
+        return self._chunks[chunk][k]
 
     def median(self) -> float | None:
         n = self._len
@@ -356,192 +489,387 @@ class _SortedFloats:
         return self[mid] if n % 2 else (self[mid - 1] + self[mid]) / 2
 
 
-PodSamples = tuple[Sample, ...]
-"""One pod's counted samples, oldest first (at most ``per_pod``)."""
-Ordered = tuple[tuple[float, ...], tuple[PodKey, ...]]
-"""One stage bucket's pods by the time key of their newest sample, oldest first: the
-times and the pods as two parallel tuples, so a binary search compares floats only."""
-_NONE_ORDERED: Ordered = ((), ())
+# ------------------------------------------------------------ one pod's samples
+
+_RECORD = struct.Struct("<ddH")
+"""One counted sample as a pod's record holds it: time key, TFLOP/s, impl id."""
+_SIZE = _RECORD.size
+_TIME = struct.Struct("<d")
+
+Record = bytes
+"""One pod's counted samples in one situation and backend, oldest first (at most
+``per_pod``): ``_RECORD`` after ``_RECORD``. Immutable, so indexes built together
+share one pod's record, and not a container: the collector never visits it."""
 
 
-def _moved(entries: Ordered, pod: PodKey, was: float | None, now: float | None) -> Ordered:
-    """``entries`` with ``pod``'s newest sample moved from ``was`` to ``now`` (None:
-    not there, or no longer). Reports mostly come in time order, so a pod usually moves
-    to the end; a copy of one bucket's entries (a hundredth of the situation's pods)."""
-    times, pods = entries
-    if was is not None:
-        at = bisect.bisect_left(times, was)
-        while pods[at] != pod:  # pods whose newest samples share a time
-            at += 1
-        times, pods = times[:at] + times[at + 1 :], pods[:at] + pods[at + 1 :]
-    if now is None:
-        return times, pods
-    if not times or times[-1] <= now:
-        return (*times, now), (*pods, pod)
-    at = bisect.bisect_right(times, now)
-    return (*times[:at], now, *times[at:]), (*pods[:at], pod, *pods[at:])
+def _time_at(record: Record, offset: int) -> float:
+    return _TIME.unpack_from(record, offset)[0]  # type: ignore[no-any-return]
+
+
+def _newest(record: Record) -> float:
+    return _TIME.unpack_from(record, len(record) - _SIZE)[0]  # type: ignore[no-any-return]
+
+
+def _oldest_dated(record: Record) -> float:
+    """The time key of the oldest sample with a time (undated ones come first), inf
+    when there is none: when the record next has something to expire."""
+    for offset in range(0, len(record), _SIZE):
+        at = _time_at(record, offset)
+        if at != -math.inf:
+            return at
+    return math.inf
+
+
+def _with_sample(
+    record: Record, sample: bytes, at: float, per_pod: int
+) -> tuple[Record, bytes | None] | None:
+    """``record`` with ``sample`` (time key ``at``) in its place in time, after the
+    samples of the same time, and the oldest sample if it had to make room; None when
+    the record is full and ``sample`` is older than all of it (it would make room for
+    nothing)."""
+    n = len(record) // _SIZE
+    if n >= per_pod and at < _time_at(record, 0):
+        return None
+    if at >= _time_at(record, len(record) - _SIZE):
+        new = record + sample  # the usual case: newer than all the pod has
+    else:
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if at < _time_at(record, mid * _SIZE):
+                hi = mid
+            else:
+                lo = mid + 1
+        new = record[: lo * _SIZE] + sample + record[lo * _SIZE :]
+    if n >= per_pod:
+        return new[_SIZE:], new[:_SIZE]
+    return new, None
+
+
+def _split_expired(record: Record, cutoff: float) -> tuple[Record, Record]:
+    """(what stays, what expired): the dated samples older than ``cutoff`` expire."""
+    start = 0
+    while start < len(record) and _time_at(record, start) == -math.inf:
+        start += _SIZE
+    end = start
+    while end < len(record) and _time_at(record, end) < cutoff:
+        end += _SIZE
+    if end == start:
+        return record, b""
+    return record[:start] + record[end:], record[start:end]
+
+
+_IMPL_NAMES: list[str | None] = [None]
+_IMPL_IDS: dict[str, int] = {}
+_IMPL_LOCK = threading.Lock()
+MAX_IMPL_NAMES = 0xFFFF
+"""Distinct code-path names a process tells apart (``impl``: "flashinfer-fa3"); a
+record holds a name's number. Names beyond that many count their samples, unnamed:
+only a fleet reporting tens of thousands of made-up names would see it."""
+
+
+def _impl_id(name: str | None) -> int:
+    if not name:
+        return 0
+    found = _IMPL_IDS.get(name)
+    if found is not None:
+        return found
+    with _IMPL_LOCK:
+        found = _IMPL_IDS.get(name)
+        if found is None:
+            if len(_IMPL_NAMES) >= MAX_IMPL_NAMES:
+                return 0
+            found = len(_IMPL_NAMES)
+            _IMPL_NAMES.append(sys.intern(name))
+            _IMPL_IDS[_IMPL_NAMES[found]] = found  # type: ignore[index]
+        return found
+
+
+class _Fields(dict[int, struct.Struct]):
+    """One field of every sample of a record of n samples, in one unpack: ``_VALUES[n]``
+    the TFLOP/s, ``_IMPLS[n]`` the impl ids (a bulk load reads 400,000 records)."""
+
+    def __init__(self, skip: int, code: str, rest: int) -> None:
+        super().__init__()
+        self._one = f"{skip}x{code}{rest}x" if rest else f"{skip}x{code}"
+
+    def __missing__(self, n: int) -> struct.Struct:
+        found = self[n] = struct.Struct("<" + self._one * n)
+        return found
+
+
+_VALUES = _Fields(8, "d", 2)
+_IMPLS = _Fields(16, "H", 0)
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    cluster, _, pod = key.partition("\0")
+    return cluster, pod
 
 
 class _Tally:
     """One backend in one situation, as the index's writer changes it.
 
-    Each pod keeps at most ``per_pod`` samples, oldest first; every counted TFLOP/s is
-    also in ``values``, kept sorted, so the median is a lookup and a new sample costs a
-    binary search and a memmove within one chunk, never a copy of the samples.
+    **Pods by stage bucket, in the order of their newest sample.** ``buckets`` maps
+    each stage bucket (``core/stages.py``) to its pods' records, a dict kept in the
+    order of each pod's newest sample: a pod whose newest sample moves is deleted and
+    inserted again (O(1)), so a pod's report costs the same whatever the number of
+    pods (before, each one copied its bucket's order, a hundredth of the situation:
+    quadratic in pods). A rollout guard reads its stage's buckets from the newest
+    end back to the stage's start, and never walks (or hashes) the rest of the
+    situation's history. A sample older than its bucket's newest (a late report) marks
+    the bucket ``disordered``; the next read that walks it sorts it first (1% of the
+    situation's pods).
 
-    The pods of each stage bucket (``core/stages.py``; a pod's is hashed when its
-    newest sample changes, not stored) are kept in ``recent`` ordered by their newest
-    sample: a rollout guard reads the samples of its stage's buckets reported since the
-    stage began, and never walks (or hashes) the rest of the situation's history.
+    **Expiry** is a heap of (time key, pod): each pod with a dated sample has an entry
+    no later than its oldest dated sample (a newer one is added when an older sample
+    arrives; one whose pod moved on is corrected when it comes up). A prune pops only
+    the entries older than its cutoff: what expired, not every pod.
 
-    **Nothing here costs the garbage collector.** What a tally keeps per pod is tuples
-    of floats and strings in plain dicts, which CPython stops tracking once a collection
-    has seen them: a replica holding 100,000 pods' samples gives each collection a
-    few objects per tally to walk, not one or two per pod (a full collection went from
-    100 ms to a few, and it holds every thread, the event loop's too). Replacing a
-    pod's tuple copies at most ``per_pod`` samples."""
+    Every counted TFLOP/s is also in ``values``, kept sorted, so the median is a
+    lookup and a new sample costs a binary search and a memmove within one chunk.
+
+    **Nothing here costs the garbage collector.** A pod is a string key and an
+    immutable ``bytes`` record in plain dicts, and a heap entry a tuple of a float and
+    that key, which CPython stops tracking once a collection has seen them: a replica
+    holding 100,000 pods' samples gives each collection a few objects per tally."""
 
     __slots__ = (
         "_failures_newest_first",
-        "by_pod",
+        "buckets",
+        "disordered",
+        "expiry",
         "failures",
         "impls",
-        "recent",
+        "pods",
         "values",
     )
 
     def __init__(self) -> None:
-        self.by_pod: dict[PodKey, PodSamples] = {}
+        self.buckets: dict[int | None, dict[str, Record]] = {}
+        self.disordered: set[int | None] = set()
+        self.expiry: list[tuple[float, str]] = []
+        self.pods = 0
         self.values = _SortedFloats()
-        self.impls: Counter[str] = Counter()
-        self.failures: dict[PodKey, FailureNote] = {}
+        self.impls: Counter[int] = Counter()
+        self.failures: dict[str, FailureNote] = {}
         self._failures_newest_first: tuple[FailureNote, ...] | None = ()
-        self.recent: dict[int | None, Ordered] = {}
 
-    def add_sample(self, pod: PodKey, sample: Sample, per_pod: int) -> bool:
-        samples = self.by_pod.get(pod)
-        if samples is None:
-            samples, newest = (), None
+    # ------------------------------------------------------------- samples
+
+    def record(self, key: str, bucket: int | None) -> Record | None:
+        pods = self.buckets.get(bucket)
+        return None if pods is None else pods.get(key)
+
+    def records(self) -> Iterator[tuple[str, Record]]:
+        for pods in self.buckets.values():
+            yield from pods.items()
+
+    def add_sample(
+        self, key: str, bucket: int | None, at: float, value: float, impl: int, per_pod: int
+    ) -> bool:
+        sample = _RECORD.pack(at, value, impl)
+        pods = self.buckets.get(bucket)
+        if pods is None:
+            pods = self.buckets[bucket] = {}
+        record = pods.get(key)
+        if record is None:
+            self._place(pods, bucket, key, sample, at)
+            self.pods += 1
+            self._count(value, impl)
+            if at != -math.inf:
+                heapq.heappush(self.expiry, (at, key))
+            return True
+        changed = _with_sample(record, sample, at, per_pod)
+        if changed is None:
+            return False
+        new, made_room = changed
+        self._count(value, impl)
+        if made_room is not None:
+            _, old_value, old_impl = _RECORD.unpack(made_room)
+            self._uncount(old_value, old_impl)
+        if at > _newest(record):  # its place in its bucket's order
+            del pods[key]
+            self._place(pods, bucket, key, new, at)
         else:
-            newest = samples[-1][0]
-            if len(samples) >= per_pod and sample[0] < samples[0][0]:
-                return False  # older than all this pod counts: it would make room for nothing
-        if newest is None or sample[0] >= newest:
-            samples = (*samples, sample)  # the usual case: newer than all the pod has
-            if sample[0] != newest:  # its place in its bucket's order
-                bucket = stage_bucket(*pod)
-                entries = self.recent.get(bucket, _NONE_ORDERED)
-                self.recent[bucket] = _moved(entries, pod, newest, sample[0])
-        else:
-            at = bisect.bisect_right(samples, sample[0], key=_time_of)
-            samples = (*samples[:at], sample, *samples[at:])
-        self._count(sample)
-        if len(samples) > per_pod:
-            self._uncount(samples[0])
-            samples = samples[1:]
-        self.by_pod[pod] = samples
+            pods[key] = new
+        if at != -math.inf and at < _oldest_dated(record):
+            heapq.heappush(self.expiry, (at, key))  # expires before the pod's entry
         return True
+
+    def _place(
+        self, pods: dict[str, Record], bucket: int | None, key: str, record: Record, newest: float
+    ) -> None:
+        """Put ``record`` last in its bucket (noting when that breaks the order)."""
+        if pods and bucket not in self.disordered and newest < _newest(pods[next(reversed(pods))]):
+            self.disordered.add(bucket)
+        pods[key] = record
+
+    def _ordered(self, bucket: int | None) -> dict[str, Record] | None:
+        pods = self.buckets.get(bucket)
+        if pods is not None and bucket in self.disordered:
+            by_time = sorted(pods.items(), key=lambda kv: _newest(kv[1]))
+            pods.clear()
+            pods.update(by_time)
+            self.disordered.discard(bucket)
+        return pods
+
+    def order(self, pause: Callable[[], None]) -> None:
+        """Sort every disordered bucket (after a bulk load), one bucket a step."""
+        for bucket in list(self.disordered):
+            self._ordered(bucket)
+            pause()
 
     def in_buckets(self, buckets: Iterable[int | None], since: float) -> list[PodSample]:
         """The samples at or after ``since`` (a time key) of the pods in ``buckets``."""
         out: list[PodSample] = []
         for bucket in buckets:
-            entries = self.recent.get(bucket)
-            if entries is None:
+            pods = self._ordered(bucket)
+            if not pods:
                 continue
-            times, pods = entries
-            for pod in pods[bisect.bisect_left(times, since) :]:
-                samples = self.by_pod[pod]
-                first = bisect.bisect_left(samples, since, key=_time_of)
-                out.extend((pod[0], pod[1], s[1]) for s in samples[first:])
+            recent: list[tuple[str, Record]] = []
+            for key, record in reversed(pods.items()):
+                if _newest(record) < since:
+                    break
+                recent.append((key, record))
+            for key, record in reversed(recent):
+                cluster, pod = _split_key(key)
+                out.extend(
+                    (cluster, pod, value)
+                    for at, value, _ in _RECORD.iter_unpack(record)
+                    if at >= since
+                )
         return out
 
-    def add_failure(self, pod: PodKey, note: FailureNote) -> bool:
-        known = self.failures.get(pod)
+    def _count(self, value: float, impl: int) -> None:
+        self.values.add(value)
+        if impl:
+            self.impls[impl] += 1
+
+    def _uncount(self, value: float, impl: int) -> None:
+        self.values.remove(value)
+        if impl:
+            self.impls[impl] -= 1
+            if self.impls[impl] <= 0:
+                del self.impls[impl]
+
+    # ------------------------------------------------------------- failures
+
+    def add_failure(self, key: str, note: FailureNote) -> bool:
+        known = self.failures.get(key)
         if known is not None and _failure_key(note.at) < _failure_key(known.at):
             return False  # a pod counts once, with its newest note
-        self.failures[pod] = note
+        self.failures[key] = note
         self._failures_newest_first = None
         return True
 
     def clear_failures(self, cutoff: float) -> bool:
         """Forget failures noted at or before ``cutoff`` (a time key; undated ones too)."""
         gone = [
-            pod
-            for pod, note in self.failures.items()
+            key
+            for key, note in self.failures.items()
             if note.at is None or note.at.timestamp() <= cutoff
         ]
-        for pod in gone:
-            del self.failures[pod]
+        for key in gone:
+            del self.failures[key]
         if gone:
             self._failures_newest_first = None
         return bool(gone)
 
-    def _count(self, sample: Sample) -> None:
-        self.values.add(sample[1])
-        if sample[2]:
-            self.impls[sample[2]] += 1
-
-    def _uncount(self, sample: Sample) -> None:
-        self.values.remove(sample[1])
-        impl = sample[2]
-        if impl:
-            self.impls[impl] -= 1
-            if self.impls[impl] <= 0:
-                del self.impls[impl]
-
-    def prune(self, cutoff: float) -> bool:
-        """Drop samples and failures older than ``cutoff`` (a time key)."""
-        changed = False
-        for pod, samples in list(self.by_pod.items()):
-            first = bisect.bisect_right(samples, -math.inf, key=_time_of)  # undated stay
-            last = bisect.bisect_left(samples, cutoff, key=_time_of)
-            if last <= first:
-                continue
-            newest = samples[-1][0]
-            for sample in samples[first:last]:
-                self._uncount(sample)
-            samples = samples[:first] + samples[last:]
-            changed = True
-            if not samples or samples[-1][0] != newest:
-                bucket = stage_bucket(*pod)
-                entries = _moved(
-                    self.recent[bucket], pod, newest, samples[-1][0] if samples else None
-                )
-                if entries[0]:
-                    self.recent[bucket] = entries
-                else:
-                    del self.recent[bucket]
-            if samples:
-                self.by_pod[pod] = samples
-            else:
-                del self.by_pod[pod]
-        for pod, note in list(self.failures.items()):
-            if _failure_key(note.at) < cutoff:
-                del self.failures[pod]
-                self._failures_newest_first = None
-                changed = True
-        return changed
-
-    def empty(self) -> bool:
-        return not self.by_pod and not self.failures
-
-    def stats(self) -> BackendStats:
+    def failures_newest_first(self) -> tuple[FailureNote, ...]:
         if self._failures_newest_first is None:
             self._failures_newest_first = tuple(
                 sorted(self.failures.values(), key=lambda f: _failure_key(f.at), reverse=True)
             )
+        return self._failures_newest_first
+
+    # --------------------------------------------------------------- expiry
+
+    def earliest(self) -> float:
+        """The oldest dated sample or failure (inf: nothing can expire)."""
+        earliest = self.expiry[0][0] if self.expiry else math.inf
+        notes = self.failures_newest_first()
+        if notes and notes[-1].at is not None:
+            earliest = min(earliest, notes[-1].at.timestamp())
+        return earliest
+
+    def next_lapse(self, now: float, window: float) -> float:
+        """When a failure next leaves the failure policy's window (inf: none will)."""
+        notes = self.failures_newest_first()
+        # the notes newer than now - window are a prefix: its last one lapses first
+        newer = bisect.bisect_left(notes, window - now, key=lambda f: -_failure_key(f.at))
+        if newer == 0:
+            return math.inf
+        return _failure_key(notes[newer - 1].at) + window
+
+    def prune(self, cutoff: float, budget: int, handled: dict[str, float]) -> tuple[bool, int]:
+        """Drop at most about ``budget`` entries' worth of what is older than ``cutoff``:
+        (anything changed, entries looked at). ``handled`` (pod -> the entry it was
+        given) lasts one prune, so a pod's extra entries are dropped, not repeated."""
+        changed, used = False, 0
+        expiry = self.expiry
+        while expiry and expiry[0][0] < cutoff and used < budget:
+            _, key = heapq.heappop(expiry)
+            used += 1
+            bucket = stage_bucket_of_key(key)
+            pods = self.buckets.get(bucket)
+            record = None if pods is None else pods.get(key)
+            if pods is None or record is None:
+                continue  # the pod is gone already
+            kept, expired = _split_expired(record, cutoff)
+            if expired:
+                changed = True
+                for _, value, impl in _RECORD.iter_unpack(expired):
+                    self._uncount(value, impl)
+                if not kept:
+                    del pods[key]
+                    self.pods -= 1
+                    if not pods:
+                        del self.buckets[bucket]
+                        self.disordered.discard(bucket)
+                    continue
+                if _newest(kept) != _newest(record):  # only undated samples are left
+                    del pods[key]
+                    self._place(pods, bucket, key, kept, _newest(kept))
+                else:
+                    pods[key] = kept
+            oldest = _oldest_dated(kept)
+            if oldest != math.inf and handled.get(key) != oldest:
+                handled[key] = oldest
+                heapq.heappush(expiry, (oldest, key))
+        if self.failures and used < budget:
+            notes = self.failures_newest_first()
+            keep = len(notes)
+            while keep and _failure_key(notes[keep - 1].at) < cutoff and used < budget:
+                keep -= 1
+                used += 1
+                del self.failures[pod_key(notes[keep].cluster, notes[keep].pod)]
+            if keep < len(notes):
+                self._failures_newest_first = notes[:keep]
+                changed = True
+        return changed, used
+
+    def due(self, cutoff: float) -> bool:
+        return self.earliest() < cutoff
+
+    def empty(self) -> bool:
+        return not self.pods and not self.failures
+
+    def stats(self) -> BackendStats:
         return BackendStats(
             median_tflops=self.values.median(),
             samples=len(self.values),
-            pods=len(self.by_pod),
-            impls=frozenset(self.impls),
-            failures=self._failures_newest_first,
+            pods=self.pods,
+            impls=frozenset(_IMPL_NAMES[i] for i in self.impls),  # type: ignore[misc]
+            failures=self.failures_newest_first(),
         )
 
 
-def _time_of(sample: Sample) -> float:
-    return sample[0]
+PRUNE_STEP = 1000
+"""Heap entries a prune pops between two pauses (a few ms, during which a report
+waits for the index's lock)."""
+LOAD_STEP = 2000
+"""Pods a bulk load files between two pauses."""
 
 
 class EvidenceIndex:
@@ -566,6 +894,7 @@ class EvidenceIndex:
         "min_pods",
         "min_samples",
         "per_pod",
+        "pruned",
     )
 
     def __init__(
@@ -590,6 +919,8 @@ class EvidenceIndex:
         self._frozen = False
         self._earliest = math.inf  # no sample or failure is older: prune has nothing to do
         self._next_lapse = math.inf  # when a failure next leaves the policy's window
+        self.pruned = 0
+        """Heap entries and failures the last prune looked at (what it cost)."""
         self.add(observations)
 
     # ---------------------------------------------------------------- writes
@@ -597,23 +928,30 @@ class EvidenceIndex:
     def add(self, observations: Iterable[Observation]) -> bool:
         """Fold ``observations`` in; True when anything that counts changed.
 
-        Per observation: a dict lookup, a binary search and a memmove in the sorted
+        Per observation: a few dict lookups, a binary search and a memmove in the sorted
         TFLOP/s of its backend; each changed situation is published once at the end."""
         if self._frozen:
             raise TypeError("this evidence index is shared and read-only")
         with self._lock:
             touched: dict[Situation, set[Backend]] = {}
-            # a report's results share one situation: find each tally once per call
+            # a report's results share one situation and pod: find each once per call
             found: dict[tuple[Situation, str], tuple[Backend, _Tally] | None] = {}
+            buckets: dict[str, int | None] = {}
             for o in observations:
                 key = (o.situation, o.backend)
-                if key not in found:
+                target = found.get(key, _MISSING)
+                if target is _MISSING:
                     backend = _backend(o.backend)
-                    found[key] = (
-                        None if backend is None else (backend, self._tally(*key[:1], backend))
+                    target = found[key] = (
+                        None if backend is None else (backend, self._tally(o.situation, backend))
                     )
-                target = found[key]
-                if target is not None and self._apply(o, target[1]):
+                if target is None:
+                    continue
+                pod = pod_key(o.cluster, o.pod)
+                bucket = buckets.get(pod, _MISSING)
+                if bucket is _MISSING:
+                    bucket = buckets[pod] = stage_bucket_of_key(pod)
+                if self._apply(o, target[1], sys.intern(pod), bucket):  # type: ignore[arg-type]
                     touched.setdefault(o.situation, set()).add(target[0])
             for situation, backend_name in list(found):  # tallies made for nothing
                 target = found[(situation, backend_name)]
@@ -624,20 +962,18 @@ class EvidenceIndex:
             self._publish(touched)
             return bool(touched)
 
-    def _apply(self, o: Observation, tally: _Tally) -> bool:
-        pod = (o.cluster, o.pod)
+    def _apply(self, o: Observation, tally: _Tally, key: str, bucket: int | None) -> bool:
         if o.ok:
             if o.tflops is None or math.isnan(o.tflops):
                 return False
-            impl = sys.intern(o.impl) if o.impl else None  # one string per code path
-            sample = (_sample_key(o.at), float(o.tflops), impl)
-            if not tally.add_sample(pod, sample, self.per_pod):
+            at, impl = _sample_key(o.at), _impl_id(o.impl)
+            if not tally.add_sample(key, bucket, at, float(o.tflops), impl, self.per_pod):
                 return False
-            if sample[0] > -math.inf:
-                self._earliest = min(self._earliest, sample[0])
+            if at > -math.inf:
+                self._earliest = min(self._earliest, at)
             return True
         note = FailureNote(o.cluster, o.pod, o.at, o.error or "wrong result or failed build")
-        if not tally.add_failure(pod, note):
+        if not tally.add_failure(key, note):
             return False
         if o.at is not None:
             at = o.at.timestamp()
@@ -692,40 +1028,75 @@ class EvidenceIndex:
             self._publish(touched)
             return bool(touched)
 
-    def prune(self, now: datetime, max_age: timedelta) -> bool:
+    def prune(
+        self, now: datetime, max_age: timedelta, pause: Callable[[], None] | None = None
+    ) -> bool:
         """Drop samples and failures older than ``max_age`` (the evidence window).
 
         True when anything changed, or when a failure left the failure policy's window
         since the last prune (an exclusion a cached decision holds has lapsed). Costs
-        O(1) while nothing is due, so it can run every poll."""
+        O(1) while nothing is due, and otherwise what expired: each backend's heap of
+        expiry times is popped up to the cutoff, never every pod. With ``pause``, the
+        lock is let go and ``pause`` called every ``PRUNE_STEP`` entries (each step
+        publishes what it dropped, as a prune at a slightly earlier time would)."""
         cutoff = (now - max_age).timestamp()
         now_ts = now.timestamp()
+        window = self.failure_policy.window.total_seconds()
         with self._lock:
+            self.pruned = 0
             lapsed = now_ts >= self._next_lapse
             if cutoff <= self._earliest and not lapsed:
                 return False
-            touched: dict[Situation, list[Backend]] = {}
-            earliest = next_lapse = math.inf
-            window = self.failure_policy.window.total_seconds()
-            for situation, tallies in self._tallies.items():
-                for backend, tally in tallies.items():
-                    if tally.prune(cutoff):
-                        touched.setdefault(situation, []).append(backend)
-                    for samples in tally.by_pod.values():
-                        first = bisect.bisect_right(samples, -math.inf, key=_time_of)
-                        if first < len(samples):
-                            earliest = min(earliest, samples[first][0])
-                    for note in tally.failures.values():
-                        if note.at is not None:
-                            at = note.at.timestamp()
-                            earliest = min(earliest, at)
-                            if at + window > now_ts:
-                                next_lapse = min(next_lapse, at + window)
-            self._earliest, self._next_lapse = earliest, next_lapse
-            self._publish(touched)
-            if lapsed and not touched:
-                self._version += 1
-            return lapsed or bool(touched)
+        changed = False
+        handled: dict[str, float] = {}
+        while True:
+            with self._lock:
+                touched: dict[Situation, list[Backend]] = {}
+                budget = PRUNE_STEP if pause is not None else math.inf
+                for situation, tallies in self._tallies.items():
+                    for backend, tally in tallies.items():
+                        if budget > 0 and tally.due(cutoff):
+                            moved, used = tally.prune(cutoff, budget, handled)  # type: ignore[arg-type]
+                            budget -= used
+                            self.pruned += used
+                            if moved:
+                                touched.setdefault(situation, []).append(backend)
+                self._publish(touched)
+                changed = changed or bool(touched)
+                if budget > 0:  # nothing left to drop
+                    earliest = next_lapse = math.inf
+                    for tallies in self._tallies.values():
+                        for tally in tallies.values():
+                            earliest = min(earliest, tally.earliest())
+                            if tally.failures:
+                                next_lapse = min(next_lapse, tally.next_lapse(now_ts, window))
+                    self._earliest, self._next_lapse = earliest, next_lapse
+                    if lapsed and not changed:
+                        self._version += 1
+                    return lapsed or changed
+            if pause is not None:
+                pause()
+
+    def retire(self, pause: Callable[[], None] = lambda: None) -> None:
+        """Let go of what this index counts, in steps with ``pause`` between them: a
+        newer index replaced it (a full reload), and freeing 100,000 pods at once, as
+        dropping the last reference does, held the interpreter for 50 ms. A reader that
+        still holds it sees its published summaries as they were, and no samples."""
+        with self._lock:
+            tallies, self._tallies = self._tallies, {}
+        freed = 0
+        for group in tallies.values():
+            for tally in group.values():
+                while tally.buckets:
+                    freed += len(tally.buckets.popitem()[1])
+                    if freed >= LOAD_STEP:
+                        freed = 0
+                        pause()
+                while tally.expiry:
+                    del tally.expiry[-LOAD_STEP:]
+                    pause()
+                tally.values = _SortedFloats()
+        pause()
 
     def freeze(self) -> EvidenceIndex:
         """Make :meth:`add` refuse: for an index that callers share (:data:`EMPTY`)."""
@@ -754,7 +1125,11 @@ class EvidenceIndex:
             tally = self._tallies.get(situation, {}).get(found)
             if tally is None:
                 return []
-            return [(c, p, s[1]) for (c, p), samples in tally.by_pod.items() for s in samples]
+            out: list[PodSample] = []
+            for key, record in tally.records():
+                cluster, pod = _split_key(key)
+                out.extend((cluster, pod, value) for _, value, _ in _RECORD.iter_unpack(record))
+            return out
 
     def stage_samples(
         self,
@@ -786,10 +1161,11 @@ class EvidenceIndex:
         found = _backend(backend) if isinstance(backend, str) else backend
         if situation is None or found is None:
             return []
+        key = pod_key(cluster, pod)
         with self._lock:
             tally = self._tallies.get(situation, {}).get(found)
-            samples = None if tally is None else tally.by_pod.get((cluster, pod))
-            return [] if samples is None else [s[1] for s in samples]
+            record = None if tally is None else tally.record(key, stage_bucket_of_key(key))
+            return [] if record is None else [v for _, v, _ in _RECORD.iter_unpack(record)]
 
     def counted(self) -> list[Observation]:
         """Everything that counts, as observations (a snapshot): what another index
@@ -798,11 +1174,13 @@ class EvidenceIndex:
         with self._lock:
             for situation, tallies in self._tallies.items():
                 for backend, tally in tallies.items():
-                    for (cluster, pod), samples in tally.by_pod.items():
+                    for key, record in tally.records():
+                        cluster, pod = _split_key(key)
                         out.extend(
                             Observation(situation, backend.value, pod, t, ok=True,
-                                        cluster=cluster, at=_time_back(key), impl=impl)
-                            for key, t, impl in samples
+                                        cluster=cluster, at=_time_back(at),
+                                        impl=_IMPL_NAMES[impl])
+                            for at, t, impl in _RECORD.iter_unpack(record)
                         )  # fmt: skip
                     out.extend(
                         Observation(situation, backend.value, n.pod, None, ok=False,
@@ -898,6 +1276,252 @@ class EvidenceIndex:
                     }
                 )
         return out
+
+
+_MISSING: Any = object()
+
+
+class _Filling:
+    """One empty tally that :meth:`EvidenceLoader.build` fills: its pods are filed as
+    they come, its TFLOP/s and impls gathered and counted once at the end."""
+
+    __slots__ = ("impls", "index", "last", "pods", "tally", "values")
+
+    def __init__(self, index: EvidenceIndex, situation: Situation, backend: Backend) -> None:
+        self.index = index
+        self.tally = index._tally(situation, backend)
+        if not self.tally.empty():
+            raise ValueError("a loader fills empty indexes only")
+        self.values: list[float] = []
+        self.impls: list[int] = []
+        self.pods = 0
+        self.last: dict[int | None, float] = {}  # each bucket's newest sample so far
+
+    def finish(self, pause: Callable[[], None]) -> None:
+        """Sort, count and order what was filed, and let go of the lists, in pieces: one
+        call over 200,000 values (a Counter, freeing them) held the interpreter 10 ms."""
+        tally = self.tally
+        tally.pods = self.pods
+        tally.values = _SortedFloats.of(self.values, pause)
+        step = _SortedFloats.PIECE
+        for start in range(0, len(self.impls), step):
+            tally.impls.update(self.impls[start : start + step])
+            pause()
+        tally.impls.pop(0, None)
+        tally.order(pause)
+        if tally.expiry:
+            self.index._earliest = min(self.index._earliest, tally.expiry[0][0])
+        for gathered in (self.values, self.impls):
+            while gathered:
+                del gathered[-step:]
+                pause()
+        self.last = {}
+
+    def copy(self, source: _Filling, pause: Callable[[], None]) -> None:
+        """The same pods as ``source`` (finished): its records and heap entries shared,
+        its dicts and sorted chunks copied in C, a bucket a step."""
+        tally, done = self.tally, source.tally
+        for bucket, pods in done.buckets.items():
+            tally.buckets[bucket] = dict(pods)
+        pause()
+        tally.disordered = set(done.disordered)
+        tally.expiry = list(done.expiry)
+        tally.pods = done.pods
+        tally.values = done.values.copy()
+        tally.impls = Counter(done.impls)
+        if tally.expiry:
+            self.index._earliest = min(self.index._earliest, tally.expiry[0][0])
+        pause()
+
+
+LoadedSample = tuple[Situation, str, str, str, float, float, str | None, str]
+"""One counted result as a full read hands it over, without an ``Observation``:
+(situation, backend, cluster, pod, time key, TFLOP/s, impl, report id). The report id
+is for the reader's own bookkeeping; the loader ignores it."""
+
+
+class EvidenceLoader:
+    """Evidence read in bulk (a replica's full reload, a new scope's index), built into
+    one or several empty indexes at once, in linear time and small steps.
+
+    Rows are kept as each pod's record, bounded as an index bounds it (the ``per_pod``
+    most recent results, a failing pod's newest failure), so what a long history costs
+    here is the time to read it, never memory: the loader holds what counts and no
+    more. :meth:`build` then files every pod of every situation and backend into the
+    indexes that trust its cluster, sharing the pod's record between them, and sorts
+    each index's TFLOP/s once (in pieces) instead of inserting them one by one."""
+
+    def __init__(self, per_pod: int = SAMPLES_PER_POD) -> None:
+        self.per_pod = per_pod
+        self._records: dict[tuple[Situation, Backend], dict[str, Record]] = {}
+        self._known: dict[tuple[Situation, str], dict[str, Record] | None] = {}
+        self._failures: dict[tuple[Situation, str, str], Observation] = {}
+
+    def _records_of(self, situation: Situation, backend: str) -> dict[str, Record] | None:
+        found = self._known.get((situation, backend), _MISSING)
+        if found is _MISSING:
+            known = _backend(backend)
+            found = None if known is None else self._records.setdefault((situation, known), {})
+            self._known[(situation, backend)] = found
+        return found  # type: ignore[no-any-return]
+
+    def add_samples(self, samples: Iterable[LoadedSample]) -> None:
+        """Counted results (see :data:`LoadedSample`), in any order."""
+        per_pod, pack, time_at = self.per_pod, _RECORD.pack, _TIME.unpack_from
+        full = per_pod * _SIZE
+        known: dict[tuple[int, str], dict[str, Record] | None] = {}  # by the object: a
+        # read's rows share one Situation each, and comparing equal ones cost 0.5 us
+        impls: dict[str | None, int] = {}
+        for situation, backend, cluster, pod, at, tflops, impl, _ in samples:
+            records = known.get((id(situation), backend), _MISSING)
+            if records is _MISSING:
+                records = known[(id(situation), backend)] = self._records_of(situation, backend)
+            if records is None or tflops is None or tflops != tflops:  # NaN counts nowhere
+                continue
+            impl_id = impls.get(impl)
+            if impl_id is None:
+                impl_id = impls[impl] = _impl_id(impl)
+            key = f"{cluster}\0{pod}"
+            sample = pack(at, tflops, impl_id)
+            record = records.get(key)
+            if record is None:
+                records[key] = sample
+            elif at >= time_at(record, len(record) - _SIZE)[0]:  # newer than all: the usual
+                record += sample
+                records[key] = record[_SIZE:] if len(record) > full else record
+            else:
+                changed = _with_sample(record, sample, at, per_pod)
+                if changed is not None:
+                    records[key] = changed[0]
+
+    def add(self, observations: Iterable[Observation]) -> None:
+        """Observations: results as :meth:`add_samples`, a pod's newest failure kept."""
+        for o in observations:
+            if o.ok:
+                if o.tflops is not None:
+                    sample = (o.situation, o.backend, o.cluster, o.pod, _sample_key(o.at),
+                              float(o.tflops), o.impl, "")  # fmt: skip
+                    self.add_samples((sample,))
+                continue
+            if self._records_of(o.situation, o.backend) is None:
+                continue
+            slot = (o.situation, o.backend, pod_key(o.cluster, o.pod))
+            known = self._failures.get(slot)
+            if known is None or _failure_key(o.at) >= _failure_key(known.at):
+                self._failures[slot] = o
+
+    def add_index(self, index: EvidenceIndex) -> None:
+        """Everything ``index`` counts (its pods' records are shared, not copied)."""
+        with index._lock:
+            for situation, tallies in index._tallies.items():
+                for backend, tally in tallies.items():
+                    records = self._records.setdefault((situation, backend), {})
+                    self._known[(situation, backend.value)] = records
+                    for key, record in tally.records():
+                        known = records.get(key)
+                        if known is None:
+                            records[key] = record
+                        else:  # the same pod from two indexes: merge sample by sample
+                            for sample in _RECORD.iter_unpack(record):
+                                changed = _with_sample(
+                                    known, _RECORD.pack(*sample), sample[0], self.per_pod
+                                )
+                                if changed is not None:
+                                    known = changed[0]
+                            records[key] = known
+                    for note in tally.failures.values():
+                        self.add([Observation(situation, backend.value, note.pod, None,
+                                              ok=False, cluster=note.cluster, at=note.at,
+                                              error=note.error)])  # fmt: skip
+
+    def build(
+        self,
+        targets: Callable[[str], Sequence[EvidenceIndex]],
+        pause: Callable[[], None] = lambda: None,
+    ) -> None:
+        """File everything into ``targets(cluster)``, the empty indexes that take that
+        cluster's evidence, calling ``pause`` between steps of a few milliseconds (the
+        indexes are the caller's alone until it publishes them)."""
+        chosen: dict[str, Sequence[EvidenceIndex]] = {}
+
+        def of(cluster: str) -> Sequence[EvidenceIndex]:
+            found = chosen.get(cluster)
+            if found is None:
+                found = chosen[cluster] = targets(cluster)
+                for index in found:
+                    if index.per_pod != self.per_pod:
+                        raise ValueError("a loader fills indexes of its own per_pod only")
+            return found
+
+        pods_seen: dict[str, tuple[str, int | None]] = {}
+        filed = 0
+        for (situation, backend), records in self._records.items():
+            # An index that takes every cluster present here (all clusters, and a
+            # situation seen in one cluster only: its cluster's too) gets the same pods
+            # as the first such one: that one is filled, the others copy it.
+            present = {key.partition("\0")[0] for key in records}
+            takers: dict[int, EvidenceIndex] = {}
+            takes: dict[int, int] = {}
+            for cluster in present:
+                for index in of(cluster):
+                    takers[id(index)] = index
+                    takes[id(index)] = takes.get(id(index), 0) + 1
+            every = [i for i, n in takes.items() if n == len(present)]
+            copies = {i: every[0] for i in every[1:]}
+            filling = {i: _Filling(index, situation, backend) for i, index in takers.items()}
+            by_cluster = {
+                cluster: [filling[id(i)] for i in of(cluster) if id(i) not in copies]
+                for cluster in present
+            }
+            for key, record in records.items():
+                fills = by_cluster[key.partition("\0")[0]]
+                if not fills:
+                    continue
+                pod = pods_seen.get(key)
+                if pod is None:  # a pod's key and bucket, once for all its backends
+                    pod = pods_seen[key] = (sys.intern(key), stage_bucket_of_key(key))
+                key, bucket = pod
+                n = len(record) // _SIZE
+                values, impls = _VALUES[n].unpack(record), _IMPLS[n].unpack(record)
+                newest = _TIME.unpack_from(record, len(record) - _SIZE)[0]
+                oldest = _TIME.unpack_from(record)[0]
+                if oldest == -math.inf:  # undated samples come first
+                    oldest = _oldest_dated(record)
+                entry = (oldest, key)  # one expiry entry, shared like the record
+                for fill in fills:
+                    tally = fill.tally
+                    pods = tally.buckets.get(bucket)
+                    if pods is None:
+                        pods = tally.buckets[bucket] = {}
+                    if newest >= fill.last.get(bucket, -math.inf):
+                        fill.last[bucket] = newest
+                    else:
+                        tally.disordered.add(bucket)
+                    pods[key] = record
+                    if oldest != math.inf:
+                        heapq.heappush(tally.expiry, entry)
+                    fill.values += values
+                    fill.impls += impls  # 0: no impl named (Counter(impls) drops it)
+                    fill.pods += 1
+                filed += 1
+                if filed % LOAD_STEP == 0:
+                    pause()
+            for i, fill in filling.items():
+                if i not in copies:
+                    fill.finish(pause)
+            for i, source in copies.items():
+                filling[i].copy(filling[source], pause)
+        failing: dict[int, tuple[EvidenceIndex, list[Observation]]] = {}
+        for o in self._failures.values():  # in the order read (ties in time keep it)
+            for index in of(o.cluster):
+                failing.setdefault(id(index), (index, []))[1].append(o)
+        for index, failures in failing.values():
+            index.add(failures)
+        filled = {id(index): index for indexes in chosen.values() for index in indexes}
+        for index in filled.values():
+            with index._lock:
+                index._publish({s: list(tallies) for s, tallies in index._tallies.items()})
+            pause()
 
 
 def _backend(name: str) -> Backend | None:

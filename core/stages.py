@@ -18,7 +18,15 @@ import hashlib
 
 from mla_switchboard.core.schemas import Rollout
 
-__all__ = ["STAGE_BUCKETS", "bucket_in_stage", "rollout_offset", "stage_bucket", "stage_buckets"]
+__all__ = [
+    "STAGE_BUCKETS",
+    "bucket_in_stage",
+    "pod_key",
+    "rollout_offset",
+    "stage_bucket",
+    "stage_bucket_of_key",
+    "stage_buckets",
+]
 
 STAGE_BUCKETS = 100
 """Percent is a whole number from 1 to 100, so 100 buckets decide every stage exactly."""
@@ -28,7 +36,20 @@ def stage_bucket(cluster: str, pod: str | None) -> int | None:
     """A named pod's bucket; None for a pod without a name (never in a partial stage)."""
     if not pod:
         return None
-    digest = hashlib.blake2b(f"{cluster}\0{pod}".encode(), digest_size=8).digest()
+    return stage_bucket_of_key(pod_key(cluster, pod))
+
+
+def pod_key(cluster: str, pod: str | None) -> str:
+    """One string that names a pod of a cluster (what its bucket is a hash of). Cluster
+    names cannot hold a NUL (``CLUSTER_PATTERN``), so the first one splits it again."""
+    return f"{cluster}\0{pod or ''}"
+
+
+def stage_bucket_of_key(key: str) -> int | None:
+    """:func:`stage_bucket` of the pod that :func:`pod_key` named ``key``."""
+    if key.endswith("\0"):
+        return None  # no pod name (pod names hold no NUL either)
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % STAGE_BUCKETS
 
 

@@ -22,8 +22,10 @@ reported has an index of its own (the default scope; a new cluster's is made whe
 first report is added), ``*`` is the all-clusters index, and each other scope that an
 override names (``bench-*``, or several clusters) has an index built when the
 configuration that names it is published, before any decision can use it (in the
-config poller's or the admin write's thread). Every new observation goes into each
-index whose scope trusts its cluster. A decision on the event loop that still meets a
+config poller's or the admin write's thread), from the trusted clusters' indexes
+(their pods' records shared, not copied). Every new observation goes into each index
+whose scope trusts its cluster; a full reload files each pod once into all of them
+(``Indexes.load``). A decision on the event loop that still meets a
 scope without an index (a race with a configuration change) is answered from an empty
 index, so the priority list decides and says why, and the index is built in the
 background; any other thread (a preview, a guard) builds it and waits.
@@ -39,11 +41,11 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
-from mla_switchboard.core.evidence import EvidenceIndex, Observation, Situation
+from mla_switchboard.core.evidence import EvidenceIndex, EvidenceLoader, Observation, Situation
 from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.priority import lower_this_thread
+from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
 
 log = logging.getLogger("switchboard.trust")
 
@@ -127,16 +129,38 @@ class Indexes:
                     scoped.add(mine)
         return True
 
+    def load(self, loader: EvidenceLoader, pause: Callable[[], None] = lambda: None) -> None:
+        """Fill this set, still empty and not yet in force, from a bulk read: each pod
+        filed once into every index that trusts its cluster (``EvidenceLoader.build``)."""
+
+        def targets(cluster: str) -> list[EvidenceIndex]:
+            index = self.clusters.get(cluster)
+            if index is None:
+                index = self.clusters[cluster] = self._make_index()
+                self.indexes_made += 1
+            trusting = [scoped for globs, scoped in self.scopes.items() if _trusts(globs, cluster)]
+            return [self.all, index, *trusting]
+
+        loader.build(targets, pause)
+
     def build_scope(self, globs: Globs) -> EvidenceIndex:
-        """A new scope's index, from the indexes of the clusters it trusts."""
+        """A new scope's index, from the indexes of the clusters it trusts (their pods'
+        records shared, not copied), letting the event loop in between steps."""
         index = self._make_index()
+        loader = EvidenceLoader(index.per_pod)
         for cluster, mine in list(self.clusters.items()):
             if _trusts(globs, cluster):
-                index.add(mine.counted())
+                loader.add_index(mine)
+        loader.build(lambda cluster: [index], let_the_loop_in)
         return index
 
     def every_index(self) -> list[EvidenceIndex]:
         return [self.all, *self.clusters.values(), *self.scopes.values()]
+
+    def retire(self, pause: Callable[[], None]) -> None:
+        """Let go of a replaced set in steps (``EvidenceIndex.retire``)."""
+        for index in self.every_index():
+            index.retire(pause)
 
 
 class TrustedEvidence:
@@ -189,14 +213,17 @@ class TrustedEvidence:
         """An empty set of indexes with the current scopes, for a full rebuild."""
         return Indexes(self._make_index, list(self._current.scopes))
 
-    def swap(self, fresh: Indexes) -> None:
-        """Put a rebuilt set in force, with any scope named while it was built."""
+    def swap(self, fresh: Indexes) -> Indexes:
+        """Put a rebuilt set in force, with any scope named while it was built; the set
+        it replaced is returned, for the caller to retire once decisions no longer use
+        it (``Indexes.retire``)."""
         with self._lock:
             for globs in self._current.scopes.keys() - fresh.scopes.keys():
                 fresh.scopes[globs] = fresh.build_scope(globs)
             # counted from the old set: the new one's own count starts at zero
             self._generation += self._current.indexes_made + 1
-            self._current = fresh
+            old, self._current = self._current, fresh
+        return old
 
     def ensure_scopes(self, overrides: Iterable[Override]) -> bool:
         """Build the index of every scope ``overrides`` name that has none yet (before
@@ -227,11 +254,17 @@ class TrustedEvidence:
             ]
         return any(changed)
 
-    def prune(self, now: datetime, max_age: timedelta) -> bool:
-        """Drop expired evidence from every index (see ``EvidenceIndex.prune``)."""
+    def prune(
+        self, now: datetime, max_age: timedelta, pause: Callable[[], None] | None = None
+    ) -> bool:
+        """Drop expired evidence from every index (see ``EvidenceIndex.prune``: what
+        expired, not every pod; with ``pause`` called between steps). This lock is not
+        held meanwhile: each index has its own, and a report waits for one step at most."""
         with self._lock:
-            changed = [index.prune(now, max_age) for index in self._current.every_index()]
-            if any(changed):  # a lapsed exclusion changes no situation's published stats
+            indexes = self._current.every_index()
+        changed = [index.prune(now, max_age, pause) for index in indexes]
+        if any(changed):  # a lapsed exclusion changes no situation's published stats
+            with self._lock:
                 self._generation += 1
         return any(changed)
 

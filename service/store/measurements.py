@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mla_switchboard.core.evidence import (
+    LoadedSample,
     Observation,
     Situation,
     dims_key,
@@ -40,12 +41,19 @@ from mla_switchboard.service.store.models import (
     MeasurementRow,
     ShapeRow,
 )
-from mla_switchboard.service.store.rows import ClearRead, FailureRead, MeasurementRead, columns
-from sqlalchemy import Engine, func, insert, select, update
+from mla_switchboard.service.store.rows import (
+    ClearRead,
+    FailureRead,
+    MeasurementRead,
+    MeasurementSample,
+    columns,
+)
+from sqlalchemy import Connection, Engine, Float, bindparam, cast, func, insert, select, update
 from sqlalchemy.orm import Session
 
 PAGE_ROWS = 5000
 """Rows per page of a full read: its memory stays bounded whatever the history."""
+_NAIVE_EPOCH = datetime(1970, 1, 1)
 
 
 @dataclass
@@ -56,6 +64,9 @@ class EvidenceRows:
     observations: list[Observation] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     more: bool = False  # the page was full: read on from its last id
+    # a lean read's counted correct results, without an Observation each (a full
+    # reload's bulk: core.evidence.EvidenceLoader); its failures stay observations
+    samples: list[LoadedSample] = field(default_factory=list)
     _situations: dict[tuple[str, ...], Situation] = field(default_factory=dict, repr=False)
 
     def situation(self, *parts: str) -> Situation:
@@ -203,11 +214,16 @@ class MeasurementStore:
         after: int | None = None,
         ids: Collection[int] = (),
         limit: int = PAGE_ROWS,
+        lean: bool = False,
     ) -> EvidenceRows:
         """Measurement rows with an id above ``after`` (ordered by id, at most
         ``limit``), or those with the given ``ids``: every row read is in ``ids`` of
         the answer, and those that count (from pods the service decided for, not
-        cleared, not older than ``since``, with a GPU) are its observations."""
+        cleared, not older than ``since``, with a GPU) are its observations; with
+        ``lean``, its correct results are its ``samples`` instead (a full reload reads
+        hundreds of thousands: an ``Observation`` each cost five times the read)."""
+        if lean and after is not None:
+            return self._samples(since, after, limit)
         m = MeasurementRow
         q = _page(select(*columns(m, MeasurementRead)), m.id, after, ids, limit)
         out = EvidenceRows()
@@ -224,6 +240,50 @@ class MeasurementStore:
                     continue
                 out.observations.append(_observation(out, row, at))
         out.more = after is not None and len(out.ids) >= limit
+        return out
+
+    def _samples(self, since: datetime, after: int, limit: int) -> EvidenceRows:
+        """``measurement_rows(lean=True)``: the same rows and the same choice of what
+        counts, read through the driver (``_driver_rows``), its correct results as
+        ``LoadedSample`` tuples and its wrong ones as observations."""
+        cutoff = since.timestamp()
+        out = EvidenceRows()
+        with self.engine.connect() as conn:
+            q = _SAMPLES.get(conn.dialect.name, _SAMPLES_AS_STORED)
+            rows = _driver_rows(conn, q, {"after": after, "limit": limit})
+        epoch = q is not _SAMPLES_AS_STORED
+        seen, samples, situations = out.ids.append, out.samples.append, out._situations
+        for row in rows:
+            (id_, counted, cleared_at, capability, at, correct, tflops, device, dims, dtype,
+             packages, engine, backend, cluster, pod, impl, report_id, error) = row  # fmt: skip
+            seen(id_)
+            if not counted or cleared_at is not None or capability is None:
+                continue
+            if epoch:
+                key = at
+            elif isinstance(at, str):  # SQLite's stored text, in UTC
+                at = datetime.fromisoformat(at)
+                key = (at - _NAIVE_EPOCH).total_seconds()
+            else:
+                key = aware(at).timestamp()
+            if key < cutoff:
+                continue
+            if correct and tflops is not None:
+                parts = (device, capability, dims, dtype, packages, engine)
+                situation = situations.get(parts)
+                if situation is None:
+                    situation = situations[parts] = Situation(*parts)
+                samples((situation, backend, cluster, pod, key, tflops, impl, report_id))
+                continue
+            wrong = MeasurementRead(
+                id=id_, device_name=device, capability=capability, dims=dims, dtype=dtype,
+                packages=packages, engine=engine, backend=backend, pod=pod, cluster=cluster,
+                at=datetime.fromtimestamp(key, UTC), tflops=tflops, correct=bool(correct),
+                error=error, impl=impl,
+                report_id=report_id, counted=bool(counted), cleared_at=None,
+            )  # fmt: skip
+            out.observations.append(_observation(out, wrong, wrong.at))
+        out.more = len(out.ids) >= limit
         return out
 
     def failure_rows(
@@ -352,6 +412,46 @@ class MeasurementStore:
     def last_clear_id(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.scalar(select(func.max(EvidenceClearRow.id))) or 0)
+
+
+def _samples_query(epoch: bool) -> Any:
+    """A full reload's page of measurement rows (``MeasurementStore._samples``); with
+    ``epoch``, ``at`` as seconds since 1970 (PostgreSQL's exact microseconds, rounded
+    once to a double as Python rounds them: a datetime each and its ``timestamp()``
+    cost a microsecond a row)."""
+    m = MeasurementRow
+    chosen = [
+        cast(func.extract("epoch", m.at), Float) if epoch and c.key == "at" else c
+        for c in columns(m, MeasurementSample)
+    ]
+    return select(*chosen).where(m.id > bindparam("after")).order_by(m.id).limit(bindparam("limit"))
+
+
+_SAMPLES = {"postgresql": _samples_query(epoch=True)}
+_SAMPLES_AS_STORED = _samples_query(epoch=False)
+_COMPILED: dict[tuple[Any, str], Any] = {}
+"""Statements that ``_driver_rows`` reads, compiled per dialect."""
+
+
+def _driver_rows(conn: Connection, q: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """``q``'s rows as the database driver gives them: plain tuples, without a
+    SQLAlchemy row or its type handling each (a full reload reads every row of the
+    window, and those cost 2 us a row, as much as the driver's own work). The
+    statement is compiled for the connection's dialect (cached by SQLAlchemy); SQLite
+    gives a time back as the text it stored."""
+    compiled = _COMPILED.get((q, conn.dialect.name))
+    if compiled is None:
+        compiled = _COMPILED[(q, conn.dialect.name)] = q.compile(dialect=conn.dialect)
+    bound = compiled.construct_params(params)
+    values: Any = (
+        bound if compiled.positiontup is None else [bound[k] for k in compiled.positiontup]
+    )
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(str(compiled), values)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
 
 
 def _page(q: Any, id_column: Any, after: int | None, ids: Collection[int], limit: int) -> Any:

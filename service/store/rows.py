@@ -118,6 +118,31 @@ class MeasurementRead(NamedTuple):
     cleared_at: datetime | None
 
 
+class MeasurementSample(NamedTuple):
+    """The columns of a measurement row that a full reload reads, straight from the
+    driver (``MeasurementStore.measurement_rows(lean=True)``): ``at`` is a datetime
+    from PostgreSQL, the stored text from SQLite."""
+
+    id: int
+    counted: bool
+    cleared_at: Any
+    capability: str | None
+    at: Any
+    correct: bool
+    tflops: float | None
+    device_name: str
+    dims: str
+    dtype: str
+    packages: str
+    engine: str
+    backend: str
+    cluster: str
+    pod: str
+    impl: str | None
+    report_id: str
+    error: str | None
+
+
 class FailureRead(NamedTuple):
     """A build failure with what its decision recorded (None where the decision cannot
     be read: the failure's id is still seen)."""

@@ -308,3 +308,104 @@ def test_the_whole_window_reads_both_tables(runtime: Runtime) -> None:
     since = datetime.now(UTC) - timedelta(days=30)
     assert [o.tflops for o in measurements.evidence(since)] == [510.0]
     assert asked == [False, True]
+
+
+def test_a_start_reads_only_the_window_and_keeps_each_pods_newest(tmp_path: Path) -> None:
+    """Ninety days of history, every pod reporting every day: a start reads the rows
+    of the 30-day window and no older one, in pages, and holds each pod's newest few
+    results (what counts), whatever the history."""
+    url = f"sqlite:///{tmp_path / 'sb.db'}"
+    settings = Settings(database_url=url, measured_samples_per_pod=4, measured_min_pods=1)
+    rt = Runtime(settings)
+    rt.prepare_store()
+    now = datetime.now(UTC)
+    pods, days = 20, 90
+    rows = [
+        _row(f"c{p % 3}", f"p{p}", 400.0 + day, f"report-{day:03d}-{p:03d}")
+        for day in range(days)
+        for p in range(pods)
+    ]
+    for k, row in enumerate(rows):  # oldest first, as reports arrive
+        row.at = now - timedelta(days=days - 1 - k // pods, minutes=1)
+    with Session(rt.engine) as s, s.begin():
+        s.add_all(rows)
+    read: list[int] = []
+    pages: list[int] = []
+    measurement_rows = rt.store.measurements.measurement_rows
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        page = measurement_rows(*args, **kw)
+        read.extend(page.ids)
+        pages.append(len(page.ids))
+        return page
+
+    rt.store.measurements.measurement_rows = counting  # type: ignore[method-assign]
+    rt.start()
+    try:
+        in_window = 30 * pods  # days 60..89 (the 30th day back is just outside)
+        assert len(read) == in_window, (len(read), in_window)
+        assert max(pages) <= 1000  # in pages
+        evidence = rt.publisher.current().evidence
+        stats = evidence.group(SITUATION)[Backend.FLASHINFER]
+        assert (stats.pods, stats.samples) == (pods, 4 * pods)
+        assert sorted(set(samples(rt))) == [486.0, 487.0, 488.0, 489.0]  # each pod's newest 4
+    finally:
+        rt.stop()
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_full_reloads_lean_rows_read_as_observations_do(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The rows a full reload reads through the driver (no observation each) are the
+    results, failures and choices of what counts that the observations give, to the
+    bit of each time (what orders a pod's samples and expires them)."""
+    url = (
+        f"sqlite:///{tmp_path / 'sb.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("pg_url_factory")()
+    )
+    rt = Runtime(Settings(database_url=url))
+    rt.prepare_store()
+    now = datetime.now(UTC)
+    rows = [_row("c1", f"p{i}", 400.0 + i, f"report-{i:04d}") for i in range(40)]
+    for i, row in enumerate(rows):
+        row.at = now - timedelta(seconds=i * 7919.123457)  # some before the window
+    rows[3].correct, rows[3].tflops, rows[3].error = False, None, "max abs error 0.5"
+    rows[4].counted = False
+    rows[5].cleared_at = now
+    rows[6].capability = None
+    rows[7].impl = "fa3"
+    with Session(rt.engine) as s, s.begin():
+        s.add_all(rows)
+    try:
+        since = now - timedelta(days=3)
+        read = rt.store.measurements.measurement_rows
+        for after, limit in ((0, 1000), (0, 7), (10, 7)):
+            lean = read(since, after=after, lean=True, limit=limit)
+            full = read(since, after=after, limit=limit)
+            assert (lean.ids, lean.more) == (full.ids, full.more)
+            assert lean.observations == [o for o in full.observations if not o.ok]
+            assert [s[:7] for s in lean.samples] == [
+                (o.situation, o.backend, o.cluster, o.pod, o.at.timestamp(), o.tflops, o.impl)  # type: ignore[union-attr]
+                for o in full.observations
+                if o.ok
+            ]
+            assert [f"m:{s[7]}" for s in lean.samples] == [
+                o.source.rsplit(":", 1)[0] for o in full.observations if o.ok
+            ]
+        wrong = read(since, after=0, lean=True).observations
+        assert [(o.pod, o.ok, o.error) for o in wrong] == [("p3", False, "max abs error 0.5")]
+    finally:
+        rt.engine.dispose()
+        rt.writer_engine.dispose()
+
+
+def test_a_full_reads_cursor_finds_the_same_gaps_without_sorting() -> None:
+    for seen in ([100, 101, 102], [100, 102, 103, 107], [105], list(range(100, 3000, 2))):
+        plain, ordered = RowCursor(99), RowCursor(99)
+        plain.advance(seen, now=0.0, start=99)
+        ordered.advance(seen, now=0.0, start=99, ordered=True)
+        assert (ordered.after, ordered.gaps) == (plain.after, plain.gaps)
