@@ -14,6 +14,7 @@ starting at an offset drawn from its id (wrapping around). So
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from mla_switchboard.core.schemas import Rollout
@@ -53,6 +54,7 @@ def stage_bucket_of_key(key: str) -> int | None:
     return int.from_bytes(digest, "big") % STAGE_BUCKETS
 
 
+@functools.lru_cache(maxsize=4096)
 def rollout_offset(rollout_id: str) -> int:
     """Where a rollout's range of buckets starts."""
     digest = hashlib.blake2b(rollout_id.encode(), digest_size=8).digest()

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.schemas import Override, SelectRequest
-from mla_switchboard.core.stages import STAGE_BUCKETS, bucket_in_stage, stage_bucket
+from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
 from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
 from mla_switchboard.service.priority import let_the_loop_in
 from mla_switchboard.service.state import PodState
@@ -220,10 +220,10 @@ def stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
     """The buckets split by which of ``rollouts`` they are in the stage of."""
     if not rollouts:
         return (EVERY_POD,)
+    stages = [stage_buckets(o.rollout) for o in rollouts if o.rollout is not None]
     by_bits: dict[tuple[bool, ...], list[int]] = defaultdict(list)
     for b in range(STAGE_BUCKETS):
-        bits = tuple(bucket_in_stage(b, o.rollout) for o in rollouts if o.rollout is not None)
-        by_bits[bits].append(b)
+        by_bits[tuple(b in stage for stage in stages)].append(b)
     return tuple(StageClass(members[0], frozenset(members)) for members in by_bits.values())
 
 
