@@ -602,6 +602,31 @@ _VALUES = _Fields(8, "d", 2)
 _IMPLS = _Fields(16, "H", 0)
 
 
+_ORDER = struct.Struct(">Q")
+_TIME_BE = struct.Struct(">d")
+_SIGN = 1 << 63
+
+
+def _expiry(at: float, key: str) -> bytes:
+    """A heap entry: ``at`` as 8 bytes that sort as the time does, then the pod's key.
+    Bytes, not a (time, key) tuple: nothing for the collector to track per pod (a
+    bulk load of 400,000 pods made tens of young collections of several ms each), and
+    shared by the indexes a bulk load fills."""
+    (bits,) = _ORDER.unpack(_TIME_BE.pack(at))
+    bits = bits ^ 0xFFFF_FFFF_FFFF_FFFF if bits & _SIGN else bits | _SIGN
+    return _ORDER.pack(bits) + key.encode()
+
+
+def _expiry_time(entry: bytes) -> float:
+    (bits,) = _ORDER.unpack_from(entry)
+    bits = bits ^ _SIGN if bits & _SIGN else bits ^ 0xFFFF_FFFF_FFFF_FFFF
+    return _TIME_BE.unpack(_ORDER.pack(bits))[0]  # type: ignore[no-any-return]
+
+
+def _expiry_key(entry: bytes) -> str:
+    return sys.intern(entry[8:].decode())
+
+
 def _split_key(key: str) -> tuple[str, str]:
     cluster, _, pod = key.partition("\0")
     return cluster, pod
@@ -648,7 +673,7 @@ class _Tally:
     def __init__(self) -> None:
         self.buckets: dict[int | None, dict[str, Record]] = {}
         self.disordered: set[int | None] = set()
-        self.expiry: list[tuple[float, str]] = []
+        self.expiry: list[bytes] = []  # a heap of _expiry(time, pod) entries
         self.pods = 0
         self.values = _SortedFloats()
         self.impls: Counter[int] = Counter()
@@ -678,7 +703,7 @@ class _Tally:
             self.pods += 1
             self._count(value, impl)
             if at != -math.inf:
-                heapq.heappush(self.expiry, (at, key))
+                heapq.heappush(self.expiry, _expiry(at, key))
             return True
         changed = _with_sample(record, sample, at, per_pod)
         if changed is None:
@@ -694,7 +719,7 @@ class _Tally:
         else:
             pods[key] = new
         if at != -math.inf and at < _oldest_dated(record):
-            heapq.heappush(self.expiry, (at, key))  # expires before the pod's entry
+            heapq.heappush(self.expiry, _expiry(at, key))  # expires before the pod's entry
         return True
 
     def _place(
@@ -787,7 +812,7 @@ class _Tally:
 
     def earliest(self) -> float:
         """The oldest dated sample or failure (inf: nothing can expire)."""
-        earliest = self.expiry[0][0] if self.expiry else math.inf
+        earliest = _expiry_time(self.expiry[0]) if self.expiry else math.inf
         notes = self.failures_newest_first()
         if notes and notes[-1].at is not None:
             earliest = min(earliest, notes[-1].at.timestamp())
@@ -807,9 +832,9 @@ class _Tally:
         (anything changed, entries looked at). ``handled`` (pod -> the entry it was
         given) lasts one prune, so a pod's extra entries are dropped, not repeated."""
         changed, used = False, 0
-        expiry = self.expiry
-        while expiry and expiry[0][0] < cutoff and used < budget:
-            _, key = heapq.heappop(expiry)
+        expiry, due = self.expiry, _expiry(cutoff, "")  # entries before it are due
+        while expiry and expiry[0] < due and used < budget:
+            key = _expiry_key(heapq.heappop(expiry))
             used += 1
             bucket = stage_bucket_of_key(key)
             pods = self.buckets.get(bucket)
@@ -836,7 +861,7 @@ class _Tally:
             oldest = _oldest_dated(kept)
             if oldest != math.inf and handled.get(key) != oldest:
                 handled[key] = oldest
-                heapq.heappush(expiry, (oldest, key))
+                heapq.heappush(expiry, _expiry(oldest, key))
         if self.failures and used < budget:
             notes = self.failures_newest_first()
             keep = len(notes)
@@ -1310,7 +1335,7 @@ class _Filling:
         tally.impls.pop(0, None)
         tally.order(pause)
         if tally.expiry:
-            self.index._earliest = min(self.index._earliest, tally.expiry[0][0])
+            self.index._earliest = min(self.index._earliest, _expiry_time(tally.expiry[0]))
         for gathered in (self.values, self.impls):
             while gathered:
                 del gathered[-step:]
@@ -1330,7 +1355,7 @@ class _Filling:
         tally.values = done.values.copy()
         tally.impls = Counter(done.impls)
         if tally.expiry:
-            self.index._earliest = min(self.index._earliest, tally.expiry[0][0])
+            self.index._earliest = min(self.index._earliest, _expiry_time(tally.expiry[0]))
         pause()
 
 
@@ -1453,7 +1478,8 @@ class EvidenceLoader:
                         raise ValueError("a loader fills indexes of its own per_pod only")
             return found
 
-        pods_seen: dict[str, tuple[str, int | None]] = {}
+        keys: dict[str, str] = {}  # a pod's key, interned: one string for its backends
+        buckets: dict[str, int | None] = {}
         filed = 0
         for (situation, backend), records in self._records.items():
             # An index that takes every cluster present here (all clusters, and a
@@ -1477,17 +1503,19 @@ class EvidenceLoader:
                 fills = by_cluster[key.partition("\0")[0]]
                 if not fills:
                     continue
-                pod = pods_seen.get(key)
-                if pod is None:  # a pod's key and bucket, once for all its backends
-                    pod = pods_seen[key] = (sys.intern(key), stage_bucket_of_key(key))
-                key, bucket = pod
+                bucket = buckets.get(key, _MISSING)  # once for all a pod's backends
+                if bucket is _MISSING:
+                    key = keys[key] = sys.intern(key)
+                    bucket = buckets[key] = stage_bucket_of_key(key)
+                else:
+                    key = keys[key]
                 n = len(record) // _SIZE
                 values, impls = _VALUES[n].unpack(record), _IMPLS[n].unpack(record)
                 newest = _TIME.unpack_from(record, len(record) - _SIZE)[0]
                 oldest = _TIME.unpack_from(record)[0]
                 if oldest == -math.inf:  # undated samples come first
                     oldest = _oldest_dated(record)
-                entry = (oldest, key)  # one expiry entry, shared like the record
+                entry = _expiry(oldest, key) if oldest != math.inf else b""  # shared too
                 for fill in fills:
                     tally = fill.tally
                     pods = tally.buckets.get(bucket)
@@ -1498,7 +1526,7 @@ class EvidenceLoader:
                     else:
                         tally.disordered.add(bucket)
                     pods[key] = record
-                    if oldest != math.inf:
+                    if entry:
                         heapq.heappush(tally.expiry, entry)
                     fill.values += values
                     fill.impls += impls  # 0: no impl named (Counter(impls) drops it)

@@ -22,6 +22,9 @@ from mla_switchboard.core.evidence import (
     EvidenceLoader,
     Observation,
     Situation,
+    _expiry,
+    _expiry_key,
+    _expiry_time,
     _SortedFloats,
     _split_expired,
     _with_sample,
@@ -107,6 +110,18 @@ def test_expiry_drops_the_dated_samples_before_the_cutoff(
 ) -> None:
     stays, gone = _split_expired(record(*held), cutoff)
     assert (times(stays), times(gone)) == (kept, expired)
+
+
+def test_expiry_entries_sort_as_their_times_and_give_them_back() -> None:
+    """A heap entry is bytes (nothing for the collector to track): its order is its
+    time's, and it gives the time and the pod back exactly."""
+    times = [0.0, 1.5, -1.5, 1e-300, -1e-300, 5e-324, 1796218604.495756,
+             1796218604.495757, -1796218604.495756, math.inf, -math.inf]  # fmt: skip
+    pods = [f"c\0p{i}-\u00e9" for i in range(len(times))]
+    entries = [_expiry(t, pod) for t, pod in zip(times, pods, strict=True)]
+    assert [_expiry_time(e) for e in entries] == times
+    assert [_expiry_key(e) for e in entries] == pods
+    assert [_expiry_time(e) for e in sorted(entries)] == sorted(times)
 
 
 # ---------------------------------------------------- sorted TFLOP/s in bulk
@@ -370,7 +385,7 @@ def test_pods_that_reported_again_are_looked_at_once_per_report() -> None:
     # cutoff 75: every pod's entry (minute 0) is due, but its samples (80, 90) stay
     assert not index.prune(minutes(85), timedelta(minutes=10))
     assert index.pruned == 100  # each pod's entry, once: filed again under minute 80
-    assert sorted(at for at, _ in tally.expiry) == [minutes(80).timestamp()] * 100
+    assert sorted(map(_expiry_time, tally.expiry)) == [minutes(80).timestamp()] * 100
     assert not index.prune(minutes(85), timedelta(minutes=10))
     assert index.pruned == 0
     assert index.prune(minutes(95), timedelta(minutes=10))  # cutoff 85: minute 80 goes
