@@ -730,20 +730,28 @@ class _Tally:
             self.disordered.add(bucket)
         pods[key] = record
 
-    def _ordered(self, bucket: int | None) -> dict[str, Record] | None:
+    def _ordered(
+        self, bucket: int | None, newest: Callable[[str], float] | None = None
+    ) -> dict[str, Record] | None:
+        """A bucket's pods, sorted first if a late report disordered them (``newest``:
+        each pod's newest time by its key, when the caller knows them already)."""
         pods = self.buckets.get(bucket)
         if pods is not None and bucket in self.disordered:
-            by_time = sorted(pods.items(), key=lambda kv: _newest(kv[1]))
+            by_time = sorted(pods, key=newest or (lambda key: _newest(pods[key])))
+            ordered = {key: pods[key] for key in by_time}
             pods.clear()
-            pods.update(by_time)
+            pods.update(ordered)
             self.disordered.discard(bucket)
         return pods
 
-    def order(self, pause: Callable[[], None]) -> None:
-        """Sort every disordered bucket (after a bulk load), one bucket a step."""
+    def order(self, pause: Callable[[], None], newest: Callable[[str], float]) -> None:
+        """Sort every disordered bucket (after a bulk load), a few thousand pods a step."""
+        sorted_since = 0
         for bucket in list(self.disordered):
-            self._ordered(bucket)
-            pause()
+            sorted_since += len(self._ordered(bucket, newest) or ())
+            if sorted_since >= LOAD_STEP:
+                sorted_since = 0
+                pause()
 
     def in_buckets(self, buckets: Iterable[int | None], since: float) -> list[PodSample]:
         """The samples at or after ``since`` (a time key) of the pods in ``buckets``."""
@@ -1322,7 +1330,7 @@ class _Filling:
         self.pods = 0
         self.last: dict[int | None, float] = {}  # each bucket's newest sample so far
 
-    def finish(self, pause: Callable[[], None]) -> None:
+    def finish(self, pause: Callable[[], None], newest: Callable[[str], float]) -> None:
         """Sort, count and order what was filed, and let go of the lists, in pieces: one
         call over 200,000 values (a Counter, freeing them) held the interpreter 10 ms."""
         tally = self.tally
@@ -1333,7 +1341,7 @@ class _Filling:
             tally.impls.update(self.impls[start : start + step])
             pause()
         tally.impls.pop(0, None)
-        tally.order(pause)
+        tally.order(pause, newest)
         if tally.expiry:
             self.index._earliest = min(self.index._earliest, _expiry_time(tally.expiry[0]))
         for gathered in (self.values, self.impls):
@@ -1499,6 +1507,7 @@ class EvidenceLoader:
                 cluster: [filling[id(i)] for i in of(cluster) if id(i) not in copies]
                 for cluster in present
             }
+            newest_of: dict[str, float] = {}  # what a disordered bucket is sorted by
             for key, record in records.items():
                 fills = by_cluster[key.partition("\0")[0]]
                 if not fills:
@@ -1511,7 +1520,7 @@ class EvidenceLoader:
                     key = keys[key]
                 n = len(record) // _SIZE
                 values, impls = _VALUES[n].unpack(record), _IMPLS[n].unpack(record)
-                newest = _TIME.unpack_from(record, len(record) - _SIZE)[0]
+                newest = newest_of[key] = _TIME.unpack_from(record, len(record) - _SIZE)[0]
                 oldest = _TIME.unpack_from(record)[0]
                 if oldest == -math.inf:  # undated samples come first
                     oldest = _oldest_dated(record)
@@ -1536,7 +1545,7 @@ class EvidenceLoader:
                     pause()
             for i, fill in filling.items():
                 if i not in copies:
-                    fill.finish(pause)
+                    fill.finish(pause, newest_of.__getitem__)
             for i, source in copies.items():
                 filling[i].copy(filling[source], pause)
         failing: dict[int, tuple[EvidenceIndex, list[Observation]]] = {}
