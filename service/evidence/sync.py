@@ -60,7 +60,7 @@ LOCAL_TTL_S = 3600.0
 """How long a report applied here waits for the store read to meet it."""
 ADD_STEP = 1000
 """Rows a full reload files between two turns of the event loop (about a millisecond)."""
-RELOAD_PAGE = 2000
+RELOAD_PAGE = 1000
 """Rows per query of a full reload: the driver turns a page into rows in one call,
 holding the interpreter (about 1 us a row), so a page is a step of its own."""
 
