@@ -34,10 +34,11 @@ without a lock. Behind them, per situation and backend (``_Tally``):
   grew as n^1.9). A late report marks its bucket for sorting on the next read of it;
 - every counted TFLOP/s is also in chunked sorted arrays whose lengths a Fenwick tree
   sums, so an insertion is a memmove within a chunk and the median a descent;
-- a heap of (time, pod), one entry per pod at or before its oldest dated sample, is
-  what :meth:`EvidenceIndex.prune` pops up to the evidence window's cutoff: a prune
-  looks at what expired (and at pods that moved on since their entry was filed, once
-  each), never at every pod, and runs in steps that let the event loop in;
+- a heap of (time, pod) entries, bytes that sort as the time, one per pod at or
+  before its oldest dated sample, is what :meth:`EvidenceIndex.prune` pops up to the
+  evidence window's cutoff: a prune looks at what expired (and at pods that moved on
+  since their entry was filed, once each), never at every pod, and runs in steps
+  that let the event loop in;
 - none of it is a container per pod: a collection has a few objects per tally to
   visit, whatever the pods.
 
@@ -646,18 +647,19 @@ class _Tally:
     the bucket ``disordered``; the next read that walks it sorts it first (1% of the
     situation's pods).
 
-    **Expiry** is a heap of (time key, pod): each pod with a dated sample has an entry
-    no later than its oldest dated sample (a newer one is added when an older sample
-    arrives; one whose pod moved on is corrected when it comes up). A prune pops only
-    the entries older than its cutoff: what expired, not every pod.
+    **Expiry** is a heap of (time key, pod) entries (``_expiry``: bytes that sort as
+    the time): each pod with a dated sample has an entry no later than its oldest
+    dated sample (a newer one is added when an older sample arrives; one whose pod
+    moved on is corrected when it comes up). A prune pops only the entries older than
+    its cutoff: what expired, not every pod.
 
     Every counted TFLOP/s is also in ``values``, kept sorted, so the median is a
     lookup and a new sample costs a binary search and a memmove within one chunk.
 
     **Nothing here costs the garbage collector.** A pod is a string key and an
-    immutable ``bytes`` record in plain dicts, and a heap entry a tuple of a float and
-    that key, which CPython stops tracking once a collection has seen them: a replica
-    holding 100,000 pods' samples gives each collection a few objects per tally."""
+    immutable ``bytes`` record in dicts that hold nothing else (CPython does not track
+    those), and a heap entry is bytes too: a replica holding 100,000 pods' samples
+    gives each collection a few objects per tally."""
 
     __slots__ = (
         "_failures_newest_first",
