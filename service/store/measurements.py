@@ -261,11 +261,9 @@ class MeasurementStore:
                 continue
             if epoch:
                 key = at
-            elif isinstance(at, str):  # SQLite's stored text, in UTC
-                at = datetime.fromisoformat(at)
-                key = (at - _NAIVE_EPOCH).total_seconds()
-            else:
-                key = aware(at).timestamp()
+            else:  # SQLite's stored text, in UTC and (as SQLAlchemy writes it) no zone
+                at = datetime.fromisoformat(at) if isinstance(at, str) else at
+                key = (at - _NAIVE_EPOCH).total_seconds() if at.tzinfo is None else at.timestamp()
             if key < cutoff:
                 continue
             if correct and tflops is not None:
