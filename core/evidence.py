@@ -1494,14 +1494,7 @@ class EvidenceLoader:
             # situation seen in one cluster only: its cluster's too) gets the same pods
             # as the first such one: that one is filled, the others copy it.
             present = {key.partition("\0")[0] for key in records}
-            takers: dict[int, EvidenceIndex] = {}
-            takes: dict[int, int] = {}
-            for cluster in present:
-                for index in of(cluster):
-                    takers[id(index)] = index
-                    takes[id(index)] = takes.get(id(index), 0) + 1
-            every = [i for i, n in takes.items() if n == len(present)]
-            copies = {i: every[0] for i in every[1:]}
+            takers, copies = _takers(present, of)
             filling = {i: _Filling(index, situation, backend) for i, index in takers.items()}
             by_cluster = {
                 cluster: [filling[id(i)] for i in of(cluster) if id(i) not in copies]
@@ -1548,17 +1541,44 @@ class EvidenceLoader:
                     fill.finish(pause, newest_of.__getitem__)
             for i, source in copies.items():
                 filling[i].copy(filling[source], pause)
+        self._file_failures(of)
+        _publish_filled(chosen, pause)
+
+    def _file_failures(self, of: Callable[[str], Sequence[EvidenceIndex]]) -> None:
+        """The failures read, into every index that takes their cluster."""
         failing: dict[int, tuple[EvidenceIndex, list[Observation]]] = {}
         for o in self._failures.values():  # in the order read (ties in time keep it)
             for index in of(o.cluster):
                 failing.setdefault(id(index), (index, []))[1].append(o)
         for index, failures in failing.values():
             index.add(failures)
-        filled = {id(index): index for indexes in chosen.values() for index in indexes}
-        for index in filled.values():
-            with index._lock:
-                index._publish({s: list(tallies) for s, tallies in index._tallies.items()})
-            pause()
+
+
+def _takers(
+    present: set[str], of: Callable[[str], Sequence[EvidenceIndex]]
+) -> tuple[dict[int, EvidenceIndex], dict[int, int]]:
+    """The indexes that take any of the ``present`` clusters (by id), and which of them
+    copy another: those that take every present cluster hold the same pods, so only the
+    first is filled."""
+    takers: dict[int, EvidenceIndex] = {}
+    takes: dict[int, int] = {}
+    for cluster in present:
+        for index in of(cluster):
+            takers[id(index)] = index
+            takes[id(index)] = takes.get(id(index), 0) + 1
+    every = [i for i, n in takes.items() if n == len(present)]
+    return takers, {i: every[0] for i in every[1:]}
+
+
+def _publish_filled(
+    chosen: Mapping[str, Sequence[EvidenceIndex]], pause: Callable[[], None]
+) -> None:
+    """Publish every filled index's summaries, one index per step."""
+    filled = {id(index): index for indexes in chosen.values() for index in indexes}
+    for index in filled.values():
+        with index._lock:
+            index._publish({s: list(tallies) for s, tallies in index._tallies.items()})
+        pause()
 
 
 def _backend(name: str) -> Backend | None:
