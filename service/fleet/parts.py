@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
 from mla_switchboard.core.evidence import EvidenceIndex
@@ -54,6 +54,8 @@ from mla_switchboard.service.fleet.groups import (
 from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally
 from mla_switchboard.service.fleet.regret import cluster_exclusions, cluster_regret
 from mla_switchboard.service.selector import InputsFor
+
+T = TypeVar("T")
 
 __all__ = ["ClusterPart", "ClusterParts", "PartsRead"]
 
@@ -288,31 +290,28 @@ class PartsRead:
         part = self.part(cluster)
         if part.regret is None:
             self._parts.count("regret")
-            part.regret = cluster_regret(
-                self.fleet.of_cluster(cluster),
-                self.inputs,
-                now=self.now,
-                inputs_for=self._inputs_for,
-                deadline=self.deadline,
-                classes=self._classes,
-                memo=self._memo,
-            )
+            part.regret = self._of_cluster(cluster_regret, cluster)
         return part.regret
 
     def excluded(self, cluster: str) -> dict[str, str]:
         part = self.part(cluster)
         if part.excluded is None:
             self._parts.count("excluded")
-            part.excluded = cluster_exclusions(
-                self.fleet.of_cluster(cluster),
-                self.inputs,
-                now=self.now,
-                inputs_for=self._inputs_for,
-                deadline=self.deadline,
-                classes=self._classes,
-                memo=self._memo,
-            )
+            part.excluded = self._of_cluster(cluster_exclusions, cluster)
         return part.excluded
+
+    def _of_cluster(self, figure: Callable[..., T], cluster: str) -> T:
+        """``figure`` (``cluster_regret``, ``cluster_exclusions``) over ``cluster``'s
+        groups, with this read's deadline and the class cache and memo its clusters share."""
+        return figure(
+            self.fleet.of_cluster(cluster),
+            self.inputs,
+            now=self.now,
+            inputs_for=self._inputs_for,
+            deadline=self.deadline,
+            classes=self._classes,
+            memo=self._memo,
+        )
 
     def progress(self, cluster: str, position: int, o: Override) -> RolloutTally:
         """``o``'s progress among the pods of ``cluster``; ``position``: where ``o``
