@@ -21,6 +21,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 BACKGROUND_NICE = 10
 """How much lower than the process a background thread runs (nice 0 -> 10)."""
@@ -43,3 +48,56 @@ def lower_this_thread(by: int = BACKGROUND_NICE) -> bool:
 def let_the_loop_in() -> None:
     """Give up the GIL for a moment (see the module docstring)."""
     time.sleep(0)
+
+
+# ---------------------------------------------------------------- gradual release
+
+HAND_OVER_EVERY_S = 0.0005
+"""How long a background thread may free memory before it lets the loop in."""
+
+_pool = threading.local()
+
+
+@contextlib.contextmanager
+def releasing_gradually() -> Iterator[None]:
+    """Within this block, the dicts passed to :func:`release_later` on this thread are
+    emptied entry by entry when it ends, letting the loop in between.
+
+    Dropping the last reference to a large structure frees all of it in one C-level
+    call that never lets go of the GIL: a fleet read's memo of 8,453 decisions took
+    25-30 ms to free on the 2-core machine, a gap in which no select was answered.
+    Emptied one entry at a time from Python, the same work is cut where the switch
+    interval and :func:`let_the_loop_in` can reach it."""
+    outer = getattr(_pool, "held", None)
+    held: list[dict[Any, Any]] = []
+    _pool.held = held
+    try:
+        yield
+    finally:
+        _pool.held = outer
+        for found in held:
+            empty_gradually(found)
+
+
+def release_later(found: dict[K, V]) -> dict[K, V]:
+    """``found``, to be emptied gradually when the enclosing
+    :func:`releasing_gradually` block ends (untouched outside one). Only for a dict
+    its maker owns for the block: emptying it must not take anything from anyone
+    else, only let go of what nobody else holds any more."""
+    held = getattr(_pool, "held", None)
+    if held is not None:
+        held.append(found)
+    return found
+
+
+def empty_gradually(found: dict[Any, Any]) -> None:
+    """Empty ``found`` an entry at a time, letting the loop in every
+    ``HAND_OVER_EVERY_S``."""
+    hand_over_at = time.monotonic() + HAND_OVER_EVERY_S
+    n = 0
+    while found:
+        found.popitem()
+        n += 1
+        if n % 32 == 0 and time.monotonic() >= hand_over_at:
+            let_the_loop_in()
+            hand_over_at = time.monotonic() + HAND_OVER_EVERY_S

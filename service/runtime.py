@@ -8,7 +8,6 @@ build a ``Runtime`` from ``Settings``; nothing else opens the database.
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from functools import partial
 
 from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.clusters import KnownClusters
+from mla_switchboard.service.collector import Collector
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.deciding import Decider
 from mla_switchboard.service.evidence.sync import EvidenceSync
@@ -47,10 +47,6 @@ from mla_switchboard.service.writes.rules import RulesWrites
 from mla_switchboard.service.writes.tokens import TokenWrites
 
 log = logging.getLogger(PROGRAM)
-
-YOUNG_GC_THRESHOLD = 10_000
-"""Net new tracked objects before a young collection (CPython's default is 700): see
-``Runtime.start``."""
 
 
 class Runtime:
@@ -93,6 +89,8 @@ class Runtime:
     def _build_inputs(self, settings: Settings) -> None:
         """What every decision reads: the configuration, the trusted evidence and the
         inputs published from both (``service/inputs.py``)."""
+        # one per process: the cycle collector is the process's (service/collector.py)
+        self.collector = Collector()
         # measured selection trusts only some clusters' evidence (service/evidence/trust.py);
         # the indexes are kept up to date off the event loop (service/evidence/sync.py)
         self.trusted = TrustedEvidence(
@@ -113,6 +111,7 @@ class Runtime:
             max_age=timedelta(days=settings.measured_max_age_days),
             poll_s=settings.config_poll_s,
             on_change=self.publisher.evidence_changed,
+            collector=self.collector,
         )
         self.live = LiveConfig(
             self.store.config,
@@ -145,6 +144,7 @@ class Runtime:
                 min_samples=settings.measured_min_samples,
                 min_pods=settings.measured_min_pods,
             ),
+            self.collector,
         )
         self.previews = Previews(self.reads)
         self.audit = AuditReads(store.audit)
@@ -185,20 +185,7 @@ class Runtime:
         self.rollouts.start()
         self.pod_expiry.start()
         self.refused_selects.start()
-        # Everything loaded so far (modules, schemas, the snapshot) lives as long as the
-        # process: take it out of the cycle collector's scans. Without this every
-        # full collection under load walked ~120,000 startup objects on the event
-        # loop's thread, tens of ms each on the 2-core machine (a p99 tail).
-        gc.freeze()
-        # A collection holds every thread, the event loop's with it. CPython collects the
-        # young generation whenever tracked objects outnumber freed ones by 700; a fleet
-        # read makes and frees thousands at a time, which set that off ~150 times a
-        # second (3,100 collections in 20 s of back-to-back previews, 12 of them over
-        # 10 ms on the loaded 2-core machine). At 10,000 what a read makes is freed by
-        # reference counting before the count is reached: 2-3 collections in the same
-        # 20 s, select p99 under previews 3.3-4.7 ms instead of 3.3-11.3 (idle 2.0-2.3);
-        # cyclic garbage waits for at most 10,000 net new objects, a few MB.
-        gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
+        self.collector.settle_at_start()  # service/collector.py
         self._unwatch_gc = self.metrics.watch_gc()
         # The writer thread gives the GIL up on every call into the database driver;
         # while the event loop is busy, taking it back waits up to the switch interval

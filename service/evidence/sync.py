@@ -45,6 +45,7 @@ from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import EvidenceLoader, Observation, report_key
 from mla_switchboard.core.specs import Backend
+from mla_switchboard.service.collector import Collector, paused
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
@@ -127,6 +128,8 @@ class EvidenceSync:
     poll_s: float
     on_change: Callable[[], None]
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    collector: Collector | None = None
+    """Paused while a full reload runs (``service/collector.py``); None: left alone."""
 
     def __post_init__(self) -> None:
         # prune at most this often: a pass costs what expired (nothing when nothing did)
@@ -249,11 +252,18 @@ class EvidenceSync:
         return changed
 
     def full_reload(self) -> None:
-        """Rebuild every index from the store (the window only) and swap them in.
+        """Rebuild every index from the store (the window only) and swap them in,
+        with the cycle collector paused (``service/collector.py``): the build makes a
+        new index's objects by the hundred thousand, and the one it replaces is freed
+        meanwhile, neither of which should set a collection off.
 
         A report applied here while the store is read may be missing from the read
         (its commit came after the read's snapshot): it is kept, unless the read has it
         already, so "this replica at once" holds and nothing counts twice."""
+        with paused(self.collector):
+            self._full_reload()
+
+    def _full_reload(self) -> None:
         with self._sync_lock:
             versions = self.config.versions()
             clears = self.measurement_store.last_clear_id()  # what the rows read below reflect

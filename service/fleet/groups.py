@@ -25,7 +25,7 @@ from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
 from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
-from mla_switchboard.service.priority import let_the_loop_in
+from mla_switchboard.service.priority import let_the_loop_in, release_later
 from mla_switchboard.service.state import PodState
 from mla_switchboard.service.store.decisions import DecisionStore, FleetChange
 from mla_switchboard.service.store.fleet import FleetStore
@@ -253,7 +253,8 @@ class DecisionMemo:
 
     def __init__(self, now: datetime) -> None:
         self._now = now
-        self._found: dict[tuple[object, ...], object] = {}
+        # thousands of decisions: freed gradually after a fleet read (service/priority.py)
+        self._found: dict[tuple[object, ...], object] = release_later({})
 
     def key(
         self, request: SelectRequest, shape_id: str, stage: StageClass, *sides: DecisionInputs

@@ -31,13 +31,14 @@ from typing import Any, TypeVar
 
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import FLEET, Override, RulesDocument
+from mla_switchboard.service.collector import Collector, paused
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.computed import Computed
 from mla_switchboard.service.fleet.groups import Deadline, Fleet, FleetSnapshot, OverBudget
 from mla_switchboard.service.fleet.parts import ClusterParts, PartsRead
 from mla_switchboard.service.fleet.preview import Preview, replay, with_override
 from mla_switchboard.service.fleet.progress import RolloutTally
-from mla_switchboard.service.priority import lower_this_thread
+from mla_switchboard.service.priority import lower_this_thread, releasing_gradually
 from mla_switchboard.service.store.recorder import DecisionRecorder
 
 T = TypeVar("T")
@@ -117,6 +118,8 @@ class FleetReads:
     trusted: TrustedEvidence
     inputs: Callable[[], DecisionInputs]
     settings: ReadSettings
+    collector: Collector | None = None
+    """Paused while a read runs (``service/collector.py``); None: left alone."""
     _summaries: Computed[Answer] = field(init=False, default_factory=lambda: Computed(64))
     _previews: Computed[Preview] = field(init=False, default_factory=lambda: Computed(256))
     _evidence: Computed[Answer] = field(init=False, default_factory=lambda: Computed(4))
@@ -131,7 +134,12 @@ class FleetReads:
         not even start within the budget, because others kept the thread busy, is
         over budget; one that started ends within its own."""
         budget = self.settings.budget_s
-        future = self._worker.submit(compute)
+
+        def released() -> T:
+            with paused(self.collector), releasing_gradually():
+                return compute()
+
+        future = self._worker.submit(released)
         try:
             return future.result(timeout=budget)
         except NotYet:
