@@ -4,6 +4,7 @@
 #   bash bench/gpu_run.sh            # both: bench first, then tests/gpu
 #   bash bench/gpu_run.sh bench      # bench/kernel_speed.py only
 #   bash bench/gpu_run.sh tests      # tests/gpu only
+#   bash bench/gpu_run.sh shapes     # bench/shape_sweep.py, then tests/gpu/test_gpu_shapes.py
 #
 # The machine has no network, so packages travel in .whl/ (carry it), all in one call
 # (60.7 MB with the repo under the 64 MiB a call may carry):
@@ -107,10 +108,20 @@ if [ "$phase" = all ] || [ "$phase" = bench ]; then
     --deadline "$bench_deadline" --out "$out/kernels.json" 2>&1 | tee "$out/bench.log"
   echo "bench took $(( $(date +%s) - t0 )) s" | tee -a "$out/bench.log"
 fi
+if [ "$phase" = all ] || [ "$phase" = shapes ]; then
+  t0=$(date +%s)
+  timeout "$test_timeout" python3 -m bench.shape_sweep --warm 3 --deadline "$(( test_timeout - 30 ))" \
+    --out "$out/shapes.json" \
+    2>&1 | tee "$out/shapes.log"
+  timeout "$test_timeout" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_shapes.py \
+    2>&1 | tee "$out/pytest-shapes.log"
+  echo "shapes took $(( $(date +%s) - t0 )) s" | tee -a "$out/shapes.log"
+fi
 if [ "$phase" = all ] || [ "$phase" = tests ]; then
   t0=$(date +%s)
   KERNELS_GPU_REPORT="$out/gpu-checks.jsonl" \
-    timeout "$test_timeout" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu 2>&1 \
+    timeout "$test_timeout" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu \
+    --ignore=tests/gpu/test_gpu_shapes.py 2>&1 \
     | tee "$out/pytest-gpu.log"
   echo "tests took $(( $(date +%s) - t0 )) s" | tee -a "$out/pytest-gpu.log"
 fi

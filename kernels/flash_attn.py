@@ -9,18 +9,20 @@ Why four paths, in this order:
    FA2 otherwise. FA3 on 9.x and FA4 take MLA's 192/128 head dims natively; vLLM
    pads ``v`` for its FA2, and so do we. ``impl`` reads ``vllm-fa3`` / ``vllm-fa4``
    / ``vllm-fa2``. Measuring this path is measuring what a vLLM pod runs.
-2. ``flash_attn_interface.flash_attn_varlen_func`` (FA3, 9.x only), native dims.
+2. ``flash_attn_interface.flash_attn_varlen_func`` (FA3, 9.x only), the dims FA3 takes.
 3. ``flash_attn.flash_attn_varlen_func`` (FA2), one head dim for q, k and v.
 4. ``torch.ops.aten._flash_attention_forward``: PyTorch's bundled FA2 varlen kernel,
    so a pod with nothing but torch still gets a FlashAttention kernel.
 
 FA2 paths pad the head dims that are not already the common multiple of 8 (for
 R1 dims only ``v``, 128 -> 192: zeros added to v only add output columns, which are
-sliced off). All paths return the varlen LSE as ``[H, T_q]`` natural log,
-FlashAttention's native layout; a padded ``[B, H, max_q]`` layout from an older
-build is unpacked. Proven on the H200: ``vllm-fa3`` (vLLM 0.25.0's
-``vllm_flash_attn``) and ``torch-bundled-fa2``; the ``flash_attn`` and
-``flash_attn_interface`` package paths follow their documented APIs (see README).
+sliced off); FA3 paths pad only what FA3's pairs of head dims need
+(:func:`fa3_head_dims`: (192, 64) runs as (192, 128)). All paths return the varlen
+LSE as ``[H, T_q]`` natural log, FlashAttention's native layout; a padded
+``[B, H, max_q]`` layout from an older build is unpacked. Proven on the H200:
+``vllm-fa3`` (vLLM 0.25.0's ``vllm_flash_attn``) and ``torch-bundled-fa2``; the
+``flash_attn`` and ``flash_attn_interface`` package paths follow their documented
+APIs (see README).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from mla_switchboard.core.specs import Backend
 from mla_switchboard.kernels.base import BackendUnavailable, MLAPrefillKernel, RaggedBatch
 from torch import Tensor
 
-__all__ = ["FlashAttnPrefill", "vllm_fa_version"]
+__all__ = ["FlashAttnPrefill", "fa3_head_dims", "vllm_fa_version"]
 
 #: Options accepted by ``impl=``; ``vllm`` lets vLLM's rule pick the FA version.
 IMPLS = (
@@ -53,6 +55,35 @@ DEFAULT_ORDER = ("vllm", "flash-attn3", "flash-attn2", "torch-bundled-fa2")
 
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
+
+
+FA3_MAX_HEAD_DIM = 256
+
+
+def fa3_head_dims(qk: int, v: int) -> tuple[int, int]:
+    """The (qk, v) head dims to call FlashAttention 3 (Hopper) with for a model's
+    ``qk`` and ``v``: each a multiple of 8, and, where they differ, a pair FA3 takes.
+
+    FA3's own check (``hopper/flash_api.cpp``, the build vLLM bundles as well): "If V
+    headdim is different from Q/K dim, we only support Q/K headdim in (128, 192] and V
+    headdim in (96, 128], or (Q/K <= 64 and V <= 512)". DeepSeek-R1's (192, 128) is such
+    a pair; (192, 64) is not and raised at the first prefill. Zeros added to q and k
+    leave every score as it was (the scale is passed explicitly), and zeros added to v
+    only add output columns, which are sliced off: so ``v`` is padded to 128 where that
+    makes a pair FA3 takes, and otherwise both to the larger one (equal dims, up to
+    256, are always taken). Raises ValueError past 256, which the spec refuses
+    first (``max_qk_head_dim``, ``max_v_head_dim``)."""
+    qk8, v8 = _round_up(qk, 8), _round_up(v, 8)
+    if qk8 == v8 or (128 < qk8 <= 192 and 96 < v8 <= 128) or (qk8 <= 64 and v8 <= 512):
+        pair = (qk8, v8)
+    elif 128 < qk8 <= 192 and v8 <= 96:
+        pair = (qk8, 128)
+    else:
+        pair = (max(qk8, v8), max(qk8, v8))
+    small_qk = pair[0] <= 64  # then v may go up to 512
+    if pair[0] > FA3_MAX_HEAD_DIM or (pair[1] > FA3_MAX_HEAD_DIM and not small_qk):
+        raise ValueError(f"FlashAttention 3 takes head dims up to 256, not (qk={qk}, v={v})")
+    return pair
 
 
 def vllm_fa_version(major: int, supported: Any) -> int:
@@ -115,16 +146,19 @@ class FlashAttnPrefill(MLAPrefillKernel):
             self.tried.append(f"{candidate}: {reason}")
         raise BackendUnavailable(self.backend, self.tried)
 
-    def _pad_plan(self, native: bool) -> None:
-        """FA2 wants one head dim (a multiple of 8) for q, k and v; FA3/FA4 do not."""
-        if native:
-            self._padded_dim = 0
-            self._pad_qk = self._pad_v = 0
-            return
-        padded = _round_up(max(self.dims.qk_head_dim, self.dims.v_head_dim), 8)
-        self._padded_dim = padded
-        self._pad_qk = padded - self.dims.qk_head_dim
-        self._pad_v = padded - self.dims.v_head_dim
+    def _pad_plan(self, kernel: str) -> None:
+        """The head dims the kernel is called with: FA2 wants one (a multiple of 8) for
+        q, k and v; FA3 takes two within its limits (:func:`fa3_head_dims`); FA4 takes
+        MLA's natively."""
+        qk, v = self.dims.qk_head_dim, self.dims.v_head_dim
+        if kernel == "fa4":
+            padded_qk, padded_v = qk, v
+        elif kernel == "fa3":
+            padded_qk, padded_v = fa3_head_dims(qk, v)
+        else:
+            padded_qk = padded_v = _round_up(max(qk, v), 8)
+        self._pad_qk, self._pad_v = padded_qk - qk, padded_v - v
+        self._padded_dim = padded_qk if (self._pad_qk or self._pad_v) else 0
 
     def _try_path(self, path: str) -> str | None:
         """Set up ``path``; return None on success (``self.impl`` set) or why not."""
@@ -150,18 +184,19 @@ class FlashAttnPrefill(MLAPrefillKernel):
             self._fn = mod.flash_attn_varlen_func
             self._fa_version = version
             # vLLM runs 192/128 natively with FA3 on 9.x and with FA4; it pads v for FA2.
-            self._pad_plan(native=(version == 3 and major == 9) or version == 4)
+            fa3 = version == 3 and major == 9
+            self._pad_plan("fa4" if version == 4 else "fa3" if fa3 else "fa2")
             self._kind = "vllm"
             self.impl = f"vllm-fa{version}"
             return None
         if path == "flash-attn3":
             if cap is None or cap.major != 9:
                 return f"FA3 needs compute capability 9.x, got {cap}"
-            problem = self._use_package("flash_attn_interface", native=True)
+            problem = self._use_package("flash_attn_interface", kernel="fa3")
             if problem is not None:
                 return problem
         elif path == "flash-attn2":
-            problem = self._use_package("flash_attn", native=False)
+            problem = self._use_package("flash_attn", kernel="fa2")
             if problem is not None:
                 return problem
         else:
@@ -169,7 +204,7 @@ class FlashAttnPrefill(MLAPrefillKernel):
             if op is None:
                 return "torch.ops.aten._flash_attention_forward missing from this torch"
             self._fn = op
-            self._pad_plan(native=False)
+            self._pad_plan("fa2")
         try:
             params = inspect.signature(self._fn).parameters
         except (TypeError, ValueError):
@@ -179,14 +214,14 @@ class FlashAttnPrefill(MLAPrefillKernel):
         self.impl = path
         return None
 
-    def _use_package(self, module: str, *, native: bool) -> str | None:
+    def _use_package(self, module: str, *, kernel: str) -> str | None:
         """Call ``module``'s ``flash_attn_varlen_func``; None, or why it cannot be used."""
         try:
             mod = importlib.import_module(module)
         except ImportError as exc:
             return f"{module} not importable ({exc})"
         self._fn = mod.flash_attn_varlen_func
-        self._pad_plan(native=native)
+        self._pad_plan(kernel)
         return None
 
     def _forward(

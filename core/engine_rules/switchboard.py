@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mla_switchboard.core.engine_rules.base import EngineChoice, EngineFlag, EngineProfile
-from mla_switchboard.core.specs import Backend, SelectionContext
+from mla_switchboard.core.specs import FLASHINFER_FA3_HEAD_DIMS, Backend, SelectionContext
 
 __all__ = ["SEED_DEFAULT", "SEED_PRIORITIES", "SWITCHBOARD", "SWITCHBOARD_ENV", "SWITCHBOARD_FLAG"]
 
@@ -28,8 +28,30 @@ SWITCHBOARD_FLAG = EngineFlag(env=SWITCHBOARD_ENV)
 the agent's ``env`` format also exports."""
 
 
+FLASHINFER_FA2_ON_HOPPER = (
+    "its FA2 kernel, which FlashInfer runs on 9.x for other head dims, returned an LSE "
+    "1.3e-3 off the fp32 reference for (192, 64) in bf16 (the kernels' contract allows "
+    "1e-3) and stopped the process with an illegal instruction for (96, 64) on the H200 "
+    "(bench/results/h200/shapes.json)"
+)
+"""Why our FLASHINFER wrapper is not answered on 9.x outside its FA3 head dims."""
+
+
 def _switchboard_rule(backend: Backend, ctx: SelectionContext, label: str) -> list[str]:
-    return []  # our own wrappers: the spec table is the whole rule
+    """Our own wrappers run what the spec table accepts, less what failed on the GPU:
+    FlashInfer on 9.x beyond the head dims of its FA3 kernel (FLASH_ATTN, which pads
+    them for FA3, runs those dims there)."""
+    if backend is not Backend.FLASHINFER or ctx.capability is None or ctx.capability.major != 9:
+        return []
+    pair = (ctx.dims.qk_head_dim, ctx.dims.v_head_dim)
+    if pair in FLASHINFER_FA3_HEAD_DIMS:
+        return []
+    taken = " or ".join(str(p) for p in sorted(FLASHINFER_FA3_HEAD_DIMS))
+    return [
+        f"model MLA dims {ctx.dims} not run by our FLASHINFER wrapper on 9.x: it runs "
+        f"FlashInfer's FA3 kernel there, head dims (qk, v) {taken} only, not {pair}; "
+        + FLASHINFER_FA2_ON_HOPPER
+    ]
 
 
 def _switchboard_order(ctx: SelectionContext) -> list[Backend]:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from mla_switchboard import kernels
 from mla_switchboard.kernels import Capability, MLADims
-from mla_switchboard.kernels.flash_attn import FlashAttnPrefill, vllm_fa_version
+from mla_switchboard.kernels.flash_attn import FlashAttnPrefill, fa3_head_dims, vllm_fa_version
 from mla_switchboard.kernels.measure import host_us_per_call, make_inputs
 from mla_switchboard.kernels.tokenspeed_mla import TokenspeedMlaPrefill
 
@@ -32,9 +32,9 @@ def sdpa(heads: int = H) -> Any:
     return kernels.get("TORCH_SDPA").create(heads, *R1, SCALE, "bf16", "cpu")
 
 
-def inputs_for(lens: list[int], heads: int = H) -> dict[str, Any]:
+def inputs_for(lens: list[int], heads: int = H, dims: tuple[int, int, int] = R1) -> dict[str, Any]:
     return make_inputs(
-        num_heads=heads, qk_head_dim=192, v_head_dim=128, seqlens_q=lens,
+        num_heads=heads, qk_head_dim=dims[0] + dims[1], v_head_dim=dims[2], seqlens_q=lens,
         dtype="bf16", device="cpu",
     )  # fmt: skip
 
@@ -148,9 +148,11 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, calls: list[dict[str, Any]]) -> 
     monkeypatch.setattr(base.importlib.util, "find_spec", lambda name: object())
 
 
-def _flash_attn(cap: Capability, **options: Any) -> FlashAttnPrefill:
+def _flash_attn(
+    cap: Capability, dims: tuple[int, int, int] = R1, **options: Any
+) -> FlashAttnPrefill:
     inst = FlashAttnPrefill(
-        num_heads=H, dims=MLADims(*R1), softmax_scale=SCALE, dtype=torch.bfloat16,
+        num_heads=H, dims=MLADims(*dims), softmax_scale=SCALE, dtype=torch.bfloat16,
         device=torch.device("cpu"), capability=cap,
     )  # fmt: skip
     inst._build(**options)
@@ -181,6 +183,44 @@ def test_flash_attn_tries_vllms_flash_attention_first(
     assert list(direct) == [impl]
     direct[impl]()
     assert calls[-1]["return_softmax_lse"] is False
+
+
+@pytest.mark.parametrize(
+    ("model", "called"),
+    [
+        ((192, 128), (192, 128)),  # DeepSeek-R1: a pair FA3 takes
+        ((192, 64), (192, 128)),  # v outside (96, 128]: padded into it
+        ((256, 256), (256, 256)),
+        ((128, 128), (128, 128)),
+        ((96, 64), (96, 96)),  # MiniCPM3-like: neither range, equal dims
+        ((192, 256), (256, 256)),
+        ((64, 512), (64, 512)),  # qk <= 64 takes v up to 512
+        ((60, 60), (64, 64)),  # multiples of 8
+    ],
+)
+def test_fa3_is_called_with_head_dims_it_takes(
+    model: tuple[int, int], called: tuple[int, int]
+) -> None:
+    assert fa3_head_dims(*model) == called
+
+
+def test_fa3_refuses_head_dims_past_256() -> None:
+    with pytest.raises(ValueError, match="up to 256"):
+        fa3_head_dims(264, 128)
+
+
+def test_flash_attn_pads_v_for_fa3_and_slices_the_output_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(128, 64, 64): FA3 refuses q/k 192 with v 64 ("V headdim in (96, 128]"), so v
+    goes in padded to 128 and the output comes back with its own 64 columns."""
+    calls: list[dict[str, Any]] = []
+    _fake_vllm(monkeypatch, calls)
+    inst = _flash_attn(Capability(9, 0), dims=(128, 64, 64))
+    x = inputs_for([3, 5], dims=(128, 64, 64))
+    out, lse = inst.prefill(**x, return_lse=True)
+    assert calls[-1]["q"].shape[-1] == 192 and calls[-1]["v"].shape[-1] == 128
+    assert out.shape == (8, H, 64) and lse.shape == (H, 8)
 
 
 def test_flash_attn_without_vllm_says_why_it_moved_on(monkeypatch: pytest.MonkeyPatch) -> None:
