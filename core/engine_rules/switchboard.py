@@ -1,4 +1,5 @@
-"""Switchboard's own ``kernels/`` wrappers as an engine: the spec table is the whole rule.
+"""Switchboard's own ``kernels/`` wrappers as an engine: the spec table is the rule, less
+what failed on the GPU (FlashInfer's FA2 kernel on 9.x: ``bench/results/h200/shapes.json``).
 
 Its own default order is the seed rules' priority lists, kept here as plain data so that
 the wire contract (``core/schemas.py``, which builds ``SEED_RULES`` from them) can read
