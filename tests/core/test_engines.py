@@ -200,10 +200,21 @@ def test_legacy_vllm_gets_no_flags_and_is_told_why() -> None:
                 "trtllm_mla",
             ),
         ),
-        (  # (64, 64, 128): head dims (128, 128), which FlashInfer's CUTLASS kernel takes
+        (  # (64, 64, 128): head dims (128, 128), which trtllm_mla's ragged kernel takes
             (10, 0),
             SMALL,
             None,
+            (
+                "--prefill-attention-backend",
+                "trtllm_mla",
+                "--decode-attention-backend",
+                "flashinfer",
+            ),
+        ),
+        (  # (64, 64, 128) asked for FlashInfer: its CUTLASS kernel takes (128, 128) too
+            (10, 0),
+            SMALL,
+            "FLASHINFER",
             (
                 "--prefill-attention-backend",
                 "flashinfer",
@@ -211,10 +222,21 @@ def test_legacy_vllm_gets_no_flags_and_is_told_why() -> None:
                 "flashinfer",
             ),
         ),
-        (  # no rope part: FlashInfer's ragged prefill is off, FlashAttention 4 runs it
+        (  # no rope part, head dims (256, 256): trtllm_mla's ragged kernel takes them
             (10, 0),
             GLM5,
             None,
+            (
+                "--prefill-attention-backend",
+                "trtllm_mla",
+                "--decode-attention-backend",
+                "flashinfer",
+            ),
+        ),
+        (  # ... and asked for FlashAttention, FlashAttention 4 runs them
+            (10, 0),
+            GLM5,
+            "FLASH_ATTN",
             ("--prefill-attention-backend", "fa4", "--decode-attention-backend", "flashinfer"),
         ),
     ],

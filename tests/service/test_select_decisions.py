@@ -14,11 +14,14 @@ import pytest
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 128}
 GLM = {"qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "num_heads": 64}
-# MLA dims DeepSeek's specialised kernels are not built for; FlashInfer's CUTLASS kernel
-# (10.x) takes their head dims (128, 128), as FLASH_ATTN and TORCH_SDPA do
+# head dims (128, 128): FlashInfer's trtllm-gen ragged DeepSeek kernel takes them, as its
+# CUTLASS kernel (10.x), FLASH_ATTN and TORCH_SDPA do
 SMALL = {"qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 16}
-# no rope part, head dims (256, 256): on 10.x only FLASH_ATTN and TORCH_SDPA take them
+# no rope part, head dims (256, 256): on 10.x the trtllm-gen ragged kernel (GLM-5's),
+# FLASH_ATTN and TORCH_SDPA take them, FlashInfer's CUTLASS kernel does not
 NOPE = {"qk_nope_head_dim": 256, "qk_rope_head_dim": 0, "v_head_dim": 256, "num_heads": 16}
+# head dims (192, 256): neither FlashInfer kernel takes them on 10.x
+ODD = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 256, "num_heads": 16}
 BIG = {"qk_nope_head_dim": 256, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 16}
 ALL = {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0", "flash_attn": "2.8.3"}
 
@@ -60,8 +63,9 @@ CASES = [
     ),
     ("blackwell-torch-only", [10, 0], R1, "float16", {"torch": "2"}, "FLASH_ATTN", "priority"),
     ("blackwell-glm-dims", [10, 0], GLM, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
-    ("blackwell-small-dims", [10, 0], SMALL, "bfloat16", ALL, "FLASHINFER", "priority"),
-    ("blackwell-nope-dims", [10, 0], NOPE, "bfloat16", ALL, "FLASH_ATTN", "priority"),
+    ("blackwell-small-dims", [10, 0], SMALL, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
+    ("blackwell-nope-dims", [10, 0], NOPE, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
+    ("blackwell-odd-dims", [10, 0], ODD, "bfloat16", ALL, "FLASH_ATTN", "priority"),
     ("blackwell-too-big-for-fa", [10, 0], BIG, "bfloat16", ALL, "TORCH_SDPA", "fallback"),
     ("blackwell-fp32", [10, 3], R1, "float32", ALL, "TORCH_SDPA", "fallback"),
     ("hopper", [9, 0], R1, "bfloat16", ALL, "FLASH_ATTN", "priority"),
