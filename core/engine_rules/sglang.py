@@ -395,9 +395,12 @@ def _choice(r: SglangRange) -> ChoiceFn:
 
 def _unverified_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
     flag = SGLANG_RANGES[-1].prefill_flag.option
+    untold = (
+        f"{label} has no {flag} (SGLang's first release with it is {version_text(SGLANG_FIRST)})"
+    )
     return EngineChoice(
-        note=f"{label} has no {flag} (SGLang's first release with it is "
-        f"{version_text(SGLANG_FIRST)}): no engine flags are given, so SGLang keeps its own choice."
+        note=f"{untold}: no engine flags are given, so SGLang keeps its own choice.",
+        untold=untold,
     )
 
 

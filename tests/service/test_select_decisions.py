@@ -172,6 +172,23 @@ class TestRequested:
         assert "CUDNN" in detail["message"]
         assert "required package cudnn not installed" in reasons_of(detail, "CUDNN")
 
+    def test_strict_to_a_release_without_the_flag_is_409_with_why(self, api: httpx.Client) -> None:
+        """vLLM 0.20.2 runs TRTLLM_RAGGED but has no flag to be told it: a strict request
+        is refused rather than answered as if honoured; a lenient one is answered
+        without it, with no flag, and says the engine decides."""
+        legacy = {"name": "vllm", "version": "0.20.2"}
+        asked = {"requested_backend": "TRTLLM_RAGGED", "packages": ALL, "engine": legacy}
+        r = api.post("/v1/select", json=body([10, 0], strict=True, **asked))
+        assert r.status_code == 409, r.text
+        detail = r.json()["detail"]
+        assert detail["kind"] == "requested_invalid"
+        why = "vLLM 0.20.2 has no --attention-config.mla_prefill_backend (added in vLLM 0.21.0)"
+        assert f"cannot be passed to the engine: {why}" in detail["message"]
+        assert f"the engine cannot be told it: {why}" in reasons_of(detail, "TRTLLM_RAGGED")
+        answer = select(api, body([10, 0], strict=False, **asked))
+        assert answer["source"] != "requested" and answer["engine_args"] == []
+        assert any("the engine decides" in m for m in answer["messages"])
+
     def test_strict_valid_is_fine(self, api: httpx.Client) -> None:
         answer = select(api, body([10, 0], requested_backend="CUDNN", strict=True))
         assert (answer["backend"], answer["source"]) == ("CUDNN", "requested")
