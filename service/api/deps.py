@@ -21,10 +21,12 @@ from mla_switchboard.service.refused import RefusedSelects
 from mla_switchboard.service.reports import Reports
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.state import ConfigSnapshot
+from mla_switchboard.service.throttle import FailureThrottle
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.overrides import OverrideWrites
 from mla_switchboard.service.writes.rules import RulesWrites
 from mla_switchboard.service.writes.tokens import TokenWrites
+from starlette.types import Scope
 
 bearer = HTTPBearer(auto_error=False, description="sb_<id>_<secret> token, or the bootstrap token")
 
@@ -80,17 +82,38 @@ def invalid(location: tuple[str | int, ...], message: str) -> NoReturn:
 
 
 def principal_from(request: Request, role: Role | None) -> Principal:
-    """Authenticate the request's bearer token and check its role; raises 401/403."""
+    """Authenticate the request's bearer token and check its role; raises 401/403/429."""
     runtime = _runtime(request)
     header = request.headers.get("authorization", "")
-    return authorize(header, runtime.live, runtime.bootstrap_token, role)
+    return authorize(
+        header,
+        runtime.live,
+        runtime.bootstrap_token,
+        role,
+        wrong_tokens=runtime.wrong_tokens,
+        client=client_address(request.scope),
+    )
+
+
+def client_address(scope: Scope) -> str:
+    """The address a request came from, as the server gives it (uvicorn takes it from
+    ``X-Forwarded-For`` only when the peer is in ``FORWARDED_ALLOW_IPS``)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def authorize(
-    authorization: str, live: LiveConfig, bootstrap: str | None, role: Role | None
+    authorization: str,
+    live: LiveConfig,
+    bootstrap: str | None,
+    role: Role | None,
+    *,
+    wrong_tokens: FailureThrottle,
+    client: str,
 ) -> Principal:
     """The principal of an ``Authorization`` header's bearer token, if it has ``role``
-    (None: any role); raises 401/403.
+    (None: any role); raises 401/403, or 429 for a wrong token from a ``client``
+    address that has sent too many (a valid token is checked first and never throttled).
 
     Takes the header's text rather than a request, so that the lean ``/v1/select``
     handler (service/api/select_asgi.py), which has no Starlette request, gives the
@@ -105,6 +128,16 @@ def authorize(
         )
     principal = authenticate(token.strip(), live.current().tokens, bootstrap)
     if principal is None:
+        retry_after = wrong_tokens.wrong_token(client)
+        if retry_after is not None:
+            raise HTTPException(
+                429,
+                detail={
+                    "message": "too many wrong tokens from this address; "
+                    f"try again in {retry_after} s"
+                },
+                headers={"Retry-After": str(retry_after)},
+            )
         raise HTTPException(
             401,
             detail={"message": "unknown or revoked token"},
