@@ -15,6 +15,7 @@ from datetime import timedelta
 from functools import partial
 
 from mla_switchboard.core.version import PROGRAM
+from mla_switchboard.service.auth_workload import WorkloadVerifier
 from mla_switchboard.service.clusters import KnownClusters
 from mla_switchboard.service.collector import Collector
 from mla_switchboard.service.config import Settings
@@ -55,6 +56,10 @@ class Runtime:
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         protect(settings.database_url, token)  # no password in any log line or answer
         self.bootstrap_token = token
+        # pods of clusters with a service-account issuer prove who they are (auth_workload)
+        self.workload = WorkloadVerifier(
+            settings.workload_issuers, leeway_s=settings.workload_leeway_s
+        )
         self.metrics = Metrics(settings.metrics_max_clusters)
         self.engine = make_engine(settings.database_url)
         # the decision writer's own pool and shorter waits (a hung database holds it alone)
@@ -160,7 +165,12 @@ class Runtime:
         self.token_writes = TokenWrites(store.tokens, flow)
         self.evidence_writes = EvidenceWrites(store.measurements, self.evidence_sync.catch_up, flow)
         self.reports = Reports(
-            store.measurements, store.decisions, self.recorder, self.evidence_sync, self.rollouts
+            store.measurements,
+            store.decisions,
+            self.recorder,
+            self.evidence_sync,
+            self.rollouts,
+            requires_identity=self.workload.requires_identity,
         )
 
     def prepare_store(self) -> None:

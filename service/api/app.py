@@ -114,6 +114,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         runtime.bootstrap_token,
         runtime.metrics,
         runtime.settings.max_body_bytes,
+        runtime.workload,
     )
     return app
 

@@ -7,9 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, NoReturn, TypeVar
 
+import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from mla_switchboard.service.auth import Principal, Role, authenticate
+from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.service.auth import Principal, Role, authenticate, identity_problem
+from mla_switchboard.service.auth_workload import (
+    PodIdentity,
+    Rejected,
+    WorkloadVerifier,
+    looks_like_jwt,
+)
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.reads.audit import AuditReads
@@ -26,7 +34,11 @@ from mla_switchboard.service.writes.overrides import OverrideWrites
 from mla_switchboard.service.writes.rules import RulesWrites
 from mla_switchboard.service.writes.tokens import TokenWrites
 
-bearer = HTTPBearer(auto_error=False, description="sb_<id>_<secret> token, or the bootstrap token")
+bearer = HTTPBearer(
+    auto_error=False,
+    description="sb_<id>_<secret> token, the bootstrap token, or (agents of a cluster with "
+    "a workload issuer) the pod's Kubernetes service-account token",
+)
 
 
 T = TypeVar("T")
@@ -50,6 +62,7 @@ get_snapshot = _service(lambda r: r.live.current())
 """The configuration in force (rules, overrides, tokens)."""
 get_decider = _service(lambda r: r.decider)
 get_refused = _service(lambda r: r.refused_selects)
+get_workload = _service(lambda r: r.workload)
 
 SnapshotDep = Annotated[ConfigSnapshot, Depends(get_snapshot)]
 PodsDep = Annotated[PodReads, Depends(_service(lambda r: r.pods))]
@@ -83,14 +96,27 @@ def principal_from(request: Request, role: Role | None) -> Principal:
     """Authenticate the request's bearer token and check its role; raises 401/403."""
     runtime = _runtime(request)
     header = request.headers.get("authorization", "")
-    return authorize(header, runtime.live, runtime.bootstrap_token, role)
+    return authorize(header, runtime.live, runtime.bootstrap_token, role, runtime.workload)
+
+
+async def verify_workload(authorization: str, workload: WorkloadVerifier) -> None:
+    """Verify a workload token not seen before on a worker thread (a signature check,
+    maybe a key fetch), so that :func:`authorize`, called next on the event loop, finds
+    it kept; a token seen before costs a dict lookup here."""
+    token = authorization.partition(" ")[2].strip()
+    if workload.needs_verifying(token):
+        await anyio.to_thread.run_sync(workload.verify, token)
 
 
 def authorize(
-    authorization: str, live: LiveConfig, bootstrap: str | None, role: Role | None
+    authorization: str,
+    live: LiveConfig,
+    bootstrap: str | None,
+    role: Role | None,
+    workload: WorkloadVerifier | None = None,
 ) -> Principal:
     """The principal of an ``Authorization`` header's bearer token, if it has ``role``
-    (None: any role); raises 401/403.
+    (None: any role); raises 401/403 (503 when a workload issuer's keys cannot be had).
 
     Takes the header's text rather than a request, so that the lean ``/v1/select``
     handler (service/api/select_asgi.py), which has no Starlette request, gives the
@@ -103,7 +129,11 @@ def authorize(
             detail={"message": "missing bearer token (Authorization: Bearer <token>)"},
             headers={"WWW-Authenticate": "Bearer"},
         )
-    principal = authenticate(token.strip(), live.current().tokens, bootstrap)
+    token = token.strip()
+    if workload is not None and workload.enabled and looks_like_jwt(token):
+        principal = _workload_principal(workload.verify(token))
+    else:
+        principal = authenticate(token, live.current().tokens, bootstrap)
     if principal is None:
         raise HTTPException(
             401,
@@ -115,12 +145,46 @@ def authorize(
     return principal
 
 
+def _workload_principal(verified: PodIdentity | Rejected) -> Principal:
+    if isinstance(verified, PodIdentity):
+        return Principal.of_pod(verified)
+    if verified.status == 503:
+        raise HTTPException(
+            503,
+            detail={"message": f"workload token not checked: {verified.reason}"},
+            headers={"Retry-After": "5"},
+        )
+    raise HTTPException(
+        401,
+        detail={"message": f"workload token rejected: {verified.reason}"},
+        headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+    )
+
+
+def act_as(
+    principal: Principal, body: SelectRequest, workload: WorkloadVerifier, dry_run: bool
+) -> SelectRequest:
+    """The select request ``principal`` may make, or 401/403: a verified pod selects only
+    as itself in its own cluster, and a request naming no pod is recorded under the
+    token's pod; a static token may not select for a cluster with an issuer, except a
+    dry run (it records nothing, so it speaks for no pod)."""
+    requires = not dry_run and workload.requires_identity(body.cluster)
+    problem = identity_problem(principal, body.cluster, body.pod, requires)
+    if problem is not None:
+        fail(problem.status, problem.message, **problem.extra)
+    check_scope(principal, body.cluster)
+    if principal.pod is not None and body.pod is None:
+        return body.model_copy(update={"pod": principal.pod.pod})
+    return body
+
+
 def require(role: Role | None) -> Callable[..., Principal]:
     async def dependency(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Principal:
         # ``credentials`` is declared so that OpenAPI shows the bearer scheme.
+        await verify_workload(request.headers.get("authorization", ""), await get_workload(request))
         return principal_from(request, role)
 
     dependency.__name__ = f"require_{role or 'token'}"
