@@ -182,6 +182,12 @@ class Settings(BaseSettings):
         le=300,
         description="clock skew allowed on a workload token's exp and nbf",
     )
+    workload_refetch_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="an issuer's keys are fetched again for a token naming an unknown kid "
+        "(key rotation) at most this often",
+    )
 
     @field_validator("workload_issuers")
     @classmethod

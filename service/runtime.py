@@ -41,6 +41,7 @@ from mla_switchboard.service.selector import Selector
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, make_writer_engine, migrate
 from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
+from mla_switchboard.service.workload_keys import IssuerKeys
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.flow import WriteFlow
 from mla_switchboard.service.writes.overrides import OverrideWrites
@@ -58,7 +59,9 @@ class Runtime:
         self.bootstrap_token = token
         # pods of clusters with a service-account issuer prove who they are (auth_workload)
         self.workload = WorkloadVerifier(
-            settings.workload_issuers, leeway_s=settings.workload_leeway_s
+            settings.workload_issuers,
+            leeway_s=settings.workload_leeway_s,
+            keys_for=partial(IssuerKeys, refetch_s=settings.workload_refetch_s),
         )
         self.metrics = Metrics(settings.metrics_max_clusters)
         self.engine = make_engine(settings.database_url)
