@@ -13,10 +13,14 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.agent.client import ServiceRefused, ask_service
+from mla_switchboard.agent.settings import TokenFile
+from mla_switchboard.core.schemas import SelectRequest
 
 from tests.conftest import ADMIN, ServiceProcess, make_inprocess_client
 from tests.service.workload_issuer import AUDIENCE, TestIssuer
@@ -189,7 +193,7 @@ def test_a_workload_token_is_no_viewer(app: httpx.Client, issuer: TestIssuer) ->
 
 
 def test_a_real_server_follows_key_rotation(
-    issuer: TestIssuer, service_factory: type[ServiceProcess], sqlite_url: str
+    issuer: TestIssuer, service_factory: type[ServiceProcess], sqlite_url: str, tmp_path: Path
 ) -> None:
     """A real ``switchboard serve``: the configuration from the environment, keys from
     OIDC discovery, a token under a new key refused while the issuer does not publish
@@ -218,3 +222,16 @@ def test_a_real_server_follows_key_rotation(
         assert r.status_code == 403, r.text
         r = c.post("/v1/select", json=select_body(), headers=bearer(ADMIN))
         assert r.status_code == 401 and "requires workload identity" in r.text
+
+    # the agent reads the projected token at each request: the kubelet's refresh of an
+    # expired token is picked up without a restart
+    token_file = tmp_path / "token"
+    source = TokenFile(str(token_file))
+    request = SelectRequest.model_validate(select_body())
+    token_file.write_text(issuer.token("serve-5", expires_in=-120))
+    with pytest.raises(ServiceRefused) as refused:
+        ask_service(request, urls=[service.url], token=source, deadline_s=5)
+    assert refused.value.status == 401 and "token expired" in str(refused.value)
+    token_file.write_text(issuer.token("serve-5"))
+    answer = ask_service(request, urls=[service.url], token=source, deadline_s=5)
+    assert answer.response is not None and answer.decision_id is not None
