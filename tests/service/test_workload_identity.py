@@ -235,3 +235,42 @@ def test_a_real_server_follows_key_rotation(
     token_file.write_text(issuer.token("serve-5"))
     answer = ask_service(request, urls=[service.url], token=source, deadline_s=5)
     assert answer.response is not None and answer.decision_id is not None
+
+
+def test_one_pod_cannot_pose_as_many_to_halt_a_rollout(
+    app: httpx.Client, issuer: TestIssuer
+) -> None:
+    """The forged-pods attack: one token invents pod names until enough "distinct" stage
+    pods report failures to halt a rollout. Under workload identity the invented
+    selects are refused, and the one real pod's repeated failures count once."""
+    cluster = f"prod-{uuid.uuid4().hex[:6]}"
+    r = app.put(
+        f"/v1/overrides/{cluster}",
+        json={
+            "note": "staged",
+            "force": "FLASH_ATTN",
+            "rollout": {"percent": 50, "max_failures": 3},
+        },
+    )
+    assert r.status_code == 200, r.text
+    # the attacker: a pod in the stage (this test's issuer signs for any name)
+    for i in range(40):
+        token = bearer(issuer.token(f"attacker-{i}"))
+        mine = app.post("/v1/select", json=select_body(cluster), headers=token).json()
+        if mine["backend"] == "FLASH_ATTN":
+            break
+    assert mine["backend"] == "FLASH_ATTN", mine
+    for i in range(16):
+        r = app.post("/v1/select", json=select_body(cluster, f"victim-{i}"), headers=token)
+        assert r.status_code == 403 and r.json()["detail"]["field"] == "pod", r.text
+    for _ in range(16):
+        r = app.post(
+            f"/v1/selections/{mine['decision_id']}/failure",
+            json={"backend": "FLASH_ATTN", "error": "forged"},
+            headers=token,
+        )
+        assert r.status_code == 202, r.text
+    override = {o["cluster"]: o for o in app.get("/v1/overrides").json()["items"]}[cluster]
+    rollout = override["rollout"]
+    assert rollout["state"] == "active", rollout
+    assert len(rollout["failed_pods"]) == 1 and "attacker" in rollout["failed_pods"][0], rollout

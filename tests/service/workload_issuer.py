@@ -102,8 +102,8 @@ class TestIssuer:
         claims: dict[str, Any] | None = None,
     ) -> str:
         """A projected service-account token as the kubelet mounts it, signed by
-        ``kid`` (default: the newest key)."""
-        kid = kid or list(self._private)[-1]
+        ``kid`` (default: the first key)."""
+        kid = kid or next(iter(self._private))
         now = int(time.time())
         body: dict[str, Any] = {
             "aud": [audience],
