@@ -248,7 +248,7 @@ def test_one_pod_cannot_pose_as_many_to_halt_a_rollout(
         f"/v1/overrides/{cluster}",
         json={
             "note": "staged",
-            "force": "FLASH_ATTN",
+            "force": "TORCH_SDPA",
             "rollout": {"percent": 50, "max_failures": 3},
         },
     )
@@ -257,20 +257,25 @@ def test_one_pod_cannot_pose_as_many_to_halt_a_rollout(
     for i in range(40):
         token = bearer(issuer.token(f"attacker-{i}"))
         mine = app.post("/v1/select", json=select_body(cluster), headers=token).json()
-        if mine["backend"] == "FLASH_ATTN":
+        if mine["backend"] == "TORCH_SDPA":
             break
-    assert mine["backend"] == "FLASH_ATTN", mine
+    assert mine["backend"] == "TORCH_SDPA", mine
     for i in range(16):
         r = app.post("/v1/select", json=select_body(cluster, f"victim-{i}"), headers=token)
         assert r.status_code == 403 and r.json()["detail"]["field"] == "pod", r.text
     for _ in range(16):
         r = app.post(
             f"/v1/selections/{mine['decision_id']}/failure",
-            json={"backend": "FLASH_ATTN", "error": "forged"},
+            json={"backend": "TORCH_SDPA", "error": "forged"},
             headers=token,
         )
         assert r.status_code == 202, r.text
-    override = {o["cluster"]: o for o in app.get("/v1/overrides").json()["items"]}[cluster]
-    rollout = override["rollout"]
+    deadline = time.monotonic() + 5  # the guard counts the reports off the request path
+    while True:
+        listed = app.get("/v1/overrides").json()["items"]
+        rollout = {o["cluster"]: o for o in listed}[cluster]["rollout"]
+        if rollout["failed_pods"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert rollout["state"] == "active", rollout
     assert len(rollout["failed_pods"]) == 1 and "attacker" in rollout["failed_pods"][0], rollout
