@@ -5,7 +5,10 @@ what a bad ``SWITCHBOARD_WORKLOAD_ISSUERS`` says at start."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,3 +206,25 @@ def test_issuers_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     )
     (entry,) = Settings().workload_issuers
     assert entry.discovery_url == "https://k8s.example/.well-known/openid-configuration"
+
+
+def test_a_bad_issuer_stops_the_start_naming_the_field(tmp_path: Path) -> None:
+    """``switchboard serve`` with a bad entry: exit 2, one line per field at fault, and
+    no value echoed (an entry may sit beside a secret)."""
+    env = {
+        **os.environ,
+        "SWITCHBOARD_DATABASE_URL": f"sqlite:///{tmp_path / 'sb.db'}",
+        "SWITCHBOARD_WORKLOAD_ISSUERS": json.dumps(
+            [{"clusters": ["prod-*"], "issuer": "https://k8s.example", "audience": ""}]
+        ),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "mla_switchboard.service.cli", "serve", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "bad setting workload_issuers.0.audience: String should have at least 1" in done.stderr
+    assert "Traceback" not in done.stderr
