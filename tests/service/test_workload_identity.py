@@ -21,6 +21,8 @@ import pytest
 from mla_switchboard.agent.client import ServiceRefused, ask_service
 from mla_switchboard.agent.settings import TokenFile
 from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.service.refused import IDENTITY, STATIC, reason_of
+from starlette.exceptions import HTTPException
 
 from tests.conftest import ADMIN, ServiceProcess, make_inprocess_client
 from tests.service.workload_issuer import AUDIENCE, TestIssuer
@@ -157,6 +159,9 @@ def test_a_static_token_cannot_speak_for_a_cluster_with_an_issuer(
         "/v1/select?dry_run=true", json=select_body(pod="p1"), headers=bearer(static_agent)
     )
     assert dry.status_code == 200, dry.text
+    # counted per cluster and reason, as other refused selects are
+    assert reason_of(HTTPException(401, r.json()["detail"])) == STATIC
+    assert reason_of(HTTPException(403, {"message": "pod: ...", "field": "pod"})) == IDENTITY
     # clusters without an issuer keep their static tokens
     dev = select_door.post(
         "/v1/select", json=select_body("dev-1", "p1"), headers=bearer(static_agent)
