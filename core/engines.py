@@ -40,6 +40,7 @@ from mla_switchboard.core.engine_rules.base import (
 from mla_switchboard.core.engine_rules.sglang import SGLANG_PROFILES
 from mla_switchboard.core.engine_rules.switchboard import SWITCHBOARD
 from mla_switchboard.core.engine_rules.vllm import VLLM_PROFILES
+from mla_switchboard.core.specs import Backend, SelectionContext
 
 __all__ = [
     "ENGINES",
@@ -54,6 +55,7 @@ __all__ = [
     "EngineFlag",
     "EngineProfile",
     "Version",
+    "choose",
     "parse_version",
     "resolve",
     "version_text",
@@ -124,3 +126,62 @@ def resolve(name: str, version: str | None) -> EngineProfile:
         if profile.covers(parsed):
             return profile
     return profiles[0]
+
+
+def choose(
+    profile: EngineProfile, version: str | None, backend: Backend, ctx: SelectionContext
+) -> EngineChoice:
+    """How the pod's engine is told ``backend``: ``profile``'s flags for the release.
+
+    Without a readable version the pod may run any release of the engine, so the
+    newest release's flags could stop an older one (vLLM 0.20.2's parser refuses
+    ``--attention-config.mla_prefill_backend``; SGLang before 0.4.9.post5 has no
+    ``--prefill-attention-backend``). Then a flag is given only where every profile of
+    the engine, legacy ones included, runs ``backend`` here and tells it the very same
+    argv and environment; otherwise none, the engine keeps its own choice, and the
+    answer says why (``untold``: a strict request cannot be honoured). The rules the
+    answer rests on stay the newest release's, which the profile's notes say.
+    """
+    chosen = profile.choice(backend, ctx, profile.label(version))
+    profiles = ENGINES[profile.name]
+    if parse_version(version) is not None or len(profiles) == 1:
+        return chosen
+    for other in profiles:
+        why = _differs(other, backend, ctx, chosen)
+        if why is not None:
+            return _untold(profile, version, backend, why)
+    return chosen
+
+
+def _differs(
+    other: EngineProfile, backend: Backend, ctx: SelectionContext, chosen: EngineChoice
+) -> str | None:
+    """Why the releases of ``other`` would not start with ``chosen`` for ``backend``
+    (None: they would)."""
+    label = other.label(None)
+    told = other.choice(backend, ctx, label)
+    if told.untold is not None:
+        return told.untold
+    if other.reasons(backend, other.context(ctx), None):
+        return f"{label} does not run {backend} here"
+    if told.told != chosen.told:
+        return f"{label} is told it otherwise ({' '.join(told.args)})"
+    return None
+
+
+def _untold(
+    profile: EngineProfile, version: str | None, backend: Backend, why: str
+) -> EngineChoice:
+    """No flag for ``backend`` that every release of the engine takes, and why."""
+    display = profile.display
+    unknown = (
+        f"no {display} version was given"
+        if not version
+        else f"the {display} version {version!r} cannot be read"
+    )
+    untold = f"{unknown}, and not every {display} release takes one flag for {backend}: {why}"
+    return EngineChoice(
+        note=f"No engine flags are given: {untold}. {display} keeps its own choice; give its "
+        "version to direct its MLA prefill backend.",
+        untold=untold,
+    )

@@ -11,7 +11,9 @@ accept it; under policy ``measured`` failure evidence can exclude it too. Every
 exclusion is a reason in the answer.
 
 Precedence, highest first: an override's ``deny`` removes backends; an override's
-``force`` wins when valid; the pod's ``requested_backend`` wins when valid; then
+``force`` wins when valid; the pod's ``requested_backend`` wins when valid and the
+engine can be told it (a release without a flag for it, or an engine of unknown
+version without one every release takes, decides for itself: strict is refused); then
 measured evidence (policy ``measured``), then the priority list (the rules, or the
 engine's own order under policy ``engine-default``), then the fallback chain
 FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal.
@@ -20,12 +22,12 @@ FLASH_ATTN -> TORCH_SDPA, then any other valid backend. Nothing valid: a refusal
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Literal
 
-from mla_switchboard.core.engines import OWN_ENGINE, EngineProfile, resolve
+from mla_switchboard.core.engines import OWN_ENGINE, EngineChoice, EngineProfile, choose, resolve
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
 from mla_switchboard.core.names import model_matches
 from mla_switchboard.core.schemas import (
@@ -439,10 +441,7 @@ def _own_reasons(
     )
     found = _own_reasons_kept.get(key)
     if found is None:
-        ctx = context_of(request)
-        if profile.bundled_packages and ctx.packages is not None:  # the engine brings them
-            bundled = {name: "bundled" for name in profile.bundled_packages}
-            ctx = replace(ctx, packages={**bundled, **ctx.packages})
+        ctx = profile.context(context_of(request))  # with the packages the engine brings
         found = {
             b: tuple(SPECS[b].validate(ctx) + profile.reasons(b, ctx, engine.version))
             for b in _BACKENDS
@@ -541,11 +540,15 @@ class _Deciding:
         # What the evidence was asked, reported with the outcome.
         self.read = a.situation if a.policy == "measured" else None
 
+    def choice(self, backend: Backend) -> EngineChoice:
+        """How the pod's engine is told ``backend`` (``engines.choose``)."""
+        return choose(self.a.profile, self.a.engine.version, backend, self.ctx)
+
     def finish(
         self, backend: Backend, source: Source, why: str, evidence: Evidence | None = None
     ) -> Decision:
         a, trace = self.a, self.trace
-        choice = a.profile.choice(backend, self.ctx, a.profile.label(a.engine.version))
+        choice = self.choice(backend)
         if choice.note:
             trace.messages.append(choice.note)
         return Decision(
@@ -599,8 +602,11 @@ class _Deciding:
         trace, reasons = self.trace, self.reasons
         trace.consider(requested, "requested")
         if not reasons[requested]:
-            why = trace.say(f"Using requested MLA prefill backend {requested}.")
-            return self.finish(requested, "requested", why)
+            untold = self.choice(requested).untold
+            if untold is None:
+                why = trace.say(f"Using requested MLA prefill backend {requested}.")
+                return self.finish(requested, "requested", why)
+            return self.untold(requested, untold)
         if self.request.strict:
             return self.refuse(
                 "requested_invalid",
@@ -611,6 +617,22 @@ class _Deciding:
             f"Requested MLA prefill backend {requested} is not valid: "
             f"{reasons[requested]}. Falling back to auto-selection."
         )
+        return None
+
+    def untold(self, requested: Backend, untold: str) -> Refusal | None:
+        """A backend the engine would run but cannot be told (its release has no flag
+        for it, or no release is known): the engine decides, not the request. Strict
+        asked for exactly this backend, so it is refused with the reason (also the
+        candidate's); otherwise the answer goes on without it and says so."""
+        said = f"Requested MLA prefill backend {requested} cannot be passed to the engine: {untold}"
+        if self.request.strict:
+            self.reasons[requested].append(f"the engine cannot be told it: {untold}")
+            return self.refuse(
+                "requested_invalid",
+                f"{said}, so the engine would make its own choice. strict is true, so no "
+                "other backend is chosen.",
+            )
+        self.trace.messages.append(f"{said}: the engine decides. Answered as if not requested.")
         return None
 
     def automatic(self) -> Decision | None:

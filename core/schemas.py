@@ -387,6 +387,8 @@ _ERRORS = {
     409: "the resource's state does not allow it (the message says why); nothing changed",
     412: "If-Match is stale; nothing changed",
     413: "request body over the size limit (64 KiB)",
+    429: "a wrong token from a client address that sent too many in the last minute; "
+    "Retry-After says when to try again (a valid token is never throttled)",
     503: "the store is unavailable; nothing changed unless the message says the outcome "
     "is unknown (then retry with the same Idempotency-Key)",
 }
@@ -394,7 +396,10 @@ _ERRORS = {
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries for error answers shaped ``{"detail": {"message"}}``,
-    so that the document lists every status a route can answer."""
+    so that the document lists every status a route can answer (a route that checks a
+    token, 401, can answer 429 to a wrong one too)."""
+    if 401 in codes and 429 not in codes:
+        codes = (*codes, 429)
     return {code: {"model": ErrorBody, "description": _ERRORS[code]} for code in codes}
 
 

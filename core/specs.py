@@ -27,6 +27,7 @@ __all__ = [
     "FLASHINFER_CUTLASS_HEAD_DIMS",
     "FLASHINFER_FA3_HEAD_DIMS",
     "FLASHINFER_PACKAGE",
+    "FLASHINFER_TRTLLM_RAGGED_HEAD_DIMS",
     "FLASH_ATTN_PACKAGE",
     "KERNEL_PACKAGES",
     "KIMI_LINEAR_DIMS",
@@ -157,6 +158,18 @@ in ``csrc/fmha_cutlass_sm100.cu`` (``DISPATCH_head_dim``) takes exactly these
 ``_CUTLASS_RAGGED_AUTO_HEAD_DIMS``). It is the kernel vLLM's and SGLang's FlashInfer
 MLA prefill, and our wrapper, run on 10.x."""
 
+FLASHINFER_TRTLLM_RAGGED_HEAD_DIMS: frozenset[HeadDims] = frozenset(
+    {(192, 128), (128, 128), (256, 256)}
+)
+"""The head dims FlashInfer's trtllm-gen ragged DeepSeek prefill
+(``trtllm_ragged_attention_deepseek``, SM100/SM103) takes: its own check in
+``flashinfer/prefill.py`` (flashinfer-python 0.7.2, lines 6233-6241: ``is_dsr1``,
+``is_smaller_dimensions``, ``is_glm5``), query and key of the qk head dim. MLA dims
+(128, 64, 128), (64, 64, 128), (192, 64, 256) and (256, 0, 256) are such pairs. Older
+FlashInfer releases take fewer (0.6.7 added (128, 128), 0.6.12 (256, 256)): what each
+SGLang release's pinned FlashInfer takes is in its table
+(``tools/engine_profiles/data/sglang/<v>.json``, ``trtllm_ragged_head_dims``)."""
+
 FLASHINFER_FA3_HEAD_DIMS: frozenset[HeadDims] = frozenset(
     {(64, 64), (128, 128), (256, 256), (192, 128)}
 )
@@ -254,6 +267,15 @@ class BackendSpec:
             limits.append(f"v <= {self.max_v_head_dim}")
         if self.allowed_dims is not None:
             limits.append(" or ".join(sorted(str(d) for d in self.allowed_dims)))
+        only = self.capability_majors
+        if (
+            not limits
+            and only is not None
+            and len(only) == 1
+            and set(self.head_dims_by_major) == only
+        ):
+            (pairs,) = self.head_dims_by_major.values()
+            return f"(qk, v) {_pairs_text(pairs)}"  # its one major narrows: no "any" to narrow
         text = ", ".join(limits) or "any"
         for major, pairs in sorted(self.head_dims_by_major.items()):
             text += f"; on {major}.x (qk, v) {_pairs_text(pairs)} only"
@@ -328,7 +350,8 @@ SPECS: dict[Backend, BackendSpec] = {
             min_major=10,
             capability_text="10.x",
             dtypes=_HALF,
-            allowed_dims=frozenset({R1_DIMS, KIMI_LINEAR_DIMS}),
+            head_dims_by_major={10: FLASHINFER_TRTLLM_RAGGED_HEAD_DIMS},
+            kernel_by_major={10: "FlashInfer's trtllm-gen ragged DeepSeek kernel"},
             packages=(TORCH, FLASHINFER_PACKAGE),
             class_path="mla_switchboard.kernels.trtllm_ragged:TrtllmRaggedPrefill",
             summary="FlashInfer's TensorRT-LLM ragged DeepSeek kernel (Blackwell only)",

@@ -147,6 +147,12 @@ class Settings(BaseSettings):
         description="open connections; past it a new one takes the place of the one waiting "
         "longest on its client, else 503 (lowered to fit the descriptor limit)",
     )
+    auth_failures_per_minute: int = Field(
+        default=300,
+        ge=0,
+        description="wrong bearer tokens one client address may send in a minute; past it "
+        "its wrong tokens get 429 with Retry-After (valid tokens never do); 0 turns it off",
+    )
     metrics_require_token: bool = Field(
         default=False,
         description="/metrics needs a viewer token; without a token it never names clusters",

@@ -116,6 +116,13 @@ class Metrics:
         self.refusals = self._counter(
             "switchboard_refusals_total", "Selections answered 409", ["kind"]
         )
+        self.auth_failures = self._counter(
+            "switchboard_auth_failures_total",
+            "Requests with a wrong bearer token (unknown, revoked or malformed; a missing "
+            "one is not counted), by outcome: rejected (401) or throttled (429, the client "
+            "address sent SWITCHBOARD_AUTH_FAILURES_PER_MINUTE wrong tokens in its window)",
+            ["outcome"],
+        )
 
     def _add_latency_metrics(self) -> None:
         r = self.registry

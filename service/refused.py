@@ -1,4 +1,4 @@
-"""Selects refused for their token (401/403), counted per claimed cluster and reason.
+"""Selects refused for their token (401/403/429), counted per claimed cluster and reason.
 
 A pod with a missing or mistyped token still boots: its agent answers from the seed
 rules. Without this, a fleet with a wrong secret would quietly run the seed rules
@@ -52,7 +52,7 @@ def reason_of(exc: HTTPException) -> str:
     """One of a few fixed reasons (a label and a dashboard line), from the refusal."""
     detail = exc.detail if isinstance(exc.detail, dict) else {}
     message = str(detail.get("message", ""))
-    if exc.status_code == 401:
+    if exc.status_code in (401, 429):  # 429: a wrong token, from an address sending many
         if message.startswith("missing"):
             return MISSING
         if "requires workload identity" in message:

@@ -41,6 +41,7 @@ from mla_switchboard.service.selector import Selector
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, make_writer_engine, migrate
 from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
+from mla_switchboard.service.throttle import FailureThrottle
 from mla_switchboard.service.workload_keys import IssuerKeys
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.flow import WriteFlow
@@ -64,6 +65,7 @@ class Runtime:
             keys_for=partial(IssuerKeys, refetch_s=settings.workload_refetch_s),
         )
         self.metrics = Metrics(settings.metrics_max_clusters)
+        self.wrong_tokens = FailureThrottle(settings.auth_failures_per_minute, self.metrics)
         self.engine = make_engine(settings.database_url)
         # the decision writer's own pool and shorter waits (a hung database holds it alone)
         self.writer_engine = make_writer_engine(settings.database_url, self.engine)

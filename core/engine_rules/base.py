@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mla_switchboard.core.specs import Backend, SelectionContext
 
@@ -155,6 +155,16 @@ class EngineChoice:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     note: str | None = None  # e.g. why there are no flags
+    untold: str | None = None
+    """Why the engine cannot be told this backend at all (the release has no flag for
+    it, or which release runs is not known): the answer then gives no flags and the
+    engine makes its own choice, so a strict request for it cannot be honoured. None:
+    ``args``/``env`` tell it."""
+
+    @property
+    def told(self) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+        """What reaches the engine (its argv and environment), for comparing choices."""
+        return self.args, tuple(sorted(self.env.items()))
 
 
 RuleFn = Callable[[Backend, SelectionContext, str], list[str]]
@@ -191,6 +201,14 @@ class EngineProfile:
     per release, such as our own kernels' or those of releases without the flag). A
     version inside the range but not among them gets the range's rules, and is told."""
 
+    def context(self, ctx: SelectionContext) -> SelectionContext:
+        """``ctx`` with the packages the engine brings itself counted as present (a pod
+        that did not report one must not be refused a backend for lacking it)."""
+        if not self.bundled_packages or ctx.packages is None:
+            return ctx
+        bundled = {name: "bundled" for name in self.bundled_packages}
+        return replace(ctx, packages={**bundled, **ctx.packages})
+
     def covers(self, version: Version | None) -> bool:
         if version is None:
             return self.until is None  # unknown version: the newest profile
@@ -211,14 +229,19 @@ class EngineProfile:
 
     def notes(self, version: str | None) -> list[str]:
         """What an answer must add about the rules themselves. A release newer than the
-        newest whose rules were read (``verified`` of the open-ended profile), or one
-        whose version cannot be read, gets those newest rules; a release inside a range
-        that was not read itself (a patch or post release published since, a
-        pre-release) gets the range's. Both are told so."""
-        if not version:
-            return []
+        newest whose rules were read (``verified`` of the open-ended profile), one whose
+        version cannot be read, or no version at all, gets those newest rules; a release
+        inside a range that was not read itself (a patch or post release published since,
+        a pre-release) gets the range's. Each is told so."""
         parsed = parse_version(version)
         newest = parse_version(self.verified)
+        if not version:
+            if self.until is None and self.releases:
+                return [
+                    f"No {self.display} version was given: the rules of {self.display} "
+                    f"{self.verified}, the newest release read, are assumed"
+                ]
+            return []  # an engine without releases (our own kernels) has none to give
         if self.until is None and newest is not None:
             if parsed is None:
                 return [

@@ -18,7 +18,12 @@ What holds in every range (python/sglang/srt/ in each release):
 - FlashInfer's ragged prefill runs CUTLASS on 10.x (``fmha_backend = "cutlass"``),
   which takes head dims (qk, v) = (192, 128), (128, 128), (64, 64) only, and
   ``auto`` (FA3 on 9.x, FA2 elsewhere from 8.0) on other devices, 12.x included;
-- trtllm_mla prefill runs FlashInfer's trtllm-gen ragged DeepSeek kernel (10.x only);
+- trtllm_mla prefill runs FlashInfer's trtllm-gen ragged DeepSeek kernel (10.x only),
+  ``trtllm_ragged_attention_deepseek`` in ``flashinfer/prefill.py`` of the FlashInfer
+  release SGLang pins, for the (qk, v) head dims that release's check takes (each
+  range's ``trtllm_head_dims``, the tables' ``trtllm_ragged_head_dims``); 0.5.1 to
+  0.5.1.post3 have no trtllm_mla prefill of their own and run their parent's,
+  FlashInfer's MLA backend (CUTLASS on 10.x);
 - flashinfer is an SGLang dependency (from 0.5.3 a plain one, before in the ``srt``
   extra the server needs), so a pod running SGLang has it.
 Standard library only.
@@ -42,10 +47,11 @@ from mla_switchboard.core.engine_rules.base import (
 from mla_switchboard.core.specs import (
     FLASHINFER_CUTLASS_HEAD_DIMS,
     FLASHINFER_PACKAGE,
-    KIMI_LINEAR_DIMS,
+    FLASHINFER_TRTLLM_RAGGED_HEAD_DIMS,
     R1_DIMS,
     Backend,
     Dtype,
+    HeadDims,
     SelectionContext,
 )
 
@@ -73,7 +79,27 @@ profile passes these names, and ``tools/engine_profiles/sglang.py`` asks each re
 about exactly these. FLASH_ATTN is fa3 on 9.x and fa4 (FlashAttention 4) on 10.x."""
 
 _HALF = (Dtype.BFLOAT16, Dtype.FLOAT16)
-_TRTLLM_DIMS = (R1_DIMS, KIMI_LINEAR_DIMS)
+
+# What trtllm_mla prefill takes, as (qk head dim, v head dim): the check at the top of
+# FlashInfer's trtllm_ragged_attention_deepseek (flashinfer/prefill.py), in the
+# flashinfer-python release each SGLang release pins (its METADATA), run by
+# tools/engine_profiles/sglang.py over every pair and recorded per release table as
+# ``trtllm_ragged_head_dims``; tests/core/test_engine_profiles_sglang.py holds each
+# range to its tables.
+_RAGGED_DSR1: frozenset[HeadDims] = frozenset({(192, 128)})
+"""flashinfer-python 0.3.1 to 0.6.3 (SGLang 0.5.2 to 0.5.9): one assert, DeepSeek-R1's
+(192, 192, 128) only."""
+_RAGGED_SMALL: frozenset[HeadDims] = _RAGGED_DSR1 | {(128, 128)}
+"""flashinfer-python 0.6.7.post2 to 0.6.11.post1 (SGLang 0.5.10 to 0.5.12.post1):
+``is_dsr1 or is_smaller_dimensions``."""
+_RAGGED_GLM5: frozenset[HeadDims] = FLASHINFER_TRTLLM_RAGGED_HEAD_DIMS
+"""flashinfer-python 0.6.12 to 0.7.2 (SGLang 0.5.13 on): ``is_dsr1 or
+is_smaller_dimensions or is_glm5``, what core/specs.py's TRTLLM_RAGGED spec holds."""
+_RAGGED_KERNEL = "FlashInfer's trtllm-gen ragged DeepSeek kernel"
+_PARENT_KERNEL = (
+    "its parent FlashInfer MLA backend's ragged prefill (trtllm_mla has none of its own), "
+    "FlashInfer's CUTLASS kernel on 10.x"
+)
 SGLANG_FIRST = (0, 4, 9, 5)  # the first release with --prefill-attention-backend
 SGLANG_PREFILL_FLAG = EngineFlag(option="--prefill-attention-backend")
 SGLANG_DECODE_FLAG = EngineFlag(option="--decode-attention-backend")
@@ -99,6 +125,10 @@ class SglangRange:
     tokenspeed_refusal: str | None  # why its tokenspeed_mla name cannot be a prefill choice
     prefill_flag: EngineFlag = SGLANG_PREFILL_FLAG  # how these releases are told the prefill
     decode_flag: EngineFlag = SGLANG_DECODE_FLAG  # ... and the decode backend (pinned)
+    trtllm_head_dims: frozenset[HeadDims] = frozenset()
+    """The (qk, v) head dims trtllm_mla prefill takes on 10.x: those of the kernel it
+    runs, as its releases' tables read them (empty: trtllm_mla is no prefill choice)."""
+    trtllm_kernel: str = _RAGGED_KERNEL  # the kernel trtllm_mla prefill runs, for reasons
 
     @property
     def verified(self) -> str:
@@ -123,16 +153,23 @@ SGLANG_RANGES: tuple[SglangRange, ...] = (
         True,
         True,
         "tokenspeed_mla is a deprecated alias of cutedsl_mla, which only decodes",
+        trtllm_head_dims=_RAGGED_GLM5,
     ),
     SglangRange(
-        (0, 5, 20), (0, 5, 23), ("0.5.20", "0.5.21", "0.5.22"), _TS, True, True, True, _NEEDS_FP8
+        (0, 5, 20),
+        (0, 5, 23),
+        ("0.5.20", "0.5.21", "0.5.22"),
+        _TS,
+        True,
+        True,
+        True,
+        _NEEDS_FP8,
+        trtllm_head_dims=_RAGGED_GLM5,
     ),
     SglangRange(
-        (0, 5, 12),
+        (0, 5, 13),
         (0, 5, 20),
         (
-            "0.5.12",
-            "0.5.12.post1",
             "0.5.13",
             "0.5.13.post1",
             "0.5.14",
@@ -148,10 +185,33 @@ SGLANG_RANGES: tuple[SglangRange, ...] = (
         False,
         True,
         _NEEDS_FP8,
+        trtllm_head_dims=_RAGGED_GLM5,
+    ),
+    SglangRange(
+        (0, 5, 12),
+        (0, 5, 13),
+        ("0.5.12", "0.5.12.post1"),
+        _TS,
+        True,
+        False,
+        True,
+        _NEEDS_FP8,
+        trtllm_head_dims=_RAGGED_SMALL,
+    ),
+    SglangRange(
+        (0, 5, 10),
+        (0, 5, 12),
+        ("0.5.10", "0.5.10.post1", "0.5.11"),
+        _TRT,
+        True,
+        False,
+        True,
+        None,
+        trtllm_head_dims=_RAGGED_SMALL,
     ),
     SglangRange(
         (0, 5, 3, 2),
-        (0, 5, 12),
+        (0, 5, 10),
         (
             "0.5.3.post2",
             "0.5.3.post3",
@@ -170,26 +230,47 @@ SGLANG_RANGES: tuple[SglangRange, ...] = (
             "0.5.8",
             "0.5.8.post1",
             "0.5.9",
-            "0.5.10",
-            "0.5.10.post1",
-            "0.5.11",
         ),
         _TRT,
         True,
         False,
         True,
         None,
+        trtllm_head_dims=_RAGGED_DSR1,
     ),
-    SglangRange((0, 5, 3), (0, 5, 3, 2), ("0.5.3", "0.5.3.post1"), _TRT, True, False, False, None),
     SglangRange(
-        (0, 5, 1),
         (0, 5, 3),
-        ("0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2"),
+        (0, 5, 3, 2),
+        ("0.5.3", "0.5.3.post1"),
+        _TRT,
+        True,
+        False,
+        False,
+        None,
+        trtllm_head_dims=_RAGGED_DSR1,
+    ),
+    SglangRange(
+        (0, 5, 2),
+        (0, 5, 3),
+        ("0.5.2",),
         _TRT,
         False,
         False,
         False,
         None,
+        trtllm_head_dims=_RAGGED_DSR1,
+    ),
+    SglangRange(
+        (0, 5, 1),
+        (0, 5, 2),
+        ("0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3"),
+        _TRT,
+        False,
+        False,
+        False,
+        None,
+        trtllm_head_dims=FLASHINFER_CUTLASS_HEAD_DIMS,
+        trtllm_kernel=_PARENT_KERNEL,
     ),
     SglangRange(
         SGLANG_FIRST,
@@ -238,21 +319,32 @@ def _rule(r: SglangRange) -> RuleFn:
                     f"{label} turns FlashInfer's ragged MLA prefill off when qk_rope_head_dim is 0"
                 )
         if backend is Backend.TRTLLM_RAGGED:
-            if cap.major != 10:
-                reasons.append(
-                    f"{label} runs trtllm_mla prefill (FlashInfer's trtllm-gen ragged kernel) "
-                    f"only on compute capability 10.x (this pod: {cap})"
-                )
-            if dims not in _TRTLLM_DIMS:
-                reasons.append(
-                    f"{label} runs trtllm_mla prefill only for MLA dims {R1_DIMS} or "
-                    f"{KIMI_LINEAR_DIMS} (model: {dims})"
-                )
+            reasons.extend(_trtllm_reasons(r, ctx, label))
         if backend is Backend.TOKENSPEED_MLA and r.tokenspeed_refusal:
             reasons.append(f"{label}: {r.tokenspeed_refusal}")
         return reasons
 
     return rule
+
+
+def _trtllm_reasons(r: SglangRange, ctx: SelectionContext, label: str) -> list[str]:
+    """Why trtllm_mla prefill does not run here: off 10.x, or head dims its kernel does
+    not take (the reason names the ones it does, so a model's author sees what fits)."""
+    reasons = []
+    cap = ctx.capability
+    if cap is not None and cap.major != 10:
+        reasons.append(
+            f"{label} runs trtllm_mla prefill ({r.trtllm_kernel}) only on compute "
+            f"capability 10.x (this pod: {cap})"
+        )
+    qk_v = (ctx.dims.qk_head_dim, ctx.dims.v_head_dim)
+    if qk_v not in r.trtllm_head_dims:
+        pairs = ", ".join(str(p) for p in sorted(r.trtllm_head_dims))
+        reasons.append(
+            f"{label} runs trtllm_mla prefill as {r.trtllm_kernel}, which takes head dims "
+            f"(qk, v) = {pairs} only (model: {qk_v}, MLA dims {ctx.dims})"
+        )
+    return reasons
 
 
 def _decode(r: SglangRange, ctx: SelectionContext) -> str:
@@ -303,9 +395,12 @@ def _choice(r: SglangRange) -> ChoiceFn:
 
 def _unverified_choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
     flag = SGLANG_RANGES[-1].prefill_flag.option
+    untold = (
+        f"{label} has no {flag} (SGLang's first release with it is {version_text(SGLANG_FIRST)})"
+    )
     return EngineChoice(
-        note=f"{label} has no {flag} (SGLang's first release with it is "
-        f"{version_text(SGLANG_FIRST)}): no engine flags are given, so SGLang keeps its own choice."
+        note=f"{untold}: no engine flags are given, so SGLang keeps its own choice.",
+        untold=untold,
     )
 
 
@@ -372,6 +467,18 @@ SGLANG_EXCEPTIONS: tuple[DeliberateRefusal, ...] = (
         "head dim over 256, which FlashAttention 3 is not built for (at most 256) nor "
         "FlashAttention 4 on 10.x (at most 128, or (192, 128), or (256, 256) in newer "
         "builds): the kernel fails at the first prefill. Our spec's limit of 256 stands.",
+    ),
+    DeliberateRefusal(
+        Backend.TRTLLM_RAGGED,
+        since=(0, 5, 1),
+        until=(0, 5, 2),
+        majors=frozenset({10}),
+        reason="SGLang 0.5.1 to 0.5.1.post3 give trtllm_mla no prefill of its own: it runs "
+        "its parent FlashInfer MLA backend's, FlashInfer's CUTLASS kernel on 10.x, which "
+        "takes head dims (qk, v) = (64, 64) as well. TRTLLM_RAGGED is FlashInfer's "
+        "trtllm-gen ragged DeepSeek kernel, which does not take them, and that same CUTLASS "
+        "kernel is what FLASHINFER answers there: so such dims are refused TRTLLM_RAGGED "
+        "rather than answered with a name for a kernel that is not the one that runs.",
     ),
 )
 """Where the core refuses, end to end (our spec with the release's rules), a backend

@@ -290,9 +290,11 @@ def _legacy_choice_for(oldest: VllmRange) -> ChoiceFn:
     first = oldest.releases[0]
 
     def choice(backend: Backend, ctx: SelectionContext, label: str) -> EngineChoice:
+        untold = f"{label} has no {flag} (added in vLLM {first})"
         return EngineChoice(
-            note=f"{label} has no {flag} (added in vLLM {first}): no engine flags are given, "
-            "so vLLM keeps its own choice. Upgrade vLLM to direct its MLA prefill backend."
+            note=f"{untold}: no engine flags are given, so vLLM keeps its own choice. "
+            "Upgrade vLLM to direct its MLA prefill backend.",
+            untold=untold,
         )
 
     return choice

@@ -14,6 +14,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from mla_switchboard.core.version import __version__
 from mla_switchboard.service.api.errors import validation_error_response
+from mla_switchboard.service.api.headers import EdgeHeaders
 from mla_switchboard.service.api.middleware import CLIENT_GONE, BodyLimitAndMetrics
 from mla_switchboard.service.api.routes import (
     admin,
@@ -49,14 +50,19 @@ class SwitchboardAPI(FastAPI):
     """The FastAPI app, with ``POST /v1/select`` answered in front of it by a plain ASGI
     handler (service/api/select_asgi.py): the outermost layer a server calls, so the
     hot path skips FastAPI's middleware and routing; every other request, and the
-    route's OpenAPI description, are FastAPI's as usual."""
+    route's OpenAPI description, are FastAPI's as usual, with the headers of its path
+    (``Cache-Control: no-store`` on the API, security headers on the docs: ``edge``,
+    service/api/headers.py) set here, outside every middleware and error handler."""
 
     select_handler: SelectHandler | None = None
+    edge: EdgeHeaders | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.select_handler is not None and is_select(scope):
             await self.select_handler(scope, receive, send)
             return
+        if self.edge is not None and scope["type"] == "http":
+            send = self.edge.wrap(scope, send)
         await super().__call__(scope, receive, send)
 
 
@@ -84,7 +90,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         redoc_url=None,
     )
     app.state.runtime = runtime
-    _offline_docs(app)
+    app.edge = EdgeHeaders(docs_page=_offline_docs(app))
     app.include_router(select.lean_router)  # first: documented first, matched first
     for module in (
         select,
@@ -112,6 +118,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         runtime.refused_selects,
         runtime.live,
         runtime.bootstrap_token,
+        runtime.wrong_tokens,
         runtime.metrics,
         runtime.settings.max_body_bytes,
         runtime.workload,
@@ -130,8 +137,9 @@ DOCS_ASSETS: dict[str, str] = {
 }
 
 
-def _offline_docs(app: FastAPI) -> None:
-    """``/docs`` (Swagger UI) with every asset served by this process.
+def _offline_docs(app: FastAPI) -> str:
+    """``/docs`` (Swagger UI) with every asset served by this process; returns the
+    page (built once: its Content-Security-Policy allows its inline script by hash).
 
     FastAPI's defaults load Swagger UI and ReDoc from a CDN, so on an air-gapped GPU
     cluster ``/docs`` was a blank page. The assets come from the ``fastapi-offline``
@@ -155,16 +163,22 @@ def _offline_docs(app: FastAPI) -> None:
             headers={"Cache-Control": "public, max-age=86400"},
         )
 
-    @app.get("/docs", include_in_schema=False)
-    async def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
+    page = bytes(
+        get_swagger_ui_html(
             openapi_url=openapi_url,
             title=f"{app.title} {app.version} - API",
             swagger_js_url=f"{DOCS_ASSETS_URL}/swagger-ui-bundle.js",
             swagger_css_url=f"{DOCS_ASSETS_URL}/swagger-ui.css",
             swagger_favicon_url=favicon,
             swagger_ui_parameters={"validatorUrl": None},
-        )
+        ).body
+    ).decode()
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    return page
 
 
 async def _validation_errors(request: Request, exc: RequestValidationError) -> Response:

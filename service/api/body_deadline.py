@@ -20,6 +20,7 @@ import asyncio
 import time
 
 from mla_switchboard.service.api.conn_events import ConnectionEvents, refusal_body
+from mla_switchboard.service.api.headers import NO_STORE
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CLOSE = (b"connection", b"close")
@@ -106,6 +107,7 @@ class BodyDeadline:
             (b"content-type", b"application/json"),
             (b"content-length", str(len(self.body)).encode()),
             CLOSE,
+            NO_STORE,  # as every API answer (service/api/headers.py)
         ]
         self._tick_s = min(1.0, body_timeout_s / 10)
         self._deadlines: dict[_Request, float] = {}  # oldest first: all have one timeout

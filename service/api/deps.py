@@ -29,10 +29,12 @@ from mla_switchboard.service.refused import RefusedSelects
 from mla_switchboard.service.reports import Reports
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.state import ConfigSnapshot
+from mla_switchboard.service.throttle import FailureThrottle
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.overrides import OverrideWrites
 from mla_switchboard.service.writes.rules import RulesWrites
 from mla_switchboard.service.writes.tokens import TokenWrites
+from starlette.types import Scope
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -93,10 +95,18 @@ def invalid(location: tuple[str | int, ...], message: str) -> NoReturn:
 
 
 def principal_from(request: Request, role: Role | None) -> Principal:
-    """Authenticate the request's bearer token and check its role; raises 401/403."""
+    """Authenticate the request's bearer token and check its role; raises 401/403/429."""
     runtime = _runtime(request)
     header = request.headers.get("authorization", "")
-    return authorize(header, runtime.live, runtime.bootstrap_token, role, runtime.workload)
+    return authorize(
+        header,
+        runtime.live,
+        runtime.bootstrap_token,
+        role,
+        wrong_tokens=runtime.wrong_tokens,
+        client=client_address(request.scope),
+        workload=runtime.workload,
+    )
 
 
 async def verify_workload(authorization: str, workload: WorkloadVerifier) -> None:
@@ -108,15 +118,28 @@ async def verify_workload(authorization: str, workload: WorkloadVerifier) -> Non
         await anyio.to_thread.run_sync(workload.verify, token)
 
 
+def client_address(scope: Scope) -> str:
+    """The address a request came from, as the server gives it (uvicorn takes it from
+    ``X-Forwarded-For`` only when the peer is in ``FORWARDED_ALLOW_IPS``)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
 def authorize(
     authorization: str,
     live: LiveConfig,
     bootstrap: str | None,
     role: Role | None,
+    *,
+    wrong_tokens: FailureThrottle,
+    client: str,
     workload: WorkloadVerifier | None = None,
 ) -> Principal:
     """The principal of an ``Authorization`` header's bearer token, if it has ``role``
-    (None: any role); raises 401/403 (503 when a workload issuer's keys cannot be had).
+    (None: any role); raises 401/403, or 429 for a wrong token from a ``client``
+    address that has sent too many (a valid token is checked first and never throttled;
+    a rejected workload token counts as a wrong one), or 503 when a workload issuer's
+    keys cannot be had.
 
     Takes the header's text rather than a request, so that the lean ``/v1/select``
     handler (service/api/select_asgi.py), which has no Starlette request, gives the
@@ -130,14 +153,28 @@ def authorize(
             headers={"WWW-Authenticate": "Bearer"},
         )
     token = token.strip()
+    rejected: Rejected | None = None
     if workload is not None and workload.enabled and looks_like_jwt(token):
-        principal = _workload_principal(workload.verify(token))
+        principal, rejected = _workload_principal(workload.verify(token))
     else:
         principal = authenticate(token, live.current().tokens, bootstrap)
     if principal is None:
+        retry_after = wrong_tokens.wrong_token(client)
+        if retry_after is not None:
+            raise HTTPException(
+                429,
+                detail={
+                    "message": "too many wrong tokens from this address; "
+                    f"try again in {retry_after} s"
+                },
+                headers={"Retry-After": str(retry_after)},
+            )
+        message = "unknown or revoked token"
+        if rejected is not None:
+            message = f"workload token rejected: {rejected.reason}"
         raise HTTPException(
             401,
-            detail={"message": "unknown or revoked token"},
+            detail={"message": message},
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
     if role is not None and not principal.has(role):
@@ -145,20 +182,20 @@ def authorize(
     return principal
 
 
-def _workload_principal(verified: PodIdentity | Rejected) -> Principal:
+def _workload_principal(
+    verified: PodIdentity | Rejected,
+) -> tuple[Principal | None, Rejected | None]:
+    """A verified pod's principal, or why its token was rejected (401, answered as a
+    wrong token); 503 raised when the issuer's keys could not be had."""
     if isinstance(verified, PodIdentity):
-        return Principal.of_pod(verified)
+        return Principal.of_pod(verified), None
     if verified.status == 503:
         raise HTTPException(
             503,
             detail={"message": f"workload token not checked: {verified.reason}"},
             headers={"Retry-After": "5"},
         )
-    raise HTTPException(
-        401,
-        detail={"message": f"workload token rejected: {verified.reason}"},
-        headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-    )
+    return None, verified
 
 
 def act_as(

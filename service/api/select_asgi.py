@@ -15,14 +15,17 @@ compares this handler with, byte for byte. The same checks, in the same order:
 2. 422 for a ``Content-Type`` that is not JSON, then for a body that is not a valid
    request, through the app's own validation-error encoder;
    (and for a ``dry_run`` query parameter that is not a boolean);
-3. 401/403 for the token and its role, 403 for a cluster outside its scope, 401/403
-   for a pod that is not the workload token's or a static token in a cluster with a
-   workload issuer (``deps.act_as``), each counted per claimed cluster
-   (``service/refused.py``: misconfigured pods show);
+3. 401/403 for the token and its role (429 for a wrong token from an address that sent
+   too many, service/throttle.py), 403 for a cluster outside its scope, 401/403 for a
+   pod that is not the workload token's or a static token in a cluster with a workload
+   issuer (``deps.act_as``), each counted per claimed cluster (``service/refused.py``:
+   misconfigured pods show);
 4. the answer of :func:`select_answer`: 409 refusal, 304 on ``If-None-Match``, or 200
    with ``ETag`` and ``X-Decision-Id``.
 
-Each answer is observed in ``switchboard_request_seconds`` under route ``/v1/select``.
+Each answer carries ``Cache-Control: no-store``, as every API answer does
+(service/api/headers.py), and is observed in ``switchboard_request_seconds`` under
+route ``/v1/select``.
 The decision path never touches the store, so the store's 503 cannot arise here.
 """
 
@@ -34,8 +37,14 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.api.deps import act_as, authorize, verify_workload
+from mla_switchboard.service.api.deps import (
+    act_as,
+    authorize,
+    client_address,
+    verify_workload,
+)
 from mla_switchboard.service.api.errors import http_error_response, validation_error_response
+from mla_switchboard.service.api.headers import NO_STORE
 from mla_switchboard.service.api.middleware import CLIENT_GONE, too_large
 from mla_switchboard.service.api.routes.select import (
     Headers,
@@ -49,6 +58,7 @@ from mla_switchboard.service.deciding import Decider
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.refused import RefusedSelects
+from mla_switchboard.service.throttle import FailureThrottle
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -77,12 +87,14 @@ def is_select(scope: Scope) -> bool:
 @dataclass(eq=False)
 class SelectHandler:
     """The ASGI callable for ``POST /v1/select``; one per app. ``live`` and
-    ``bootstrap_token``, ``workload``: the tokens a request is authenticated against."""
+    ``bootstrap_token``, ``workload``: the tokens a request is authenticated against;
+    ``wrong_tokens``: the per-address throttle of wrong ones (the same as the app's)."""
 
     decider: Decider
     refused: RefusedSelects
     live: LiveConfig
     bootstrap_token: str | None
+    wrong_tokens: FailureThrottle
     metrics: Metrics
     max_body: int
     workload: WorkloadVerifier
@@ -132,7 +144,13 @@ class SelectHandler:
             if self.workload.enabled:
                 await verify_workload(authorization, self.workload)
             principal = authorize(
-                authorization, self.live, self.bootstrap_token, "agent", self.workload
+                authorization,
+                self.live,
+                self.bootstrap_token,
+                "agent",
+                wrong_tokens=self.wrong_tokens,
+                client=client_address(scope),
+                workload=self.workload,
             )
             body = act_as(principal, body, self.workload, dry_run)
         except HTTPException as exc:
@@ -184,5 +202,7 @@ def _unpack(response: Response) -> Answer:
 
 async def _send(send: Send, answer: Answer) -> None:
     status, headers, body = answer
+    # what the app's edge sets on every other API answer (service/api/headers.py)
+    headers = [*headers, NO_STORE]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

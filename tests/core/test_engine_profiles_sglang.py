@@ -44,7 +44,7 @@ from mla_switchboard.core.specs import (
     SelectionContext,
 )
 
-from tests.core.conftest import ALL, KIMI, NOW, R1, override, request
+from tests.core.conftest import ALL, BIG, GLM5, KIMI, NOW, R1, SMALL, override, request
 from tools.engine_profiles import TABLES
 
 DATA = TABLES / "sglang"
@@ -199,20 +199,23 @@ def test_no_evaluator_answer_names_a_backend_the_release_rejects() -> None:
         ("0.4.9.post5", "0.4.10.post2", True),
         ("0.4.10.post2", "0.4.10.post2", True),
         ("0.5.0rc2", "0.4.10.post2", True),
-        ("0.5.1", "0.5.2", True),
+        ("0.5.1", "0.5.1.post3", True),
         ("0.5.2", "0.5.2", True),
         ("0.5.3", "0.5.3.post1", True),
         ("0.5.3.post1", "0.5.3.post1", True),
-        ("0.5.3.post2", "0.5.11", True),
+        ("0.5.3.post2", "0.5.9", True),
+        ("0.5.10", "0.5.11", True),
         ("0.5.11", "0.5.11", True),
-        ("0.5.12", "0.5.19", True),
+        ("0.5.12", "0.5.12.post1", True),
+        ("0.5.13", "0.5.19", True),
         ("0.5.19", "0.5.19", True),
         ("0.5.20", "0.5.22", True),
         ("0.5.22", "0.5.22", True),
         ("0.5.23", "0.5.23", True),
         ("0.5.24", "0.5.23", True),
         ("0.6.0", "0.5.23", True),
-        (None, "0.5.23", True),
+        # no version: the newest rules, but no flags (releases before 0.4.9.post5 have none)
+        (None, "0.5.23", False),
     ],
 )
 def test_version_to_profile(version: str | None, verified: str, flags: bool) -> None:
@@ -276,7 +279,87 @@ def test_flashinfer_on_10x_only_for_the_cutlass_kernels_dims() -> None:
     assert not profile.reasons(Backend.TRTLLM_RAGGED, ctx, "0.5.23")
     small = SelectionContext(Capability(10, 0), MLADims(64, 64, 128), Dtype.BFLOAT16, None)
     assert not profile.reasons(Backend.FLASHINFER, small, "0.5.23")
-    assert profile.reasons(Backend.TRTLLM_RAGGED, small, "0.5.23")
+    assert not profile.reasons(Backend.TRTLLM_RAGGED, small, "0.5.23")
+
+
+def test_each_range_takes_the_trtllm_head_dims_its_tables_read() -> None:
+    """trtllm_mla's head dims are data per range, read by the tool per release: the
+    check of FlashInfer's trtllm_ragged_attention_deepseek in the FlashInfer release it
+    pins (run over every pair), or, where trtllm_mla has no prefill of its own, its
+    parent's CUTLASS kernel's. No range holds a pair of dims the tables do not."""
+    for rng in SGLANG_RANGES:
+        for release in rng.releases:
+            facts = tables()[release]["facts"]
+            prefill = facts["trtllm_mla_prefill"]["value"]
+            if Backend.TRTLLM_RAGGED not in rng.accepts:
+                assert not rng.trtllm_head_dims, release
+                continue
+            if prefill == "trtllm_ragged_attention_deepseek":
+                read = facts["trtllm_ragged_head_dims"]
+                assert read["method"] == "run" and "flashinfer/prefill.py" in read["where"]
+                pinned = read["where"].split()[1]  # "flashinfer-python X flashinfer/..."
+                assert any(f"=={pinned}" in r for r in facts["flashinfer_dependency"]["value"])
+                assert {tuple(p) for p in read["value"]} == rng.trtllm_head_dims, release
+            else:
+                assert prefill == "FlashInferMLAAttnBackend.forward_extend", release
+                cutlass = {tuple(p) for p in facts["flashinfer_cutlass_dims"]["value"]}
+                assert cutlass == rng.trtllm_head_dims and "CUTLASS" in rng.trtllm_kernel
+
+
+_TAKES_ALL = "(128, 128), (192, 128), (256, 256) only"
+_NO_GLM5 = "(128, 128), (192, 128) only"
+_DSR1 = "(192, 128) only"
+_CUTLASS = "(64, 64), (128, 128), (192, 128) only"
+_TRTLLM = ("--prefill-attention-backend", "trtllm_mla", "--decode-attention-backend")
+
+
+@pytest.mark.parametrize(
+    ("release", "dims", "decode", "refused"),
+    [
+        # FlashInfer 0.7.2's ragged DeepSeek kernel: (128, 128) and GLM-5's (256, 256) too
+        ("0.5.23", SMALL, "flashinfer", None),
+        ("0.5.23", GLM5, "flashinfer", None),
+        ("0.5.23", KIMI, "flashinfer", None),
+        ("0.5.23", R1, "trtllm_mla", None),
+        ("0.5.23", BIG, None, _TAKES_ALL),
+        ("0.5.23", (128, 64, 256), None, _TAKES_ALL),
+        # FlashInfer 0.6.12 (SGLang 0.5.13) added (256, 256)
+        ("0.5.13", SMALL, "flashinfer", None),
+        ("0.5.13", GLM5, "flashinfer", None),
+        ("0.5.12", SMALL, "flashinfer", None),
+        ("0.5.12", GLM5, None, _NO_GLM5),
+        ("0.5.12", KIMI, None, _NO_GLM5),
+        # FlashInfer 0.6.7.post2 (SGLang 0.5.10) added (128, 128)
+        ("0.5.10", SMALL, "flashinfer", None),
+        ("0.5.9", SMALL, None, _DSR1),
+        ("0.5.9", KIMI, None, _DSR1),
+        ("0.5.9", R1, "trtllm_mla", None),
+        ("0.5.2", KIMI, None, _DSR1),
+        ("0.5.2", R1, "flashinfer", None),
+        # 0.5.1.x: trtllm_mla prefill is its parent's, FlashInfer's CUTLASS kernel
+        ("0.5.1", SMALL, "flashinfer", None),
+        ("0.5.1.post3", KIMI, None, _CUTLASS),
+    ],
+)
+def test_strict_trtllm_ragged_on_10x_takes_the_head_dims_of_its_kernel(
+    release: str, dims: tuple[int, int, int], decode: str | None, refused: str | None
+) -> None:
+    """A strict TRTLLM_RAGGED on 10.x: answered with trtllm_mla (decode pinned to SGLang's
+    own choice) where the release's trtllm_mla kernel takes the model's (qk, v) head
+    dims, else refused with a reason naming the head dims it does take."""
+    pod = request(
+        (10, 0), dims, engine=("sglang", release), requested_backend="TRTLLM_RAGGED", strict=True
+    )
+    result = decide(pod, DecisionInputs(rules=SEED_RULES), now=NOW)
+    if refused is None:
+        assert isinstance(result, Decision) and result.backend is Backend.TRTLLM_RAGGED, result
+        assert result.source == "requested"
+        assert result.engine_args == (*_TRTLLM, decode)
+        return
+    assert isinstance(result, Refusal) and result.kind == "requested_invalid", result
+    qk_v = (dims[0] + dims[1], dims[2])
+    assert f"SGLang {release} runs trtllm_mla prefill as " in result.message
+    assert f"takes head dims (qk, v) = {refused} (model: {qk_v}" in result.message
 
 
 def test_every_reason_names_the_engine_and_release() -> None:

@@ -429,7 +429,10 @@ def test_a_read_release_and_its_local_builds_get_no_note() -> None:
 def test_an_unreadable_version_gets_the_newest_rules_and_is_told() -> None:
     newest = VLLM_PROFILES[0]
     assert resolve("vllm", "x") is newest and resolve("vllm", None) is newest
-    assert newest.notes(None) == []
+    assert newest.notes(None) == [
+        f"No vLLM version was given: the rules of vLLM {newest.verified}, the newest "
+        "release read, are assumed"
+    ]
     (note,) = newest.notes("x")
     assert "'x' cannot be read" in note and newest.verified in note
 

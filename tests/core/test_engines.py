@@ -163,6 +163,178 @@ def test_legacy_vllm_gets_no_flags_and_is_told_why() -> None:
     assert any("has no --attention-config.mla_prefill_backend" in m for m in result.messages)
 
 
+_NEWEST_VLLM = resolve("vllm", None).verified
+_NEWEST_SGLANG = resolve("sglang", None).verified
+_VLLM_LEGACY = "vLLM 0.20.2 has no --attention-config.mla_prefill_backend (added in vLLM 0.21.0)"
+_SGLANG_LEGACY = (
+    "SGLang 0.4.9.post4 has no --prefill-attention-backend (SGLang's first release with it "
+    "is 0.4.9.post5)"
+)
+
+
+@pytest.mark.parametrize(
+    ("engine", "cap", "asked", "strict", "answer", "args", "said"),
+    [
+        # No version: the newest rules, said so; no flag, since no spelling of the prefill
+        # flag is taken by every release (vLLM 0.20.2's own parser refuses this one).
+        (
+            ("vllm", None),
+            (10, 0),
+            None,
+            False,
+            "TRTLLM_RAGGED",
+            (),
+            [
+                f"No vLLM version was given: the rules of vLLM {_NEWEST_VLLM}, the newest "
+                "release read, are assumed",
+                "No engine flags are given: no vLLM version was given, and not every vLLM "
+                f"release takes one flag for TRTLLM_RAGGED: {_VLLM_LEGACY}. vLLM keeps its own "
+                "choice; give its version to direct its MLA prefill backend.",
+            ],
+        ),
+        (
+            ("sglang", None),
+            (9, 0),
+            None,
+            False,
+            "FLASH_ATTN",
+            (),
+            [
+                f"No SGLang version was given: the rules of SGLang {_NEWEST_SGLANG}, the "
+                "newest release read, are assumed",
+                f"not every SGLang release takes one flag for FLASH_ATTN: {_SGLANG_LEGACY}",
+            ],
+        ),
+        # ... and a strict request for a backend the engine may not be told is refused.
+        (
+            ("vllm", None),
+            (10, 0),
+            "TRTLLM_RAGGED",
+            True,
+            "requested_invalid",
+            None,
+            [
+                "Requested MLA prefill backend TRTLLM_RAGGED cannot be passed to the engine: "
+                "no vLLM version was given, and not every vLLM release takes one flag for "
+                f"TRTLLM_RAGGED: {_VLLM_LEGACY}, so the engine would make its own choice. "
+                "strict is true, so no other backend is chosen.",
+                f"No vLLM version was given: the rules of vLLM {_NEWEST_VLLM}",
+            ],
+        ),
+        # A release older than the flag: strict is refused with that reason ...
+        (
+            ("vllm", "0.20.2"),
+            (10, 0),
+            "TRTLLM_RAGGED",
+            True,
+            "requested_invalid",
+            None,
+            [
+                "Requested MLA prefill backend TRTLLM_RAGGED cannot be passed to the engine: "
+                f"{_VLLM_LEGACY}, so the engine would make its own choice. strict is true, so "
+                "no other backend is chosen."
+            ],
+        ),
+        (
+            ("sglang", "0.4.9.post4"),
+            (9, 0),
+            "FLASH_ATTN",
+            True,
+            "requested_invalid",
+            None,
+            [f"cannot be passed to the engine: {_SGLANG_LEGACY}, so the engine would make"],
+        ),
+        # ... and a lenient request is answered without it: the engine decides, no flag.
+        (
+            ("vllm", "0.20.2"),
+            (10, 0),
+            "FLASHINFER",
+            False,
+            "TRTLLM_RAGGED",
+            (),
+            [
+                "Requested MLA prefill backend FLASHINFER cannot be passed to the engine: "
+                f"{_VLLM_LEGACY}: the engine decides. Answered as if not requested.",
+                f"{_VLLM_LEGACY}: no engine flags are given, so vLLM keeps its own choice.",
+            ],
+        ),
+        (
+            ("vllm", "0.20.2"),
+            (9, 0),
+            None,
+            False,
+            "FLASH_ATTN",
+            (),
+            [f"{_VLLM_LEGACY}: no engine flags are given"],
+        ),
+        # the first release with the flag honours the same strict request, with its flag
+        (
+            ("vllm", "0.21.0"),
+            (10, 0),
+            "TRTLLM_RAGGED",
+            True,
+            "TRTLLM_RAGGED",
+            (f"{FLAG}=TRTLLM_RAGGED",),
+            ["Using requested MLA prefill backend TRTLLM_RAGGED."],
+        ),
+        # our own kernels have no releases: no version is the usual case, nothing to say
+        (
+            ("switchboard", None),
+            (10, 0),
+            "FLASHINFER",
+            True,
+            "FLASHINFER",
+            (),
+            ["Using requested MLA prefill backend FLASHINFER."],
+        ),
+    ],
+)
+def test_unknown_and_legacy_engine_versions(  # type: ignore[no-untyped-def]
+    engine, cap, asked, strict, answer, args, said
+) -> None:
+    extra = {} if asked is None else {"requested_backend": asked, "strict": strict}
+    result = decide(
+        request(cap, R1, engine=engine, **extra), DecisionInputs(rules=SEED_RULES), now=NOW
+    )
+    if args is None:  # refused: the reason in the message and on the requested candidate
+        assert isinstance(result, Refusal) and result.kind == answer, result
+        for text in said:
+            assert text in result.message, result.message
+        (wanted,) = [c for c in result.candidates if c.backend.value == asked]
+        assert not wanted.valid and wanted.role == "requested"
+        assert wanted.reasons[-1].startswith("the engine cannot be told it: ")
+        return
+    assert isinstance(result, Decision), result
+    assert result.backend.value == answer and result.engine_args == args
+    if result.source == "requested":  # honoured means told: never an answer without flags
+        assert result.engine_args or result.engine_env
+    messages = " | ".join(result.messages)
+    for text in said:
+        assert text in messages, messages
+    if engine[1] is not None or engine[0] == "switchboard":
+        assert not any(m.startswith("No ") and "version was given" in m for m in result.messages)
+
+
+def test_no_version_gets_a_flag_where_every_release_takes_the_same_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where every profile of the engine runs the backend and spells it alike, an answer
+    without a version carries that flag; one release that does not run it here is named
+    and no flag is given. (vLLM without its pre-flag profile stands in for such an
+    engine: with it no flag is ever common.)"""
+    from mla_switchboard.core import engines
+
+    monkeypatch.setitem(engines.ENGINES, "vllm", engines.ENGINES["vllm"][:-1])
+    given = DecisionInputs(rules=SEED_RULES)
+    r1 = decide(request((10, 0), R1, engine=("vllm", None)), given, now=NOW)
+    assert isinstance(r1, Decision) and r1.engine_args == (f"{FLAG}=TRTLLM_RAGGED",)
+    # (192, 64, 256): vLLM 0.21.0 to 0.23.0 refuse TRTLLM_RAGGED for it
+    kimi = decide(request((10, 0), KIMI, engine=("vllm", None)), given, now=NOW)
+    assert isinstance(kimi, Decision) and kimi.backend is Backend.TRTLLM_RAGGED
+    assert kimi.engine_args == ()
+    assert any("vLLM 0.23.0 does not run TRTLLM_RAGGED here" in m for m in kimi.messages)
+
+
 @pytest.mark.parametrize(
     ("cap", "dims", "requested", "args"),
     [
@@ -200,10 +372,21 @@ def test_legacy_vllm_gets_no_flags_and_is_told_why() -> None:
                 "trtllm_mla",
             ),
         ),
-        (  # (64, 64, 128): head dims (128, 128), which FlashInfer's CUTLASS kernel takes
+        (  # (64, 64, 128): head dims (128, 128), which trtllm_mla's ragged kernel takes
             (10, 0),
             SMALL,
             None,
+            (
+                "--prefill-attention-backend",
+                "trtllm_mla",
+                "--decode-attention-backend",
+                "flashinfer",
+            ),
+        ),
+        (  # (64, 64, 128) asked for FlashInfer: its CUTLASS kernel takes (128, 128) too
+            (10, 0),
+            SMALL,
+            "FLASHINFER",
             (
                 "--prefill-attention-backend",
                 "flashinfer",
@@ -211,10 +394,21 @@ def test_legacy_vllm_gets_no_flags_and_is_told_why() -> None:
                 "flashinfer",
             ),
         ),
-        (  # no rope part: FlashInfer's ragged prefill is off, FlashAttention 4 runs it
+        (  # no rope part, head dims (256, 256): trtllm_mla's ragged kernel takes them
             (10, 0),
             GLM5,
             None,
+            (
+                "--prefill-attention-backend",
+                "trtllm_mla",
+                "--decode-attention-backend",
+                "flashinfer",
+            ),
+        ),
+        (  # ... and asked for FlashAttention, FlashAttention 4 runs them
+            (10, 0),
+            GLM5,
+            "FLASH_ATTN",
             ("--prefill-attention-backend", "fa4", "--decode-attention-backend", "flashinfer"),
         ),
     ],

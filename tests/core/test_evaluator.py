@@ -35,10 +35,13 @@ TABLE = [
     ("blackwell-kimi-dims", (10, 0), KIMI, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
     ("blackwell-no-flashinfer", (10, 0), R1, "bfloat16", NO_FLASHINFER, "CUDNN", "priority"),
     ("blackwell-torch-only", (10, 0), R1, "bfloat16", TORCH_ONLY, "FLASH_ATTN", "priority"),
-    # (64, 64, 128): head dims (128, 128), which FlashInfer's CUTLASS kernel takes on 10.x
-    ("blackwell-small-dims", (10, 0), SMALL, "bfloat16", ALL, "FLASHINFER", "priority"),
-    # (256, 0, 256): head dims (256, 256), which it does not: FLASH_ATTN, next in the list
-    ("blackwell-glm5-dims", (10, 0), GLM5, "bfloat16", ALL, "FLASH_ATTN", "priority"),
+    # (64, 64, 128): head dims (128, 128), which FlashInfer's trtllm-gen ragged DeepSeek
+    # kernel takes (as its CUTLASS one does on 10.x): first in Blackwell's list
+    ("blackwell-small-dims", (10, 0), SMALL, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
+    # (256, 0, 256): head dims (256, 256), GLM-5's, which that kernel takes too
+    ("blackwell-glm5-dims", (10, 0), GLM5, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
+    # (128, 64, 256): head dims (192, 256), which neither FlashInfer kernel takes
+    ("blackwell-odd-dims", (10, 0), (128, 64, 256), "bfloat16", ALL, "FLASH_ATTN", "priority"),
     ("blackwell-fp32", (10, 0), R1, "float32", ALL, "TORCH_SDPA", "fallback"),
     ("hopper", (9, 0), R1, "bfloat16", ALL, "FLASH_ATTN", "priority"),
     ("hopper-glm5-dims", (9, 0), GLM5, "bfloat16", ALL, "FLASH_ATTN", "priority"),

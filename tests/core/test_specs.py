@@ -78,4 +78,9 @@ def test_the_dims_text_says_where_the_dims_narrow() -> None:
     assert FLASHINFER.dims_text == (
         "any; on 10.x (qk, v) (64, 64) or (128, 128) or (192, 128) only"
     )
-    assert all(not s.head_dims_by_major for b, s in SPECS.items() if b is not Backend.FLASHINFER)
+    # a backend that runs on one major only, narrowed there: its head dims, no "any"
+    assert (
+        SPECS[Backend.TRTLLM_RAGGED].dims_text == "(qk, v) (128, 128) or (192, 128) or (256, 256)"
+    )
+    narrowed = {Backend.FLASHINFER, Backend.TRTLLM_RAGGED}
+    assert all(not s.head_dims_by_major for b, s in SPECS.items() if b not in narrowed)

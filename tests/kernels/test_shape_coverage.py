@@ -70,12 +70,15 @@ def test_every_other_capability_the_spec_accepts_on_says_why_it_is_untested(
 
 
 def test_what_the_sweep_saw_refused_the_spec_still_refuses(sweep: dict[str, Any]) -> None:
+    """The recorded refusals' words may change with the spec; a refusal that became an
+    acceptance needs a passing result (the test above), and what ran must still be
+    accepted, or the committed result no longer speaks for an answer."""
     cap = Capability(*map(int, sweep["machine"]["capability"].split(".")))
     for r in sweep["rows"]:
         dims = DIMS_CLASSES[r["dims_class"]]
         reasons = accepted(Backend(r["backend"]), cap, dims, Dtype(r["dtype"]))
         if r["status"] == "refused":
-            assert reasons == r["reasons"], r
+            assert reasons, f"accepted now, refused when the GPU ran: {r}"
         else:
             assert not reasons, f"the spec now refuses what ran: {r} ({reasons})"
 

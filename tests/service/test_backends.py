@@ -36,7 +36,11 @@ def test_lists_every_backend_in_display_order_with_its_facts(
     assert flashinfer["capability_majors"] == [8, 9, 10, 11, 12]
     assert flashinfer["allowed_dims"] is None
     assert flashinfer["head_dims_by_major"] == {"10": [[64, 64], [128, 128], [192, 128]]}
-    assert all(b["head_dims_by_major"] == {} for b in backends if b is not flashinfer)
+    trtllm = backends[list(Backend).index(Backend.TRTLLM_RAGGED)]
+    assert trtllm["allowed_dims"] is None
+    assert trtllm["head_dims_by_major"] == {"10": [[128, 128], [192, 128], [256, 256]]}
+    narrowed = (flashinfer, trtllm)
+    assert all(b["head_dims_by_major"] == {} for b in backends if b not in narrowed)
     sdpa = backends[list(Backend).index(Backend.TORCH_SDPA)]
     assert sdpa["needs_gpu"] is False and Dtype.FLOAT32.value in sdpa["dtypes"]
 

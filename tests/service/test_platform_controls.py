@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import ServiceProcess
-from tests.service.test_select_decisions import ALL, NOPE, body
+from tests.service.test_select_decisions import ALL, ODD, body
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +335,7 @@ class TestPreview:
         service = ServiceProcess(f"sqlite:///{d / 'fleet.db'}").start(d)
         with service.client() as c:
             # east: 600 Hopper pods (FLASH_ATTN); west: 400 Blackwell R1 pods
-            # (TRTLLM_RAGGED) and 200 Blackwell pods with dims (256, 0, 256) (FLASH_ATTN).
+            # (TRTLLM_RAGGED) and 200 Blackwell pods with dims (128, 64, 256) (FLASH_ATTN).
             for i in range(600):
                 c.post("/v1/select", json=body(cluster="east", pod=f"e{i}", packages=ALL))
             for i in range(400):
@@ -345,7 +345,7 @@ class TestPreview:
             for i in range(200):
                 c.post(
                     "/v1/select",
-                    json=body(cap=[10, 0], dims=NOPE, cluster="west", pod=f"g{i}", packages=ALL),
+                    json=body(cap=[10, 0], dims=ODD, cluster="west", pod=f"g{i}", packages=ALL),
                 )
             # a pod that booted twice counts once
             c.post("/v1/select", json=body(cluster="east", pod="e0", packages=ALL))

@@ -14,11 +14,14 @@ import pytest
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 128}
 GLM = {"qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "num_heads": 64}
-# MLA dims DeepSeek's specialised kernels are not built for; FlashInfer's CUTLASS kernel
-# (10.x) takes their head dims (128, 128), as FLASH_ATTN and TORCH_SDPA do
+# head dims (128, 128): FlashInfer's trtllm-gen ragged DeepSeek kernel takes them, as its
+# CUTLASS kernel (10.x), FLASH_ATTN and TORCH_SDPA do
 SMALL = {"qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 16}
-# no rope part, head dims (256, 256): on 10.x only FLASH_ATTN and TORCH_SDPA take them
+# no rope part, head dims (256, 256): on 10.x the trtllm-gen ragged kernel (GLM-5's),
+# FLASH_ATTN and TORCH_SDPA take them, FlashInfer's CUTLASS kernel does not
 NOPE = {"qk_nope_head_dim": 256, "qk_rope_head_dim": 0, "v_head_dim": 256, "num_heads": 16}
+# head dims (192, 256): neither FlashInfer kernel takes them on 10.x
+ODD = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 256, "num_heads": 16}
 BIG = {"qk_nope_head_dim": 256, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 16}
 ALL = {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0", "flash_attn": "2.8.3"}
 
@@ -60,8 +63,9 @@ CASES = [
     ),
     ("blackwell-torch-only", [10, 0], R1, "float16", {"torch": "2"}, "FLASH_ATTN", "priority"),
     ("blackwell-glm-dims", [10, 0], GLM, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
-    ("blackwell-small-dims", [10, 0], SMALL, "bfloat16", ALL, "FLASHINFER", "priority"),
-    ("blackwell-nope-dims", [10, 0], NOPE, "bfloat16", ALL, "FLASH_ATTN", "priority"),
+    ("blackwell-small-dims", [10, 0], SMALL, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
+    ("blackwell-nope-dims", [10, 0], NOPE, "bfloat16", ALL, "TRTLLM_RAGGED", "priority"),
+    ("blackwell-odd-dims", [10, 0], ODD, "bfloat16", ALL, "FLASH_ATTN", "priority"),
     ("blackwell-too-big-for-fa", [10, 0], BIG, "bfloat16", ALL, "TORCH_SDPA", "fallback"),
     ("blackwell-fp32", [10, 3], R1, "float32", ALL, "TORCH_SDPA", "fallback"),
     ("hopper", [9, 0], R1, "bfloat16", ALL, "FLASH_ATTN", "priority"),
@@ -167,6 +171,23 @@ class TestRequested:
         detail = r.json()["detail"]
         assert "CUDNN" in detail["message"]
         assert "required package cudnn not installed" in reasons_of(detail, "CUDNN")
+
+    def test_strict_to_a_release_without_the_flag_is_409_with_why(self, api: httpx.Client) -> None:
+        """vLLM 0.20.2 runs TRTLLM_RAGGED but has no flag to be told it: a strict request
+        is refused rather than answered as if honoured; a lenient one is answered
+        without it, with no flag, and says the engine decides."""
+        legacy = {"name": "vllm", "version": "0.20.2"}
+        asked = {"requested_backend": "TRTLLM_RAGGED", "packages": ALL, "engine": legacy}
+        r = api.post("/v1/select", json=body([10, 0], strict=True, **asked))
+        assert r.status_code == 409, r.text
+        detail = r.json()["detail"]
+        assert detail["kind"] == "requested_invalid"
+        why = "vLLM 0.20.2 has no --attention-config.mla_prefill_backend (added in vLLM 0.21.0)"
+        assert f"cannot be passed to the engine: {why}" in detail["message"]
+        assert f"the engine cannot be told it: {why}" in reasons_of(detail, "TRTLLM_RAGGED")
+        answer = select(api, body([10, 0], strict=False, **asked))
+        assert answer["source"] != "requested" and answer["engine_args"] == []
+        assert any("the engine decides" in m for m in answer["messages"])
 
     def test_strict_valid_is_fine(self, api: httpx.Client) -> None:
         answer = select(api, body([10, 0], requested_backend="CUDNN", strict=True))

@@ -163,7 +163,9 @@ def apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apps]:
         app = lean.app
 
         async def fastapi_only(scope: Scope, receive: Receive, send: Send) -> None:
-            await FastAPI.__call__(app, scope, receive, send)
+            # as the app serves every other request: FastAPI, with the headers its
+            # edge sets on every API answer (Cache-Control: no-store)
+            await FastAPI.__call__(app, scope, receive, app.edge.wrap(scope, send))
 
         # not entered: the runtime is the one the lean client's lifespan started
         reference = TestClient(fastapi_only, headers={"Authorization": f"Bearer {ADMIN}"})
@@ -244,7 +246,7 @@ def test_if_none_match(apps: Apps) -> None:
             "/v1/select", content=RAW, headers={**JSON, "if-none-match": header}
         )
         assert lean.status_code == 304 and lean.content == b""
-        assert [k for k, _ in lean.headers.raw] == [b"etag", b"x-decision-id"]
+        assert [k for k, _ in lean.headers.raw] == [b"etag", b"x-decision-id", b"cache-control"]
         assert normalised(lean) == normalised(ref)
         assert lean.headers["x-decision-id"] != first.headers["x-decision-id"]
 
@@ -262,7 +264,8 @@ def test_openapi_still_documents_the_route(apps: Apps) -> None:
     doc = apps.lean.get("/openapi.json").json()
     operation = doc["paths"]["/v1/select"]["post"]
     assert set(doc["paths"]["/v1/select"]) == {"post"}
-    assert set(operation["responses"]) == {"200", "304", "401", "403", "409", "413", "422"}
+    statuses = {"200", "304", "401", "403", "409", "413", "422", "429"}  # 429: wrong tokens
+    assert set(operation["responses"]) == statuses
     assert operation["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/SelectRequest"
     }

@@ -24,11 +24,20 @@ the kernels stubbed:
 - run (0.5.10 on, where it is a function of its own): SGLang's automatic attention
   backend for an MLA model per capability;
 - read, with file:line: the rest (FlashInfer's CUTLASS kernel on 10.x, the trtllm_mla
-  and tokenspeed_mla startup checks, the automatic MLA default before 0.5.10 and the
-  DeepSeek-V3 override), because they sit inside ``ServerArgs.__post_init__`` or a backend's
-  ``__init__`` that cannot run without a GPU;
+  and tokenspeed_mla startup checks, the kernel trtllm_mla's prefill calls, the
+  automatic MLA default before 0.5.10 and the DeepSeek-V3 override), because they sit
+  inside ``ServerArgs.__post_init__`` or a backend's ``__init__`` that cannot run
+  without a GPU, or are a call's presence;
 - read, from FlashInfer rather than SGLang: what the kernels SGLang calls take
-  (``KERNEL_FACTS``), and from each wheel's METADATA how it depends on flashinfer.
+  (``KERNEL_FACTS``), and from each wheel's METADATA how it depends on flashinfer;
+- run, on the FlashInfer release the SGLang release pins (``flashinfer_python==X`` in
+  its METADATA; its wheel or sdist downloaded once into
+  ``~/.cache/switchboard-engines/flashinfer``, ``flashinfer/prefill.py`` extracted):
+  the head-dim check of
+  ``trtllm_ragged_attention_deepseek``, the kernel trtllm_mla prefill calls, evaluated
+  for every (qk, v) pair it could name. That gives the (qk, v) head dims the release's
+  trtllm_mla prefill takes (a release whose trtllm_mla backend has no prefill of its
+  own runs its parent's, FlashInfer's MLA backend, and says so).
 
 The dispatch runs with the platform predicates it reads (``get_platform()``,
 ``is_sm100_supported()``...) replaced by answers for the simulated capability; the
@@ -44,12 +53,14 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import itertools
 import json
+import os
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
-from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +71,17 @@ from mla_switchboard.core.engine_rules.sglang import (
     SGLANG_NAMES,
     SGLANG_PREFILL_FLAG,
 )
-from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS, KIMI_LINEAR_DIMS, R1_DIMS
+from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS
 
 from tools.engine_profiles import TABLES
 
 CACHE = Path.home() / ".cache" / "switchboard-engines" / "sglang"
+FLASHINFER_CACHE = CACHE.parent / "flashinfer"
+BUILD_DEPS = CACHE.parent / "builddeps"
+"""What ``pip download`` needs to read an old FlashInfer sdist's metadata (0.3 to 0.4
+ship no wheel on the index, and their build requirements no longer resolve), used
+with ``--no-build-isolation``."""
+BUILD_REQUIRES = ["setuptools>=77", "packaging>=24"]
 FIRST = version_text(SGLANG_FIRST)  # the first release whose parser has the prefill flag
 PREFILL = SGLANG_PREFILL_FLAG.option  # the options the core's answers give
 DECODE = SGLANG_DECODE_FLAG.option
@@ -88,9 +105,9 @@ NAMES: dict[str, str] = {name: backend.value for name, backend in SGLANG_NAMES.i
 # instantiated only for these (qk head dim, v head dim) pairs (read from FlashInfer,
 # written once in core/specs.py).
 CUTLASS_QK_V = set(FLASHINFER_CUTLASS_HEAD_DIMS)
-# FlashInfer's trtllm-gen ragged DeepSeek kernel (SGLang's trtllm_mla prefill): the MLA
-# dims it is built for, written once in core/specs.py.
-TRTLLM_DIMS = {astuple(dims) for dims in (R1_DIMS, KIMI_LINEAR_DIMS)}
+RAGGED_KERNEL = "trtllm_ragged_attention_deepseek"
+"""FlashInfer's trtllm-gen ragged DeepSeek prefill (``flashinfer/prefill.py``), what
+SGLang's trtllm_mla backend calls for a fresh prefill (0.5.2 on)."""
 # Facts about the kernels SGLang calls, read from FlashInfer (not from SGLang): the same
 # for every release here, recorded in each table so that it says what it rests on.
 KERNEL_FACTS: dict[str, dict[str, Any]] = {
@@ -114,11 +131,11 @@ KERNEL_FACTS: dict[str, dict[str, Any]] = {
         "where": "SGLang's FlashInfer MLA backend builds BatchMLAPagedAttentionWrapper at "
         "init; FlashInfer's MLA kernels are not built for 7.5 (our reading, not run)",
     },
-    "trtllm_ragged_kernel": {
-        "value": {"capability": "10.x", "dims": sorted(TRTLLM_DIMS)},
+    "trtllm_ragged_capability": {
+        "value": "10.x",
         "method": "read",
-        "where": "FlashInfer trtllm_ragged_attention_deepseek (trtllm-gen cubins for "
-        "SM100/SM103; DeepSeek dims and (192, 64, 256)), as core/specs.py's spec",
+        "where": "FlashInfer trtllm_ragged_attention_deepseek: trtllm-gen cubins for "
+        "SM100/SM103 only (its head dims: each release's trtllm_ragged_head_dims)",
     },
     "fp16_bf16_only": {
         "value": True,
@@ -167,14 +184,17 @@ def fetch(version: str) -> Path:
 
 
 def ensure_deps() -> None:
-    """msgspec, which newer releases' parsers introspect for real, beside the cache."""
+    """msgspec, which newer releases' parsers introspect for real, beside the cache; and
+    what reading an old FlashInfer sdist's metadata needs (``BUILD_DEPS``)."""
     deps = CACHE.parent / "pydeps"
-    if not (deps / "msgspec").is_dir():
-        print("  pip install --target ... msgspec", flush=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--target", str(deps), "msgspec"],
-            check=True,
-        )
+    wanted = ((deps, "msgspec", ["msgspec"]), (BUILD_DEPS, "setuptools", BUILD_REQUIRES))
+    for target, marker, packages in wanted:
+        if not (target / marker).is_dir():
+            print(f"  pip install --target ... {' '.join(packages)}", flush=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--target", str(target), *packages],
+                check=True,
+            )
 
 
 def _worker(root: Path, mode: str, *extra: str) -> dict[str, Any] | None:
@@ -417,15 +437,7 @@ def situations(
                     kind = "FA3" if major == 9 else "FA2"
                     verdict.update(runs=True, kernel=f"FlashInfer ragged prefill, auto ({kind})")
             elif name == "trtllm_mla":
-                if major != 10:
-                    verdict["reason"] = (
-                        "trtllm_mla prefill runs FlashInfer's trtllm-gen ragged DeepSeek "
-                        "kernel, built for SM100/SM103 only"
-                    )
-                elif dims not in TRTLLM_DIMS:
-                    verdict["reason"] = f"the trtllm-gen ragged kernel has no dims {dims}"
-                else:
-                    verdict.update(runs=True, kernel="FlashInfer trtllm-gen ragged DeepSeek")
+                verdict.update(trtllm_verdict(major, (qk, v), facts))
             elif name == "tokenspeed_mla":
                 if facts["tokenspeed_mla_alias_of_cutedsl"]["value"]:
                     verdict["reason"] = (
@@ -443,6 +455,36 @@ def situations(
         row["automatic"] = automatic(major, facts, defaults.get(cap))
         rows.append(row)
     return rows
+
+
+def trtllm_verdict(major: int, qk_v: tuple[int, int], facts: dict[str, Any]) -> dict[str, Any]:
+    """trtllm_mla's prefill on a capability major for head dims (qk, v), its dispatch
+    having sent the prefill to the backend: what the kernel it calls takes."""
+    prefill = facts["trtllm_mla_prefill"]["value"]
+    if major != 10:
+        kernel = (
+            "CUTLASS kernel" if prefill == PARENT_PREFILL else "trtllm-gen ragged DeepSeek kernel"
+        )
+        return {
+            "reason": f"trtllm_mla prefill runs FlashInfer's {kernel}, built for SM100/SM103 only"
+        }
+    if prefill == RAGGED_KERNEL:
+        fact = facts["trtllm_ragged_head_dims"]
+        taken = {tuple(p) for p in fact["value"] or []}
+        if qk_v in taken:
+            return {"runs": True, "kernel": "FlashInfer trtllm-gen ragged DeepSeek"}
+        return {  # where it was read is the fact's: the reason is the same across releases
+            "reason": f"its prefill calls FlashInfer's {RAGGED_KERNEL}, which takes (qk, v) "
+            f"head dims {sorted(taken)} only, not {qk_v}"
+        }
+    if prefill == PARENT_PREFILL and facts["flashinfer_cutlass_on_10x"]["value"]:
+        if qk_v in CUTLASS_QK_V:
+            return {"runs": True, "kernel": f"FlashInfer CUTLASS FMHA (ragged), via {prefill}"}
+        return {
+            "reason": f"its prefill is {prefill}, which on 10.x forces FlashInfer's CUTLASS "
+            f"kernel: (qk, v) head dims {sorted(CUTLASS_QK_V)} only, not {qk_v}"
+        }
+    return {"reason": "no prefill kernel found for trtllm_mla in this release"}
 
 
 def automatic(major: int, facts: dict[str, dict[str, Any]], ran: str | None) -> dict[str, str]:
@@ -470,6 +512,163 @@ def flashinfer_dependency(version: str) -> dict[str, Any]:
         if x.lower().startswith("requires-dist: flashinfer")
     ]
     return {"value": found, "method": "read", "where": f"{wheel.name}:{meta}"}
+
+
+_PIN = re.compile(r"^flashinfer[-_]python(\[[^\]]*\])?\s*==\s*([^;\s]+)")
+
+
+def flashinfer_pin(dependency: dict[str, Any]) -> str | None:
+    """The flashinfer-python release the SGLang wheel pins (``==X``), or None."""
+    for requirement in dependency.get("value") or []:
+        m = _PIN.match(requirement)
+        if m:
+            return m.group(2)
+    return None
+
+
+def _flashinfer_archives(dl: Path, version: str) -> list[Path]:
+    return sorted(
+        p
+        for p in dl.iterdir()
+        if p.name.startswith(f"flashinfer_python-{version}-")
+        or p.name == f"flashinfer_python-{version}.tar.gz"
+    )
+
+
+def fetch_flashinfer(version: str) -> Path:
+    """FlashInfer ``version``'s ``flashinfer/prefill.py`` (downloaded once, wheel or sdist;
+    only that file is kept extracted)."""
+    target = FLASHINFER_CACHE / "src" / version / "flashinfer" / "prefill.py"
+    if target.is_file():
+        return target
+    dl = FLASHINFER_CACHE / "dl"
+    dl.mkdir(parents=True, exist_ok=True)
+    found = _flashinfer_archives(dl, version)
+    if not found:
+        print(f"  pip download flashinfer-python=={version}", flush=True)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation"]
+        env = {**os.environ, "PYTHONPATH": str(BUILD_DEPS)}
+        subprocess.run([*pip, f"flashinfer-python=={version}", "-d", str(dl)], check=True, env=env)
+        found = _flashinfer_archives(dl, version)
+    archive = found[0]
+    if archive.name.endswith(".whl"):
+        with zipfile.ZipFile(archive) as z:
+            data = z.read("flashinfer/prefill.py")
+    else:
+        with tarfile.open(archive) as t:
+            (member,) = [
+                m
+                for m in t.getmembers()
+                if m.name.count("/") == 2 and m.name.endswith("/flashinfer/prefill.py")
+            ]
+            handle = t.extractfile(member)
+            assert handle is not None
+            data = handle.read()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return target
+
+
+def trtllm_prefill(src: Source) -> dict[str, Any]:
+    """What SGLang's trtllm_mla backend runs for a fresh prefill, read: FlashInfer's
+    ragged DeepSeek kernel where the backend calls it (0.5.2 on), else, where the
+    backend has no ``forward_extend`` of its own (0.5.1 to 0.5.1.post3), its parent's:
+    FlashInfer's MLA backend, whose ragged prefill is FlashInfer's CUTLASS kernel on
+    10.x."""
+    rels = ["layers/attention/trtllm_mla_backend.py"]
+    hit = src.find(rels, rf"\b{RAGGED_KERNEL}\(")
+    if hit is not None:
+        return {"value": RAGGED_KERNEL, "method": "read", "where": _where(hit), "line": hit[2]}
+    parent = src.find(rels, r"^class TRTLLMMLABackend\(FlashInferMLAAttnBackend\)")
+    if parent is not None and src.find(rels, r"def forward_extend\(") is None:
+        return {
+            "value": PARENT_PREFILL,
+            "method": "read",
+            "where": _where(parent),
+            "line": parent[2],
+        }
+    return {"value": None, "method": "read", "where": None, "line": None}
+
+
+PARENT_PREFILL = "FlashInferMLAAttnBackend.forward_extend"
+"""trtllm_mla's prefill where its backend does not override it: its parent's."""
+_TENSORS = ("query", "key", "value")
+
+
+def _shape_only(node: ast.AST, names: set[str]) -> bool:
+    """An expression of the tensors' shapes and names set from them, nothing called."""
+    return not any(isinstance(n, ast.Call) for n in ast.walk(node)) and all(
+        n.id in names for n in ast.walk(node) if isinstance(n, ast.Name)
+    )
+
+
+def ragged_head_dims(version: str) -> dict[str, Any]:
+    """The (qk, v) head dims FlashInfer ``version``'s ``trtllm_ragged_attention_deepseek``
+    takes, run: its own check (the names it sets from the tensors' shapes, then the
+    assert on them) evaluated with query and key of head dim qk and value of head dim
+    v (SGLang passes k with q's head dim), for every pair of the head dims the check
+    names or the grid has."""
+    path = fetch_flashinfer(version)
+    text = path.read_text()
+    where = f"flashinfer-python {version} flashinfer/prefill.py"
+    func = next(
+        (
+            n
+            for n in ast.walk(ast.parse(text))
+            if isinstance(n, ast.FunctionDef) and n.name == RAGGED_KERNEL
+        ),
+        None,
+    )
+    found: dict[str, Any] = {
+        "value": None,
+        "method": "run",
+        "where": where,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+    if func is None:
+        return {**found, "text": f"no {RAGGED_KERNEL}"}
+    names = set(_TENSORS)
+    setup: list[ast.stmt] = []
+    check: ast.Assert | None = None
+    for stmt in func.body:
+        if isinstance(stmt, ast.Assign) and _shape_only(stmt.value, names):
+            targets = [t for t in stmt.targets if isinstance(t, ast.Name)]
+            if len(targets) == len(stmt.targets):
+                setup.append(stmt)
+                names.update(t.id for t in targets)
+        elif isinstance(stmt, ast.Assert) and _shape_only(stmt.test, names):
+            check = stmt
+            break
+    if check is None:
+        return {**found, "text": "no head-dim assert"}
+    used = [*setup, check]
+    code = compile(ast.Module(body=setup, type_ignores=[]), where, "exec")
+    test = compile(ast.Expression(check.test), where, "eval")
+    named = {
+        c.value
+        for stmt in used
+        for c in ast.walk(stmt)
+        if isinstance(c, ast.Constant) and type(c.value) is int and c.value > 0
+    }
+    dims = named | {d for n, r, v in DIMS for d in (n + r, v)}
+    taken = []
+    for qk, v in itertools.product(sorted(dims), repeat=2):
+        env: dict[str, Any] = {
+            "query": _NS(shape=(1, 1, qk)),
+            "key": _NS(shape=(1, 1, qk)),
+            "value": _NS(shape=(1, 1, v)),
+        }
+        exec(code, env)
+        if eval(test, env):
+            taken.append([qk, v])
+    first = min(stmt.lineno for stmt in used)
+    last = check.end_lineno or check.lineno
+    return {
+        **found,
+        "value": taken,
+        "where": f"{where}:{first}-{last} ({RAGGED_KERNEL})",
+        "text": ast.unparse(check.test),
+    }
 
 
 def extract(version: str) -> dict[str, Any]:
@@ -501,6 +700,19 @@ def extract(version: str) -> dict[str, Any]:
             "method": "run",
             "where": f"python/{ran['file']} (the defaulting function, a DeepSeek-V3 config)",
         }
+    facts["flashinfer_dependency"] = flashinfer_dependency(version)
+    facts["trtllm_mla_prefill"] = trtllm_prefill(src)
+    pinned = flashinfer_pin(facts["flashinfer_dependency"])
+    if facts["trtllm_mla_prefill"]["value"] == RAGGED_KERNEL and pinned is not None:
+        print(f"{version}: flashinfer {pinned}'s {RAGGED_KERNEL}", flush=True)
+        facts["trtllm_ragged_head_dims"] = ragged_head_dims(pinned)
+    else:
+        facts["trtllm_ragged_head_dims"] = {
+            "value": None,
+            "method": "read",
+            "where": None,
+            "note": f"this release's trtllm_mla prefill does not call {RAGGED_KERNEL}",
+        }
     rows = situations(choices, fa3, handler["methods"], facts, ran["mla"])
     return {
         "engine": "sglang",
@@ -516,7 +728,6 @@ def extract(version: str) -> dict[str, Any]:
             },
             "fa3_mla_capabilities": fa3,
             **facts,
-            "flashinfer_dependency": flashinfer_dependency(version),
             **KERNEL_FACTS,
         },
         "flags": {

@@ -4,7 +4,8 @@ The shell holds no data and is open without a token; the page asks for a
 viewer token and reads the JSON API with it. Assets are served from a fixed allowlist
 rather than a directory mount, so no request path ever reaches the file system, and
 every answer carries a strict Content-Security-Policy: scripts and styles only from
-this origin, no inline script, no framing, fetches only to this origin.
+this origin, no inline script, no framing, fetches only to this origin (the headers
+every page of the service carries: service/api/headers.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 from mla_switchboard.service.api.deps import fail
+from mla_switchboard.service.api.headers import SECURITY_HEADERS
 
 STATIC_DIR = Path(__file__).resolve().parent.parent.parent / "static"
 
@@ -26,29 +28,8 @@ ASSETS: dict[str, str] = {
     "favicon.svg": "image/svg+xml",
 }
 
-CSP = "; ".join(
-    [
-        "default-src 'self'",
-        "script-src 'self'",
-        "style-src 'self'",
-        "img-src 'self'",
-        "connect-src 'self'",
-        "font-src 'none'",
-        "object-src 'none'",
-        "base-uri 'none'",
-        "form-action 'self'",
-        "frame-ancestors 'none'",
-    ]
-)
-
-SECURITY_HEADERS: dict[str, str] = {
-    "Content-Security-Policy": CSP,
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    # small files: always revalidate so a deploy shows at once
-    "Cache-Control": "no-cache",
-}
+# the shell and assets are small: always revalidated, so a deploy shows at once
+HEADERS: dict[str, str] = {**SECURITY_HEADERS, "Cache-Control": "no-cache"}
 
 router = APIRouter(include_in_schema=False)
 
@@ -60,7 +41,7 @@ def _read(name: str) -> bytes:
 
 @router.get("/", response_class=HTMLResponse)
 async def index() -> HTMLResponse:
-    return HTMLResponse(_read("index.html"), headers=SECURITY_HEADERS)
+    return HTMLResponse(_read("index.html"), headers=HEADERS)
 
 
 @router.get("/static/{name}")
@@ -68,4 +49,4 @@ async def asset(name: str) -> Response:
     media_type = ASSETS.get(name)
     if media_type is None:
         fail(404, f"no asset {name!r}")
-    return Response(_read(name), media_type=media_type, headers=SECURITY_HEADERS)
+    return Response(_read(name), media_type=media_type, headers=HEADERS)
