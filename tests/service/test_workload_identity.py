@@ -284,3 +284,18 @@ def test_one_pod_cannot_pose_as_many_to_halt_a_rollout(
         time.sleep(0.05)
     assert rollout["state"] == "active", rollout
     assert len(rollout["failed_pods"]) == 1 and "attacker" in rollout["failed_pods"][0], rollout
+
+
+def test_rejected_workload_tokens_are_throttled_as_wrong_tokens(
+    issuer: TestIssuer, tmp_path: Path
+) -> None:
+    """Forged or stale workload tokens count against their address like wrong static
+    tokens; a valid one from the same address still passes."""
+    issuers = [{"clusters": ["prod-*"], "issuer": issuer.url, "audience": AUDIENCE}]
+    url = f"sqlite:///{tmp_path / 'sb.db'}"
+    with make_inprocess_client(url, workload_issuers=issuers, auth_failures_per_minute=3) as c:  # type: ignore[attr-defined]
+        stale = bearer(issuer.token(expires_in=-120))
+        answers = [c.post("/v1/select", json=select_body(), headers=stale) for _ in range(4)]
+        assert [r.status_code for r in answers] == [401, 401, 401, 429], answers[-1].text
+        ok = c.post("/v1/select", json=select_body(), headers=bearer(issuer.token("serve-1")))
+        assert ok.status_code == 200, ok.text
