@@ -37,7 +37,14 @@ from mla_switchboard.agent.errors import BadInputError, NoBackendError, TokenRef
 from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_order
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.pod import ModelSource, PodDescription, PodSpec, describe_pod
-from mla_switchboard.agent.settings import DEADLINE, TOKEN, URL, AgentSettings
+from mla_switchboard.agent.settings import (
+    DEADLINE,
+    TOKEN,
+    TOKEN_FILE,
+    URL,
+    AgentSettings,
+    BearerToken,
+)
 from mla_switchboard.core.evaluator import SEED_RULES, Refusal, decide_locally
 from mla_switchboard.core.schemas import Candidate, EngineInfo, SelectRequest, SelectResponse
 from mla_switchboard.core.specs import Backend
@@ -220,8 +227,10 @@ def token_problem(exc: ServiceRefused) -> str:
     """What a refused token means and how to fix it, for the pod's log."""
     if exc.status == 401:
         fix = (
-            f"set {TOKEN} (or --token) to an agent token "
-            "(`switchboard token create --role agent --name <fleet>` on the service)"
+            f"set {TOKEN} to an agent token "
+            "(`switchboard token create --role agent --name <fleet>` on the service), or, "
+            f"in a cluster with a workload issuer, {TOKEN_FILE} (or --token-file) to the "
+            "pod's projected service-account token (docs/security.md)"
         )
     else:
         fix = (
@@ -240,7 +249,7 @@ def decide(
     request: SelectRequest,
     *,
     urls: Sequence[str],
-    token: str | None,
+    token: BearerToken,
     deadline_s: float,
     cache: AnswerCache | None,
     notes: Notes,
@@ -345,7 +354,7 @@ def select_backend(
     /,
     *,
     urls: Sequence[str] | str | None = None,
-    token: str | None = None,
+    token: BearerToken = None,
     deadline: float | None = None,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
@@ -378,7 +387,7 @@ def select_backend(
     settings = settings if settings is not None else AgentSettings.from_environ()
     notes = Notes()
     url_list = _url_list(urls, settings)
-    token = token if token is not None else settings.token
+    token = token if token is not None else settings.bearer
     if deadline is None:
         try:
             deadline = settings.deadline_s()
@@ -466,7 +475,7 @@ def _build_into(
     *,
     check: bool,
     urls: list[str],
-    token: str | None,
+    token: BearerToken,
 ) -> None:
     """Build the decided kernel (or the next that builds) and record it on ``result``.
 

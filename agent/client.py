@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
-from mla_switchboard.agent.settings import URL
+from mla_switchboard.agent.settings import URL, BearerToken, bearer_of
 from mla_switchboard.core.schemas import SelectRequest, SelectResponse
 from mla_switchboard.core.version import __version__
 from pydantic import ValidationError
@@ -157,8 +157,10 @@ def _retry_after(response: httpx.Response) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
-def _headers(token: str | None, etag: str | None = None) -> dict[str, str]:
+def _headers(source: BearerToken, etag: str | None = None) -> dict[str, str]:
+    """One request's headers; a token file is read now (the kubelet rotates it)."""
     headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+    token = bearer_of(source)
     if token:
         headers["Authorization"] = f"Bearer {token}"
     if etag:
@@ -263,7 +265,7 @@ def _rounds(
 def _exchange(
     body: dict[str, Any],
     urls: Sequence[str],
-    token: str | None,
+    token: BearerToken,
     etag: str | None,
     deadline_at: float,
     abandoned: threading.Event,
@@ -308,7 +310,7 @@ def ask_service(
     request: SelectRequest,
     *,
     urls: Sequence[str],
-    token: str | None,
+    token: BearerToken,
     deadline_s: float,
     etag: str | None = None,
     dry_run: bool = False,
@@ -347,7 +349,7 @@ def report_failure(
     error: str,
     *,
     urls: Sequence[str],
-    token: str | None,
+    token: BearerToken,
     timeout_s: float = 1.0,
 ) -> str | None:
     """Best-effort ``POST /v1/selections/{id}/failure``; None when recorded, else why not.
@@ -404,7 +406,7 @@ def _post_rounds(
     path: str,
     body: dict[str, Any],
     urls: Sequence[str],
-    token: str | None,
+    token: BearerToken,
     deadline_at: float,
     abandoned: threading.Event,
     attempts: list[str],
@@ -430,7 +432,7 @@ def post_json(
     body: dict[str, Any],
     *,
     urls: Sequence[str],
-    token: str | None,
+    token: BearerToken,
     deadline_s: float,
 ) -> PostResult:
     """``POST path`` with a JSON body to ``urls`` in turn, with the same retries and hard

@@ -11,8 +11,9 @@ Standard library only: the agent must not need the server's dependencies.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = [
     "CACHE_DIR",
@@ -24,13 +25,20 @@ __all__ = [
     "NODE",
     "POD",
     "TOKEN",
+    "TOKEN_FILE",
     "URL",
     "XDG_CACHE_HOME",
     "AgentSettings",
+    "BearerToken",
+    "TokenFile",
 ]
 
 URL = "SWITCHBOARD_URL"
 TOKEN = "SWITCHBOARD_TOKEN"
+TOKEN_FILE = "SWITCHBOARD_TOKEN_FILE"
+KUBERNETES_TOKEN_FILE = "/var/run/secrets/tokens/switchboard-token"
+"""Where docs/security.md's pod manifest mounts the projected service-account token
+(a ``serviceAccountToken`` volume source with the service's audience)."""
 CLUSTER = "SWITCHBOARD_CLUSTER"
 NODE = "SWITCHBOARD_NODE"
 POD = "SWITCHBOARD_POD"
@@ -44,6 +52,9 @@ DEFAULT_DEADLINE_S = 2.0
 ENVIRONMENT = {
     URL: "service URL(s), comma-separated (default of --url)",
     TOKEN: "bearer token with the agent role",
+    TOKEN_FILE: "file holding the bearer token, read again at each request (default of "
+    f"--token-file; the pod's projected service-account token, e.g. {KUBERNETES_TOKEN_FILE}); "
+    f"{TOKEN} when it cannot be read",
     CLUSTER: "cluster name (default of --cluster)",
     NODE: "node name (default of --node)",
     POD: "pod name (default of --pod; else the hostname)",
@@ -53,6 +64,33 @@ ENVIRONMENT = {
     XDG_CACHE_HOME: "answer cache under $XDG_CACHE_HOME/switchboard when no cache dir is set",
 }
 """Every environment variable a command reads, as its ``--help`` lists it."""
+
+
+BearerToken = str | Callable[[], str | None] | None
+"""A bearer token, or where to read it at each request (:class:`TokenFile`)."""
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """The bearer token in a file, read afresh at each call: the kubelet rewrites a
+    projected service-account token well before it expires, so a token read once at
+    boot would be refused an hour later. ``fallback`` (the static token) when the file
+    cannot be read or is empty."""
+
+    path: str
+    fallback: str | None = None
+
+    def __call__(self) -> str | None:
+        try:
+            text = Path(self.path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return self.fallback
+        return text or self.fallback
+
+
+def bearer_of(token: BearerToken) -> str | None:
+    """The token to send now."""
+    return token() if callable(token) else token
 
 
 @dataclass(frozen=True)
@@ -65,6 +103,7 @@ class AgentSettings:
 
     url: str = ""
     token: str | None = None
+    token_file: str | None = None
     cluster: str | None = None
     node: str | None = None
     pod: str | None = None
@@ -80,6 +119,7 @@ class AgentSettings:
         return cls(
             url=env.get(URL, ""),
             token=env.get(TOKEN) or None,
+            token_file=env.get(TOKEN_FILE) or None,
             cluster=env.get(CLUSTER) or None,
             node=env.get(NODE) or None,
             pod=env.get(POD) or None,
@@ -88,6 +128,14 @@ class AgentSettings:
             cache_dir=env.get(CACHE_DIR) or None,
             xdg_cache_home=env.get(XDG_CACHE_HOME, ""),
         )
+
+    @property
+    def bearer(self) -> BearerToken:
+        """What requests authenticate with: the token file's content at each request
+        when one is set, else the static token."""
+        if self.token_file:
+            return TokenFile(self.token_file, self.token)
+        return self.token
 
     def deadline_s(self, default: float = DEFAULT_DEADLINE_S) -> float:
         """``SWITCHBOARD_DEADLINE`` in seconds; ValueError for a bad value, never the

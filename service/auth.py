@@ -3,6 +3,10 @@
 A token reads ``sb_<id>_<secret>``: the id finds the row, and the secret is checked
 against its SHA-256 with ``hmac.compare_digest``, so the database never holds a usable
 token and the comparison leaks nothing through timing.
+
+A pod may instead present its Kubernetes service-account token (service/auth_workload.py);
+its principal then carries the verified :class:`PodIdentity`, and :func:`identity_problem`
+holds it to acting as itself, in its own cluster.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mla_switchboard.core.names import cluster_matches
+from mla_switchboard.service.auth_workload import PodIdentity
+from mla_switchboard.service.outcomes import Problem
 from mla_switchboard.service.state import TokenRecord
 
 Role = Literal["agent", "viewer", "admin"]
@@ -40,6 +46,19 @@ class Principal:
     role: Role
     clusters: tuple[str, ...] | None  # None: every cluster
     id: str
+    pod: PodIdentity | None = None  # a verified workload token's pod
+
+    @classmethod
+    def of_pod(cls, identity: PodIdentity) -> Principal:
+        """A verified pod: an agent limited to its issuer's clusters, named after the
+        pod (what messages and logs read), told apart by the pod's UID."""
+        return cls(
+            name=f"pod {identity.namespace}/{identity.pod}",
+            role="agent",
+            clusters=identity.clusters,
+            id=f"workload:{identity.pod_uid}",
+            pod=identity,
+        )
 
     def has(self, role: Role) -> bool:
         return self.role == role or self.role == "admin"
@@ -120,3 +139,41 @@ def authenticate(
     if not hmac.compare_digest(hash_secret(parts[2]), record.secret_hash):
         return None
     return Principal(name=record.name, role=record.role, clusters=record.clusters, id=record.id)  # type: ignore[arg-type]
+
+
+def identity_problem(
+    principal: Principal, cluster: str, pod: str | None, requires_identity: bool
+) -> Problem | None:
+    """Whether ``principal`` may act as ``pod`` (None: no pod named) of ``cluster`` in an
+    agent's call (select, measurements, failures); the refusal names the field at fault.
+
+    A verified pod acts only as itself (the body's pod, when given, must be the token's)
+    in its issuer's clusters. A static token may not act in a cluster that has an
+    issuer (``requires_identity``): there every pod can prove who it is, and a shared
+    secret, which proves nothing about the pod, would let one caller speak for many.
+    """
+    identity = principal.pod
+    if identity is None:
+        if requires_identity:
+            return Problem(
+                401,
+                f"cluster {cluster!r} requires workload identity: present the pod's "
+                "service-account token (SWITCHBOARD_TOKEN_FILE), not a static token",
+            )
+        return None
+    if not cluster_matches(cluster, identity.clusters):
+        scope = ", ".join(identity.clusters)
+        return Problem(
+            403,
+            f"cluster: the token of {principal.name} is issued for clusters {scope}; "
+            f"not {cluster!r}",
+            extra={"field": "cluster"},
+        )
+    if pod is not None and pod != identity.pod:
+        return Problem(
+            403,
+            f"pod: the token is pod {identity.pod!r}'s; a pod reports only as itself, "
+            f"not as {pod!r}",
+            extra={"field": "pod"},
+        )
+    return None

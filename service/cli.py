@@ -33,16 +33,36 @@ if TYPE_CHECKING:
 # Imports stay inside the subcommands: `switchboard token list` need not load FastAPI.
 
 
+def _settings() -> Settings | None:
+    """The settings of the environment, or None once what is wrong with them is said on
+    stderr, one line per field (``workload_issuers.0.audience: ...``), and without the
+    values given: a bad entry may sit beside a secret."""
+    from mla_switchboard.service.config import Settings
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False, include_input=False):
+            where = ".".join(str(part) for part in error["loc"])
+            print(f"switchboard: bad setting {where}: {error['msg']}", file=sys.stderr)
+    except SettingsError as exc:
+        print(f"switchboard: bad setting: {exc}", file=sys.stderr)
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from mla_switchboard.service.api.app import create_app
     from mla_switchboard.service.api.conn_events import ConnectionEvents
     from mla_switchboard.service.api.server import server_options, with_limits
-    from mla_switchboard.service.config import Settings
     from mla_switchboard.service.runtime import Runtime
     from mla_switchboard.service.store.db import StoreConfigError
 
-    settings = Settings()
+    settings = _settings()
+    if settings is None:
+        return 2
     _protect(settings)
     log_config = _log_config()
     logging.config.dictConfig(log_config)

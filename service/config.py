@@ -8,9 +8,55 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr
+from mla_switchboard.core.names import validate_cluster_globs
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+HttpUrl = Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+[^\s?#]*$")]
+"""An http(s) URL without query or fragment: what an OIDC issuer and a JWKS URI are."""
+
+
+class WorkloadIssuer(BaseModel):
+    """One Kubernetes service-account token issuer, trusted for the clusters its
+    ``clusters`` globs name (see service/auth_workload.py and docs/security.md).
+
+    Its keys come from ``jwks_file`` (an air-gapped cluster: the API server's
+    ``/openid/v1/jwks`` saved to a file, re-read when it changes), else ``jwks_uri``,
+    else OIDC discovery at ``issuer + "/.well-known/openid-configuration"``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clusters: Annotated[list[str], AfterValidator(validate_cluster_globs)]
+    issuer: HttpUrl = Field(
+        description="the tokens' iss claim, exactly as the API server writes it"
+    )
+    audience: Annotated[str, StringConstraints(min_length=1, max_length=200)] = Field(
+        description="the aud the projected token is requested for (serviceAccountToken.audience)"
+    )
+    jwks_file: Path | None = None
+    jwks_uri: HttpUrl | None = None
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> WorkloadIssuer:
+        if self.jwks_file is not None and self.jwks_uri is not None:
+            raise ValueError("jwks_file, jwks_uri: give one of them, or neither for OIDC discovery")
+        return self
+
+    @property
+    def discovery_url(self) -> str:
+        return self.issuer.rstrip("/") + "/.well-known/openid-configuration"
 
 
 class Settings(BaseSettings):
@@ -129,6 +175,37 @@ class Settings(BaseSettings):
         description="the most CPU time one fleet read (summary, preview) may take; past it "
         "the answer is 503 and the caller may retry",
     )
+
+    workload_issuers: list[WorkloadIssuer] = Field(
+        default_factory=list,
+        description="JSON list of Kubernetes service-account token issuers: "
+        '[{"clusters": [globs], "issuer": url, "audience": str, "jwks_file": path | '
+        '"jwks_uri": url}]; a cluster matched here takes only its pods\' own tokens',
+    )
+    workload_leeway_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=300,
+        description="clock skew allowed on a workload token's exp and nbf",
+    )
+    workload_refetch_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="an issuer's keys are fetched again for a token naming an unknown kid "
+        "(key rotation) at most this often",
+    )
+
+    @field_validator("workload_issuers")
+    @classmethod
+    def _issuers_distinct(cls, issuers: list[WorkloadIssuer]) -> list[WorkloadIssuer]:
+        """One entry per issuer: a token's ``iss`` must find exactly one set of keys,
+        audience and clusters."""
+        seen: set[str] = set()
+        for i, entry in enumerate(issuers):
+            if entry.issuer in seen:
+                raise ValueError(f"[{i}].issuer: {entry.issuer!r} is configured twice")
+            seen.add(entry.issuer)
+        return issuers
 
     def resolved_spill_path(self) -> Path:
         """The spill file: configured, or found again by a restart with the same

@@ -43,6 +43,9 @@ MISSING = "missing bearer token"
 UNKNOWN = "unknown or revoked token"
 ROLE = "token lacks the agent role"
 SCOPE = "token limited to other clusters"
+WORKLOAD = "workload token rejected"
+IDENTITY = "not the workload token's pod or cluster"
+STATIC = "static token in a workload-identity cluster"
 
 
 def reason_of(exc: HTTPException) -> str:
@@ -50,7 +53,15 @@ def reason_of(exc: HTTPException) -> str:
     detail = exc.detail if isinstance(exc.detail, dict) else {}
     message = str(detail.get("message", ""))
     if exc.status_code in (401, 429):  # 429: a wrong token, from an address sending many
-        return MISSING if message.startswith("missing") else UNKNOWN
+        if message.startswith("missing"):
+            return MISSING
+        if "requires workload identity" in message:
+            return STATIC
+        return WORKLOAD if message.startswith("workload token") else UNKNOWN
+    if exc.status_code == 503:
+        return WORKLOAD  # the issuer's keys could not be had
+    if detail.get("field") in ("pod", "cluster"):
+        return IDENTITY
     return SCOPE if "limited to clusters" in message else ROLE
 
 

@@ -11,6 +11,7 @@ that is stored is answered as stored, whatever its guard's fate (``"guard"``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +20,7 @@ from mla_switchboard.core.evidence import failure_observation, observations_of_r
 from mla_switchboard.core.hardware import peak_bf16_tflops
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.auth import Principal, identity_problem
 from mla_switchboard.service.evidence.sync import EvidenceSync
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
@@ -32,19 +33,27 @@ from pydantic import ValidationError
 
 @dataclass(eq=False)
 class Reports:
-    """``evidence``: where this replica's own new evidence is applied at once."""
+    """``evidence``: where this replica's own new evidence is applied at once;
+    ``requires_identity``: whether a cluster's agents must present their pods' own
+    service-account tokens (service/auth_workload.py)."""
 
     measurement_store: MeasurementStore
     decisions: DecisionStore
     recorder: DecisionRecorder
     evidence: EvidenceSync
     rollouts: RolloutGuards
+    requires_identity: Callable[[str], bool] = lambda cluster: False
 
     def measurements(self, principal: Principal, report: MeasurementReport) -> Outcome:
         """Store a pod's benchmark results (201), once per ``report_id`` (a retry: 200,
         nothing added); they count as evidence only from a pod with a recorded decision
         in its cluster for the report's exact situation, and are kept otherwise, with
-        the reason they do not count."""
+        the reason they do not count. A verified pod reports only as itself."""
+        problem = identity_problem(
+            principal, report.cluster, report.pod, self.requires_identity(report.cluster)
+        )
+        if problem is not None:
+            return problem
         if not principal.may_touch(report.cluster):
             return Problem(403, principal.out_of_scope(report.cluster))
         too_fast = _above_peak(report)
@@ -95,12 +104,20 @@ class Reports:
     ) -> Outcome:
         """Record that the kernel a decision chose failed to build or run (202). It is
         evidence against ``backend`` for pods in the same situation, under the failure
-        policy (``core/evidence.py``), and what a rollout's failure guard counts."""
+        policy (``core/evidence.py``), and what a rollout's failure guard counts. A
+        verified pod reports only its own decisions' failures."""
         if self.recorder.pending or self.recorder.spill_pending:
             self.recorder.flush()  # the decision may still be in memory or spilled
         record = self.decisions.get_decision(decision_id)
         if record is None:
             return Problem(404, f"no decision {decision_id!r}")
+        # a decision recorded under no pod is no verified pod's to report on
+        owner = record.pod if record.pod is not None else "(no pod)"
+        problem = identity_problem(
+            principal, record.cluster, owner, self.requires_identity(record.cluster)
+        )
+        if problem is not None:
+            return problem
         if not principal.may_touch(record.cluster):
             return Problem(403, principal.out_of_scope(record.cluster))
         request = _stored_request(record.request_json)

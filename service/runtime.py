@@ -15,6 +15,7 @@ from datetime import timedelta
 from functools import partial
 
 from mla_switchboard.core.version import PROGRAM
+from mla_switchboard.service.auth_workload import WorkloadVerifier
 from mla_switchboard.service.clusters import KnownClusters
 from mla_switchboard.service.collector import Collector
 from mla_switchboard.service.config import Settings
@@ -41,6 +42,7 @@ from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, make_writer_engine, migrate
 from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
 from mla_switchboard.service.throttle import FailureThrottle
+from mla_switchboard.service.workload_keys import IssuerKeys
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.flow import WriteFlow
 from mla_switchboard.service.writes.overrides import OverrideWrites
@@ -56,6 +58,12 @@ class Runtime:
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         protect(settings.database_url, token)  # no password in any log line or answer
         self.bootstrap_token = token
+        # pods of clusters with a service-account issuer prove who they are (auth_workload)
+        self.workload = WorkloadVerifier(
+            settings.workload_issuers,
+            leeway_s=settings.workload_leeway_s,
+            keys_for=partial(IssuerKeys, refetch_s=settings.workload_refetch_s),
+        )
         self.metrics = Metrics(settings.metrics_max_clusters)
         self.wrong_tokens = FailureThrottle(settings.auth_failures_per_minute, self.metrics)
         self.engine = make_engine(settings.database_url)
@@ -162,7 +170,12 @@ class Runtime:
         self.token_writes = TokenWrites(store.tokens, flow)
         self.evidence_writes = EvidenceWrites(store.measurements, self.evidence_sync.catch_up, flow)
         self.reports = Reports(
-            store.measurements, store.decisions, self.recorder, self.evidence_sync, self.rollouts
+            store.measurements,
+            store.decisions,
+            self.recorder,
+            self.evidence_sync,
+            self.rollouts,
+            requires_identity=self.workload.requires_identity,
         )
 
     def prepare_store(self) -> None:

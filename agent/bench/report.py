@@ -17,6 +17,7 @@ from typing import Any
 from mla_switchboard.agent.bench.plan import BenchPlan
 from mla_switchboard.agent.bench.run import BenchOutcome
 from mla_switchboard.agent.notes import log
+from mla_switchboard.agent.settings import BearerToken
 from mla_switchboard.core.schemas import MeasurementReport
 
 __all__ = [
@@ -82,7 +83,7 @@ def build_report(plan: BenchPlan, outcome: BenchOutcome) -> MeasurementReport | 
 
 
 def _post(
-    report: MeasurementReport, urls: Sequence[str], token: str | None, deadline_s: float
+    report: MeasurementReport, urls: Sequence[str], token: BearerToken, deadline_s: float
 ) -> ReportStatus:
     """POST the report; never raises."""
     from mla_switchboard.agent.client import (
@@ -113,7 +114,7 @@ def deliver(
     *,
     no_report: bool,
     urls: Sequence[str],
-    token: str | None,
+    token: BearerToken,
     deadline_s: float,
 ) -> ReportStatus:
     """Build the report and post it unless told not to, with ``token`` (the agent

@@ -23,6 +23,7 @@ from mla_switchboard.agent.commands.parsing import (
     pod_spec_from,
     positive_float,
     positive_int,
+    settings_from,
     url_list,
 )
 from mla_switchboard.agent.errors import AgentError, BadInputError, exit_code
@@ -139,7 +140,7 @@ def bench_main(
 
     from mla_switchboard.agent import bench
 
-    settings = AgentSettings.from_environ()
+    settings = settings_from(args)
     with to_stderr():
         try:
             urls = _report_urls(args, settings)
@@ -166,7 +167,7 @@ def bench_main(
                 outcome,
                 no_report=args.no_report,
                 urls=urls,
-                token=settings.token,
+                token=settings.bearer,
                 deadline_s=args.deadline,
             )
     if args.format == "json":

@@ -10,11 +10,22 @@ traceback and never a call to the service.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from mla_switchboard.agent.settings import CLUSTER, ENGINE, ENVIRONMENT, NODE, POD, TOKEN, URL
+from mla_switchboard.agent.settings import (
+    CLUSTER,
+    ENGINE,
+    ENVIRONMENT,
+    NODE,
+    POD,
+    TOKEN,
+    TOKEN_FILE,
+    URL,
+    AgentSettings,
+)
 
 if TYPE_CHECKING:  # imported when a flag is parsed
     from mla_switchboard.agent.pod import PackagesArg, PodSpec
@@ -174,6 +185,23 @@ def add_url_argument(group: argparse._ArgumentGroup) -> None:
         help="service URL with its scheme (http://host:port), repeatable or comma-separated, "
         f"tried in turn (default: ${URL}); the token comes from ${TOKEN}",
     )
+    group.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help=f"read the bearer token from PATH at each request (default: ${TOKEN_FILE}), "
+        "e.g. the pod's projected service-account token; else the token comes from "
+        f"${TOKEN}",
+    )
+
+
+def settings_from(args: argparse.Namespace) -> AgentSettings:
+    """The environment's settings, with ``--token-file`` in place of
+    ``SWITCHBOARD_TOKEN_FILE`` when given."""
+    settings = AgentSettings.from_environ()
+    token_file = getattr(args, "token_file", None)
+    if token_file:
+        return dataclasses.replace(settings, token_file=token_file)
+    return settings
 
 
 def pod_spec_from(args: argparse.Namespace) -> PodSpec:

@@ -33,6 +33,7 @@ from mla_switchboard.agent.commands.parsing import (
     parse_args,
     pod_spec_from,
     positive_float,
+    settings_from,
     url_list,
 )
 from mla_switchboard.agent.errors import AgentError, BadInputError, NoBackendError, exit_code
@@ -211,7 +212,7 @@ def select_main(argv: Sequence[str]) -> int:
 
     from mla_switchboard.agent.api import select_backend
 
-    settings = AgentSettings.from_environ()
+    settings = settings_from(args)
     with to_stderr():
         try:
             spec = _with_format_engine(pod_spec_from(args), args.format, settings)

@@ -121,6 +121,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         runtime.wrong_tokens,
         runtime.metrics,
         runtime.settings.max_body_bytes,
+        runtime.workload,
     )
     return app
 

@@ -7,9 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, NoReturn, TypeVar
 
+import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from mla_switchboard.service.auth import Principal, Role, authenticate
+from mla_switchboard.core.schemas import SelectRequest
+from mla_switchboard.service.auth import Principal, Role, authenticate, identity_problem
+from mla_switchboard.service.auth_workload import (
+    PodIdentity,
+    Rejected,
+    WorkloadVerifier,
+    looks_like_jwt,
+)
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.reads.audit import AuditReads
@@ -28,7 +36,11 @@ from mla_switchboard.service.writes.rules import RulesWrites
 from mla_switchboard.service.writes.tokens import TokenWrites
 from starlette.types import Scope
 
-bearer = HTTPBearer(auto_error=False, description="sb_<id>_<secret> token, or the bootstrap token")
+bearer = HTTPBearer(
+    auto_error=False,
+    description="sb_<id>_<secret> token, the bootstrap token, or (agents of a cluster with "
+    "a workload issuer) the pod's Kubernetes service-account token",
+)
 
 
 T = TypeVar("T")
@@ -52,6 +64,7 @@ get_snapshot = _service(lambda r: r.live.current())
 """The configuration in force (rules, overrides, tokens)."""
 get_decider = _service(lambda r: r.decider)
 get_refused = _service(lambda r: r.refused_selects)
+get_workload = _service(lambda r: r.workload)
 
 SnapshotDep = Annotated[ConfigSnapshot, Depends(get_snapshot)]
 PodsDep = Annotated[PodReads, Depends(_service(lambda r: r.pods))]
@@ -92,7 +105,17 @@ def principal_from(request: Request, role: Role | None) -> Principal:
         role,
         wrong_tokens=runtime.wrong_tokens,
         client=client_address(request.scope),
+        workload=runtime.workload,
     )
+
+
+async def verify_workload(authorization: str, workload: WorkloadVerifier) -> None:
+    """Verify a workload token not seen before on a worker thread (a signature check,
+    maybe a key fetch), so that :func:`authorize`, called next on the event loop, finds
+    it kept; a token seen before costs a dict lookup here."""
+    token = authorization.partition(" ")[2].strip()
+    if workload.needs_verifying(token):
+        await anyio.to_thread.run_sync(workload.verify, token)
 
 
 def client_address(scope: Scope) -> str:
@@ -110,10 +133,13 @@ def authorize(
     *,
     wrong_tokens: FailureThrottle,
     client: str,
+    workload: WorkloadVerifier | None = None,
 ) -> Principal:
     """The principal of an ``Authorization`` header's bearer token, if it has ``role``
     (None: any role); raises 401/403, or 429 for a wrong token from a ``client``
-    address that has sent too many (a valid token is checked first and never throttled).
+    address that has sent too many (a valid token is checked first and never throttled;
+    a rejected workload token counts as a wrong one), or 503 when a workload issuer's
+    keys cannot be had.
 
     Takes the header's text rather than a request, so that the lean ``/v1/select``
     handler (service/api/select_asgi.py), which has no Starlette request, gives the
@@ -126,7 +152,12 @@ def authorize(
             detail={"message": "missing bearer token (Authorization: Bearer <token>)"},
             headers={"WWW-Authenticate": "Bearer"},
         )
-    principal = authenticate(token.strip(), live.current().tokens, bootstrap)
+    token = token.strip()
+    rejected: Rejected | None = None
+    if workload is not None and workload.enabled and looks_like_jwt(token):
+        principal, rejected = _workload_principal(workload.verify(token))
+    else:
+        principal = authenticate(token, live.current().tokens, bootstrap)
     if principal is None:
         retry_after = wrong_tokens.wrong_token(client)
         if retry_after is not None:
@@ -138,14 +169,50 @@ def authorize(
                 },
                 headers={"Retry-After": str(retry_after)},
             )
+        message = "unknown or revoked token"
+        if rejected is not None:
+            message = f"workload token rejected: {rejected.reason}"
         raise HTTPException(
             401,
-            detail={"message": "unknown or revoked token"},
+            detail={"message": message},
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
     if role is not None and not principal.has(role):
         fail(403, f"token {principal.name!r} has role {principal.role}; this needs {role}")
     return principal
+
+
+def _workload_principal(
+    verified: PodIdentity | Rejected,
+) -> tuple[Principal | None, Rejected | None]:
+    """A verified pod's principal, or why its token was rejected (401, answered as a
+    wrong token); 503 raised when the issuer's keys could not be had."""
+    if isinstance(verified, PodIdentity):
+        return Principal.of_pod(verified), None
+    if verified.status == 503:
+        raise HTTPException(
+            503,
+            detail={"message": f"workload token not checked: {verified.reason}"},
+            headers={"Retry-After": "5"},
+        )
+    return None, verified
+
+
+def act_as(
+    principal: Principal, body: SelectRequest, workload: WorkloadVerifier, dry_run: bool
+) -> SelectRequest:
+    """The select request ``principal`` may make, or 401/403: a verified pod selects only
+    as itself in its own cluster, and a request naming no pod is recorded under the
+    token's pod; a static token may not select for a cluster with an issuer, except a
+    dry run (it records nothing, so it speaks for no pod)."""
+    requires = not dry_run and workload.requires_identity(body.cluster)
+    problem = identity_problem(principal, body.cluster, body.pod, requires)
+    if problem is not None:
+        fail(problem.status, problem.message, **problem.extra)
+    check_scope(principal, body.cluster)
+    if principal.pod is not None and body.pod is None:
+        return body.model_copy(update={"pod": principal.pod.pod})
+    return body
 
 
 def require(role: Role | None) -> Callable[..., Principal]:
@@ -154,6 +221,7 @@ def require(role: Role | None) -> Callable[..., Principal]:
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Principal:
         # ``credentials`` is declared so that OpenAPI shows the bearer scheme.
+        await verify_workload(request.headers.get("authorization", ""), await get_workload(request))
         return principal_from(request, role)
 
     dependency.__name__ = f"require_{role or 'token'}"

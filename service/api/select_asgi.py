@@ -16,8 +16,10 @@ compares this handler with, byte for byte. The same checks, in the same order:
    request, through the app's own validation-error encoder;
    (and for a ``dry_run`` query parameter that is not a boolean);
 3. 401/403 for the token and its role (429 for a wrong token from an address that sent
-   too many, service/throttle.py), 403 for a cluster outside its scope, each counted
-   per claimed cluster (``service/refused.py``: misconfigured pods show);
+   too many, service/throttle.py), 403 for a cluster outside its scope, 401/403 for a
+   pod that is not the workload token's or a static token in a cluster with a workload
+   issuer (``deps.act_as``), each counted per claimed cluster (``service/refused.py``:
+   misconfigured pods show);
 4. the answer of :func:`select_answer`: 409 refusal, 304 on ``If-None-Match``, or 200
    with ``ETag`` and ``X-Decision-Id``.
 
@@ -35,7 +37,12 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.api.deps import authorize, check_scope, client_address
+from mla_switchboard.service.api.deps import (
+    act_as,
+    authorize,
+    client_address,
+    verify_workload,
+)
 from mla_switchboard.service.api.errors import http_error_response, validation_error_response
 from mla_switchboard.service.api.headers import NO_STORE
 from mla_switchboard.service.api.middleware import CLIENT_GONE, too_large
@@ -46,6 +53,7 @@ from mla_switchboard.service.api.routes.select import (
     parse_json_body,
     select_answer,
 )
+from mla_switchboard.service.auth_workload import WorkloadVerifier
 from mla_switchboard.service.deciding import Decider
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
@@ -79,7 +87,7 @@ def is_select(scope: Scope) -> bool:
 @dataclass(eq=False)
 class SelectHandler:
     """The ASGI callable for ``POST /v1/select``; one per app. ``live`` and
-    ``bootstrap_token``: the tokens a request is authenticated against;
+    ``bootstrap_token``, ``workload``: the tokens a request is authenticated against;
     ``wrong_tokens``: the per-address throttle of wrong ones (the same as the app's)."""
 
     decider: Decider
@@ -89,6 +97,7 @@ class SelectHandler:
     wrong_tokens: FailureThrottle
     metrics: Metrics
     max_body: int
+    workload: WorkloadVerifier
     _too_large: Answer = field(init=False)
     _latency: dict[int, Any] = field(init=False, default_factory=dict)  # status -> histogram child
 
@@ -132,6 +141,8 @@ class SelectHandler:
             return _unpack(validation_error_response(exc.errors()))
         try:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
+            if self.workload.enabled:
+                await verify_workload(authorization, self.workload)
             principal = authorize(
                 authorization,
                 self.live,
@@ -139,8 +150,9 @@ class SelectHandler:
                 "agent",
                 wrong_tokens=self.wrong_tokens,
                 client=client_address(scope),
+                workload=self.workload,
             )
-            check_scope(principal, body.cluster)
+            body = act_as(principal, body, self.workload, dry_run)
         except HTTPException as exc:
             self.refused.count(body.cluster, exc)
             return _unpack(http_error_response(exc))

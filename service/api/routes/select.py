@@ -22,10 +22,12 @@ from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.api.deps import (
     AgentDep,
     ReportsDep,
-    check_scope,
+    act_as,
     get_decider,
     get_refused,
+    get_workload,
     principal_from,
+    verify_workload,
 )
 from mla_switchboard.service.api.outcomes import respond
 from mla_switchboard.service.deciding import Decider
@@ -138,9 +140,11 @@ async def select(body: SelectRequest, request: Request) -> Response:
     reference the lean handler in front of the app (service/api/select_asgi.py) is
     tested against. Both answer through :func:`select_answer`."""
     dry_run = dry_run_of(request.scope["query_string"])
+    workload = await get_workload(request)
     try:
+        await verify_workload(request.headers.get("authorization", ""), workload)
         principal = principal_from(request, "agent")
-        check_scope(principal, body.cluster)
+        body = act_as(principal, body, workload, dry_run)
     except HTTPException as exc:
         (await get_refused(request)).count(body.cluster, exc)
         raise

@@ -1,0 +1,230 @@
+"""The workload-token verifier on its own (service/auth_workload.py, workload_keys.py),
+against a test issuer serving OIDC discovery and a JWKS over real HTTP: what each
+kind of bad token is answered, key rotation, the JWKS-file variant, the cache, and
+what a bad ``SWITCHBOARD_WORKLOAD_ISSUERS`` says at start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from mla_switchboard.service.auth_workload import PodIdentity, Rejected, WorkloadVerifier
+from mla_switchboard.service.config import Settings, WorkloadIssuer
+from mla_switchboard.service.workload_keys import IssuerKeys
+from pydantic import ValidationError
+
+from tests.service.workload_issuer import AUDIENCE, TestIssuer
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Iterator[TestIssuer]:
+    served = TestIssuer()
+    served.add_key("k1")
+    yield served
+    served.close()
+
+
+def verifier_of(entry: dict[str, Any], refetch_s: float = 30.0) -> WorkloadVerifier:
+    return WorkloadVerifier(
+        [WorkloadIssuer.model_validate(entry)],
+        leeway_s=30,
+        keys_for=lambda e: IssuerKeys(e, refetch_s=refetch_s),
+    )
+
+
+def entry_of(issuer: TestIssuer, **more: Any) -> dict[str, Any]:
+    return {"clusters": ["prod-*"], "issuer": issuer.url, "audience": AUDIENCE, **more}
+
+
+def test_a_projected_token_names_its_pod(issuer: TestIssuer) -> None:
+    verifier = verifier_of(entry_of(issuer))  # keys through OIDC discovery
+    got = verifier.verify(issuer.token("serve-7", pod_uid="uid-7", namespace="llm"))
+    assert isinstance(got, PodIdentity), got
+    assert (got.pod, got.pod_uid, got.namespace, got.service_account) == (
+        "serve-7",
+        "uid-7",
+        "llm",
+        "switchboard-agent",
+    )
+    assert got.clusters == ("prod-*",) and got.issuer == issuer.url
+    assert issuer.hits["/.well-known/openid-configuration"] >= 1
+
+
+def _hs256(issuer: TestIssuer) -> str:
+    claims = jwt.decode(issuer.token(), options={"verify_signature": False})
+    return jwt.encode(claims, "a-shared-secret-long-enough-for-hs256!", algorithm="HS256")
+
+
+def _unsigned(issuer: TestIssuer) -> str:
+    claims = jwt.decode(issuer.token(), options={"verify_signature": False})
+    return jwt.encode(claims, None, algorithm="none")
+
+
+def _forged(issuer: TestIssuer) -> str:
+    """Signed by a key the issuer never published, under a published kid."""
+    other = TestIssuer()
+    other.add_key("k1")
+    token = other.token(issuer=issuer.url)
+    other.close()
+    return token
+
+
+def _no_pod(issuer: TestIssuer) -> str:
+    return issuer.token(claims={"kubernetes.io": {"namespace": "x"}})
+
+
+CASES = [
+    ("expired", lambda i: i.token(expires_in=-120), "token expired"),
+    ("expired within leeway", lambda i: i.token(expires_in=-20), None),
+    ("not yet valid beyond leeway", lambda i: i.token(not_before_in=90), "token not yet valid"),
+    ("clock skew within leeway", lambda i: i.token(not_before_in=20), None),
+    ("wrong audience", lambda i: i.token(audience="vault"), "wrong audience"),
+    ("unknown issuer", lambda i: i.token(issuer="https://evil.example"), "unknown issuer"),
+    ("HS256", _hs256, "unsupported algorithm"),
+    ("alg none", _unsigned, "unsupported algorithm"),
+    ("forged signature", _forged, "bad signature"),
+    ("no pod claims", _no_pod, "not bound to a pod"),
+    ("not a JWT", lambda i: "a.b.c", "malformed token"),
+    ("no exp", lambda i: i.token(claims={"exp": None}), "lacks the exp claim"),
+]
+
+
+@pytest.mark.parametrize(("make", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_each_bad_token_says_why(issuer: TestIssuer, make: Any, reason: str | None) -> None:
+    got = verifier_of(entry_of(issuer)).verify(make(issuer))
+    if reason is None:
+        assert isinstance(got, PodIdentity), got
+    else:
+        assert isinstance(got, Rejected) and got.status == 401, got
+        assert reason in got.reason
+        assert "BEGIN" not in got.reason and "-----" not in got.reason
+
+
+def test_unknown_kid_then_rotation_is_followed_rate_limited(issuer: TestIssuer) -> None:
+    verifier = verifier_of(entry_of(issuer, jwks_uri=issuer.url + "/openid/v1/jwks"), 0.3)
+    keys = verifier.keys(issuer.url)
+    assert isinstance(verifier.verify(issuer.token(kid="k1")), PodIdentity)
+    issuer.add_key("k2", publish=False)  # the API server's new key, not yet published
+    first = verifier.verify(issuer.token(kid="k2"))
+    assert first == Rejected("unknown kid")
+    fetched = keys.fetches
+    for _ in range(20):  # made-up kids cannot make it hammer the issuer
+        assert verifier.verify(issuer.token(kid="k2")) == Rejected("unknown kid")
+    assert keys.fetches == fetched
+    issuer.publish("k2")
+    time.sleep(0.35)
+    got = verifier.verify(issuer.token(kid="k2"))
+    assert isinstance(got, PodIdentity), got
+    assert keys.fetches == fetched + 1
+
+
+def test_discovery_naming_another_issuer_is_unavailable(issuer: TestIssuer) -> None:
+    """An issuer whose discovery document names another issuer gets no keys (503)."""
+    entry = {**entry_of(issuer), "issuer": issuer.url + "/"}  # its document says url
+    token = issuer.token(issuer=issuer.url + "/")
+    got = verifier_of(entry).verify(token)
+    assert got == Rejected("issuer keys unavailable", 503)
+
+
+def test_jwks_file_is_read_again_when_it_changes(issuer: TestIssuer, tmp_path: Path) -> None:
+    path = issuer.write_jwks(tmp_path / "jwks.json")
+    verifier = verifier_of(entry_of(issuer, jwks_file=str(path)))
+    hits = sum(issuer.hits.values())
+    assert isinstance(verifier.verify(issuer.token(kid="k1")), PodIdentity)
+    issuer.add_key("k3")
+    assert verifier.verify(issuer.token(kid="k3")) == Rejected("unknown kid")
+    issuer.write_jwks(path)
+    later = time.time() + 5
+    os.utime(path, (later, later))
+    assert isinstance(verifier.verify(issuer.token(kid="k3")), PodIdentity)
+    assert sum(issuer.hits.values()) == hits  # air-gapped: never asked the issuer
+
+
+def test_a_verified_token_is_kept_until_it_expires(issuer: TestIssuer) -> None:
+    now = [time.time()]
+    verifier = WorkloadVerifier(
+        [WorkloadIssuer.model_validate(entry_of(issuer))], leeway_s=30, clock=lambda: now[0]
+    )
+    token = issuer.token(expires_in=600)
+    first = verifier.verify(token)
+    assert isinstance(first, PodIdentity)
+    assert verifier.cached(token) is first and not verifier.needs_verifying(token)
+    now[0] += 600 + 31
+    assert verifier.cached(token) is None and verifier.needs_verifying(token)
+
+
+def test_which_clusters_require_identity(issuer: TestIssuer) -> None:
+    verifier = verifier_of(entry_of(issuer))
+    assert verifier.requires_identity("prod-east")
+    assert not verifier.requires_identity("dev-1")
+    assert not WorkloadVerifier([]).requires_identity("prod-east")
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"clusters": ["prod-*"], "issuer": "k8s", "audience": "sb"}, "workload_issuers.0.issuer"),
+        ({"clusters": [], "issuer": "https://k", "audience": "sb"}, "workload_issuers.0.clusters"),
+        ({"clusters": ["a"], "issuer": "https://k", "audience": ""}, "workload_issuers.0.audience"),
+        (
+            {
+                "clusters": ["a"],
+                "issuer": "https://k",
+                "audience": "sb",
+                "jwks_file": "/x",
+                "jwks_uri": "https://k/jwks",
+            },
+            "jwks_file, jwks_uri: give one of them",
+        ),
+        ({"clusters": ["a"], "issuer": "https://k", "audience": "sb", "aud": "x"}, "aud"),
+    ],
+)
+def test_bad_issuer_config_names_the_field(entry: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(workload_issuers=[entry])
+    assert says in str(caught.value)
+
+
+def test_an_issuer_configured_twice_is_refused() -> None:
+    entry = {"clusters": ["a"], "issuer": "https://k", "audience": "sb"}
+    with pytest.raises(ValidationError, match="configured twice"):
+        Settings(workload_issuers=[entry, {**entry, "clusters": ["b"]}])
+
+
+def test_issuers_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "SWITCHBOARD_WORKLOAD_ISSUERS",
+        '[{"clusters": ["prod-*"], "issuer": "https://k8s.example", "audience": "sb"}]',
+    )
+    (entry,) = Settings().workload_issuers
+    assert entry.discovery_url == "https://k8s.example/.well-known/openid-configuration"
+
+
+def test_a_bad_issuer_stops_the_start_naming_the_field(tmp_path: Path) -> None:
+    """``switchboard serve`` with a bad entry: exit 2, one line per field at fault, and
+    no value echoed (an entry may sit beside a secret)."""
+    env = {
+        **os.environ,
+        "SWITCHBOARD_DATABASE_URL": f"sqlite:///{tmp_path / 'sb.db'}",
+        "SWITCHBOARD_WORKLOAD_ISSUERS": json.dumps(
+            [{"clusters": ["prod-*"], "issuer": "https://k8s.example", "audience": ""}]
+        ),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "mla_switchboard.service.cli", "serve", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "bad setting workload_issuers.0.audience: String should have at least 1" in done.stderr
+    assert "Traceback" not in done.stderr
