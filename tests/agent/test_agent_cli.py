@@ -176,7 +176,8 @@ def test_service_down_still_exits_0(
 ) -> None:
     code, out, err = _run(
         ["--model", str(CONFIGS / "deepseek-v3.json"), "--cluster", "c", "--url", closed_url,
-         "--cache-dir", str(cache_dir), "--deadline", "0.3", *B200, "--format", "vllm-args"],
+         "--cache-dir", str(cache_dir), "--deadline", "0.3", *B200,
+         "--engine", "vllm==0.33.0", "--format", "vllm-args"],
         capsys,
     )  # fmt: skip
     assert (code, out) == (0, "--attention-config.mla_prefill_backend=TRTLLM_RAGGED\n")
@@ -219,7 +220,9 @@ def test_stderr_says_why_a_request_was_not_taken(
     svc_args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["--model", str(CONFIGS / "glm-5"), *svc_args, "--capability", "9.0"]
-    code, out, err = _run([*argv, "--requested", "cudnn", "--format", "vllm-args"], capsys)
+    code, out, err = _run(
+        [*argv, "--requested", "cudnn", "--engine", "vllm==0.33.0", "--format", "vllm-args"], capsys
+    )
     assert (code, out) == (0, FA_FLAG)
     assert "Requested MLA prefill backend CUDNN is not valid" in err
     assert "model MLA dims (192, 64, 256) not supported" in err
