@@ -499,17 +499,21 @@ def _loaded(observations: list[Observation]) -> object:
 def test_building_costs_grow_linearly_with_the_pods_of_one_situation(
     how: object, machine_load: MachineLoad
 ) -> None:
-    """Ten times the pods in one situation cost about ten times as much, and about
-    what the same pods spread over ten situations cost (equal memory: the caches weigh
-    the same). A copy of a stage bucket per pod made the first 13-15x here and 45x at
-    10,000 -> 100,000 pods, the second 1.3-1.6x; now they are 10-11x and 1.1-1.2x."""
-    small = _one_situation(1_000)
+    """Five times the pods in one situation cost about five times as much, and 10,000
+    pods in one situation about what the same pods spread over ten situations cost
+    (equal memory: the caches weigh the same). A copy of a stage bucket per pod made
+    1,000 -> 10,000 pods cost 13-15x and 10,000 -> 100,000 45x, and the second ratio
+    1.3-1.6x; now they are 10-11x (1,000 -> 10,000) and 1.1-1.4x."""
+    # 2,000 against 10,000 pods (5x): a 1,000-pod index fits in the processor's caches
+    # where 10,000 do not, which alone made 10x the pods cost 12.9-13.2x on this
+    # session's machine after another test file had grown the heap (10.5x alone)
+    small = _one_situation(2_000)
     large = _one_situation(10_000)
     spread = [o for k in range(10) for o in _one_situation(1_000, replace(S, device=f"GPU {k}"))]
     machine_load.restart()
     small_s, large_s, spread_s = _cpu(how(small), how(large), how(spread), rounds=5)  # type: ignore[operator]
-    figures = f"1,000 pods {small_s:.3f} s, 10,000 {large_s:.3f} s, 10 x 1,000 {spread_s:.3f} s"
-    assert large_s < 12 * small_s, machine_load.says(figures)
+    figures = f"2,000 pods {small_s:.3f} s, 10,000 {large_s:.3f} s, 10 x 1,000 {spread_s:.3f} s"
+    assert large_s < 6 * small_s, machine_load.says(figures)
     assert large_s < 1.5 * spread_s, machine_load.says(figures)
 
 
