@@ -74,8 +74,7 @@ def accepted(backend: Backend, cap: Capability, dims: MLADims, dtype: Dtype) -> 
     """Why a pod running our own kernels would not be answered ``backend`` for these
     dims on ``cap`` (empty: it would), every package assumed present: the spec table's
     reasons and the neutral profile's, as the evaluator joins them."""
-    ctx = SelectionContext(cap, dims, dtype, packages=None)
-    return SPECS[backend].validate(ctx) + SWITCHBOARD.reasons(backend, ctx, None)
+    return SWITCHBOARD.refusals(backend, SelectionContext(cap, dims, dtype, packages=None), None)
 
 
 def run_case(

@@ -47,7 +47,7 @@ from mla_switchboard.core.schemas import (
     SelectResponse,
     Source,
 )
-from mla_switchboard.core.specs import SPECS, Backend, Capability, MLADims, SelectionContext
+from mla_switchboard.core.specs import Backend, Capability, MLADims, SelectionContext
 from mla_switchboard.core.stages import bucket_in_stage, stage_bucket
 
 __all__ = [
@@ -441,11 +441,8 @@ def _own_reasons(
     )
     found = _own_reasons_kept.get(key)
     if found is None:
-        ctx = profile.context(context_of(request))  # with the packages the engine brings
-        found = {
-            b: tuple(SPECS[b].validate(ctx) + profile.reasons(b, ctx, engine.version))
-            for b in _BACKENDS
-        }
+        ctx = context_of(request)
+        found = {b: tuple(profile.refusals(b, ctx, engine.version)) for b in _BACKENDS}
         if len(_own_reasons_kept) >= OWN_REASONS_KEPT:
             _own_reasons_kept.clear()
         _own_reasons_kept[key] = found

@@ -158,7 +158,6 @@ class FlashAttnPrefill(MLAPrefillKernel):
         else:
             padded_qk = padded_v = _round_up(max(qk, v), 8)
         self._pad_qk, self._pad_v = padded_qk - qk, padded_v - v
-        self._padded_dim = padded_qk if (self._pad_qk or self._pad_v) else 0
 
     def _try_path(self, path: str) -> str | None:
         """Set up ``path``; return None on success (``self.impl`` set) or why not."""
@@ -227,12 +226,11 @@ class FlashAttnPrefill(MLAPrefillKernel):
     def _forward(
         self, q: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch, *, causal: bool, return_lse: bool
     ) -> tuple[Tensor, Tensor | None]:
-        if self._padded_dim:
-            if self._pad_qk:
-                q = F.pad(q, (0, self._pad_qk))
-                k = F.pad(k, (0, self._pad_qk))
-            if self._pad_v:
-                v = F.pad(v, (0, self._pad_v))
+        if self._pad_qk:
+            q = F.pad(q, (0, self._pad_qk))
+            k = F.pad(k, (0, self._pad_qk))
+        if self._pad_v:
+            v = F.pad(v, (0, self._pad_v))
         call = _CALLS.get(self._kind, FlashAttnPrefill._call_fa2)
         out, lse = call(self, (q, k, v, *_offsets(batch)), batch, causal, return_lse)
         if self._pad_v:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from mla_switchboard.core.specs import Backend, SelectionContext
+from mla_switchboard.core.specs import SPECS, Backend, SelectionContext
 
 __all__ = [
     "ENGINE_VERSION_MAX_LENGTH",
@@ -208,6 +208,14 @@ class EngineProfile:
             return ctx
         bundled = {name: "bundled" for name in self.bundled_packages}
         return replace(ctx, packages={**bundled, **ctx.packages})
+
+    def refusals(self, backend: Backend, ctx: SelectionContext, version: str | None) -> list[str]:
+        """Why a pod running this engine cannot be answered ``backend`` (empty: it
+        can): the spec table's reasons, what the kernel needs, then the engine's own
+        (:meth:`reasons`), the packages the engine brings counted as present. What
+        the evaluator and the GPU shape sweep both ask."""
+        ctx = self.context(ctx)
+        return SPECS[backend].validate(ctx) + self.reasons(backend, ctx, version)
 
     def covers(self, version: Version | None) -> bool:
         if version is None:
