@@ -7,6 +7,7 @@ SQLite in a file in the working directory, loopback only, seeded rules.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,8 @@ from pydantic import (
     Field,
     SecretStr,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -182,6 +185,11 @@ class Settings(BaseSettings):
         '[{"clusters": [globs], "issuer": url, "audience": str, "jwks_file": path | '
         '"jwks_uri": url}]; a cluster matched here takes only its pods\' own tokens',
     )
+    workload_issuers_file: Path | None = Field(
+        default=None,
+        description="a JSON file holding the same list as SWITCHBOARD_WORKLOAD_ISSUERS "
+        "(a mounted ConfigMap); its entries join the variable's",
+    )
     workload_leeway_s: float = Field(
         default=30.0,
         ge=0,
@@ -206,6 +214,33 @@ class Settings(BaseSettings):
                 raise ValueError(f"[{i}].issuer: {entry.issuer!r} is configured twice")
             seen.add(entry.issuer)
         return issuers
+
+    @model_validator(mode="after")
+    def _issuers_from_file(self) -> Settings:
+        """Entries from ``workload_issuers_file`` join the variable's, validated the same
+        way: a ConfigMap mounted as a file is how a cluster list that changes with the
+        fleet is kept out of the Deployment's environment."""
+        if self.workload_issuers_file is None:
+            return self
+        path = self.workload_issuers_file
+        try:
+            listed = json.loads(path.read_text())
+        except OSError as e:
+            raise ValueError(f"workload_issuers_file: cannot read {path}: {e.strerror}") from e
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"workload_issuers_file: {path} is not JSON (line {e.lineno}: {e.msg})"
+            ) from e
+        if not isinstance(listed, list):
+            raise ValueError(f"workload_issuers_file: {path} must hold a JSON list of issuers")
+        try:
+            from_file = TypeAdapter(list[WorkloadIssuer]).validate_python(listed)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"workload_issuers_file: {path}: [{where}] {first['msg']}") from None
+        self.workload_issuers = self._issuers_distinct([*self.workload_issuers, *from_file])
+        return self
 
     def resolved_spill_path(self) -> Path:
         """The spill file: configured, or found again by a restart with the same

@@ -228,3 +228,44 @@ def test_a_bad_issuer_stops_the_start_naming_the_field(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "bad setting workload_issuers.0.audience: String should have at least 1" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_issuers_are_read_from_a_file_beside_the_variable(tmp_path: Path) -> None:
+    """A mounted ConfigMap: its entries join the variable's, and an issuer in both is
+    refused as configured twice."""
+    listed = tmp_path / "issuers.json"
+    listed.write_text(
+        json.dumps([{"clusters": ["lab-1"], "issuer": "https://lab.example", "audience": "sb"}])
+    )
+    entry = {"clusters": ["prod-*"], "issuer": "https://k8s.example", "audience": "sb"}
+    both = Settings(workload_issuers=[entry], workload_issuers_file=listed)
+    assert [e.issuer for e in both.workload_issuers] == [
+        "https://k8s.example",
+        "https://lab.example",
+    ]
+    with pytest.raises(ValidationError, match="configured twice"):
+        Settings(
+            workload_issuers=[{**entry, "issuer": "https://lab.example"}],
+            workload_issuers_file=listed,
+        )
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "cannot read"),
+        ("[{", "is not JSON (line 1"),
+        ('{"issuer": "https://k"}', "must hold a JSON list"),
+        ('[{"clusters": ["a"], "issuer": "https://k", "audience": ""}]', "[0.audience]"),
+    ],
+)
+def test_a_bad_issuers_file_names_the_file_and_entry(
+    tmp_path: Path, content: str | None, says: str
+) -> None:
+    listed = tmp_path / "issuers.json"
+    if content is not None:
+        listed.write_text(content)
+    with pytest.raises(ValidationError) as caught:
+        Settings(workload_issuers_file=listed)
+    assert "workload_issuers_file" in str(caught.value)
+    assert says in str(caught.value)
