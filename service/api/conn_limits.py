@@ -22,10 +22,16 @@ REFUSED_LINGER_S = 0.25
 
 
 def raw_answer(status: int, reason: str, message: str, retry_after: int | None = None) -> bytes:
-    """A whole HTTP/1.1 answer that closes its connection, written before any route."""
+    """A whole HTTP/1.1 answer that closes its connection, written before any route.
+
+    It carries the headers every API answer does (no-store, nosniff): a refusal written
+    here never passes the middleware that adds them."""
     body = refusal_body(message)
     retry = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
-    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        "cache-control: no-store\r\nx-content-type-options: nosniff\r\n"
+    )
     tail = f"content-length: {len(body)}\r\n{retry}connection: close\r\n\r\n"
     return (head + tail).encode() + body
 

@@ -6,7 +6,9 @@ them.
   the 500 of an unexpected exception included, carries ``Cache-Control: no-store``: they
   hold tokens (``POST /v1/tokens`` answers a secret), pod names and error text, which no
   browser cache or shared proxy should keep. The lean ``POST /v1/select`` handler adds
-  the same precomputed header to its own answers (service/api/select_asgi.py).
+  the same precomputed header to its own answers (service/api/select_asgi.py), and the
+  refusals written on the connection before any route (431, 408, 503 at the connection
+  cap: service/api/conn_limits.py ``raw_answer``) carry it in their fixed head.
 - The API docs (``/docs``, its assets under ``/docs-assets/``, ``/openapi.json``) carry
   the dashboard's security headers (:data:`SECURITY_HEADERS`: nosniff, no framing, no
   referrer) with a Content-Security-Policy of their own (:func:`docs_csp`).

@@ -100,6 +100,9 @@ def test_huge_header_is_431_and_closed(service: ServiceProcess) -> None:
     answer = send_huge_header(service)
     assert time.monotonic() - start < 5, "the server read the whole header"
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert b"\r\ncache-control: no-store\r\n" in head, head
+    assert b"\r\nx-content-type-options: nosniff" in head, head
     # an ordinary request with ordinary headers is unaffected
     assert httpx.get(service.url + "/healthz", headers={"X-Fine": "a" * 8000}).status_code == 200
 
