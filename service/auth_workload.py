@@ -25,6 +25,7 @@ check failed, never a key or the token.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import threading
 import time
@@ -202,6 +203,15 @@ def _identity(entry: WorkloadIssuer, claims: dict[str, Any]) -> PodIdentity | Re
         return Rejected("token lacks kubernetes.io.namespace")
     if not isinstance(account, dict) or not _text(account.get("name")):
         return Rejected("token lacks kubernetes.io.serviceaccount.name")
+    bound = f"{namespace}/{account['name']}"
+    if entry.service_accounts is not None and not any(
+        fnmatch.fnmatchcase(bound, glob) for glob in entry.service_accounts
+    ):
+        return Rejected(
+            f"service account {bound} may not act as an agent (the issuer's "
+            f"service_accounts: {', '.join(entry.service_accounts)})",
+            403,
+        )
     return PodIdentity(
         issuer=entry.issuer,
         clusters=tuple(entry.clusters),

@@ -30,6 +30,12 @@ HttpUrl = Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+[^\s?#]*
 """An http(s) URL without query or fragment: what an OIDC issuer and a JWKS URI are."""
 
 
+ServiceAccountGlob = Annotated[
+    str, StringConstraints(pattern=r"^[a-z0-9*?.\[\]-]{1,63}/[a-z0-9*?.\[\]-]{1,253}$")
+]
+"""``namespace/name`` of a Kubernetes service account, either part a shell glob."""
+
+
 class WorkloadIssuer(BaseModel):
     """One Kubernetes service-account token issuer, trusted for the clusters its
     ``clusters`` globs name (see service/auth_workload.py and docs/security.md).
@@ -50,6 +56,12 @@ class WorkloadIssuer(BaseModel):
     )
     jwks_file: Path | None = None
     jwks_uri: HttpUrl | None = None
+    service_accounts: list[ServiceAccountGlob] | None = Field(
+        default=None,
+        description='the service accounts whose pods may act as agents, "namespace/name" '
+        "with shell globs (Vault's bound_service_account_names and _namespaces); "
+        "unset: any pod of the cluster holding a token for the audience",
+    )
 
     @model_validator(mode="after")
     def _one_key_source(self) -> WorkloadIssuer:

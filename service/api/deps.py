@@ -186,9 +186,13 @@ def _workload_principal(
     verified: PodIdentity | Rejected,
 ) -> tuple[Principal | None, Rejected | None]:
     """A verified pod's principal, or why its token was rejected (401, answered as a
-    wrong token); 503 raised when the issuer's keys could not be had."""
+    wrong token); 403 raised for a pod whose service account may not act as an agent,
+    503 when the issuer's keys could not be had."""
     if isinstance(verified, PodIdentity):
         return Principal.of_pod(verified), None
+    if verified.status == 403:
+        # a genuine token of a pod whose service account the issuer does not bind
+        fail(403, f"workload token refused: {verified.reason}")
     if verified.status == 503:
         raise HTTPException(
             503,

@@ -73,7 +73,14 @@ def issuer() -> Iterator[TestIssuer]:
 @pytest.fixture(scope="module")
 def app(issuer: TestIssuer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     db = tmp_path_factory.mktemp("workload") / "sb.db"
-    issuers = [{"clusters": ["prod-*"], "issuer": issuer.url, "audience": AUDIENCE}]
+    issuers = [
+        {
+            "clusters": ["prod-*"],
+            "issuer": issuer.url,
+            "audience": AUDIENCE,
+            "service_accounts": ["inference/switchboard-agent"],
+        }
+    ]
     with make_inprocess_client(f"sqlite:///{db}", workload_issuers=issuers) as c:  # type: ignore[attr-defined]
         yield c
 
@@ -127,6 +134,17 @@ def test_a_pod_outside_its_issuers_clusters_is_refused(
     )
     assert r.status_code == 403, r.text
     assert r.json()["detail"]["field"] == "cluster"
+
+
+def test_a_pod_of_an_unbound_service_account_is_403(
+    select_door: httpx.Client, issuer: TestIssuer
+) -> None:
+    """A genuine token, of a pod whose service account the issuer does not bind to
+    agents: refused as not allowed (403), not as a wrong token (401, throttled)."""
+    token = issuer.token("batch-1", namespace="batch")
+    r = select_door.post("/v1/select", json=select_body(), headers=bearer(token))
+    assert r.status_code == 403, r.text
+    assert "service account batch/switchboard-agent may not act as an agent" in r.text
 
 
 @pytest.mark.parametrize(

@@ -269,3 +269,35 @@ def test_a_bad_issuers_file_names_the_file_and_entry(
         Settings(workload_issuers_file=listed)
     assert "workload_issuers_file" in str(caught.value)
     assert says in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("bound", "namespace", "accepted"),
+    [
+        (None, "anything", True),  # unset: any pod holding a token for the audience
+        (["inference/switchboard-agent"], "inference", True),
+        (["inference/switchboard-agent"], "batch", False),
+        (["infer*/switchboard-*"], "inference-eu", True),
+        (["*/other-agent"], "inference", False),
+    ],
+)
+def test_only_bound_service_accounts_act_as_agents(
+    issuer: TestIssuer, bound: list[str] | None, namespace: str, accepted: bool
+) -> None:
+    """As Vault's Kubernetes auth binds a role to service account names and namespaces:
+    a genuine token of another service account is refused (403: the pod is who it says,
+    it is just not an agent), naming the account and the binding."""
+    verifier = verifier_of(entry_of(issuer, service_accounts=bound))
+    got = verifier.verify(issuer.token("serve-1", namespace=namespace))
+    if accepted:
+        assert isinstance(got, PodIdentity), got
+    else:
+        assert isinstance(got, Rejected) and got.status == 403, got
+        assert f"service account {namespace}/switchboard-agent may not act" in got.reason
+
+
+@pytest.mark.parametrize("glob", ["no-slash", "a/", "/b", "Upper/x", "a/b/c"])
+def test_a_bad_service_account_binding_names_the_field(glob: str) -> None:
+    entry = {"clusters": ["a"], "issuer": "https://k", "audience": "sb", "service_accounts": [glob]}
+    with pytest.raises(ValidationError, match=r"workload_issuers\.0\.service_accounts\.0"):
+        Settings(workload_issuers=[entry])
