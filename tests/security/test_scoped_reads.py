@@ -1,0 +1,117 @@
+"""A token limited to some clusters reads nothing of another cluster's pods: no pod or
+node name and no error text of theirs, in any read. Where something outside its scope
+matters (a fleet-wide rollout halted by pods it cannot see) it is told so, without the
+details."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN, make_inprocess_client
+from tests.service.test_rollout_guards import agent, fail, rollout, stage_pods
+from tests.service.test_select_decisions import body
+
+SECRET = "SECRET-DEV-ERROR"
+DEV = "dev-secret-team"
+OUTSIDE = "halted by failures in clusters outside your scope"
+
+
+def _fail_secretly(c: httpx.Client, answer: dict[str, Any]) -> None:
+    r = c.post(
+        f"/v1/selections/{answer['decision_id']}/failure",
+        json={"backend": answer["backend"], "error": f"RuntimeError: {SECRET} in kernel"},
+    )
+    assert r.status_code == 202, r.text
+
+
+@pytest.fixture
+def api(sqlite_url: str) -> Iterator[httpx.Client]:
+    with make_inprocess_client(sqlite_url) as client:  # type: ignore[attr-defined]
+        client.headers["Authorization"] = f"Bearer {ADMIN}"
+        yield client
+
+
+def scoped(api: httpx.Client, role: str) -> httpx.Client:
+    r = api.post("/v1/tokens", json={"name": f"prod-{role}", "role": role, "clusters": ["prod-*"]})
+    assert r.status_code == 201, r.text
+    return httpx.Client(
+        transport=api._transport,
+        base_url=str(api.base_url),
+        headers={"Authorization": f"Bearer {r.json()['token']}"},
+    )
+
+
+READS = [
+    "/v1/overrides",
+    "/v1/overrides/*",
+    "/v1/audit",
+    "/v1/selections",
+    "/v1/selections/summary",
+    "/v1/measurements/summary",
+    "/v1/pods",
+    "/v1/pods/facets",
+    "/v1/refusals",
+]
+
+
+def test_a_fleet_rollout_halted_by_dev_pods_shows_prod_only_that_it_was(
+    api: httpx.Client,
+) -> None:
+    spec = {"force": "FLASHINFER", "note": "try it", "rollout": {"percent": 20, "max_failures": 2}}
+    assert api.put("/v1/overrides/*", json=spec).status_code == 200
+    dev = agent(api, ["dev-*"])
+    [(prod_where, prod_answer)] = stage_pods(api, "prod-east", 1)
+    fail(api, prod_answer)  # one in-scope failure, then a dev one halts it
+    [(dev_where, dev_answer)] = stage_pods(dev, DEV, 1)
+    _fail_secretly(dev, dev_answer)
+    full = rollout(api)
+    assert full["state"] == "halted" and SECRET in full["halted_reason"]  # the fleet admin's view
+    assert dev_where in full["failed_pods"]
+    # a prod pod's decision after the halt says the rollout is halted
+    after = api.post("/v1/select", json=body(cluster="prod-east", pod="prod-late")).json()
+
+    for role in ("viewer", "admin"):
+        c = scoped(api, role)
+        for path in [*READS, f"/v1/selections/{after['decision_id']}"]:
+            r = c.get(path)
+            assert r.status_code == 200, (path, r.text)
+            assert SECRET not in r.text and DEV not in r.text, (role, path, r.text)
+        shown = c.get("/v1/overrides/*").json()["rollout"]
+        assert shown["state"] == "halted" and shown["halted_reason"] == OUTSIDE
+        assert shown["failed_pods"] == [prod_where]
+        assert shown["failed_pods_outside_scope"] == 1 and shown["failures"] == 2
+        (listed,) = c.get("/v1/overrides").json()["items"]
+        assert listed["rollout"] == shown
+        (entry,) = c.get("/v1/audit", params={"action": "rollout.failure", "limit": 1}).json()[
+            "items"
+        ]
+        assert entry["target"] == "*" and entry["after"]["rollout"]["halted_reason"] == OUTSIDE
+        progress = c.get("/v1/selections/summary").json()["rollouts"]
+        assert progress[0]["rollout"]["halted_reason"] == OUTSIDE
+        detail = c.get(f"/v1/selections/{after['decision_id']}").json()
+        assert any(OUTSIDE in m for m in detail["answer"]["messages"]), detail
+
+
+def test_measurement_failures_of_other_clusters_are_counted_not_quoted(api: httpx.Client) -> None:
+    dev = agent(api, ["dev-*"])
+    answer = dev.post("/v1/select", json=body(cluster=DEV, pod="secret-pod-9")).json()
+    _fail_secretly(dev, answer)
+    everything = api.get("/v1/measurements/summary")
+    assert SECRET in everything.text  # the fleet admin sees whose failure it was
+    viewer = scoped(api, "viewer")
+    r = viewer.get("/v1/measurements/summary")
+    assert SECRET not in r.text and DEV not in r.text and "secret-pod-9" not in r.text
+    assert r.headers["ETag"] != everything.headers["ETag"]  # never one cache entry for both
+    excluded = [g["excluded"] for g in r.json()["groups"] if g["excluded"]]
+    assert excluded and "1 pod in clusters outside your scope" in excluded[0], excluded
+    # a 304 only for the ETag it was given
+    again = viewer.get("/v1/measurements/summary", headers={"If-None-Match": r.headers["ETag"]})
+    assert again.status_code == 304
+    other = viewer.get(
+        "/v1/measurements/summary", headers={"If-None-Match": everything.headers["ETag"]}
+    )
+    assert other.status_code == 200
