@@ -46,6 +46,9 @@ T = TypeVar("T")
 Visible = Callable[[str], bool] | None
 """Which clusters the caller may see (None: every cluster)."""
 
+Redact = Callable[[dict[str, Any]], dict[str, Any]] | None
+"""A rollout as the caller may read it (None: as it is)."""
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -169,12 +172,17 @@ class FleetReads:
     def _deadline(self) -> Deadline:
         return Deadline(self.settings.budget_s)
 
-    def summary(self, scope: tuple[str, ...] | None, visible: Visible) -> Answer:
-        """``/v1/selections/summary`` for a caller whose token covers ``scope``."""
+    def summary(
+        self, scope: tuple[str, ...] | None, visible: Visible, redact: Redact = None
+    ) -> Answer:
+        """``/v1/selections/summary`` for a caller whose token covers ``scope``;
+        ``redact``: each rollout as that caller may read it (kept with the answer, which
+        is kept per scope)."""
         inputs, fleet, now = self._fresh()
         key = ("summary", *_versions(inputs, fleet, now), scope)
         return self._summaries.get(
-            key, lambda: self._serially(lambda: self._summary(key, inputs, fleet, now, visible))
+            key,
+            lambda: self._serially(lambda: self._summary(key, inputs, fleet, now, visible, redact)),
         )
 
     def kept_summary(self, scope: tuple[str, ...] | None) -> Answer | None:
@@ -192,6 +200,7 @@ class FleetReads:
         fleet: FleetSnapshot,
         now: datetime,
         visible: Visible,
+        redact: Redact = None,
     ) -> Answer:
         """Added up cluster by cluster from the kept parts (``service/fleet/parts.py``):
         only the clusters whose groups, overrides, rules or evidence changed since are
@@ -206,7 +215,7 @@ class FleetReads:
             "regret": {c: parts.regret(c) for c in clusters},
             "excluded": excluded,
             "rollouts": [
-                r
+                r if redact is None else {**r, "rollout": redact(r["rollout"])}
                 for r in _progress(parts, inputs, clusters)
                 if visible is None or visible(r["cluster"])
             ],

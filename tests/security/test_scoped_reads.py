@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN, make_inprocess_client
+from tests.service.test_measured import ALL, H200, select
 from tests.service.test_rollout_guards import agent, fail, rollout, stage_pods
-from tests.service.test_select_decisions import body
+from tests.service.test_select_decisions import R1, body
 
 SECRET = "SECRET-DEV-ERROR"
 DEV = "dev-secret-team"
@@ -98,8 +99,28 @@ def test_a_fleet_rollout_halted_by_dev_pods_shows_prod_only_that_it_was(
 
 def test_measurement_failures_of_other_clusters_are_counted_not_quoted(api: httpx.Client) -> None:
     dev = agent(api, ["dev-*"])
-    answer = dev.post("/v1/select", json=body(cluster=DEV, pod="secret-pod-9")).json()
-    _fail_secretly(dev, answer)
+    select(dev, DEV, pod="secret-pod-9")
+    r = dev.post(
+        "/v1/measurements",
+        json={
+            "cluster": DEV,
+            "pod": "secret-pod-9",
+            "device": H200,
+            "model": {**R1, "num_heads": 128},
+            "dtype": "bfloat16",
+            "packages": ALL,
+            "results": [
+                {
+                    "backend": "FLASHINFER",
+                    "impl": "test",
+                    "shape": {"seqlens": [4096], "num_heads": 128},
+                    "correct": False,
+                    "error": f"{SECRET}: max abs err 3.1",
+                }
+            ],
+        },
+    )
+    assert r.status_code == 201 and r.json()["counted"] is True, r.text
     everything = api.get("/v1/measurements/summary")
     assert SECRET in everything.text  # the fleet admin sees whose failure it was
     viewer = scoped(api, "viewer")
