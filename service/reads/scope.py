@@ -28,6 +28,8 @@ OUTSIDE_FAILURE = "a pod in a cluster outside your scope reported a failure"
 """A ``rollout.failure`` audit note of a pod the caller may not see."""
 
 _CLUSTERS = re.compile(r"[(;] ?clusters ([^)]*)\)")
+_EXCLUDED = re.compile(r"(failed on \d+ pods? in the last [0-9.]+ h \(measured policy\)): (.*)$")
+_NOTE_CLUSTER = re.compile(r"(?:^|; )([A-Za-z0-9][A-Za-z0-9._-]*)/")
 _HALTED = re.compile(r"^(The rollout of .* is halted \()(.*)(\): answered as without it\.)$")
 
 
@@ -101,19 +103,66 @@ def audit_entry(principal: Principal, row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def decision_answer(principal: Principal, answer: dict[str, Any]) -> dict[str, Any]:
-    """A stored answer of one of the caller's clusters: the messages quoting a halted
-    rollout's reason (a fleet rollout halted by other clusters' pods) redacted."""
-    messages = answer.get("messages")
-    if not principal.restricted or not isinstance(messages, list):
-        return answer
-    return {**answer, "messages": [_message(principal, m) for m in messages]}
-
-
-def _message(principal: Principal, message: Any) -> Any:
-    if not isinstance(message, str):
-        return message
-    m = _HALTED.match(message)
+def exclusion(principal: Principal, reason: str) -> str:
+    """A measured-policy exclusion (``failed on N pods ...: cluster/pod time: error;
+    ...``) as this caller may read it: kept when every pod it quotes is of a cluster in
+    scope; otherwise the count stays and the pods and errors go (a cluster may trust
+    other clusters' evidence, whose failures then exclude its backends). Read from the
+    service's own text, so on doubt it redacts: a quoted error that looks like
+    another cluster's pod hides the list."""
+    m = _EXCLUDED.search(reason) if principal.restricted else None
     if m is None:
-        return message
-    return f"{m.group(1)}{halt_reason(principal, m.group(2))}{m.group(3)}"
+        return reason
+    named = _NOTE_CLUSTER.findall(m.group(2))
+    if named and all(principal.may_see(c) for c in named):
+        return reason
+    return f"{reason[: m.start()]}{m.group(1)}: {OUTSIDE_PODS}"
+
+
+OUTSIDE_PODS = "pods in clusters outside your scope, not named"
+"""What a scoped caller reads in place of an exclusion's pods when some are not its."""
+
+
+def text(principal: Principal, value: str) -> str:
+    """Any text of an answer that may quote a halt or exclusion reason."""
+    m = _HALTED.match(value)
+    if m is not None:
+        value = f"{m.group(1)}{halt_reason(principal, m.group(2))}{m.group(3)}"
+    return exclusion(principal, value)
+
+
+def decision_answer(principal: Principal, answer: dict[str, Any]) -> dict[str, Any]:
+    """A stored answer of one of the caller's clusters, its messages and per-backend
+    reasons redacted: a fleet rollout halted by other clusters' pods, a backend
+    excluded by failures in clusters its cluster trusts."""
+    if not principal.restricted:
+        return answer
+    out = _texts(principal, answer)
+    assert isinstance(out, dict)
+    return out
+
+
+def summary(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    """``/v1/selections/summary`` (already cut to the caller's clusters): rollouts and
+    exclusion reasons redacted."""
+    if not principal.restricted:
+        return body
+    out = dict(body)
+    out["rollouts"] = [
+        {**r, "rollout": rollout(principal, r["rollout"])} for r in body.get("rollouts", ())
+    ]
+    out["excluded"] = {
+        cluster: {b: exclusion(principal, why) for b, why in reasons.items()}
+        for cluster, reasons in (body.get("excluded") or {}).items()
+    }
+    return out
+
+
+def _texts(principal: Principal, value: Any) -> Any:
+    if isinstance(value, str):
+        return text(principal, value)
+    if isinstance(value, list):
+        return [_texts(principal, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _texts(principal, v) for k, v in value.items()}
+    return value

@@ -96,8 +96,15 @@ class SelectionReads:
         if not principal.restricted:
             return self.fleet_reads.summary(None, None)
         return self.fleet_reads.summary(
-            _scope(principal), principal.may_see, partial(scope.rollout, principal)
+            _scope(principal), principal.may_see, partial(scope.summary, principal)
         )
+
+    def evidence_summary(self, principal: Principal) -> Answer:
+        """``/v1/measurements/summary`` for this caller: other clusters' failing pods
+        counted, never named (``core/evidence.FailurePolicy``)."""
+        if not principal.restricted:
+            return self.fleet_reads.evidence_summary()
+        return self.fleet_reads.evidence_summary(_scope(principal), principal.may_see)
 
 
 def _scope(principal: Principal) -> tuple[str, ...] | None:

@@ -136,3 +136,17 @@ def test_measurement_failures_of_other_clusters_are_counted_not_quoted(api: http
         "/v1/measurements/summary", headers={"If-None-Match": everything.headers["ETag"]}
     )
     assert other.status_code == 200
+    # a prod pod decided by measurements, with the dev failure excluding a backend
+    trusting = {"policy": "measured", "trust_clusters": ["prod-*", "dev-*"], "note": "data"}
+    r = api.put("/v1/overrides/prod-east", json=trusting)
+    assert r.status_code == 200, r.text
+    prod = select(api, "prod-east", pod="prod-measured")
+    assert SECRET in api.get(f"/v1/selections/{prod['decision_id']}").text  # prod trusts dev
+    assert SECRET in api.get("/v1/selections/summary").text
+    for path in (
+        "/v1/selections/summary",
+        f"/v1/selections/{prod['decision_id']}",
+        "/v1/selections",
+    ):
+        r = viewer.get(path)
+        assert SECRET not in r.text and DEV not in r.text, (path, r.text)
