@@ -6,12 +6,13 @@ details."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import ADMIN, make_inprocess_client
+from tests.conftest import ADMIN, ServiceProcess, make_inprocess_client
 from tests.service.test_measured import ALL, H200, select
 from tests.service.test_rollout_guards import agent, fail, rollout, stage_pods
 from tests.service.test_select_decisions import R1, body
@@ -150,3 +151,42 @@ def test_measurement_failures_of_other_clusters_are_counted_not_quoted(api: http
     ):
         r = viewer.get(path)
         assert SECRET not in r.text and DEV not in r.text, (path, r.text)
+
+
+def test_a_served_process_answers_each_scope_its_own_representation(tmp_path: Path) -> None:
+    """Through ``switchboard serve``: a fleet rollout halted by a dev pod, read by a
+    prod viewer; its ETag is its own, so neither caller gets a 304 for the other's."""
+    server = ServiceProcess(f"sqlite:///{tmp_path / 'sb.db'}").start(tmp_path)
+    try:
+        with server.client() as admin:
+            spec = {
+                "force": "FLASHINFER",
+                "note": "t",
+                "rollout": {"percent": 20, "max_failures": 1},
+            }
+            assert admin.put("/v1/overrides/*", json=spec).status_code == 200
+            tokens = {
+                role: admin.post(
+                    "/v1/tokens", json={"name": role, "role": role, "clusters": [glob]}
+                ).json()["token"]
+                for role, glob in (("agent", "dev-*"), ("viewer", "prod-*"))
+            }
+            with server.client(tokens["agent"]) as dev:
+                [(_, answer)] = stage_pods(dev, DEV, 1)
+                _fail_secretly(dev, answer)
+            full = admin.get("/v1/overrides/*")
+            assert SECRET in full.text
+            with server.client(tokens["viewer"]) as viewer:
+                mine = viewer.get("/v1/overrides/*")
+                assert mine.json()["rollout"]["halted_reason"] == OUTSIDE, mine.text
+                assert SECRET not in mine.text and DEV not in mine.text
+                assert mine.headers["ETag"] != full.headers["ETag"]
+                for etag, status in ((full.headers["ETag"], 200), (mine.headers["ETag"], 304)):
+                    r = viewer.get("/v1/overrides/*", headers={"If-None-Match": etag})
+                    assert r.status_code == status
+                    assert SECRET not in r.text
+                audit = viewer.get("/v1/audit", params={"target": "*"})
+                assert audit.status_code == 200 and SECRET not in audit.text
+                assert DEV not in audit.text
+    finally:
+        server.stop()
