@@ -6,7 +6,6 @@ details."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -153,17 +152,15 @@ def test_measurement_failures_of_other_clusters_are_counted_not_quoted(api: http
         assert SECRET not in r.text and DEV not in r.text, (path, r.text)
 
 
-def test_a_served_process_answers_each_scope_its_own_representation(tmp_path: Path) -> None:
-    """Through ``switchboard serve``: a fleet rollout halted by a dev pod, read by a
-    prod viewer; its ETag is its own, so neither caller gets a 304 for the other's."""
-    server = ServiceProcess(f"sqlite:///{tmp_path / 'sb.db'}").start(tmp_path)
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, str]]:
+    """``switchboard serve`` with a fleet rollout halted by a dev pod, and a prod-*
+    viewer's token."""
+    d = tmp_path_factory.mktemp("scoped")
+    server = ServiceProcess(f"sqlite:///{d / 'sb.db'}").start(d)
     try:
         with server.client() as admin:
-            spec = {
-                "force": "FLASHINFER",
-                "note": "t",
-                "rollout": {"percent": 20, "max_failures": 1},
-            }
+            spec = {"force": "FLASHINFER", "note": "t", "rollout": {"percent": 50, "max_failures": 1}}
             assert admin.put("/v1/overrides/*", json=spec).status_code == 200
             tokens = {
                 role: admin.post(
@@ -174,19 +171,64 @@ def test_a_served_process_answers_each_scope_its_own_representation(tmp_path: Pa
             with server.client(tokens["agent"]) as dev:
                 [(_, answer)] = stage_pods(dev, DEV, 1)
                 _fail_secretly(dev, answer)
-            full = admin.get("/v1/overrides/*")
-            assert SECRET in full.text
-            with server.client(tokens["viewer"]) as viewer:
-                mine = viewer.get("/v1/overrides/*")
-                assert mine.json()["rollout"]["halted_reason"] == OUTSIDE, mine.text
-                assert SECRET not in mine.text and DEV not in mine.text
-                assert mine.headers["ETag"] != full.headers["ETag"]
-                for etag, status in ((full.headers["ETag"], 200), (mine.headers["ETag"], 304)):
-                    r = viewer.get("/v1/overrides/*", headers={"If-None-Match": etag})
-                    assert r.status_code == status
-                    assert SECRET not in r.text
-                audit = viewer.get("/v1/audit", params={"target": "*"})
-                assert audit.status_code == 200 and SECRET not in audit.text
-                assert DEV not in audit.text
+        yield server, tokens["viewer"]
     finally:
         server.stop()
+
+
+def test_a_served_process_answers_each_scope_its_own_representation(
+    served: tuple[ServiceProcess, str],
+) -> None:
+    """Through ``switchboard serve``: the prod viewer reads that the fleet rollout was
+    halted outside its scope; its ETag is its own, so neither caller gets a 304 for
+    the other's representation."""
+    server, token = served
+    with server.client() as admin, server.client(token) as viewer:
+        full = admin.get("/v1/overrides/*")
+        assert full.json()["rollout"]["state"] == "halted" and SECRET in full.text
+        mine = viewer.get("/v1/overrides/*")
+        assert mine.json()["rollout"]["halted_reason"] == OUTSIDE, mine.text
+        assert mine.json()["rollout"]["failed_pods_outside_scope"] == 1
+        assert SECRET not in mine.text and DEV not in mine.text
+        assert mine.headers["ETag"] != full.headers["ETag"]
+        for etag, status in ((full.headers["ETag"], 200), (mine.headers["ETag"], 304)):
+            r = viewer.get("/v1/overrides/*", headers={"If-None-Match": etag})
+            assert r.status_code == status and SECRET not in r.text
+        audit = viewer.get("/v1/audit", params={"target": "*"})
+        assert audit.status_code == 200 and SECRET not in audit.text and DEV not in audit.text
+
+
+@pytest.mark.browser
+def test_the_dashboard_says_the_rollout_was_halted_outside_the_viewers_scope(
+    served: tuple[ServiceProcess, str],
+) -> None:
+    from tests.browser.test_dashboard_browser import (
+        TIMEOUT_MS,
+        ConsoleErrors,
+        _skip_if_missing,
+        launch,
+        sign_in,
+    )
+
+    _skip_if_missing()
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    server, token = served
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page()
+            errors = ConsoleErrors(page, set())
+            page.goto(server.url + "/")
+            sign_in(page, token)
+            fleet = page.locator('#overrides li.override[data-cluster="*"]')
+            expect(fleet).to_have_attribute("data-rollout", "halted")
+            expect(fleet.locator(".halted-reason")).to_have_text(OUTSIDE)
+            outside = fleet.locator(".failed-pods")
+            expect(outside).to_have_text("Tripped by 1 pod in clusters outside your scope")
+            expect(outside.locator("button")).to_have_count(0)
+            assert DEV not in page.content() and SECRET not in page.content()
+            assert not errors, errors
+        finally:
+            browser.close()
