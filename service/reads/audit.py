@@ -84,7 +84,7 @@ def _audit_entry_for(principal: Principal, row: dict[str, Any]) -> dict[str, Any
 
 def scoped_preview(principal: Principal, preview: dict[str, Any]) -> dict[str, Any]:
     """A stored preview as a token limited to some clusters may see it: the rows of
-    its clusters only."""
+    its clusters only, their reasons redacted (``reads/scope.py``)."""
     if not principal.restricted:
         return preview
     out = dict(preview)
@@ -97,4 +97,5 @@ def scoped_preview(principal: Principal, preview: dict[str, Any]) -> dict[str, A
             ]
     if isinstance(out.get("clusters_affected"), list):
         out["clusters_affected"] = [c for c in out["clusters_affected"] if principal.may_see(c)]
-    return out
+    redacted: dict[str, Any] = scope.texts(principal, out)
+    return redacted

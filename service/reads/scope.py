@@ -137,7 +137,7 @@ def decision_answer(principal: Principal, answer: dict[str, Any]) -> dict[str, A
     excluded by failures in clusters its cluster trusts."""
     if not principal.restricted:
         return answer
-    out = _texts(principal, answer)
+    out = texts(principal, answer)
     assert isinstance(out, dict)
     return out
 
@@ -158,11 +158,12 @@ def summary(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _texts(principal: Principal, value: Any) -> Any:
+def texts(principal: Principal, value: Any) -> Any:
+    """Every text in ``value`` (JSON-shaped: dicts, lists, strings) through :func:`text`."""
     if isinstance(value, str):
         return text(principal, value)
     if isinstance(value, list):
-        return [_texts(principal, v) for v in value]
+        return [texts(principal, v) for v in value]
     if isinstance(value, dict):
-        return {k: _texts(principal, v) for k, v in value.items()}
+        return {k: texts(principal, v) for k, v in value.items()}
     return value

@@ -93,6 +93,13 @@ def test_a_fleet_rollout_halted_by_dev_pods_shows_prod_only_that_it_was(
         assert entry["target"] == "*" and entry["after"]["rollout"]["halted_reason"] == OUTSIDE
         progress = c.get("/v1/selections/summary").json()["rollouts"]
         assert progress[0]["rollout"]["halted_reason"] == OUTSIDE
+        if role == "admin":  # a dry run answers the preview of the caller's own change
+            dry = c.put(
+                "/v1/overrides/prod-east",
+                params={"dry_run": "true"},
+                json={"force": "CUDNN", "note": "try"},
+            )
+            assert dry.status_code == 200 and SECRET not in dry.text and DEV not in dry.text
         detail = c.get(f"/v1/selections/{after['decision_id']}").json()
         assert any(OUTSIDE in m for m in detail["answer"]["messages"]), detail
 
@@ -160,7 +167,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServicePr
     server = ServiceProcess(f"sqlite:///{d / 'sb.db'}").start(d)
     try:
         with server.client() as admin:
-            spec = {"force": "FLASHINFER", "note": "t", "rollout": {"percent": 50, "max_failures": 1}}
+            spec = {
+                "force": "FLASHINFER",
+                "note": "t",
+                "rollout": {"percent": 50, "max_failures": 1},
+            }
             assert admin.put("/v1/overrides/*", json=spec).status_code == 200
             tokens = {
                 role: admin.post(
