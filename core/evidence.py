@@ -267,19 +267,42 @@ class FailurePolicy:
         newest_first = sorted(latest.values(), key=lambda f: _failure_key(f.at), reverse=True)
         return self.exclusion_of_latest(newest_first, now)
 
-    def exclusion_of_latest(self, latest: Sequence[FailureNote], now: datetime) -> str | None:
+    def exclusion_of_latest(
+        self,
+        latest: Sequence[FailureNote],
+        now: datetime,
+        shown: Callable[[str], bool] | None = None,
+    ) -> str | None:
         """As :meth:`exclusion`, for one note per pod, newest first (what
         :attr:`BackendStats.failures` holds): a binary search finds the pods within the
-        window, so a decision never walks every failing pod."""
+        window, so a decision never walks every failing pod. ``shown``: the clusters
+        whose pods the reader may see quoted; the others' pods are only counted (a
+        reader limited to some clusters learns that a backend is excluded and by how
+        many pods elsewhere, never their names or errors)."""
         since = -(now - self.window).timestamp()
         recent = bisect.bisect_right(latest, since, key=lambda f: -_failure_key(f.at))
         if recent == 0 or recent < self.min_pods:
             return None
-        shown = "; ".join(n.describe() for n in latest[: min(recent, 3)])
-        more = "" if recent <= 3 else f"; and {recent - 3} more"
+        hidden = 0
+        quoted: Sequence[FailureNote]
+        if shown is None:  # a decision's reason: never walks every failing pod
+            quoted, quotable = latest[: min(recent, 3)], recent
+        else:
+            mine = [n for n in latest[:recent] if shown(n.cluster)]
+            quoted, quotable, hidden = mine[:3], len(mine), recent - len(mine)
+        parts = [n.describe() for n in quoted]
+        if quotable > 3:
+            parts.append(f"and {quotable - 3} more")
+        if hidden:
+            parts.append(f"{_pods(hidden)} in clusters outside your scope")
         hours = self.window.total_seconds() / 3600
-        pods = "1 pod" if recent == 1 else f"{recent} pods"
-        return f"failed on {pods} in the last {hours:g} h (measured policy): {shown}{more}"
+        return f"failed on {_pods(recent)} in the last {hours:g} h (measured policy): " + (
+            "; ".join(parts)
+        )
+
+
+def _pods(n: int) -> str:
+    return "1 pod" if n == 1 else f"{n} pods"
 
 
 def _sample_key(at: datetime | None) -> float:
@@ -1237,12 +1260,18 @@ class EvidenceIndex:
         new.add(observations)
         return new
 
-    def exclusions(self, situation: Situation | None, now: datetime) -> dict[Backend, str]:
-        """Backends the failure policy excludes in ``situation``, with the reason."""
+    def exclusions(
+        self,
+        situation: Situation | None,
+        now: datetime,
+        shown: Callable[[str], bool] | None = None,
+    ) -> dict[Backend, str]:
+        """Backends the failure policy excludes in ``situation``, with the reason
+        (quoting the pods of the clusters ``shown`` accepts; None: every cluster)."""
         out: dict[Backend, str] = {}
         for backend, stats in self.group(situation).items():
             if stats.failures:
-                reason = self.failure_policy.exclusion_of_latest(stats.failures, now)
+                reason = self.failure_policy.exclusion_of_latest(stats.failures, now, shown)
                 if reason is not None:
                     out[backend] = reason
         return out
@@ -1284,13 +1313,17 @@ class EvidenceIndex:
             else round((best_tflops - runner_tflops) / runner_tflops, 4),
         )
 
-    def summary(self, now: datetime | None = None) -> list[dict[str, Any]]:
+    def summary(
+        self, now: datetime | None = None, shown: Callable[[str], bool] | None = None
+    ) -> list[dict[str, Any]]:
+        """Every situation and backend's figures; exclusion reasons quote the pods of
+        the clusters ``shown`` accepts (None: every cluster) and count the others."""
         now = now or datetime.now(UTC)
         with self._lock:
             published = dict(self._published)
         out = []
         for situation in sorted(published):
-            excluded = self.exclusions(situation, now)
+            excluded = self.exclusions(situation, now, shown)
             for backend, stats in sorted(published[situation].items()):
                 median = stats.median_tflops
                 out.append(

@@ -46,6 +46,9 @@ T = TypeVar("T")
 Visible = Callable[[str], bool] | None
 """Which clusters the caller may see (None: every cluster)."""
 
+Redact = Callable[[dict[str, Any]], dict[str, Any]] | None
+"""An answer as the caller may read it (None: as it is)."""
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -122,7 +125,7 @@ class FleetReads:
     """Paused while a read runs (``service/collector.py``); None: left alone."""
     _summaries: Computed[Answer] = field(init=False, default_factory=lambda: Computed(64))
     _previews: Computed[Preview] = field(init=False, default_factory=lambda: Computed(256))
-    _evidence: Computed[Answer] = field(init=False, default_factory=lambda: Computed(4))
+    _evidence: Computed[Answer] = field(init=False, default_factory=lambda: Computed(64))
     _worker: ThreadPoolExecutor = field(init=False, default_factory=_read_worker)
     _parts: ClusterParts = field(init=False, default_factory=ClusterParts)
 
@@ -169,12 +172,17 @@ class FleetReads:
     def _deadline(self) -> Deadline:
         return Deadline(self.settings.budget_s)
 
-    def summary(self, scope: tuple[str, ...] | None, visible: Visible) -> Answer:
-        """``/v1/selections/summary`` for a caller whose token covers ``scope``."""
+    def summary(
+        self, scope: tuple[str, ...] | None, visible: Visible, redact: Redact = None
+    ) -> Answer:
+        """``/v1/selections/summary`` for a caller whose token covers ``scope``;
+        ``redact``: the answer as that caller may read it (kept with the answer, which
+        is kept per scope)."""
         inputs, fleet, now = self._fresh()
         key = ("summary", *_versions(inputs, fleet, now), scope)
         return self._summaries.get(
-            key, lambda: self._serially(lambda: self._summary(key, inputs, fleet, now, visible))
+            key,
+            lambda: self._serially(lambda: self._summary(key, inputs, fleet, now, visible, redact)),
         )
 
     def kept_summary(self, scope: tuple[str, ...] | None) -> Answer | None:
@@ -192,6 +200,7 @@ class FleetReads:
         fleet: FleetSnapshot,
         now: datetime,
         visible: Visible,
+        redact: Redact = None,
     ) -> Answer:
         """Added up cluster by cluster from the kept parts (``service/fleet/parts.py``):
         only the clusters whose groups, overrides, rules or evidence changed since are
@@ -211,7 +220,7 @@ class FleetReads:
                 if visible is None or visible(r["cluster"])
             ],
         }
-        return Answer.of(body, _etag(key))
+        return Answer.of(body if redact is None else redact(body), _etag(key))
 
     def _parts_of(self, fleet: FleetSnapshot, inputs: DecisionInputs, now: datetime) -> PartsRead:
         return self._parts.reading(
@@ -259,18 +268,24 @@ class FleetReads:
             return None
         return self._previews.peek(("preview", *_versions(*state), proposal.digest(), scope))
 
-    def evidence_summary(self) -> Answer:
+    def evidence_summary(
+        self, scope: tuple[str, ...] | None = None, visible: Visible = None
+    ) -> Answer:
         """``/v1/measurements/summary``: the evidence per situation and backend, kept
         per evidence version and generation (an exclusion that lapses moves the
-        generation), so a polling dashboard gets a 304 while no report arrives."""
+        generation), so a polling dashboard gets a 304 while no report arrives. A
+        caller whose token covers ``scope`` reads failures of the clusters ``visible``
+        accepts quoted and the others counted: kept, and tagged, per scope."""
         inputs = self.inputs()
-        key = ("evidence", inputs.tag[1], inputs.evidence_generation)
-        return self._evidence.get(key, lambda: self._serially(lambda: self._evidence_of(key)))
+        key = ("evidence", inputs.tag[1], inputs.evidence_generation, scope)
+        return self._evidence.get(
+            key, lambda: self._serially(lambda: self._evidence_of(key, visible))
+        )
 
-    def _evidence_of(self, key: tuple[Any, ...]) -> Answer:
+    def _evidence_of(self, key: tuple[Any, ...], visible: Visible) -> Answer:
         evidence = self.inputs().evidence
         body = {
-            "groups": evidence.summary(datetime.now(UTC)),
+            "groups": evidence.summary(datetime.now(UTC), visible),
             "failure_policy": evidence.failure_policy.describe(),
             "min_samples": self.settings.min_samples,
             "min_pods": self.settings.min_pods,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.reads import scope
 from mla_switchboard.service.store.audit import AuditStore
 
 
@@ -63,7 +64,9 @@ def _audit_entry_for(principal: Principal, row: dict[str, Any]) -> dict[str, Any
     if isinstance(row.get("preview"), dict):
         row = {**row, "preview": scoped_preview(principal, row["preview"])}
     if action.startswith(("override.", "rollout.")):
-        return row if principal.may_see(str(row["target"])) else None
+        if not principal.may_see(str(row["target"])):
+            return None
+        return scope.audit_entry(principal, row)
     if action == "rules.replace":
 
         def visible(document: Any) -> Any:
@@ -81,7 +84,7 @@ def _audit_entry_for(principal: Principal, row: dict[str, Any]) -> dict[str, Any
 
 def scoped_preview(principal: Principal, preview: dict[str, Any]) -> dict[str, Any]:
     """A stored preview as a token limited to some clusters may see it: the rows of
-    its clusters only."""
+    its clusters only, their reasons redacted (``reads/scope.py``)."""
     if not principal.restricted:
         return preview
     out = dict(preview)
@@ -94,4 +97,5 @@ def scoped_preview(principal: Principal, preview: dict[str, Any]) -> dict[str, A
             ]
     if isinstance(out.get("clusters_affected"), list):
         out["clusters_affected"] = [c for c in out["clusters_affected"] if principal.may_see(c)]
-    return out
+    redacted: dict[str, Any] = scope.texts(principal, out)
+    return redacted

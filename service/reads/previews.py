@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.fleet.reads import FleetReads, Proposal, Visible
+from mla_switchboard.service.reads import scope
 
 
 @dataclass(eq=False)
@@ -17,14 +18,24 @@ class Previews:
     def preview(self, principal: Principal | None, proposal: Proposal) -> Preview:
         """What ``proposal`` would do; ``principal``: the caller, when it may see only
         some clusters' pods (None: all)."""
-        scope, visible = _view(principal)
-        return self.reads.preview(proposal, scope, visible)
+        clusters, visible = _view(principal)
+        return _shown(principal, self.reads.preview(proposal, clusters, visible))
 
     def kept_preview(self, principal: Principal | None, proposal: Proposal) -> Preview | None:
         """``preview``'s answer when it is kept and current, without I/O (the event loop
         may ask before handing a miss to a worker thread)."""
-        scope, _ = _view(principal)
-        return self.reads.kept_preview(proposal, scope)
+        clusters, _ = _view(principal)
+        kept = self.reads.kept_preview(proposal, clusters)
+        return None if kept is None else _shown(principal, kept)
+
+
+def _shown(principal: Principal | None, preview: Preview) -> Preview:
+    """The preview's reasons as the caller may read them (``reads/scope.py``): its
+    rows are its clusters', but a reason may quote a fleet rollout's halt or another
+    cluster's failing pods."""
+    if principal is None or not principal.restricted:
+        return preview
+    return Preview.model_validate(scope.texts(principal, preview.model_dump()))
 
 
 def _view(principal: Principal | None) -> tuple[tuple[str, ...] | None, Visible]:

@@ -4,11 +4,14 @@ was just given)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.reads import Answer, FleetReads
+from mla_switchboard.service.reads import scope
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.measurements import MeasurementStore
@@ -79,6 +82,9 @@ class SelectionReads:
         record = self.decisions.get_decision(decision_id)
         if record is None or not principal.may_see(record.cluster):
             return None
+        if principal.restricted and record.answer_json is not None:
+            answer = scope.decision_answer(principal, record.answer)
+            record = replace(record, answer_json=json.dumps(answer))
         return record, self.measurements.failures_for(decision_id)
 
     def kept_summary(self, principal: Principal) -> Answer | None:
@@ -87,8 +93,18 @@ class SelectionReads:
 
     def summary(self, principal: Principal) -> Answer:
         """The fleet summary for this caller (see ``FleetReads.summary``)."""
-        visible = principal.may_see if principal.restricted else None
-        return self.fleet_reads.summary(_scope(principal), visible)
+        if not principal.restricted:
+            return self.fleet_reads.summary(None, None)
+        return self.fleet_reads.summary(
+            _scope(principal), principal.may_see, partial(scope.summary, principal)
+        )
+
+    def evidence_summary(self, principal: Principal) -> Answer:
+        """``/v1/measurements/summary`` for this caller: other clusters' failing pods
+        counted, never named (``core/evidence.FailurePolicy``)."""
+        if not principal.restricted:
+            return self.fleet_reads.evidence_summary()
+        return self.fleet_reads.evidence_summary(_scope(principal), principal.may_see)
 
 
 def _scope(principal: Principal) -> tuple[str, ...] | None:

@@ -1239,10 +1239,16 @@ function haltedBox(r) {
 }
 
 /** The stage pods whose failure reports count against the guard ("cluster/pod"): each
- *  opens that pod's decision, where the reported error is. */
+ *  opens that pod's decision, where the reported error is. A token limited to some
+ *  clusters gets only its own pods named, and how many others there were. */
 function failedPods(r) {
   const pods = Array.isArray(r.failed_pods) ? r.failed_pods : [];
-  if (!pods.length) return null;
+  const outside = Number(r.failed_pods_outside_scope) || 0;
+  if (!pods.length && !outside) return null;
+  const others = outside
+    ? h("span", { class: "muted failed-pods-outside", "data-outside": outside },
+      `${pods.length ? " and " : ""}${plural(outside, "pod")} in clusters outside your scope`)
+    : null;
   return h("p", { class: "failed-pods small" }, "Tripped by ",
     pods.map((name, i) => {
       const [cluster, ...rest] = String(name).split("/");
@@ -1250,7 +1256,7 @@ function failedPods(r) {
       return [i ? ", " : "", h("button", { type: "button", class: "linklike mono",
         "data-pod": name, title: "Show this pod's decision and its reported failure",
         onclick: () => lookupPod(cluster, pod) }, name)];
-    }));
+    }), others);
 }
 
 /** The step plan of a rollout: steps passed, the current one, those to come. */

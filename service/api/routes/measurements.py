@@ -22,8 +22,8 @@ from mla_switchboard.service.api.deps import (
     AdminDep,
     AgentDep,
     EvidenceWritesDep,
-    FleetReadsDep,
     ReportsDep,
+    SelectionsDep,
     ViewerDep,
 )
 from mla_switchboard.service.api.etags import etag_matches
@@ -58,15 +58,16 @@ def report(body: MeasurementReport, reports: ReportsDep, principal: AgentDep) ->
     responses={304: {"description": "If-None-Match matched: no evidence changed"}},
 )
 def summary(
-    reads: FleetReadsDep,
-    _: ViewerDep,
+    reads: SelectionsDep,
+    principal: ViewerDep,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
     """Groups are (device, capability, dims, dtype, kernel package versions, backend),
     over the evidence window (``SWITCHBOARD_MEASURED_MAX_AGE_DAYS``); ``failures``
-    counts wrong results and build failures reported by matching pods. Kept until
-    evidence changes; the ETag says so (a matching If-None-Match gets 304)."""
-    answer = reads.evidence_summary()
+    counts wrong results and build failures reported by matching pods; a token limited
+    to some clusters reads the failing pods of other clusters counted, not named. Kept
+    until evidence changes; the ETag says so (a matching If-None-Match gets 304)."""
+    answer = reads.evidence_summary(principal)
     if etag_matches(if_none_match, answer.etag):
         return Response(status_code=304, headers={"ETag": answer.etag})
     return Response(answer.content, media_type="application/json", headers={"ETag": answer.etag})

@@ -29,8 +29,8 @@ from mla_switchboard.service.api.deps import (
 from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.api.outcomes import respond
 from mla_switchboard.service.api.params import AuditNote, IfNoneMatch, WriteControlsDep
+from mla_switchboard.service.reads import overrides, scope
 from mla_switchboard.service.state import override_etag
-from mla_switchboard.service.writes import shown
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 router = APIRouter(prefix="/v1/overrides", tags=["overrides"], responses=error_responses(401, 403))
@@ -57,13 +57,13 @@ def list_overrides(
 ) -> Response:
     snap = snapshot
     now = datetime.now(UTC)
-    mine = [o for o in snap.overrides if principal.may_see(o.cluster)]
+    mine = overrides.visible(principal, snap.overrides)
     # what is shown changes with the config version and with each expiry passing
     expired = sum(1 for o in mine if o.expires_at is not None and o.expires_at <= now)
-    etag = f'"overrides-{snap.version}-{expired}"'
+    etag = scope.etag(principal, f'"overrides-{snap.version}-{expired}"')
     if etag_matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
-    items = [shown(o, now) for o in sorted(mine, key=lambda o: o.cluster)]
+    items = [overrides.shown_to(principal, o, now) for o in mine]
     return JSONResponse({"items": items}, headers={"ETag": etag})
 
 
@@ -82,9 +82,12 @@ def get_override(
     if found is None or not principal.may_see(cluster):
         fail(404, f"no override for {cluster!r}")
     etag = override_etag(cluster, found.revision)
+    if cluster == "*":  # the one override a scoped caller may read but not write
+        etag = scope.etag(principal, etag)
     if etag_matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
-    return JSONResponse(shown(found, datetime.now(UTC)), headers={"ETag": etag})
+    shown = overrides.shown_to(principal, found, datetime.now(UTC))
+    return JSONResponse(shown, headers={"ETag": etag})
 
 
 @router.put(
