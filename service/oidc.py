@@ -131,9 +131,11 @@ class RelyingParty:
         id_token = _json(answer).get("id_token")
         if not isinstance(id_token, str):
             return Problem(502, "the identity provider answered no id_token")
-        return await self._verify(id_token, pending.nonce)
+        return await self.verify_id_token(id_token, pending.nonce)
 
-    async def _verify(self, id_token: str, nonce: str) -> Person | Problem:
+    async def verify_id_token(self, id_token: str, nonce: str) -> Person | Problem:
+        """The person an ID token names, once its signature (the provider's published
+        keys), ``iss``, ``aud``, ``exp`` and ``nonce`` check out."""
         try:
             header = jwt.get_unverified_header(id_token)
         except jwt.PyJWTError:

@@ -7,6 +7,9 @@ browser would (cookies kept, redirects followed by hand).
 - a person of ``team-a`` (viewer of ``prod-*``) sees only prod clusters;
 - a person in no mapped group is refused with a page saying so;
 - a callback with another state, or whose ID token carries another nonce, is a 400;
+  an ID token with another audience or issuer, expired, or with a bad signature is
+  refused (signed by a test issuer serving its keys over HTTP, checked in-process);
+- a configuration that could only refuse people stops the service, naming the field;
 - sign-out ends the session (every later request is 401); so does expiry;
 - in headless Chromium, the console's "Sign in with Mock IdP" through to the console
   naming the person, a write from the page and the audit card naming them, sign-out.
@@ -17,6 +20,7 @@ start on the shared 2-core machine), marked ``browser`` like tests/browser/.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Iterator
@@ -26,10 +30,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from mla_switchboard.service.config import Settings
+from mla_switchboard.service.oidc import Person, RelyingParty
+from mla_switchboard.service.outcomes import Problem
+from pydantic import ValidationError
 from sqlalchemy import create_engine, text
 
 from tests.conftest import ADMIN, ServiceProcess
 from tests.service.oidc_provider import Provider, provider_and_service
+from tests.service.workload_issuer import TestIssuer
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 128}
 
@@ -242,3 +251,49 @@ def test_console_sign_in_in_chromium(service: ServiceProcess, provider: Provider
             assert [e for e in errors if provider.url not in e and "cdn." not in e] == []
         finally:
             browser.close()
+
+
+def test_id_token_checks() -> None:
+    issuer = TestIssuer()
+    try:
+        issuer.add_key("k1")
+        rp = RelyingParty(
+            Settings(
+                oidc_issuer=issuer.url,
+                oidc_client_id="console",
+                oidc_redirect_url="http://127.0.0.1/auth/callback",
+                oidc_role_mapping=[{"group": "g", "role": "viewer", "clusters": ["*"]}],
+            )
+        )
+        person = {"nonce": "n-1", "email": "gil@example.com", "groups": ["g"]}
+
+        def verify(token: str, nonce: str = "n-1") -> Person | Problem:
+            return asyncio.run(rp.verify_id_token(token, nonce))
+
+        good = issuer.token(audience="console", claims=person)
+        got = verify(good)
+        assert isinstance(got, Person) and (got.email, got.groups) == ("gil@example.com", ("g",))
+        other = issuer.token("other", audience="console", claims=person)
+        forged = ".".join([*good.split(".")[:1], other.split(".")[1], good.split(".")[2]])
+        cases = {
+            "wrong audience": issuer.token(audience="someone-else", claims=person),
+            "wrong issuer": issuer.token(audience="console", issuer="https://evil", claims=person),
+            "expired": issuer.token(audience="console", expires_in=-120, claims=person),
+            "bad signature": forged,
+        }
+        for reason, token in cases.items():
+            got = verify(token)
+            assert isinstance(got, Problem) and got.message == f"id_token: {reason}", got
+        got = verify(good, nonce="n-2")
+        assert isinstance(got, Problem) and got.message.startswith("nonce:")
+    finally:
+        issuer.close()
+
+
+def test_incomplete_sign_in_configuration_names_the_fields() -> None:
+    with pytest.raises(
+        ValidationError, match="oidc_client_id, oidc_redirect_url, oidc_role_mapping"
+    ):
+        Settings(oidc_issuer="https://login.example.com")
+    with pytest.raises(ValidationError, match=r"oidc_role_mapping\.0\.role"):
+        Settings(oidc_role_mapping=[{"group": "g", "role": "root", "clusters": ["*"]}])
