@@ -223,7 +223,10 @@ class Settings(BaseSettings):
         "https://switchboard.example.com/auth/callback",
     )
     oidc_provider_name: str = Field(default="SSO", min_length=1, max_length=60)
-    oidc_scopes: str = Field(default="openid email profile groups")
+    oidc_scopes: str = Field(
+        default="openid email profile",
+        description="add the scope your provider needs for the groups claim (Okta: groups)",
+    )
     oidc_groups_claim: str = Field(default="groups", min_length=1, max_length=100)
     oidc_role_mapping: list[RoleMapping] = Field(
         default_factory=list,
