@@ -47,6 +47,34 @@ class Principal:
     clusters: tuple[str, ...] | None  # None: every cluster
     id: str
     pod: PodIdentity | None = None  # a verified workload token's pod
+    subject: str | None = None  # a signed-in person's subject at the identity provider
+
+    @classmethod
+    def of_person(
+        cls, subject: str, email: str | None, role: Role, clusters: tuple[str, ...] | None
+    ) -> Principal:
+        """A person signed in through the identity provider: named by their e-mail (what
+        people read), told apart by their subject (e-mails get reassigned, subjects
+        don't)."""
+        digest = hashlib.sha256(subject.encode()).hexdigest()[:24]
+        return cls(
+            name=email or subject,
+            role=role,
+            clusters=clusters,
+            id=f"person:{digest}",
+            subject=subject,
+        )
+
+    @property
+    def actor(self) -> str:
+        """Who the audit says did it: a token's name, or a person's e-mail and subject
+        (``alice@example.com (sub 2481...)``), within the audit's 100 characters."""
+        if self.subject is None or self.name == self.subject:
+            return self.name[:100]
+        subject = self.subject
+        if len(self.name) + len(subject) + 7 > 100:
+            subject = "sha256:" + hashlib.sha256(subject.encode()).hexdigest()[:16]
+        return f"{self.name[: 100 - len(subject) - 7]} (sub {subject})"
 
     @classmethod
     def of_pod(cls, identity: PodIdentity) -> Principal:

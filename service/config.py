@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from mla_switchboard.core.names import validate_cluster_globs
 from pydantic import (
@@ -72,6 +72,18 @@ class WorkloadIssuer(BaseModel):
     @property
     def discovery_url(self) -> str:
         return self.issuer.rstrip("/") + "/.well-known/openid-configuration"
+
+
+class RoleMapping(BaseModel):
+    """People of an identity-provider group get a role in the clusters its globs name
+    (``["*"]``: every cluster and the fleet override). The first entry naming one of a
+    person's groups decides: list the most privileged first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    role: Literal["viewer", "admin"]
+    clusters: Annotated[list[str], AfterValidator(validate_cluster_globs)]
 
 
 class Settings(BaseSettings):
@@ -214,6 +226,57 @@ class Settings(BaseSettings):
         description="an issuer's keys are fetched again for a token naming an unknown kid "
         "(key rotation) at most this often",
     )
+
+    # People sign in with OIDC (service/oidc.py, service/people.py, docs/security.md)
+    oidc_issuer: HttpUrl | None = Field(
+        default=None,
+        description="the identity provider's issuer URL (its discovery document lives at "
+        "issuer + /.well-known/openid-configuration); unset: no sign-in, tokens only",
+    )
+    oidc_client_id: str | None = Field(default=None, min_length=1, max_length=200)
+    oidc_client_secret: SecretStr | None = Field(
+        default=None, description="unset: a public client (PKCE alone)"
+    )
+    oidc_redirect_url: HttpUrl | None = Field(
+        default=None,
+        description="this service's callback as the provider has it registered: "
+        "https://switchboard.example.com/auth/callback",
+    )
+    oidc_provider_name: str = Field(default="SSO", min_length=1, max_length=60)
+    oidc_scopes: str = Field(
+        default="openid email profile",
+        description="add the scope your provider needs for the groups claim (Okta: groups)",
+    )
+    oidc_groups_claim: str = Field(default="groups", min_length=1, max_length=100)
+    oidc_role_mapping: list[RoleMapping] = Field(
+        default_factory=list,
+        description='JSON list: [{"group": "platform-admins", "role": "admin", "clusters": '
+        '["*"]}]; a person in none of these groups is refused sign-in',
+    )
+    session_hours: float = Field(
+        default=8.0, gt=0, le=24 * 30, description="how long a person's session lasts"
+    )
+
+    @model_validator(mode="after")
+    def _oidc_complete(self) -> Settings:
+        """Sign-in is all or nothing: an issuer without a client id, callback or any
+        group mapping would only ever refuse people."""
+        if self.oidc_issuer is None:
+            return self
+        missing = [
+            name
+            for name, value in (
+                ("oidc_client_id", self.oidc_client_id),
+                ("oidc_redirect_url", self.oidc_redirect_url),
+                ("oidc_role_mapping", self.oidc_role_mapping),
+            )
+            if not value
+        ]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: needed with oidc_issuer")
+        if "openid" not in self.oidc_scopes.split():
+            raise ValueError("oidc_scopes: must include openid")
+        return self
 
     @field_validator("workload_issuers")
     @classmethod

@@ -29,6 +29,8 @@ from mla_switchboard.service.inputs import InputsPublisher, index_factory
 from mla_switchboard.service.live import LiveConfig, fan_out
 from mla_switchboard.service.messages import protect
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.oidc import RelyingParty
+from mla_switchboard.service.people import People
 from mla_switchboard.service.reads.audit import AuditReads
 from mla_switchboard.service.reads.health import Health
 from mla_switchboard.service.reads.pods import PodReads
@@ -168,6 +170,11 @@ class Runtime:
         )
         self.rules_writes = RulesWrites(store.config, self.live, self.previews, flow)
         self.token_writes = TokenWrites(store.tokens, flow)
+        # people sign in through the identity provider when one is configured
+        self.relying_party = RelyingParty(settings) if settings.oidc_issuer else None
+        self.people = People(
+            store.sessions, settings.oidc_role_mapping, timedelta(hours=settings.session_hours)
+        )
         self.evidence_writes = EvidenceWrites(store.measurements, self.evidence_sync.catch_up, flow)
         self.reports = Reports(
             store.measurements,

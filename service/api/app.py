@@ -18,6 +18,7 @@ from mla_switchboard.service.api.headers import EdgeHeaders
 from mla_switchboard.service.api.middleware import CLIENT_GONE, BodyLimitAndMetrics
 from mla_switchboard.service.api.routes import (
     admin,
+    auth,
     backends,
     dashboard,
     health,
@@ -101,6 +102,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         measurements,
         backends,
         admin,
+        auth,
         health,
         dashboard,
     ):

@@ -20,6 +20,8 @@ from mla_switchboard.service.auth_workload import (
 )
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.oidc import RelyingParty
+from mla_switchboard.service.people import CSRF_HEADER, SESSION_COOKIE, People, csrf_ok
 from mla_switchboard.service.reads.audit import AuditReads
 from mla_switchboard.service.reads.health import Health
 from mla_switchboard.service.reads.pods import PodReads
@@ -79,6 +81,8 @@ OverrideWritesDep = Annotated[OverrideWrites, Depends(_service(lambda r: r.overr
 RulesWritesDep = Annotated[RulesWrites, Depends(_service(lambda r: r.rules_writes))]
 TokenWritesDep = Annotated[TokenWrites, Depends(_service(lambda r: r.token_writes))]
 EvidenceWritesDep = Annotated[EvidenceWrites, Depends(_service(lambda r: r.evidence_writes))]
+PeopleDep = Annotated[People, Depends(_service(lambda r: r.people))]
+RelyingPartyDep = Annotated[RelyingParty | None, Depends(_service(lambda r: r.relying_party))]
 
 
 def fail(status: int, message: str, **extra: Any) -> NoReturn:
@@ -225,11 +229,44 @@ def require(role: Role | None) -> Callable[..., Principal]:
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Principal:
         # ``credentials`` is declared so that OpenAPI shows the bearer scheme.
+        if not request.headers.get("authorization") and SESSION_COOKIE in request.cookies:
+            return await person_from(request, role)
         await verify_workload(request.headers.get("authorization", ""), await get_workload(request))
         return principal_from(request, role)
 
     dependency.__name__ = f"require_{role or 'token'}"
     return dependency
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+async def person_from(request: Request, role: Role | None) -> Principal:
+    """The signed-in person of the request's session cookie (a bearer token, when
+    present, wins: automation never depends on a browser's cookie); 401 when the
+    session is unknown, signed out or expired, 403 for a write without the session's
+    CSRF token or for a role the person's groups do not give."""
+    session_id = request.cookies[SESSION_COOKIE]
+    people = _runtime(request).people
+    principal = await anyio.to_thread.run_sync(people.principal, session_id)
+    if principal is None:
+        raise HTTPException(
+            401,
+            detail={"message": "session expired or signed out; sign in again"},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if request.method not in SAFE_METHODS and not csrf_ok(
+        session_id, request.headers.get(CSRF_HEADER, "")
+    ):
+        fail(
+            403,
+            f"{CSRF_HEADER}: a write signed in by cookie must carry the session's CSRF "
+            "token (GET /auth/session)",
+            field=CSRF_HEADER,
+        )
+    if role is not None and not principal.has(role):
+        fail(403, f"{principal.name!r} has role {principal.role}; this needs {role}")
+    return principal
 
 
 AgentDep = Annotated[Principal, Depends(require("agent"))]

@@ -30,7 +30,7 @@ Header = tuple[bytes, bytes]
 NO_STORE: Header = (b"cache-control", b"no-store")
 
 API_PREFIX = "/v1/"
-API_PATHS = frozenset({"/v1", "/metrics", "/healthz", "/readyz"})
+API_PATHS = frozenset({"/v1", "/metrics", "/healthz", "/readyz", "/auth/session"})
 DOCS_PATHS = frozenset({"/docs", "/openapi.json"})
 DOCS_ASSETS_PREFIX = "/docs-assets/"
 

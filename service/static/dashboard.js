@@ -15,6 +15,9 @@
 
 const REFRESH_MS = 10_000;
 const TOKEN_KEY = "switchboard.viewerToken";
+// A person signed in through the identity provider: no token in the page, the session
+// is an HttpOnly cookie, and writes carry the session's CSRF token in a header.
+const SESSION = "(signed-in session)";
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 const $ = (id) => document.getElementById(id);
@@ -152,7 +155,8 @@ class ApiError extends Error {
 class StaleError extends Error {}
 
 const state = {
-  token: null,
+  token: null, // a bearer token, or SESSION
+  csrf: null, // {header, token}: what a session's writes carry (GET /auth/session)
   backends: [], // GET /v1/backends: {name, order, colour, ...} in display order
   summary: null, // last good summary, kept across failed refreshes
   activeOverrides: null,
@@ -174,10 +178,26 @@ const state = {
 // 304 (nothing changed) reuses the body without the service recomputing anything.
 const etags = new Map();
 
+/** A token goes as a Bearer header; a session's cookie goes by itself, and its writes
+ *  carry the CSRF token (a cross-site page can neither read it nor set the header). */
+function authHeaders(token, write) {
+  if (token !== SESSION) return { Authorization: `Bearer ${token}`, Accept: "application/json" };
+  const headers = { Accept: "application/json" };
+  if (write && state.csrf) headers[state.csrf.header] = state.csrf.token;
+  return headers;
+}
+
+/** Why a 401 ended the page's session, as the person reads it. */
+function rejectedMessage() {
+  return state.token === SESSION
+    ? "Your session expired or was signed out; sign in again."
+    : "Token rejected: the service does not know this token (or it was revoked).";
+}
+
 async function api(path) {
   const token = state.token;
   const kept = etags.get(path);
-  const headers = { Authorization: `Bearer ${token}`, Accept: "application/json" };
+  const headers = authHeaders(token, false);
   if (kept && kept.token === token) headers["If-None-Match"] = kept.etag;
   let res;
   try {
@@ -241,7 +261,7 @@ function problemText(status, body) {
  *  session without the viewer role. */
 async function send(method, path, { body, ifMatch, key } = {}) {
   const token = state.token;
-  const headers = { Authorization: `Bearer ${token}`, Accept: "application/json" };
+  const headers = authHeaders(token, true);
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (ifMatch) headers["If-Match"] = ifMatch;
   if (key) headers["Idempotency-Key"] = key;
@@ -263,7 +283,7 @@ async function send(method, path, { body, ifMatch, key } = {}) {
   }
   if (state.token !== token) throw new StaleError();
   if (res.status === 401) {
-    signOut("Token rejected: the service does not know this token (or it was revoked).");
+    signOut(rejectedMessage());
     throw new StaleError();
   }
   return { status: res.status, ok: res.ok, body: data, etag: res.headers.get("ETag"),
@@ -347,7 +367,7 @@ function handleAuthError(err) {
   if (err instanceof StaleError) return true; // nothing to say: the session is gone
   if (!(err instanceof ApiError)) return false;
   if (err.status === 401) {
-    signOut("Token rejected: the service does not know this token (or it was revoked).");
+    signOut(rejectedMessage());
     return true;
   }
   if (err.status === 403) {
@@ -402,6 +422,11 @@ function showApp() {
 }
 
 function signOut(message) {
+  if (state.token === SESSION) {
+    // the row goes on the service (every replica), the cookie in this browser
+    fetch("/auth/logout", { method: "POST", cache: "no-store" }).catch(() => null);
+  }
+  state.csrf = null;
   sessionStorage.removeItem(TOKEN_KEY);
   state.token = null;
   etags.clear();
@@ -1604,7 +1629,33 @@ function init() {
 
   state.token = sessionStorage.getItem(TOKEN_KEY);
   if (state.token) start(null);
-  else showSignin("");
+  else startSession();
+}
+
+/** A person signed in through the identity provider (GET /auth/session) goes straight
+ *  to the console; otherwise the sign-in card, with "Sign in with <provider>" when the
+ *  service has one configured. */
+async function startSession() {
+  let session = null;
+  try {
+    const res = await fetch("/auth/session", { cache: "no-store", headers: { Accept: "application/json" } });
+    if (res.ok) session = await res.json();
+  } catch (err) {
+    // an older service, or none reachable: the token form as before
+  }
+  const link = $("oidc-signin");
+  if (session && session.provider) {
+    link.textContent = `Sign in with ${session.provider.name}`;
+    link.href = session.provider.login_url;
+    link.hidden = false;
+  }
+  if (session && session.person) {
+    state.token = SESSION;
+    state.csrf = { header: session.csrf_header, token: session.csrf_token };
+    start(null);
+  } else {
+    showSignin("");
+  }
 }
 
 // The other two files define what init() wires up: run it once every script is in.

@@ -9,6 +9,7 @@ from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.fleet import FleetStore
 from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.refusals import RefusalStore
+from mla_switchboard.service.store.sessions import SessionStore
 from mla_switchboard.service.store.tokens import TokenStore
 from sqlalchemy import Engine
 
@@ -28,6 +29,7 @@ class Store:
         self.fleet = FleetStore(engine)
         self.measurements = MeasurementStore(engine)
         self.refusals = RefusalStore(engine)
+        self.sessions = SessionStore(engine)
 
     def recall_idempotency(
         self, owner: str, key: str, request_hash: str | None = None

@@ -249,3 +249,18 @@ class MeasurementRow(Base):
     # Counted as evidence: the reporting pod has a recorded decision in this cluster
     # for the same situation. Reports that do not are kept, not counted.
     counted: Mapped[bool] = mapped_column(Boolean, server_default=true())
+
+
+class PersonSessionRow(Base):
+    """A person's signed-in session (service/people.py). Keyed by the SHA-256 of the
+    cookie's random id, so a copy of the table signs no one in; any replica finds it.
+    Role and clusters are what the group mapping gave at sign-in."""
+
+    __tablename__ = "person_sessions"
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(255))
+    email: Mapped[str | None] = mapped_column(String(320), nullable=True)
+    role: Mapped[str] = mapped_column(String(16))
+    clusters: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

@@ -49,7 +49,7 @@ class EvidenceWrites:
             key,
             respond,
             lambda idem: self.measurements.clear_failures(
-                situation, backend, actor=principal.name, note=note, idempotency=idem
+                situation, backend, actor=principal.actor, note=note, idempotency=idem
             ),
         )
         if answered is not None:

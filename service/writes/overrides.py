@@ -74,7 +74,7 @@ class OverrideWrites:
             lambda idem: self.config.put_override(
                 cluster,
                 spec,
-                actor=principal.name,
+                actor=principal.actor,
                 if_match=if_match,
                 preview=audit_counts(preview),
                 idempotency=idem,
@@ -119,7 +119,7 @@ class OverrideWrites:
             respond,
             lambda idem: self.config.delete_override(
                 cluster,
-                actor=principal.name,
+                actor=principal.actor,
                 if_match=if_match,
                 note=note,
                 preview=audit_counts(preview),
@@ -184,7 +184,7 @@ class OverrideWrites:
                 cluster,
                 current.rollout.id,  # type: ignore[union-attr]
                 change,
-                actor=principal.name,
+                actor=principal.actor,
                 action=f"rollout.{action}",
                 note=note,
                 idempotency=idem,

@@ -63,7 +63,7 @@ class RulesWrites:
                 respond,
                 lambda idem: self.config.put_rules(
                     proposed,
-                    actor=principal.name,
+                    actor=principal.actor,
                     if_match=if_match,
                     note=note,
                     preview={k: v for k, v in preview.model_dump().items() if k != "invalid"},

@@ -44,7 +44,7 @@ class TokenWrites:
                 role=role,
                 clusters=clusters,
                 secret_hash=secret_hash,
-                actor=principal.name,
+                actor=principal.actor,
                 idempotency=idem,
             )
         except OutcomeUnknown as exc:
@@ -90,7 +90,7 @@ class TokenWrites:
             return Problem(403, "only an unrestricted admin token may revoke tokens")
         idem = self.flow.idempotency(principal, key, lambda _stored: (204, {}))
         try:
-            result = self.tokens.revoke_token(token_id, actor=principal.name, idempotency=idem)
+            result = self.tokens.revoke_token(token_id, actor=principal.actor, idempotency=idem)
         except OutcomeUnknown as exc:
             return unknown(exc, key)
         if isinstance(result, Replayed):

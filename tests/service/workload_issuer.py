@@ -39,6 +39,10 @@ class TestIssuer:
                         "issuer": issuer.url,
                         "jwks_uri": issuer.url + "/openid/v1/jwks",
                         "id_token_signing_alg_values_supported": ["RS256"],
+                        # what an OIDC provider's discovery names besides (people's
+                        # sign-in reads them; this issuer answers neither)
+                        "authorization_endpoint": issuer.url + "/authorize",
+                        "token_endpoint": issuer.url + "/token",
                     }
                 elif self.path == "/openid/v1/jwks":
                     body = issuer.jwks()

@@ -1,0 +1,231 @@
+"""The OIDC relying party: a person signs in at the identity provider, and the
+service learns who they are and which groups they are in.
+
+Authorization code flow with PKCE (S256), ``state`` and ``nonce``: :meth:`start` makes
+the provider's URL and the three secrets the browser keeps until the callback (in an
+HttpOnly cookie: any replica can finish what another began); :meth:`finish` exchanges
+the code and verifies the ID token's signature against the provider's published keys
+(found through its discovery document, whose ``issuer`` must be the configured one),
+its ``iss``, ``aud`` (this client), ``exp`` and ``nonce``. The grant URL and the token
+request are built with Authlib's RFC 6749/7636 helpers; the JWT is checked with PyJWT,
+the library that already verifies pods' service-account tokens (one JOSE library to
+keep current, asymmetric algorithms only).
+
+Errors are values (:class:`~mla_switchboard.service.outcomes.Problem`) fit to show the
+person: which check failed, never a token or a key.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import jwt
+from authlib.oauth2.rfc6749.parameters import prepare_grant_uri, prepare_token_request
+from authlib.oauth2.rfc7636 import create_s256_code_challenge
+from mla_switchboard.service.config import Settings
+from mla_switchboard.service.outcomes import Problem
+
+ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256")
+LEEWAY_S = 30.0
+KEYS_MAX_AGE_S = 3600.0
+REFETCH_S = 30.0
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What the browser holds between the redirect to the provider and the callback."""
+
+    state: str
+    nonce: str
+    verifier: str
+
+
+@dataclass(frozen=True)
+class Person:
+    """Who the provider says signed in."""
+
+    subject: str
+    email: str | None
+    groups: tuple[str, ...]
+
+
+class RelyingParty:
+    """This service as an OIDC client of one provider (``SWITCHBOARD_OIDC_*``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: Callable[[], httpx.AsyncClient] = lambda: httpx.AsyncClient(timeout=10.0),
+    ) -> None:
+        assert settings.oidc_issuer and settings.oidc_client_id and settings.oidc_redirect_url
+        self.issuer = settings.oidc_issuer
+        self.client_id = settings.oidc_client_id
+        secret = settings.oidc_client_secret
+        self.client_secret = secret.get_secret_value() if secret is not None else None
+        self.redirect_url = settings.oidc_redirect_url
+        self.scopes = settings.oidc_scopes
+        self.groups_claim = settings.oidc_groups_claim
+        self.provider_name = settings.oidc_provider_name
+        self._client = client
+        self._discovery: dict[str, Any] | None = None
+        self._keys: jwt.PyJWKSet | None = None
+        self._keys_at = 0.0
+
+    async def start(self) -> tuple[str, Pending] | Problem:
+        """The provider's authorization URL, and what the callback must find again."""
+        found = await self._discovered()
+        if isinstance(found, Problem):
+            return found
+        pending = Pending(
+            state=secrets.token_urlsafe(32),
+            nonce=secrets.token_urlsafe(32),
+            verifier=secrets.token_urlsafe(48),
+        )
+        url = prepare_grant_uri(
+            found["authorization_endpoint"],
+            self.client_id,
+            "code",
+            redirect_uri=self.redirect_url,
+            scope=self.scopes,
+            state=pending.state,
+            nonce=pending.nonce,
+            code_challenge=create_s256_code_challenge(pending.verifier),
+            code_challenge_method="S256",
+        )
+        return url, pending
+
+    async def finish(self, code: str, state: str, pending: Pending) -> Person | Problem:
+        """The person behind the callback's ``code``, once ``state`` is the one this
+        browser was sent with and the ID token checks out."""
+        if not hmac.compare_digest(state.encode(), pending.state.encode()):
+            return Problem(400, "state: the callback's state is not the one this sign-in sent")
+        found = await self._discovered()
+        if isinstance(found, Problem):
+            return found
+        body = prepare_token_request(
+            "authorization_code",
+            code=code,
+            redirect_uri=self.redirect_url,
+            code_verifier=pending.verifier,
+            client_id=self.client_id,
+        )
+        auth = (self.client_id, self.client_secret) if self.client_secret else None
+        try:
+            async with self._client() as http:
+                answer = await http.post(
+                    found["token_endpoint"],
+                    content=body,
+                    auth=auth,  # type: ignore[arg-type]
+                    headers={"Content-Type": "application/x-www-form-urlencoded"},
+                )
+        except httpx.HTTPError as exc:
+            return Problem(502, f"the identity provider could not be reached: {type(exc).__name__}")
+        if answer.status_code != 200:
+            return Problem(400, f"code: the identity provider refused it ({answer.status_code})")
+        id_token = _json(answer).get("id_token")
+        if not isinstance(id_token, str):
+            return Problem(502, "the identity provider answered no id_token")
+        return await self.verify_id_token(id_token, pending.nonce)
+
+    async def verify_id_token(self, id_token: str, nonce: str) -> Person | Problem:
+        """The person an ID token names, once its signature (the provider's published
+        keys), ``iss``, ``aud``, ``exp`` and ``nonce`` check out."""
+        try:
+            header = jwt.get_unverified_header(id_token)
+        except jwt.PyJWTError:
+            return Problem(400, "id_token: not a JWT")
+        if header.get("alg") not in ALGORITHMS:
+            return Problem(400, f"id_token: unsupported algorithm {header.get('alg')!r}")
+        key = await self._key(header.get("kid"))
+        if isinstance(key, Problem):
+            return key
+        try:
+            claims = jwt.decode(
+                id_token,
+                key,
+                algorithms=list(ALGORITHMS),
+                audience=self.client_id,
+                issuer=self.issuer,
+                leeway=LEEWAY_S,
+                options={"require": ["iss", "aud", "exp", "iat", "sub"]},
+            )
+        except jwt.ExpiredSignatureError:
+            return Problem(400, "id_token: expired")
+        except jwt.InvalidAudienceError:
+            return Problem(400, "id_token: wrong audience")
+        except jwt.InvalidIssuerError:
+            return Problem(400, "id_token: wrong issuer")
+        except jwt.InvalidSignatureError:
+            return Problem(400, "id_token: bad signature")
+        except jwt.PyJWTError as exc:
+            return Problem(400, f"id_token: {exc}")
+        got = claims.get("nonce")
+        if not isinstance(got, str) or not hmac.compare_digest(got.encode(), nonce.encode()):
+            return Problem(400, "nonce: the ID token's nonce is not the one this sign-in sent")
+        groups = claims.get(self.groups_claim) or ()
+        if isinstance(groups, str):
+            groups = (groups,)
+        email = claims.get("email")
+        return Person(
+            subject=str(claims["sub"]),
+            email=email if isinstance(email, str) and email else None,
+            groups=tuple(str(g) for g in groups if isinstance(g, str)),
+        )
+
+    async def _discovered(self) -> dict[str, Any] | Problem:
+        """The provider's discovery document, fetched once and kept."""
+        if self._discovery is not None:
+            return self._discovery
+        url = self.issuer.rstrip("/") + "/.well-known/openid-configuration"
+        try:
+            async with self._client() as http:
+                doc = _json(await http.get(url))
+        except httpx.HTTPError as exc:
+            return Problem(502, f"the identity provider could not be reached: {type(exc).__name__}")
+        if doc.get("issuer") != self.issuer:
+            return Problem(502, "the identity provider's discovery names another issuer")
+        needed = ("authorization_endpoint", "token_endpoint", "jwks_uri")
+        if not all(isinstance(doc.get(k), str) for k in needed):
+            return Problem(502, "the identity provider's discovery lacks " + ", ".join(needed))
+        self._discovery = doc
+        return doc
+
+    async def _key(self, kid: object) -> jwt.PyJWK | Problem:
+        """The provider's key ``kid``: the keys held, fetched again when they lack it
+        (the provider rotated) at most every REFETCH_S, and once they are an hour old."""
+        now = time.monotonic()
+        stale = self._keys is None or now - self._keys_at > KEYS_MAX_AGE_S
+        if stale or (self._find(kid) is None and now - self._keys_at > REFETCH_S):
+            found = await self._discovered()
+            if isinstance(found, Problem):
+                return found
+            try:
+                async with self._client() as http:
+                    self._keys = jwt.PyJWKSet.from_dict(_json(await http.get(found["jwks_uri"])))
+                self._keys_at = now
+            except (httpx.HTTPError, jwt.PyJWTError) as exc:
+                if self._keys is None:
+                    reason = type(exc).__name__
+                    return Problem(502, f"the provider's keys could not be had: {reason}")
+        key = self._find(kid)
+        return key if key is not None else Problem(400, "id_token: unknown kid")
+
+    def _find(self, kid: object) -> jwt.PyJWK | None:
+        if self._keys is None:
+            return None
+        keys = [k for k in self._keys.keys if kid is None or k.key_id == kid]
+        return keys[0] if keys else None
+
+
+def _json(answer: httpx.Response) -> dict[str, Any]:
+    try:
+        data = answer.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,299 @@
+"""People sign in with OIDC: against a real identity provider process
+(``oidc-provider-mock``) and a real ``switchboard serve``, through httpx as a
+browser would (cookies kept, redirects followed by hand).
+
+- an admin signs in: the session names them, a cookie write needs the session's CSRF
+  header, and the audit records their e-mail and subject;
+- a person of ``team-a`` (viewer of ``prod-*``) sees only prod clusters;
+- a person in no mapped group is refused with a page saying so;
+- a callback with another state, or whose ID token carries another nonce, is a 400;
+  an ID token with another audience or issuer, expired, or with a bad signature is
+  refused (signed by a test issuer serving its keys over HTTP, checked in-process);
+- a configuration that could only refuse people stops the service, naming the field;
+- sign-out ends the session (every later request is 401); so does expiry;
+- in headless Chromium, the console's "Sign in with Mock IdP" through to the console
+  naming the person, a write from the page and the audit card naming them, sign-out.
+
+The browser flow shares this module's processes (a provider and a service cost ~5 s to
+start on the shared 2-core machine), marked ``browser`` like tests/browser/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from mla_switchboard.service.config import Settings
+from mla_switchboard.service.oidc import Person, RelyingParty
+from mla_switchboard.service.outcomes import Problem
+from pydantic import ValidationError
+from sqlalchemy import create_engine, text
+
+from tests.conftest import ADMIN, ServiceProcess
+from tests.service.oidc_provider import Provider, provider_and_service
+from tests.service.workload_issuer import TestIssuer
+
+R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 128}
+
+
+def pod(cluster: str, name: str) -> dict[str, object]:
+    return {
+        "cluster": cluster,
+        "node": "n-1",
+        "pod": name,
+        "device": {"name": "NVIDIA H200", "capability": [9, 0]},
+        "model": {"name": "deepseek-ai/DeepSeek-R1", **R1},
+        "dtype": "bfloat16",
+        "packages": {"torch": "2.11.0", "flashinfer": "0.7.2"},
+    }
+
+
+@pytest.fixture(scope="module")
+def processes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Provider, ServiceProcess]]:
+    for provider, service in provider_and_service(tmp_path_factory.mktemp("people")):
+        with service.client() as api:
+            for cluster in ("prod-east", "lab-1"):
+                assert api.post("/v1/select", json=pod(cluster, f"{cluster}-0")).status_code == 200
+        yield provider, service
+
+
+@pytest.fixture
+def provider(processes: tuple[Provider, ServiceProcess]) -> Provider:
+    return processes[0]
+
+
+@pytest.fixture
+def service(processes: tuple[Provider, ServiceProcess]) -> ServiceProcess:
+    return processes[1]
+
+
+def begin(service: ServiceProcess) -> tuple[httpx.Client, str]:
+    """A browser at ``/auth/login``: its client (cookies) and the provider's URL."""
+    browser = httpx.Client(base_url=service.url, timeout=10)
+    r = browser.get("/auth/login")
+    assert r.status_code == 302, r.text
+    return browser, r.headers["location"]
+
+
+def consent(authorize_url: str, sub: str) -> str:
+    """The person signs in at the provider; the callback URL it sends them back to."""
+    r = httpx.post(authorize_url, data={"sub": sub}, timeout=10)
+    assert r.status_code == 302, r.text
+    return r.headers["location"]
+
+
+def sign_in(service: ServiceProcess, sub: str) -> httpx.Client:
+    browser, url = begin(service)
+    r = browser.get(consent(url, sub))
+    assert r.status_code == 303, r.text
+    return browser
+
+
+def test_admin_signs_in_writes_with_csrf_and_is_audited(
+    service: ServiceProcess, provider: Provider
+) -> None:
+    provider.person("alice-sub", "alice@example.com", ["platform-admins", "team-a"])
+    browser, url = begin(service)
+    authorize = parse_qs(urlsplit(url).query)
+    assert authorize["code_challenge_method"] == ["S256"] and authorize["nonce"][0]
+    r = browser.get(consent(url, "alice-sub"))
+    assert r.status_code == 303 and r.headers["location"] == "/", r.text
+    cookie = r.headers["set-cookie"]
+    assert "sb_session=" in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
+
+    session = browser.get("/auth/session").json()
+    assert session["person"] == {
+        "name": "alice@example.com",
+        "subject": "alice-sub",
+        "role": "admin",  # the first mapped group decides
+        "clusters": None,
+    }
+    assert browser.get("/v1/whoami").json()["name"] == "alice@example.com"
+
+    spec = {"force": "FLASHINFER", "note": "by a person"}
+    refused = browser.put("/v1/overrides/prod-east", json=spec)
+    assert refused.status_code == 403 and refused.json()["detail"]["field"] == "X-CSRF-Token"
+    wrong = browser.put("/v1/overrides/prod-east", json=spec, headers={"X-CSRF-Token": "0" * 64})
+    assert wrong.status_code == 403
+    csrf = {session["csrf_header"]: session["csrf_token"]}
+    assert browser.put("/v1/overrides/prod-east", json=spec, headers=csrf).status_code == 200
+
+    with service.client() as api:  # bearer tokens keep working beside sessions
+        entries = api.get("/v1/audit", params={"limit": 5}).json()["items"]
+    assert entries[0]["actor"] == "alice@example.com (sub alice-sub)"
+    assert entries[0]["target"] == "prod-east"
+
+
+def test_scoped_person_sees_only_prod(service: ServiceProcess, provider: Provider) -> None:
+    provider.person("bob-sub", "bob@example.com", ["team-a", "unmapped"])
+    browser = sign_in(service, "bob-sub")
+    me = browser.get("/v1/whoami").json()
+    assert (me["role"], me["clusters"]) == ("viewer", ["prod-*"])
+    clusters = browser.get("/v1/selections/summary").json()["clusters"]
+    assert set(clusters) == {"prod-east"}
+    write = browser.put("/v1/overrides/prod-east", json={"force": "FLASHINFER"})
+    assert write.status_code == 403
+
+
+def test_person_in_no_mapped_group_is_refused(service: ServiceProcess, provider: Provider) -> None:
+    provider.person("carol-sub", "carol@example.com", ["marketing"])
+    browser, url = begin(service)
+    r = browser.get(consent(url, "carol-sub"))
+    assert r.status_code == 403 and r.headers["content-type"].startswith("text/html")
+    assert "carol@example.com is in no group" in r.text and "marketing" in r.text
+    assert "sb_session" not in browser.cookies
+
+
+def test_wrong_state_and_wrong_nonce_are_refused(
+    service: ServiceProcess, provider: Provider
+) -> None:
+    provider.person("dave-sub", "dave@example.com", ["platform-admins"])
+    browser, url = begin(service)
+    callback = consent(url, "dave-sub")
+    forged = callback.replace("state=", "state=x", 1)
+    r = browser.get(forged)
+    assert r.status_code == 400 and "state: the callback" in r.text
+
+    browser, url = begin(service)
+    kept = json.loads(base64.urlsafe_b64decode(browser.cookies["sb_login"]))
+    kept["n"] = "another-nonce"
+    tampered = base64.urlsafe_b64encode(json.dumps(kept).encode()).decode()
+    browser.cookies.set("sb_login", tampered, path="/auth/callback")
+    r = browser.get(consent(url, "dave-sub"))
+    assert r.status_code == 400 and "nonce: the ID token" in r.text
+
+    r = httpx.get(service.url + "/auth/callback?code=x&state=y")  # no sign-in begun here
+    assert r.status_code == 400 and "not started in this browser" in r.text
+
+
+def test_sign_out_and_expiry_end_the_session(
+    service: ServiceProcess, provider: Provider, tmp_path: Path
+) -> None:
+    provider.person("erin-sub", "erin@example.com", ["platform-admins"])
+    browser = sign_in(service, "erin-sub")
+    assert browser.get("/v1/whoami").status_code == 200
+    session_id = browser.cookies["sb_session"]
+    assert browser.post("/auth/logout").status_code == 204
+    stale = httpx.get(service.url + "/v1/whoami", cookies={"sb_session": session_id})
+    assert stale.status_code == 401 and "signed out" in stale.json()["detail"]["message"]
+
+    browser = sign_in(service, "erin-sub")
+    engine = create_engine(service.database_url)
+    with engine.begin() as db:  # the session's hours are up
+        db.execute(
+            text("UPDATE person_sessions SET expires_at = :t"),
+            {"t": datetime.now(UTC) - timedelta(seconds=1)},
+        )
+    engine.dispose()
+    assert browser.get("/v1/whoami").status_code == 401
+    assert browser.get("/auth/session").json()["person"] is None
+    assert (
+        httpx.get(
+            service.url + "/v1/whoami", headers={"Authorization": f"Bearer {ADMIN}"}
+        ).status_code
+        == 200
+    )
+
+
+@pytest.mark.browser
+def test_console_sign_in_in_chromium(service: ServiceProcess, provider: Provider) -> None:
+    from tests.browser.test_dashboard_browser import (
+        TIMEOUT_MS,
+        ConsoleErrors,
+        _skip_if_missing,
+        launch,
+    )
+
+    _skip_if_missing()
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    provider.person("fay-sub", "fay@example.com", ["platform-admins"])
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page()
+            errors = ConsoleErrors(page, allowed_statuses=set())
+            page.goto(service.url + "/")
+            link = page.locator("#oidc-signin")
+            expect(link).to_have_text("Sign in with Mock IdP")
+            link.click()
+            page.locator('input[name="sub"]').first.fill("fay-sub")
+            page.locator('input[name="sub"]').first.press("Enter")
+            expect(page.locator("#whoami")).to_have_text("fay@example.com (admin)")
+            assert page.evaluate("sessionStorage.length") == 0  # no token in the page
+
+            # a write from the page: its CSRF header goes with the cookie
+            status = page.evaluate(
+                """async () => (await send("PUT", "/v1/overrides/lab-1", {
+                    body: {force: "FLASHINFER", note: "from the console"}, key: newKey(),
+                })).status"""
+            )
+            assert status == 200
+            page.locator("#refresh").click()
+            expect(page.locator("#audit")).to_contain_text("fay@example.com (sub fay-sub)")
+
+            page.locator("#sign-out").click()
+            expect(page.locator("#signin")).to_be_visible()
+            page.reload()
+            expect(page.locator("#oidc-signin")).to_be_visible()
+            expect(page.locator("#app")).to_be_hidden()
+            # the provider's own page loads its CSS from a CDN this machine cannot reach
+            assert [e for e in errors if provider.url not in e and "cdn." not in e] == []
+        finally:
+            browser.close()
+
+
+def test_id_token_checks() -> None:
+    issuer = TestIssuer()
+    try:
+        issuer.add_key("k1")
+        rp = RelyingParty(
+            Settings(
+                oidc_issuer=issuer.url,
+                oidc_client_id="console",
+                oidc_redirect_url="http://127.0.0.1/auth/callback",
+                oidc_role_mapping=[{"group": "g", "role": "viewer", "clusters": ["*"]}],
+            )
+        )
+        person = {"nonce": "n-1", "email": "gil@example.com", "groups": ["g"]}
+
+        def verify(token: str, nonce: str = "n-1") -> Person | Problem:
+            return asyncio.run(rp.verify_id_token(token, nonce))
+
+        good = issuer.token(audience="console", claims=person)
+        got = verify(good)
+        assert isinstance(got, Person) and (got.email, got.groups) == ("gil@example.com", ("g",))
+        other = issuer.token("other", audience="console", claims=person)
+        forged = ".".join([*good.split(".")[:1], other.split(".")[1], good.split(".")[2]])
+        cases = {
+            "wrong audience": issuer.token(audience="someone-else", claims=person),
+            "wrong issuer": issuer.token(audience="console", issuer="https://evil", claims=person),
+            "expired": issuer.token(audience="console", expires_in=-120, claims=person),
+            "bad signature": forged,
+        }
+        for reason, token in cases.items():
+            got = verify(token)
+            assert isinstance(got, Problem) and got.message == f"id_token: {reason}", got
+        got = verify(good, nonce="n-2")
+        assert isinstance(got, Problem) and got.message.startswith("nonce:")
+    finally:
+        issuer.close()
+
+
+def test_incomplete_sign_in_configuration_names_the_fields() -> None:
+    with pytest.raises(
+        ValidationError, match="oidc_client_id, oidc_redirect_url, oidc_role_mapping"
+    ):
+        Settings(oidc_issuer="https://login.example.com")
+    with pytest.raises(ValidationError, match=r"oidc_role_mapping\.0\.role"):
+        Settings(oidc_role_mapping=[{"group": "g", "role": "root", "clusters": ["*"]}])
