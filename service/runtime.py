@@ -160,6 +160,7 @@ class Runtime:
                 min_pods=settings.measured_min_pods,
             ),
             self.collector,
+            read_back=self.evidence_sync.read_back,
         )
         self.previews = Previews(self.reads)
         self.audit = AuditReads(store.audit)
