@@ -196,6 +196,14 @@ class Settings(BaseSettings):
         description="a pod that has not asked for a decision for this long leaves the live "
         "fleet (summary, previews, fleet table); its decisions stay in the log",
     )
+    store_deadline_s: float = Field(
+        default=4.0,
+        gt=0,
+        le=60,
+        description="how long a request (every route but /v1/select, which never waits "
+        "on the store) waits for each store call; past it the answer is 503 with "
+        "Retry-After, saying whether a write was applied, and the call is abandoned",
+    )
     fleet_read_budget_s: float = Field(
         default=10.0,
         gt=0,

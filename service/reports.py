@@ -121,11 +121,12 @@ class Reports:
         if not principal.may_touch(record.cluster):
             return Problem(403, principal.out_of_scope(record.cluster))
         request = _stored_request(record.request_json)
-        self.measurement_store.record_failure(decision_id, backend.value, error)
+        now = datetime.now(UTC)  # stored and in memory alike (a clear forgets by it)
+        self.measurement_store.record_failure(decision_id, backend.value, error, now)
         observation = None
         if request is not None:
             observation = failure_observation(
-                request, backend.value, error, datetime.now(UTC), record.pod, decision_id
+                request, backend.value, error, now, record.pod, decision_id
             )
         if observation is not None:
             self.evidence.apply_local([observation])

@@ -42,6 +42,7 @@ from mla_switchboard.service.rollouts import RolloutGuards
 from mla_switchboard.service.selector import Selector
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, make_writer_engine, migrate
+from mla_switchboard.service.store.deadline import store_deadline
 from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
 from mla_switchboard.service.throttle import FailureThrottle
 from mla_switchboard.service.workload_keys import IssuerKeys
@@ -68,10 +69,14 @@ class Runtime:
         )
         self.metrics = Metrics(settings.metrics_max_clusters)
         self.wrong_tokens = FailureThrottle(settings.auth_failures_per_minute, self.metrics)
-        self.engine = make_engine(settings.database_url)
+        self.engine = make_engine(settings.database_url, deadline_s=settings.store_deadline_s)
         # the decision writer's own pool and shorter waits (a hung database holds it alone)
         self.writer_engine = make_writer_engine(settings.database_url, self.engine)
-        self.store = Store(self.engine, decision_writer=self.writer_engine)
+        # a request waits for each store call at most this long (store/deadline.py)
+        self.store_deadline = store_deadline(self.engine, settings.store_deadline_s)
+        self.store = Store(
+            self.engine, decision_writer=self.writer_engine, deadline=self.store_deadline
+        )
         self.fleet = Fleet(self.store.decisions, self.store.fleet)
         self.pod_expiry = PodExpiry(self.store.decisions, timedelta(days=settings.pod_ttl_days))
         self._unwatch_gc: Callable[[], None] | None = None
@@ -157,6 +162,7 @@ class Runtime:
                 min_pods=settings.measured_min_pods,
             ),
             self.collector,
+            read_back=self.evidence_sync.read_back,
         )
         self.previews = Previews(self.reads)
         self.audit = AuditReads(store.audit)
@@ -226,5 +232,7 @@ class Runtime:
         self.reads.close()
         self.evidence_sync.stop()
         self.live.stop()
+        if self.store_deadline is not None:
+            self.store_deadline.close()
         self.engine.dispose()
         self.writer_engine.dispose()

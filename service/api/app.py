@@ -34,6 +34,7 @@ from mla_switchboard.service.config import Settings
 from mla_switchboard.service.fleet.groups import OverBudget
 from mla_switchboard.service.messages import first_line, redacting_exception_handler
 from mla_switchboard.service.runtime import Runtime
+from mla_switchboard.service.store.deadline import StoreDeadline, StoreTimeout
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -57,6 +58,7 @@ class SwitchboardAPI(FastAPI):
 
     select_handler: SelectHandler | None = None
     edge: EdgeHeaders | None = None
+    store_deadline: StoreDeadline | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.select_handler is not None and is_select(scope):
@@ -64,6 +66,11 @@ class SwitchboardAPI(FastAPI):
             return
         if self.edge is not None and scope["type"] == "http":
             send = self.edge.wrap(scope, send)
+        if self.store_deadline is not None and scope["type"] == "http":
+            # every store call this request makes waits at most the deadline
+            with self.store_deadline.serving(scope["method"]):
+                await super().__call__(scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
 
 
@@ -110,6 +117,8 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_errors)  # type: ignore[arg-type]
     app.add_exception_handler(SQLAlchemyError, _store_unavailable)  # type: ignore[arg-type]
+    app.add_exception_handler(StoreTimeout, _store_timed_out)  # type: ignore[arg-type]
+    app.store_deadline = runtime.store_deadline
     app.add_exception_handler(OverBudget, _over_budget)  # type: ignore[arg-type]
     app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]
     app.add_middleware(
@@ -250,6 +259,18 @@ async def _over_budget(request: Request, exc: OverBudget) -> Response:
         {"detail": {"message": f"{exc}; try again shortly"}},
         status_code=503,
         headers={"Retry-After": "5"},
+    )
+
+
+async def _store_timed_out(request: Request, exc: StoreTimeout) -> Response:
+    """The store did not answer within SWITCHBOARD_STORE_DEADLINE_S: 503 at once rather
+    than a hung request; the message says whether a write may have been applied."""
+    runtime: Runtime = request.app.state.runtime
+    runtime.metrics.store_errors.labels(op="request").inc()
+    return JSONResponse(
+        {"detail": {"message": exc.message, "outcome_unknown": exc.outcome_unknown}},
+        status_code=503,
+        headers={"Retry-After": str(exc.retry_after_s)},
     )
 
 

@@ -142,6 +142,7 @@ class EvidenceSync:
         self._pending: list[Observation] | None = None  # applied here during a full read
         self._measurements = RowCursor()
         self._failures = RowCursor()
+        self._unread_local = False  # reports applied here that no read has met yet
         self._clears = RowCursor()
         self._versions: dict[str, int] = {}  # the latest the poller saw
         self._applied: dict[str, int] = {}  # the versions the indexes reflect
@@ -236,9 +237,16 @@ class EvidenceSync:
 
     # ---------------------------------------------------------------- writes
 
+    def read_back(self) -> None:
+        """``catch_up`` when this replica applied reports of its own since the last one
+        (their rows are in memory, not yet in what was read: ``read_through``)."""
+        if self._unread_local:
+            self.catch_up()
+
     def apply_local(self, observations: Iterable[Observation]) -> bool:
         """This replica's own new evidence (already stored), applied at once."""
         now = time.monotonic()
+        self._unread_local = True
         with self._apply_lock:
             fresh = [o for o in observations if not o.source or _key(o) not in self._recent]
             for o in fresh:
@@ -294,6 +302,7 @@ class EvidenceSync:
                     self._met(read_keys)
                     self._measurements, self._failures = cursors
                     self._clears = RowCursor(clears)
+                    self.trusted.note_read_through(cursors[0].after, cursors[1].after)
             finally:
                 with self._apply_lock:
                     self._pending = None
@@ -304,6 +313,7 @@ class EvidenceSync:
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
         with self._sync_lock:
+            self._unread_local = False
             versions = self.config.versions()
             since = self.clock() - self.max_age
             read: list[Observation] = []
@@ -319,6 +329,7 @@ class EvidenceSync:
                 new = [o for o in read if not o.source or _key(o) not in self._local]
                 self._met({_key(o): o.at for o in read if o.source})
                 changed = self.trusted.add(new)
+                self.trusted.note_read_through(self._measurements.after, self._failures.after)
             # clears after the rows: a failure stored before a clear is read first,
             # then forgotten; one noted after the clear's time stays. A failure whose
             # commit overlaps the clear's (its time earlier, its row not yet visible to

@@ -189,6 +189,17 @@ class TrustedEvidence:
         self._building: set[Globs] = set()
         self._building_lock = threading.Lock()
         self._generation = 0
+        self._read_through = {"measurement_id": 0, "failure_id": 0}
+
+    @property
+    def read_through(self) -> dict[str, int]:
+        """The newest row ids of measurements and failure reports read into these
+        indexes: what a summary of them has shown, so an admin's clear can name the
+        failures it clears by their rows (``seen_through``)."""
+        return self._read_through
+
+    def note_read_through(self, measurement_id: int, failure_id: int) -> None:
+        self._read_through = {"measurement_id": measurement_id, "failure_id": failure_id}
 
     @property
     def generation(self) -> int:

@@ -19,6 +19,7 @@ priority than the loop and hands it the interpreter between groups
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ from mla_switchboard.service.fleet.preview import Preview, replay, with_override
 from mla_switchboard.service.fleet.progress import RolloutTally
 from mla_switchboard.service.priority import lower_this_thread, releasing_gradually
 from mla_switchboard.service.store.recorder import DecisionRecorder
+from sqlalchemy.exc import SQLAlchemyError
 
 T = TypeVar("T")
 
@@ -123,6 +125,10 @@ class FleetReads:
     settings: ReadSettings
     collector: Collector | None = None
     """Paused while a read runs (``service/collector.py``); None: left alone."""
+    read_back: Callable[[], object] = lambda: None
+    """Read this replica's own reports back from the store when some were applied in
+    memory only (``EvidenceSync.read_back``): the evidence summary's ``seen_through``
+    then covers the failures it shows, so a clear of them clears them."""
     _summaries: Computed[Answer] = field(init=False, default_factory=lambda: Computed(64))
     _previews: Computed[Preview] = field(init=False, default_factory=lambda: Computed(256))
     _evidence: Computed[Answer] = field(init=False, default_factory=lambda: Computed(64))
@@ -277,7 +283,12 @@ class FleetReads:
         caller whose token covers ``scope`` reads failures of the clusters ``visible``
         accepts quoted and the others counted: kept, and tagged, per scope."""
         inputs = self.inputs()
-        key = ("evidence", inputs.tag[1], inputs.evidence_generation, scope)
+        # the rows read too: a report applied here at once is read back (its row id
+        # then in seen_through) without changing the evidence
+        with contextlib.suppress(SQLAlchemyError):  # else as read so far: a clear
+            self.read_back()  # then keeps what it did not see
+        through = self.trusted.read_through
+        key = ("evidence", inputs.tag[1], inputs.evidence_generation, scope, *through.values())
         return self._evidence.get(
             key, lambda: self._serially(lambda: self._evidence_of(key, visible))
         )
@@ -289,6 +300,8 @@ class FleetReads:
             "failure_policy": evidence.failure_policy.describe(),
             "min_samples": self.settings.min_samples,
             "min_pods": self.settings.min_pods,
+            # what a clear of these failures sends back (POST .../failures/clear)
+            "seen_through": self.trusted.read_through,
         }
         return Answer.of(body, _etag(key))
 

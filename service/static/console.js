@@ -867,6 +867,8 @@ async function confirmClear(g, holder, seq) {
   if (note === null) return;
   const body = { device: g.device, capability: g.capability, dims: g.dims, dtype: g.dtype,
     packages: g.packages || {}, engine: g.engine, backend: g.backend, note };
+  // only the failure reports this page showed: one reported since stays
+  if (g.seen_through) body.seen_through = g.seen_through;
   const r = await sendFromDialog(seq, "cf-error", $("cf-confirm"), "POST",
     "/v1/measurements/failures/clear", { body, key: keyFor(holder, body) });
   if (r === null) return;
@@ -876,7 +878,8 @@ async function confirmClear(g, holder, seq) {
     return;
   }
   closeDialog();
-  notice(`Cleared ${plural(r.body.cleared ?? 0, "failure report")} of ${g.backend}.`);
+  notice(`Cleared ${plural(r.body.cleared ?? 0, "failure report")} of ${g.backend}.` +
+    (r.body.message ? ` ${r.body.message}` : ""));
   await refreshAll();
 }
 

@@ -1452,7 +1452,10 @@ function showExcludedCard() {
  *  have failure reports: what POST /v1/measurements/failures/clear takes, one each. */
 async function loadSituations() {
   const data = await apiIfServed("/v1/measurements/summary");
-  state.situations = ((data && data.groups) || []).filter((g) => g.failures > 0);
+  // each keeps the failure rows it was read up to: its Clear clears only those
+  const seen = (data && data.seen_through) || null;
+  state.situations = ((data && data.groups) || []).filter((g) => g.failures > 0)
+    .map((g) => ({ ...g, seen_through: seen }));
   renderSituations();
 }
 

@@ -50,7 +50,9 @@ class StoreConfigError(ValueError):
     """The database URL cannot be used; the message says why and what to do."""
 
 
-def make_engine(url: str, *, decision_writer: bool = False) -> Engine:
+def make_engine(
+    url: str, *, decision_writer: bool = False, deadline_s: float | None = None
+) -> Engine:
     """An engine tuned for the service: WAL and a busy timeout on SQLite so the
     decision writer and admin writes don't trip over each other; connect and TCP
     timeouts on PostgreSQL (``PG_CONNECT_ARGS``).
@@ -58,7 +60,13 @@ def make_engine(url: str, *, decision_writer: bool = False) -> Engine:
     ``decision_writer``: the engine of the background decision writer alone, with
     shorter waits (``WRITER_SQLITE_BUSY_TIMEOUT_S``, the ``WRITER_*_TIMEOUT_MS``
     statement limits) and a pool of its own, so that a write stuck on a hung
-    database holds none of the connections admin writes and reads need."""
+    database holds none of the connections admin writes and reads need.
+
+    ``deadline_s``: how long a request waits for a store call (``store/deadline.py``).
+    On PostgreSQL it also bounds the wait for a pooled connection (``pool_timeout``,
+    30 s otherwise). SQLite keeps its busy timeout: replicas starting together on one
+    file wait that long for each other's migration, and a request's call past the
+    deadline is abandoned (and its statements refused) anyway."""
     try:
         parsed = make_url(url)
     except Exception as exc:
@@ -96,8 +104,14 @@ def make_engine(url: str, *, decision_writer: bool = False) -> Engine:
             url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
         connect_args = _pg_connect_args(parsed.query, decision_writer=decision_writer)
         size = 2 if decision_writer else 10  # the writer makes one call at a time
+        pool: dict[str, Any] = {} if deadline_s is None else {"pool_timeout": deadline_s}
         return _engine(
-            url, pool_size=size, max_overflow=size, pool_pre_ping=True, connect_args=connect_args
+            url,
+            pool_size=size,
+            max_overflow=size,
+            pool_pre_ping=True,
+            connect_args=connect_args,
+            **pool,
         )
     raise StoreConfigError(
         f"unsupported database {backend!r}: use sqlite:///path or postgresql+psycopg://..."

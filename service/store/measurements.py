@@ -88,6 +88,28 @@ class Clear:
     backend: str | None
 
 
+@dataclass(frozen=True)
+class SeenThrough:
+    """The newest row ids of the two tables failures come from (wrong results among
+    measurements, build failures) that the person clearing had seen: a clear leaves
+    any row after them, reported after they looked."""
+
+    measurement_id: int
+    failure_id: int
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """What a clear did: ``count`` rows cleared; ``newer`` matching rows left because
+    they came after what was seen (0 without ``SeenThrough``)."""
+
+    count: int
+    newer: int = 0
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 @dataclass(eq=False)
 class MeasurementStore:
     engine: Engine
@@ -160,13 +182,14 @@ class MeasurementStore:
             bump(s, "evidence_version")
         return len(rows)
 
-    def record_failure(self, decision_id: str, backend: str, error: str) -> None:
+    def record_failure(
+        self, decision_id: str, backend: str, error: str, at: datetime | None = None
+    ) -> None:
+        """``at``: the time the replica's own copy in memory carries too, so a clear up
+        to the newest failure it cleared (by time, in memory) forgets that copy."""
+        at = at or datetime.now(UTC)
         with Session(self.engine) as s, s.begin():
-            s.add(
-                FailureRow(
-                    at=datetime.now(UTC), decision_id=decision_id, backend=backend, error=error
-                )
-            )
+            s.add(FailureRow(at=at, decision_id=decision_id, backend=backend, error=error))
             bump(s, "evidence_version")  # a build failure is evidence too
 
     def failures_for(self, decision_id: str) -> list[dict[str, Any]]:
@@ -322,12 +345,15 @@ class MeasurementStore:
         actor: str,
         note: str,
         idempotency: Idempotency | None = None,
-    ) -> int | Replayed:
+        seen: SeenThrough | None = None,
+    ) -> Cleared | Replayed:
         """Mark a situation's failures (wrong results and failed builds, one backend or
-        all) cleared, audited; measured selection stops counting them. Returns how many
-        (or what an earlier request with the same ``idempotency`` key was answered)."""
+        all) cleared, audited; measured selection stops counting them. With ``seen``,
+        only the rows up to it: a failure reported after the person looked stays, and
+        is counted as ``newer``. Returns what it did (or what an earlier request with
+        the same ``idempotency`` key was answered)."""
         try:
-            return self._clear_failures(situation, backend, actor, note, idempotency)
+            return self._clear_failures(situation, backend, actor, note, idempotency, seen)
         except Refused as refused:
             return refused.result  # type: ignore[no-any-return]
 
@@ -338,7 +364,8 @@ class MeasurementStore:
         actor: str,
         note: str,
         idempotency: Idempotency | None,
-    ) -> int:
+        seen: SeenThrough | None,
+    ) -> Cleared:
         now = datetime.now(UTC)
         with admin_write(self.engine, idempotency) as (s, _):
             m = MeasurementRow
@@ -354,6 +381,14 @@ class MeasurementStore:
             ]
             if backend is not None:
                 wrong.append(m.backend == backend)
+            newer = 0
+            newest = EPOCH  # the newest cleared failure's time (what replicas forget)
+            if seen is not None:
+                newer += (
+                    s.scalar(select(func.count()).where(*wrong, m.id > seen.measurement_id)) or 0
+                )
+                wrong.append(m.id <= seen.measurement_id)
+                newest = max(newest, aware(s.scalar(select(func.max(m.at)).where(*wrong)) or EPOCH))
             cleared = s.execute(update(m).where(*wrong).values(cleared_at=now)).rowcount or 0
             ids = []
             q = _failures_with_requests().where(FailureRow.cleared_at.is_(None))
@@ -361,12 +396,19 @@ class MeasurementStore:
                 if backend is not None and row.backend != backend:
                     continue
                 if row.request_json is None and row.shape_json is not None:
-                    if shape_situation(row.shape_json) == situation:
-                        ids.append(row.id)
+                    matches = shape_situation(row.shape_json) == situation
+                else:
+                    request = _request(
+                        row.request_json, row.shape_json, row.cluster, row.node, row.pod
+                    )
+                    matches = request is not None and situation_of(request) == situation
+                if not matches:
                     continue
-                request = _request(row.request_json, row.shape_json, row.cluster, row.node, row.pod)
-                if request is not None and situation_of(request) == situation:
-                    ids.append(row.id)
+                if seen is not None and row.id > seen.failure_id:
+                    newer += 1
+                    continue
+                ids.append(row.id)
+                newest = max(newest, aware(row.at))
             if ids:
                 s.execute(update(FailureRow).where(FailureRow.id.in_(ids)).values(cleared_at=now))
             cleared += len(ids)
@@ -376,17 +418,26 @@ class MeasurementStore:
                 action="evidence.clear_failures",
                 target=situation.device,
                 before=None,
-                after={"situation": asdict(situation), "backend": backend, "cleared": cleared},
+                after={
+                    "situation": asdict(situation),
+                    "backend": backend,
+                    "cleared": cleared,
+                    "newer_not_cleared": newer,
+                    "seen_through": None if seen is None else asdict(seen),
+                },
                 note=note,
                 preview=None,
             )
             # every replica forgets these failures in place when it reads this row
             # (service/evidence/sync.py): the rows it read before are not read again
-            s.add(_clear_row(situation, backend, now))
+            # keyed by what was seen, replicas forget failures noted up to the newest
+            # one cleared, not up to now: one reported since stays counted there too
+            s.add(_clear_row(situation, backend, now if seen is None else newest))
             bump(s, "evidence_version")
+            done = Cleared(cleared, newer)
             if idempotency is not None:
-                idempotency.keep(s, cleared)
-        return cleared
+                idempotency.keep(s, done)
+        return done
 
     def clear_rows(self, *, after: int | None = None, ids: Collection[int] = ()) -> list[Clear]:
         """The admins' clears with an id above ``after`` (ordered by id), or those with

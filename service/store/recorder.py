@@ -149,6 +149,11 @@ class DecisionRecorder:
         costs no extra, smaller batches.
         """
         target = self._memory.submitted
+        if self._writer.degraded and self._memory.settled() < target:
+            # the store is failing or stalled: waiting cannot get them written, and a
+            # reader held here adds seconds to an answer that a frozen store already
+            # delays (its own calls are bounded by SWITCHBOARD_STORE_DEADLINE_S)
+            return False
         deadline = time.monotonic() + timeout_s
         if wake:
             self._wake.set()

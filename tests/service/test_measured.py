@@ -7,6 +7,7 @@ GPU name of its own as well."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -492,3 +493,53 @@ def test_the_evidence_summary_answers_304_until_evidence_changes(c: httpx.Client
     assert moved.status_code == 200 and moved.headers["etag"] != etag
     groups = [g for g in moved.json()["groups"] if g["device"] == H200["name"]]
     assert [g["samples"] for g in groups] == [2]
+
+
+def test_a_clear_leaves_the_failures_reported_after_the_person_looked(
+    c: httpx.Client, server: ServiceProcess
+) -> None:
+    """A clear names the rows it clears (the summary's ``seen_through``): a failure
+    reported between looking and clicking stays counted, and the answer says so.
+    Before: a clear took every failure stored at the moment of the click."""
+    cluster = fresh()
+    measured_policy(c, cluster)
+    seed(c, cluster, FLASHINFER=650, CUDNN=540)
+    report(c, cluster, "bench-8", [("FLASHINFER", None, False)])
+
+    def group() -> tuple[dict[str, Any], dict[str, int]]:
+        summary = c.get("/v1/measurements/summary").json()
+        found = [
+            g
+            for g in summary["groups"]
+            if g["device"] == H200["name"] and g["backend"] == "FLASHINFER"
+        ]
+        return (found[0] if found else {}), summary["seen_through"]
+
+    # its own report, applied here at once, is read back before the summary shows it
+    db = sqlite3.connect(server.database_url.removeprefix("sqlite:///"))
+    (stored,) = db.execute("SELECT max(id) FROM measurements").fetchone()
+    db.close()
+    shown, seen = group()
+    assert shown["failures"] == 1 and seen["measurement_id"] >= stored, (shown, seen, stored)
+    clear = {k: shown[k] for k in ("device", "capability", "dims", "dtype", "packages", "engine")}
+    report(c, cluster, "bench-9", [("FLASHINFER", None, False)])  # after the person looked
+    r = c.post(
+        "/v1/measurements/failures/clear",
+        json={**clear, "backend": "FLASHINFER", "seen_through": seen, "note": "fixed"},
+    )
+    assert r.status_code == 200, r.text
+    assert (r.json()["cleared"], r.json()["newer_not_cleared"]) == (1, 1), r.text
+    assert "arrived after the ones you saw" in r.json()["message"]
+    assert group()[0]["failures"] == 1  # bench-9's still counts, here and in decisions
+    assert select(c, cluster)["backend"] == "CUDNN"
+    # clicked again on the page that is now stale: nothing of what it saw is left
+    again = c.post(
+        "/v1/measurements/failures/clear",
+        json={**clear, "backend": "FLASHINFER", "seen_through": seen, "note": "fixed"},
+    )
+    assert (again.json()["cleared"], again.json()["newer_not_cleared"]) == (0, 1), again.text
+    bad = c.post(
+        "/v1/measurements/failures/clear",
+        json={**clear, "seen_through": {"measurement_id": -1, "failure_id": 0}, "note": "x"},
+    )
+    assert bad.status_code == 422 and "seen_through" in str(bad.json()["detail"][0]["loc"])

@@ -73,6 +73,16 @@ def summary(
     return Response(answer.content, media_type="application/json", headers={"ETag": answer.etag})
 
 
+class SeenThroughIds(BaseModel):
+    """The newest failure report ids the caller was shown: ``seen_through`` of
+    ``GET /v1/measurements/summary``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    measurement_id: Annotated[int, Field(ge=0, strict=True)]
+    failure_id: Annotated[int, Field(ge=0, strict=True)]
+
+
 class FailureClear(BaseModel):
     """One situation, as ``GET /v1/measurements/summary`` lists it, whose failures an
     admin declares fixed (a new driver, a patched kernel)."""
@@ -91,6 +101,11 @@ class FailureClear(BaseModel):
         OWN_ENGINE
     )
     backend: BackendName | None = Field(default=None, description="null: every backend")
+    seen_through: SeenThroughIds | None = Field(
+        default=None,
+        description="the summary's seen_through: only the failures reported up to it are "
+        "cleared (one reported after you looked stays); null: every failure now stored",
+    )
     note: Annotated[
         str,
         StringConstraints(strip_whitespace=True, min_length=1, max_length=2000, pattern=NONBLANK),
@@ -121,4 +136,11 @@ def clear_failures(
     )
     backend = None if body.backend is None else body.backend.value
     key = IdempotencyKey.of(idempotency_key, "POST failures/clear", body.model_dump(mode="json"))
-    return respond(writes.clear_failures(principal, situation, backend, note=body.note, key=key))
+    seen = None
+    if body.seen_through is not None:
+        seen = (body.seen_through.measurement_id, body.seen_through.failure_id)
+    return respond(
+        writes.clear_failures(
+            principal, situation, backend, note=body.note, key=key, seen_through=seen
+        )
+    )

@@ -1,0 +1,116 @@
+"""A request's store calls against a real SQLite file held locked by another
+connection (a store that does not answer): each is abandoned at the deadline with an
+outcome the answer can state, and an abandoned write never lands afterwards."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mla_switchboard.service.store import Store
+from mla_switchboard.service.store.db import make_engine, migrate
+from mla_switchboard.service.store.deadline import StoreDeadline, StoreTimeout, store_deadline
+from sqlalchemy import event
+
+DEADLINE_S = 0.3
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[tuple[Store, StoreDeadline, Path]]:
+    db = tmp_path / "sb.db"
+    engine = make_engine(f"sqlite:///{db}?timeout=3")
+    migrate(engine)
+    deadline = StoreDeadline(DEADLINE_S, workers=4)
+    store = Store(engine, deadline=deadline)
+    store.config.ensure_seeded()
+    yield store, deadline, db
+    deadline.close()
+    engine.dispose()
+
+
+def _create(store: Store, name: str) -> None:
+    store.tokens.create_token(
+        token_id=f"id-{name}", name=name, role="viewer", clusters=None, secret_hash=f"h-{name}",
+        actor="test",
+    )  # fmt: skip
+
+
+def _names(store: Store) -> set[str]:
+    with store.engine.connect() as conn:
+        return {r[0] for r in conn.exec_driver_sql("SELECT name FROM tokens")}
+
+
+def test_outside_a_request_calls_run_as_before(
+    stores: tuple[Store, StoreDeadline, Path],
+) -> None:
+    store, _, _ = stores
+    _create(store, "plain")  # no request served: not bounded, not on a worker
+    assert "plain" in _names(store)
+
+
+def test_a_write_on_a_locked_store_is_abandoned_and_never_lands(
+    stores: tuple[Store, StoreDeadline, Path],
+) -> None:
+    store, deadline, db = stores
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        with deadline.serving("POST"):
+            start = time.monotonic()
+            with pytest.raises(StoreTimeout) as caught:
+                _create(store, "late")
+            took = time.monotonic() - start
+        assert DEADLINE_S <= took < DEADLINE_S + 1, took
+        assert not caught.value.outcome_unknown
+        assert "nothing was changed" in caught.value.message
+        assert caught.value.retry_after_s >= 1
+        assert deadline.outliving == 1
+        with deadline.serving("GET"):  # readers are not blocked by a writer (WAL)
+            store.audit.list_audit(action=None, target=None, actor=None, limit=5, before_id=None)
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    # the lock gone, the abandoned call goes on: its next statement is refused
+    deadline_at = time.monotonic() + 5
+    while deadline.outliving and time.monotonic() < deadline_at:
+        time.sleep(0.02)
+    assert deadline.outliving == 0
+    assert "late" not in _names(store)
+    audit = store.audit.list_audit(action=None, target=None, actor=None, limit=50, before_id=None)
+    assert not [e for e in audit if "late" in str(e)]  # no audit entry either
+    with deadline.serving("POST"):
+        _create(store, "after")  # and the store answers again
+    assert "after" in _names(store)
+
+
+def test_a_commit_already_sent_is_said_to_be_unknown(
+    stores: tuple[Store, StoreDeadline, Path],
+) -> None:
+    """A commit that outlives the deadline may land: the answer must not say it did not."""
+    store, deadline, _ = stores
+
+    def slow_commit(_: object) -> None:
+        time.sleep(DEADLINE_S * 2)
+
+    event.listen(store.engine, "commit", slow_commit)
+    try:
+        with deadline.serving("POST"), pytest.raises(StoreTimeout) as caught:
+            _create(store, "maybe")
+    finally:
+        event.remove(store.engine, "commit", slow_commit)
+    assert caught.value.outcome_unknown
+    assert "may or may not have been applied" in caught.value.message
+    time.sleep(DEADLINE_S * 2)
+    assert "maybe" in _names(store)  # here it did land
+
+
+def test_an_in_memory_database_gets_no_worker_threads() -> None:
+    """Its one connection belongs to the thread that opened it."""
+    engine = make_engine("sqlite://")
+    try:
+        assert store_deadline(engine, 4.0) is None
+    finally:
+        engine.dispose()
