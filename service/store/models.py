@@ -18,6 +18,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    false,
     true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -63,6 +64,9 @@ class DecisionRow(Base):
     request: Mapped[str | None] = mapped_column(Text, nullable=True)
     shape_id: Mapped[str | None] = mapped_column(String(24), nullable=True)
     answer_id: Mapped[str] = mapped_column(String(24))
+    # who asked (``rows.Decision``): None on rows written before it was kept
+    principal: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    verified: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
 
     __table_args__ = (
         Index("ix_decisions_cluster_id", "cluster", "id"),

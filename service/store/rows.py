@@ -31,6 +31,11 @@ class Decision(NamedTuple):
     answer_id: str
     shape_json: str
     answer_json: str | None
+    # who asked: the principal's id (``workload:<pod uid>`` for a verified pod, else the
+    # static token's id) and whether the pod's identity was verified. The rollout guards
+    # count a report as evidence from this asker, never from the pod name in a body.
+    principal: str | None = None
+    verified: bool = False
 
 
 class PodPointer(NamedTuple):

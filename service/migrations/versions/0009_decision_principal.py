@@ -1,0 +1,27 @@
+"""decisions.principal and decisions.verified: who asked for each decision (a verified
+pod's ``workload:<uid>`` or a static token's id), so that the rollout guards count a
+report as evidence from its asker rather than from a pod name in a request body. Rows
+written before keep NULL (no asker known) and ``verified`` false.
+
+Create Date: 2026-12-02 21:00:00
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0009"
+down_revision = "0008"
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("decisions") as batch:
+        batch.add_column(sa.Column("principal", sa.String(length=80), nullable=True))
+        batch.add_column(
+            sa.Column("verified", sa.Boolean(), server_default=sa.false(), nullable=False)
+        )
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("decisions") as batch:
+        batch.drop_column("verified")
+        batch.drop_column("principal")
