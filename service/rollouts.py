@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
@@ -86,6 +86,11 @@ class RolloutGuards:
     catch_up: Callable[[], object]
     metrics: Metrics
     check_s: float = 1.0
+    askers: Callable[[str, Sequence[str]], dict[str, tuple[str | None, bool]]] = (
+        lambda cluster, pods: {}
+    )
+    """Who asked for each of a cluster's pods' newest decision (principal id, verified):
+    ``DecisionStore.askers``. Unknown pods count under their name."""
     _pending: dict[tuple[str, ...], Callable[[], None]] = field(
         init=False, default_factory=dict
     )  # oldest first
@@ -109,7 +114,8 @@ class RolloutGuards:
     # ------------------------------------------------- reports, already stored
 
     def failure_reported(self, record: DecisionRecord, backend: str, error: str) -> GuardOutcome:
-        """Run the failure guard for a failure report the store holds already."""
+        """Run the failure guard for a failure report the store holds already (made by
+        the decision's own asker: ``Reports.failure`` checks it)."""
         return self._evaluate(
             ("failure", record.id, backend), lambda: self.on_failure(record, backend, error)
         )
@@ -189,9 +195,11 @@ class RolloutGuards:
     def on_failure(self, record: DecisionRecord, backend: str, error: str) -> None:
         """A pod reported that the backend it was given failed. If an active rollout put
         it there, in a cluster whose pods may halt it, and the decision was made in the
-        current stage (not before the last resume or step), the pod counts once; at
-        ``max_failures`` distinct pods the rollout halts. One pod reporting the same
-        failure again, or an old decision's failure, can never halt a rollout."""
+        current stage (not before the last resume or step), its evidence source counts
+        once (``core.rollouts.evidence_source``: a verified pod per UID, a static token
+        once however many pods it names); at ``max_failures`` distinct sources the
+        rollout halts. A source reporting again, or an old decision's failure, can never
+        halt a rollout."""
         if record.answer_json is None or backend != record.backend:
             return
         refs = json.loads(record.answer_json).get("overrides") or []
@@ -202,30 +210,44 @@ class RolloutGuards:
         }
         first_line = (error.strip().splitlines() or ["(no error text)"])[0][:200]
         where = f"{record.cluster}/{record.pod or '?'}"
+        source = rollouts.evidence_source(
+            record.principal, record.verified, record.cluster, record.pod
+        )
         for o in self.inputs().overrides_for(record.cluster):  # the fleet's, the cluster's
             r = o.rollout
             if r is None or (o.cluster, r.id) not in staged:
                 continue
 
             def count(current: Rollout) -> Rollout | None:
-                if current.state != "active" or where in current.failed_pods:
+                if current.state != "active":
+                    return None
+                known = _sources(current)
+                if source in known:
                     return None
                 started = current.stage_started_at
                 if started is not None and record.created_at < started:
                     return None  # decided before this stage began
                 if not guards(current, record.cluster):
                     return None
-                failed = [*current.failed_pods, where]
-                if len(failed) < current.max_failures:
+                sources = [*known, source]
+                failed = current.failed_pods
+                failed = failed if where in failed else [*failed, where]
+                if len(sources) < current.max_failures:
                     return current.model_copy(
-                        update={"failures": len(failed), "failed_pods": failed}
+                        update={
+                            "failures": len(sources),
+                            "failed_pods": failed,
+                            "failure_sources": sources,
+                        }
                     )
                 reason = (
-                    f"{len(failed)} stage pod(s) reported a failure of what the rollout gave "
-                    f"them, reaching max_failures {current.max_failures}: "
-                    f"{_pods_and_clusters(failed)}; latest: {where} ran {backend}: {first_line}"
+                    f"{len(sources)} evidence source(s) "
+                    f"({rollouts.count_sources(sources).text()}) reported a failure of what "
+                    f"the rollout gave their stage pods, reaching max_failures "
+                    f"{current.max_failures}: {_pods_and_clusters(failed)}; latest: {where} "
+                    f"ran {backend}: {first_line}"
                 )
-                return _halted(current, failed, reason)
+                return _halted(current, failed, reason, sources)
 
             self._change(o, count, action="rollout.failure", note=f"{where}: {first_line}")
 
@@ -270,7 +292,11 @@ class RolloutGuards:
             if not isinstance(with_it, Decision) or not isinstance(without, Decision):
                 continue
             found = rollouts.slowdown(
-                o, with_it.backend.value, without.backend.value, self._stage_samples(o, situation)
+                o,
+                with_it.backend.value,
+                without.backend.value,
+                self._stage_samples(o, situation),
+                self._sources_of(),
             )
             if found is None:
                 continue
@@ -279,9 +305,26 @@ class RolloutGuards:
             def halt(current: Rollout, reason: str = reason) -> Rollout | None:
                 if current.state != "active":
                     return None
-                return _halted(current, current.failed_pods, reason)
+                return _halted(current, current.failed_pods, reason, _sources(current))
 
             self._change(o, halt, action="rollout.slowdown", note=reason)
+
+    def _sources_of(self) -> Callable[[str, str], str]:
+        """Each sampled pod's evidence source: the asker of its newest recorded decision
+        (a report counts only from that asker, ``Reports.measurements``), read once per
+        cluster per guard evaluation."""
+        known: dict[str, dict[str, tuple[str | None, bool]]] = {}
+
+        def source(cluster: str, pod: str) -> str:
+            askers = known.get(cluster)
+            if askers is None:
+                askers = known[cluster] = {}
+            if pod not in askers:
+                askers.update(self.askers(cluster, [pod]))
+            principal, verified = askers.get(pod, (None, False))
+            return rollouts.evidence_source(principal, verified, cluster, pod)
+
+        return source
 
     def _stage_samples(self, o: Override, situation: Situation) -> Callable[[str], list[PodSample]]:
         """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
@@ -362,12 +405,21 @@ class RolloutGuards:
             )
 
 
-def _halted(current: Rollout, failed: list[str], reason: str) -> Rollout:
+def _sources(current: Rollout) -> list[str]:
+    """The evidence sources a rollout's failures counted; a rollout stored before they
+    were kept counted its pods by name."""
+    if current.failure_sources or not current.failed_pods:
+        return current.failure_sources
+    return [rollouts.UNATTRIBUTED + where for where in current.failed_pods]
+
+
+def _halted(current: Rollout, failed: list[str], reason: str, sources: list[str]) -> Rollout:
     return current.model_copy(
         update={
             "state": "halted",
-            "failures": len(failed),
+            "failures": len(sources),
             "failed_pods": failed,
+            "failure_sources": sources,
             "halted_reason": reason,
             "halted_at": datetime.now(UTC),
         }

@@ -143,6 +143,7 @@ class Runtime:
             self.evidence_sync.catch_up,
             self.metrics,
             check_s=settings.rollout_check_s,
+            askers=store.decisions.askers,
         )
         self.reads = FleetReads(
             self.fleet,

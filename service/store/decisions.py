@@ -473,6 +473,26 @@ class DecisionStore:
         with Session(self.engine) as s:
             return [_decision(row.DecisionRow, row.request) for row in s.execute(q)]
 
+    def askers(self, cluster: str, pods: Sequence[str]) -> dict[str, tuple[str | None, bool]]:
+        """Who asked for each named pod's newest decision in ``cluster``: (principal id,
+        verified), what the rollout guards count a pod's samples under. A pod on several
+        nodes answers for its newest decision; a pod not in the live fleet is left out."""
+        out: dict[str, tuple[str | None, bool]] = {}
+        newest: dict[str, str] = {}
+        p, d = PodLatest, DecisionRow
+        with self.engine.connect() as conn:
+            for i in range(0, len(pods), 300):
+                rows = conn.execute(
+                    select(p.pod, p.decision_id, d.principal, d.verified)
+                    .join(d, d.id == p.decision_id)
+                    .where(p.cluster == cluster, p.pod.in_(pods[i : i + 300]))
+                )
+                for pod, decision_id, principal, verified in rows:
+                    if decision_id > newest.get(pod, ""):
+                        newest[pod] = decision_id
+                        out[pod] = (principal, bool(verified))
+        return out
+
     def get_decision(self, decision_id: str) -> DecisionRecord | None:
         with Session(self.engine) as s:
             found = s.execute(self._with_request().where(DecisionRow.id == decision_id)).first()
