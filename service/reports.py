@@ -84,6 +84,8 @@ class Reports:
                     "and engine: stored, not counted as evidence (call /v1/select as this "
                     "pod, with this token, first)"
                 )
+        if reason is None:
+            self.rollouts.expect_measurements(report, report_id)
         count = self.measurement_store.add_measurements(report, report_id, counted=reason is None)
         guard = None
         if reason is None:
@@ -132,6 +134,7 @@ class Reports:
                 extra={"field": "decision_id"},
             )
         request = _stored_request(record.request_json)
+        self.rollouts.expect_failure(record, backend.value, error)
         self.measurement_store.record_failure(decision_id, backend.value, error)
         observation = None
         if request is not None:

@@ -27,7 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from mla_switchboard.core import rollouts
@@ -51,6 +51,8 @@ from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store.base import OutcomeUnknown
 from mla_switchboard.service.store.config import ConfigStore
+from mla_switchboard.service.store.guard_pending import GuardPendingStore
+from mla_switchboard.service.store.rows import PendingGuard
 from prometheus_client import Gauge
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
@@ -89,6 +91,15 @@ class RolloutGuards:
     askers: Callable[[str, Sequence[str]], dict[str, tuple[str | None, bool]]] = (
         lambda cluster, pods: {}
     )
+    pending_store: GuardPendingStore | None = None
+    """Evaluations noted in the database before their report is stored, so that no
+    replica's step overtakes one this replica could not run (None: in memory only)."""
+    decision_of: Callable[[str], DecisionRecord | None] = lambda decision_id: None
+    """A stored decision by id (``DecisionStore.get_decision``): what a noted failure
+    is evaluated from on another replica."""
+    pending_grace_s: float = 10.0
+    """How long a noted evaluation is left to the replica that noted it before another
+    replica runs it (it may have died)."""
     """Who asked for each of a cluster's pods' newest decision (principal id, verified):
     ``DecisionStore.askers``. Unknown pods count under their name."""
     _pending: dict[tuple[str, ...], Callable[[], None]] = field(
@@ -111,18 +122,52 @@ class RolloutGuards:
     def stop(self) -> None:
         self._thread.stop()
 
-    # ------------------------------------------------- reports, already stored
+    # ------------------------------------------------- reports, noted then stored
+
+    def expect_failure(self, record: DecisionRecord, backend: str, error: str) -> None:
+        """Note in the database, before the failure is stored, that its guard is to run
+        (only while a rollout is active: otherwise there is nothing to guard)."""
+        payload = json.dumps({"decision_id": record.id, "backend": backend, "error": error})
+        self._note(_failure_key(record.id, backend), "failure", payload)
+
+    def expect_measurements(self, report: MeasurementReport, report_id: str) -> None:
+        """As ``expect_failure``, for a counted measurement report."""
+        payload = json.dumps({"report_id": report_id, "report": report.model_dump(mode="json")})
+        self._note(f"measurements:{report_id}", "measurements", payload)
+
+    def _note(self, key: str, kind: str, payload: str) -> None:
+        if self.pending_store is None or not self._any_active():
+            return
+        self.pending_store.add(key, kind, payload, datetime.now(UTC))
+
+    def _any_active(self) -> bool:
+        return any(
+            o.rollout is not None and o.rollout.state == "active" for o in self.inputs().overrides
+        )
+
+    def _done(self, key: str) -> None:
+        if self.pending_store is not None:
+            self.pending_store.remove(key)
 
     def failure_reported(self, record: DecisionRecord, backend: str, error: str) -> GuardOutcome:
         """Run the failure guard for a failure report the store holds already (made by
         the decision's own asker: ``Reports.failure`` checks it)."""
-        return self._evaluate(
-            ("failure", record.id, backend), lambda: self.on_failure(record, backend, error)
-        )
+        key = _failure_key(record.id, backend)
+
+        def run() -> None:
+            self.on_failure(record, backend, error)
+            self._done(key)
+
+        return self._evaluate(("failure", record.id, backend), run)
 
     def measurements_reported(self, report: MeasurementReport, report_id: str) -> GuardOutcome:
         """Run the speed guard for a counted measurement report the store holds already."""
-        return self._evaluate(("measurements", report_id), lambda: self.on_measurements(report))
+
+        def run() -> None:
+            self.on_measurements(report)
+            self._done(f"measurements:{report_id}")
+
+        return self._evaluate(("measurements", report_id), run)
 
     def measurements_retried(self, report: MeasurementReport, report_id: str) -> GuardOutcome:
         """A report stored before (its ``report_id``) came again: the first attempt's
@@ -134,15 +179,60 @@ class RolloutGuards:
         def again() -> None:
             self.catch_up()
             self.on_measurements(report)
+            self._done(f"measurements:{report_id}")
 
         return self._evaluate(("measurements", report_id), again)
 
     def check(self, now: datetime | None = None) -> None:
-        """The periodic round: guard evaluations a database error deferred first, then
-        the steps, only once none is left: a promotion starts a new stage, in which the
-        failure a pending evaluation counts would be "from before the stage"."""
-        if self.retry_pending():
+        """The periodic round: guard evaluations a database error deferred first (this
+        replica's, then those noted in the database by any replica), then the steps,
+        only once none is left: a promotion starts a new stage, in which the failure a
+        pending evaluation counts would be "from before the stage"."""
+        if self.retry_pending() and self.retry_noted():
             self.promote_due(now)
+
+    def retry_noted(self) -> bool:
+        """Run the evaluations noted in the database that their replica left for longer
+        than ``pending_grace_s`` (it lost the database, or died); True when none is
+        left, counting those still within their grace: a step waits for them too."""
+        if self.pending_store is None:
+            return True
+        store = self.pending_store
+        try:
+            noted = store.waiting(datetime.now(UTC) - timedelta(seconds=self.pending_grace_s))
+            for item in noted:
+                try:
+                    self._noted_run(item)()
+                except TRANSIENT_ERRORS:
+                    raise
+                except Exception:
+                    log.exception("noted rollout guard evaluation %s dropped", item.key)
+                store.remove(item.key)
+            if noted:
+                log.warning("rollout guard evaluations left by a replica done: %d", len(noted))
+            return store.count() == 0
+        except STORE_ERRORS as exc:
+            log.warning("noted rollout guard evaluations not read or run: %s", first_line(exc))
+            return False
+
+    def _noted_run(self, item: PendingGuard) -> Callable[[], None]:
+        """The evaluation a noted row stands for, as the replica that noted it runs it."""
+        data = json.loads(item.payload)
+        if item.kind == "failure":
+            record = self.decision_of(data["decision_id"])
+
+            def failure() -> None:
+                if record is not None:
+                    self.on_failure(record, data["backend"], data["error"])
+
+            return failure
+        report = MeasurementReport.model_validate(data["report"])
+
+        def measurements() -> None:
+            self.catch_up()  # the report reached another replica: read what is stored
+            self.on_measurements(report)
+
+        return measurements
 
     def retry_pending(self) -> bool:
         """Evaluate the deferred guards again, oldest first; True when none is left.
@@ -403,6 +493,10 @@ class RolloutGuards:
                 o.label,
                 first_line(exc),
             )
+
+
+def _failure_key(decision_id: str, backend: str) -> str:
+    return f"failure:{decision_id}:{backend}"
 
 
 def _sources(current: Rollout) -> list[str]:

@@ -144,6 +144,8 @@ class Runtime:
             self.metrics,
             check_s=settings.rollout_check_s,
             askers=store.decisions.askers,
+            pending_store=store.guard_pending,
+            decision_of=store.decisions.get_decision,
         )
         self.reads = FleetReads(
             self.fleet,

@@ -7,6 +7,7 @@ from mla_switchboard.service.store.base import Replayed, recall_idempotency
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.fleet import FleetStore
+from mla_switchboard.service.store.guard_pending import GuardPendingStore
 from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.refusals import RefusalStore
 from mla_switchboard.service.store.tokens import TokenStore
@@ -28,6 +29,7 @@ class Store:
         self.fleet = FleetStore(engine)
         self.measurements = MeasurementStore(engine)
         self.refusals = RefusalStore(engine)
+        self.guard_pending = GuardPendingStore(engine)
 
     def recall_idempotency(
         self, owner: str, key: str, request_hash: str | None = None

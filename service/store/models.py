@@ -211,6 +211,18 @@ class RefusedSelectRow(Base):
     last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class GuardPendingRow(Base):
+    """A report whose rollout guard has not been evaluated yet, written before the
+    report is stored and removed once its guard ran: any replica's step waits while one
+    is left, and evaluates it once its own replica had time to (service/rollouts.py)."""
+
+    __tablename__ = "guard_pending"
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    payload: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 class Meta(Base):
     """``config_version`` is bumped by every admin write so replicas notice it cheaply."""
 

@@ -183,3 +183,13 @@ def columns(entity: Any, row: type[tuple[Any, ...]]) -> list[Any]:
     """``entity``'s columns named by ``row``'s fields, in their order: the select
     list of a query whose rows are read as ``row``."""
     return [getattr(entity, name) for name in row._fields]  # type: ignore[attr-defined]
+
+
+class PendingGuard(NamedTuple):
+    """A report's guard evaluation still to run (``guard_pending``): ``kind`` is
+    "failure" or "measurements"; ``payload`` the JSON a replica evaluates it from."""
+
+    key: str
+    kind: str
+    payload: str
+    created_at: datetime

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -171,3 +171,47 @@ def test_verified_pods_count_once_per_uid(issuer: TestIssuer, sqlite_url: str) -
         assert state["evidence"] == {"verified_pods": 3, "static_sources": 0}
         # what it counted is pods' UIDs, never a body's names
         assert all(s.startswith("pod:") for s in state["failure_sources"])
+
+
+# ------------------------------------------------------------------ two replicas
+
+
+def test_a_step_on_another_replica_waits_for_an_unevaluated_guard(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica A stores a failure but cannot write its guard's halt (its database
+    connection fails); replica B, on the same database, must not promote past it: the
+    evaluation is noted in the database, B's step waits for it, and once A's grace is
+    over B runs it itself and halts the rollout."""
+    from sqlalchemy.exc import OperationalError
+
+    spec = {**FORCE, "rollout": {"percent": 20, "steps": [20, 50], "step_every": "1h"}}
+    settings = {"rollout_check_s": 3600.0}  # the rounds are run by hand below
+    with (
+        make_inprocess_client(sqlite_url, **settings) as a,  # type: ignore[attr-defined]
+        make_inprocess_client(sqlite_url, **settings) as b,  # type: ignore[attr-defined]
+    ):
+        assert a.put("/v1/overrides/*", json=spec).status_code == 200
+        [(_, answer)] = stage_pods(a, "prod-east", 1)
+        guards_a = a.app.state.runtime.rollouts  # type: ignore[attr-defined]
+        guards_b = b.app.state.runtime.rollouts  # type: ignore[attr-defined]
+
+        def away(*args: object, **kwargs: object) -> None:
+            raise OperationalError("UPDATE overrides", {}, Exception("connection reset"))
+
+        monkeypatch.setattr(guards_a.config, "update_rollout", away)
+        r = a.post(
+            f"/v1/selections/{answer['decision_id']}/failure",
+            json={"backend": answer["backend"], "error": "RuntimeError: boom"},
+        )
+        assert r.status_code == 202 and r.json()["guard"] == "pending", r.text
+        guards_b.live.reload()
+        due = datetime.now(UTC) + timedelta(hours=2)  # the step is long due
+        guards_b.check(due)
+        state = rollout(b)
+        assert (state["state"], state["percent"]) == ("active", 20), state  # B waited
+        guards_b.pending_grace_s = 0.0  # A's grace is over (it may have died)
+        guards_b.check(due)
+        state = rollout(b)
+        assert (state["state"], state["percent"]) == ("halted", 20), state
+        assert guards_b.pending_store.count() == 0
