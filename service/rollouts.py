@@ -7,13 +7,22 @@ signals and writes the outcome through the store, audited with the service itsel
 actor. A halt or promotion bumps the configuration version, so every replica applies
 it within its poll interval (0.5 s by default), this one at once.
 
+What the guards count is evidence sources, not pod names from a body: each report is
+about a decision, and each decision keeps who asked for it (``core.rollouts.
+evidence_source``: a verified pod once per UID, a static token once however many pods
+it names). ``max_failures`` and the speed guard's two pods are distinct sources, and a
+rollout shows how many of them were verified (``Rollout.evidence``).
+
 A guard runs after the report that triggers it is stored. When the database fails in
 between (the guard's own write, or a read it needs), the report stays stored and is
 answered as such, with ``"guard": "pending"``: the evaluation is kept and tried again
 by this replica's periodic check before it promotes any step, so a halt is late rather
-than lost while this replica lives (pending evaluations are kept in memory; another
-replica that reaches the database may promote meanwhile, and a failure from before
-the new stage then no longer counts against it). An evaluation that fails again for
+than lost. While a rollout is active, each report's evaluation is also noted in the
+database before the report is stored (``guard_pending``) and removed once it ran:
+every replica's step waits while one is noted, and one left by its replica past
+``pending_grace_s`` is run by whichever replica checks next, so another replica that
+reaches the database cannot promote past a halt this one could not write. An
+evaluation that fails again for
 a reason a retry does not fix (not a lost connection) is dropped with an error logged,
 so that one bad report cannot hold every later promotion back. An agent that retries
 a measurement report (the same ``report_id``) gets the guard evaluated again too,
