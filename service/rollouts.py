@@ -390,12 +390,13 @@ class RolloutGuards:
             )
             if not isinstance(with_it, Decision) or not isinstance(without, Decision):
                 continue
+            read, source = self._sources_of()
             found = rollouts.slowdown(
                 o,
                 with_it.backend.value,
                 without.backend.value,
-                self._stage_samples(o, situation),
-                self._sources_of(),
+                self._stage_samples(o, situation, read),
+                source,
             )
             if found is None:
                 continue
@@ -408,24 +409,37 @@ class RolloutGuards:
 
             self._change(o, halt, action="rollout.slowdown", note=reason)
 
-    def _sources_of(self) -> Callable[[str, str], str]:
+    def _sources_of(
+        self,
+    ) -> tuple[Callable[[Sequence[PodSample]], None], Callable[[str, str], str]]:
         """Each sampled pod's evidence source: the asker of its newest recorded decision
-        (a report counts only from that asker, ``Reports.measurements``), read once per
-        cluster per guard evaluation."""
-        known: dict[str, dict[str, tuple[str | None, bool]]] = {}
+        (a report counts only from that asker, ``Reports.measurements``). The first
+        function reads the askers of a list of samples' pods, one query per cluster;
+        the second names a pod's source from what was read."""
+        known: dict[tuple[str, str], tuple[str | None, bool]] = {}
+
+        def read(samples: Sequence[PodSample]) -> None:
+            missing: dict[str, list[str]] = {}
+            for cluster, pod, _ in samples:
+                if (cluster, pod) not in known:
+                    known[(cluster, pod)] = (None, False)
+                    missing.setdefault(cluster, []).append(pod)
+            for cluster, pods in missing.items():
+                for pod, asker in self.askers(cluster, pods).items():
+                    known[(cluster, pod)] = asker
 
         def source(cluster: str, pod: str) -> str:
-            askers = known.get(cluster)
-            if askers is None:
-                askers = known[cluster] = {}
-            if pod not in askers:
-                askers.update(self.askers(cluster, [pod]))
-            principal, verified = askers.get(pod, (None, False))
+            principal, verified = known.get((cluster, pod), (None, False))
             return rollouts.evidence_source(principal, verified, cluster, pod)
 
-        return source
+        return read, source
 
-    def _stage_samples(self, o: Override, situation: Situation) -> Callable[[str], list[PodSample]]:
+    def _stage_samples(
+        self,
+        o: Override,
+        situation: Situation,
+        read: Callable[[Sequence[PodSample]], None] = lambda samples: None,
+    ) -> Callable[[str], list[PodSample]]:
         """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
         stage's pods (their stored buckets), reported since the stage began, from
         clusters ``guard_clusters`` allows; read from the override's own cluster's
@@ -447,6 +461,7 @@ class RolloutGuards:
                     ok = allowed[cluster] = guards(r, cluster)
                 if ok:
                     out.append(sample)
+            read(out)  # whose they are, before the guard counts their sources
             return out
 
         return samples
