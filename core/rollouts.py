@@ -8,7 +8,7 @@ are in a stage is the evaluator's ``in_stage``.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -24,9 +24,12 @@ from mla_switchboard.core.schemas import (
 )
 
 __all__ = [
+    "EvidenceCount",
     "RolloutAction",
     "Slowdown",
     "acted",
+    "count_sources",
+    "evidence_source",
     "next_step",
     "promotion_due",
     "start",
@@ -35,6 +38,49 @@ __all__ = [
 
 MIN_SAMPLES = 3
 MIN_PODS = 2
+"""Distinct evidence sources (``evidence_source``) a slowdown needs on each side."""
+
+VERIFIED = "pod:"
+STATIC = "token:"
+UNATTRIBUTED = "name:"
+
+
+def evidence_source(principal: str | None, verified: bool, cluster: str, pod: str | None) -> str:
+    """The unit a guard counts for a report on a decision asked for by ``principal``.
+
+    A verified pod (its service-account token, ``workload:<uid>``) is one source per pod
+    UID: ``pod:<uid>``. A static token is one source however many pod names it sends:
+    ``token:<id>``; the name in a body is only its claim. A decision recorded before
+    askers were kept (no principal) counts under its pod's name, as guards counted
+    before: ``name:<cluster>/<pod>``."""
+    if principal is None:
+        return f"{UNATTRIBUTED}{cluster}/{pod or '?'}"
+    if verified:
+        return VERIFIED + principal.removeprefix("workload:")
+    return STATIC + principal
+
+
+@dataclass(frozen=True)
+class EvidenceCount:
+    """How many distinct sources a guard's figure rests on, and of what kind: the
+    rollout view's ``evidence`` (``static_sources`` includes unattributed old rows)."""
+
+    verified_pods: int = 0
+    static_sources: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.verified_pods + self.static_sources
+
+    def text(self) -> str:
+        return f"{self.verified_pods} verified pod(s), {self.static_sources} static source(s)"
+
+
+def count_sources(sources: Iterable[str]) -> EvidenceCount:
+    """Distinct ``sources`` counted by kind."""
+    distinct = set(sources)
+    verified = sum(1 for s in distinct if s.startswith(VERIFIED))
+    return EvidenceCount(verified, len(distinct) - verified)
 
 
 def start(cluster: str, spec: RolloutSpec, override: OverrideSpec, now: datetime) -> Rollout:
@@ -85,6 +131,7 @@ def acted(
                 "stage_started_at": now,
                 "failures": 0,
                 "failed_pods": [],
+                "failure_sources": [],
                 "halted_reason": None,
                 "halted_at": None,
             }
@@ -102,6 +149,7 @@ def acted(
             "stage_started_at": now,
             "failures": 0,
             "failed_pods": [],
+            "failure_sources": [],
             "state": "complete" if target >= 100 else "active",
         }
     )
@@ -137,6 +185,7 @@ class Slowdown:
     without_tflops: float
     without_samples: int
     percent_slower: float
+    staged_sources: EvidenceCount = EvidenceCount()
 
     def reason(self, limit: float) -> str:
         pods = ", ".join(self.staged_pods[:5]) + (" ..." if len(self.staged_pods) > 5 else "")
@@ -144,7 +193,7 @@ class Slowdown:
         return (
             f"stage pods measured {self.staged} at {self.staged_tflops:.1f} TFLOP/s median "
             f"({self.staged_samples} samples from {len(self.staged_pods)} pods: {pods}; "
-            f"clusters {clusters}) "
+            f"clusters {clusters}; {self.staged_sources.text()}) "
             f"against {self.without} at {self.without_tflops:.1f} without the override "
             f"({self.without_samples} samples): {self.percent_slower:.1f} % slower "
             f"(max_slowdown_pct {limit:g})"
@@ -156,6 +205,7 @@ def slowdown(
     staged: str,
     without: str,
     stage_samples: Callable[[str], Sequence[PodSample]],
+    source_of: Callable[[str, str], str] | None = None,
 ) -> Slowdown | None:
     """The guard on speed: compare the stage pods' own samples of the backend the
     override gives them with their samples of the one they would run without it
@@ -163,20 +213,30 @@ def slowdown(
     gives that backend's counted (cluster, pod, TFLOP/s) samples of the pods that may
     halt this stage, reported since it began (``EvidenceIndex.stage_samples``): what
     was measured before the last resume or step was already judged, and counting it
-    again would halt a resumed rollout at the first report."""
+    again would halt a resumed rollout at the first report.
+
+    ``source_of(cluster, pod)`` names the evidence source of a pod's samples
+    (``evidence_source``); the pods of each side must be ``MIN_PODS`` distinct sources,
+    so one static token naming many pods is one. Without it each pod is its own."""
     r = override.rollout
     if r is None or staged == without:
         return None
+    source = source_of or (lambda c, p: f"{UNATTRIBUTED}{c}/{p}")
 
-    def measured(backend: str) -> tuple[list[float], set[str]]:
+    def measured(backend: str) -> tuple[list[float], set[str], set[str]]:
         picked = stage_samples(backend)
-        return [t for _, _, t in picked], {f"{c}/{p}" for c, p, _ in picked}
+        pods = {(c, p) for c, p, _ in picked}
+        return (
+            [t for _, _, t in picked],
+            {f"{c}/{p}" for c, p in pods},
+            {source(c, p) for c, p in pods},
+        )
 
-    on, on_pods = measured(staged)
-    if len(on) < MIN_SAMPLES or len(on_pods) < MIN_PODS:
+    on, on_pods, on_sources = measured(staged)
+    if len(on) < MIN_SAMPLES or len(on_sources) < MIN_PODS:
         return None
-    off, off_pods = measured(without)
-    if len(off) < MIN_SAMPLES or len(off_pods) < MIN_PODS:
+    off, _, off_sources = measured(without)
+    if len(off) < MIN_SAMPLES or len(off_sources) < MIN_PODS:
         return None
     on_median, off_median = statistics.median(on), statistics.median(off)
     if off_median <= 0:
@@ -185,5 +245,13 @@ def slowdown(
     if slower <= r.max_slowdown_pct:
         return None
     return Slowdown(
-        staged, on_median, len(on), tuple(sorted(on_pods)), without, off_median, len(off), slower
+        staged,
+        on_median,
+        len(on),
+        tuple(sorted(on_pods)),
+        without,
+        off_median,
+        len(off),
+        slower,
+        count_sources(on_sources),
     )

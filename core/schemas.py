@@ -41,6 +41,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    computed_field,
     field_validator,
     model_validator,
 )
@@ -592,8 +593,23 @@ class Rollout(RolloutSpec):
     halted_reason: str | None = None
     halted_at: datetime | None = None
     failures: int = 0
-    # "cluster/pod" of the stage pods whose failures count in this stage
+    # "cluster/pod" of the stage pods whose failures count in this stage (as named)
     failed_pods: list[str] = Field(default_factory=list)
+    # what ``failures`` counts: each distinct evidence source of a counted failure,
+    # "pod:<uid>" (a verified pod) or "token:<id>" (a static token, however many pods
+    # it named) or "name:<cluster>/<pod>" (a decision recorded before askers were kept)
+    failure_sources: list[str] = Field(default_factory=list)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def evidence(self) -> dict[str, int]:
+        """How much of what the failure guard counted is verified: distinct verified
+        pods and distinct static sources (tokens, or old unattributed decisions)."""
+        verified = sum(1 for s in set(self.failure_sources) if s.startswith("pod:"))
+        return {
+            "verified_pods": verified,
+            "static_sources": len(set(self.failure_sources)) - verified,
+        }
 
 
 class OverrideSpec(_Strict):

@@ -20,7 +20,7 @@ from typing import Literal
 from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.service.auth_workload import PodIdentity
 from mla_switchboard.service.outcomes import Problem
-from mla_switchboard.service.state import TokenRecord
+from mla_switchboard.service.state import Asker, TokenRecord
 
 Role = Literal["agent", "viewer", "admin"]
 ROLES: tuple[Role, ...] = ("agent", "viewer", "admin")
@@ -139,6 +139,11 @@ class Principal:
             ):
                 return True
         return False
+
+
+def asker_of(principal: Principal) -> Asker:
+    """What a decision records of who asked for it (``state.Asker``)."""
+    return Asker(principal.id, principal.pod is not None)
 
 
 def hash_secret(secret: str) -> str:

@@ -14,6 +14,7 @@ from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.selector import Rendered, Selector
+from mla_switchboard.service.state import UNKNOWN_ASKER, Asker
 from mla_switchboard.service.store.decisions import decision_row
 from mla_switchboard.service.store.recorder import DecisionRecorder
 
@@ -28,7 +29,7 @@ class Decider:
     metrics: Metrics
 
     def decide(
-        self, body: SelectRequest, dry_run: bool = False
+        self, body: SelectRequest, dry_run: bool = False, asker: Asker = UNKNOWN_ASKER
     ) -> tuple[Rendered | Refusal, str | None]:
         """The decision (or refusal) and the id it is recorded under. A dry run decides
         and records and counts nothing (id None): a laptop trying a flag is not a pod
@@ -54,6 +55,8 @@ class Decider:
                 result.shape,
                 result.answer_id,
                 result.answer_json,
+                asker.principal,
+                asker.verified,
             )
         )
         self.metrics.decisions.labels(result.backend, decision.source, body.cluster).inc()

@@ -75,13 +75,17 @@ class Reports:
             if self.recorder.pending or self.recorder.spill_pending:
                 self.recorder.flush(wake=False)
             situation = observations[0].situation
-            if not self.measurement_store.has_decision_for(report.cluster, report.pod, situation):
+            if not self.measurement_store.has_decision_for(
+                report.cluster, report.pod, situation, principal.id
+            ):
                 reason = (
-                    f"pod {report.pod!r} has no recorded decision in cluster "
+                    f"pod {report.pod!r} has no decision recorded for this token in cluster "
                     f"{report.cluster!r} for this device, capability, dims, dtype, packages "
                     "and engine: stored, not counted as evidence (call /v1/select as this "
-                    "pod first)"
+                    "pod, with this token, first)"
                 )
+        if reason is None:
+            self.rollouts.expect_measurements(report, report_id)
         count = self.measurement_store.add_measurements(report, report_id, counted=reason is None)
         guard = None
         if reason is None:
@@ -120,8 +124,18 @@ class Reports:
             return problem
         if not principal.may_touch(record.cluster):
             return Problem(403, principal.out_of_scope(record.cluster))
+        if record.principal is not None and record.principal != principal.id:
+            # what a guard counts is the decision's asker: another caller's report on it
+            # would let one token speak for decisions it never asked for
+            return Problem(
+                403,
+                f"decision_id: decision {decision_id!r} was asked for with another token; "
+                "a token reports failures only of the decisions it asked for",
+                extra={"field": "decision_id"},
+            )
         request = _stored_request(record.request_json)
         now = datetime.now(UTC)  # stored and in memory alike (a clear forgets by it)
+        self.rollouts.expect_failure(record, backend.value, error)
         self.measurement_store.record_failure(decision_id, backend.value, error, now)
         observation = None
         if request is not None:

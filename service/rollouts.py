@@ -7,13 +7,22 @@ signals and writes the outcome through the store, audited with the service itsel
 actor. A halt or promotion bumps the configuration version, so every replica applies
 it within its poll interval (0.5 s by default), this one at once.
 
+What the guards count is evidence sources, not pod names from a body: each report is
+about a decision, and each decision keeps who asked for it (``core.rollouts.
+evidence_source``: a verified pod once per UID, a static token once however many pods
+it names). ``max_failures`` and the speed guard's two pods are distinct sources, and a
+rollout shows how many of them were verified (``Rollout.evidence``).
+
 A guard runs after the report that triggers it is stored. When the database fails in
 between (the guard's own write, or a read it needs), the report stays stored and is
 answered as such, with ``"guard": "pending"``: the evaluation is kept and tried again
 by this replica's periodic check before it promotes any step, so a halt is late rather
-than lost while this replica lives (pending evaluations are kept in memory; another
-replica that reaches the database may promote meanwhile, and a failure from before
-the new stage then no longer counts against it). An evaluation that fails again for
+than lost. While a rollout is active, each report's evaluation is also noted in the
+database before the report is stored (``guard_pending``) and removed once it ran:
+every replica's step waits while one is noted, and one left by its replica past
+``pending_grace_s`` is run by whichever replica checks next, so another replica that
+reaches the database cannot promote past a halt this one could not write. An
+evaluation that fails again for
 a reason a retry does not fix (not a lost connection) is dropped with an error logged,
 so that one bad report cannot hold every later promotion back. An agent that retries
 a measurement report (the same ``report_id``) gets the guard evaluated again too,
@@ -25,9 +34,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from mla_switchboard.core import rollouts
@@ -51,6 +60,8 @@ from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store.base import OutcomeUnknown
 from mla_switchboard.service.store.config import ConfigStore
+from mla_switchboard.service.store.guard_pending import GuardPendingStore
+from mla_switchboard.service.store.rows import PendingGuard
 from prometheus_client import Gauge
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
@@ -86,6 +97,20 @@ class RolloutGuards:
     catch_up: Callable[[], object]
     metrics: Metrics
     check_s: float = 1.0
+    askers: Callable[[str, Sequence[str]], dict[str, tuple[str | None, bool]]] = (
+        lambda cluster, pods: {}
+    )
+    pending_store: GuardPendingStore | None = None
+    """Evaluations noted in the database before their report is stored, so that no
+    replica's step overtakes one this replica could not run (None: in memory only)."""
+    decision_of: Callable[[str], DecisionRecord | None] = lambda decision_id: None
+    """A stored decision by id (``DecisionStore.get_decision``): what a noted failure
+    is evaluated from on another replica."""
+    pending_grace_s: float = 10.0
+    """How long a noted evaluation is left to the replica that noted it before another
+    replica runs it (it may have died)."""
+    """Who asked for each of a cluster's pods' newest decision (principal id, verified):
+    ``DecisionStore.askers``. Unknown pods count under their name."""
     _pending: dict[tuple[str, ...], Callable[[], None]] = field(
         init=False, default_factory=dict
     )  # oldest first
@@ -106,17 +131,52 @@ class RolloutGuards:
     def stop(self) -> None:
         self._thread.stop()
 
-    # ------------------------------------------------- reports, already stored
+    # ------------------------------------------------- reports, noted then stored
+
+    def expect_failure(self, record: DecisionRecord, backend: str, error: str) -> None:
+        """Note in the database, before the failure is stored, that its guard is to run
+        (only while a rollout is active: otherwise there is nothing to guard)."""
+        payload = json.dumps({"decision_id": record.id, "backend": backend, "error": error})
+        self._note(_failure_key(record.id, backend), "failure", payload)
+
+    def expect_measurements(self, report: MeasurementReport, report_id: str) -> None:
+        """As ``expect_failure``, for a counted measurement report."""
+        payload = json.dumps({"report_id": report_id, "report": report.model_dump(mode="json")})
+        self._note(f"measurements:{report_id}", "measurements", payload)
+
+    def _note(self, key: str, kind: str, payload: str) -> None:
+        if self.pending_store is None or not self._any_active():
+            return
+        self.pending_store.add(key, kind, payload, datetime.now(UTC))
+
+    def _any_active(self) -> bool:
+        return any(
+            o.rollout is not None and o.rollout.state == "active" for o in self.inputs().overrides
+        )
+
+    def _done(self, key: str) -> None:
+        if self.pending_store is not None:
+            self.pending_store.remove(key)
 
     def failure_reported(self, record: DecisionRecord, backend: str, error: str) -> GuardOutcome:
-        """Run the failure guard for a failure report the store holds already."""
-        return self._evaluate(
-            ("failure", record.id, backend), lambda: self.on_failure(record, backend, error)
-        )
+        """Run the failure guard for a failure report the store holds already (made by
+        the decision's own asker: ``Reports.failure`` checks it)."""
+        key = _failure_key(record.id, backend)
+
+        def run() -> None:
+            self.on_failure(record, backend, error)
+            self._done(key)
+
+        return self._evaluate(("failure", record.id, backend), run)
 
     def measurements_reported(self, report: MeasurementReport, report_id: str) -> GuardOutcome:
         """Run the speed guard for a counted measurement report the store holds already."""
-        return self._evaluate(("measurements", report_id), lambda: self.on_measurements(report))
+
+        def run() -> None:
+            self.on_measurements(report)
+            self._done(f"measurements:{report_id}")
+
+        return self._evaluate(("measurements", report_id), run)
 
     def measurements_retried(self, report: MeasurementReport, report_id: str) -> GuardOutcome:
         """A report stored before (its ``report_id``) came again: the first attempt's
@@ -128,15 +188,60 @@ class RolloutGuards:
         def again() -> None:
             self.catch_up()
             self.on_measurements(report)
+            self._done(f"measurements:{report_id}")
 
         return self._evaluate(("measurements", report_id), again)
 
     def check(self, now: datetime | None = None) -> None:
-        """The periodic round: guard evaluations a database error deferred first, then
-        the steps, only once none is left: a promotion starts a new stage, in which the
-        failure a pending evaluation counts would be "from before the stage"."""
-        if self.retry_pending():
+        """The periodic round: guard evaluations a database error deferred first (this
+        replica's, then those noted in the database by any replica), then the steps,
+        only once none is left: a promotion starts a new stage, in which the failure a
+        pending evaluation counts would be "from before the stage"."""
+        if self.retry_pending() and self.retry_noted():
             self.promote_due(now)
+
+    def retry_noted(self) -> bool:
+        """Run the evaluations noted in the database that their replica left for longer
+        than ``pending_grace_s`` (it lost the database, or died); True when none is
+        left, counting those still within their grace: a step waits for them too."""
+        if self.pending_store is None:
+            return True
+        store = self.pending_store
+        try:
+            noted = store.waiting(datetime.now(UTC) - timedelta(seconds=self.pending_grace_s))
+            for item in noted:
+                try:
+                    self._noted_run(item)()
+                except TRANSIENT_ERRORS:
+                    raise
+                except Exception:
+                    log.exception("noted rollout guard evaluation %s dropped", item.key)
+                store.remove(item.key)
+            if noted:
+                log.warning("rollout guard evaluations left by a replica done: %d", len(noted))
+            return store.count() == 0
+        except STORE_ERRORS as exc:
+            log.warning("noted rollout guard evaluations not read or run: %s", first_line(exc))
+            return False
+
+    def _noted_run(self, item: PendingGuard) -> Callable[[], None]:
+        """The evaluation a noted row stands for, as the replica that noted it runs it."""
+        data = json.loads(item.payload)
+        if item.kind == "failure":
+            record = self.decision_of(data["decision_id"])
+
+            def failure() -> None:
+                if record is not None:
+                    self.on_failure(record, data["backend"], data["error"])
+
+            return failure
+        report = MeasurementReport.model_validate(data["report"])
+
+        def measurements() -> None:
+            self.catch_up()  # the report reached another replica: read what is stored
+            self.on_measurements(report)
+
+        return measurements
 
     def retry_pending(self) -> bool:
         """Evaluate the deferred guards again, oldest first; True when none is left.
@@ -189,9 +294,11 @@ class RolloutGuards:
     def on_failure(self, record: DecisionRecord, backend: str, error: str) -> None:
         """A pod reported that the backend it was given failed. If an active rollout put
         it there, in a cluster whose pods may halt it, and the decision was made in the
-        current stage (not before the last resume or step), the pod counts once; at
-        ``max_failures`` distinct pods the rollout halts. One pod reporting the same
-        failure again, or an old decision's failure, can never halt a rollout."""
+        current stage (not before the last resume or step), its evidence source counts
+        once (``core.rollouts.evidence_source``: a verified pod per UID, a static token
+        once however many pods it names); at ``max_failures`` distinct sources the
+        rollout halts. A source reporting again, or an old decision's failure, can never
+        halt a rollout."""
         if record.answer_json is None or backend != record.backend:
             return
         refs = json.loads(record.answer_json).get("overrides") or []
@@ -202,30 +309,44 @@ class RolloutGuards:
         }
         first_line = (error.strip().splitlines() or ["(no error text)"])[0][:200]
         where = f"{record.cluster}/{record.pod or '?'}"
+        source = rollouts.evidence_source(
+            record.principal, record.verified, record.cluster, record.pod
+        )
         for o in self.inputs().overrides_for(record.cluster):  # the fleet's, the cluster's
             r = o.rollout
             if r is None or (o.cluster, r.id) not in staged:
                 continue
 
             def count(current: Rollout) -> Rollout | None:
-                if current.state != "active" or where in current.failed_pods:
+                if current.state != "active":
+                    return None
+                known = _sources(current)
+                if source in known:
                     return None
                 started = current.stage_started_at
                 if started is not None and record.created_at < started:
                     return None  # decided before this stage began
                 if not guards(current, record.cluster):
                     return None
-                failed = [*current.failed_pods, where]
-                if len(failed) < current.max_failures:
+                sources = [*known, source]
+                failed = current.failed_pods
+                failed = failed if where in failed else [*failed, where]
+                if len(sources) < current.max_failures:
                     return current.model_copy(
-                        update={"failures": len(failed), "failed_pods": failed}
+                        update={
+                            "failures": len(sources),
+                            "failed_pods": failed,
+                            "failure_sources": sources,
+                        }
                     )
                 reason = (
-                    f"{len(failed)} stage pod(s) reported a failure of what the rollout gave "
-                    f"them, reaching max_failures {current.max_failures}: "
-                    f"{_pods_and_clusters(failed)}; latest: {where} ran {backend}: {first_line}"
+                    f"{len(sources)} evidence source(s) "
+                    f"({rollouts.count_sources(sources).text()}) reported a failure of what "
+                    f"the rollout gave their stage pods, reaching max_failures "
+                    f"{current.max_failures}: {_pods_and_clusters(failed)}; latest: {where} "
+                    f"ran {backend}: {first_line}"
                 )
-                return _halted(current, failed, reason)
+                return _halted(current, failed, reason, sources)
 
             self._change(o, count, action="rollout.failure", note=f"{where}: {first_line}")
 
@@ -269,8 +390,13 @@ class RolloutGuards:
             )
             if not isinstance(with_it, Decision) or not isinstance(without, Decision):
                 continue
+            read, source = self._sources_of()
             found = rollouts.slowdown(
-                o, with_it.backend.value, without.backend.value, self._stage_samples(o, situation)
+                o,
+                with_it.backend.value,
+                without.backend.value,
+                self._stage_samples(o, situation, read),
+                source,
             )
             if found is None:
                 continue
@@ -279,11 +405,41 @@ class RolloutGuards:
             def halt(current: Rollout, reason: str = reason) -> Rollout | None:
                 if current.state != "active":
                     return None
-                return _halted(current, current.failed_pods, reason)
+                return _halted(current, current.failed_pods, reason, _sources(current))
 
             self._change(o, halt, action="rollout.slowdown", note=reason)
 
-    def _stage_samples(self, o: Override, situation: Situation) -> Callable[[str], list[PodSample]]:
+    def _sources_of(
+        self,
+    ) -> tuple[Callable[[Sequence[PodSample]], None], Callable[[str, str], str]]:
+        """Each sampled pod's evidence source: the asker of its newest recorded decision
+        (a report counts only from that asker, ``Reports.measurements``). The first
+        function reads the askers of a list of samples' pods, one query per cluster;
+        the second names a pod's source from what was read."""
+        known: dict[tuple[str, str], tuple[str | None, bool]] = {}
+
+        def read(samples: Sequence[PodSample]) -> None:
+            missing: dict[str, list[str]] = {}
+            for cluster, pod, _ in samples:
+                if (cluster, pod) not in known:
+                    known[(cluster, pod)] = (None, False)
+                    missing.setdefault(cluster, []).append(pod)
+            for cluster, pods in missing.items():
+                for pod, asker in self.askers(cluster, pods).items():
+                    known[(cluster, pod)] = asker
+
+        def source(cluster: str, pod: str) -> str:
+            principal, verified = known.get((cluster, pod), (None, False))
+            return rollouts.evidence_source(principal, verified, cluster, pod)
+
+        return read, source
+
+    def _stage_samples(
+        self,
+        o: Override,
+        situation: Situation,
+        read: Callable[[Sequence[PodSample]], None] = lambda samples: None,
+    ) -> Callable[[str], list[PodSample]]:
         """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
         stage's pods (their stored buckets), reported since the stage began, from
         clusters ``guard_clusters`` allows; read from the override's own cluster's
@@ -305,6 +461,7 @@ class RolloutGuards:
                     ok = allowed[cluster] = guards(r, cluster)
                 if ok:
                     out.append(sample)
+            read(out)  # whose they are, before the guard counts their sources
             return out
 
         return samples
@@ -362,12 +519,25 @@ class RolloutGuards:
             )
 
 
-def _halted(current: Rollout, failed: list[str], reason: str) -> Rollout:
+def _failure_key(decision_id: str, backend: str) -> str:
+    return f"failure:{decision_id}:{backend}"
+
+
+def _sources(current: Rollout) -> list[str]:
+    """The evidence sources a rollout's failures counted; a rollout stored before they
+    were kept counted its pods by name."""
+    if current.failure_sources or not current.failed_pods:
+        return current.failure_sources
+    return [rollouts.UNATTRIBUTED + where for where in current.failed_pods]
+
+
+def _halted(current: Rollout, failed: list[str], reason: str, sources: list[str]) -> Rollout:
     return current.model_copy(
         update={
             "state": "halted",
-            "failures": len(failed),
+            "failures": len(sources),
             "failed_pods": failed,
+            "failure_sources": sources,
             "halted_reason": reason,
             "halted_at": datetime.now(UTC),
         }

@@ -150,6 +150,9 @@ class Runtime:
             self.evidence_sync.catch_up,
             self.metrics,
             check_s=settings.rollout_check_s,
+            askers=store.decisions.askers,
+            pending_store=store.guard_pending,
+            decision_of=store.decisions.get_decision,
         )
         self.reads = FleetReads(
             self.fleet,

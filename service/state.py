@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from mla_switchboard.core.schemas import Override, RulesDocument, SelectRequest
 from pydantic import ValidationError
@@ -67,6 +67,19 @@ class PodState:
             return None
 
 
+class Asker(NamedTuple):
+    """Who asked for a decision, as it is recorded with it: the principal's id
+    (``workload:<pod uid>`` for a verified pod, else the static token's id) and whether
+    the pod's identity was verified (service/auth_workload.py)."""
+
+    principal: str | None
+    verified: bool
+
+
+UNKNOWN_ASKER = Asker(None, False)
+"""A decision made outside a request (tests, tools): no asker is recorded."""
+
+
 @dataclass(frozen=True)
 class DecisionRecord:
     id: str
@@ -80,6 +93,8 @@ class DecisionRecord:
     request_json: str
     answer_id: str
     answer_json: str | None  # None when read back without its answer
+    principal: str | None = None  # who asked (``rows.Decision``); None on older rows
+    verified: bool = False
 
     @property
     def request(self) -> dict[str, Any]:

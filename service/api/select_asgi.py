@@ -53,6 +53,7 @@ from mla_switchboard.service.api.routes.select import (
     parse_json_body,
     select_answer,
 )
+from mla_switchboard.service.auth import asker_of
 from mla_switchboard.service.auth_workload import WorkloadVerifier
 from mla_switchboard.service.deciding import Decider
 from mla_switchboard.service.live import LiveConfig
@@ -162,6 +163,7 @@ class SelectHandler:
             body,
             None if if_none_match is None else if_none_match.decode("latin-1"),
             dry_run,
+            asker_of(principal),
         )
 
     async def _read_body(self, receive: Receive) -> bytes | None:

@@ -1209,6 +1209,14 @@ function rolloutLine(r, now) {
   const max = r.max_failures ?? 1;
   parts.push(h("span", { class: `rollout-failures${failures ? " has-failures" : ""}` },
     `failures ${failures}/${max}`));
+  const ev = r.evidence;
+  if (failures && ev) {
+    // what the failure guard counted: distinct sources, and how many were verified pods
+    parts.push(h("span", { class: "muted rollout-evidence",
+      title: "Failure sources: a verified pod counts once per pod, a static token once " +
+        "however many pods it names" },
+    `${ev.verified_pods ?? 0} verified pod(s), ${ev.static_sources ?? 0} static source(s)`));
+  }
   if (r.max_slowdown_pct !== undefined && r.max_slowdown_pct !== null) {
     parts.push(h("span", { class: "muted" }, `halts if ${r.max_slowdown_pct} % slower`));
   }

@@ -47,9 +47,12 @@ def decision_row(
     shape: Shape,
     answer_id: str,
     answer_json: str,
+    principal: str | None = None,
+    verified: bool = False,
 ) -> Decision:
     """The row ``/v1/select`` hands the recorder (``shape``: ``shape_of(request)``, which
-    the selector computed once for every pod of that shape)."""
+    the selector computed once for every pod of that shape; ``principal`` and
+    ``verified``: who asked, see ``rows.Decision``)."""
     return Decision(
         decision_id,
         created_at,
@@ -63,6 +66,8 @@ def decision_row(
         answer_id,
         shape.json,
         answer_json,
+        principal,
+        verified,
     )
 
 
@@ -85,6 +90,8 @@ def rows_of(records: Iterable[DecisionRecord]) -> list[Decision]:
                 d.answer_id,
                 shape.json,
                 d.answer_json,
+                d.principal,
+                d.verified,
             )
         )
     return out
@@ -100,12 +107,13 @@ _POD_LATEST_CONFLICT = (
 
 _STAGE_COLUMNS = (
     "id, created_at, cluster, node, pod, backend, source, rules_revision, shape_id, "
-    "answer_id, bucket"
+    "answer_id, bucket, principal, verified"
 )
 _PG_DECISIONS_FROM_STAGE = (
     "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, source, "
-    "rules_revision, shape_id, answer_id) SELECT id, created_at, cluster, node, pod, "
-    "backend, source, rules_revision, shape_id, answer_id FROM sb_stage "
+    "rules_revision, shape_id, answer_id, principal, verified) SELECT id, created_at, "
+    "cluster, node, pod, backend, source, rules_revision, shape_id, answer_id, principal, "
+    "verified FROM sb_stage "
     "ON CONFLICT (id) DO NOTHING"
 )
 # each named pod's newest decision of the batch, in key order
@@ -127,7 +135,7 @@ _PG_OLD_LATEST = (
 # services share one PostgreSQL database in different schemas).
 _PG_FLEET_LOCK = "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':fleet_counts'))"
 
-_STAGE_READY = "sb_stage_v2"
+_STAGE_READY = "sb_stage_v3"
 """Set in a connection's ``info`` once its temporary staging table exists."""
 
 PodKey = tuple[str, str, str]
@@ -247,7 +255,7 @@ class DecisionStore:
             "decisions",
             [
                 (r.id, ts(r.created_at), r.cluster, r.node, r.pod, r.backend, r.source,
-                 r.rules_revision, r.shape_id, r.answer_id)
+                 r.rules_revision, r.shape_id, r.answer_id, r.principal, r.verified)
                 for r in rows
             ],
         )  # fmt: skip
@@ -338,7 +346,8 @@ class DecisionStore:
                 cur.execute(
                     "CREATE TEMPORARY TABLE sb_stage (id text, created_at timestamptz, "
                     "cluster text, node text, pod text, backend text, source text, "
-                    "rules_revision integer, shape_id text, answer_id text, bucket integer) "
+                    "rules_revision integer, shape_id text, answer_id text, bucket integer, "
+                    "principal text, verified boolean) "
                     "ON COMMIT DELETE ROWS"
                 )
                 info[_STAGE_READY] = True
@@ -346,7 +355,8 @@ class DecisionStore:
                 for r in rows:
                     copy.write_row(
                         (r.id, r.created_at, r.cluster, r.node, r.pod, r.backend, r.source,
-                         r.rules_revision, r.shape_id, r.answer_id, stage_bucket(r.cluster, r.pod))
+                         r.rules_revision, r.shape_id, r.answer_id, stage_bucket(r.cluster, r.pod),
+                         r.principal, r.verified)
                     )  # fmt: skip
             cur.execute(_PG_DECISIONS_FROM_STAGE)
             if not newest:
@@ -463,6 +473,26 @@ class DecisionStore:
         with Session(self.engine) as s:
             return [_decision(row.DecisionRow, row.request) for row in s.execute(q)]
 
+    def askers(self, cluster: str, pods: Sequence[str]) -> dict[str, tuple[str | None, bool]]:
+        """Who asked for each named pod's newest decision in ``cluster``: (principal id,
+        verified), what the rollout guards count a pod's samples under. A pod on several
+        nodes answers for its newest decision; a pod not in the live fleet is left out."""
+        out: dict[str, tuple[str | None, bool]] = {}
+        newest: dict[str, str] = {}
+        p, d = PodLatest, DecisionRow
+        with self.engine.connect() as conn:
+            for i in range(0, len(pods), 300):
+                rows = conn.execute(
+                    select(p.pod, p.decision_id, d.principal, d.verified)
+                    .join(d, d.id == p.decision_id)
+                    .where(p.cluster == cluster, p.pod.in_(pods[i : i + 300]))
+                )
+                for pod, decision_id, principal, verified in rows:
+                    if decision_id > newest.get(pod, ""):
+                        newest[pod] = decision_id
+                        out[pod] = (principal, bool(verified))
+        return out
+
     def get_decision(self, decision_id: str) -> DecisionRecord | None:
         with Session(self.engine) as s:
             found = s.execute(self._with_request().where(DecisionRow.id == decision_id)).first()
@@ -556,7 +586,7 @@ def _statements(mark: str) -> dict[str, str]:
         "answers": f"INSERT INTO answers (id, answer) VALUES {values(2)} "
         "ON CONFLICT (id) DO NOTHING",
         "decisions": "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, "
-        f"source, rules_revision, shape_id, answer_id) VALUES {values(10)} "
+        f"source, rules_revision, shape_id, answer_id, principal, verified) VALUES {values(12)} "
         "ON CONFLICT (id) DO NOTHING",
         "pod_latest": "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, "
         f"source, created_at, answer_id, shape_id, bucket) VALUES {values(10)} "
@@ -607,4 +637,6 @@ def _decision(r: DecisionRow, shape: str | None, answer_json: str | None = None)
         request_json=_request_json(r.request, shape, r.cluster, r.node, r.pod),
         answer_id=r.answer_id,
         answer_json=answer_json,
+        principal=r.principal,
+        verified=bool(r.verified),
     )

@@ -10,6 +10,7 @@ from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.deadline import StoreDeadline
 from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.fleet import FleetStore
+from mla_switchboard.service.store.guard_pending import GuardPendingStore
 from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.refusals import RefusalStore
 from mla_switchboard.service.store.sessions import SessionStore
@@ -45,6 +46,7 @@ class Store:
         self.measurements = bound(MeasurementStore(engine))
         self.refusals = bound(RefusalStore(engine))
         self.sessions = bound(SessionStore(engine))
+        self.guard_pending = bound(GuardPendingStore(engine))
 
     def recall_idempotency(
         self, owner: str, key: str, request_hash: str | None = None

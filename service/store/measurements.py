@@ -48,7 +48,7 @@ from mla_switchboard.service.store.rows import (
     MeasurementSample,
     columns,
 )
-from sqlalchemy import Connection, Engine, Float, bindparam, cast, func, insert, select, update
+from sqlalchemy import Connection, Engine, Float, bindparam, cast, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 PAGE_ROWS = 5000
@@ -119,11 +119,16 @@ class MeasurementStore:
             q = select(MeasurementRow.id).where(MeasurementRow.report_id == report_id).limit(1)
             return s.scalar(q) is not None
 
-    def has_decision_for(self, cluster: str, pod: str, situation: Situation) -> bool:
+    def has_decision_for(
+        self, cluster: str, pod: str, situation: Situation, asker: str | None = None
+    ) -> bool:
         """Whether ``pod`` of ``cluster`` has a recorded decision for ``situation``:
         what makes its benchmark report count as evidence. The pod's newest
         decisions are compared (a pod that changed packages has a newer one). A
-        decision's situation is its shape's, worked out once per shape."""
+        decision's situation is its shape's, worked out once per shape. With
+        ``asker`` (a principal id) the decision must be one that principal asked for
+        (or one recorded before askers were kept): a token reports only for pods it
+        itself recorded, so it cannot borrow another caller's pods."""
         q = (
             select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
             .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
@@ -131,6 +136,8 @@ class MeasurementStore:
             .order_by(DecisionRow.id.desc())
             .limit(20)
         )
+        if asker is not None:
+            q = q.where(or_(DecisionRow.principal == asker, DecisionRow.principal.is_(None)))
         with self.engine.connect() as conn:
             for row in conn.execute(q):
                 if row.request is None and row.shape_json is not None:

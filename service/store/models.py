@@ -18,6 +18,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    false,
     true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -63,6 +64,9 @@ class DecisionRow(Base):
     request: Mapped[str | None] = mapped_column(Text, nullable=True)
     shape_id: Mapped[str | None] = mapped_column(String(24), nullable=True)
     answer_id: Mapped[str] = mapped_column(String(24))
+    # who asked (``rows.Decision``): None on rows written before it was kept
+    principal: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    verified: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
 
     __table_args__ = (
         Index("ix_decisions_cluster_id", "cluster", "id"),
@@ -205,6 +209,18 @@ class RefusedSelectRow(Base):
     hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     count: Mapped[int] = mapped_column(Integer)
     last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class GuardPendingRow(Base):
+    """A report whose rollout guard has not been evaluated yet, written before the
+    report is stored and removed once its guard ran: any replica's step waits while one
+    is left, and evaluates it once its own replica had time to (service/rollouts.py)."""
+
+    __tablename__ = "guard_pending"
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    payload: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Meta(Base):

@@ -31,6 +31,11 @@ class Decision(NamedTuple):
     answer_id: str
     shape_json: str
     answer_json: str | None
+    # who asked: the principal's id (``workload:<pod uid>`` for a verified pod, else the
+    # static token's id) and whether the pod's identity was verified. The rollout guards
+    # count a report as evidence from this asker, never from the pod name in a body.
+    principal: str | None = None
+    verified: bool = False
 
 
 class PodPointer(NamedTuple):
@@ -178,3 +183,13 @@ def columns(entity: Any, row: type[tuple[Any, ...]]) -> list[Any]:
     """``entity``'s columns named by ``row``'s fields, in their order: the select
     list of a query whose rows are read as ``row``."""
     return [getattr(entity, name) for name in row._fields]  # type: ignore[attr-defined]
+
+
+class PendingGuard(NamedTuple):
+    """A report's guard evaluation still to run (``guard_pending``): ``kind`` is
+    "failure" or "measurements"; ``payload`` the JSON a replica evaluates it from."""
+
+    key: str
+    kind: str
+    payload: str
+    created_at: datetime

@@ -60,6 +60,9 @@ class OldLine(NamedTuple):
 
 ROW_FIELDS = len(Decision._fields)
 OLD_ROW_FIELDS = len(OldLine._fields)
+UNATTRIBUTED_ROW_FIELDS = ROW_FIELDS - 2
+"""A line spilled before decisions kept who asked (no ``principal``, ``verified``): read
+with no asker, as the store keeps such rows."""
 
 MAX_LINE = 4 * 1024 * 1024
 """A real line is a few KB (bodies are at most 64 KB); anything longer is damage, and
@@ -89,6 +92,7 @@ _TEXT_FIELDS: dict[str, tuple[int | None, bool]] = {
     "answer_id": (24, False),
     "shape_json": (None, False),
     "answer_json": (None, True),
+    "principal": (80, True),
 }
 _FIELD_AT = {name: i for i, name in enumerate(Decision._fields)}
 """Each field's place in a line (what a reason names, beside the field's name)."""
@@ -123,7 +127,8 @@ class LineEncoder:
             separators=(",", ":"),
         )  # fmt: skip
         shape, answer = self._text(row.shape_json), self._text(row.answer_json)
-        return f"{head[:-1]},{shape},{answer}]\n".encode()
+        asker = json.dumps([row.principal, row.verified], separators=(",", ":"))
+        return f"{head[:-1]},{shape},{answer},{asker[1:]}\n".encode()
 
     def _text(self, text: str | None) -> str:
         encoded = self._texts.get(text)
@@ -164,10 +169,13 @@ def _parse(raw: bytes) -> Decision:
         raise BadLine("bad_fields", f"a JSON {type(value).__name__}, not an array")
     if len(value) == OLD_ROW_FIELDS:
         return _checked(_from_old_format(OldLine._make(value)))
+    if len(value) == UNATTRIBUTED_ROW_FIELDS:
+        value = [*value, None, False]
     if len(value) != ROW_FIELDS:
         raise BadLine(
             "bad_fields",
-            f"{len(value)} fields, expected {ROW_FIELDS} (or {OLD_ROW_FIELDS}, the old format)",
+            f"{len(value)} fields, expected {ROW_FIELDS} (or {UNATTRIBUTED_ROW_FIELDS} or "
+            f"{OLD_ROW_FIELDS}, older formats)",
         )
     return _checked(Decision._make(value))
 
@@ -203,6 +211,9 @@ def _checked(v: Decision) -> Decision:
             raise BadLine("bad_fields", f"field {i} ({name}): {len(x)} characters (1-{limit})")
         if "\x00" in x:
             raise BadLine("bad_fields", f"field {i} ({name}): holds a NUL character")
+    if type(v.verified) is not bool:
+        i = _FIELD_AT["verified"]
+        raise BadLine("bad_fields", f"field {i} (verified): {v.verified!r}, not true or false")
     revision = v.rules_revision
     if type(revision) is not int or not 0 <= revision <= _INT32:
         raise BadLine("bad_fields", f"field 7 (rules_revision): {revision!r}, not an integer")

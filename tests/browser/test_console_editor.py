@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_console import RELATIVE, boot, new_page, screenshot
+from tests.browser.test_console import RELATIVE, boot, new_page, screenshot, token
 from tests.browser.test_dashboard_browser import (
     TIMEOUT_MS,
     ConsoleErrors,
@@ -192,14 +192,24 @@ def test_every_editor_field_is_stored_as_given_and_comes_back(
             expect(back).to_contain_text("Using FLASH_ATTN: first valid backend")
             page.locator("#dialog-close").click()
 
-            # 5. A guard fires: three stage pods report their kernel failing.
-            with service.client() as api:
-                for a in stage[:3]:
-                    r = api.post(
-                        f"/v1/selections/{a['decision_id']}/failure",
+            # 5. A guard fires: three stage pods, each under its own agent token (one
+            # token is one evidence source), report their kernel failing (all three ask
+            # first: a failure is evidence against the backend for the next select).
+            staged_at = [i for i, a in enumerate(answers) if a["backend"] == "TORCH_SDPA"]
+            reporters = []
+            for i in staged_at[:3]:
+                own = token(service, f"pod-{i}", "agent", ["prod-east"])
+                with service.client(own) as c:
+                    asked = c.post("/v1/select", json=east(i))
+                assert asked.status_code == 200, asked.text
+                reporters.append((own, asked.json()["decision_id"]))
+            for own, decision_id in reporters:
+                with service.client(own) as c:
+                    r = c.post(
+                        f"/v1/selections/{decision_id}/failure",
                         json={"backend": "TORCH_SDPA", "error": "RuntimeError: CUDA error"},
                     )
-                    assert r.status_code == 202, r.text
+                assert r.status_code == 202, r.text
             deadline = time.monotonic() + 10
             while stored(service, "prod-east")["rollout"]["state"] != "halted":
                 assert time.monotonic() < deadline, "the guard did not halt the rollout"

@@ -212,6 +212,10 @@ def test_rollouts_and_exclusions(service_factory: type[ServiceProcess], sqlite_u
             expect(canary.locator(".rollout-state")).to_have_text("halted")
             expect(canary.locator(".rollout-line")).to_contain_text("20 % of pods")
             expect(canary.locator(".rollout-line")).to_contain_text("failures 1/1")
+            # how much of what the guard counted is verified (here: one static token)
+            expect(canary.locator(".rollout-evidence")).to_have_text(
+                "0 verified pod(s), 1 static source(s)"
+            )
             reason = canary.locator(".halted-reason")
             expect(reason).to_have_text(halted["halted_reason"])
             assert "canary-" in halted["halted_reason"] and "boom" in halted["halted_reason"]

@@ -135,7 +135,8 @@ def test_the_walkthrough_runs_as_written_with_the_figures_it_shows(tmp_path: Pat
     (halted,) = [d["rollout"] for d in documents if (d.get("rollout") or {}).get("state")]
     failed = re.search(r'"failed_pods": \["([^"]+)"\]', shown)
     assert failed is not None and halted["failed_pods"] == [failed[1]]
-    assert halted["halted_reason"].startswith("1 stage pod(s) reported a failure")
+    assert halted["halted_reason"].startswith("1 evidence source(s) (0 verified pod(s), 1 static")
+    assert halted["evidence"] == {"verified_pods": 0, "static_sources": 1}
     audit = documents[-1]["items"][0]
     assert (audit["actor"], audit["action"]) == ("switchboard", "rollout.failure")
     assert audit["note"].startswith(failed[1])

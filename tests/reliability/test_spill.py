@@ -286,12 +286,12 @@ def test_a_corrupt_spill_file_keeps_every_good_line(
     assert rec.replay_spill() == 999 + 1  # every good line, and the old-format one
 
     assert len(store.rows) == 1000 and "id00010" not in store.rows
-    assert store.rows["old00001"].pod == "p-old" and len(store.rows["old00001"]) == 12
+    assert store.rows["old00001"].pod == "p-old" and len(store.rows["old00001"]) == 14
     rejected = [json.loads(x) for x in (tmp_path / "spill.jsonl.rejected").read_text().splitlines()]
     reasons = [r["reason"] for r in rejected]
     assert len(rejected) == 7, reasons
     assert reasons[0].startswith("not UTF-8")
-    assert "2 fields, expected 12" in reasons[1]
+    assert "2 fields, expected 14" in reasons[1]
     assert reasons[2].startswith("not JSON")
     assert "not an array" in reasons[3]
     assert "field 0 (id): 27 characters" in reasons[4]

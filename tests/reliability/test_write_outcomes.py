@@ -237,10 +237,23 @@ def test_a_retried_report_gets_the_guard_its_first_attempt_never_ran(
         with first.client() as c:
             assert c.put("/v1/overrides/prod-east", json=spec).status_code == 200
             one, two = stage_answers(c, "prod-east", 2)
+            # the second pod asks and reports under a token of its own: two evidence
+            # sources (one token is one, however many pods it names)
+            made = c.post("/v1/tokens", json={"name": "pod-two", "role": "agent"})
+            assert made.status_code == 201, made.text
+            token = made.json()["token"]
+            with first.client(token) as own:
+                asked = own.post(
+                    "/v1/select",
+                    json={"cluster": "prod-east", "pod": two["pod"], "device": DEVICE,
+                          "model": MODEL, "dtype": "bfloat16", "packages": ALL},
+                )  # fmt: skip
+                assert asked.status_code == 200, asked.text
             r = report(c, one["pod"], "report-one-0001")
             assert r.status_code == 201 and r.json()["guard"] == "checked", r.text
             db.admin("REVOKE INSERT ON audit FROM {role}")
-            r = report(c, two["pod"], "report-two-0001")
+            with first.client(token) as own:
+                r = report(own, two["pod"], "report-two-0001")
             assert r.status_code == 201, r.text  # before: 503 "nothing was changed"
             assert r.json()["counted"] is True and r.json()["guard"] == "pending"
     finally:
@@ -250,7 +263,8 @@ def test_a_retried_report_gets_the_guard_its_first_attempt_never_ran(
     try:
         with second.client() as c:
             assert rollout_state(c, "prod-east") == "active"  # the halt was never written
-            again = report(c, two["pod"], "report-two-0001")
+            with second.client(token) as own:
+                again = report(own, two["pod"], "report-two-0001")
             assert again.status_code == 200, again.text
             assert again.json()["duplicate"] is True and again.json()["guard"] == "checked"
             assert rollout_state(c, "prod-east") == "halted"

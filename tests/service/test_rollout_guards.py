@@ -45,6 +45,20 @@ def agent(api: httpx.Client, clusters: list[str]) -> httpx.Client:
     )
 
 
+def own_source(
+    api: httpx.Client, where: str, measured: bool = False
+) -> tuple[httpx.Client, dict[str, Any]]:
+    """A stage pod ("cluster/pod") asking again under a token of its own, and the answer:
+    one token is one evidence source for the guards, however many pods it names."""
+    cluster, pod = where.split("/", 1)
+    c = agent(api, [cluster])
+    if measured:
+        return c, measured_pod(c, cluster, pod)
+    r = c.post("/v1/select", json=body(cluster=cluster, pod=pod))
+    assert r.status_code == 200, r.text
+    return c, r.json()
+
+
 def stage_pods(c: httpx.Client, cluster: str, n: int, start: int = 0) -> list[Pod]:
     """``n`` pods of ``cluster`` that the rollout's stage holds, with their answers."""
     found: list[Pod] = []
@@ -77,20 +91,21 @@ def rollout(api: httpx.Client) -> dict[str, Any]:
 def test_one_pods_repeated_reports_count_once(api: httpx.Client) -> None:
     r = api.put("/v1/overrides/*", json={**FORCE, "rollout": {"percent": 20, "max_failures": 3}})
     assert r.status_code == 200, r.text
-    dev = agent(api, ["dev-*"])
-    [(where, answer)] = stage_pods(dev, "dev-a", 1)
+    [(where, _)] = stage_pods(api, "dev-a", 1)
+    dev, answer = own_source(api, where)
     for _ in range(5):
         fail(dev, answer)
     state = rollout(api)
     assert (state["state"], state["failures"], state["failed_pods"]) == ("active", 1, [where])
-    # two more distinct stage pods reach max_failures 3: halted, and the reason (also in
-    # the audit entry) names every pod and its cluster
-    others = stage_pods(dev, "dev-b", 2)
-    for _, other in others:
-        fail(dev, other)
+    # two more distinct stage pods (each its own source) reach max_failures 3: halted,
+    # and the reason (also in the audit entry) names every pod and its cluster
+    others = stage_pods(api, "dev-b", 2)
+    for other, _ in others:
+        fail(*own_source(api, other))
     state = rollout(api)
     assert state["state"] == "halted" and state["failures"] == 3
-    assert "3 stage pod(s)" in state["halted_reason"]
+    assert state["evidence"] == {"verified_pods": 0, "static_sources": 3}
+    assert "3 evidence source(s) (0 verified pod(s), 3 static source(s))" in state["halted_reason"]
     assert "(clusters dev-a, dev-b)" in state["halted_reason"]
     assert all(w in state["halted_reason"] for w in [where, *(w for w, _ in others)])
     (entry,) = api.get("/v1/audit", params={"action": "rollout.failure", "limit": 1}).json()[
@@ -253,19 +268,20 @@ def test_samples_from_before_the_stage_do_not_count(api: httpx.Client, how: str)
     spec = staged_spec(how, max_slowdown_pct=5)
     assert api.put("/v1/overrides/*", json=spec).status_code == 200
     pods = [pod for pod, _ in measured_stage_pods(api, "prod-east", 4)]
+    own = {pod: own_source(api, f"prod-east/{pod}", measured=True)[0] for pod in pods}
     if how == "step":
-        report(api, "prod-east", pods[0])  # one pod: not enough to halt, and the step comes
+        report(own[pods[0]], "prod-east", pods[0])  # one pod: not enough, and the step comes
     else:
-        report(api, "prod-east", pods[0])
-        report(api, "prod-east", pods[1])  # two pods a third slower: halted
+        report(own[pods[0]], "prod-east", pods[0])
+        report(own[pods[1]], "prod-east", pods[1])  # two pods a third slower: halted
         assert rollout(api)["state"] == "halted"
     restart_stage(api, how, spec)
     # a stage pod reports the same slowdown again: with what was measured before the
     # stage began that would be enough at once; alone it is one pod of this stage
-    answer = report(api, "prod-east", pods[2])
+    answer = report(own[pods[2]], "prod-east", pods[2])
     assert rollout(api)["state"] == "active"
     assert answer.json()["guard"] == "checked"
-    report(api, "prod-east", pods[3])  # a second pod of this stage: halted
+    report(own[pods[3]], "prod-east", pods[3])  # a second pod of this stage: halted
     state = rollout(api)
     assert state["state"] == "halted", state
     assert f"prod-east/{pods[2]}" in state["halted_reason"]
@@ -287,8 +303,8 @@ def test_a_failure_decided_before_the_stage_does_not_count(api: httpx.Client, ho
     state = rollout(api)
     assert state["state"] == "active" and state["failures"] == 0, state
     fresh = stage_pods(api, "prod-east", 2, start=400)  # decisions of this stage
-    for _, answer in fresh[: spec["rollout"]["max_failures"]]:
-        fail(api, answer)
+    for where, _ in fresh[: spec["rollout"]["max_failures"]]:
+        fail(*own_source(api, where))
     assert rollout(api)["state"] == "halted"
 
 
@@ -297,8 +313,8 @@ def test_a_slowdown_halt_names_its_pods_and_clusters_in_the_audit_log(api: httpx
     assert api.put("/v1/overrides/*", json=spec).status_code == 200
     east = measured_stage_pods(api, "prod-east", 1)[0][0]
     west = measured_stage_pods(api, "prod-west", 1)[0][0]
-    report(api, "prod-east", east)
-    report(api, "prod-west", west)
+    report(own_source(api, f"prod-east/{east}", measured=True)[0], "prod-east", east)
+    report(own_source(api, f"prod-west/{west}", measured=True)[0], "prod-west", west)
     state = rollout(api)
     assert state["state"] == "halted"
     reason = state["halted_reason"]

@@ -177,8 +177,14 @@ def test_stage_pods_measuring_a_slowdown_halt_it_with_the_figures(replicas) -> N
         ]
         assert len(stage) >= 2
         for pod in stage[:2]:
+            # each pod under its own token: one token is one evidence source, however
+            # many pods it names (docs/security.md)
+            made = ca.post("/v1/tokens", json={"name": pod, "role": "agent"})
+            assert made.status_code == 201, made.text
+            own = a.client(made.json()["token"])
+            pick(own, cluster, pod, dev)
             for sample in range(2):
-                r = ca.post(
+                r = own.post(
                     "/v1/measurements",
                     json={
                         "cluster": cluster,

@@ -30,7 +30,9 @@ from mla_switchboard.service.api.deps import (
     verify_workload,
 )
 from mla_switchboard.service.api.outcomes import respond
+from mla_switchboard.service.auth import asker_of
 from mla_switchboard.service.deciding import Decider
+from mla_switchboard.service.state import UNKNOWN_ASKER, Asker
 from pydantic import BaseModel, Field, StringConstraints, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
@@ -149,7 +151,11 @@ async def select(body: SelectRequest, request: Request) -> Response:
         (await get_refused(request)).count(body.cluster, exc)
         raise
     status, headers, content = select_answer(
-        await get_decider(request), body, request.headers.get("if-none-match"), dry_run
+        await get_decider(request),
+        body,
+        request.headers.get("if-none-match"),
+        dry_run,
+        asker_of(principal),
     )
     response = Response(content, status_code=status)
     response.raw_headers = headers
@@ -180,14 +186,18 @@ _BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 
 
 def select_answer(
-    decider: Decider, body: SelectRequest, if_none_match: str | None, dry_run: bool = False
+    decider: Decider,
+    body: SelectRequest,
+    if_none_match: str | None,
+    dry_run: bool = False,
+    asker: Asker = UNKNOWN_ASKER,
 ) -> tuple[int, Headers, bytes]:
     """The status, headers and body to send for an authorised request: a dry run's
     answer has no ``decision_id`` (null) and no ``X-Decision-Id``.
 
     Plain bytes, so that the lean handler sends them as they are and the FastAPI
     route wraps them, with the same headers in the same order."""
-    result, decision_id = decider.decide(body, dry_run)
+    result, decision_id = decider.decide(body, dry_run, asker)
     if isinstance(result, Refusal):
         content = refusal_json(result)
         return 409, [(b"content-length", str(len(content)).encode()), JSON_TYPE], content

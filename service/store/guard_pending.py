@@ -1,0 +1,52 @@
+"""Rollout guard evaluations still to run, kept in the database so every replica sees
+them: a step waits while one is left (service/rollouts.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from mla_switchboard.service.store.base import aware
+from mla_switchboard.service.store.models import GuardPendingRow
+from mla_switchboard.service.store.rows import PendingGuard
+from sqlalchemy import Engine, delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+
+class GuardPendingStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+    def add(self, key: str, kind: str, payload: str, at: datetime) -> None:
+        """Note an evaluation to run; the same key again keeps the first (a retried
+        report is one evaluation)."""
+        stmt = self._insert(GuardPendingRow).values(
+            key=key, kind=kind, payload=payload, created_at=at
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt.on_conflict_do_nothing(index_elements=["key"]))
+
+    def remove(self, key: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(GuardPendingRow).where(GuardPendingRow.key == key))
+
+    def waiting(self, noted_before: datetime, limit: int = 100) -> list[PendingGuard]:
+        """The oldest evaluations noted before ``noted_before``."""
+        t = GuardPendingRow
+        q = (
+            select(t.key, t.kind, t.payload, t.created_at)
+            .where(t.created_at < noted_before)
+            .order_by(t.created_at)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [
+                PendingGuard(k, kind, payload, aware(at))
+                for k, kind, payload, at in conn.execute(q)
+            ]
+
+    def count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(select(func.count()).select_from(GuardPendingRow)).scalar() or 0
+            )
