@@ -5,7 +5,8 @@ Part 1, losses: rounds of ``tests/reliability/freeze_kill.py`` (load on one repl
 every PostgreSQL process SIGSTOPped, kill -9 at a random moment 0.05-0.4 s later, the
 next replica replays what it left). A decision answered more than 100 ms before the
 kill and not stored is lost. Journal on (the default) and off (``SWITCHBOARD_JOURNAL=0``,
-the writer and spill file alone).
+the writer and spill file alone). Then the same at full load (8 client threads back to
+back) with the database up, kill -9 0.5-2 s in.
 
 Part 2, cost: one replica with the journal and one without, in alternating rounds;
 threads post ``/v1/select`` for distinct pods back to back and time each answer
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -41,13 +43,27 @@ from tests.reliability.conftest import PrivatePostgres, select_body  # noqa: E40
 from tests.reliability.freeze_kill import freeze_kill_rounds  # noqa: E402
 
 
-def losses(pg: PrivatePostgres, rounds: int, journal: bool, seed: int) -> dict[str, object]:
+def losses(
+    pg: PrivatePostgres,
+    rounds: int,
+    journal: bool,
+    seed: int,
+    *,
+    freeze: bool = True,
+    threads: int = 4,
+) -> dict[str, object]:
     env = {"SWITCHBOARD_JOURNAL": "1" if journal else "0"}
+    kill_after = (0.05, 0.4) if freeze else (0.5, 2.0)
     with tempfile.TemporaryDirectory(prefix="sb-k9-") as tmp:
-        got = freeze_kill_rounds(pg, Path(tmp), rounds, threads=4, seed=seed, env=env)
+        got = freeze_kill_rounds(
+            pg, Path(tmp), rounds, threads=threads, seed=seed, env=env, freeze=freeze,
+            kill_after=kill_after,
+        )  # fmt: skip
     bad = [r for r in got if r.lost_before_grace]
     return {
         "journal": journal,
+        "database": "frozen (SIGSTOP), kill 0.05-0.4 s after" if freeze else "up",
+        "client_threads": threads,
         "rounds": len(got),
         "rounds_losing_answers_older_than_100ms": len(bad),
         "lost_older_than_100ms_total": sum(r.lost_before_grace for r in got),
@@ -119,10 +135,21 @@ def cost(pg: PrivatePostgres, rounds: int, seconds: float, threads: int) -> dict
     return {"threads": threads, "seconds": seconds, "median": summary, "per_round": per}
 
 
+def _exit_on_sigterm() -> None:
+    """A SIGTERM unwinds (the private PostgreSQL and replicas are cleaned up)."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main() -> None:
+    _exit_on_sigterm()
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--rounds-off", type=int, default=10)
+    ap.add_argument("--rounds-load", type=int, default=6)
     ap.add_argument("--cost-rounds", type=int, default=4)
     ap.add_argument("--cost-seconds", type=float, default=4.0)
     ap.add_argument("--out", default=str(ROOT / "bench/results/kill9_freeze.json"))
@@ -137,6 +164,12 @@ def main() -> None:
             "grace_ms": 100,
             "journal_on": losses(pg, args.rounds, True, seed=7),
             "journal_off": losses(pg, args.rounds_off, False, seed=8),
+            "full_load_journal_on": losses(
+                pg, args.rounds_load, True, seed=9, freeze=False, threads=8
+            ),
+            "full_load_journal_off": losses(
+                pg, args.rounds_load, False, seed=10, freeze=False, threads=8
+            ),
             "select_cost": cost(pg, args.cost_rounds, args.cost_seconds, threads=4),
         }
     finally:
