@@ -131,7 +131,8 @@ def test_kill9_during_an_outage_loses_only_the_last_100ms(
         f"answered in the last {window * 1000:.0f} ms before the kill"
     )
     assert len(during) > 300
-    assert replayed == on_disk
+    # the spill file and the killed replica's journal (ids already stored are skipped)
+    assert replayed >= on_disk
     # 50 ms interval + an append and its fsync; the shared 2-core machine adds jitter
     assert window <= 0.15, lost[-5:]
     assert len(lost) <= rate * 0.15 + 5
@@ -188,7 +189,8 @@ def test_kill9_while_the_database_hangs_loses_only_the_last_200ms(
     )
     assert store_error == "StoreStalled"
     assert len(during) > 300
-    assert replayed == on_disk > 0
+    # the spill file and the killed replica's journal (ids already stored are skipped)
+    assert replayed >= on_disk > 0
     # 50 ms interval + an append and its fsync; the shared 2-core machine adds jitter
     assert window <= 0.2, lost[-5:]
     assert len(lost) <= rate * 0.2 + 5
