@@ -355,6 +355,11 @@ class SelectResponse(BaseModel):
     messages: list[str]
     rules_revision: int
     decision_id: str | None
+    recorded: bool = Field(
+        default=True,
+        description="false: the service did not keep this decision (a dry run, or its "
+        "buffer full and its spill file unable to take more); decision_id is then null",
+    )
     overrides: list[OverrideRef] = Field(default_factory=list)
     evidence: Evidence | None = None
     engine: EngineInfo = Field(default_factory=EngineInfo)

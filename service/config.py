@@ -125,6 +125,13 @@ class Settings(BaseSettings):
         description="the most the spill file may grow to (1.2-1.5 KB a decision); 0 turns "
         "spilling off",
     )
+    journal: bool = Field(
+        default=True,
+        description="every answered decision also goes to a journal beside the spill file, "
+        "on disk within a few ms (one write and fdatasync per batch), so a crash loses "
+        "only the last few ms whatever the database does; off: only what the writer "
+        "stored or spilled survives a crash",
+    )
     shutdown_flush_s: float = Field(
         default=5.0,
         ge=0,

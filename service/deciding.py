@@ -33,7 +33,9 @@ class Decider:
     ) -> tuple[Rendered | Refusal, str | None]:
         """The decision (or refusal) and the id it is recorded under. A dry run decides
         and records and counts nothing (id None): a laptop trying a flag is not a pod
-        of the fleet."""
+        of the fleet. A decision the recorder could not keep (memory at its budget
+        and the spill file full or unwritable) has no id either: its answer says
+        ``recorded: false`` rather than give an id a failure report would not find."""
         inputs = self.inputs()
         result = self.selector.select(body, inputs)
         if isinstance(result, Refusal):
@@ -44,7 +46,7 @@ class Decider:
             return result, None
         decision_id = new_id()
         decision = result.decision
-        self.recorder.submit(
+        kept = self.recorder.submit(
             decision_row(
                 decision_id,
                 datetime.now(UTC),
@@ -60,4 +62,5 @@ class Decider:
             )
         )
         self.metrics.decisions.labels(result.backend, decision.source, body.cluster).inc()
-        return result, decision_id
+        # not kept: no id that a failure report would find missing (``recorded: false``)
+        return result, decision_id if kept else None

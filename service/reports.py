@@ -114,7 +114,12 @@ class Reports:
             self.recorder.flush()  # the decision may still be in memory or spilled
         record = self.decisions.get_decision(decision_id)
         if record is None:
-            return Problem(404, f"no decision {decision_id!r}")
+            return Problem(
+                404,
+                f"no decision {decision_id!r} was recorded: an id this service never "
+                "gave, or a decision it could not keep (its select answer said "
+                "recorded: false and gave no id since)",
+            )
         # a decision recorded under no pod is no verified pod's to report on
         owner = record.pod if record.pod is not None else "(no pod)"
         problem = identity_problem(

@@ -91,6 +91,7 @@ class Runtime:
             spill_path=settings.resolved_spill_path(),
             spill_limit_bytes=int(settings.spill_limit_mb * MIB),
             shutdown_flush_s=settings.shutdown_flush_s,
+            journal=settings.journal,
         )
         self.selector = Selector(inputs_for=self.trusted.inputs_for)
         self.decider = Decider(self.selector, self.publisher.current, self.recorder, self.metrics)

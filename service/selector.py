@@ -37,6 +37,10 @@ Stamp = tuple[EvidenceIndex, Situation, Group]
 """What a measured decision read: the index, the situation, its statistics then."""
 
 
+_RECORDED = b',"recorded":true'
+_NOT_RECORDED = b',"recorded":false'
+
+
 @dataclass(frozen=True)
 class Rendered:
     """A decision serialised once: the response template, its ETag, the stored answer
@@ -73,7 +77,7 @@ class Rendered:
             template=template,
             etag=f'"{digest}"',
             answer_id=digest,
-            answer_json=response.model_dump_json(exclude={"decision_id"}),
+            answer_json=response.model_dump_json(exclude={"decision_id", "recorded"}),
             shape=shape_of(request),
             backend=decision.backend.value,
             etag_header=f'"{digest}"'.encode(),
@@ -87,9 +91,12 @@ class Rendered:
 
     @property
     def dry_body(self) -> bytes:
-        """The answer of a dry run: no decision was recorded, so ``decision_id`` is null
-        (the template's quotes around the id go with it)."""
-        return self.body_head[:-1] + b"null" + self.body_tail[1:]
+        """The answer of a decision not recorded (a dry run, or one the recorder could
+        not keep): ``decision_id`` is null (the template's quotes around the id go
+        with it) and ``recorded`` false (the field after it)."""
+        tail = self.body_tail[1:]
+        assert tail.startswith(_RECORDED)
+        return self.body_head[:-1] + b"null" + _NOT_RECORDED + tail[len(_RECORDED) :]
 
 
 class Selector:

@@ -67,6 +67,11 @@ class Health:
             "decisions_buffered_bytes": recorder.buffered_bytes,
             **spill_state(recorder.spill_error),
         }
+        backlog = recorder.spill_backlog()
+        if backlog is not None and body["spill"] == "ok":
+            # decisions wait in local files until the drain stores the last line
+            body["spill"], body["spill_error"] = "degraded", backlog
+        body["spill_backlog"] = backlog
         return ready, body
 
     def refresh_gauges(self) -> Metrics:

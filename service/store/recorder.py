@@ -45,6 +45,7 @@ from pathlib import Path
 
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store.decisions import DecisionStore
+from mla_switchboard.service.store.recording.journal import Journal
 from mla_switchboard.service.store.recording.memory_queue import DROP_LOG_S, MIB, MemoryQueue
 from mla_switchboard.service.store.recording.spill_drain import SpillDrain
 from mla_switchboard.service.store.recording.spill_log import SpillLog
@@ -76,12 +77,16 @@ class DecisionRecorder:
         shutdown_flush_s: float = 5.0,
         stall_s: float | None = None,
         rejected_limit_bytes: int = REJECTED_LIMIT_BYTES,
+        journal: bool = True,
     ) -> None:
         """``stall_s``: the least time a store write may be in flight before the
         writer spills what is in memory and counts the store as degraded (by default
         ``STALL_INTERVALS`` flush intervals, at least ``MIN_STALL_S``); see
         ``RetryPolicy.stall_bound``.
-        ``rejected_limit_bytes``: the most ``<spill>.rejected`` grows to."""
+        ``rejected_limit_bytes``: the most ``<spill>.rejected`` grows to.
+        ``journal``: every decision also goes to the journal (``recording/journal.py``)
+        beside the spill file, on disk within a few ms whatever the store does; off
+        without a spill path or with the spill file off (nothing would drain it)."""
         self._interval = interval_s
         self._batch = batch
         self.spill_path = spill_path
@@ -92,6 +97,14 @@ class DecisionRecorder:
             SpillFile(spill_path, spill_limit_bytes, rejected_limit_bytes) if spill_path else None
         )
         self._spill = SpillLog(file, metrics, self._progress)
+        self._journal = (
+            Journal(spill_path, metrics, self._memory.settled_prefix)
+            if journal and spill_path is not None and spill_limit_bytes > 0
+            else None
+        )
+        self._journal_submit = None if self._journal is None else self._journal.submit
+        if file is not None and self._journal is not None:
+            file.not_backlog = self._journal.own
         self._drain = SpillDrain(self._spill, metrics, batch=batch)
         self._writer = StoreWriter(store, metrics, RetryPolicy(interval_s, stall_s), self._spill)
         self._wake = threading.Event()
@@ -100,9 +113,16 @@ class DecisionRecorder:
         self._bug_logged_at = 0.0
 
     # ------------------------------------------------------------ the public state
-    def submit(self, row: Row) -> None:
-        """Hot path: an append and a few additions (``MemoryQueue.submit``)."""
-        self._memory.submit(row)
+    def submit(self, row: Row) -> bool:
+        """Hot path: an append and a few additions (``MemoryQueue.submit``), and an
+        append to the journal's deque, in the same order. False: not kept (memory at
+        its budget, the spill file unable to take the excess): the answer says so."""
+        if not self._memory.submit(row):
+            return False
+        journal = self._journal_submit
+        if journal is not None:
+            journal(row)
+        return True
 
     @property
     def pending(self) -> int:
@@ -135,7 +155,18 @@ class DecisionRecorder:
         return self._writer.attempts
 
     def spill_bytes(self) -> int:
+        """Bytes of spilled decisions waiting for the store, drains in progress
+        included (their files are renamed away from the spill path)."""
         return self._spill.size()
+
+    def spill_backlog(self) -> str | None:
+        """What ``/readyz`` says while spilled decisions wait for the store, e.g.
+        ``draining 60,000 spilled decisions, 31% done``; None when none wait."""
+        waiting, lines, done = self._drain.progress()
+        if not waiting:
+            return None
+        verb = "draining" if self._writer.up else "holding"
+        return f"{verb} {lines:,} spilled decisions, {int(done * 100)}% done"
 
     def flush(self, timeout_s: float = 3.0, *, wake: bool = True) -> bool:
         """Wait until everything submitted before this call is in the store (or
@@ -171,7 +202,14 @@ class DecisionRecorder:
         the path, and shown without it by ``/readyz``); the service answers anyway."""
         return self._spill.check()
 
+    @property
+    def journal_error(self) -> str | None:
+        """Why the journal cannot write now; None when it can (or is off)."""
+        return None if self._journal is None else self._journal.error
+
     def start(self) -> None:
+        if self._journal is not None:
+            self._journal.start()
         self._thread = threading.Thread(target=self._run, name="decision-writer", daemon=True)
         self._thread.start()
 
@@ -187,10 +225,14 @@ class DecisionRecorder:
             if self._thread.is_alive():
                 log.warning("waiting for the decision writer's step in flight to end")
                 self._thread.join(self._shutdown_flush_s + 30.0)
+        if self._journal is not None:
+            self._journal.hold()  # what leaves memory below is not yet spilled
         leftover = self._memory.take_all()
         self._memory.log_drops(self._spill.error, force=True)
         self._spill_at_stop(leftover)
         self._drain.close()  # the rest stays for the next start
+        if self._journal is not None:
+            self._journal.stop()
         if self._spill.undrained and self._spill.path is not None:
             log.error(
                 "spilled %d decisions to %s: the store could not take them (%s); the next "

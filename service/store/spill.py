@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -169,8 +169,14 @@ def _parse(raw: bytes) -> Decision:
         raise BadLine("bad_fields", f"a JSON {type(value).__name__}, not an array")
     if len(value) == OLD_ROW_FIELDS:
         return _checked(_from_old_format(OldLine._make(value)))
-    if len(value) == UNATTRIBUTED_ROW_FIELDS:
-        value = [*value, None, False]
+    if len(value) > ROW_FIELDS:
+        # a newer release's line, with fields this one does not keep: the rest stands
+        value = value[:ROW_FIELDS]
+    elif len(value) < ROW_FIELDS and ROW_FIELDS - len(value) <= len(Decision._field_defaults):
+        # an older release's line: the fields added since take their defaults
+        missing = Decision._fields[len(value) :]
+        if all(name in Decision._field_defaults for name in missing):
+            value = [*value, *(Decision._field_defaults[name] for name in missing)]
     if len(value) != ROW_FIELDS:
         raise BadLine(
             "bad_fields",
@@ -288,6 +294,9 @@ class SpillFile:
         self.rejected_path = path.with_name(path.name + ".rejected")
         self.rejected_limit_bytes = rejected_limit_bytes
         self._encoder = LineEncoder()
+        # backlog-like files this process still writes (its journal's): not
+        # a backlog, never claimed or counted
+        self.not_backlog: Callable[[Path], bool] = lambda _path: False
         self._unkept_unlogged = 0
         self._unkept_logged_at = -_UNKEPT_LOG_S
 
@@ -318,6 +327,16 @@ class SpillFile:
             return self.path.stat().st_size
         except OSError:
             return 0
+
+    def backlog_bytes(self) -> int:
+        """Bytes waiting for the store: the spill file, the files drains claimed and
+        have not finished (this one's, or left by a process that died), and journals
+        of processes that died."""
+        total = self.size()
+        for path in self._leftovers():
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+        return total
 
     def append(self, rows: Sequence[Decision]) -> Appended:
         """Append as many of ``rows`` as the size limit and the disk allow, in order,
@@ -475,8 +494,14 @@ class SpillFile:
                 return replay
         return self._claim_current()
 
+    def backlog_files(self) -> list[Path]:
+        """The files drains claimed and did not finish, and dead processes' journals."""
+        return self._leftovers()
+
     def _leftovers(self) -> list[Path]:
-        return sorted(self.path.parent.glob(self.path.name + ".replay-*"))
+        parent, name = self.path.parent, self.path.name
+        found = [*parent.glob(name + ".replay-*"), *parent.glob(name + ".journal-*")]
+        return sorted(p for p in found if not self.not_backlog(p))
 
     def _claim_current(self) -> Replay | None:
         for _ in range(10):
@@ -602,12 +627,19 @@ class Replay:
         out, self.rejected = self.rejected, Counter()
         return out
 
-    def commit(self, stored: int, refused: int = 0) -> None:
+    def commit(self, stored: int, refused: int = 0) -> int:
         """The store took ``stored`` of the rows read since the last commit and
-        refused ``refused`` (set aside by the caller)."""
-        self._committed = self._file.tell()
+        refused ``refused`` (set aside by the caller). Returns the bytes of the file
+        this commit got through."""
+        before, self._committed = self._committed, self._file.tell()
         self.stored += stored
         self.refused += refused
+        return self._committed - before
+
+    @property
+    def committed_bytes(self) -> int:
+        """Bytes of the file the store took (or that were set aside) so far."""
+        return self._committed
 
     def rewind(self) -> None:
         self._file.seek(self._committed)

@@ -307,7 +307,9 @@ def test_kill9_at_maximum_rate_loses_only_the_last_100ms(
     """Before: at full speed kill -9 lost 8,559 of 15,000 acknowledged decisions,
     some answered 2.1 s before the kill (the writer was slower than the service)."""
     url = pg_url_factory()
-    service = ServiceProcess(url).start(tmp_path)
+    # the killed replica leaves its journal: in the test's directory, not the cwd
+    env = {"SWITCHBOARD_SPILL_PATH": str(tmp_path / "spill.jsonl")}
+    service = ServiceProcess(url, env=env).start(tmp_path)
     answers: list[tuple[float, str]] = []
     killed: list[float] = []
     assert service.proc is not None

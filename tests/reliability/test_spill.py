@@ -587,8 +587,8 @@ def test_the_budget_counts_bytes_and_shared_texts_once(tmp_path: Path) -> None:
         rec.submit(row(i))
     assert rec.buffered_bytes <= 1000 * per_row
     assert rec.pending + counter(metrics, "switchboard_decisions_dropped_total") == 1500
-    assert rec.pending > 990  # dropped only past the budget, oldest first
-    assert next(iter(rec._memory._queue)).id == f"id{1500 - rec.pending:05d}"
+    assert rec.pending > 990  # refused only past the budget, the newest
+    assert next(iter(rec._memory._queue)).id == "id00000"
 
 
 def test_an_unwritable_spill_path_is_reported_at_start_without_the_path(tmp_path: Path) -> None:

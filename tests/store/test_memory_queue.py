@@ -31,26 +31,29 @@ def test_rows_are_counted_in_bytes_and_shared_texts_once() -> None:
     assert q.pending == q.queued == 11 and q.submitted == 11
 
 
-def test_past_the_byte_budget_the_oldest_are_dropped_and_counted() -> None:
+def test_past_the_byte_budget_new_decisions_are_refused_and_counted() -> None:
+    """Before: the oldest were dropped, decisions whose ids pods already held. Now the
+    new one is refused and its answer says so; every acknowledged one is kept."""
     metrics = Metrics()
     per_row = row_bytes(row(0))
     q = queue(metrics, budget=100 * per_row)
-    for i in range(300):
-        q.submit(row(i))
+    taken = [q.submit(row(i)) for i in range(300)]
     assert q.buffered_bytes <= 100 * per_row
     kept = q.pending
+    assert taken == [True] * kept + [False] * (300 - kept)
     assert kept + counter(metrics, DROPPED) == 300
-    assert q.settled() == 300 - kept  # the drops count as settled
-    assert q.take_batch(1)[0][0] == f"id{300 - kept:05d}"  # the oldest kept, newest behind
+    assert q.submitted == kept and q.settled() == 0  # refused ones were never queued
+    assert q.take_batch(1)[0][0] == "id00000"  # the oldest kept
+    assert q.settled_prefix() == 0  # the batch in flight has not settled
 
 
-def test_the_count_limit_drops_the_oldest_as_well() -> None:
+def test_the_count_limit_refuses_new_decisions_as_well() -> None:
     metrics = Metrics()
     q = queue(metrics, limit=50)
     for i in range(80):
         q.submit(row(i))
     assert q.pending == 50 and counter(metrics, DROPPED) == 30
-    assert q.take_batch(1)[0][0] == "id00030"
+    assert q.take_batch(1)[0][0] == "id00000"
 
 
 def test_a_batch_put_back_is_first_in_line_in_its_order() -> None:

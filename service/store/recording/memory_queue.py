@@ -1,11 +1,12 @@
-"""The decisions in memory: bounded in bytes (and optionally in count), oldest dropped.
+"""The decisions in memory: bounded in bytes (and optionally in count).
 
 The hot path (``submit``) appends and adds up an estimate of what each row holds
-(``row_bytes``); past the budget it drops the oldest, a few at a time. The writer
+(``row_bytes``); past the budget it refuses the new decision (its answer then says
+``recorded: false``) and keeps every one already acknowledged. The writer
 takes batches out (``take_batch``), puts back what it could not place (``put_back``)
 and says where the rest went (``settle``): written, refused by the store, or spilled.
-Every decision submitted ends in exactly one of those counts or a drop, which is what
-``settled`` adds up and a flush waits for.
+Every decision queued ends in exactly one of those counts or a drop at shutdown, which
+is what ``settled`` adds up and a flush waits for.
 
 Drops are counted (``switchboard_decisions_dropped_total``) and logged as one line
 with the counts, at most every ``DROP_LOG_S``, never once per decision.
@@ -98,13 +99,16 @@ class MemoryQueue:
         self._drops_logged_at = 0.0
 
     # ------------------------------------------------------------ the hot path
-    def submit(self, row: Row) -> None:
+    def submit(self, row: Row) -> bool:
         """Hot path: an append and a few additions, no lock, no I/O, no serialising.
+        False: memory is at its budget, so the decision is not kept (counted as
+        dropped) and its answer says so (``recorded: false``).
 
-        The size is ``row_bytes`` written out (a call costs as much as the sum). Past
-        the memory budget the oldest decision is dropped here; that only happens when
-        the writer could not move the excess to the spill file (it tries from nine
-        tenths of the budget on)."""
+        The size is ``row_bytes`` written out (a call costs as much as the sum). The
+        budget is reached only when the writer could not move the excess to the spill
+        file (it tries from nine tenths of the budget on). The new decision is refused
+        rather than an old one dropped: an old one's answer already gave its id to a
+        pod, which would report on a decision that is gone."""
         node, pod = row.node, row.pod
         size = _ROW_FIXED + len(row.id) + len(row.cluster)
         size += -64 if node is None else len(node) if node.isascii() else 4 * len(node) + 24
@@ -112,12 +116,15 @@ class MemoryQueue:
         seen = self._shared_seen
         if row.shape_id not in seen or row.answer_id not in seen:
             size += self._count_shared(seen, row)
-        self._in += size
         queue = self._queue
-        if self._in > self._in_limit or (self._count_limited and len(queue) >= self.limit):
-            self._drop_oldest(queue)
+        if self._in + size > self._in_limit or (self._count_limited and len(queue) >= self.limit):
+            self._hot_dropped += 1
+            self._metrics.decisions_dropped.inc()
+            return False
+        self._in += size
         queue.append(row)
         self.submitted += 1
+        return True
 
     def _count_shared(self, seen: set[str], row: Row) -> int:
         """A shape or answer text not yet counted while buffered: its bytes, once."""
@@ -127,19 +134,6 @@ class MemoryQueue:
                 seen.add(key)
                 added += _shared_bytes(text)
         return added
-
-    def _drop_oldest(self, queue: deque[Row]) -> None:
-        """A few at most: a burst of new shapes must not empty the whole queue."""
-        for _ in range(8):
-            try:
-                old = queue.popleft()
-            except IndexError:  # the writer took them meanwhile
-                return
-            self._in -= row_bytes(old)
-            self._hot_dropped += 1
-            self._metrics.decisions_dropped.inc()
-            if self._in <= self._in_limit and len(queue) < self.limit:
-                return
 
     # ------------------------------------------------------------ state
     @property
@@ -163,7 +157,17 @@ class MemoryQueue:
 
     def settled(self) -> int:
         """Decisions that left memory one way or another: what a flush waits for."""
-        return self._written + self._refused + self._spilled + self._dropped + self._hot_dropped
+        return self._written + self._refused + self._spilled + self._dropped
+
+    def settled_prefix(self) -> int:
+        """How many decisions, counted from the first submitted, left memory for good
+        (what the journal may forget). The queue is first in, first out, and only the
+        writer takes from it: what is neither queued nor in flight has settled. Read
+        in an order that errs low when a submit runs meanwhile."""
+        with self._take:
+            submitted = self.submitted
+            left = len(self._queue) + len(self._inflight)
+        return submitted - left
 
     # ------------------------------------------------------------ the writer's side
     def take_batch(self, n: int) -> list[Row]:

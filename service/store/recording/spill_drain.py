@@ -22,7 +22,7 @@ from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store.recording.spill_log import SPILL_CHECK_S, SpillLog
 from mla_switchboard.service.store.rows import Decision as Row
 from mla_switchboard.service.store.spill import Replay
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 log = logging.getLogger("switchboard.recorder")
 
@@ -45,6 +45,49 @@ class SpillDrain:
             "Decisions from a spill file written to the store (at start or once it is back)",
             registry=metrics.registry,
         )
+        # this backlog's progress: reset once nothing waits (``progress``)
+        self.drained_bytes = 0
+        self.drained_lines = 0
+        self._lines_drained_total = Counter(
+            "switchboard_spill_lines_drained",
+            "Spill lines a drain got through (stored, refused or set aside)",
+            registry=metrics.registry,
+        )
+        Gauge(
+            "switchboard_spill_lines_pending",
+            "Spilled decisions waiting for the store (estimated from the bytes waiting "
+            "and the drained lines' mean length)",
+            registry=metrics.registry,
+        ).set_function(lambda: self.progress()[1])
+
+    def progress(self) -> tuple[int, int, float]:
+        """The backlog: bytes waiting, decisions waiting (estimated), and the share of
+        this backlog drained so far (0 to 1)."""
+        waiting = self._spill.size()
+        if self._replay is not None:  # the part of the claimed file already stored
+            waiting = max(0, waiting - self._replay.committed_bytes)
+        if waiting == 0:
+            self.drained_bytes = self.drained_lines = 0
+            return 0, 0, 1.0
+        mean = self.drained_bytes / self.drained_lines if self.drained_lines else self._sample()
+        done = self.drained_bytes / (self.drained_bytes + waiting)
+        return waiting, round(waiting / mean) if mean else 0, done
+
+    def _sample(self) -> float:
+        """Mean line length of the first 64 KiB of a waiting file (before any drain)."""
+        file = self._spill.file
+        if file is None:
+            return 0.0
+        for path in [*file.backlog_files(), file.path]:
+            try:
+                with path.open("rb") as f:
+                    head = f.read(65536)
+            except OSError:
+                continue
+            lines = head.count(b"\n")
+            if lines:
+                return len(head[: head.rindex(b"\n") + 1]) / lines
+        return 0.0
 
     @property
     def unfinished(self) -> Path | None:
@@ -103,7 +146,9 @@ class SpillDrain:
                 if stored is None:
                     replay.rewind()  # read again once the store is back
                     return
-                replay.commit(stored, refused=len(rows) - stored)
+                self.drained_bytes += replay.commit(stored, refused=len(rows) - stored)
+                self.drained_lines += len(rows)
+                self._lines_drained_total.inc(len(rows))
                 self.replayed += stored
                 self._replayed_total.inc(stored)
             if replay.eof:

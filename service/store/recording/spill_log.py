@@ -69,7 +69,9 @@ class SpillLog:
         return self.gen > self._drained_gen
 
     def size(self) -> int:
-        return 0 if self.file is None else self.file.size()
+        """Bytes waiting for the store (``SpillFile.backlog_bytes``): the spill file
+        and the files being drained or left by a drain or a journal cut short."""
+        return 0 if self.file is None else self.file.backlog_bytes()
 
     def check(self) -> str | None:
         """At start: can the spill file be written? The reason when not (logged with
