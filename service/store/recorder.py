@@ -168,7 +168,7 @@ class DecisionRecorder:
         verb = "draining" if self._writer.up else "holding"
         return f"{verb} {lines:,} spilled decisions, {int(done * 100)}% done"
 
-    def flush(self, timeout_s: float = 3.0, *, wake: bool = True) -> bool:
+    def flush(self, timeout_s: float = 3.0, *, wake: bool = True, reader: bool = False) -> bool:
         """Wait until everything submitted before this call is in the store (or
         dropped): written from memory, or spilled and drained again.
 
@@ -177,10 +177,11 @@ class DecisionRecorder:
         wakes a healthy writer early: while the store is failing, retries keep to the
         backoff however many requests wait. ``wake=False`` waits for the writer's next
         batch (at most the flush interval) instead: a client looping on a read then
-        costs no extra, smaller batches.
+        costs no extra, smaller batches. ``reader=True``: a request about to read,
+        which gives up at once while the store is failing or stalled.
         """
         target = self._memory.submitted
-        if self._writer.degraded and self._memory.settled() < target:
+        if reader and self._writer.degraded and self._memory.settled() < target:
             # the store is failing or stalled: waiting cannot get them written, and a
             # reader held here adds seconds to an answer that a frozen store already
             # delays (its own calls are bounded by SWITCHBOARD_STORE_DEADLINE_S)
