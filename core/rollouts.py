@@ -27,6 +27,7 @@ __all__ = [
     "EvidenceCount",
     "RolloutAction",
     "Slowdown",
+    "StaticSources",
     "acted",
     "count_sources",
     "evidence_source",
@@ -45,19 +46,35 @@ STATIC = "token:"
 UNATTRIBUTED = "name:"
 
 
-def evidence_source(principal: str | None, verified: bool, cluster: str, pod: str | None) -> str:
+StaticSources = Literal["per_pod", "per_token"]
+"""How a static token's reports count (``SWITCHBOARD_GUARD_STATIC_SOURCES``)."""
+
+
+def evidence_source(
+    principal: str | None,
+    verified: bool,
+    cluster: str,
+    pod: str | None,
+    static: StaticSources = "per_pod",
+) -> str:
     """The unit a guard counts for a report on a decision asked for by ``principal``.
 
     A verified pod (its service-account token, ``workload:<uid>``) is one source per pod
-    UID: ``pod:<uid>``. A static token is one source however many pod names it sends:
-    ``token:<id>``; the name in a body is only its claim. A decision recorded before
-    askers were kept (no principal) counts under its pod's name, as guards counted
-    before: ``name:<cluster>/<pod>``."""
+    UID: ``pod:<uid>``. A static token proves only that the caller holds a secret its
+    cluster's pods share, so its pod names are claims: ``per_pod`` (the default) counts
+    each pod name the token recorded a decision for once, ``token:<id>/<cluster>/<pod>``
+    (a crash-looping pod is one source, an invented name costs the inventor a recorded
+    decision and shows in the rollout as static evidence); ``per_token`` counts the token
+    once however many pods it names, ``token:<id>`` (forgery-proof, but pods sharing a
+    token can then never reach a threshold above 1). A decision recorded before askers
+    were kept (no principal) counts under its pod's name: ``name:<cluster>/<pod>``."""
     if principal is None:
         return f"{UNATTRIBUTED}{cluster}/{pod or '?'}"
     if verified:
         return VERIFIED + principal.removeprefix("workload:")
-    return STATIC + principal
+    if static == "per_token":
+        return STATIC + principal
+    return f"{STATIC}{principal}/{cluster}/{pod or '?'}"
 
 
 @dataclass(frozen=True)

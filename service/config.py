@@ -158,7 +158,18 @@ class Settings(BaseSettings):
     failure_min_pods: int = Field(default=1, ge=1)
     failure_window_hours: float = Field(default=24.0, gt=0)
     # How often each replica checks whether a staged override's step is due.
-    rollout_check_s: float = Field(default=1.0, gt=0)
+    rollout_check_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="how often each replica checks its rollouts for a step due or a "
+        "guard evaluation left behind",
+    )
+    guard_static_sources: Literal["per_pod", "per_token"] = Field(
+        default="per_pod",
+        description="how a static agent token's reports count toward rollout guards: "
+        "per_pod, once per pod name it recorded a decision for; per_token, once in all "
+        "(forgery-proof, but a threshold above 1 then needs several tokens)",
+    )
     # What a client can hold or grow (see service/api/server.py, metrics.py)
     max_header_bytes: int = Field(
         default=32 * 1024,

@@ -9,8 +9,9 @@ it within its poll interval (0.5 s by default), this one at once.
 
 What the guards count is evidence sources, not pod names from a body: each report is
 about a decision, and each decision keeps who asked for it (``core.rollouts.
-evidence_source``: a verified pod once per UID, a static token once however many pods
-it names). ``max_failures`` and the speed guard's two pods are distinct sources, and a
+evidence_source``: a verified pod once per UID, a static token once per pod name it
+recorded a decision for, or once in all with ``SWITCHBOARD_GUARD_STATIC_SOURCES=
+per_token``). ``max_failures`` and the speed guard's two pods are distinct sources, and a
 rollout shows how many of them were verified (``Rollout.evidence``).
 
 A guard runs after the report that triggers it is stored. When the database fails in
@@ -100,6 +101,10 @@ class RolloutGuards:
     askers: Callable[[str, Sequence[str]], dict[str, tuple[str | None, bool]]] = (
         lambda cluster, pods: {}
     )
+    """Who asked for each of a cluster's pods' newest decision (principal id, verified):
+    ``DecisionStore.askers``. Unknown pods count under their name."""
+    static_sources: rollouts.StaticSources = "per_pod"
+    """How a static token's reports count (``core.rollouts.evidence_source``)."""
     pending_store: GuardPendingStore | None = None
     """Evaluations noted in the database before their report is stored, so that no
     replica's step overtakes one this replica could not run (None: in memory only)."""
@@ -109,8 +114,6 @@ class RolloutGuards:
     pending_grace_s: float = 10.0
     """How long a noted evaluation is left to the replica that noted it before another
     replica runs it (it may have died)."""
-    """Who asked for each of a cluster's pods' newest decision (principal id, verified):
-    ``DecisionStore.askers``. Unknown pods count under their name."""
     _pending: dict[tuple[str, ...], Callable[[], None]] = field(
         init=False, default_factory=dict
     )  # oldest first
@@ -296,9 +299,9 @@ class RolloutGuards:
         it there, in a cluster whose pods may halt it, and the decision was made in the
         current stage (not before the last resume or step), its evidence source counts
         once (``core.rollouts.evidence_source``: a verified pod per UID, a static token
-        once however many pods it names); at ``max_failures`` distinct sources the
-        rollout halts. A source reporting again, or an old decision's failure, can never
-        halt a rollout."""
+        per pod name it asked a decision for, or once with ``per_token``); at
+        ``max_failures`` distinct sources the rollout halts. A source reporting again, or
+        an old decision's failure, can never halt a rollout."""
         if record.answer_json is None or backend != record.backend:
             return
         refs = json.loads(record.answer_json).get("overrides") or []
@@ -310,7 +313,7 @@ class RolloutGuards:
         first_line = (error.strip().splitlines() or ["(no error text)"])[0][:200]
         where = f"{record.cluster}/{record.pod or '?'}"
         source = rollouts.evidence_source(
-            record.principal, record.verified, record.cluster, record.pod
+            record.principal, record.verified, record.cluster, record.pod, self.static_sources
         )
         for o in self.inputs().overrides_for(record.cluster):  # the fleet's, the cluster's
             r = o.rollout
@@ -430,7 +433,7 @@ class RolloutGuards:
 
         def source(cluster: str, pod: str) -> str:
             principal, verified = known.get((cluster, pod), (None, False))
-            return rollouts.evidence_source(principal, verified, cluster, pod)
+            return rollouts.evidence_source(principal, verified, cluster, pod, self.static_sources)
 
         return read, source
 

@@ -152,6 +152,7 @@ class Runtime:
             self.metrics,
             check_s=settings.rollout_check_s,
             askers=store.decisions.askers,
+            static_sources=settings.guard_static_sources,
             pending_store=store.guard_pending,
             decision_of=store.decisions.get_decision,
         )

@@ -1,11 +1,13 @@
 """Rollout guards count evidence sources, not pod names from a body: a verified pod
-once per pod UID, a static token once however many pods it names.
+once per pod UID, a static token once per pod name it recorded a decision for (or once
+in all, ``SWITCHBOARD_GUARD_STATIC_SOURCES=per_token``).
 
 The forged-pods attack, reproduced: a static token limited to ``prod-east`` invents pod
-names, asks for a decision as each of them, and reports each one's failure; before,
-three invented pods halted a ``prod-*`` rollout with ``max_failures: 3``. Now they are
-one source. Three verified pods (three UIDs) still halt it, and the rollout view says
-how much of what it counted is verified.
+names, asks for a decision as each of them, and reports each one's failure; three
+invented pods halt a ``prod-*`` rollout with ``max_failures: 3``. By default they still
+do, as three *static* sources the rollout names as such (a static token cannot prove
+its pods); with ``per_token`` they are one source. Under workload identity a pod
+cannot invent a name at all, and three verified pods (three UIDs) halt it.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from tests.service.workload_issuer import AUDIENCE, TestIssuer
     [
         ("workload:0b1c", True, "serve-0", "pod:0b1c"),  # a verified pod: its UID
         ("workload:0b1c", True, "renamed", "pod:0b1c"),  # the name does not matter
-        ("3fa2c1d0e9b8", False, "serve-0", "token:3fa2c1d0e9b8"),  # a static token
-        ("3fa2c1d0e9b8", False, "invented-7", "token:3fa2c1d0e9b8"),  # whatever it names
+        ("3fa2c1d0e9b8", False, "serve-0", "token:3fa2c1d0e9b8/prod-east/serve-0"),
+        ("3fa2c1d0e9b8", False, "invented-7", "token:3fa2c1d0e9b8/prod-east/invented-7"),
         (None, False, "serve-0", "name:prod-east/serve-0"),  # a row from before askers
         (None, False, None, "name:prod-east/?"),
     ],
@@ -44,6 +46,13 @@ def test_the_source_of_a_report(
     principal: str | None, verified: bool, pod: str | None, source: str
 ) -> None:
     assert evidence_source(principal, verified, "prod-east", pod) == source
+
+
+@pytest.mark.parametrize("pod", ["serve-0", "invented-7", None])
+def test_per_token_counts_a_static_token_once(pod: str | None) -> None:
+    got = evidence_source("3fa2c1d0e9b8", False, "prod-east", pod, "per_token")
+    assert got == "token:3fa2c1d0e9b8"
+    assert evidence_source("workload:0b1c", True, "prod-east", pod, "per_token") == "pod:0b1c"
 
 
 @pytest.mark.parametrize(
@@ -97,20 +106,28 @@ def test_a_slowdown_needs_two_sources_on_each_side(tokens: dict[str, str], halts
 PROD_GUARD = {**FORCE, "rollout": {"percent": 20, "max_failures": 3, "guard_clusters": ["prod-*"]}}
 
 
-@pytest.fixture
-def api(sqlite_url: str) -> Iterator[httpx.Client]:
-    with make_inprocess_client(sqlite_url) as client:  # type: ignore[attr-defined]
+@pytest.fixture(params=["per_pod", "per_token"])
+def api(sqlite_url: str, request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    with make_inprocess_client(sqlite_url, guard_static_sources=request.param) as client:  # type: ignore[attr-defined]
         client.headers["Authorization"] = f"Bearer {ADMIN}"
+        client.static_sources = request.param  # type: ignore[attr-defined]
         yield client
 
 
-def test_a_static_token_inventing_pods_is_one_source(api: httpx.Client) -> None:
+def test_a_static_token_inventing_pods(api: httpx.Client) -> None:
+    """By default each pod name a static token recorded a decision for is one source,
+    and the halt says they are static; ``per_token`` counts the token once."""
     assert api.put("/v1/overrides/*", json=PROD_GUARD).status_code == 200
     east = agent(api, ["prod-east"])
     # the attack: three invented stage pods, a decision and a failure each
     for _, answer in stage_pods(east, "prod-east", 3):
         fail(east, answer)
     state = rollout(api)
+    if api.static_sources == "per_pod":  # type: ignore[attr-defined]
+        assert state["state"] == "halted" and state["failures"] == 3, state
+        assert state["evidence"] == {"verified_pods": 0, "static_sources": 3}
+        assert "(0 verified pod(s), 3 static source(s))" in state["halted_reason"]
+        return
     assert state["state"] == "active", state
     assert state["failures"] == 1 and len(state["failed_pods"]) == 1
     assert state["evidence"] == {"verified_pods": 0, "static_sources": 1}
