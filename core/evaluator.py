@@ -480,9 +480,10 @@ def _stage_messages(a: Assessment) -> list[str]:
         assert r is not None
         name = f"{o.label} rev {o.revision}"
         if r.state == "halted":
-            out.append(
-                f"The rollout of {name} is halted ({r.halted_reason}): answered as without it."
-            )
+            # a fleet rollout's halt reason quotes pods and errors of any cluster, and this
+            # answer goes to one cluster's pod: it points at the rollout instead
+            why = r.halted_reason if o.cluster != "*" else "its reason: GET /v1/overrides/*"
+            out.append(f"The rollout of {name} is halted ({why}): answered as without it.")
         elif r.state == "active" and r.percent < 100:
             if inside:
                 out.append(f"In the {r.percent} % rollout of {name}.")

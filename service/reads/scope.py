@@ -65,14 +65,18 @@ def halt_reason(principal: Principal, reason: str | None) -> str | None:
 
 def rollout(principal: Principal, shown: dict[str, Any]) -> dict[str, Any]:
     """A rollout as the API shows it (a dict), with ``failed_pods`` cut to the caller's
-    clusters and ``failed_pods_outside_scope`` counting the rest; ``failures`` stays
-    the total (what the guard counted toward ``max_failures``)."""
+    clusters and ``failed_pods_outside_scope`` counting the rest, ``failure_sources``
+    left out; ``failures`` stays the total (what the guard counted toward
+    ``max_failures``)."""
     if not principal.restricted:
         return shown
     failed = [str(p) for p in shown.get("failed_pods") or ()]
     mine = [p for p in failed if sees_pod(principal, p)]
     out = {**shown, "failed_pods": mine, "failed_pods_outside_scope": len(failed) - len(mine)}
     out["halted_reason"] = halt_reason(principal, shown.get("halted_reason"))
+    # the guard's own bookkeeping names tokens, pod UIDs and other clusters' pods; what
+    # it adds up to is in ``evidence``
+    out.pop("failure_sources", None)
     return out
 
 

@@ -71,3 +71,24 @@ def test_a_halted_rollout_applies_to_nobody() -> None:
 def test_a_complete_rollout_applies_to_everybody() -> None:
     inputs = DecisionInputs(SEED_RULES, (staged(30, state="complete"),))
     assert all(decide(p, inputs, now=NOW).backend is Backend.FLASHINFER for p in PODS[:50])  # type: ignore[union-attr]
+
+
+def test_a_halted_fleet_rollout_points_at_its_reason_rather_than_quoting_it() -> None:
+    """A fleet rollout's halt reason names pods and errors of any cluster, and the
+    answer goes to one cluster's pod: the pod reads where to look, not the text."""
+    body = {"force": "FLASHINFER"}
+    rid = rollout_id("*", OverrideSpec.model_validate({**body, "note": "x"}))
+    reason = "2 evidence source(s) ...: pods dev-a/p9 (clusters dev-a); latest: SECRET"
+    fleet = override(
+        "*",
+        **body,
+        revision=3,
+        rollout={"percent": 50, "id": rid, "state": "halted", "halted_reason": reason},
+    )
+    result = decide(PODS[0], DecisionInputs(SEED_RULES, (fleet,)), now=NOW)
+    assert isinstance(result, Decision)
+    halted = [m for m in result.messages if "is halted" in m]
+    assert halted == [
+        "The rollout of fleet override (*) rev 3 is halted (its reason: GET /v1/overrides/*):"
+        " answered as without it."
+    ]
