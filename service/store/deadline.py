@@ -38,6 +38,9 @@ T = TypeVar("T")
 
 log = logging.getLogger("switchboard.store")
 
+REQUEST_CONNECTIONS = 20
+"""The most connections the request engine opens (``store/db.py`` ``make_engine``)."""
+
 
 class StoreTimeout(SQLAlchemyError):
     """The store did not answer within the deadline. ``message`` says what that means
@@ -250,7 +253,7 @@ def store_deadline(engine: Engine, deadline_s: float) -> StoreDeadline | None:
     thread would see another, empty database) and which cannot hang on anything."""
     if engine.dialect.name == "sqlite" and (engine.url.database or ":memory:") == ":memory:":
         return None
-    size = getattr(engine.pool, "size", None)
-    overflow = getattr(engine.pool, "_max_overflow", 0)
-    workers = size() + max(overflow, 0) if callable(size) else 20
-    return StoreDeadline(deadline_s, workers=max(workers, 4))
+    # as many workers as the request engine has connections (``make_engine``: 10 + 10
+    # on PostgreSQL, SQLAlchemy's 5 + 10 on SQLite): a worker beyond them would only
+    # wait for a connection, a wait the pool bounds by the same deadline
+    return StoreDeadline(deadline_s, workers=REQUEST_CONNECTIONS)
