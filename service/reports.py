@@ -73,7 +73,7 @@ class Reports:
             # batch (at most the flush interval) rather than wake it, so that reports
             # streaming in do not turn its batches into one transaction each.
             if self.recorder.pending or self.recorder.spill_pending:
-                self.recorder.flush(wake=False, reader=True)
+                self.recorder.flush(wake=False)
             situation = observations[0].situation
             if not self.measurement_store.has_decision_for(
                 report.cluster, report.pod, situation, principal.id
@@ -111,7 +111,7 @@ class Reports:
         policy (``core/evidence.py``), and what a rollout's failure guard counts. A
         verified pod reports only its own decisions' failures."""
         if self.recorder.pending or self.recorder.spill_pending:
-            self.recorder.flush(reader=True)  # the decision may still be in memory or spilled
+            self.recorder.flush()  # the decision may still be in memory or spilled
         record = self.decisions.get_decision(decision_id)
         if record is None:
             return Problem(

@@ -158,7 +158,7 @@ def test_invented_pods_are_stored_not_counted(
             assert r.status_code == 201, r.text
             answer = r.json()
             assert answer["counted"] is False
-            assert "no recorded decision" in answer["not_counted_reason"]
+            assert "no decision recorded for this token" in answer["not_counted_reason"]
     for cluster in ("dev-victim", "prod-east"):
         choice = victim_choice(admin, cluster, gpu)
         assert choice["backend"] != "TORCH_SDPA", choice

@@ -87,7 +87,13 @@ def valid_bodies(c: Client) -> dict[tuple[str, str], list[tuple[str, dict[str, A
         ("put", "/v1/rules"): [("/v1/rules?dry_run=true", rules)],
         ("put", "/v1/overrides/{cluster}"): [(f"/v1/overrides/{CLUSTER}?dry_run=true", override)],
         ("post", "/v1/measurements"): [("/v1/measurements", measurement)],
-        ("post", "/v1/measurements/failures/clear"): [("/v1/measurements/failures/clear", clear)],
+        ("post", "/v1/measurements/failures/clear"): [
+            ("/v1/measurements/failures/clear", clear),
+            (
+                "/v1/measurements/failures/clear",
+                {**clear, "seen_through": {"measurement_id": 0, "failure_id": 0}},
+            ),
+        ],
         ("post", "/v1/tokens"): [("/v1/tokens", {"name": "nonfinite", "role": "viewer"})],
         ("post", "/v1/preview"): [
             ("/v1/preview", {"override": {"cluster": CLUSTER, **override}}),

@@ -73,14 +73,19 @@ def summary(
     return Response(answer.content, media_type="application/json", headers={"ETag": answer.etag})
 
 
+MAX_ROW_ID = 2**53 - 1
+"""The largest row id a browser's JSON numbers carry exactly (and one JSON Schema's
+``maximum`` states without rounding)."""
+
+
 class SeenThroughIds(BaseModel):
     """The newest failure report ids the caller was shown: ``seen_through`` of
     ``GET /v1/measurements/summary``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    measurement_id: Annotated[int, Field(ge=0, strict=True)]
-    failure_id: Annotated[int, Field(ge=0, strict=True)]
+    measurement_id: Annotated[int, Field(ge=0, le=MAX_ROW_ID, strict=True), Integral]
+    failure_id: Annotated[int, Field(ge=0, le=MAX_ROW_ID, strict=True), Integral]
 
 
 class FailureClear(BaseModel):
