@@ -543,7 +543,7 @@ def test_page_through_ten_thousand_pods_and_filter_them(
             errors = ConsoleErrors(page, set())
             page.goto(service.url + "/")
             sign_in(page, ADMIN)
-            expect(page.locator("#kpi-pods")).to_have_text("10000")
+            expect(page.locator("#kpi-pods")).to_have_text("10,000")
             rng = page.locator("#pods-range")
             expect(rng).to_have_text(shown_range(1, 100, 10_000))
             expect(page.locator("#pods-prev")).to_be_disabled()
@@ -642,6 +642,11 @@ def test_doc_images_are_small() -> None:
         "console-pods.png",
         "console-halted.png",
         "console-refused.png",
+        *(
+            f"layout-{tag}-{view}.png"
+            for tag in ("desktop", "phone")
+            for view in ("overview", "pods", "drawer")
+        ),
     ):
         path = Path(DOC_IMAGES / name)
         if path.exists():
