@@ -1436,12 +1436,12 @@ function rolloutProgress(p, now) {
     h("p", { class: "rollout-counts" },
       h("span", {},
         h("span", { class: "key key-stage", "aria-hidden": "true" }),
-        `${stage} of ${plural(scope, "pod")} in the stage${share}`,
+        `${fmtCount(stage)} of ${plural(scope, "pod")} in the stage${share}`,
         r.state === "halted" ? h("span", { class: "muted" }, " (halted: it applies to none)")
           : null),
       h("span", {},
         h("span", { class: "key key-booted", "aria-hidden": "true" }),
-        `${booted} booted with it`)),
+        `${fmtCount(booted)} booted with it`)),
     guardLine(p, r),
     speedLine(p, r),
     r.state === "halted"
@@ -1461,7 +1461,8 @@ function rolloutProgress(p, now) {
  *  styles under the CSP): the widths are attributes. */
 function stageBar(scope, stage, booted) {
   const x = (n) => (scope ? (n / scope) * 100 : 0);
-  const label = `${stage} of ${plural(scope, "pod")} in the stage, ${booted} booted with it`;
+  const label = `${fmtCount(stage)} of ${plural(scope, "pod")} in the stage, ${
+    fmtCount(booted)} booted with it`;
   return s("svg", { class: "stage-bar", viewBox: "0 0 100 13", preserveAspectRatio: "none",
     role: "img", "aria-label": label },
   s("title", {}, label),

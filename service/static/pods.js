@@ -135,7 +135,7 @@ function fillSelect(id, values, anyLabel) {
 }
 
 function facetChoices(list) {
-  return (list || []).map((f) => [f.name, `${f.name} (${f.pods})`]);
+  return (list || []).map((f) => [f.name, `${f.name} (${fmtCount(f.pods)})`]);
 }
 
 function fillFilterChoices(facets) {
@@ -144,7 +144,7 @@ function fillFilterChoices(facets) {
   const counts = Object.fromEntries((facets.backends || []).map((b) => [b.name, b.pods]));
   fillSelect("pf-backend",
     orderBackends([...new Set([...knownBackends(), ...Object.keys(counts)])])
-      .map((b) => [b, `${b} (${counts[b] || 0})`]), "any");
+      .map((b) => [b, `${b} (${fmtCount(counts[b] || 0)})`]), "any");
   fillSelect("pf-source", facetChoices(facets.sources), "any");
   fillSelect("pf-engine", facetChoices(facets.engines), "any");
   fillSelect("pf-gpu", facetChoices(facets.gpus), "any");

@@ -140,6 +140,10 @@ def test_desktop_table_drawer_rollouts_marks_and_counts(
     expect(page.locator('#fleet-chart g.row[data-cluster="prod-east"] .row-total')).to_have_text(
         "1,000 pods"
     )
+    expect(page.locator('#pf-cluster option[value="prod-east"]')).to_have_text("prod-east (1,000)")
+    expect(page.locator('#rollouts li.rollout[data-cluster="prod-east"]')).to_contain_text(
+        "of 1,000 pods in the stage"
+    )
     page.locator("#pf-q").fill("b-")  # mixed's b-00.. and prod-west's nodes b-0..b-5
     expect(page.locator("#pods-range")).to_have_text(shown_range(1, 80))
     page.locator("#pods-limit").select_option("50")
