@@ -596,7 +596,7 @@ function renderSummary() {
           { class: fleet[b] ? "" : "unused", "data-backend": b },
           swatch(b),
           h("span", { class: "legend-name" }, b),
-          h("span", { class: "legend-count" }, String(fleet[b] || 0)),
+          h("span", { class: "legend-count" }, fmtCount(fleet[b] || 0)),
         ),
       ),
   );
@@ -646,6 +646,10 @@ function renderRegret(regret) {
     );
     return;
   }
+  // A share measured on a handful of a cluster's pods is not the cluster's loss: below
+  // SMALL_SAMPLE of its pods (or under 10 pods) it is shown neutral, with the sample.
+  const clusters = (state.summary && state.summary.clusters) || {};
+  const podsIn = (c) => Object.values(clusters[c] || {}).reduce((a, b) => a + b, 0);
   const alternatives = (r) =>
     Object.entries(r.best_alternatives || {})
       .map(([b, n]) => `${b} (${n})`)
@@ -667,9 +671,8 @@ function renderRegret(regret) {
             "tr",
             { "data-cluster": cluster, "data-lost": String(r.throughput_lost_pct) },
             h("th", { scope: "row" }, cluster),
-            h("td", { class: "num" + (r.throughput_lost_pct > 0 ? " lost" : "") },
-              `${r.throughput_lost_pct.toFixed(1)} %`),
-            h("td", { class: "num" }, `${r.pods_on_best}/${r.pods_measured}`),
+            regretCell(r, Math.max(podsIn(cluster), r.pods_measured)),
+            h("td", { class: "num" }, `${fmtCount(r.pods_on_best)}/${fmtCount(r.pods_measured)}`),
             h("td", {}, alternatives(r)),
           ),
         ),
@@ -678,14 +681,26 @@ function renderRegret(regret) {
   );
 }
 
+const SMALL_SAMPLE = 0.2;
+
+/** The "Lost" cell: the share, and on how many of the cluster's pods it was measured. */
+function regretCell(r, pods) {
+  const small = r.pods_measured < 10 || r.pods_measured < pods * SMALL_SAMPLE;
+  const cls = r.throughput_lost_pct > 0 ? (small ? " small-sample" : " lost") : "";
+  return h("td", { class: `num${cls}`, "data-small-sample": String(small) },
+    h("div", {}, `${r.throughput_lost_pct.toFixed(1)} %`),
+    h("div", { class: "sub regret-sample" },
+      `measured on ${fmtCount(r.pods_measured)} of ${fmtCount(pods)} pods`));
+}
+
 function renderKpis(pods, clusterCount) {
   const active = state.activeOverrides;
   const kpi = (label, value, id) =>
     h("div", { class: "kpi" }, h("dt", {}, label), h("dd", { id }, value));
   $("fleet-kpis").replaceChildren(
-    kpi("Pods", String(pods), "kpi-pods"),
-    kpi("Clusters", String(clusterCount), "kpi-clusters"),
-    kpi("Active overrides", active === null ? "–" : String(active), "kpi-overrides"),
+    kpi("Pods", fmtCount(pods), "kpi-pods"),
+    kpi("Clusters", fmtCount(clusterCount), "kpi-clusters"),
+    kpi("Active overrides", active === null ? "–" : fmtCount(active), "kpi-overrides"),
   );
 }
 
@@ -707,7 +722,7 @@ function niceStep(max, maxTicks = 8) {
 }
 
 function plural(n, word) {
-  return `${n} ${word}${n === 1 ? "" : "s"}`;
+  return `${fmtCount(n)} ${word}${n === 1 ? "" : "s"}`;
 }
 
 function drawChart(clusters, names, order) {
@@ -732,7 +747,11 @@ function drawChart(clusters, names, order) {
   const longest = Math.max(...names.map((n) => textWidth(n, labelFont)));
   // Labels get what they need, up to 220 px or a third of a narrow chart.
   const labelW = Math.min(Math.max(longest + 20, 80), 220, width / 3);
-  const totalW = 70;
+  const marks = Object.fromEntries(names.map((n) => [n, clusterMarks(n)]));
+  const marked = names.some((n) => marks[n].length);
+  // room right of the longest bar for its "1,000 pods" and its badges
+  const totalW = Math.max(70, ...names.map((n) => 16 + marks[n].length * 19 + textWidth(
+    plural(Object.values(clusters[n]).reduce((a, b) => a + b, 0), "pod"), smallFont)));
   const barX = labelW;
   const barW = Math.max(width - labelW - totalW, 80);
   const rowH = 28;
@@ -773,7 +792,7 @@ function drawChart(clusters, names, order) {
     const gx = barX + x(v);
     grid.append(
       s("line", { x1: gx, x2: gx, y1: 0, y2: chartBottom + 4, class: v ? "" : "baseline" }),
-      s("text", { x: gx, y: chartBottom + 18, "text-anchor": "middle" }, String(v)),
+      s("text", { x: gx, y: chartBottom + 18, "text-anchor": "middle" }, fmtCount(v)),
     );
   }
   svg.append(grid);
@@ -840,7 +859,7 @@ function drawChart(clusters, names, order) {
         ),
       );
       // Label inside the segment only when it fits; the tooltip always has it.
-      const text = String(pods);
+      const text = fmtCount(pods);
       if (textWidth(text, smallFont) + 10 <= w - 1.5) {
         seg.append(
           s("text", { class: "seg-label", x: cx + (w - 1.5) / 2, y: y + rowH / 2,
@@ -856,6 +875,21 @@ function drawChart(clusters, names, order) {
       s("text", { class: "row-total", x: barX + x(total) + 8, y: y + rowH / 2,
         "dominant-baseline": "central" }, plural(total, "pod")),
     );
+    // A badge per thing that steers this cluster: O an override in force, S a stage.
+    let mx = barX + x(total) + 8 + textWidth(plural(total, "pod"), smallFont) + 6;
+    for (const m of marks[name]) {
+      row.append(s("g", { class: `mark mark-${m.kind}`, "data-mark": m.kind },
+        s("title", {}, m.title),
+        s("rect", { class: `mark-${m.kind}`, x: mx, y: y + rowH / 2 - 8, width: 16, height: 16,
+          rx: 3 }),
+        s("text", { class: "mark-text", x: mx + 8, y: y + rowH / 2, "text-anchor": "middle",
+          "dominant-baseline": "central", "aria-hidden": "true" }, m.letter)));
+      mx += 19;
+    }
+    if (marks[name].length) {
+      row.setAttribute("aria-label", row.getAttribute("aria-label").replace(
+        / Show pods\.$/, ` ${marks[name].map((m) => m.title).join(". ")}. Show pods.`));
+    }
 
     const open = () => filterPodsByCluster(name);
     row.addEventListener("click", open);
@@ -868,7 +902,35 @@ function drawChart(clusters, names, order) {
     svg.append(row);
   });
 
-  box.replaceChildren(svg);
+  const legend = marked ? h("ul", { class: "chart-marks", id: "chart-marks",
+    "aria-label": "Chart marks" },
+  h("li", {}, h("span", { class: "mark-key mark-override", "aria-hidden": "true" }, "O"),
+    "override in force"),
+  h("li", {}, h("span", { class: "mark-key mark-stage", "aria-hidden": "true" }, "S"),
+    "rollout stage in progress")) : null;
+  box.replaceChildren(svg, ...(legend ? [legend] : []));
+}
+
+/** What steers a cluster now: an override in force over it (not expired, not halted)
+ *  and a rollout whose stage is partial; each as a chart badge. */
+function clusterMarks(name) {
+  const now = Date.now();
+  const covers = (o) => o.cluster === "*" || globMatch(o.cluster, name);
+  const out = [];
+  const inForce = (state.overrides || []).filter((o) => covers(o) && !isExpired(o, now)
+    && !(o.rollout && o.rollout.state === "halted"));
+  if (inForce.length) {
+    out.push({ kind: "override", letter: "O",
+      title: `Under override ${inForce.map((o) => scopeText(o.cluster)).join(", ")}` });
+  }
+  const staged = ((state.summary && state.summary.rollouts) || []).filter((p) =>
+    p.rollout && p.rollout.state === "active" && Number(p.rollout.percent) < 100 && covers(p));
+  if (staged.length) {
+    out.push({ kind: "stage", letter: "S",
+      title: `In a rollout stage: ${staged.map((p) => `${scopeText(p.cluster)} at ${
+        p.rollout.percent} %`).join(", ")}` });
+  }
+  return out;
 }
 
 /** Shorten a label with an ellipsis to fit; the full name stays in the tooltip. */
@@ -921,12 +983,14 @@ async function lookup(event) {
   }
 }
 
-/** Show one pod's latest decision, as if typed into the lookup form. */
+/** Show one pod's latest decision, as if typed into the lookup form, in the drawer
+ *  beside what was clicked (a rollout's "Tripped by" pod). */
 function lookupPod(cluster, pod) {
+  const opener = document.activeElement instanceof HTMLElement ? document.activeElement : null;
   $("lookup-cluster").value = cluster;
   $("lookup-pod").value = pod;
   $("lookup").requestSubmit();
-  $("detail-title").scrollIntoView({ behavior: "smooth", block: "start" });
+  openPodDrawer(opener);
 }
 
 function lookupError(err) {
@@ -1094,8 +1158,9 @@ function renderOverrides(items) {
   state.activeOverrides = active.length;
   state.overrides = items;
   renderRollouts(); // its rows name each override's effect
+  if (state.summary) renderChart(); // its marks follow the overrides
   const kpi = $("kpi-overrides");
-  if (kpi) kpi.textContent = String(active.length);
+  if (kpi) kpi.textContent = fmtCount(active.length);
   $("overrides-count").textContent = items.length ? `${active.length} active` : "";
   renderOverrideTools(); // console.js: "New override" for admins
   syncStageFilter(); // pods.js: the "in stage of" choices follow the active rollouts
@@ -1254,7 +1319,20 @@ function guardLine(p, r) {
     `failures ${failures}/${max}`),
   limit !== null ? [sep(), h("span", { class: "rollout-slowdown" },
     `halts beyond −${limit} % against the rest`)] : null,
+  evidenceText(p, r) ? [sep(), h("span", { class: "rollout-evidence",
+    title: "Failure sources the guard counted: a verified pod once per pod, a static " +
+      "token once per pod name it asked for" }, evidenceText(p, r))] : null,
   sep(), h("span", { class: "rollout-guard-clusters" }, guardClustersText(r)));
+}
+
+/** "evidence 3 verified pods / 1 static source", from the override's rollout (the
+ *  summary's copy may not carry it). */
+function evidenceText(p, r) {
+  const o = (state.overrides || []).find((x) => x.cluster === p.cluster && x.rollout) || null;
+  const ev = r.evidence || (o && o.rollout.evidence);
+  if (!ev) return "";
+  return `evidence ${plural(ev.verified_pods ?? 0, "verified pod")} / ${
+    plural(ev.static_sources ?? 0, "static source")}`;
 }
 
 /** A halted rollout: when, the service's reason, and the pods that tripped it. */
@@ -1358,12 +1436,12 @@ function rolloutProgress(p, now) {
     h("p", { class: "rollout-counts" },
       h("span", {},
         h("span", { class: "key key-stage", "aria-hidden": "true" }),
-        `${stage} of ${plural(scope, "pod")} in the stage${share}`,
+        `${fmtCount(stage)} of ${plural(scope, "pod")} in the stage${share}`,
         r.state === "halted" ? h("span", { class: "muted" }, " (halted: it applies to none)")
           : null),
       h("span", {},
         h("span", { class: "key key-booted", "aria-hidden": "true" }),
-        `${booted} booted with it`)),
+        `${fmtCount(booted)} booted with it`)),
     guardLine(p, r),
     speedLine(p, r),
     r.state === "halted"
@@ -1383,7 +1461,8 @@ function rolloutProgress(p, now) {
  *  styles under the CSP): the widths are attributes. */
 function stageBar(scope, stage, booted) {
   const x = (n) => (scope ? (n / scope) * 100 : 0);
-  const label = `${stage} of ${plural(scope, "pod")} in the stage, ${booted} booted with it`;
+  const label = `${fmtCount(stage)} of ${plural(scope, "pod")} in the stage, ${
+    fmtCount(booted)} booted with it`;
   return s("svg", { class: "stage-bar", viewBox: "0 0 100 13", preserveAspectRatio: "none",
     role: "img", "aria-label": label },
   s("title", {}, label),

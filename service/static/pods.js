@@ -56,6 +56,7 @@ function resetPods() {
     select.replaceChildren(select.options[0]);
   }
   $("pods-table").replaceChildren();
+  closePodDrawer(); // layout.js: no pod of the old session stays open either
   $("pods-range").textContent = "";
   $("pods-count").textContent = "";
   $("pods-prev").disabled = true;
@@ -134,7 +135,7 @@ function fillSelect(id, values, anyLabel) {
 }
 
 function facetChoices(list) {
-  return (list || []).map((f) => [f.name, `${f.name} (${f.pods})`]);
+  return (list || []).map((f) => [f.name, `${f.name} (${fmtCount(f.pods)})`]);
 }
 
 function fillFilterChoices(facets) {
@@ -143,7 +144,7 @@ function fillFilterChoices(facets) {
   const counts = Object.fromEntries((facets.backends || []).map((b) => [b.name, b.pods]));
   fillSelect("pf-backend",
     orderBackends([...new Set([...knownBackends(), ...Object.keys(counts)])])
-      .map((b) => [b, `${b} (${counts[b] || 0})`]), "any");
+      .map((b) => [b, `${b} (${fmtCount(counts[b] || 0)})`]), "any");
   fillSelect("pf-source", facetChoices(facets.sources), "any");
   fillSelect("pf-engine", facetChoices(facets.engines), "any");
   fillSelect("pf-gpu", facetChoices(facets.gpus), "any");
@@ -179,15 +180,17 @@ function renderPods(f, { rows = true, keepScroll = false } = {}) {
     fresh.scrollTop = scrolled;
   }
   const range = $("pods-range");
-  const of = pods.total !== null ? ` of ${pods.total.toLocaleString("en-US")}`
-    : pods.next ? " of more" : "";
+  // A search has no total (it is a prefix scan, not counted): say more follow, not "of more".
+  const of = pods.total !== null ? ` of ${fmtCount(pods.total)}`
+    : pods.next ? " · more on the next page" : "";
   range.textContent = pods.items.length
-    ? `${first.toLocaleString("en-US")}–${last.toLocaleString("en-US")}${of}`
+    ? `${fmtCount(first)}–${fmtCount(last)}${of}`
     : "";
   range.setAttribute("data-first", pods.items.length ? first : 0);
   range.setAttribute("data-last", pods.items.length ? last : 0);
   range.setAttribute("data-total", pods.total ?? "");
-  $("pods-count").textContent = pods.total !== null ? plural(pods.total, "pod") : "";
+  $("pods-count").textContent = pods.total !== null
+    ? `${fmtCount(pods.total)} pod${pods.total === 1 ? "" : "s"}` : "";
   $("pods-prev").disabled = pods.cursors.length <= 1;
   $("pods-next").disabled = !pods.next;
 }
@@ -214,17 +217,22 @@ function fitWholeRows(wrap) {
 /** Two-line cells (pod over node, GPU over capability, ...) keep the table narrow; the
  *  backend comes right after the pod, and narrow screens drop other columns first. */
 function podTable(items) {
-  const stacked = (main, sub, mono) =>
-    [h("div", { class: mono ? "mono" : "" }, main), h("div", { class: "sub" }, sub)];
+  // Fixed column widths (the stylesheet's colgroup): a long GPU name ends in an ellipsis
+  // with the whole text on hover instead of squeezing the pod column; the pod's own name
+  // wraps in its column (its end tells pods apart).
+  const stacked = (main, sub, mono, wrap) =>
+    [h("div", { class: `${wrap ? "wrap-any" : "clip"}${mono ? " mono" : ""}`, title: main },
+      main),
+      h("div", { class: "sub clip", title: sub }, sub)];
   const rows = items.map((p) => {
     const device = p.device || {};
     const engine = p.engine;
     const row = h("tr", { "data-pod": p.pod, "data-cluster": p.cluster, "data-node": p.node,
       "data-backend": p.backend, "data-decision": p.decision_id, class: "pod-row" },
-    h("td", { class: "wrap col-pod" }, stacked(p.pod, `node ${p.node}`, true)),
+    h("td", { class: "col-pod" }, stacked(p.pod, `node ${p.node}`, true, true)),
     h("td", { class: "col-backend" },
       h("div", {}, backendTag(p.backend)), h("div", { class: "sub" }, p.source)),
-    h("td", { class: "col-cluster mono" }, p.cluster),
+    h("td", { class: "col-cluster mono clip", title: p.cluster }, p.cluster),
     h("td", { class: "col-device" }, stacked(device.name || "—", capText(device))),
     h("td", { class: "col-engine" }, engine
       ? stacked(engine.name, engine.version || "")
@@ -236,10 +244,11 @@ function podTable(items) {
     h("td", { class: "col-time" }, timeEl(p.last_seen)),
     h("td", { class: "actions" }, h("button", { type: "button", class: "btn btn-small",
       "aria-label": `Decision detail for pod ${p.pod}`,
-      onclick: (ev) => { ev.stopPropagation(); showDecisionById(p.decision_id, p); } },
+      "data-pod": p.pod, "aria-haspopup": "dialog",
+      onclick: (ev) => { ev.stopPropagation(); openPodDetail(p, ev.currentTarget); } },
     "Detail")));
     // The whole row opens the detail (the button is there for keyboards).
-    row.addEventListener("click", () => showDecisionById(p.decision_id, p));
+    row.addEventListener("click", () => openPodDetail(p, row.querySelector(".actions button")));
     return row;
   });
   const heads = [["Pod", "col-pod"], ["Backend", "col-backend"], ["Cluster", "col-cluster"],
@@ -247,8 +256,15 @@ function podTable(items) {
     ["Seen", "col-time"], ["", "col-actions"]];
   return h("div", { class: "table-wrap pods-wrap" },
     h("table", { class: "table pods-table", id: "pods" },
+      h("colgroup", {}, heads.map(([, c]) => h("col", { class: c }))),
       h("thead", {}, h("tr", {}, heads.map(([t, c]) => h("th", { scope: "col", class: c }, t)))),
       h("tbody", {}, rows)));
+}
+
+/** A row's decision in the drawer beside the table (the page stays where it was). */
+function openPodDetail(p, opener) {
+  openPodDrawer(opener);
+  showDecisionById(p.decision_id, p);
 }
 
 /** The fleet chart's cluster rows land here: the table filtered to that cluster. */

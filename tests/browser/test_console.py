@@ -543,7 +543,7 @@ def test_page_through_ten_thousand_pods_and_filter_them(
             errors = ConsoleErrors(page, set())
             page.goto(service.url + "/")
             sign_in(page, ADMIN)
-            expect(page.locator("#kpi-pods")).to_have_text("10000")
+            expect(page.locator("#kpi-pods")).to_have_text("10,000")
             rng = page.locator("#pods-range")
             expect(rng).to_have_text(shown_range(1, 100, 10_000))
             expect(page.locator("#pods-prev")).to_be_disabled()
@@ -573,7 +573,7 @@ def test_page_through_ten_thousand_pods_and_filter_them(
             def label(select: str, value: str) -> str:
                 return str(page.locator(f'{select} option[value="{value}"]').text_content())
 
-            expect(page.locator('#pf-engine option[value="vllm"]')).to_have_text("vllm (2000)")
+            expect(page.locator('#pf-engine option[value="vllm"]')).to_have_text("vllm (2,000)")
             page.locator("#pf-cluster").select_option("region-3")
             expect(rng).to_have_text(shown_range(1, 100, by_cluster["region-3"]))
             # each choice counts what picking it would list, the other filters kept
@@ -581,7 +581,7 @@ def test_page_through_ten_thousand_pods_and_filter_them(
             expect(page.locator('#pf-engine option[value="vllm"]')).to_have_text(
                 f"vllm ({vllm_r3})"
             )
-            assert label("#pf-cluster", "region-0") == f"region-0 ({by_cluster['region-0']})"
+            assert label("#pf-cluster", "region-0") == f"region-0 ({by_cluster['region-0']:,})"
             page.locator("#pf-gpu").select_option("NVIDIA B200")
             page.locator("#pf-engine").select_option("vllm")
             expect(rng).to_have_text(shown_range(1, b200_vllm_r3, b200_vllm_r3))
@@ -642,6 +642,11 @@ def test_doc_images_are_small() -> None:
         "console-pods.png",
         "console-halted.png",
         "console-refused.png",
+        *(
+            f"layout-{tag}-{view}.png"
+            for tag in ("desktop", "phone")
+            for view in ("overview", "pods", "drawer")
+        ),
     ):
         path = Path(DOC_IMAGES / name)
         if path.exists():
