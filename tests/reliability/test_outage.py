@@ -65,6 +65,8 @@ def _after_restart(
     (age at the kill, id), the oldest of which is the window the kill cost."""
     again = ServiceProcess(pg.url, env=env).start(tmp_path)
     try:
+        # the drain runs beside the start: /readyz says spill degraded until it is done
+        wait_until(lambda: readyz(again)[1]["spill"] != "degraded", 30, what="drained")
         replayed = metric(again, "switchboard_decisions_replayed_total")
     finally:
         again.stop()
