@@ -91,7 +91,9 @@ def _add_wish_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_dry_run_arguments(p: argparse.ArgumentParser) -> None:
     dry = p.add_argument_group(
-        "dry runs (nothing is built, measured, cached or recorded by the service)"
+        "dry runs (--capability or --device-name: pretend to be another GPU; nothing is "
+        "built or measured, the answer cache is neither read nor written, and the service "
+        "records nothing)"
     )
     dry.add_argument("--capability", help="pretend compute capability, e.g. 9.0, or 'none'")
     dry.add_argument("--device-name", help='pretend device name, e.g. "NVIDIA H200"')
