@@ -42,6 +42,8 @@ from mla_switchboard.agent.settings import (
     CACHE_DIR,
     DEADLINE,
     DEFAULT_DEADLINE_S,
+    TOKEN,
+    TOKEN_FILE,
     URL,
     XDG_CACHE_HOME,
     AgentSettings,
@@ -282,8 +284,9 @@ def _measure_first(
         return
     for url in report_to:
         argv += ["--url", url]
-    try:
-        measure_in_child(argv, budget_s, notes)
+    given = {TOKEN: settings.token or "", TOKEN_FILE: settings.token_file or ""}
+    try:  # --token/--token-file reach the child by its environment, never its argv
+        measure_in_child(argv, budget_s, notes, env={k: v for k, v in given.items() if v})
     except Exception as exc:  # a boot never fails because measuring did
         notes.warn(f"measuring failed: {type(exc).__name__}: {exc}")
 
