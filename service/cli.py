@@ -208,10 +208,11 @@ def _store_problem(url: str, *, create: bool, command: str = "create") -> str | 
     create --create`` says the operator means it. Listing or revoking in a database
     that does not exist yet has nothing to act on, so only ``create`` offers it.
     """
-    or_create = " or pass --create to create it here" if command == "create" else ""
     from mla_switchboard.service.store.db import StoreConfigError, make_engine
     from sqlalchemy import inspect
     from sqlalchemy.engine import make_url
+
+    or_create = ", or pass --create to create it here" if command == "create" else ""
 
     try:
         parsed = make_url(url)
