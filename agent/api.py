@@ -223,11 +223,13 @@ def _local_answer(request: SelectRequest, source: str = "local-fallback") -> _An
     return _Answer(response.model_copy(update={"source": source}), None)
 
 
-def token_problem(exc: ServiceRefused) -> str:
-    """What a refused token means and how to fix it, for the pod's log."""
+def token_problem(exc: ServiceRefused, *, failing: bool = False) -> str:
+    """What a refused token means and how to fix it, for the pod's log; ``failing``
+    (``--fail-on-auth-error``): the command exits 3 instead of booting on a fallback,
+    and the message says that, not what it would have done otherwise."""
     if exc.status == 401:
         fix = (
-            f"set {TOKEN} to an agent token "
+            f"set {TOKEN} (or --token) to an agent token "
             "(`switchboard token create --role agent --name <fleet>` on the service), or, "
             f"in a cluster with a workload issuer, {TOKEN_FILE} (or --token-file) to the "
             "pod's projected service-account token (docs/security.md)"
@@ -237,11 +239,19 @@ def token_problem(exc: ServiceRefused) -> str:
             "give the pod a token with the agent role whose clusters include this pod's "
             "cluster (`switchboard token create --role agent --clusters <glob>`)"
         )
+    if failing:
+        then = (
+            "Stopping with exit code 3 (--fail-on-auth-error): no backend is chosen and "
+            "the pod does not boot on a fallback"
+        )
+    else:
+        then = (
+            "The pod boots on its cached answer or a local decision meanwhile (source "
+            "auth-fallback)"
+        )
     return (
-        f"configuration error: the service refused this pod's token ({exc}); {fix}. The "
-        "pod boots on its cached answer or a local decision meanwhile (source "
-        "auth-fallback); the service counts these refusals per cluster (GET /v1/refusals, "
-        "the dashboard)"
+        f"configuration error: the service refused this pod's token ({exc}); {fix}. {then}; "
+        "the service counts these refusals per cluster (GET /v1/refusals, the dashboard)"
     )
 
 
@@ -287,7 +297,7 @@ def decide(
                     exc.message, _candidates_of(exc.candidates), kind=exc.kind
                 ) from None
             if exc.about_the_token:
-                problem = token_problem(exc)
+                problem = token_problem(exc, failing=fail_on_auth_error)
                 if fail_on_auth_error:
                     raise TokenRefused(problem) from None
                 notes.error(problem)
@@ -381,7 +391,11 @@ def select_backend(
     TORCH_SDPA, builds) or, with ``fail_on_auth_error``, TokenRefused (the service
     refused the token; without it the pod decides locally and says why on its log).
     A pod description that pretends to be another GPU (``capability``/``device_name``)
-    is a dry run: the service records nothing (no ``decision_id``), nothing is built.
+    is a dry run: the service records nothing (no ``decision_id``), nothing is built,
+    and the answer cache is neither read nor written. The cache is this pod's memory
+    of what the service told it, kept to boot on when the service is away; a pretend
+    GPU's answer would be kept in it for nothing, and a dry run that answered from it
+    would show an old answer as the service's current one.
     """
     spec = _pod_spec(spec, fields)
     settings = settings if settings is not None else AgentSettings.from_environ()
@@ -402,7 +416,7 @@ def select_backend(
         raise BadInputError("num_attention_heads is needed to build the kernel; pass num_heads")
 
     cache = None
-    if use_cache:
+    if use_cache and not pod_description.pretend:  # a dry run neither reads nor writes it
         directory = cache_dir or settings.cache_dir or default_cache_dir(settings.xdg_cache_home)
         cache = AnswerCache(directory)
 

@@ -16,6 +16,7 @@ __all__ = [
     "AgentError",
     "BadInputError",
     "KernelBuildError",
+    "MissingPackageError",
     "NoBackendError",
     "TokenRefused",
     "exit_code",
@@ -70,6 +71,12 @@ class KernelBuildError(AgentError):
     def __init__(self, message: str, failures: list[tuple[str, str]]) -> None:
         super().__init__(message)
         self.failures = failures
+
+
+class MissingPackageError(AgentError):
+    """A command needs a package this install lacks (``bench`` needs torch, which the
+    plain install leaves out): said once, with how to install it, before any work
+    (exit code 1)."""
 
 
 class TokenRefused(AgentError):

@@ -23,6 +23,7 @@ from mla_switchboard.agent.model_config import ModelDims, read_model
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.probe import DeviceProbe, probe_device, probe_packages
 from mla_switchboard.agent.settings import CLUSTER, AgentSettings
+from mla_switchboard.core.names import cluster_name_problem
 from mla_switchboard.core.schemas import DeviceInfo, EngineInfo, ModelInfo, SelectRequest
 from mla_switchboard.core.specs import Backend, Dtype, parse_backend
 from pydantic import ValidationError
@@ -210,6 +211,9 @@ def describe_pod(
     cluster = spec.cluster or settings.cluster
     if not cluster:
         raise BadInputError(f"no cluster given (--cluster or {CLUSTER})")
+    problem = cluster_name_problem(cluster)
+    if problem is not None:  # in words: the schema's own error would show its pattern
+        raise BadInputError(f"{'--cluster' if spec.cluster else CLUSTER}: {problem}")
     dims = spec.read_model()
     requested: Backend | None = None
     if spec.requested_backend is not None:

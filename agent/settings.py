@@ -51,7 +51,7 @@ DEFAULT_DEADLINE_S = 2.0
 
 ENVIRONMENT = {
     URL: "service URL(s), comma-separated (default of --url)",
-    TOKEN: "bearer token with the agent role",
+    TOKEN: "bearer token with the agent role (default of --token)",
     TOKEN_FILE: "file holding the bearer token, read again at each request (default of "
     f"--token-file; the pod's projected service-account token, e.g. {KUBERNETES_TOKEN_FILE}); "
     f"{TOKEN} when it cannot be read",

@@ -9,8 +9,9 @@ starts a real ``switchboard serve`` on loopback (temporary SQLite) and measures:
   warm cache, and the service down (connection refused) with and without a cache,
   where the agent retries until the deadline and then fails static;
 * as a command (``switchboard select`` in a fresh Python process, what an init
-  container pays): warm cache with the live service, pretending an H200 (no torch
-  import), and the same on the real probe (torch imported to ask for the device).
+  container pays): a dry run pretending an H200 (no torch import; a dry run asks the
+  service and never uses the cache), and a warm cache with the live service on the
+  real probe (torch imported to ask for the device).
 
     python bench/agent_latency.py [--iterations 50] [--down-deadline 2.0]
 """
@@ -44,7 +45,18 @@ from bench.common import free_port  # noqa: E402
 
 TOKEN = "bench-agent-token"
 MODEL = ROOT / "tests" / "agent" / "configs" / "deepseek-v3.json"
-H200 = {"cluster": "bench", "capability": "9.0", "device_name": "NVIDIA H200", "packages": "any"}
+H200 = {"cluster": "bench", "packages": "any"}
+"""A pod on an H200 (the probe is shown one in :func:`_on_an_h200`): not a dry run,
+since a dry run (``capability``/``device_name``) neither reads nor writes the cache."""
+
+
+def _on_an_h200() -> None:
+    """Make the in-process probe see an H200, at the hardware boundary (as the agent
+    tests' ``gpu`` fixture does): this machine may have no GPU."""
+    from mla_switchboard.agent import pod as agent_pod
+    from mla_switchboard.agent.probe import DeviceProbe
+
+    agent_pod.probe_device = lambda: DeviceProbe("NVIDIA H200", (9, 0), "nvml")  # type: ignore[assignment]
 
 
 def start_service(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -126,6 +138,7 @@ def main() -> int:
             dead = f"http://127.0.0.1:{s.getsockname()[1]}"
         warm = base / "warm"
         live = {"urls": [url], "token": TOKEN, "build": False}
+        _on_an_h200()
         try:
             select_backend(MODEL, cache_dir=warm, **live, **H200)  # warm up imports + cache
             rows: dict[str, Any] = {}
@@ -152,7 +165,7 @@ def main() -> int:
             )  # fmt: skip
             pretend = ["--capability", "9.0", "--device-name", "NVIDIA H200", "--packages", "any"]
             cli(url, warm, *pretend)
-            rows["CLI process, warm cache (304), pretend H200"] = timed(
+            rows["CLI process, dry run (pretend H200: no cache, no torch import)"] = timed(
                 lambda i: cli(url, warm, *pretend), args.cli_iterations, "priority"
             )
             cli(url, warm)

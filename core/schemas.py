@@ -24,7 +24,7 @@ from mla_switchboard.core.engines import (
     OWN_ENGINE,
 )
 from mla_switchboard.core.hardware import UNKNOWN_PEAK_TFLOPS
-from mla_switchboard.core.names import validate_cluster_globs
+from mla_switchboard.core.names import cluster_rule, validate_cluster_globs
 from mla_switchboard.core.specs import (
     SPECS,
     Backend,
@@ -77,7 +77,7 @@ ClusterName = Annotated[
     str,
     StringConstraints(pattern=CLUSTER_PATTERN, max_length=63),
     Field(
-        description="1-63 characters of [a-z0-9._-], at least one a letter or digit",
+        description=cluster_rule(),
         examples=["prod-east"],
     ),
 ]

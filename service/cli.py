@@ -13,6 +13,7 @@ import logging.config
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,7 +147,7 @@ def _token(args: argparse.Namespace) -> int:
     url = settings.database_url
     # stderr, so that `TOKEN=$(switchboard token create ...)` still captures the token only
     print(f"switchboard: using database {shown_url(url)}", file=sys.stderr)
-    problem = _store_problem(url, create=args.create)
+    problem = _store_problem(url, create=getattr(args, "create", False), command=args.token_command)
     if problem is not None:
         print(f"switchboard token: {problem}", file=sys.stderr)
         return 2
@@ -197,18 +198,21 @@ def _masked(given: str) -> str:
     return text[:6] + "..." if len(text) > 6 else "..."
 
 
-def _store_problem(url: str, *, create: bool) -> str | None:
-    """Why ``switchboard token`` must not open the database at ``url``, or None.
+def _store_problem(url: str, *, create: bool, command: str = "create") -> str | None:
+    """Why ``switchboard token COMMAND`` must not open the database at ``url``, or None.
 
     The token commands work on the service's own database. Run from another directory
     (or with the variable unset) they used to create a fresh ``./switchboard.db``
     silently, print a token, and that token then got 401 from the running service,
-    which reads a different file. Only ``serve`` creates a database; here ``--create``
-    says the operator means it.
+    which reads a different file. Only ``serve`` creates a database; here ``token
+    create --create`` says the operator means it. Listing or revoking in a database
+    that does not exist yet has nothing to act on, so only ``create`` offers it.
     """
     from mla_switchboard.service.store.db import StoreConfigError, make_engine
     from sqlalchemy import inspect
     from sqlalchemy.engine import make_url
+
+    or_create = ", or pass --create to create it here" if command == "create" else ""
 
     try:
         parsed = make_url(url)
@@ -225,10 +229,9 @@ def _store_problem(url: str, *, create: bool) -> str | None:
         if create or (path.is_file() and path.stat().st_size > 0):
             return None
         return (
-            f"no database at {path}: the token would go into a new empty database that "
-            "no running service reads. Point SWITCHBOARD_DATABASE_URL at the service's "
-            "database (`switchboard serve` creates it on its first start), or pass "
-            "--create to create this one"
+            f"no database at {path}{_what_is_lost(command)}. Point "
+            "SWITCHBOARD_DATABASE_URL at the service's database (`switchboard serve` "
+            f"creates it on its first start){or_create}"
         )
     if create:
         return None
@@ -248,9 +251,16 @@ def _store_problem(url: str, *, create: bool) -> str | None:
         return (
             f"{shown_url(url)} holds no Switchboard tables: point SWITCHBOARD_DATABASE_URL at "
             "the service's database (`switchboard serve` creates the tables on its first "
-            "start), or pass --create to create them here"
+            f"start){or_create}"
         )
     return None
+
+
+def _what_is_lost(command: str) -> str:
+    """Why a missing database matters to ``token COMMAND``."""
+    if command == "create":
+        return ": the token would go into a new empty database that no running service reads"
+    return ": there are no tokens to " + ("revoke" if command == "revoke" else "list")
 
 
 def _log_config() -> dict[str, Any]:
@@ -270,16 +280,6 @@ def _protect(settings: Settings) -> None:
     logged from here on (service/messages.py)."""
     token = settings.admin_token.get_secret_value() if settings.admin_token else None
     protect(settings.database_url, token)
-
-
-SETTING_HELP = {
-    "flush_batch": "most decisions written in one batch",
-    "max_body_bytes": "larger request bodies get 413",
-    "measured_min_samples": "measurements a backend needs before evidence ranks it",
-    "measured_min_pods": "distinct pods those measurements must come from",
-    "measured_max_age_days": "measurements older than this are ignored",
-    "measured_samples_per_pod": "a pod's most recent results that count per situation and backend",
-}
 
 
 def _port(text: str) -> int:
@@ -320,16 +320,28 @@ def _environment_help(names: Sequence[str] | None = None) -> str:
     that the help text cannot drift from what the service really reads."""
     from mla_switchboard.service.config import Settings
 
-    lines = ["environment variables read:"]
+    entries: list[tuple[str, str]] = []
     for name, field in Settings.model_fields.items():
         if names is not None and name not in names:
             continue
-        default = "unset" if field.default is None else repr(field.default)
-        text = field.description or SETTING_HELP.get(name, "")
-        lines.append(f"  SWITCHBOARD_{name.upper():<22} {text} (default {default})")
+        if field.default_factory is not None:
+            default = "empty"
+        else:
+            default = "unset" if field.default is None else repr(field.default)
+        entries.append((f"SWITCHBOARD_{name.upper()}", f"{field.description} (default {default})"))
     if names is None:  # serve's own two
-        lines.append(f"  {'SWITCHBOARD_HOST':<34} default for --host")
-        lines.append(f"  {'SWITCHBOARD_PORT':<34} default for --port")
+        entries.append(("SWITCHBOARD_HOST", "default for --host"))
+        entries.append(("SWITCHBOARD_PORT", "default for --port"))
+    width = max(len(variable) for variable, _ in entries)
+    lines = ["environment variables read:"]
+    for variable, text in entries:
+        lines += textwrap.wrap(
+            text,
+            width=max(100, width + 60),
+            initial_indent=f"  {variable:<{width}}  ",
+            subsequent_indent=" " * (width + 4),
+            break_on_hyphens=False,
+        )
     return "\n".join(lines)
 
 
@@ -419,6 +431,12 @@ def _add_health(sub: _Subparsers) -> None:
     health.set_defaults(func=_health)
 
 
+def _glob_rule() -> str:
+    from mla_switchboard.core.names import cluster_rule
+
+    return cluster_rule(wildcards=True)
+
+
 def _add_token(sub: _Subparsers) -> argparse.ArgumentParser:
     """``token create|revoke|list``; returns ``create``'s parser (``--clusters`` errors)."""
     token = sub.add_parser(
@@ -426,7 +444,8 @@ def _add_token(sub: _Subparsers) -> argparse.ArgumentParser:
         help="manage API tokens directly in the database",
         description="Create, list and revoke API tokens in the service's database, without "
         "the API (for the first tokens, or when no admin token is at hand). Says which "
-        "database it uses and refuses to create a new one unless --create is given.",
+        "database it uses and refuses to create a new one unless `token create --create` "
+        "is given.",
         epilog=_environment_help(["database_url"]),
         formatter_class=_RAW,
     )
@@ -444,8 +463,14 @@ def _add_token(sub: _Subparsers) -> argparse.ArgumentParser:
         nargs="*",
         default=None,
         metavar="GLOB",
-        help="limit an admin token to these cluster globs (a-z 0-9 . _ - * ?), "
-        "e.g. 'prod-*'; default: every cluster",
+        help="limit an admin token to these cluster globs, e.g. 'prod-*' (each "
+        f"{_glob_rule()}); default: every cluster",
+    )
+    create.add_argument(
+        "--create",
+        action="store_true",
+        help="create the database if it does not exist yet (otherwise refused: only "
+        "`switchboard serve` creates one)",
     )
     revoke = _token_command(
         tsub,
@@ -467,19 +492,14 @@ def _add_token(sub: _Subparsers) -> argparse.ArgumentParser:
 def _token_command(
     tsub: _Subparsers, name: str, help_text: str, description: str
 ) -> argparse.ArgumentParser:
-    """A ``token`` subcommand: each opens the database, so each takes ``--create``."""
+    """A ``token`` subcommand, whose help ends with the variable naming the database
+    it opens. Each adds only its own options: ``--create`` is ``create``'s alone."""
     command: argparse.ArgumentParser = tsub.add_parser(
         name,
         help=help_text,
         description=description,
         epilog=_environment_help(["database_url"]),
         formatter_class=_RAW,
-    )
-    command.add_argument(
-        "--create",
-        action="store_true",
-        help="create the database if it does not exist yet (otherwise refused: only "
-        "`switchboard serve` creates one)",
     )
     return command
 

@@ -96,11 +96,15 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         default=None, description="bootstrap admin token (compared in constant time)"
     )
-    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="larger request bodies get 413"
+    )
     flush_interval_s: float = Field(
         default=0.05, gt=0, description="how often recorded decisions are written"
     )
-    flush_batch: int = Field(default=1000, ge=1)
+    flush_batch: int = Field(
+        default=1000, ge=1, description="the most decisions written in one batch"
+    )
     buffer_limit_mb: float = Field(
         default=128.0,
         ge=1,
@@ -116,8 +120,8 @@ class Settings(BaseSettings):
     spill_path: str | None = Field(
         default=None,
         description="the local log of decisions the store cannot take (an outage, a "
-        "shutdown), stored by whichever replica drains it next (default: beside the SQLite "
-        "file, else ./switchboard-spill-<hash of the database URL>.jsonl)",
+        "shutdown), stored by whichever replica drains it next; unset: beside the SQLite "
+        "file, else ./switchboard-spill-<hash of the database URL>.jsonl",
     )
     spill_limit_mb: float = Field(
         default=512.0,
@@ -146,18 +150,40 @@ class Settings(BaseSettings):
     config_poll_s: float = Field(
         default=0.5, gt=0, description="how often a replica looks for others' admin writes"
     )
-    measured_min_samples: int = Field(default=3, ge=1)
-    measured_min_pods: int = Field(default=2, ge=1)
-    measured_max_age_days: float = Field(default=30.0, gt=0)
+    measured_min_samples: int = Field(
+        default=3,
+        ge=1,
+        description="measurements a backend needs in a situation before policy measured "
+        "ranks it by them",
+    )
+    measured_min_pods: int = Field(
+        default=2, ge=1, description="distinct pods those measurements must come from"
+    )
+    measured_max_age_days: float = Field(
+        default=30.0, gt=0, description="measurements older than this are ignored"
+    )
     # Per situation, backend and pod only this many of the pod's most recent results
     # count (core/evidence.py): memory and ranking cost follow pods, not history.
-    measured_samples_per_pod: int = Field(default=8, ge=1, le=1000)
-    # The failure policy (core/evidence.py FailurePolicy): under policy measured, a
-    # backend is excluded for a situation while at least this many pods reported it
-    # failing within the window; older failures expire by themselves.
-    failure_min_pods: int = Field(default=1, ge=1)
-    failure_window_hours: float = Field(default=24.0, gt=0)
-    # How often each replica checks whether a staged override's step is due.
+    measured_samples_per_pod: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="a pod's most recent results that count per situation and backend",
+    )
+    # The failure policy (core/evidence.py FailurePolicy).
+    failure_min_pods: int = Field(
+        default=1,
+        ge=1,
+        description="under policy measured, a backend is left out for a situation while at "
+        "least this many distinct pods reported it failing there (a build failure or a "
+        "wrong result) within SWITCHBOARD_FAILURE_WINDOW_HOURS",
+    )
+    failure_window_hours: float = Field(
+        default=24.0,
+        gt=0,
+        description="how long a reported failure counts; older ones expire by themselves "
+        "(an admin can clear a situation's failures sooner)",
+    )
     rollout_check_s: float = Field(
         default=1.0,
         gt=0,
@@ -259,21 +285,41 @@ class Settings(BaseSettings):
         description="the identity provider's issuer URL (its discovery document lives at "
         "issuer + /.well-known/openid-configuration); unset: no sign-in, tokens only",
     )
-    oidc_client_id: str | None = Field(default=None, min_length=1, max_length=200)
+    oidc_client_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="this service's client id at the identity provider (needed with "
+        "SWITCHBOARD_OIDC_ISSUER)",
+    )
     oidc_client_secret: SecretStr | None = Field(
-        default=None, description="unset: a public client (PKCE alone)"
+        default=None,
+        description="this service's client secret at the identity provider; unset: a public "
+        "client (PKCE alone)",
     )
     oidc_redirect_url: HttpUrl | None = Field(
         default=None,
         description="this service's callback as the provider has it registered: "
         "https://switchboard.example.com/auth/callback",
     )
-    oidc_provider_name: str = Field(default="SSO", min_length=1, max_length=60)
+    oidc_provider_name: str = Field(
+        default="SSO",
+        min_length=1,
+        max_length=60,
+        description='the sign-in button\'s label: "Sign in with <name>"',
+    )
     oidc_scopes: str = Field(
         default="openid email profile",
-        description="add the scope your provider needs for the groups claim (Okta: groups)",
+        description="the scopes sign-in asks for, space-separated (openid among them); add "
+        "the one your provider needs for the groups claim (Okta: groups)",
     )
-    oidc_groups_claim: str = Field(default="groups", min_length=1, max_length=100)
+    oidc_groups_claim: str = Field(
+        default="groups",
+        min_length=1,
+        max_length=100,
+        description="the ID token claim listing a person's groups, which "
+        "SWITCHBOARD_OIDC_ROLE_MAPPING maps to roles",
+    )
     oidc_role_mapping: list[RoleMapping] = Field(
         default_factory=list,
         description='JSON list: [{"group": "platform-admins", "role": "admin", "clusters": '

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mla_switchboard.agent.notes import Notes
@@ -24,10 +24,12 @@ from mla_switchboard.agent.notes import Notes
 __all__ = ["measure_in_child"]
 
 
-def _child_env() -> dict[str, str]:
-    """This environment, unbuffered. The child is this interpreter (``sys.executable``),
-    so it imports ``mla_switchboard`` from where this process did."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment, unbuffered, with ``extra`` (the token the parent was given as
+    a flag: an environment variable, because a child's argv shows in ``ps``). The
+    child is this interpreter (``sys.executable``), so it imports ``mla_switchboard``
+    from where this process did."""
+    return {**os.environ, **(extra or {}), "PYTHONUNBUFFERED": "1"}
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -37,7 +39,10 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def measure_in_child(
-    bench_argv: Sequence[str], budget_s: float, notes: Notes
+    bench_argv: Sequence[str],
+    budget_s: float,
+    notes: Notes,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """Run ``switchboard bench`` in a child process that cannot outlast ``budget_s``.
 
@@ -58,7 +63,7 @@ def measure_in_child(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            env=_child_env(),
+            env=_child_env(env),
             start_new_session=True,  # its own group: a stray compiler dies with it
         )
     except OSError as exc:

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mla_switchboard.agent.errors import BadInputError
+from mla_switchboard.agent.errors import BadInputError, MissingPackageError
 from mla_switchboard.agent.model_config import ModelDims
 from mla_switchboard.agent.notes import Notes, log
 from mla_switchboard.agent.pod import PodDescription, PodSpec, describe_pod
@@ -33,12 +33,14 @@ __all__ = [
     "DEFAULT_CPU_SHAPES",
     "DEFAULT_GPU_SHAPES",
     "DEFAULT_LAYERS",
+    "GPU_EXTRA_HINT",
     "BenchPlan",
     "BenchShape",
     "CheckCase",
     "log_plan",
     "parse_shapes",
     "plan_bench",
+    "require_torch",
     "runnable_backends",
 ]
 
@@ -154,6 +156,31 @@ def parse_shapes(text: str) -> list[BenchShape]:
     return shapes
 
 
+GPU_EXTRA_HINT = (
+    "install the GPU extra: pip install 'mla-switchboard[gpu]' "
+    "(on a machine without a GPU, pip install torch is enough to run the CPU reference)"
+)
+
+
+def require_torch() -> None:
+    """Raise MissingPackageError, saying how to install it, when torch cannot be imported.
+
+    The plain install leaves torch out (a GPU pod's image brings its own). Without this
+    check a bench would list every backend as skipped for want of torch, then fail with
+    an import traceback when it starts timing: the one thing the operator must do,
+    install torch, would be the last line of a stack trace.
+    """
+    from mla_switchboard.agent.probe import import_quietly
+
+    try:
+        import_quietly("torch")
+    except ImportError as exc:
+        raise MissingPackageError(
+            f"PyTorch is not installed here ({exc}), and the bench measures kernels "
+            f"with it; {GPU_EXTRA_HINT}"
+        ) from None
+
+
 def _cuda_info(device: str) -> tuple[str | None, tuple[int, int] | None]:
     """Name and capability of a ``cuda:N`` device, straight from torch."""
     from mla_switchboard.agent.probe import import_quietly
@@ -260,11 +287,14 @@ def plan_bench(
         if not wanted:
             raise BadInputError("--backends names no backend")
     settings = settings if settings is not None else AgentSettings.from_environ()
+    if shapes is not None and isinstance(shapes, str):
+        parse_shapes(shapes)  # a bad --shapes is bad input (exit 2) with or without torch
     description = describe_pod(dataclasses.replace(pod, packages="probe"), settings, notes)
     if description.model.num_heads is None:
         raise BadInputError(
             "the model config has no num_attention_heads; give the head count with --num-heads"
         )
+    require_torch()
     torch_device, name, capability = _resolve_device(device, description)
 
     if shapes is None:

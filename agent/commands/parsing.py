@@ -183,25 +183,37 @@ def add_url_argument(group: argparse._ArgumentGroup) -> None:
         type=_urls,
         metavar="URL",
         help="service URL with its scheme (http://host:port), repeatable or comma-separated, "
-        f"tried in turn (default: ${URL}); the token comes from ${TOKEN}",
+        f"tried in turn (default: ${URL})",
+    )
+    group.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help=f"bearer token with the agent role (default: ${TOKEN}). A flag's value is "
+        "visible to every user of the machine (ps, /proc) and stays in shell history: "
+        f"prefer ${TOKEN} or --token-file",
     )
     group.add_argument(
         "--token-file",
         metavar="PATH",
         help=f"read the bearer token from PATH at each request (default: ${TOKEN_FILE}), "
-        "e.g. the pod's projected service-account token; else the token comes from "
-        f"${TOKEN}",
+        "e.g. the pod's projected service-account token; when the file cannot be read, "
+        f"--token or ${TOKEN} is sent instead",
     )
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
-    """The environment's settings, with ``--token-file`` in place of
-    ``SWITCHBOARD_TOKEN_FILE`` when given."""
+    """The environment's settings, with ``--token`` and ``--token-file`` in place of
+    ``SWITCHBOARD_TOKEN`` and ``SWITCHBOARD_TOKEN_FILE`` when given."""
     settings = AgentSettings.from_environ()
-    token_file = getattr(args, "token_file", None)
-    if token_file:
-        return dataclasses.replace(settings, token_file=token_file)
-    return settings
+    given = {
+        field: value
+        for field, value in (
+            ("token", getattr(args, "token", None)),
+            ("token_file", getattr(args, "token_file", None)),
+        )
+        if value
+    }
+    return dataclasses.replace(settings, **given) if given else settings
 
 
 def pod_spec_from(args: argparse.Namespace) -> PodSpec:

@@ -42,6 +42,8 @@ from mla_switchboard.agent.settings import (
     CACHE_DIR,
     DEADLINE,
     DEFAULT_DEADLINE_S,
+    TOKEN,
+    TOKEN_FILE,
     URL,
     XDG_CACHE_HOME,
     AgentSettings,
@@ -91,7 +93,9 @@ def _add_wish_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_dry_run_arguments(p: argparse.ArgumentParser) -> None:
     dry = p.add_argument_group(
-        "dry runs (nothing is built, measured, cached or recorded by the service)"
+        "dry runs (--capability or --device-name: pretend to be another GPU; nothing is "
+        "built or measured, the answer cache is neither read nor written, and the service "
+        "records nothing)"
     )
     dry.add_argument("--capability", help="pretend compute capability, e.g. 9.0, or 'none'")
     dry.add_argument("--device-name", help='pretend device name, e.g. "NVIDIA H200"')
@@ -280,8 +284,9 @@ def _measure_first(
         return
     for url in report_to:
         argv += ["--url", url]
-    try:
-        measure_in_child(argv, budget_s, notes)
+    given = {TOKEN: settings.token or "", TOKEN_FILE: settings.token_file or ""}
+    try:  # --token/--token-file reach the child by its environment, never its argv
+        measure_in_child(argv, budget_s, notes, env={k: v for k, v in given.items() if v})
     except Exception as exc:  # a boot never fails because measuring did
         notes.warn(f"measuring failed: {type(exc).__name__}: {exc}")
 

@@ -282,11 +282,19 @@ def test_report_failure_exits_1(closed_url: str, capsys: pytest.CaptureFixture[s
 
 
 def test_select_measure_reports_then_selects(
-    env: Any, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+    env: Any,
+    agent_token: str,
+    cache_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The token given as ``--token`` reaches the bench child too (by its environment,
+    not its argv), so the report is accepted."""
+    monkeypatch.delenv("SWITCHBOARD_TOKEN")
     pod = _pod()
     argv = ["--model", DSV3, "--cluster", "bench-boot", "--url", env.url, "--pod", pod]
     argv += ["--cache-dir", str(cache_dir), "--num-heads", "4", "--measure"]
+    argv += ["--token", agent_token]
     code = select_main([*argv, "--measure-budget", "120", "--format", "json"])
     out, err = capsys.readouterr()
     assert code == 0, err

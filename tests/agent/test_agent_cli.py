@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mla_switchboard.agent.commands.select import select_main
+from mla_switchboard.agent.commands.select import build_parser, select_main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -256,3 +256,100 @@ def test_a_refused_token_is_a_configuration_error(
     )
     assert (code, out) == (3, "")
     assert "configuration error" in err
+
+
+def test_a_refused_token_message_says_what_happens(
+    svc_args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fix it names exists (``--token``), and with ``--fail-on-auth-error`` it says
+    the command stops with exit 3, not that the pod boots on a fallback."""
+    monkeypatch.setenv("SWITCHBOARD_TOKEN", "sb_000000000000_mistyped")
+    code, _, err = _run(["--model", DSV3, *svc_args, *B200, "--no-cache"], capsys)
+    assert code == 0
+    assert "set SWITCHBOARD_TOKEN (or --token)" in err
+    assert "boots on its cached answer or a local decision" in err
+    code, _, err = _run(
+        ["--model", DSV3, *svc_args, *B200, "--no-cache", "--fail-on-auth-error"], capsys
+    )
+    assert code == 3
+    assert "exit code 3 (--fail-on-auth-error)" in err
+    assert "boots on" not in err
+
+
+def test_the_token_can_be_given_as_a_flag(
+    svc_args: list[str],
+    agent_service: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--token`` stands in for ``$SWITCHBOARD_TOKEN`` (the help says a flag shows in
+    ``ps`` and points to the safer two)."""
+    monkeypatch.delenv("SWITCHBOARD_TOKEN")
+    monkeypatch.delenv("SWITCHBOARD_TOKEN_FILE", raising=False)
+    argv = ["--model", DSV3, *svc_args, *B200, "--no-cache", "--fail-on-auth-error"]
+    code, out, _ = _run([*argv, "--token", agent_service.token], capsys)
+    assert code == 0 and json.loads(out)["source"] == "priority"
+    code, _, _ = _run([*argv, "--token", "sb_000000000000_mistyped"], capsys)
+    assert code == 3
+    (flag,) = [a for a in build_parser()._actions if "--token" in a.option_strings]
+    assert "(ps, /proc)" in str(flag.help)
+    assert "prefer $SWITCHBOARD_TOKEN or --token-file" in str(flag.help)
+
+
+def test_a_cluster_name_is_refused_in_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """The same words as ``token create --clusters`` (core/names.py), never a regex."""
+    from mla_switchboard.core.names import cluster_rule, validate_cluster_globs
+
+    code, out, err = _run(["--model", DSV3, "--cluster", "Prod_East", *B200, "--no-cache"], capsys)
+    assert (code, out) == (2, "")
+    assert f"--cluster: 'Prod_East' is not a cluster name: use {cluster_rule()}" in err
+    assert "did you mean 'prod_east'?" in err
+    assert "pattern" not in err and "^[" not in err
+    with pytest.raises(ValueError) as refused:
+        validate_cluster_globs(["Prod_East"])
+    assert cluster_rule(wildcards=True) in str(refused.value)
+    assert cluster_rule().split(" (")[0] in cluster_rule(wildcards=True)  # one wording
+
+
+def test_a_dry_run_neither_reads_nor_writes_the_cache(
+    svc_args: list[str],
+    cache_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``select --help``: a dry run caches nothing. It answered from, and wrote, the
+    pod's answer cache: a later dry run with the service away showed an old answer."""
+    code, out, _ = _run(["--model", DSV3, *svc_args, *B200], capsys)
+    assert code == 0 and json.loads(out)["source"] == "priority"
+    assert not cache_dir.exists() or list(cache_dir.iterdir()) == []
+    # A real run here (no GPU, every package assumed) caches the answer for the very
+    # request a `--capability none` dry run sends: the dry run must not answer from it.
+    monkeypatch.delenv("SWITCHBOARD_URL", raising=False)
+    real = ["--model", DSV3, *svc_args, "--packages", "any"]
+    code, out, _ = _run(real, capsys)
+    assert code == 0 and json.loads(out)["decision_id"]  # the service's answer
+    assert len(list(cache_dir.iterdir())) == 1
+    offline = ["--model", DSV3, "--cluster", "agent-cli", "--cache-dir", str(cache_dir)]
+    code, out, _ = _run([*offline, "--packages", "any"], capsys)
+    assert code == 0 and json.loads(out)["source"] == "cache"  # the real pod boots on it
+    code, out, err = _run([*offline, "--capability", "none"], capsys)
+    assert code == 0 and json.loads(out)["source"] == "local-fallback", err
+    help_text = " ".join(build_parser().format_help().split())
+    assert "the answer cache is neither read nor written" in help_text
+
+
+def test_bench_without_torch_says_so_once(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain install has no torch: one clear line with the extra to install, exit
+    1, no traceback and no list of backends 'skipped' for want of it."""
+    from mla_switchboard.agent.commands.bench import bench_main
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails, as uninstalled
+    code = bench_main(["--model", DSV3, "--cluster", "c", "--no-report"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert "PyTorch is not installed here" in err
+    assert "pip install 'mla-switchboard[gpu]'" in err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err and "skipped" not in err

@@ -32,6 +32,13 @@ def _select(urls: list[str], cache_dir: Path, token: str | None = None, **extra:
     return select_backend(MODEL, urls=urls, token=token, cache_dir=cache_dir, **{**H200, **extra})
 
 
+def _boot(urls: list[str], cache_dir: Path, token: str | None = None, **extra: Any) -> Any:
+    """A boot on the GPU the ``gpu`` fixture shows the probe: not a dry run, so the
+    answer cache is read and written (a dry run, ``_select``, touches neither)."""
+    on_gpu = {"cluster": H200["cluster"], "packages": "any", "build": False}
+    return select_backend(MODEL, urls=urls, token=token, cache_dir=cache_dir, **on_gpu, **extra)
+
+
 def _select_count(service: Any, status: int) -> float:
     """How many POST /v1/select the service answered with ``status`` (its metrics)."""
     text = httpx.get(service.url + "/metrics", timeout=5).text
@@ -45,17 +52,18 @@ def _select_count(service: Any, status: int) -> float:
 
 @pytest.mark.serial
 def test_cache_hit_with_the_service_stopped(
-    service_factory: Any, sqlite_url: str, cache_dir: Path, machine_load: MachineLoad
+    service_factory: Any, sqlite_url: str, cache_dir: Path, machine_load: MachineLoad, gpu: Any
 ) -> None:
+    gpu("NVIDIA H200", (9, 0))
     service = service_factory(sqlite_url).start()
     token = "test-admin-token"  # tests/conftest.py's bootstrap token
-    first = _select([service.url], cache_dir, token=token)
+    first = _boot([service.url], cache_dir, token=token)
     assert (first.backend.value, first.source) == ("FLASH_ATTN", "priority")
     service.stop()
 
     started = time.monotonic()
     machine_load.restart()
-    second = _select([service.url], cache_dir, token=token, deadline=1.0)
+    second = _boot([service.url], cache_dir, token=token, deadline=1.0)
     elapsed = time.monotonic() - started
     assert (second.backend, second.source, second.cached_source) == (
         first.backend,
@@ -126,14 +134,15 @@ def test_4xx_from_the_real_service_is_not_retried(agent_service: Any, cache_dir:
 
 
 def test_a_cached_answer_after_a_refused_token_is_marked_as_such(
-    agent_service: Any, cache_dir: Path
+    agent_service: Any, cache_dir: Path, gpu: Any
 ) -> None:
     """The source and the log agree: a refused token is a configuration error whether
     the pod then boots on its cached answer or on a local decision, never "cache" (which
     reads as an outage)."""
-    good = _select([agent_service.url], cache_dir, token=agent_service.token)
+    gpu("NVIDIA H200", (9, 0))
+    good = _boot([agent_service.url], cache_dir, token=agent_service.token)
     assert good.source == "priority"
-    refused = _select([agent_service.url], cache_dir, token="not-a-token")
+    refused = _boot([agent_service.url], cache_dir, token="not-a-token")
     assert (refused.source, refused.cached_source) == ("auth-fallback", "priority")
     assert refused.backend == good.backend and refused.decision_id == good.decision_id
     assert refused.to_dict()["source"] == "auth-fallback"
@@ -197,25 +206,26 @@ def test_retry_after_past_the_deadline_gives_up_at_once(
 
 
 def test_corrupt_cache_is_ignored_with_a_warning(
-    agent_service: Any, closed_url: str, cache_dir: Path
+    agent_service: Any, closed_url: str, cache_dir: Path, gpu: Any
 ) -> None:
-    good = _select([agent_service.url], cache_dir, token=agent_service.token)
+    gpu("NVIDIA H200", (9, 0))
+    good = _boot([agent_service.url], cache_dir, token=agent_service.token)
     path = AnswerCache(cache_dir).path_for(good.request)
     assert path.exists()
     path.write_text('{"format": 1, "key": "trunc')
 
-    down = _select([closed_url], cache_dir, deadline=0.3)
+    down = _boot([closed_url], cache_dir, deadline=0.3)
     assert down.source == "local-fallback"
     assert any("is corrupt" in n for n in down.notes)
 
-    up = _select([agent_service.url], cache_dir, token=agent_service.token)
+    up = _boot([agent_service.url], cache_dir, token=agent_service.token)
     assert up.source == "priority" and not up.revalidated  # no usable ETag: a full answer
     assert any("is corrupt" in n for n in up.notes)
     entry, problem = AnswerCache(cache_dir).load(good.request)
     assert problem is None and entry is not None  # rewritten whole
     assert not [p for p in cache_dir.iterdir() if p.name.endswith(".tmp")]
 
-    again = _select([closed_url], cache_dir, deadline=0.3)
+    again = _boot([closed_url], cache_dir, deadline=0.3)
     assert again.source == "cache" and again.backend == good.backend
 
 

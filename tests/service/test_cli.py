@@ -145,7 +145,9 @@ def test_token_commands_refuse_to_create_a_new_database(tmp_path: Path) -> None:
         assert r.returncode == 2, (args, r.stderr)
         where = elsewhere / "switchboard.db"
         assert f"using database sqlite:///{where}" in r.stderr
-        assert f"no database at {where}" in r.stderr and "--create" in r.stderr
+        assert f"no database at {where}" in r.stderr
+        # only `create` offers --create: it is the one subcommand that takes it
+        assert ("--create" in r.stderr) == (args[0] == "create"), r.stderr
         assert r.stdout == ""
         assert list(elsewhere.iterdir()) == [], "nothing may be created"
     r = cli("token", "create", "--create", "--role", "admin", env=env, cwd=elsewhere)
@@ -186,6 +188,9 @@ def test_token_commands_refuse_a_postgres_database_without_tables(
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
     env["SWITCHBOARD_DATABASE_URL"] = url
     r = cli("token", "list", env=env)
+    assert r.returncode == 2
+    assert "holds no Switchboard tables" in r.stderr and "--create" not in r.stderr
+    r = cli("token", "create", "--role", "agent", env=env)
     assert r.returncode == 2
     assert "holds no Switchboard tables" in r.stderr and "--create" in r.stderr
     assert "using database postgresql+psycopg://postgres@127.0.0.1" in r.stderr
@@ -262,6 +267,44 @@ def test_help_texts_describe_each_command_and_its_environment(tmp_path: Path) ->
     top = cli("--help", env=env)
     for name in ("serve", "token", "health", "select", "bench"):
         assert name in top.stdout
+
+
+def test_each_token_subcommand_takes_only_its_own_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--create`` (create the database) belongs to ``token create``: ``list`` and
+    ``revoke`` refuse it as a usage error and never touch the database."""
+    from mla_switchboard.service.cli import main
+
+    monkeypatch.setenv("SWITCHBOARD_DATABASE_URL", f"sqlite:///{tmp_path / 'sb.db'}")
+    for args in (["list", "--create"], ["revoke", "--create", "0123456789ab"]):
+        with pytest.raises(SystemExit) as usage:
+            main(["token", *args])
+        assert usage.value.code == 2, args
+        assert "unrecognized arguments: --create" in capsys.readouterr().err
+        assert not (tmp_path / "sb.db").exists()
+    for sub, takes_it in (("create", True), ("list", False), ("revoke", False)):
+        with pytest.raises(SystemExit):
+            main(["token", sub, "--help"])
+        assert ("--create" in capsys.readouterr().out) == takes_it, sub
+
+
+def test_every_setting_is_described() -> None:
+    """``serve --help`` lists every setting with what it does, from its Field's
+    description: a setting added without one fails here."""
+    from mla_switchboard.service.cli import _environment_help
+    from mla_switchboard.service.config import Settings
+
+    undescribed = [
+        name
+        for name, field in Settings.model_fields.items()
+        if not (field.description and len(field.description.split()) >= 3)
+    ]
+    assert undescribed == []
+    help_text = " ".join(_environment_help().split())
+    for name, field in Settings.model_fields.items():
+        assert f"SWITCHBOARD_{name.upper()} {' '.join(field.description.split())}" in help_text
+    assert "pods reported it failing" in help_text  # SWITCHBOARD_FAILURE_MIN_PODS
 
 
 def test_one_version_everywhere(tmp_path: Path) -> None:

@@ -49,6 +49,23 @@ def test_listing_newest_first_with_filters_and_pages(api: httpx.Client) -> None:
     assert [i["decision_id"] for i in only_bw["items"]] == [ids[-1]]
 
 
+def test_listing_items_carry_the_engine(api: httpx.Client) -> None:
+    """As the pods table does: the engine the pod named (name and version), null for a
+    pod that named none (switchboard's own kernels)."""
+    cluster = unique_cluster()
+    select(api, cluster=cluster, pod="v", engine={"name": "vllm", "version": "0.33.0"})
+    select(api, cluster=cluster, pod="s", engine={"name": "sglang"})
+    select(api, cluster=cluster, pod="own")
+    items = api.get("/v1/selections", params={"cluster": cluster}).json()["items"]
+    assert {i["pod"]: i["engine"] for i in items} == {
+        "v": {"name": "vllm", "version": "0.33.0"},
+        "s": {"name": "sglang", "version": None},
+        "own": None,
+    }
+    schema = api.get("/openapi.json").json()["components"]["schemas"]["SelectionItem"]
+    assert "engine" in schema["required"]
+
+
 def test_listing_bad_params(api: httpx.Client) -> None:
     assert api.get("/v1/selections", params={"limit": 0}).status_code == 422
     assert api.get("/v1/selections", params={"limit": 100000}).status_code == 422

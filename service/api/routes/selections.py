@@ -18,12 +18,19 @@ from mla_switchboard.service.api.deps import SelectionsDep, ViewerDep, fail
 from mla_switchboard.service.api.etags import etag_matches
 from mla_switchboard.service.api.params import IfNoneMatch
 from mla_switchboard.service.state import DecisionRecord
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(
     prefix="/v1/selections", tags=["selections"], responses=error_responses(401, 403, 503)
 )
+
+
+class SelectionEngine(BaseModel):
+    """The serving engine a decision was made for, as its request named it."""
+
+    name: str
+    version: str | None = None
 
 
 class SelectionItem(BaseModel):
@@ -35,6 +42,10 @@ class SelectionItem(BaseModel):
     device: DeviceInfo
     model: ModelInfo
     dtype: str
+    engine: SelectionEngine | None = Field(
+        description="the serving engine the pod named (name and version), as the pods "
+        "table shows it; null: the pod named none and runs switchboard's own kernels"
+    )
     backend: str
     source: str
     rules_revision: int
@@ -69,6 +80,7 @@ def _item(r: DecisionRecord) -> dict[str, Any]:
         "device": request.get("device") or {},
         "model": request["model"],
         "dtype": request["dtype"],
+        "engine": request.get("engine"),  # the stored request holds it: no join, no migration
         "backend": r.backend,
         "source": r.source,
         "rules_revision": r.rules_revision,
