@@ -24,6 +24,7 @@ ASSETS: dict[str, str] = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "pods.js": "text/javascript; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
+    "live.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
