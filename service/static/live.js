@@ -21,6 +21,8 @@ const READ_LIMIT_MS = 5_000; // a read is given up after this (the next poll ask
 const WRITE_LIMIT_MS = 15_000; // a write waits longer: its outcome matters more
 const SAFETY_POLL_MS = 60_000; // while live, a full read this often anyway
 const DEBOUNCE_MS = 150; // changes arriving together refresh once
+const OWN_APPLY_MS = 500; // an editor waits this long before calling a change someone else's
+const COUNTS_MS = 1_000; // the summary at most this often for the fleet's counts
 
 const live = {
   mode: "off", // "off", "connecting", "live", "polling" (refused or broken), "stalled"
@@ -35,6 +37,8 @@ const live = {
   again: false,
   notAnswering: false,
   lastFullRead: 0,
+  countsAt: 0,
+  parts: {}, // pending reads of one panel, by name
 };
 
 // ---------------------------------------------------------------- time limits
@@ -108,6 +112,8 @@ function stopLive() {
   clearTimeout(live.retryTimer);
   clearInterval(live.watchdog);
   clearTimeout(live.debounce);
+  for (const t of Object.values(live.parts)) clearTimeout(t);
+  live.parts = {};
   if (live.controller) live.controller.abort();
   Object.assign(live, { mode: "off", controller: null, lastEventId: null, retryMs: 1_000,
     notAnswering: false, again: false });
@@ -203,9 +209,10 @@ function dispatch(block) {
     refreshSoon();
     return;
   }
-  if (type === "resync") { refreshSoon(); return; }
+  if (type === "counts") { countsSoon(); return; } // pods booting: the summary only
+  if (type === "evidence") { partSoon("evidence", loadSituations); return; }
   if (type === "override" || type === "rollout") editorTold(body);
-  refreshSoon();
+  refreshSoon(); // an admin's change, or "resync": everything
 }
 
 /** Silent for two heartbeats: the service (or the way to it) is stuck. */
@@ -217,6 +224,27 @@ function checkStalled() {
     refreshAll(); // the requests' time limits say the rest
     connect();
   }
+}
+
+/** The fleet's counts move with every pod that boots: the summary is read again at
+ *  most once a COUNTS_MS, however busy the fleet. */
+function countsSoon() {
+  const wait = Math.max(DEBOUNCE_MS, live.countsAt + COUNTS_MS - Date.now());
+  if (live.parts.counts) return;
+  live.parts.counts = setTimeout(() => {
+    live.parts.counts = null;
+    live.countsAt = Date.now();
+    loadSummary().then(renderUpdated, () => null); // a failure shows on the next poll
+  }, wait);
+}
+
+/** One panel read again for changes arriving together. */
+function partSoon(name, load) {
+  if (live.parts[name]) return;
+  live.parts[name] = setTimeout(() => {
+    live.parts[name] = null;
+    load().catch(() => null);
+  }, DEBOUNCE_MS);
 }
 
 /** Refresh once for changes arriving together; again after one already running. */
@@ -249,6 +277,9 @@ async function editorTold(change) {
   }
   if (change.action !== "delete" && change.revision === mine) return;
   const seq = dialog.seq;
+  // this page's own Apply is told too, often before its answer closes the editor
+  await new Promise((resolve) => { setTimeout(resolve, OWN_APPLY_MS); });
+  if (!dialogLive(seq) || !$("editor")) return;
   await showConflict(editor.scope, seq);
   if (!dialogLive(seq)) return;
   const box = $("ed-conflict");
