@@ -150,12 +150,21 @@ class EventHub:
             return [e for e in self._ring if e.seq > seq]
 
     async def stream(
-        self, sub: Subscription, may_see: Callable[[str], bool], last_id: str | None
+        self,
+        sub: Subscription,
+        may_see: Callable[[str], bool],
+        last_id: str | None,
+        lifetime_s: float = 600.0,
     ) -> AsyncIterator[dict[str, str]]:
         """What one stream sends, as sse-starlette's dicts: a ``hello`` first (its id
         the point the stream resumes from), ``resync`` when what was missed is not
         kept, then every event after that point this caller may see. Ends when the
-        caller goes (the response stops iterating); ``sub`` is let go here."""
+        caller goes (the response stops iterating) or after ``lifetime_s``: the
+        caller then comes back with ``Last-Event-ID`` and is authenticated again, so a
+        revoked token or an ended session hears no more than that. ``sub`` is let go
+        here."""
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + lifetime_s
         try:
             seq = self.resume_point(last_id)
             resync = seq is None
@@ -173,7 +182,10 @@ class EventHub:
                     if event.change.cluster is None or may_see(event.change.cluster):
                         yield _wire(event)
                 if not events:
-                    await sub.ready.wait()
+                    try:
+                        await asyncio.wait_for(sub.ready.wait(), ends - loop.time())
+                    except TimeoutError:
+                        return
         finally:
             self.unsubscribe(sub)
 

@@ -156,12 +156,16 @@ async function connect() {
     if (res.status !== 404) retryLater(after > 0 ? after * 1000 : live.retryMs);
     return;
   }
-  live.lastByteAt = Date.now();
+  const opened = Date.now();
+  live.lastByteAt = opened;
   await read(res.body.getReader(), ctl);
-  if (live.controller === ctl && state.token === token) {
-    setMode("polling"); // the stream ended: poll until it is back
-    retryLater(live.retryMs);
+  if (live.controller !== ctl || state.token !== token) return;
+  if (Date.now() - opened > 30_000) {
+    connect(); // the service ends a stream after a while: resume at once, still live
+    return;
   }
+  setMode("polling"); // broken early: poll until it is back
+  retryLater(live.retryMs);
 }
 
 async function read(reader, ctl) {

@@ -75,3 +75,16 @@ def test_expiry_is_told_once_and_resume_and_resync() -> None:
     hub.versions_read({"config_version": 2, "fleet_version": 3})  # the ring keeps 3
     assert asyncio.run(first_events(f"{hub.boot}-{start}", 2)) == ["hello", "resync"]
     assert asyncio.run(first_events("another-process-1", 2)) == ["hello", "resync"]
+
+
+def test_a_stream_ends_after_its_lifetime() -> None:
+    """So that the caller comes back and is authenticated again."""
+    hub = EventHub(ring_size=3, max_streams=1)
+
+    async def whole_stream() -> list[str]:
+        sub = hub.subscribe()
+        assert sub is not None and hub.subscribe() is None  # the limit: one
+        return [e["event"] async for e in hub.stream(sub, lambda c: True, None, 0.05)]
+
+    assert asyncio.run(whole_stream()) == ["hello"]
+    assert hub.open_streams == 0

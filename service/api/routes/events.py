@@ -19,6 +19,9 @@ from sse_starlette import EventSourceResponse
 router = APIRouter(prefix="/v1/events", tags=["events"], responses=error_responses(401, 403))
 
 RETRY_AFTER_S = 30
+# A stream ends after this; the page reconnects at once with Last-Event-ID (nothing is
+# lost) and is authenticated again: a revoked token is heard for no longer than this.
+STREAM_LIFETIME_S = 600.0
 
 
 @router.get(
@@ -53,7 +56,7 @@ async def events(
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     return EventSourceResponse(
-        hub.stream(sub, principal.may_see, last_event_id),
+        hub.stream(sub, principal.may_see, last_event_id, STREAM_LIFETIME_S),
         ping=hub.heartbeat_s,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
