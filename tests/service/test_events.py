@@ -120,6 +120,26 @@ def test_scoped_stream_and_resume(shared_service: ServiceProcess) -> None:
                 api.delete(f"/v1/overrides/{cluster}")
 
 
+def test_a_streams_latency_is_its_first_byte(shared_service: ServiceProcess) -> None:
+    """The request-time histogram counts a stream until its first byte, not its life."""
+    stream = Stream(shared_service, ADMIN)
+    stream.wait_for(lambda e: e[0] == "hello")
+    time.sleep(1.2)
+    stream.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = httpx.get(shared_service.url + "/metrics").text
+        sums = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("switchboard_request_seconds_sum") and '"/v1/events"' in line
+        ]
+        if sums:
+            break
+        time.sleep(0.1)
+    assert sums and max(sums) < 1.0, sums
+
+
 def test_stream_needs_a_token(shared_service: ServiceProcess) -> None:
     with httpx.Client(base_url=shared_service.url) as c:
         assert c.get("/v1/events").status_code == 401
