@@ -55,7 +55,10 @@ async function timedFetch(path, init, limitMs = READ_LIMIT_MS) {
     return res;
   } catch (err) {
     if (!ctl.signal.aborted) throw err;
-    const e = new ApiError(0, `the service did not answer in ${limitMs / 1000} s`, path);
+    const write = init.method && init.method !== "GET";
+    const e = new ApiError(0, `the service did not answer in ${limitMs / 1000} s` + (write
+      ? ": the change may or may not have been made (Refresh to see; the same action " +
+        "again applies once)" : ""), path);
     e.timeout = true;
     throw e;
   } finally {
