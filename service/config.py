@@ -150,6 +150,25 @@ class Settings(BaseSettings):
     config_poll_s: float = Field(
         default=0.5, gt=0, description="how often a replica looks for others' admin writes"
     )
+    event_streams_max: int = Field(
+        default=200,
+        ge=0,
+        description="open change streams (GET /v1/events) per replica; past it 503 and "
+        "the console polls instead",
+    )
+    event_ring: int = Field(
+        default=1000,
+        ge=1,
+        description="changes each replica keeps for a stream that resumes (Last-Event-ID); "
+        "one older than these is told to read everything again",
+    )
+    event_heartbeat_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="how often an idle change stream sends a heartbeat (the console "
+        "calls a stream silent for two of them stalled)",
+    )
     measured_min_samples: int = Field(
         default=3,
         ge=1,

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
@@ -23,6 +24,8 @@ from mla_switchboard.service.state import ConfigSnapshot
 from mla_switchboard.service.store.config import ConfigStore
 
 log = logging.getLogger("switchboard.live")
+
+T = TypeVar("T")
 
 
 class LiveConfig:
@@ -89,13 +92,12 @@ class LiveConfig:
             self._metrics.store_errors.labels(op="config_poll").inc()
 
 
-def fan_out(
-    *listeners: Callable[[Mapping[str, int]], None],
-) -> Callable[[Mapping[str, int]], None]:
-    """One ``on_versions`` that tells every listener what the poller read."""
+def fan_out(*listeners: Callable[[T], None]) -> Callable[[T], None]:
+    """One ``on_versions`` (or ``on_snapshot``) that tells every listener what the
+    poller read."""
 
-    def tell(versions: Mapping[str, int]) -> None:
+    def tell(value: T) -> None:
         for listener in listeners:
-            listener(versions)
+            listener(value)
 
     return tell

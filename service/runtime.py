@@ -20,6 +20,7 @@ from mla_switchboard.service.clusters import KnownClusters
 from mla_switchboard.service.collector import Collector
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.deciding import Decider
+from mla_switchboard.service.events import EventHub
 from mla_switchboard.service.evidence.sync import EvidenceSync
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.expiry import PodExpiry
@@ -131,13 +132,19 @@ class Runtime:
             on_change=self.publisher.evidence_changed,
             collector=self.collector,
         )
+        # the consoles' change stream, fed by the same reads (service/events.py)
+        self.events = EventHub(
+            settings.event_ring, settings.event_streams_max, settings.event_heartbeat_s
+        )
         self.live = LiveConfig(
             self.store.config,
             self.metrics,
             settings.config_poll_s,
             # other replicas' decisions (fleet_version) and evidence (evidence_version)
-            on_versions=fan_out(self.fleet.notify, self.evidence_sync.notify),
-            on_snapshot=self.publisher.config_changed,
+            on_versions=fan_out(
+                self.fleet.notify, self.evidence_sync.notify, self.events.versions_read
+            ),
+            on_snapshot=fan_out(self.publisher.config_changed, self.events.config_changed),
         )
 
     def _build_services(self, settings: Settings) -> None:

@@ -21,6 +21,7 @@ from mla_switchboard.service.api.routes import (
     auth,
     backends,
     dashboard,
+    events,
     health,
     measurements,
     overrides,
@@ -112,6 +113,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         auth,
         health,
         dashboard,
+        events,
     ):
         app.include_router(module.router)
     app.add_exception_handler(HTTPException, _body_errors_as_422)  # type: ignore[arg-type]

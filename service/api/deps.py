@@ -18,6 +18,7 @@ from mla_switchboard.service.auth_workload import (
     WorkloadVerifier,
     looks_like_jwt,
 )
+from mla_switchboard.service.events import EventHub
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.oidc import RelyingParty
@@ -82,6 +83,7 @@ RulesWritesDep = Annotated[RulesWrites, Depends(_service(lambda r: r.rules_write
 TokenWritesDep = Annotated[TokenWrites, Depends(_service(lambda r: r.token_writes))]
 EvidenceWritesDep = Annotated[EvidenceWrites, Depends(_service(lambda r: r.evidence_writes))]
 PeopleDep = Annotated[People, Depends(_service(lambda r: r.people))]
+EventsDep = Annotated[EventHub, Depends(_service(lambda r: r.events))]
 RelyingPartyDep = Annotated[RelyingParty | None, Depends(_service(lambda r: r.relying_party))]
 
 

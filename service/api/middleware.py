@@ -26,6 +26,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # The hot path: its body is parsed by pydantic's own JSON parser (jiter), which
 # refuses lone surrogates by itself; it is not buffered twice.
 UNBUFFERED_PATHS = frozenset({"/v1/select"})
+# Answers that stream for minutes (the change stream): their latency is the time to
+# their first byte, so that a histogram of request times is not filled with the
+# streams' lifetimes.
+STREAMED_PATHS = frozenset({"/v1/events"})
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # the status under which a request whose client went away is observed (nginx's
 # "client closed request"); never sent
@@ -99,12 +103,14 @@ class BodyLimitAndMetrics:
         start = time.perf_counter()
         status = 500
         started = False
+        first_byte: float | None = None
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status, started
+            nonlocal status, started, first_byte
             if message["type"] == "http.response.start":
                 status = message["status"]
                 started = True
+                first_byte = time.perf_counter()
             await send(message)
 
         try:
@@ -166,7 +172,10 @@ class BodyLimitAndMetrics:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in METHODS else "OTHER"
-            self.metrics.latency_of(method, path, str(status)).observe(time.perf_counter() - start)
+            end = time.perf_counter()
+            if first_byte is not None and scope["path"] in STREAMED_PATHS:
+                end = first_byte
+            self.metrics.latency_of(method, path, str(status)).observe(end - start)
 
     async def _too_large(self, send: Send) -> None:
         headers, body = too_large(self.max_body)

@@ -201,8 +201,9 @@ async function api(path) {
   if (kept && kept.token === token) headers["If-None-Match"] = kept.etag;
   let res;
   try {
-    res = await fetch(path, { headers, cache: "no-store" });
+    res = await timedFetch(path, { headers, cache: "no-store" }); // live.js
   } catch (err) {
+    if (err.timeout) throw err;
     throw new ApiError(0, "the service cannot be reached", path);
   }
   // Signed out (or in as someone else) meanwhile: nothing from this answer may show.
@@ -267,11 +268,12 @@ async function send(method, path, { body, ifMatch, key } = {}) {
   if (key) headers["Idempotency-Key"] = key;
   let res;
   try {
-    res = await fetch(path, {
+    res = await timedFetch(path, {
       method, headers, cache: "no-store",
       body: body === undefined ? undefined : JSON.stringify(body),
-    });
+    }, method === "GET" ? READ_LIMIT_MS : WRITE_LIMIT_MS); // live.js
   } catch (err) {
+    if (err.timeout) throw err;
     throw new ApiError(0, "the service cannot be reached", path);
   }
   if (state.token !== token) throw new StaleError();
@@ -395,6 +397,7 @@ function hideBanner() {
 function describeFailure(err) {
   const since = state.lastUpdated
     ? [" Showing data loaded ", timeEl(state.lastUpdated.toISOString()), "."] : [];
+  if (err.timeout) return slowFailure(since); // live.js
   if (err.status === 0) {
     return ["Cannot reach the service.", ...since, ` Retrying every ${REFRESH_MS / 1000} s.`];
   }
@@ -440,6 +443,7 @@ function signOut(message) {
   state.situations = [];
   clearInterval(state.timer);
   state.timer = null;
+  stopLive(); // live.js
   closeDialog(); // a half-made change must not outlive the token that was making it
   resetPods();
   // Data read with a token that is now gone must not stay in the page.
@@ -498,10 +502,12 @@ function start(summary) {
     renderSummary();
   }
   refreshAll();
+  startLive(); // live.js: changes as they happen
   clearInterval(state.timer);
   state.timer = setInterval(() => {
-    // Hidden tabs skip their turn; becoming visible refreshes at once (see below).
-    if (!document.hidden) refreshAll();
+    // Hidden tabs skip their turn; becoming visible refreshes at once (see below). A
+    // live stream tells every change: the poll is then only a rare safety net.
+    if (!document.hidden && !liveSaysFresh()) refreshAll();
   }, REFRESH_MS);
 }
 
@@ -542,7 +548,8 @@ function refreshAll() {
 function renderUpdated() {
   const el = $("last-updated");
   if (state.lastUpdated) {
-    el.replaceChildren("Last updated ", timeEl(state.lastUpdated.toISOString()));
+    el.replaceChildren("Last updated ", timeEl(state.lastUpdated.toISOString()),
+      ...freshnessNote()); // live.js
   } else {
     el.textContent = "not loaded yet";
   }

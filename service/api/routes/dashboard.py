@@ -25,6 +25,7 @@ ASSETS: dict[str, str] = {
     "pods.js": "text/javascript; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
     "layout.js": "text/javascript; charset=utf-8",
+    "live.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
