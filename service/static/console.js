@@ -26,16 +26,19 @@ const enc = (scope) => encodeURIComponent(scope);
 
 // ---------------------------------------------------------------- the dialog
 
-const dialog = { seq: 0 };
+const dialog = { seq: 0, opener: null };
 
 /** Show ``content`` in the page's one modal; returns a number that later answers check
- *  (dialogLive) so that a slow answer never lands in a dialog opened since. */
+ *  (dialogLive) so that a slow answer never lands in a dialog opened since. Parts that
+ *  are null (a field only one kind of confirmation has) are left out: replaceChildren
+ *  would write them as the text "null". */
 function openDialog(title, kind, ...content) {
   dialog.seq += 1;
   const d = $("dialog");
+  if (!d.open) dialog.opener = openerOf(document.activeElement);
   d.setAttribute("data-kind", kind);
   $("dialog-title").textContent = title;
-  $("dialog-body").replaceChildren(...content);
+  $("dialog-body").replaceChildren(...content.flat(Infinity).filter((c) => c != null));
   if (!d.open) d.showModal();
   return dialog.seq;
 }
@@ -46,10 +49,48 @@ function closeDialog() {
   if (d.open) d.close();
   $("dialog-body").replaceChildren();
   d.removeAttribute("data-kind");
+  returnFocus();
 }
 
 function dialogLive(seq) {
   return seq === dialog.seq && $("dialog").open;
+}
+
+/** What opened a dialog, to give focus back to when it closes: the element, and how to
+ *  find its like again, as the panels are redrawn on every refresh (the button that
+ *  opened the editor is usually gone by the time it closes). */
+function openerOf(el) {
+  if (!el || el === document.body || !(el instanceof HTMLElement)) return null;
+  const card = el.closest("section[id], section[aria-labelledby]");
+  const within = card ? (card.id ? `#${CSS.escape(card.id)} `
+    : `section[aria-labelledby="${CSS.escape(card.getAttribute("aria-labelledby"))}"] `) : "";
+  let selector = null;
+  if (el.id) selector = `#${CSS.escape(el.id)}`;
+  else if (el.getAttribute("aria-label")) {
+    selector = `${within}${el.tagName.toLowerCase()}[aria-label="${
+      CSS.escape(el.getAttribute("aria-label"))}"]`;
+  }
+  return { el, selector, card };
+}
+
+/** Focus back on the control that opened the dialog, or its redrawn like, or (when it
+ *  is gone: an override removed) the card it was in; never the page's body. */
+function returnFocus() {
+  const o = dialog.opener;
+  if (!o || $("dialog").open) return;
+  const again = o.el.isConnected ? o.el : o.selector ? document.querySelector(o.selector) : null;
+  let target = again;
+  if (!target && o.card && o.card.isConnected) {
+    if (!o.card.hasAttribute("tabindex")) o.card.setAttribute("tabindex", "-1");
+    target = o.card;
+  }
+  if (target) target.focus();
+}
+
+/** After a write the panels are redrawn: if that took focus away, put it back. */
+function keepFocusAfterRefresh() {
+  const active = document.activeElement;
+  if (!active || active === document.body) returnFocus();
 }
 
 /** An Idempotency-Key per distinct request: the same request again (a double click, a
@@ -122,14 +163,18 @@ function rolloutActions(scope, r) {
   if (!r || !mayTouch(scope)) return null;
   const buttons = [];
   if (r.state === "active") {
-    buttons.push(ctl("Halt", { "data-act": "halt", class: "btn-danger-quiet" },
-      () => openRolloutAction(scope, "halt")));
+    buttons.push(ctl("Halt", { "data-act": "halt", class: "btn-danger-quiet",
+      "aria-label": `Halt the rollout of ${scopeText(scope)}` },
+    () => openRolloutAction(scope, "halt")));
     if (Number(r.percent) < 100) {
-      buttons.push(ctl("Promote", { "data-act": "promote" },
-        () => openRolloutAction(scope, "promote")));
+      buttons.push(ctl("Promote", { "data-act": "promote",
+        "aria-label": `Promote the rollout of ${scopeText(scope)}` },
+      () => openRolloutAction(scope, "promote")));
     }
   } else if (r.state === "halted") {
-    buttons.push(ctl("Resume", { "data-act": "resume" }, () => openRolloutAction(scope, "resume")));
+    buttons.push(ctl("Resume", { "data-act": "resume",
+      "aria-label": `Resume the rollout of ${scopeText(scope)}` },
+    () => openRolloutAction(scope, "resume")));
   }
   return buttons.length ? h("span", { class: "rollout-actions" }, buttons) : null;
 }
@@ -138,7 +183,8 @@ function rolloutActions(scope, r) {
  *  an unrestricted admin may. */
 function clearButton(g) {
   if (!mayEditFleet()) return null;
-  return ctl("Clear", { "data-act": "clear", title: "Clear these failure reports" },
+  return ctl("Clear", { "data-act": "clear", title: "Clear these failure reports",
+    "aria-label": `Clear failures of ${g.backend} on ${situationText(g)}` },
     () => openClear(g));
 }
 
@@ -304,8 +350,8 @@ function editorForm(scope, o) {
     h("div", { class: "dialog-actions" },
       button("Cancel", { class: "btn btn-quiet", id: "ed-cancel" }, closeDialog),
       button("Preview", { class: "btn", id: "ed-preview-btn" }, guarded(previewEdit)),
-      button("Apply", { class: "btn btn-primary", id: "ed-apply", disabled: true },
-        guarded(applyEdit))));
+      button(applyLabel(r, Boolean(r)), { class: "btn btn-primary", id: "ed-apply",
+        disabled: true }, guarded(applyEdit))));
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
     guarded(previewEdit)();
@@ -332,14 +378,37 @@ function expiryField(spec) {
       label)));
   const at = h("input", { id: "ed-expiry-at", type: "datetime-local", hidden: true,
     "aria-label": "Expiry time, UTC" });
-  select.addEventListener("change", () => { at.hidden = select.value !== "at"; });
-  const now = keep
-    ? h("p", { class: `hint${expired ? " warn" : ""}`, id: "ed-expiry-now" },
-      expired ? timeEl(keep, "Expired ") : timeEl(keep, "Expires "),
-      expired ? ": it applies to no pod." : ".")
-    : null;
+  const now = h("p", { class: "hint", id: "ed-expiry-now", "aria-live": "polite" });
+  const show = () => expiryNow(now, select.value, keep, expired, at.value);
+  select.addEventListener("change", () => {
+    at.hidden = select.value !== "at";
+    show();
+  });
+  at.addEventListener("input", show);
+  show();
   return h("div", {}, field("Expires", "ed-expiry", h("div", { class: "inline-pair" }, select, at),
     "Times are UTC; an expired override is kept and shown, and ignored."), now);
+}
+
+/** The line under the expiry saying what the choice means now: the kept expiry, or the
+ *  one a new choice gives (counted from the preview), never the old one once another is
+ *  picked. */
+function expiryNow(el, mode, keep, expired, atText) {
+  el.classList.toggle("warn", mode === "keep" && expired);
+  el.setAttribute("data-mode", mode);
+  if (mode === "keep") {
+    el.replaceChildren(expired ? timeEl(keep, "Expired ") : timeEl(keep, "Expires "),
+      expired ? ": it applies to no pod." : ".");
+  } else if (mode === "none") {
+    el.replaceChildren(keep ? "No expiry: it applies until someone removes it." : "");
+  } else if (mode === "at") {
+    el.replaceChildren(atText
+      ? timeEl(`${atText.length === 16 ? `${atText}:00` : atText}Z`, "Would expire ")
+      : "Give the time (UTC).", atText ? "." : "");
+  } else {
+    el.replaceChildren(timeEl(new Date(Date.now() + EXPIRY_MS[mode]).toISOString(),
+      "Would expire "), ", counted from the preview.");
+  }
 }
 
 function rolloutFields(r) {
@@ -360,7 +429,10 @@ function rolloutFields(r) {
     field("Guard clusters (globs)", "ed-guard", h("input", { id: "ed-guard",
       value: r && r.guard_clusters ? r.guard_clusters.join(", ") : "",
       placeholder: "every cluster it covers", spellcheck: "false" })));
-  staged.addEventListener("change", () => { box.hidden = !staged.checked; });
+  staged.addEventListener("change", () => {
+    box.hidden = !staged.checked;
+    $("ed-apply").textContent = applyLabel(r, staged.checked);
+  });
   const halted = r && r.state === "halted";
   return h("div", { class: "ed-section" },
     h("label", { class: "check" }, staged,
@@ -370,6 +442,24 @@ function rolloutFields(r) {
       "clock start again).")
       : null,
     box);
+}
+
+/** Apply's label says what applying does to a halted rollout: a PUT stores the rollout
+ *  anew, active, so writing a halted override resumes it (staged: a new stage; not
+ *  staged: on every pod of its scope). */
+function applyLabel(r, staged) {
+  if (!r || r.state !== "halted") return "Apply";
+  return staged ? "Apply and resume the rollout" : "Apply and end the halt";
+}
+
+/** The warning above a halted override's preview: applying resumes it. */
+function haltedWarning(spec) {
+  const r = editor.original && editor.original.rollout;
+  if (!r || r.state !== "halted") return null;
+  return h("p", { class: "hint warn", id: "ed-resumes" }, spec.rollout
+    ? `Applying resumes the halted rollout: a new ${spec.rollout.percent} % stage starts ` +
+      "at once, with failures and the stage clock from zero."
+    : "Applying ends the halt: the override applies to every pod of its scope, unstaged.");
 }
 
 /** The form's inputs as one string: a preview holds for exactly these. */
@@ -512,6 +602,7 @@ async function previewEdit() {
   $("ed-preview").classList.remove("stale");
   $("ed-preview").replaceChildren(
     h("h3", {}, "Dry run: what applying does"),
+    haltedWarning(spec) ?? "",
     previewView(r.body.preview, { staged: Boolean(spec.rollout) }));
   $("ed-apply").disabled = editorState() !== formState;
   $("ed-apply").focus();
@@ -542,6 +633,7 @@ async function applyEdit() {
   notice(`Override ${scopeText(scope)} saved (rev ${rev}): ${p.pods_changed} of ` +
     `${plural(p.pods_total, "pod")} change backend at their next boot.`);
   await refreshAll();
+  keepFocusAfterRefresh();
 }
 
 /** A 412: someone changed (or removed) the override since the editor read it. Show
@@ -616,6 +708,32 @@ async function staleAction(scope, errorId, seq, reopen) {
   o ? h("div", { class: "dialog-actions" },
     button("Look again", { class: "btn btn-primary", id: "action-reload" }, guarded(reopen)))
     : null));
+}
+
+/** The override a confirmation acts on was removed meanwhile: its dry run no longer
+ *  holds, so it goes, the confirming button stays disabled, and the page offers to load
+ *  the overrides again (the action's row is gone from them). */
+function overrideGone(scope, prefix, seq) {
+  if (!dialogLive(seq)) return;
+  for (const id of [`${prefix}-preview`, `${prefix}-change`]) {
+    if ($(id)) $(id).replaceChildren();
+  }
+  $(`${prefix}-confirm`).disabled = true;
+  setError(`${prefix}-error`, "");
+  const old = $("action-conflict");
+  if (old) old.remove();
+  $(`${prefix}-error`).after(h("div", { class: "conflict", id: "action-conflict",
+    "data-current": "none", role: "alert" },
+  h("p", {}, h("strong", {}, "The override was removed: "),
+    `someone removed the override of ${scopeText(scope)} since you opened this. ` +
+    "Nothing was done."),
+  h("div", { class: "dialog-actions" },
+    button("Reload the overrides", { class: "btn btn-primary", id: "action-reload" },
+      guarded(async () => {
+        closeDialog();
+        await refreshAll();
+        keepFocusAfterRefresh();
+      })))));
 }
 
 function actionFailed(errorId, err) {
@@ -699,7 +817,11 @@ async function confirmRemove(scope, etag, holder, seq) {
     `/v1/overrides/${enc(scope)}?note=${encodeURIComponent(note)}`,
     { ifMatch: etag, key: keyFor(holder, [scope, note, etag]) });
   if (r === null) return;
-  if (r.status === 412 || r.status === 404) {
+  if (r.status === 404) {
+    overrideGone(scope, "rm", seq);
+    return;
+  }
+  if (r.status === 412) {
     await staleAction(scope, "rm-error", seq, () => openRemove(scope));
     refreshAll();
     return;
@@ -713,6 +835,7 @@ async function confirmRemove(scope, etag, holder, seq) {
   notice(`Override ${scopeText(scope)} removed: ${r.body.preview.pods_changed} of ` +
     `${plural(r.body.preview.pods_total, "pod")} change backend at their next boot.`);
   await refreshAll();
+  keepFocusAfterRefresh();
 }
 
 // ---------------------------------------------------------------- halt, resume, promote
@@ -784,6 +907,10 @@ async function rolloutDryRun(ctx) {
   }
   const r = await send("POST", `/v1/overrides/${enc(ctx.scope)}/rollout?dry_run=true`, { body });
   if (!dialogLive(seq)) return;
+  if (r.status === 404) {
+    overrideGone(ctx.scope, "ra", seq);
+    return;
+  }
   if (!r.ok) {
     $("ra-preview").replaceChildren();
     setError("ra-error", refusal(r));
@@ -819,6 +946,10 @@ async function confirmRolloutAction(ctx, seq) {
     `/v1/overrides/${enc(ctx.scope)}/rollout`,
     { body, ifMatch: ctx.etag, key: keyFor(ctx, [ctx.scope, body, ctx.etag]) });
   if (r === null) return;
+  if (r.status === 404) {
+    overrideGone(ctx.scope, "ra", seq);
+    return;
+  }
   if (r.status === 412) {
     await staleAction(ctx.scope, "ra-error", seq, () => openRolloutAction(ctx.scope, ctx.action));
     refreshAll();
@@ -844,6 +975,7 @@ async function confirmRolloutAction(ctx, seq) {
     `(rev ${r.body.override.revision}); ${p.pods_changed} of ${plural(p.pods_total, "pod")} ` +
     "change backend at their next boot.");
   await refreshAll();
+  keepFocusAfterRefresh();
 }
 
 // ---------------------------------------------------------------- clearing failures
@@ -881,6 +1013,7 @@ async function confirmClear(g, holder, seq) {
   notice(`Cleared ${plural(r.body.cleared ?? 0, "failure report")} of ${g.backend}.` +
     (r.body.message ? ` ${r.body.message}` : ""));
   await refreshAll();
+  keepFocusAfterRefresh();
 }
 
 // ---------------------------------------------------------------- wiring
@@ -891,5 +1024,6 @@ function initConsole() {
   $("dialog").addEventListener("close", () => {
     dialog.seq += 1;
     $("dialog-body").replaceChildren();
+    returnFocus();
   });
 }

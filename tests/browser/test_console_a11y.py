@@ -1,0 +1,318 @@
+"""The console by keyboard and screen reader, and its states that used to go stale, in a
+real headless Chromium against one real ``switchboard serve`` shared by the module:
+
+- no literal "null" in the Halt and Resume confirmations;
+- the editor's expiry line follows the choice ("in 7 days" no longer says "in 23 h");
+- Resume after another admin removed the override drops the dry run, disables the
+  action, says so and offers to reload;
+- editing a halted override says that applying resumes it (a PUT stores the rollout
+  anew, active: checked against the API);
+- a skip link is the first stop of Tab, and reaches "New override" in three presses;
+- closing a dialog (Escape, Close, Cancel, after a write) gives focus back to the control
+  that opened it, even once the panels were redrawn;
+- the failure reports' Clear buttons have unique accessible names;
+- an axe-core scan of every view finds no serious or critical violation.
+
+Each test uses clusters of its own, so their order does not matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.test_console import boot, token
+from tests.browser.test_dashboard_browser import TIMEOUT_MS, _skip_if_missing, body, launch, sign_in
+from tests.conftest import ADMIN, ServiceProcess
+
+pytestmark = pytest.mark.browser
+
+NOTE = "INC-7001: FlashInfer canary"
+STAGED = {"force": "FLASHINFER", "note": NOTE, "rollout": {"percent": 50, "max_failures": 3}}
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    _skip_if_missing()
+    d: Path = tmp_path_factory.mktemp("a11y")
+    svc = ServiceProcess(f"sqlite:///{d / 'switchboard.db'}").start(d)
+    clusters = ["halt", "gone", "edit", "expiry", "focus", "skip", "scan"]
+    boot(
+        svc,
+        [body(c, f"n-{i % 3}", f"{c}-{i}", [9, 0]) for c in clusters for i in range(8)]
+        + [body("scan", "b-1", f"scan-b{i}", [10, 0]) for i in range(4)],
+    )
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(service: ServiceProcess) -> Iterator[Any]:
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any, service: ServiceProcess) -> Iterator[Any]:
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900}, locale="en-US")
+    pg = ctx.new_page()
+    pg.goto(service.url + "/")
+    sign_in(pg, ADMIN)
+    pg.locator("#fleet-chart g.row").first.wait_for()
+    yield pg
+    ctx.close()
+
+
+def put(service: ServiceProcess, scope: str, spec: dict[str, Any] = STAGED) -> dict[str, Any]:
+    with service.client() as api:
+        r = api.put(f"/v1/overrides/{scope}", json=spec)
+        assert r.status_code in (200, 201), r.text
+        return dict(r.json())
+
+
+def halt(service: ServiceProcess, scope: str) -> None:
+    with service.client() as api:
+        r = api.post(f"/v1/overrides/{scope}/rollout", json={"action": "halt", "note": "drill"})
+        assert r.status_code == 200, r.text
+
+
+def override_item(page: Any, scope: str) -> Any:
+    item = page.locator(f'#overrides li.override[data-cluster="{scope}"]')
+    page.locator("#refresh").click()
+    item.wait_for()
+    return item
+
+
+def focused(page: Any) -> str:
+    """The focused element: its id, else its accessible name (aria-label or text)."""
+    return str(
+        page.evaluate(
+            """() => { const el = document.activeElement;
+                if (!el || el === document.body) return "<body>";
+                return el.id ? "#" + el.id
+                  : (el.getAttribute("aria-label") || el.textContent.trim()); }"""
+        )
+    )
+
+
+# ---------------------------------------------------------------- stale states
+
+
+def test_halt_and_resume_confirmations_show_no_null(page: Any, service: ServiceProcess) -> None:
+    from playwright.sync_api import expect
+
+    put(service, "halt")
+    item = override_item(page, "halt")
+    item.locator('button[data-act="halt"]').click()
+    expect(page.locator("#ra-preview .preview")).to_be_visible()
+    assert "null" not in page.locator("#dialog-body").inner_text()
+    page.keyboard.press("Escape")
+    halt(service, "halt")
+    item = override_item(page, "halt")
+    item.locator('button[data-act="resume"]').click()
+    expect(page.locator("#ra-preview .preview")).to_be_visible()
+    assert "null" not in page.locator("#dialog-body").inner_text()
+
+
+def test_resume_after_removal_drops_the_dry_run_and_offers_a_reload(
+    page: Any, service: ServiceProcess
+) -> None:
+    from playwright.sync_api import expect
+
+    put(service, "gone")
+    halt(service, "gone")
+    override_item(page, "gone").locator('button[data-act="resume"]').click()
+    expect(page.locator("#ra-confirm")).to_be_enabled()
+    with service.client() as api:  # another admin removes it meanwhile
+        assert api.delete("/v1/overrides/gone", params={"note": "done"}).status_code == 200
+    page.locator("#ra-note").fill("resume after the fix")
+    page.locator("#ra-confirm").click()
+    gone = page.locator("#action-conflict")
+    expect(gone).to_contain_text("The override was removed")
+    expect(page.locator("#ra-confirm")).to_be_disabled()
+    expect(page.locator("#ra-preview")).to_be_empty()
+    expect(page.locator("#ra-change")).to_be_empty()
+    assert "Refused (404)" not in page.locator("#dialog-body").inner_text()
+    page.locator("#action-reload").click()
+    expect(page.locator("#dialog")).to_be_hidden()
+    expect(page.locator('#overrides li.override[data-cluster="gone"]')).to_have_count(0)
+
+
+def test_editing_a_halted_override_says_applying_resumes_it(
+    page: Any, service: ServiceProcess
+) -> None:
+    from playwright.sync_api import expect
+
+    put(service, "edit")
+    halt(service, "edit")
+    override_item(page, "edit").locator('button[data-act="edit"]').click()
+    apply = page.locator("#ed-apply")
+    expect(apply).to_have_text("Apply and resume the rollout")
+    page.locator("#ed-note").fill("widen the canary")
+    page.locator("#ed-preview-btn").click()
+    expect(page.locator("#ed-resumes")).to_contain_text("Applying resumes the halted rollout")
+    page.locator("#ed-staged").uncheck()
+    expect(apply).to_have_text("Apply and end the halt")
+    page.locator("#ed-staged").check()
+    page.locator("#ed-preview-btn").click()
+    expect(apply).to_be_enabled()
+    apply.click()
+    expect(page.locator("#dialog")).to_be_hidden()
+    with service.client() as api:  # what the label promised is what the API did
+        assert api.get("/v1/overrides/edit").json()["rollout"]["state"] == "active"
+
+
+def test_expiry_line_follows_the_choice(page: Any, service: ServiceProcess) -> None:
+    from playwright.sync_api import expect
+
+    expires = (datetime.now(UTC) + timedelta(hours=23, minutes=30)).isoformat()
+    put(service, "expiry", {"deny": ["CUDNN"], "note": NOTE, "expires_at": expires})
+    override_item(page, "expiry").locator('button[data-act="edit"]').click()
+    line = page.locator("#ed-expiry-now")
+    expect(line).to_contain_text("Expires in 23 h")
+    page.locator("#ed-expiry").select_option("7d")
+    expect(line).not_to_contain_text("23 h")
+    expect(line).to_contain_text("Would expire in 7 d")
+    when = datetime.fromisoformat((line.locator("time").get_attribute("datetime") or "")[:19])
+    assert (
+        abs(when - datetime.now(UTC).replace(tzinfo=None) - timedelta(days=7)).total_seconds() < 60
+    )
+    page.locator("#ed-expiry").select_option("none")
+    expect(line).to_contain_text("No expiry")
+    page.locator("#ed-expiry").select_option("keep")
+    expect(line).to_contain_text("Expires in 23 h")
+
+
+# ---------------------------------------------------------------- keyboard
+
+
+def test_skip_link_is_the_first_stop_and_reaches_new_override(page: Any) -> None:
+    page.reload()  # signed in still (the tab's session), and nothing focused yet
+    page.locator("#fleet-chart g.row").first.wait_for()
+    page.keyboard.press("Tab")
+    assert focused(page) == "Skip to main content"
+    page.keyboard.press("Tab")
+    assert focused(page) == "Skip to overrides"
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    assert focused(page) == "#new-override"
+
+
+def test_closing_a_dialog_gives_focus_back_to_its_opener(
+    page: Any, service: ServiceProcess
+) -> None:
+    from playwright.sync_api import expect
+
+    put(service, "focus")
+    item = override_item(page, "focus")
+    edit = item.locator('button[data-act="edit"]')
+    edit.click()
+    expect(page.locator("#dialog")).to_be_visible()
+    page.keyboard.press("Escape")
+    assert focused(page) == "Edit override focus"
+    edit.click()
+    page.locator("#dialog-close").click()
+    assert focused(page) == "Edit override focus"
+    item.locator('button[data-act="halt"]').click()
+    expect(page.locator("#ra-confirm")).to_be_enabled()
+    page.evaluate("() => refreshAll()")  # the panels are redrawn under the dialog (a poll)
+    page.locator("#dialog-body button", has_text="Cancel").click()
+    assert focused(page) == "Halt the rollout of focus"
+    # after a write (the override list redrawn): the redrawn button of the same override
+    page.locator('#overrides li.override[data-cluster="focus"] button[data-act="edit"]').click()
+    page.locator("#ed-note").fill("focus drill")
+    page.locator("#ed-preview-btn").click()
+    page.locator("#ed-apply").click()
+    expect(page.locator("#dialog")).to_be_hidden()
+    expect(page.locator("#notice")).to_contain_text("saved")
+    page.wait_for_function("() => document.activeElement !== document.body")
+    assert focused(page) == "Edit override focus"
+    page.locator("#new-override").click()
+    page.keyboard.press("Escape")
+    assert focused(page) == "#new-override"
+
+
+def test_failure_clear_buttons_have_unique_names(page: Any, service: ServiceProcess) -> None:
+    from playwright.sync_api import expect
+
+    answers = boot(service, [body("scan", "n-9", "fails-h", [9, 0]),
+                             body("scan", "b-9", "fails-b", [10, 0])])  # fmt: skip
+    with service.client() as api:
+        for a in answers:
+            r = api.post(
+                f"/v1/selections/{a['decision_id']}/failure",
+                json={"backend": a["backend"], "error": "CUDA error: illegal address"},
+            )
+            assert r.status_code == 202, r.text
+    page.locator("#refresh").click()
+    clears = page.locator('#situations button[data-act="clear"]')
+    expect(clears).to_have_count(2)
+    names = [clears.nth(i).get_attribute("aria-label") or "" for i in range(2)]
+    assert len(set(names)) == 2 and all(n.startswith("Clear failures of ") for n in names), names
+    assert any("H200" in n for n in names) and any("B200" in n for n in names), names
+
+
+# ---------------------------------------------------------------- axe-core scan
+
+
+def serious(page: Any, within: str | None = None) -> list[str]:
+    """axe-core's serious and critical violations on the page as it is (or only
+    ``within`` a selector: a modal dialog, the page under it being inert and scanned
+    already), one line each."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    found = Axe().run(page, context=within).response["violations"]
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} @ {[n['target'] for n in v['nodes'][:4]]}"
+        for v in found
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+def test_axe_scan_of_every_view_finds_nothing_serious(
+    browser: Any, page: Any, service: ServiceProcess
+) -> None:
+    from playwright.sync_api import expect
+
+    put(service, "scan")
+    viewer = token(service, "a11y-viewer", "viewer")
+    found: dict[str, list[str]] = {}
+    item = override_item(page, "scan")
+    page.locator("#pods tr.pod-row").first.click()
+    expect(page.locator("#detail")).not_to_be_empty()
+    found["dashboard, pods and a pod's detail"] = serious(page)
+    item.locator('button[data-act="edit"]').click()
+    page.locator("#ed-note").fill("scan")
+    page.locator("#ed-preview-btn").click()
+    expect(page.locator("#ed-preview .preview")).to_be_visible()
+    found["editor dialog"] = serious(page, "#dialog")
+    page.keyboard.press("Escape")
+    item.locator('button[data-act="halt"]').click()
+    expect(page.locator("#ra-preview .preview")).to_be_visible()
+    found["rollout action dialog"] = serious(page, "#dialog")
+    page.keyboard.press("Escape")
+    for name, size, tok in [
+        ("viewer token", {"width": 1440, "height": 900}, viewer),
+        ("mobile 390x844", {"width": 390, "height": 844}, ADMIN),
+        ("signed out", {"width": 1440, "height": 900}, None),
+    ]:
+        ctx = browser.new_context(viewport=size, locale="en-US")
+        other = ctx.new_page()
+        other.goto(service.url + "/")
+        if tok is None:
+            other.locator("#token-input").wait_for()
+        else:
+            sign_in(other, tok)
+            other.locator("#fleet-chart g.row").first.wait_for()
+        found[name] = serious(other)
+        ctx.close()
+    assert not any(found.values()), "\n".join(f"{k}: {v}" for k, v in found.items() if v)
