@@ -61,8 +61,10 @@ def browser(service: ServiceProcess) -> Iterator[Any]:
         b.close()
 
 
-@pytest.fixture
-def page(browser: Any, service: ServiceProcess) -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def admin_page(browser: Any, service: ServiceProcess) -> Iterator[Any]:
+    """One signed-in admin page for the module (a context and sign-in per test cost more
+    than the tests)."""
     ctx = browser.new_context(viewport={"width": 1440, "height": 900}, locale="en-US")
     pg = ctx.new_page()
     pg.goto(service.url + "/")
@@ -70,6 +72,15 @@ def page(browser: Any, service: ServiceProcess) -> Iterator[Any]:
     pg.locator("#fleet-chart g.row").first.wait_for()
     yield pg
     ctx.close()
+
+
+@pytest.fixture
+def page(admin_page: Any) -> Iterator[Any]:
+    """The shared page, its dialog closed again after each test."""
+    yield admin_page
+    admin_page.evaluate(
+        "() => { const d = document.getElementById('dialog'); if (d.open) d.close(); }"
+    )
 
 
 def put(service: ServiceProcess, scope: str, spec: dict[str, Any] = STAGED) -> dict[str, Any]:
@@ -300,19 +311,16 @@ def test_axe_scan_of_every_view_finds_nothing_serious(
     expect(page.locator("#ra-preview .preview")).to_be_visible()
     found["rollout action dialog"] = serious(page, "#dialog")
     page.keyboard.press("Escape")
-    for name, size, tok in [
-        ("viewer token", {"width": 1440, "height": 900}, viewer),
-        ("mobile 390x844", {"width": 390, "height": 844}, ADMIN),
-        ("signed out", {"width": 1440, "height": 900}, None),
-    ]:
-        ctx = browser.new_context(viewport=size, locale="en-US")
-        other = ctx.new_page()
-        other.goto(service.url + "/")
-        if tok is None:
-            other.locator("#token-input").wait_for()
-        else:
-            sign_in(other, tok)
-            other.locator("#fleet-chart g.row").first.wait_for()
-        found[name] = serious(other)
-        ctx.close()
+    page.set_viewport_size({"width": 390, "height": 844})
+    found["mobile 390x844"] = serious(page)
+    page.set_viewport_size({"width": 1440, "height": 900})
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900}, locale="en-US")
+    other = ctx.new_page()
+    other.goto(service.url + "/")
+    other.locator("#token-input").wait_for()
+    found["signed out"] = serious(other)
+    sign_in(other, viewer)
+    other.locator("#fleet-chart g.row").first.wait_for()
+    found["viewer token"] = serious(other)
+    ctx.close()
     assert not any(found.values()), "\n".join(f"{k}: {v}" for k, v in found.items() if v)

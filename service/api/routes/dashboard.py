@@ -26,6 +26,7 @@ ASSETS: dict[str, str] = {
     "console.js": "text/javascript; charset=utf-8",
     "layout.js": "text/javascript; charset=utf-8",
     "live.js": "text/javascript; charset=utf-8",
+    "a11y.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
