@@ -142,6 +142,9 @@ function setError(id, text) {
 
 /** "New override" in the Overrides card, for admins. */
 function renderOverrideTools() {
+  // kept across refreshes (a live update redraws often): a new one would take the
+  // keyboard's focus away from it
+  if (isAdmin() && $("new-override")) return;
   $("overrides-tools").replaceChildren(...(isAdmin()
     ? [ctl("New override", { id: "new-override", class: "btn-primary" }, () => openEditor(null))]
     : []));

@@ -301,6 +301,7 @@ def test_axe_scan_of_every_view_finds_nothing_serious(
     page.locator("#pods tr.pod-row").first.click()
     expect(page.locator("#detail")).not_to_be_empty()
     found["dashboard, pods and a pod's detail"] = serious(page)
+    page.locator("#detail-close").click()
     item.locator('button[data-act="edit"]').click()
     page.locator("#ed-note").fill("scan")
     page.locator("#ed-preview-btn").click()
