@@ -69,11 +69,11 @@ class Reports:
         observations = observations_of_report(report, datetime.now(UTC), report_id)
         reason = None
         if observations:
-            # The pod's decision may still be in memory: wait for the writer's next
-            # batch (at most the flush interval) rather than wake it, so that reports
-            # streaming in do not turn its batches into one transaction each.
-            if self.recorder.pending or self.recorder.spill_pending:
-                self.recorder.flush(wake=False)
+            # The pod's decision may still be in memory or in a batch being written:
+            # wait for the writer's next batch (at most the flush interval) rather than
+            # wake it, so that reports streaming in do not turn its batches into one
+            # transaction each. Nothing unsettled: it returns at once.
+            self.recorder.flush(wake=False)
             situation = observations[0].situation
             if not self.measurement_store.has_decision_for(
                 report.cluster, report.pod, situation, principal.id
