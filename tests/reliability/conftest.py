@@ -413,3 +413,15 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         yield pg
     finally:
         pg.cleanup()
+
+
+@pytest.fixture
+def pg() -> Iterator[PrivatePostgres]:
+    """A throwaway PostgreSQL of the test's own, removed after it (fault tests stop,
+    freeze and restart it)."""
+    server = PrivatePostgres()
+    try:
+        server.init().start()
+        yield server
+    finally:
+        server.cleanup()

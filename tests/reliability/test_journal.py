@@ -7,7 +7,6 @@ yet. Now every answer is on local disk within a few ms (``recording/journal.py``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,6 @@ from tests.reliability.conftest import PrivatePostgres
 from tests.reliability.freeze_kill import freeze_kill_rounds
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def pg() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    try:
-        server.init().start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.mark.serial

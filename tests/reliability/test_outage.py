@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,16 +27,6 @@ from tests.reliability.conftest import (
 )
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def pg() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    try:
-        server.init().start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 def rss_bytes(service: ServiceProcess) -> int:

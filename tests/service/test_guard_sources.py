@@ -151,10 +151,7 @@ def test_a_static_token_inventing_pods(api: httpx.Client) -> None:
 
 @pytest.fixture(scope="module")
 def issuer() -> Iterator[TestIssuer]:
-    served = TestIssuer()
-    served.add_key("k1")
-    yield served
-    served.close()
+    yield from TestIssuer.serving()
 
 
 def test_verified_pods_count_once_per_uid(issuer: TestIssuer, sqlite_url: str) -> None:

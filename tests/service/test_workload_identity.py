@@ -64,10 +64,7 @@ def bearer(token: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def issuer() -> Iterator[TestIssuer]:
-    served = TestIssuer()
-    served.add_key("k1")
-    yield served
-    served.close()
+    yield from TestIssuer.serving()
 
 
 @pytest.fixture(scope="module")

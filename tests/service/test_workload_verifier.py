@@ -26,10 +26,7 @@ from tests.service.workload_issuer import AUDIENCE, TestIssuer
 
 @pytest.fixture(scope="module")
 def issuer() -> Iterator[TestIssuer]:
-    served = TestIssuer()
-    served.add_key("k1")
-    yield served
-    served.close()
+    yield from TestIssuer.serving()
 
 
 def verifier_of(entry: dict[str, Any], refetch_s: float = 30.0) -> WorkloadVerifier:

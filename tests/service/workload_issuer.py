@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,14 @@ class TestIssuer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    @classmethod
+    def serving(cls) -> Iterator[TestIssuer]:
+        """An issuer with one published key, ``k1``, closed after: a fixture's body."""
+        served = cls()
+        served.add_key("k1")
+        yield served
+        served.close()
 
     def add_key(self, kid: str, publish: bool = True) -> str:
         self._private[kid] = rsa.generate_private_key(public_exponent=65537, key_size=2048)
