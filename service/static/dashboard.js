@@ -1190,9 +1190,22 @@ function renderOverrides(items) {
     const [eb, tb] = key(b);
     return ea - eb || ta - tb;
   });
+  // A redraw (a poll, a live change) replaces the buttons: one that held the keyboard's
+  // focus hands it to its redrawn copy rather than dropping it to the page body.
+  const had = document.activeElement;
+  const held =
+    had && $("overrides").contains(had) && had.dataset.act
+      ? { cluster: had.closest("li.override")?.dataset.cluster, act: had.dataset.act }
+      : null;
   $("overrides").replaceChildren(
     h("ul", { class: "override-list" }, sorted.map((o) => overrideItem(o, now))),
   );
+  if (held && held.cluster !== undefined) {
+    const again = $("overrides").querySelector(
+      `li.override[data-cluster="${CSS.escape(held.cluster)}"] button[data-act="${CSS.escape(held.act)}"]`,
+    );
+    if (again) again.focus();
+  }
 }
 
 /** What an override does, as tags: force X, deny Y, policy Z. */
