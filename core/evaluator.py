@@ -473,6 +473,11 @@ def _refs(a: Assessment) -> tuple[OverrideRef, ...]:
     return tuple(refs)
 
 
+FLEET_HALT_POINTER = "its reason: GET /v1/overrides/*"
+"""What a pod's answer reads in place of a halted fleet rollout's reason, which quotes
+pods and errors of any cluster (the reason itself is read from the rollout)."""
+
+
 def _stage_messages(a: Assessment) -> list[str]:
     out = []
     for o, inside in a.staged:
@@ -482,7 +487,7 @@ def _stage_messages(a: Assessment) -> list[str]:
         if r.state == "halted":
             # a fleet rollout's halt reason quotes pods and errors of any cluster, and this
             # answer goes to one cluster's pod: it points at the rollout instead
-            why = r.halted_reason if o.cluster != "*" else "its reason: GET /v1/overrides/*"
+            why = r.halted_reason if o.cluster != "*" else FLEET_HALT_POINTER
             out.append(f"The rollout of {name} is halted ({why}): answered as without it.")
         elif r.state == "active" and r.percent < 100:
             if inside:

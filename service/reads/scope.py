@@ -19,6 +19,7 @@ import hashlib
 import re
 from typing import Any
 
+from mla_switchboard.core.evaluator import FLEET_HALT_POINTER
 from mla_switchboard.service.auth import Principal
 
 OUTSIDE = "halted by failures in clusters outside your scope"
@@ -55,6 +56,8 @@ def halt_reason(principal: Principal, reason: str | None) -> str | None:
     NAME: note``, the note written for everyone the override covers) is kept; a guard's
     is kept only when every cluster it names is in scope."""
     if reason is None or not principal.restricted or reason.startswith("halted by "):
+        return reason
+    if reason == FLEET_HALT_POINTER:  # a decision's pointer to the rollout: no names
         return reason
     found = _CLUSTERS.findall(reason)
     if not found:

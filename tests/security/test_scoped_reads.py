@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.core.evaluator import FLEET_HALT_POINTER
 
 from tests.conftest import ADMIN, ServiceProcess, make_inprocess_client
 from tests.service.test_measured import ALL, H200, select
@@ -100,8 +101,14 @@ def test_a_fleet_rollout_halted_by_dev_pods_shows_prod_only_that_it_was(
                 json={"force": "CUDNN", "note": "try"},
             )
             assert dry.status_code == 200 and SECRET not in dry.text and DEV not in dry.text
+        # the decision points at the rollout (whose reason is redacted above) rather
+        # than quoting it
         detail = c.get(f"/v1/selections/{after['decision_id']}").json()
-        assert any(OUTSIDE in m for m in detail["answer"]["messages"]), detail
+        assert any(
+            m.startswith("The rollout of fleet override (*) rev ")
+            and m.endswith(f"is halted ({FLEET_HALT_POINTER}): answered as without it.")
+            for m in detail["answer"]["messages"]
+        ), detail
 
 
 def test_measurement_failures_of_other_clusters_are_counted_not_quoted(api: httpx.Client) -> None:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from mla_switchboard.core.evaluator import FLEET_HALT_POINTER
 from mla_switchboard.core.evidence import FailureNote, FailurePolicy
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.reads import scope
@@ -118,3 +119,13 @@ def test_a_policys_reason_counts_other_clusters_pods_without_naming_them() -> No
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def test_a_decisions_pointer_to_a_halted_fleet_rollout_is_kept() -> None:
+    """A decision made since answers point at the rollout instead of quoting its
+    reason: nothing to redact, and never the misleading "outside your scope"."""
+    message = (
+        f"The rollout of fleet override (*) rev 3 is halted ({FLEET_HALT_POINTER}):"
+        " answered as without it."
+    )
+    assert scope.text(PROD, message) == message
