@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import hmac
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 import jwt
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri, prepare_token_request
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.outcomes import Problem
+from mla_switchboard.service.workload_keys import IssuerKeys, KeyProblem
 
 ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256")
 LEEWAY_S = 30.0
@@ -74,8 +75,7 @@ class RelyingParty:
         self.provider_name = settings.oidc_provider_name
         self._client = client
         self._discovery: dict[str, Any] | None = None
-        self._keys: jwt.PyJWKSet | None = None
-        self._keys_at = 0.0
+        self._keys: IssuerKeys | None = None  # once discovery named the jwks_uri
 
     async def start(self) -> tuple[str, Pending] | Problem:
         """The provider's authorization URL, and what the callback must find again."""
@@ -197,30 +197,37 @@ class RelyingParty:
         return doc
 
     async def _key(self, kid: object) -> jwt.PyJWK | Problem:
-        """The provider's key ``kid``: the keys held, fetched again when they lack it
-        (the provider rotated) at most every REFETCH_S, and once they are an hour old."""
-        now = time.monotonic()
-        stale = self._keys is None or now - self._keys_at > KEYS_MAX_AGE_S
-        if stale or (self._find(kid) is None and now - self._keys_at > REFETCH_S):
+        """The provider's key ``kid``, kept and refreshed as a pod issuer's are
+        (``IssuerKeys``: fetched again for a ``kid`` they lack at most every REFETCH_S,
+        and once they are an hour old), from the discovery document's ``jwks_uri``."""
+        if self._keys is None:
             found = await self._discovered()
             if isinstance(found, Problem):
                 return found
-            try:
-                async with self._client() as http:
-                    self._keys = jwt.PyJWKSet.from_dict(_json(await http.get(found["jwks_uri"])))
-                self._keys_at = now
-            except (httpx.HTTPError, jwt.PyJWTError) as exc:
-                if self._keys is None:
-                    reason = type(exc).__name__
-                    return Problem(502, f"the provider's keys could not be had: {reason}")
-        key = self._find(kid)
-        return key if key is not None else Problem(400, "id_token: unknown kid")
+            source = ProviderKeys(self.issuer, found["jwks_uri"])
+            self._keys = IssuerKeys(
+                source, algorithms=ALGORITHMS, refetch_s=REFETCH_S, max_age_s=KEYS_MAX_AGE_S
+            )
+        key = await anyio.to_thread.run_sync(self._keys.key, kid if isinstance(kid, str) else None)
+        if isinstance(key, KeyProblem):
+            if key.status == 503:
+                return Problem(502, "the provider's keys could not be had")
+            return Problem(400, f"id_token: {key.reason}")
+        return key
 
-    def _find(self, kid: object) -> jwt.PyJWK | None:
-        if self._keys is None:
-            return None
-        keys = [k for k in self._keys.keys if kid is None or k.key_id == kid]
-        return keys[0] if keys else None
+
+@dataclass(frozen=True)
+class ProviderKeys:
+    """Where the provider's keys are (``workload_keys.KeySource``): its discovery
+    document's ``jwks_uri``."""
+
+    issuer: str
+    jwks_uri: str
+    jwks_file: None = None
+
+    @property
+    def discovery_url(self) -> str:
+        return self.issuer.rstrip("/") + "/.well-known/openid-configuration"
 
 
 def _json(answer: httpx.Response) -> dict[str, Any]:

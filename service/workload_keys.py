@@ -1,4 +1,6 @@
-"""The signing keys of one Kubernetes service-account issuer, kept and refreshed.
+"""The signing keys of one token issuer, kept and refreshed: a Kubernetes
+service-account issuer (``WorkloadIssuer``) or the OIDC provider people sign in with
+(service/oidc.py).
 
 Where the keys come from (``WorkloadIssuer``): a JWKS file (an air-gapped cluster; it
 is read again whenever its modification time changes), a JWKS URL, or the URL that
@@ -20,13 +22,28 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import jwt
-from mla_switchboard.service.config import WorkloadIssuer
 
 MAX_DOCUMENT_BYTES = 1024 * 1024
 FETCH_TIMEOUT_S = 5.0
+WORKLOAD_ALGORITHMS = ("RS256", "ES256")
+"""What a Kubernetes API server signs service-account tokens with."""
+
+
+class KeySource(Protocol):
+    """Where an issuer's keys are: a JWKS file, a JWKS URL, or OIDC discovery."""
+
+    @property
+    def issuer(self) -> str: ...
+    @property
+    def jwks_file(self) -> Path | None: ...
+    @property
+    def jwks_uri(self) -> str | None: ...
+    @property
+    def discovery_url(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -48,9 +65,11 @@ def fetch_json(url: str) -> Any:
     return json.loads(raw)
 
 
-def parse_jwks(document: Any) -> dict[str | None, jwt.PyJWK]:
-    """The usable signing keys of a JWKS document by ``kid``: RSA (RS256) and EC P-256
-    (ES256) keys only; keys for other uses or algorithms are left out."""
+def parse_jwks(
+    document: Any, algorithms: tuple[str, ...] = WORKLOAD_ALGORITHMS
+) -> dict[str | None, jwt.PyJWK]:
+    """The usable signing keys of a JWKS document by ``kid``: keys of ``algorithms``
+    only (RS256 and ES256 by default); keys for other uses or algorithms are left out."""
     if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
         raise ValueError("not a JWKS document (no 'keys' list)")
     keys: dict[str | None, jwt.PyJWK] = {}
@@ -61,25 +80,28 @@ def parse_jwks(document: Any) -> dict[str | None, jwt.PyJWK]:
             key = jwt.PyJWK(entry)
         except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError):
             continue
-        if key.algorithm_name in ("RS256", "ES256"):
+        if key.algorithm_name in algorithms:
             keys[entry.get("kid")] = key
     return keys
 
 
 class IssuerKeys:
-    """The keys of one issuer. ``fetch``: how a URL's JSON is read (tests hand the real
+    """The keys of one issuer (``entry``: a ``WorkloadIssuer``, or any
+    :class:`KeySource`). ``fetch``: how a URL's JSON is read (tests hand the real
     one a local server); ``clock``: monotonic seconds."""
 
     def __init__(
         self,
-        entry: WorkloadIssuer,
+        entry: KeySource,
         *,
+        algorithms: tuple[str, ...] = WORKLOAD_ALGORITHMS,
         refetch_s: float = 30.0,
         max_age_s: float = 3600.0,
         fetch: Callable[[str], Any] = fetch_json,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.entry = entry
+        self.algorithms = algorithms
         self.refetch_s = refetch_s
         self.max_age_s = max_age_s
         self._fetch = fetch
@@ -114,7 +136,7 @@ class IssuerKeys:
             stat = path.stat()
             stamp = (stat.st_mtime_ns, stat.st_size)
             if stamp != self._file_stamp:
-                self._keys = parse_jwks(json.loads(path.read_bytes()))
+                self._keys = parse_jwks(json.loads(path.read_bytes()), self.algorithms)
                 self._file_stamp = stamp
                 self.fetches += 1
         except (OSError, ValueError):
@@ -135,7 +157,7 @@ class IssuerKeys:
         try:
             if self._jwks_uri is None:
                 self._jwks_uri = self._discover()
-            self._keys = parse_jwks(self._fetch(self._jwks_uri))
+            self._keys = parse_jwks(self._fetch(self._jwks_uri), self.algorithms)
             self._loaded_at = now
             self.fetches += 1
         except (OSError, ValueError) as exc:
