@@ -145,7 +145,7 @@ class RolloutGuards:
     def expect_measurements(self, report: MeasurementReport, report_id: str) -> None:
         """As ``expect_failure``, for a counted measurement report."""
         payload = json.dumps({"report_id": report_id, "report": report.model_dump(mode="json")})
-        self._note(f"measurements:{report_id}", "measurements", payload)
+        self._note(_measurements_key(report_id), "measurements", payload)
 
     def _note(self, key: str, kind: str, payload: str) -> None:
         if self.pending_store is None or not self._any_active():
@@ -177,7 +177,7 @@ class RolloutGuards:
 
         def run() -> None:
             self.on_measurements(report)
-            self._done(f"measurements:{report_id}")
+            self._done(_measurements_key(report_id))
 
         return self._evaluate(("measurements", report_id), run)
 
@@ -191,7 +191,7 @@ class RolloutGuards:
         def again() -> None:
             self.catch_up()
             self.on_measurements(report)
-            self._done(f"measurements:{report_id}")
+            self._done(_measurements_key(report_id))
 
         return self._evaluate(("measurements", report_id), again)
 
@@ -524,6 +524,10 @@ class RolloutGuards:
 
 def _failure_key(decision_id: str, backend: str) -> str:
     return f"failure:{decision_id}:{backend}"
+
+
+def _measurements_key(report_id: str) -> str:
+    return f"measurements:{report_id}"
 
 
 def _sources(current: Rollout) -> list[str]:
