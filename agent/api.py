@@ -402,13 +402,7 @@ def select_backend(
     notes = Notes()
     url_list = _url_list(urls, settings)
     token = token if token is not None else settings.bearer
-    if deadline is None:
-        try:
-            deadline = settings.deadline_s()
-        except ValueError as exc:
-            raise BadInputError(f"{DEADLINE}: {exc}") from None
-    if not deadline > 0:
-        raise BadInputError(f"deadline must be positive, got {deadline!r}")
+    deadline = _deadline(deadline, settings)
     pod_description = describe_pod(spec, settings, notes)
     request = pod_description.request
     building = build and not pod_description.pretend
@@ -443,6 +437,18 @@ def select_backend(
 
     _build_into(result, pod_description, notes, check=check, urls=url_list, token=token)
     return result
+
+
+def _deadline(deadline: float | None, settings: AgentSettings) -> float:
+    """The seconds the service may take: given, or the settings' when None."""
+    if deadline is None:
+        try:
+            deadline = settings.deadline_s()
+        except ValueError as exc:
+            raise BadInputError(f"{DEADLINE}: {exc}") from None
+    if not deadline > 0:
+        raise BadInputError(f"deadline must be positive, got {deadline!r}")
+    return deadline
 
 
 def _url_list(urls: Sequence[str] | str | None, settings: AgentSettings) -> list[str]:

@@ -21,7 +21,7 @@ by this replica's periodic check before it promotes any step, so a halt is late 
 than lost. While a rollout is active, each report's evaluation is also noted in the
 database before the report is stored (``guard_pending``) and removed once it ran:
 every replica's step waits while one is noted, and one left by its replica past
-``pending_grace_s`` is run by whichever replica checks next, so another replica that
+``GuardNotes.grace_s`` is run by whichever replica checks next, so another replica that
 reaches the database cannot promote past a halt this one could not write. An
 evaluation that fails again for
 a reason a retry does not fix (not a lost connection) is dropped with an error logged,
@@ -37,7 +37,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Literal
 
 from mla_switchboard.core import rollouts
@@ -54,17 +54,22 @@ from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, S
 from mla_switchboard.core.stages import stage_buckets
 from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.evidence.trust import TrustedEvidence
+from mla_switchboard.service.guard_notes import (
+    STORE_ERRORS,
+    TRANSIENT_ERRORS,
+    GuardNotes,
+    failure_key,
+    measurements_key,
+)
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
-from mla_switchboard.service.store.base import OutcomeUnknown
 from mla_switchboard.service.store.config import ConfigStore
-from mla_switchboard.service.store.guard_pending import GuardPendingStore
 from mla_switchboard.service.store.rows import PendingGuard
 from prometheus_client import Gauge
-from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger("switchboard.rollouts")
 
@@ -77,11 +82,6 @@ GuardOutcome = Literal["checked", "pending"]
 MAX_PENDING = 10_000
 """Most guard evaluations kept for a retry; past it the oldest is dropped (and logged):
 while the database is away every report would otherwise add one, without bound."""
-
-STORE_ERRORS = (SQLAlchemyError, OutcomeUnknown)
-"""What defers a report's guard evaluation: any database error."""
-TRANSIENT_ERRORS = (OperationalError, InterfaceError, OutcomeUnknown)
-"""What keeps a deferred evaluation waiting: the database is away or did not answer."""
 
 
 @dataclass(eq=False)
@@ -97,6 +97,9 @@ class RolloutGuards:
     inputs: Callable[[], DecisionInputs]
     catch_up: Callable[[], object]
     metrics: Metrics
+    notes: GuardNotes
+    """Evaluations noted in the database before their report is stored, so that no
+    replica's step overtakes one this replica could not run."""
     check_s: float = 1.0
     askers: Callable[[str, Sequence[str]], dict[str, tuple[str | None, bool]]] = (
         lambda cluster, pods: {}
@@ -105,15 +108,9 @@ class RolloutGuards:
     ``DecisionStore.askers``. Unknown pods count under their name."""
     static_sources: rollouts.StaticSources = "per_pod"
     """How a static token's reports count (``core.rollouts.evidence_source``)."""
-    pending_store: GuardPendingStore | None = None
-    """Evaluations noted in the database before their report is stored, so that no
-    replica's step overtakes one this replica could not run (None: in memory only)."""
     decision_of: Callable[[str], DecisionRecord | None] = lambda decision_id: None
     """A stored decision by id (``DecisionStore.get_decision``): what a noted failure
     is evaluated from on another replica."""
-    pending_grace_s: float = 10.0
-    """How long a noted evaluation is left to the replica that noted it before another
-    replica runs it (it may have died)."""
     _pending: dict[tuple[str, ...], Callable[[], None]] = field(
         init=False, default_factory=dict
     )  # oldest first
@@ -138,37 +135,21 @@ class RolloutGuards:
 
     def expect_failure(self, record: DecisionRecord, backend: str, error: str) -> None:
         """Note in the database, before the failure is stored, that its guard is to run
-        (only while a rollout is active: otherwise there is nothing to guard)."""
-        payload = json.dumps({"decision_id": record.id, "backend": backend, "error": error})
-        self._note(_failure_key(record.id, backend), "failure", payload)
+        (``service/guard_notes.py``)."""
+        self.notes.expect_failure(record.id, backend, error)
 
     def expect_measurements(self, report: MeasurementReport, report_id: str) -> None:
         """As ``expect_failure``, for a counted measurement report."""
-        payload = json.dumps({"report_id": report_id, "report": report.model_dump(mode="json")})
-        self._note(_measurements_key(report_id), "measurements", payload)
-
-    def _note(self, key: str, kind: str, payload: str) -> None:
-        if self.pending_store is None or not self._any_active():
-            return
-        self.pending_store.add(key, kind, payload, datetime.now(UTC))
-
-    def _any_active(self) -> bool:
-        return any(
-            o.rollout is not None and o.rollout.state == "active" for o in self.inputs().overrides
-        )
-
-    def _done(self, key: str) -> None:
-        if self.pending_store is not None:
-            self.pending_store.remove(key)
+        self.notes.expect_measurements(report, report_id)
 
     def failure_reported(self, record: DecisionRecord, backend: str, error: str) -> GuardOutcome:
         """Run the failure guard for a failure report the store holds already (made by
         the decision's own asker: ``Reports.failure`` checks it)."""
-        key = _failure_key(record.id, backend)
+        key = failure_key(record.id, backend)
 
         def run() -> None:
             self.on_failure(record, backend, error)
-            self._done(key)
+            self.notes.done(key)
 
         return self._evaluate(("failure", record.id, backend), run)
 
@@ -177,7 +158,7 @@ class RolloutGuards:
 
         def run() -> None:
             self.on_measurements(report)
-            self._done(_measurements_key(report_id))
+            self.notes.done(measurements_key(report_id))
 
         return self._evaluate(("measurements", report_id), run)
 
@@ -191,7 +172,7 @@ class RolloutGuards:
         def again() -> None:
             self.catch_up()
             self.on_measurements(report)
-            self._done(_measurements_key(report_id))
+            self.notes.done(measurements_key(report_id))
 
         return self._evaluate(("measurements", report_id), again)
 
@@ -204,28 +185,9 @@ class RolloutGuards:
             self.promote_due(now)
 
     def retry_noted(self) -> bool:
-        """Run the evaluations noted in the database that their replica left for longer
-        than ``pending_grace_s`` (it lost the database, or died); True when none is
-        left, counting those still within their grace: a step waits for them too."""
-        if self.pending_store is None:
-            return True
-        store = self.pending_store
-        try:
-            noted = store.waiting(datetime.now(UTC) - timedelta(seconds=self.pending_grace_s))
-            for item in noted:
-                try:
-                    self._noted_run(item)()
-                except TRANSIENT_ERRORS:
-                    raise
-                except Exception:
-                    log.exception("noted rollout guard evaluation %s dropped", item.key)
-                store.remove(item.key)
-            if noted:
-                log.warning("rollout guard evaluations left by a replica done: %d", len(noted))
-            return store.count() == 0
-        except STORE_ERRORS as exc:
-            log.warning("noted rollout guard evaluations not read or run: %s", first_line(exc))
-            return False
+        """Run the evaluations noted in the database that their replica left (it lost
+        the database, or died); True when none is left (``GuardNotes.run_left``)."""
+        return self.notes.run_left(self._noted_run)
 
     def _noted_run(self, item: PendingGuard) -> Callable[[], None]:
         """The evaluation a noted row stands for, as the replica that noted it runs it."""
@@ -520,14 +482,6 @@ class RolloutGuards:
                 o.label,
                 first_line(exc),
             )
-
-
-def _failure_key(decision_id: str, backend: str) -> str:
-    return f"failure:{decision_id}:{backend}"
-
-
-def _measurements_key(report_id: str) -> str:
-    return f"measurements:{report_id}"
 
 
 def _sources(current: Rollout) -> list[str]:

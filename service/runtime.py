@@ -26,6 +26,7 @@ from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.expiry import PodExpiry
 from mla_switchboard.service.fleet.groups import Fleet
 from mla_switchboard.service.fleet.reads import FleetReads, ReadSettings
+from mla_switchboard.service.guard_notes import GuardNotes, rollouts_active
 from mla_switchboard.service.inputs import InputsPublisher, index_factory
 from mla_switchboard.service.live import LiveConfig, fan_out
 from mla_switchboard.service.messages import protect
@@ -157,10 +158,10 @@ class Runtime:
             current,
             self.evidence_sync.catch_up,
             self.metrics,
+            GuardNotes(store.guard_pending, lambda: rollouts_active(current().overrides)),
             check_s=settings.rollout_check_s,
             askers=store.decisions.askers,
             static_sources=settings.guard_static_sources,
-            pending_store=store.guard_pending,
             decision_of=store.decisions.get_decision,
         )
         self.reads = FleetReads(

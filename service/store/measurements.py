@@ -397,25 +397,9 @@ class MeasurementStore:
                 wrong.append(m.id <= seen.measurement_id)
                 newest = max(newest, aware(s.scalar(select(func.max(m.at)).where(*wrong)) or EPOCH))
             cleared = s.execute(update(m).where(*wrong).values(cleared_at=now)).rowcount or 0
-            ids = []
-            q = _failures_with_requests().where(FailureRow.cleared_at.is_(None))
-            for row in map(FailureRead._make, s.execute(q)):
-                if backend is not None and row.backend != backend:
-                    continue
-                if row.request_json is None and row.shape_json is not None:
-                    matches = shape_situation(row.shape_json) == situation
-                else:
-                    request = _request(
-                        row.request_json, row.shape_json, row.cluster, row.node, row.pod
-                    )
-                    matches = request is not None and situation_of(request) == situation
-                if not matches:
-                    continue
-                if seen is not None and row.id > seen.failure_id:
-                    newer += 1
-                    continue
-                ids.append(row.id)
-                newest = max(newest, aware(row.at))
+            ids, newer_failures, newest_failure = _failures_to_clear(s, situation, backend, seen)
+            newer += newer_failures
+            newest = max(newest, newest_failure)
             if ids:
                 s.execute(update(FailureRow).where(FailureRow.id.in_(ids)).values(cleared_at=now))
             cleared += len(ids)
@@ -436,9 +420,9 @@ class MeasurementStore:
                 preview=None,
             )
             # every replica forgets these failures in place when it reads this row
-            # (service/evidence/sync.py): the rows it read before are not read again
-            # keyed by what was seen, replicas forget failures noted up to the newest
-            # one cleared, not up to now: one reported since stays counted there too
+            # (service/evidence/sync.py: the rows it read before are not read again);
+            # keyed by what was seen, they forget failures noted up to the newest one
+            # cleared, not up to now: one reported since stays counted there too
             s.add(_clear_row(situation, backend, now if seen is None else newest))
             bump(s, "evidence_version")
             done = Cleared(cleared, newer)
@@ -581,3 +565,32 @@ def _clear_row(situation: Situation, backend: str | None, now: datetime) -> Evid
     ``device_name``), so a field the situation gains cannot be left out of its clears."""
     columns = asdict(situation)
     return EvidenceClearRow(at=now, device_name=columns.pop("device"), backend=backend, **columns)
+
+
+def _failures_to_clear(
+    s: Session, situation: Situation, backend: str | None, seen: SeenThrough | None
+) -> tuple[list[int], int, datetime]:
+    """The uncleared failure reports of ``situation`` (and ``backend``) a clear takes:
+    their ids, how many arrived after what the person saw (``seen``: left), and the
+    newest taken one's time. A report's situation is its decision's, worked out from
+    the stored request (or, for an old row, its shape)."""
+    ids: list[int] = []
+    newer = 0
+    newest = EPOCH
+    q = _failures_with_requests().where(FailureRow.cleared_at.is_(None))
+    for row in map(FailureRead._make, s.execute(q)):
+        if backend is not None and row.backend != backend:
+            continue
+        if row.request_json is None and row.shape_json is not None:
+            matches = shape_situation(row.shape_json) == situation
+        else:
+            request = _request(row.request_json, row.shape_json, row.cluster, row.node, row.pod)
+            matches = request is not None and situation_of(request) == situation
+        if not matches:
+            continue
+        if seen is not None and row.id > seen.failure_id:
+            newer += 1
+            continue
+        ids.append(row.id)
+        newest = max(newest, aware(row.at))
+    return ids, newer, newest

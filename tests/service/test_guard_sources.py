@@ -224,8 +224,8 @@ def test_a_step_on_another_replica_waits_for_an_unevaluated_guard(
         guards_b.check(due)
         state = rollout(b)
         assert (state["state"], state["percent"]) == ("active", 20), state  # B waited
-        guards_b.pending_grace_s = 0.0  # A's grace is over (it may have died)
+        guards_b.notes.grace_s = 0.0  # A's grace is over (it may have died)
         guards_b.check(due)
         state = rollout(b)
         assert (state["state"], state["percent"]) == ("halted", 20), state
-        assert guards_b.pending_store.count() == 0
+        assert guards_b.notes.store.count() == 0
