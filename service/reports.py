@@ -30,6 +30,10 @@ from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.recorder import DecisionRecorder
 from pydantic import ValidationError
 
+REPORT_WAIT_S = 10.0
+"""How long a measurement report waits for its pod's decision to be stored (written or
+drained from the spill file) before it is stored as not counted."""
+
 
 @dataclass(eq=False)
 class Reports:
@@ -75,9 +79,15 @@ class Reports:
             # transaction each. Nothing unsettled: it returns at once.
             self.recorder.flush(wake=False)
             situation = observations[0].situation
-            if not self.measurement_store.has_decision_for(
-                report.cluster, report.pod, situation, principal.id
-            ):
+
+            def recorded() -> bool:
+                return self.measurement_store.has_decision_for(
+                    report.cluster, report.pod, situation, principal.id
+                )
+
+            # not found yet: its batch may have been slow or spilled (a loaded store);
+            # wake the writer and wait for the drain once before calling it unrecorded
+            if not recorded() and not (self.recorder.flush(REPORT_WAIT_S) and recorded()):
                 reason = (
                     f"pod {report.pod!r} has no decision recorded for this token in cluster "
                     f"{report.cluster!r} for this device, capability, dims, dtype, packages "
