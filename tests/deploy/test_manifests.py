@@ -5,11 +5,15 @@ together against a real service.
 No cluster here: the checks are static (YAML, the Kubernetes schemas through
 kubernetes-validate when installed), plus the init container's and the main
 container's shell scripts run on this machine as Kubernetes would run them, with
-``vllm`` replaced by a stub that records its arguments.
+``vllm`` replaced by a stub that records its arguments. The pod-identity example is
+checked the same way: its issuers file through the service's own settings loader, and
+its init container signing in with a projected token against a real service.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import re
 import shlex
@@ -21,8 +25,12 @@ from typing import Any
 
 import pytest
 import yaml
+from mla_switchboard.core.names import cluster_matches
+from mla_switchboard.service.config import Settings
+from mla_switchboard.service.workload_keys import parse_jwks
 
 from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port
+from tests.service.workload_issuer import TestIssuer
 
 K8S = ROOT / "deploy" / "k8s"
 MANIFESTS = sorted(K8S.glob("*.yaml"))
@@ -101,6 +109,7 @@ def test_every_document_parses_with_known_kinds() -> None:
         "switchboard.yaml",
         "serving-pod-example.yaml",
         "secret-example.yaml",
+        "workload-identity-example.yaml",
     }
     seen = set()
     for path in MANIFESTS:
@@ -238,15 +247,18 @@ def test_image_tags_agree() -> None:
     images = [c["image"] for _, spec, _ in pod_specs() for c in containers(spec)]
     ours = [i for i in images if "switchboard" in i.rsplit("/", 1)[-1]]
     assert ours and all(i.rsplit(":", 1)[1] == VERSION for i in ours), (VERSION, ours)
-    service_images = {
+    service_images = {  # the service's own namespace; serving Deployments run vLLM's image
         c["image"]
         for d in objects("Deployment") + objects("Job")
+        if d["metadata"]["namespace"] == "switchboard"
         for c in containers(d["spec"]["template"]["spec"])
     }
     assert len(service_images) == 1, service_images
     assert service_images.pop().rsplit(":", 1)[0].endswith("/mla-switchboard")
-    init, main = init_and_main()
-    assert init["image"] == main["image"]  # the agent probes the image that serves
+    for _, spec, _ in pod_specs():
+        (init,), (main,) = spec.get("initContainers", [None]), spec["containers"]
+        if init is not None:  # the agent probes the image that serves
+            assert init["image"] == main["image"]
 
 
 # ------------------------------------------------------------ the serving pod
@@ -320,12 +332,17 @@ def _k8s_expand(text: str, env: dict[str, str]) -> str:
 
 
 def _run_pod(
-    service: ServiceProcess, tmp_path: Path, extra_agent_args: str = ""
+    service: ServiceProcess,
+    tmp_path: Path,
+    extra_agent_args: str = "",
+    pod: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    token_file: Path | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Run the init container's script, then the main container's, here: the pod's
-    paths moved under tmp_path, `vllm` a stub. Returns the env file's variables and
-    the arguments vllm got."""
-    init, main = init_and_main()
+    paths moved under tmp_path, `vllm` a stub. ``pod``: its (init, main) containers,
+    the serving pod's by default; ``token_file``: where the projected token lies here.
+    Returns the env file's variables and the arguments vllm got."""
+    init, main = pod or init_and_main()
     model = tmp_path / "models" / "DeepSeek-R1"
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(
@@ -358,6 +375,9 @@ def _run_pod(
             env[name] = ADMIN  # the admin token may do what an agent token may
         else:
             env[name] = {"SWITCHBOARD_POD": "deepseek-r1-0", "SWITCHBOARD_NODE": "gpu-1"}[name]
+    if "SWITCHBOARD_TOKEN_FILE" in env:
+        assert token_file is not None, "the pod reads a projected token: give its file"
+        env["SWITCHBOARD_TOKEN_FILE"] = str(token_file)
     # two URLs as in the manifest: the first one dead, the second the real service
     env["SWITCHBOARD_URL"] = f"http://127.0.0.1:{free_port()},{service.url}"
     init_script = here(_k8s_expand(script(init), env))
@@ -419,3 +439,154 @@ def test_pod_scripts_on_an_h200(deploy_service: ServiceProcess, tmp_path: Path) 
     backend = shlex.split(exported["SWITCHBOARD_BACKEND"])[0]
     assert backend == "FLASH_ATTN"
     assert argv[-1] == f"--attention-config.mla_prefill_backend={backend}"
+
+
+# ------------------------------------------------ pod identity (workload tokens)
+
+IDENTITY = "deepseek-r1"  # the serving Deployment of workload-identity-example.yaml
+
+
+def identity_pod() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The pod-identity serving Deployment's (pod spec, init container, main container)."""
+    spec = one("Deployment", IDENTITY)["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    (main,) = spec["containers"]
+    return spec, init, main
+
+
+def issuers_configmap() -> dict[str, Any]:
+    return one("ConfigMap", "switchboard-workload-issuers")
+
+
+def issuers_file(tmp_path: Path, **replace: str) -> Path:
+    """The ConfigMap's issuers.json written out as the service would read it, its
+    mount path moved to ``tmp_path`` (and any other text replaced as given)."""
+    data = issuers_configmap()["data"]
+    mount = str(Path(data["issuers-file"]).parent)
+    text = data["issuers.json"].replace(mount, str(tmp_path))
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    for name, content in data.items():
+        if name.endswith(".json"):
+            (tmp_path / name).write_text(content)
+    path = tmp_path / "issuers.json"
+    path.write_text(text)
+    return path
+
+
+def cluster_of(init: dict[str, Any]) -> str:
+    return env_of(init)["CLUSTER"]["value"]
+
+
+def test_the_serving_pods_run_as_their_service_account_with_a_projected_token() -> None:
+    deployment = one("Deployment", IDENTITY)
+    spec, init, main = identity_pod()
+    namespace = deployment["metadata"]["namespace"]
+    account = one("ServiceAccount", spec["serviceAccountName"])
+    assert account["metadata"]["namespace"] == namespace
+    assert spec["automountServiceAccountToken"] is False  # no API-server credential
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    env = env_of(init)
+    token_path = Path(env["SWITCHBOARD_TOKEN_FILE"]["value"])
+    assert "SWITCHBOARD_TOKEN" not in env  # no static token beside it
+    (mount,) = [m for m in init["volumeMounts"] if m["mountPath"] == str(token_path.parent)]
+    assert mount.get("readOnly") is True
+    assert all(m["name"] != mount["name"] for m in main["volumeMounts"])  # vllm never sees it
+    (source,) = volumes[mount["name"]]["projected"]["sources"]
+    projected = source["serviceAccountToken"]
+    assert projected["path"] == token_path.name
+    assert projected["expirationSeconds"] >= 600  # the kubelet's minimum
+    # the service trusts exactly one issuer for this pod's cluster, for this audience
+    # and service account
+    entries = Settings(workload_issuers=json.loads(issuers_configmap()["data"]["issuers.json"]))
+    matched = [e for e in entries.workload_issuers if cluster_matches(cluster_of(init), e.clusters)]
+    (entry,) = matched
+    assert entry.audience == projected["audience"]
+    bound = f"{namespace}/{spec['serviceAccountName']}"
+    assert entry.service_accounts and any(
+        fnmatch.fnmatchcase(bound, glob) for glob in entry.service_accounts
+    )
+    # the static-token example's cluster has no issuer: its token keeps working there
+    init_static, _ = init_and_main()
+    assert not any(
+        cluster_matches(cluster_of(init_static), e.clusters) for e in entries.workload_issuers
+    )
+
+
+def test_the_issuers_file_loads_with_the_services_own_settings(tmp_path: Path) -> None:
+    """What the service reads at start: SWITCHBOARD_WORKLOAD_ISSUERS_FILE, from the
+    ConfigMap switchboard.yaml mounts (optionally: the service starts without it)."""
+    settings = Settings(workload_issuers_file=issuers_file(tmp_path))
+    assert settings.workload_issuers, "no issuer in the example"
+    for entry in settings.workload_issuers:
+        assert entry.service_accounts, entry.issuer  # bound, as docs/security.md advises
+        if entry.jwks_file is not None:
+            assert entry.jwks_file.exists(), entry.jwks_file  # a key of the ConfigMap
+            parse_jwks(json.loads(entry.jwks_file.read_text()))
+    # the service's Deployment mounts the ConfigMap where its issuers-file key says
+    data = issuers_configmap()["data"]
+    spec = one("Deployment", "switchboard")["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    ref = env_of(c)["SWITCHBOARD_WORKLOAD_ISSUERS_FILE"]["valueFrom"]["configMapKeyRef"]
+    assert ref["name"] == issuers_configmap()["metadata"]["name"]
+    assert ref["key"] in data and ref.get("optional") is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (mount,) = [
+        m for m in c["volumeMounts"] if m["mountPath"] == str(Path(data[ref["key"]]).parent)
+    ]
+    assert volumes[mount["name"]]["configMap"] == {"name": ref["name"], "optional": True}
+    assert mount.get("readOnly") is True
+    assert issuers_configmap()["metadata"]["namespace"] == "switchboard"
+
+
+def test_a_bad_issuers_file_is_refused_with_the_field_named(tmp_path: Path) -> None:
+    path = issuers_file(tmp_path, **{'"audience": "switchboard"': '"audience": ""'})
+    with pytest.raises(ValueError, match=r"workload_issuers_file: .*\[0\.audience\]"):
+        Settings(workload_issuers_file=path)
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Any:
+    yield from TestIssuer.serving()
+
+
+def test_pod_identity_signs_in_with_the_projected_token(issuer: TestIssuer, tmp_path: Path) -> None:
+    """The example's issuers file with the prod-west issuer pointed at a local one: the
+    init container, reading the projected token from its file, is answered (a refused
+    token would exit 3 under --fail-on-auth-error); the shared static token is refused
+    for that cluster, as the example says."""
+    _, init, main = identity_pod()
+    entry = next(
+        e
+        for e in Settings(workload_issuers_file=issuers_file(tmp_path)).workload_issuers
+        if cluster_matches(cluster_of(init), e.clusters)
+    )
+    path = issuers_file(tmp_path, **{entry.issuer: issuer.url})
+    service = ServiceProcess(
+        f"sqlite:///{tmp_path / 'switchboard.db'}",
+        env={"SWITCHBOARD_WORKLOAD_ISSUERS_FILE": str(path)},
+    ).start(tmp_path)
+    try:
+        namespace = one("Deployment", IDENTITY)["metadata"]["namespace"]
+        token = tmp_path / "switchboard-token"
+        token.write_text(issuer.token("deepseek-r1-0", namespace=namespace))
+        exported, argv = _run_pod(
+            service, tmp_path / "pod", "--fail-on-auth-error", (init, main), token
+        )
+        assert shlex.split(exported["SWITCHBOARD_SOURCE"]) == ["refused"]  # no GPU here
+        assert argv[-2:] == ["--port", "8000"]
+        static = subprocess.run(
+            [
+                *(sys.executable, "-m", "mla_switchboard.cli", "select", "--fail-on-auth-error"),
+                *("--model", str(tmp_path / "pod" / "models" / "DeepSeek-R1")),
+                *("--cluster", cluster_of(init), "--engine", "vllm==0.33.0"),
+            ],
+            env={**os.environ, "SWITCHBOARD_URL": service.url, "SWITCHBOARD_TOKEN": ADMIN},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert static.returncode == 3, static.stderr
+        assert "requires workload identity" in static.stderr
+    finally:
+        service.stop()
