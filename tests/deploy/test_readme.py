@@ -6,6 +6,9 @@
   answered.
 - The two commands: command 1 installs into a venv (a stock Debian Python refuses
   global installs) and command 2's toolchain is pinned, with torch left to .ci/run.
+- The README stays one page that links into docs/, and every relative link of the
+  README, deploy/README.md and docs/ reaches an existing file and heading: pages were
+  split and moved, and a dead link is how a reader learns that too late.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
+from mla_switchboard.service.config import Settings
 from packaging.requirements import Requirement
 
 from tests.conftest import ROOT, ServiceProcess
 
 README = (ROOT / "README.md").read_text()
 CONSTRAINTS = ROOT / ".ci" / "constraints.txt"
+TOUR = "Five-minute tour: a staged change"
+PAGES = sorted([ROOT / "README.md", ROOT / "deploy" / "README.md", *(ROOT / "docs").glob("*.md")])
 
 
 def section(title: str) -> str:
@@ -63,7 +69,7 @@ def test_the_walkthrough_runs_as_written_with_the_figures_it_shows(tmp_path: Pat
     assert token, printed
     assert f"Sign in to the dashboard at http://127.0.0.1:{port}/" in printed
     assert "SWITCHBOARD_TOKEN" in printed and "--role agent" in printed
-    workflow = section("A platform engineer's workflow")
+    workflow = section(TOUR)
     blocks = shell_blocks(workflow)
     assert len(blocks) == 2 and "export TOKEN=sb_..." in blocks[0]
     assert "date -u -d '+2 hours'" in blocks[0] and "/failure" in blocks[1]
@@ -198,3 +204,73 @@ def test_this_run_uses_the_pinned_versions() -> None:
             wrong[name] = (got, pinned)
     assert not wrong, wrong
     assert sys.prefix != sys.base_prefix, "not in a virtual environment"
+
+
+# ------------------------------------------------------------------ one page, live links
+
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub makes for a Markdown page: lower case, punctuation
+    dropped, spaces as hyphens, a repeated heading numbered -1, -2 ..."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", FENCE.sub("", page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in found:
+            n += 1
+            anchor = f"{slug}-{n}"
+        found.add(anchor)
+    return found
+
+
+def relative_links(page: Path) -> list[str]:
+    text = CODE_SPAN.sub("", FENCE.sub("", page.read_text()))
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_every_relative_link_reaches_a_file_and_its_heading() -> None:
+    dead = []
+    for page in PAGES:
+        for target in relative_links(page):
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}: {target}"
+            if not resolved.exists():
+                dead.append(f"{where} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                dead.append(f"{where} (no such heading)")
+    assert dead == []
+
+
+def test_the_link_check_finds_what_it_should(tmp_path: Path) -> None:
+    """The checker itself: GitHub's anchors, and links in code are not links."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# The change stream (`GET /v1/events`)\n## Notes\n## Notes\n"
+        "[a](other.md#x) `[b](in-code.md)`\n```\n[c](in-fence.md)\n```\n"
+        "[d](https://example.com/x) ![e](images/p.png)\n"
+    )
+    assert anchors(page) == {"the-change-stream-get-v1events", "notes", "notes-1"}
+    assert relative_links(page) == ["other.md#x", "images/p.png"]
+
+
+def test_the_readme_is_one_page_of_what_a_newcomer_needs() -> None:
+    """At most 200 lines: what it is, the two commands, the tour, sign-in, and links;
+    dated figures and commit hashes live in docs/history.md."""
+    assert len(README.splitlines()) <= 200
+    for title in ("Two commands", TOUR, "Sign-in: tokens and OIDC", "Read on"):
+        assert f"\n## {title}\n" in README, title
+    settings = {
+        f"SWITCHBOARD_{name.upper()}" for name in Settings.model_fields if name.startswith("oidc_")
+    }
+    documented = set(re.findall(r"`(SWITCHBOARD_OIDC_\w+)`", section("Sign-in: tokens and OIDC")))
+    assert documented == settings
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", README), "a dated figure: docs/history.md"
+    assert not re.search(r"\b(at|from a fresh clone at) [0-9a-f]{7,40}\b", README)
+    linked = {t.partition("#")[0] for t in relative_links(ROOT / "README.md")}
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"docs/{page.name}" in linked, f"README links no docs/{page.name}"
