@@ -274,3 +274,49 @@ def test_the_readme_is_one_page_of_what_a_newcomer_needs() -> None:
     linked = {t.partition("#")[0] for t in relative_links(ROOT / "README.md")}
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"docs/{page.name}" in linked, f"README links no docs/{page.name}"
+
+
+def test_the_settings_the_docs_list_are_the_services() -> None:
+    """Every SWITCHBOARD_* row of docs/operations.md's configuration table names a
+    setting of service/config.py (or serve's --host/--port), with its default as
+    written: the table was copied between pages and must not drift from the code."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text[text.index("## Configuration") : text.index("**Container image.**")]
+    fields = Settings.model_fields
+    checked = 0
+    for first, default in re.findall(r"^\| (`SWITCHBOARD_[^|]*)\| ([^|]*) \|", table, re.M):
+        names = re.findall(r"`(SWITCHBOARD_\w+|_\w+)`", first)
+        names = [n if n.startswith("SWITCHBOARD_") else _expand(names[0], n) for n in names]
+        defaults = [d.strip("` ") for d in default.split(",")]
+        for i, name in enumerate(names):
+            if name in ("SWITCHBOARD_HOST", "SWITCHBOARD_PORT"):
+                continue  # serve's own options (service/cli.py)
+            field = fields.get(name.removeprefix("SWITCHBOARD_").lower())
+            assert field is not None, f"{name}: no such setting"
+            checked += 1
+            if len(defaults) != len(names) or not re.fullmatch(r"[\w./:\[\]-]+", defaults[i]):
+                continue  # a default described in words
+            value = field.get_default(call_default_factory=True)
+            if isinstance(value, bool):
+                value = int(value)
+            if value is None or value == []:
+                value = {"unset": None, "[]": []}.get(defaults[i], "a default")
+                assert value == field.get_default(call_default_factory=True), (name, defaults[i])
+                continue
+            assert defaults[i] in (str(value), f"{value:g}" if isinstance(value, float) else ""), (
+                name,
+                defaults[i],
+                value,
+            )
+    assert checked >= 25
+
+
+def _expand(full: str, suffix: str) -> str:
+    """``_MIN_PODS`` after ``SWITCHBOARD_MEASURED_MIN_SAMPLES``: the longest prefix of
+    the full name that makes the shorthand a setting (else the shorthand as written)."""
+    parts = full.split("_")
+    for cut in range(len(parts) - 1, 0, -1):
+        name = "_".join(parts[:cut]) + suffix
+        if name.removeprefix("SWITCHBOARD_").lower() in Settings.model_fields:
+            return name
+    return suffix
