@@ -151,6 +151,17 @@ def test_service_objects() -> None:
     assert "PostgreSQL" in text and "SQLite" in text  # replicas need PostgreSQL, said
 
 
+def test_no_controller_adopts_a_pod_of_another_example() -> None:
+    """A ReplicaSet adopts every ownerless pod of its namespace that its selector
+    matches: the standalone serving pod must not be taken over by a Deployment."""
+    for d in objects("Deployment"):
+        selector = d["spec"]["selector"]["matchLabels"].items()
+        assert selector <= d["spec"]["template"]["metadata"]["labels"].items()
+        for pod in objects("Pod"):
+            if pod["metadata"]["namespace"] == d["metadata"]["namespace"]:
+                assert not selector <= pod["metadata"]["labels"].items(), d["metadata"]["name"]
+
+
 def test_service_command_port_and_probes() -> None:
     deployment = one("Deployment", "switchboard")
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
