@@ -58,6 +58,12 @@ PATHS = {
 }
 FASTAPI_PREFIX = "/bench/fastapi"
 CONSTANT = {"backend": "FLASH_ATTN", "source": "priority"}
+READING = (
+    "On a shared 2-core machine, requests/s swings with the other jobs (a run's ratio "
+    "can be 0.4x or 1.5x in the next round); CPU per request is the steady figure, and "
+    "on a saturated server the one that sets its throughput (cores / CPU per request). "
+    "Compare the rounds' ratios and their median, CPU first."
+)
 
 
 async def floor(body: SelectRequest) -> dict[str, str]:
@@ -210,6 +216,7 @@ def main() -> int:
     ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--machine", default="2-core CI-class VM, shared with other jobs")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "select_stack.json"))
+    ap.add_argument("--append", action="store_true", help="keep the sessions already in --out")
     args = ap.parse_args()
     if args.serve is not None:
         serve(args.serve)
@@ -221,9 +228,7 @@ def main() -> int:
     import fastapi
     import uvicorn
 
-    result = {
-        "benchmark": "POST /v1/select: raw ASGI handler vs FastAPI route vs bare FastAPI "
-        "endpoint (floor), one uvicorn process, same run",
+    session = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{args.machine} ({platform.machine()}, {os.cpu_count()} cores)",
         "server": f"uvicorn {uvicorn.__version__}, fastapi {fastapi.__version__}",
@@ -238,9 +243,17 @@ def main() -> int:
         "ratios_per_round": measured["ratios_per_round"],
         "runs": measured["runs"],
     }
-    print(json.dumps({k: result[k] for k in ("median", "ratios_median")}, indent=2))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: session[k] for k in ("median", "ratios_median")}, indent=2))
+    out = Path(args.out)
+    earlier = json.loads(out.read_text())["sessions"] if args.append and out.exists() else []
+    result = {
+        "benchmark": "POST /v1/select: raw ASGI handler vs FastAPI route vs bare FastAPI "
+        "endpoint (floor), one uvicorn process, same run",
+        "reading": READING,
+        "sessions": [*earlier, session],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

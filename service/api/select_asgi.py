@@ -2,8 +2,8 @@
 
 Every serving pod calls it at boot, thousands at once in a rollout. FastAPI's
 middleware stack, router, request and response objects cost more per call than the
-decision itself does: served by one process, the leanest FastAPI select route answers
-0.6x the requests/s of a bare FastAPI endpoint, this handler 1.0x
+decision itself does: served by one process, the leanest FastAPI select route needs
+1.25-1.6x the CPU per request of a bare FastAPI endpoint, this handler 0.83-1.02x
 (``bench/select_stack.py``, docs/architecture.md, *The HTTP stacks*). So the app
 (``SwitchboardAPI`` in service/api/app.py) hands this one method and path to
 :class:`SelectHandler` and everything else to FastAPI.
