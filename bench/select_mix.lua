@@ -9,6 +9,8 @@ local pkgs = {
 }
 local requested = {"null", "null", "null", '"FLASHINFER"'}
 local token = os.getenv("SWITCHBOARD_TOKEN") or "bench-admin-token"
+-- the path to post to (bench/select_stack.py measures several routes of one server)
+local path = os.getenv("SELECT_PATH") or "/v1/select"
 
 request = function()
   counter = counter + 1
@@ -21,7 +23,7 @@ request = function()
     '"dtype":"bfloat16","packages":%s,"requested_backend":%s}',
     i % 20, i % 500, i, caps[(i % #caps) + 1], pkgs[(i % #pkgs) + 1],
     requested[(i % #requested) + 1])
-  return wrk.format("POST", "/v1/select",
+  return wrk.format("POST", path,
     {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. token}, body)
 end
 

@@ -97,10 +97,16 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         lifespan=lifespan,
         docs_url=None,  # served by _offline_docs from packaged assets, not from a CDN
         redoc_url=None,
+        # FastAPI's own OpenTelemetry looks up three global providers (environment
+        # reads) on every request; the service's observability is its Prometheus
+        # metrics, so it is off
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.runtime = runtime
     app.edge = EdgeHeaders(docs_page=_offline_docs(app))
-    app.include_router(select.lean_router)  # first: documented first, matched first
+    # first, and on the app's own router: documented first, matched first, without
+    # the layers an included router's routes are matched and handled through
+    app.router.routes[0:0] = select.lean_router.routes
     for module in (
         select,
         selections,

@@ -2,9 +2,11 @@
 
 Every serving pod calls it at boot, thousands at once in a rollout. FastAPI's
 middleware stack, router, request and response objects cost more per call than the
-decision itself does (``bench/select_load.py``), so the app (``SwitchboardAPI`` in
-service/api/app.py) hands this one method and path to :class:`SelectHandler` and
-everything else to FastAPI.
+decision itself does: served by one process, the leanest FastAPI select route needs
+1.25-1.6x the CPU per request of a bare FastAPI endpoint, this handler 0.83-1.02x
+(``bench/select_stack.py``, docs/architecture.md, *The HTTP stacks*). So the app
+(``SwitchboardAPI`` in service/api/app.py) hands this one method and path to
+:class:`SelectHandler` and everything else to FastAPI.
 
 The contract is the FastAPI route's, which stays registered: it documents the route in
 the OpenAPI schema, and it is the reference that tests/service/test_select_fast_path.py

@@ -1,13 +1,10 @@
-"""The limits no documented server setting gives, as they act before a request's
-headers are read: uvicorn's httptools protocol subclassed, the one module of the service
-that touches a server's private code (tests/security/test_uvicorn_pin.py pins what it
-touches; bench/results/http_stack.json says why no documented option serves).
-
-- header size over ``max_header_bytes``: 431, closed (only h11 has a bound, at half the
-  throughput); header read time over ``header_timeout_s``: 408, closed;
-- at most ``max_connections`` open: a newcomer over the limit takes the place of the
-  connection that has waited longest on its client (conn_limits.py); uvicorn's
-  ``limit_concurrency`` answers 503 only once headers are read, never freeing a place.
+"""The one module of the service that touches a server's private code: these limits act
+before a request's headers are read, where no documented setting reaches (see
+bench/results/http_stack.json), so uvicorn's httptools protocol is subclassed, pinned by
+tests/security/test_uvicorn_pin.py to the uvicorn versions it was read against (an upgrade
+fails there). Headers over ``max_header_bytes``: 431; not complete in ``header_timeout_s``:
+408; a newcomer over ``max_connections`` takes the place of the connection waiting longest
+on its client (conn_limits.py; ``limit_concurrency`` acts once headers are read: too late).
 """
 
 from __future__ import annotations
@@ -19,20 +16,18 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class GuardedProtocol(HttpToolsProtocol):  # type: ignore[misc]
-    """uvicorn's httptools protocol with the limits of :class:`Limits`. Touches, of
-    uvicorn's: the methods overridden here, ``cycle`` (``response_complete``,
-    ``response_started``), ``transport``, ``flow.pause_reading`` and ``loop``."""
+    """uvicorn's httptools protocol with :class:`Limits` (what it touches: the pin test's)."""
 
     limits: Limits[GuardedProtocol]
     _header_bytes = 0  # of the request being read, while in its headers
-    _in_body = False
-    _refused = False
+    _in_body = _refused = False
     _timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if self.limits.admit(self):
-            self._wait(arm=True)
+            self.limits.wait(self)
+            self._arm()
         else:
             self._refuse(self.limits.busy, "refused")
 
@@ -53,18 +48,16 @@ class GuardedProtocol(HttpToolsProtocol):  # type: ignore[misc]
             self._header_bytes += 0 if self._in_body else len(data)
             super().data_received(data)
             return
-        # Parse only what fits under the limit (the rest may be a body after the
-        # headers' end); headers still not complete: refuse before httptools buffers
-        # more (it appends each chunk to the value so far: quadratic).
+        # parse what fits; headers still incomplete: refuse before httptools buffers more
         room = most - self._header_bytes
         self._header_bytes = most
         super().data_received(data[:room])
         if self._refused or self.transport.is_closing():
             return
-        if not self._in_body:
+        if self._in_body:  # the rest is body
+            super().data_received(data[room:])
+        else:
             self._refuse(self.limits.too_large, "header_size", linger=True)
-            return
-        super().data_received(data[room:])
 
     def on_headers_complete(self) -> None:
         self._in_body, self._header_bytes = True, 0
@@ -75,7 +68,8 @@ class GuardedProtocol(HttpToolsProtocol):  # type: ignore[misc]
         super().on_message_complete()
         self._in_body = False
         if self.cycle is not None and self.cycle.response_complete:
-            self._wait(arm=True)  # answered before its body ended: idle now
+            self.limits.wait(self)  # answered before its body ended: idle now
+            self._arm()
         else:
             self.limits.unwait(self)  # being answered: not to displace
 
@@ -84,12 +78,7 @@ class GuardedProtocol(HttpToolsProtocol):  # type: ignore[misc]
         if self._header_bytes == 0:
             self._disarm()  # idle is timeout_keep_alive's; ours starts at a byte
         if not self.transport.is_closing():
-            self._wait(arm=False)
-
-    def _wait(self, *, arm: bool) -> None:
-        self.limits.wait(self)
-        if arm:
-            self._arm()
+            self.limits.wait(self)
 
     def displace(self) -> None:
         idle = self._header_bytes == 0 and not self._in_body
@@ -115,8 +104,7 @@ class GuardedProtocol(HttpToolsProtocol):  # type: ignore[misc]
             self._refuse(self.limits.too_slow, "header_timeout", linger=True)
 
     def _refuse(self, answer: bytes | None, reason: str, *, linger: bool = False) -> None:
-        """Close (a route reading the body sees the client gone), ``answer`` first;
-        linger when descriptors allow: the client reads it rather than a reset."""
+        """Close, ``answer`` first (lingering if descriptors allow: read, not reset)."""
         self._refused = True
         self._disarm()
         self.limits.unwait(self)

@@ -11,6 +11,7 @@ in pyproject.toml and .ci/constraints.txt together.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 from importlib.metadata import version
@@ -44,6 +45,58 @@ OVERRIDDEN = {
 # read by the guard: on the protocol, on its request cycle, on its flow control
 PROTOCOL_ATTRIBUTES = ("self.loop = ", "self.transport = ", "self.flow = ", "self.cycle = ")
 CYCLE_ATTRIBUTES = ("self.response_started = ", "self.response_complete = ")
+
+
+GUARD = ROOT / "service" / "api" / "uvicorn_guard.py"
+GUARD_MAX_LINES = 120
+# what the guard reads through ``self`` that uvicorn's protocol sets, and what it reads on
+# uvicorn's own objects among them (``loop`` and ``transport`` are asyncio's); every name
+# here is checked against uvicorn below
+INHERITED = {"cycle", "flow", "loop", "transport"}
+READ_ON = {"cycle": {"response_complete", "response_started"}, "flow": {"pause_reading"}}
+# uvicorn modules the package may import outside the guard: the server itself and the
+# logging configuration it documents for ``log_config``; never its protocols
+PUBLIC_UVICORN = {"uvicorn", "uvicorn.config"}
+PACKAGE_DIRS = ("core", "service", "agent", "kernels", "cli")
+
+
+def test_the_guard_is_one_small_module_and_the_only_one_touching_uvicorn_insides() -> None:
+    lines = len(GUARD.read_text().splitlines())
+    assert lines <= GUARD_MAX_LINES, f"{GUARD.name}: {lines} lines, over {GUARD_MAX_LINES}"
+    touching = set()
+    for path in (p for d in PACKAGE_DIRS for p in (ROOT / d).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.startswith("uvicorn.") and n not in PUBLIC_UVICORN for n in names):
+                touching.add(path.relative_to(ROOT).as_posix())
+    assert touching == {"service/api/uvicorn_guard.py"}, touching
+
+
+def test_the_pin_names_everything_the_guard_reads_of_uvicorn() -> None:
+    """A new private attribute read by the guard fails here until this file pins it."""
+    tree = ast.parse(GUARD.read_text())
+    (guard,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GuardedProtocol")
+    own = {n.name for n in guard.body if isinstance(n, ast.FunctionDef)}
+    own |= {t.target.id for t in guard.body if isinstance(t, ast.AnnAssign)}
+    own |= {t.id for a in guard.body if isinstance(a, ast.Assign) for t in a.targets}
+    on_self: set[str] = set()
+    read_on: dict[str, set[str]] = {}
+    supers: set[str] = set()
+    for node in ast.walk(guard):
+        if not isinstance(node, ast.Attribute):
+            continue
+        target = node.value
+        if isinstance(target, ast.Name) and target.id == "self":
+            on_self.add(node.attr)
+        elif isinstance(target, ast.Attribute) and getattr(target.value, "id", None) == "self":
+            read_on.setdefault(target.attr, set()).add(node.attr)
+        elif isinstance(target, ast.Call) and getattr(target.func, "id", None) == "super":
+            supers.add(node.attr)
+    assert on_self - own == INHERITED, f"the guard reads {on_self - own}: {RECHECK}"
+    assert {k: v for k, v in read_on.items() if k in READ_ON} == READ_ON, RECHECK
+    assert supers <= set(OVERRIDDEN), f"the guard calls uvicorn's {supers}: {RECHECK}"
 
 
 def test_uvicorn_is_a_checked_version() -> None:
