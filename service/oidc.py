@@ -18,6 +18,7 @@ person: which check failed, never a token or a key.
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.outcomes import Problem
 from mla_switchboard.service.workload_keys import IssuerKeys, KeyProblem
+
+log = logging.getLogger("switchboard.oidc")
 
 ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256")
 LEEWAY_S = 30.0
@@ -127,7 +130,7 @@ class RelyingParty:
         except httpx.HTTPError as exc:
             return Problem(502, f"the identity provider could not be reached: {type(exc).__name__}")
         if answer.status_code != 200:
-            return Problem(400, f"code: the identity provider refused it ({answer.status_code})")
+            return _refused(answer)
         id_token = _json(answer).get("id_token")
         if not isinstance(id_token, str):
             return Problem(502, "the identity provider answered no id_token")
@@ -135,18 +138,34 @@ class RelyingParty:
 
     async def verify_id_token(self, id_token: str, nonce: str) -> Person | Problem:
         """The person an ID token names, once its signature (the provider's published
-        keys), ``iss``, ``aud``, ``exp`` and ``nonce`` check out."""
+        keys), ``iss``, ``aud`` (and ``azp`` where it names several audiences), ``exp``
+        and ``nonce`` check out, and every claim read has the type the spec gives it."""
         try:
             header = jwt.get_unverified_header(id_token)
         except jwt.PyJWTError:
             return Problem(400, "id_token: not a JWT")
         if header.get("alg") not in ALGORITHMS:
             return Problem(400, f"id_token: unsupported algorithm {header.get('alg')!r}")
-        key = await self._key(header.get("kid"))
+        kid = header.get("kid") if isinstance(header.get("kid"), str) else None
+        claims = await self._decode(id_token, kid)
+        if claims is None and kid is None:
+            # a provider that names no kid may have rotated its only key: fetch the
+            # keys once more (rate-limited like any refetch) and try again
+            await anyio.to_thread.run_sync(self._refetch_keys)
+            claims = await self._decode(id_token, kid)
+        if claims is None:
+            return Problem(400, "id_token: bad signature")
+        if isinstance(claims, Problem):
+            return claims
+        return self._person(claims, nonce)
+
+    async def _decode(self, id_token: str, kid: str | None) -> dict[str, Any] | Problem | None:
+        """The verified claims; None when the signature does not match the key held."""
+        key = await self._key(kid)
         if isinstance(key, Problem):
             return key
         try:
-            claims = jwt.decode(
+            return jwt.decode(
                 id_token,
                 key,
                 algorithms=list(ALGORITHMS),
@@ -162,21 +181,47 @@ class RelyingParty:
         except jwt.InvalidIssuerError:
             return Problem(400, "id_token: wrong issuer")
         except jwt.InvalidSignatureError:
-            return Problem(400, "id_token: bad signature")
+            return None
         except jwt.PyJWTError as exc:
             return Problem(400, f"id_token: {exc}")
+
+    def _person(self, claims: dict[str, Any], nonce: str) -> Person | Problem:
         got = claims.get("nonce")
         if not isinstance(got, str) or not hmac.compare_digest(got.encode(), nonce.encode()):
             return Problem(400, "nonce: the ID token's nonce is not the one this sign-in sent")
-        groups = claims.get(self.groups_claim) or ()
-        if isinstance(groups, str):
-            groups = (groups,)
+        audience = claims.get("aud")
+        azp = claims.get("azp")
+        if azp is not None and azp != self.client_id:
+            return Problem(400, "id_token: azp names another client")
+        if isinstance(audience, list) and len(audience) > 1 and azp is None:
+            # OIDC Core 3.1.3.7: several audiences need azp naming this client
+            return Problem(400, "id_token: several audiences and no azp")
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not subject:
+            return Problem(400, "id_token: sub must be a non-empty string")
+        groups = claims.get(self.groups_claim)
+        if groups is None:
+            groups = []
+        elif isinstance(groups, str):
+            groups = [groups]
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            return Problem(
+                400, f"id_token: the {self.groups_claim} claim must be a list of strings"
+            )
         email = claims.get("email")
+        if email is not None and not isinstance(email, str):
+            return Problem(400, "id_token: email must be a string")
+        # an address the provider has not verified names nobody (OIDC Core 5.1, 5.7)
+        verified = claims.get("email_verified") in (True, "true")
         return Person(
-            subject=str(claims["sub"]),
-            email=email if isinstance(email, str) and email else None,
-            groups=tuple(str(g) for g in groups if isinstance(g, str)),
+            subject=subject,
+            email=email if email and verified else None,
+            groups=tuple(groups),
         )
+
+    def _refetch_keys(self) -> None:
+        if self._keys is not None:
+            self._keys.refresh(wait=True)
 
     async def _discovered(self) -> dict[str, Any] | Problem:
         """The provider's discovery document, fetched once and kept."""
@@ -196,7 +241,7 @@ class RelyingParty:
         self._discovery = doc
         return doc
 
-    async def _key(self, kid: object) -> jwt.PyJWK | Problem:
+    async def _key(self, kid: str | None) -> jwt.PyJWK | Problem:
         """The provider's key ``kid``, kept and refreshed as a pod issuer's are
         (``IssuerKeys``: fetched again for a ``kid`` they lack at most every REFETCH_S,
         and once they are an hour old), from the discovery document's ``jwks_uri``."""
@@ -208,7 +253,7 @@ class RelyingParty:
             self._keys = IssuerKeys(
                 source, algorithms=ALGORITHMS, refetch_s=REFETCH_S, max_age_s=KEYS_MAX_AGE_S
             )
-        key = await anyio.to_thread.run_sync(self._keys.key, kid if isinstance(kid, str) else None)
+        key = await anyio.to_thread.run_sync(self._keys.key, kid)
         if isinstance(key, KeyProblem):
             if key.status == 503:
                 return Problem(502, "the provider's keys could not be had")
@@ -228,6 +273,27 @@ class ProviderKeys:
     @property
     def discovery_url(self) -> str:
         return self.issuer.rstrip("/") + "/.well-known/openid-configuration"
+
+
+def _refused(answer: httpx.Response) -> Problem:
+    """The token endpoint's refusal, with the provider's own error code (RFC 6749
+    5.2: ``invalid_client`` means this service's client id or secret is wrong,
+    ``invalid_grant`` a stale or replayed code), logged for the operator."""
+    body = _json(answer)
+    error = body.get("error") if isinstance(body.get("error"), str) else None
+    said = body.get("error_description")
+    log.warning(
+        "the identity provider refused the code exchange: HTTP %d %s%s",
+        answer.status_code,
+        error or "(no error code)",
+        f": {said}" if isinstance(said, str) else "",
+    )
+    hint = {
+        "invalid_client": "check SWITCHBOARD_OIDC_CLIENT_ID and SWITCHBOARD_OIDC_CLIENT_SECRET",
+        "invalid_grant": "the sign-in took too long or was replayed: sign in again",
+    }.get(error or "", "see the service's log")
+    code = f"{answer.status_code} {error}" if error else str(answer.status_code)
+    return Problem(400, f"code: the identity provider refused it ({code}); {hint}")
 
 
 def _json(answer: httpx.Response) -> dict[str, Any]:

@@ -265,7 +265,12 @@ def test_id_token_checks() -> None:
                 oidc_role_mapping=[{"group": "g", "role": "viewer", "clusters": ["*"]}],
             )
         )
-        person = {"nonce": "n-1", "email": "gil@example.com", "groups": ["g"]}
+        person = {
+            "nonce": "n-1",
+            "email": "gil@example.com",
+            "email_verified": True,
+            "groups": ["g"],
+        }
 
         def verify(token: str, nonce: str = "n-1") -> Person | Problem:
             return asyncio.run(rp.verify_id_token(token, nonce))
@@ -286,6 +291,78 @@ def test_id_token_checks() -> None:
             assert isinstance(got, Problem) and got.message == f"id_token: {reason}", got
         got = verify(good, nonce="n-2")
         assert isinstance(got, Problem) and got.message.startswith("nonce:")
+    finally:
+        issuer.close()
+
+
+def _relying_party(issuer: TestIssuer) -> RelyingParty:
+    return RelyingParty(
+        Settings(
+            oidc_issuer=issuer.url,
+            oidc_client_id="console",
+            oidc_redirect_url="http://127.0.0.1/auth/callback",
+            oidc_role_mapping=[{"group": "g", "role": "viewer", "clusters": ["*"]}],
+        )
+    )
+
+
+CLAIM_CASES = [
+    # (what, claims, audience, expected: Problem message or (email, groups))
+    ("verified e-mail", {"email_verified": True}, "console", ("e@x.io", ("g",))),
+    ("unverified e-mail is not shown", {"email_verified": False}, "console", (None, ("g",))),
+    ("no email_verified: not shown", {}, "console", (None, ("g",))),
+    ("a single group as a string", {"groups": "g"}, "console", (None, ("g",))),
+    ("numeric groups", {"groups": 7}, "console", "id_token: the groups claim must be"),
+    ("groups of numbers", {"groups": [1, 2]}, "console", "id_token: the groups claim must be"),
+    ("e-mail not a string", {"email": 5}, "console", "id_token: email must be a string"),
+    ("several audiences, no azp", {}, ["console", "other"], "id_token: several audiences"),
+    ("several audiences, azp ours", {"azp": "console"}, ["console", "other"], (None, ("g",))),
+    ("azp of another client", {"azp": "other"}, "console", "id_token: azp names another"),
+]
+
+
+@pytest.mark.parametrize(
+    ("claims", "audience", "expected"),
+    [c[1:] for c in CLAIM_CASES],
+    ids=[c[0] for c in CLAIM_CASES],
+)
+def test_each_claim_is_checked_for_its_type_and_meaning(
+    claims: dict[str, object], audience: object, expected: object
+) -> None:
+    issuer = TestIssuer()
+    try:
+        issuer.add_key("k1")
+        rp = _relying_party(issuer)
+        body = {"nonce": "n-1", "email": "e@x.io", "groups": ["g"], **claims}
+        token = issuer.token(audience="console", claims={**body, "aud": audience})
+        got = asyncio.run(rp.verify_id_token(token, "n-1"))
+        if isinstance(expected, str):
+            assert isinstance(got, Problem) and got.status == 400, got
+            assert got.message.startswith(expected), got
+        else:
+            assert isinstance(got, Person), got
+            assert (got.email, got.groups) == expected
+    finally:
+        issuer.close()
+
+
+def test_a_rotated_key_without_kid_is_fetched_again() -> None:
+    """A provider whose ID tokens name no kid rotates its only key: the next sign-in
+    fetches the keys again instead of failing until the service restarts."""
+    issuer = TestIssuer()
+    try:
+        issuer.add_key("k1")
+        rp = _relying_party(issuer)
+        body = {"nonce": "n-1", "groups": ["g"]}
+        first = issuer.token(audience="console", claims=body, name_kid=False)
+        assert isinstance(asyncio.run(rp.verify_id_token(first, "n-1")), Person)
+        issuer.add_key("k2")
+        issuer.withdraw("k1")
+        assert rp._keys is not None
+        rp._keys._next_fetch_at = 0.0  # as if the refetch interval had passed
+        rotated = issuer.token(kid="k2", audience="console", claims=body, name_kid=False)
+        got = asyncio.run(rp.verify_id_token(rotated, "n-1"))
+        assert isinstance(got, Person), got
     finally:
         issuer.close()
 
