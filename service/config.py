@@ -243,6 +243,14 @@ class Settings(BaseSettings):
         description="wrong bearer tokens one client address may send in a minute; past it "
         "its wrong tokens get 429 with Retry-After (valid tokens never do); 0 turns it off",
     )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="comma-separated addresses or networks of the proxies whose "
+        "X-Forwarded-For names the client (the failure throttle counts by it); '*' trusts "
+        "any peer. Set by the service, never inherited from uvicorn's own default or its "
+        "FORWARDED_ALLOW_IPS variable",
+    )
     metrics_require_token: bool = Field(
         default=False,
         description="/metrics needs a viewer token; without a token it never names clusters",

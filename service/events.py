@@ -139,7 +139,9 @@ class EventHub:
             if last_id is None:
                 return self._seq
             boot, _, seq_text = last_id.partition("-")
-            if boot != self.boot or not seq_text.isdigit() or int(seq_text) > self._seq:
+            # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+            digits = seq_text.isascii() and seq_text.isdigit()
+            if boot != self.boot or not digits or int(seq_text) > self._seq:
                 return None
             seq = int(seq_text)
             oldest = self._ring[0].seq if self._ring else self._seq + 1

@@ -182,7 +182,13 @@ def test_sign_out_and_expiry_end_the_session(
     browser = sign_in(service, "erin-sub")
     assert browser.get("/v1/whoami").status_code == 200
     session_id = browser.cookies["sb_session"]
-    assert browser.post("/auth/logout").status_code == 204
+    # a cross-site form cannot sign a person out: sign-out needs the CSRF header
+    refused = browser.post("/auth/logout")
+    assert refused.status_code == 403 and "X-CSRF-Token" in refused.text
+    assert browser.get("/v1/whoami").status_code == 200, "still signed in"
+    csrf = browser.get("/auth/session").json()
+    out = browser.post("/auth/logout", headers={csrf["csrf_header"]: csrf["csrf_token"]})
+    assert out.status_code == 204
     stale = httpx.get(service.url + "/v1/whoami", cookies={"sb_session": session_id})
     assert stale.status_code == 401 and "signed out" in stale.json()["detail"]["message"]
 

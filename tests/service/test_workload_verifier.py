@@ -16,7 +16,12 @@ from typing import Any
 
 import jwt
 import pytest
-from mla_switchboard.service.auth_workload import PodIdentity, Rejected, WorkloadVerifier
+from mla_switchboard.service.auth_workload import (
+    PodIdentity,
+    Rejected,
+    WorkloadVerifier,
+    account_matches,
+)
 from mla_switchboard.service.config import Settings, WorkloadIssuer
 from mla_switchboard.service.workload_keys import IssuerKeys, KeyProblem
 from pydantic import ValidationError
@@ -291,6 +296,32 @@ def test_only_bound_service_accounts_act_as_agents(
     else:
         assert isinstance(got, Rejected) and got.status == 403, got
         assert f"service account {namespace}/switchboard-agent may not act" in got.reason
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "glob", "matches"),
+    [
+        ("inference", "agent", "inference/agent", True),
+        ("inference", "agent", "infer*/agent", True),
+        ("inference", "agent", "*/agent", True),
+        ("inference", "agent", "*/*", True),
+        ("inference", "agent-2", "*/agent", False),
+        # a * never spans the slash: the parts are matched on their own
+        ("prod", "x/agent", "prod*/agent", False),
+        ("prod/x", "agent", "prod*/agent", False),
+        ("prod", "agent", "prod/*agent*", True),
+    ],
+)
+def test_a_service_account_glob_matches_each_part_on_its_own(
+    namespace: str, name: str, glob: str, matches: bool
+) -> None:
+    assert account_matches(namespace, name, glob) is matches
+
+
+def test_a_token_naming_a_namespace_with_a_slash_is_refused(issuer: TestIssuer) -> None:
+    verifier = verifier_of(entry_of(issuer, service_accounts=["prod*/switchboard-agent"]))
+    got = verifier.verify(issuer.token("serve-1", namespace="prod/x"))
+    assert isinstance(got, Rejected) and got.status == 401, got
 
 
 @pytest.mark.parametrize("glob", ["no-slash", "a/", "/b", "Upper/x", "a/b/c"])
