@@ -355,6 +355,14 @@ class Settings(BaseSettings):
     session_hours: float = Field(
         default=8.0, gt=0, le=24 * 30, description="how long a person's session lasts"
     )
+    oidc_groups_refresh_s: float = Field(
+        default=900.0,
+        ge=1.0,
+        le=86400.0,
+        description="how old a signed-in person's groups may get before the provider is "
+        "asked again (refresh token, then userinfo); someone removed from a group loses "
+        "what it gave within this, and a person the provider no longer knows is signed out",
+    )
 
     @model_validator(mode="after")
     def _oidc_complete(self) -> Settings:

@@ -21,7 +21,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -52,11 +52,38 @@ class Pending:
 
 @dataclass(frozen=True)
 class Person:
-    """Who the provider says signed in."""
+    """Who the provider says signed in, and the tokens it handed to ask again later
+    (never shown, never logged)."""
 
     subject: str
     email: str | None
     groups: tuple[str, ...]
+    refresh_token: str | None = field(default=None, repr=False)
+    access_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    """The provider's answer when asked again: the person's groups now."""
+
+    groups: tuple[str, ...]
+    refresh_token: str | None = field(default=None, repr=False)
+    access_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Gone:
+    """The provider no longer vouches for the person (tokens revoked, account gone):
+    their session ends."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """The provider could not be asked now; the groups held stand until the next try."""
+
+    reason: str
 
 
 class RelyingParty:
@@ -131,10 +158,77 @@ class RelyingParty:
             return Problem(502, f"the identity provider could not be reached: {type(exc).__name__}")
         if answer.status_code != 200:
             return _refused(answer)
-        id_token = _json(answer).get("id_token")
+        tokens = _json(answer)
+        id_token = tokens.get("id_token")
         if not isinstance(id_token, str):
             return Problem(502, "the identity provider answered no id_token")
-        return await self.verify_id_token(id_token, pending.nonce)
+        person = await self.verify_id_token(id_token, pending.nonce)
+        if isinstance(person, Problem):
+            return person
+        return Person(
+            person.subject,
+            person.email,
+            person.groups,
+            refresh_token=_text(tokens.get("refresh_token")),
+            access_token=_text(tokens.get("access_token")),
+        )
+
+    async def refresh_groups(
+        self, subject: str, refresh_token: str | None, access_token: str | None
+    ) -> Refreshed | Gone | Unreachable:
+        """Ask the provider again who ``subject`` is: a refresh-token grant for a fresh
+        access token (when one was handed), then the userinfo endpoint's claims. A
+        refusal (``invalid_grant``, 401) means the provider no longer vouches for them."""
+        found = await self._discovered()
+        if isinstance(found, Problem):
+            return Unreachable(found.message)
+        try:
+            async with self._client() as http:
+                if refresh_token is not None:
+                    granted = await self._refresh_grant(http, found, refresh_token)
+                    if not isinstance(granted, dict):
+                        return granted
+                    access_token = _text(granted.get("access_token")) or access_token
+                    refresh_token = _text(granted.get("refresh_token")) or refresh_token
+                if access_token is None or not isinstance(found.get("userinfo_endpoint"), str):
+                    return Gone("the provider handed no token to ask it again with")
+                answer = await http.get(
+                    found["userinfo_endpoint"],
+                    headers={"Authorization": f"Bearer {access_token}"},
+                )
+        except httpx.HTTPError as exc:
+            return Unreachable(f"the identity provider could not be reached: {type(exc).__name__}")
+        if answer.status_code in (401, 403):
+            return Gone(f"the provider refused its own token ({answer.status_code})")
+        if answer.status_code != 200:
+            return Unreachable(f"userinfo answered {answer.status_code}")
+        claims = _json(answer)
+        if claims.get("sub") != subject:
+            return Gone("userinfo names another subject")
+        groups = _groups(claims, self.groups_claim)
+        if isinstance(groups, Problem):
+            return Gone(groups.message)
+        return Refreshed(groups, refresh_token=refresh_token, access_token=access_token)
+
+    async def _refresh_grant(
+        self, http: httpx.AsyncClient, found: dict[str, Any], refresh_token: str
+    ) -> dict[str, Any] | Gone | Unreachable:
+        body = prepare_token_request(
+            "refresh_token", refresh_token=refresh_token, client_id=self.client_id
+        )
+        auth = (self.client_id, self.client_secret) if self.client_secret else None
+        answer = await http.post(
+            found["token_endpoint"],
+            content=body,
+            auth=auth,  # type: ignore[arg-type]
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        if answer.status_code == 200:
+            return _json(answer)
+        error = _json(answer).get("error")
+        if answer.status_code in (400, 401) and error in ("invalid_grant", "unauthorized_client"):
+            return Gone(f"the provider refused the refresh token ({error})")
+        return Unreachable(f"the token endpoint answered {answer.status_code} {error or ''}")
 
     async def verify_id_token(self, id_token: str, nonce: str) -> Person | Problem:
         """The person an ID token names, once its signature (the provider's published
@@ -199,15 +293,9 @@ class RelyingParty:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
             return Problem(400, "id_token: sub must be a non-empty string")
-        groups = claims.get(self.groups_claim)
-        if groups is None:
-            groups = []
-        elif isinstance(groups, str):
-            groups = [groups]
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            return Problem(
-                400, f"id_token: the {self.groups_claim} claim must be a list of strings"
-            )
+        groups = _groups(claims, self.groups_claim)
+        if isinstance(groups, Problem):
+            return groups
         email = claims.get("email")
         if email is not None and not isinstance(email, str):
             return Problem(400, "id_token: email must be a string")
@@ -216,7 +304,7 @@ class RelyingParty:
         return Person(
             subject=subject,
             email=email if email and verified else None,
-            groups=tuple(groups),
+            groups=groups,
         )
 
     def _refetch_keys(self) -> None:
@@ -273,6 +361,22 @@ class ProviderKeys:
     @property
     def discovery_url(self) -> str:
         return self.issuer.rstrip("/") + "/.well-known/openid-configuration"
+
+
+def _groups(claims: dict[str, Any], name: str) -> tuple[str, ...] | Problem:
+    """The groups claim: a list of strings (one string is taken as a list of one)."""
+    groups = claims.get(name)
+    if groups is None:
+        return ()
+    if isinstance(groups, str):
+        return (groups,)
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        return Problem(400, f"id_token: the {name} claim must be a list of strings")
+    return tuple(groups)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _refused(answer: httpx.Response) -> Problem:

@@ -11,6 +11,10 @@ browser would (cookies kept, redirects followed by hand).
   refused (signed by a test issuer serving its keys over HTTP, checked in-process);
 - a configuration that could only refuse people stops the service, naming the field;
 - sign-out ends the session (every later request is 401); so does expiry;
+- rights follow the provider: once the groups are due for a refresh, a person removed
+  from the admin group is a viewer, and one the provider no longer vouches for (tokens
+  revoked) is signed out; an admin lists and revokes sessions, and a revoked
+  session's or token's open change stream is told ``ended`` and closes;
 - in headless Chromium, the console's "Sign in with Mock IdP" through to the console
   naming the person, a write from the page and the audit card naming them, sign-out.
 
@@ -23,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -380,3 +386,134 @@ def test_incomplete_sign_in_configuration_names_the_fields() -> None:
         Settings(oidc_issuer="https://login.example.com")
     with pytest.raises(ValidationError, match=r"oidc_role_mapping\.0\.role"):
         Settings(oidc_role_mapping=[{"group": "g", "role": "root", "clusters": ["*"]}])
+
+
+def _age_groups(service: ServiceProcess) -> None:
+    """As if the refresh interval had passed for every session."""
+    with create_engine(service.database_url).begin() as db:
+        db.execute(
+            text("UPDATE person_sessions SET checked_at = :t"),
+            {"t": datetime.now(UTC) - timedelta(hours=1)},
+        )
+
+
+def test_rights_follow_the_provider(service: ServiceProcess, provider: Provider) -> None:
+    provider.person("gina-sub", "gina@example.com", ["platform-admins"])
+    browser = sign_in(service, "gina-sub")
+    assert browser.get("/v1/whoami").json()["role"] == "admin"
+    provider.person("gina-sub", "gina@example.com", ["team-a"])  # removed from the admins
+    assert browser.get("/v1/whoami").json()["role"] == "admin", "until the groups are due"
+    _age_groups(service)
+    me = browser.get("/v1/whoami").json()
+    assert (me["role"], me["clusters"]) == ("viewer", ["prod-*"])
+    csrf = browser.get("/auth/session").json()
+    write = browser.put(
+        "/v1/overrides/prod-east",
+        json={"force": "FLASHINFER", "note": "no longer an admin"},
+        headers={csrf["csrf_header"]: csrf["csrf_token"]},
+    )
+    assert write.status_code == 403
+
+    # the provider no longer vouches for her (account disabled: its tokens revoked)
+    assert httpx.post(f"{provider.url}/users/gina-sub/revoke-tokens").status_code == 204
+    _age_groups(service)
+    gone = browser.get("/v1/whoami")
+    assert gone.status_code == 401 and "sign in again" in gone.json()["detail"]["message"]
+
+
+def _open_stream(client: httpx.Client) -> tuple[list[str], threading.Thread]:
+    """The ``event:`` names of ``GET /v1/events`` as they arrive, read on a thread."""
+    seen: list[str] = []
+
+    def read() -> None:
+        try:
+            with client.stream("GET", "/v1/events", timeout=None) as r:
+                seen.append(f"status:{r.status_code}")
+                for line in r.iter_lines():
+                    if line.startswith("event:"):
+                        seen.append(line[6:].strip())
+        except httpx.HTTPError:
+            pass
+        seen.append("closed")
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return seen, thread
+
+
+def _wait_for(seen: list[str], name: str) -> None:
+    for _ in range(1500):
+        if name in seen:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no {name!r}: {seen}")
+
+
+def test_an_admin_lists_and_revokes_sessions_and_their_streams_end(
+    service: ServiceProcess, provider: Provider
+) -> None:
+    provider.person("hank-sub", "hank@example.com", ["team-a"])
+    browser = sign_in(service, "hank-sub")
+    seen, thread = _open_stream(browser)
+    _wait_for(seen, "hello")
+    with service.client() as api:
+        listed = api.get("/v1/sessions").json()["items"]
+        mine = [s for s in listed if s["subject"] == "hank-sub"]
+        assert len(mine) == 1 and mine[0]["role"] == "viewer", listed
+        assert mine[0]["groups"] == ["team-a"] and mine[0]["email"] == "hank@example.com"
+        assert not any("token" in key for key in mine[0]), "never a token"
+        assert api.delete("/v1/sessions/" + "0" * 12).status_code == 404
+        assert api.delete("/v1/sessions/not-hex").status_code == 422
+        started = time.monotonic()
+        assert api.delete(f"/v1/sessions/{mine[0]['id']}").json() == {"ended": 1}
+    _wait_for(seen, "ended")
+    thread.join(10)
+    print(f"revoked session's stream ended {time.monotonic() - started:.2f} s after revoking")
+    assert seen[-1] == "closed"
+    assert browser.get("/v1/whoami").status_code == 401
+
+    # a scoped admin may not see who else signed in
+    with service.client() as api:
+        r = api.post("/v1/tokens", json={"name": "ses-scoped", "role": "admin", "clusters": ["x"]})
+        scoped = r.json()["token"]
+    with service.client(scoped) as api:
+        assert api.get("/v1/sessions").status_code == 403
+        assert api.delete("/v1/sessions", params={"subject": "hank-sub"}).status_code == 403
+
+
+def test_a_revoked_tokens_stream_ends(service: ServiceProcess) -> None:
+    with service.client() as api:
+        made = api.post("/v1/tokens", json={"name": "ses-viewer", "role": "viewer"}).json()
+    with service.client(made["token"]) as viewer:
+        seen, thread = _open_stream(viewer)
+        _wait_for(seen, "hello")
+        with service.client() as api:
+            assert api.delete(f"/v1/tokens/{made['id']}").status_code in (200, 204)
+        _wait_for(seen, "ended")
+        thread.join(10)
+    assert seen[-1] == "closed"
+
+
+def test_a_mapping_change_applies_to_open_sessions_at_once(tmp_path: Path) -> None:
+    from mla_switchboard.service.config import RoleMapping
+    from mla_switchboard.service.people import People
+    from mla_switchboard.service.store.db import make_engine, migrate
+    from mla_switchboard.service.store.sessions import SessionStore
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'sessions.db'}")
+    migrate(engine)
+    store = SessionStore(engine)
+    viewers = [RoleMapping(group="ops", role="viewer", clusters=["prod-*"])]
+    admins = [RoleMapping(group="ops", role="admin", clusters=["*"])]
+    made = People(store, viewers, timedelta(hours=8)).sign_in(
+        Person("ivy-sub", "ivy@example.com", ("ops",))
+    )
+    assert not isinstance(made, Problem)
+    session_id, _ = made
+    before = People(store, viewers, timedelta(hours=8)).principal(session_id)
+    assert before is not None and (before.role, before.clusters) == ("viewer", ("prod-*",))
+    after = People(store, admins, timedelta(hours=8)).principal(session_id)
+    assert after is not None and (after.role, after.clusters) == ("admin", None)
+    none = People(store, [], timedelta(hours=8))
+    assert none.principal(session_id) is None, "a group no longer mapped gives nothing"
+    engine.dispose()
