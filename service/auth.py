@@ -48,10 +48,16 @@ class Principal:
     id: str
     pod: PodIdentity | None = None  # a verified workload token's pod
     subject: str | None = None  # a signed-in person's subject at the identity provider
+    session: str | None = None  # a signed-in person's session (its id's hash)
 
     @classmethod
     def of_person(
-        cls, subject: str, email: str | None, role: Role, clusters: tuple[str, ...] | None
+        cls,
+        subject: str,
+        email: str | None,
+        role: Role,
+        clusters: tuple[str, ...] | None,
+        session: str | None = None,
     ) -> Principal:
         """A person signed in through the identity provider: named by their e-mail (what
         people read), told apart by their subject (e-mails get reassigned, subjects
@@ -63,6 +69,7 @@ class Principal:
             clusters=clusters,
             id=f"person:{digest}",
             subject=subject,
+            session=session,
         )
 
     @property

@@ -205,7 +205,7 @@ def _identity(entry: WorkloadIssuer, claims: dict[str, Any]) -> PodIdentity | Re
         return Rejected("token lacks kubernetes.io.serviceaccount.name")
     bound = f"{namespace}/{account['name']}"
     if entry.service_accounts is not None and not any(
-        fnmatch.fnmatchcase(bound, glob) for glob in entry.service_accounts
+        account_matches(namespace, account["name"], glob) for glob in entry.service_accounts
     ):
         return Rejected(
             f"service account {bound} may not act as an agent (the issuer's "
@@ -223,8 +223,19 @@ def _identity(entry: WorkloadIssuer, claims: dict[str, Any]) -> PodIdentity | Re
     )
 
 
+def account_matches(namespace: str, name: str, glob: str) -> bool:
+    """Whether the service account ``namespace/name`` is one ``glob`` (``ns-glob/
+    name-glob``) names: each part matched on its own, so a ``*`` never spans the
+    ``/`` (``prod*/agent`` is not ``prod/x/agent``)."""
+    if "/" in namespace or "/" in name:
+        return False
+    namespace_glob, _, name_glob = glob.partition("/")
+    return fnmatch.fnmatchcase(namespace, namespace_glob) and fnmatch.fnmatchcase(name, name_glob)
+
+
 def _text(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= 253
+    """A Kubernetes name as a token may carry it: never empty, never with a ``/``."""
+    return isinstance(value, str) and 0 < len(value) <= 253 and "/" not in value
 
 
 def _digest(token: str) -> bytes:

@@ -104,9 +104,18 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         timeout_graceful_shutdown=10,
         log_config=log_config,
+        **proxy_options(settings),
         **server_options(settings, events),
     )
     return 0
+
+
+def proxy_options(settings: Settings) -> dict[str, Any]:
+    """Whose ``X-Forwarded-For`` is believed, as the service's own setting: uvicorn
+    would otherwise take its ``FORWARDED_ALLOW_IPS`` variable or its default, which
+    differs between releases (``127.0.0.1`` alone, later also ``::1``)."""
+    ips = [part.strip() for part in settings.forwarded_allow_ips.split(",") if part.strip()]
+    return {"proxy_headers": True, "forwarded_allow_ips": ips}
 
 
 def _create_token(store: Store, *, name: str, role: str, clusters: list[str] | None) -> str:

@@ -243,6 +243,14 @@ class Settings(BaseSettings):
         description="wrong bearer tokens one client address may send in a minute; past it "
         "its wrong tokens get 429 with Retry-After (valid tokens never do); 0 turns it off",
     )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="comma-separated addresses or networks of the proxies whose "
+        "X-Forwarded-For names the client (the failure throttle counts by it); '*' trusts "
+        "any peer. Set by the service, never inherited from uvicorn's own default or its "
+        "FORWARDED_ALLOW_IPS variable",
+    )
     metrics_require_token: bool = Field(
         default=False,
         description="/metrics needs a viewer token; without a token it never names clusters",
@@ -346,6 +354,14 @@ class Settings(BaseSettings):
     )
     session_hours: float = Field(
         default=8.0, gt=0, le=24 * 30, description="how long a person's session lasts"
+    )
+    oidc_groups_refresh_s: float = Field(
+        default=900.0,
+        ge=1.0,
+        le=86400.0,
+        description="how old a signed-in person's groups may get before the provider is "
+        "asked again (refresh token, then userinfo); someone removed from a group loses "
+        "what it gave within this, and a person the provider no longer knows is signed out",
     )
 
     @model_validator(mode="after")

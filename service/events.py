@@ -23,7 +23,7 @@ import secrets
 import threading
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -31,6 +31,11 @@ from mla_switchboard.service.changes import Change, config_changes, expired_sinc
 from mla_switchboard.service.state import ConfigSnapshot
 
 # The store's versions whose moves the console answers by reading again.
+RECHECK_S = 3.0
+"""How often an open stream asks whether its caller may still read: a sign-out, a
+revoked session or token closes it within this."""
+ENDED = "signed out, or the session or token was revoked: sign in again"
+
 _VERSIONED = {"fleet_version": "counts", "evidence_version": "evidence"}
 
 
@@ -139,7 +144,9 @@ class EventHub:
             if last_id is None:
                 return self._seq
             boot, _, seq_text = last_id.partition("-")
-            if boot != self.boot or not seq_text.isdigit() or int(seq_text) > self._seq:
+            # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+            digits = seq_text.isascii() and seq_text.isdigit()
+            if boot != self.boot or not digits or int(seq_text) > self._seq:
                 return None
             seq = int(seq_text)
             oldest = self._ring[0].seq if self._ring else self._seq + 1
@@ -155,16 +162,21 @@ class EventHub:
         may_see: Callable[[str], bool],
         last_id: str | None,
         lifetime_s: float = 600.0,
+        still_valid: Callable[[], Awaitable[bool]] | None = None,
+        recheck_s: float = RECHECK_S,
     ) -> AsyncIterator[dict[str, str]]:
         """What one stream sends, as sse-starlette's dicts: a ``hello`` first (its id
         the point the stream resumes from), ``resync`` when what was missed is not
         kept, then every event after that point this caller may see. Ends when the
         caller goes (the response stops iterating) or after ``lifetime_s``: the
         caller then comes back with ``Last-Event-ID`` and is authenticated again, so a
-        revoked token or an ended session hears no more than that. ``sub`` is let go
-        here."""
+        revoked token or an ended session hears no more than that. ``still_valid``
+        asks every ``recheck_s`` whether the caller may still read (a session signed
+        out or revoked, a token revoked): when not, an ``ended`` event closes the
+        stream. ``sub`` is let go here."""
         loop = asyncio.get_running_loop()
         ends = loop.time() + lifetime_s
+        check_at = loop.time() + recheck_s
         try:
             seq = self.resume_point(last_id)
             resync = seq is None
@@ -181,11 +193,18 @@ class EventHub:
                     seq = event.seq
                     if event.change.cluster is None or may_see(event.change.cluster):
                         yield _wire(event)
-                if not events:
-                    try:
-                        await asyncio.wait_for(sub.ready.wait(), ends - loop.time())
-                    except TimeoutError:
+                if still_valid is not None and loop.time() >= check_at:
+                    check_at = loop.time() + recheck_s
+                    if not await still_valid():
+                        yield {"event": "ended", "data": json.dumps({"reason": ENDED})}
                         return
+                if not events:
+                    wake = ends if still_valid is None else min(ends, check_at)
+                    try:
+                        await asyncio.wait_for(sub.ready.wait(), wake - loop.time())
+                    except TimeoutError:
+                        if loop.time() >= ends:
+                            return
         finally:
             self.unsubscribe(sub)
 

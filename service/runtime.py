@@ -192,7 +192,10 @@ class Runtime:
         # people sign in through the identity provider when one is configured
         self.relying_party = RelyingParty(settings) if settings.oidc_issuer else None
         self.people = People(
-            store.sessions, settings.oidc_role_mapping, timedelta(hours=settings.session_hours)
+            store.sessions,
+            settings.oidc_role_mapping,
+            timedelta(hours=settings.session_hours),
+            refresh_every=timedelta(seconds=settings.oidc_groups_refresh_s),
         )
         self.evidence_writes = EvidenceWrites(store.measurements, self.evidence_sync.catch_up, flow)
         self.reports = Reports(

@@ -29,6 +29,7 @@ from mla_switchboard.service.api.routes import (
     rules,
     select,
     selections,
+    sessions,
 )
 from mla_switchboard.service.api.select_asgi import SelectHandler, is_select
 from mla_switchboard.service.config import Settings
@@ -117,6 +118,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         backends,
         admin,
         auth,
+        sessions,
         health,
         dashboard,
         events,

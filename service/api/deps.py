@@ -22,6 +22,7 @@ from mla_switchboard.service.events import EventHub
 from mla_switchboard.service.fleet.reads import FleetReads
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.oidc import RelyingParty
+from mla_switchboard.service.outcomes import Problem
 from mla_switchboard.service.people import CSRF_HEADER, SESSION_COOKIE, People, csrf_ok
 from mla_switchboard.service.reads.audit import AuditReads
 from mla_switchboard.service.reads.health import Health
@@ -249,14 +250,20 @@ async def person_from(request: Request, role: Role | None) -> Principal:
     session is unknown, signed out or expired, 403 for a write without the session's
     CSRF token or for a role the person's groups do not give."""
     session_id = request.cookies[SESSION_COOKIE]
-    people = _runtime(request).people
-    principal = await anyio.to_thread.run_sync(people.principal, session_id)
-    if principal is None:
+    runtime = _runtime(request)
+    people = runtime.people
+    found = await anyio.to_thread.run_sync(people.session, session_id)
+    if found is not None:
+        found = await people.current(found, runtime.relying_party)
+    if found is None:
         raise HTTPException(
             401,
-            detail={"message": "session expired or signed out; sign in again"},
+            detail={"message": "session expired, signed out or revoked; sign in again"},
             headers={"WWW-Authenticate": "Bearer"},
         )
+    principal = people.principal_of(found)
+    if isinstance(principal, Problem):
+        fail(principal.status, principal.message)
     if request.method not in SAFE_METHODS and not csrf_ok(
         session_id, request.headers.get(CSRF_HEADER, "")
     ):

@@ -427,7 +427,9 @@ function showApp() {
 function signOut(message) {
   if (state.token === SESSION) {
     // the row goes on the service (every replica), the cookie in this browser
-    fetch("/auth/logout", { method: "POST", cache: "no-store" }).catch(() => null);
+    // with the CSRF header like any write: another site cannot sign a person out
+    const headers = state.csrf ? { [state.csrf.header]: state.csrf.token } : {};
+    fetch("/auth/logout", { method: "POST", cache: "no-store", headers }).catch(() => null);
   }
   state.csrf = null;
   sessionStorage.removeItem(TOKEN_KEY);

@@ -216,6 +216,9 @@ function dispatch(block) {
     refreshSoon();
     return;
   }
+  // signed out elsewhere, or the session or token was revoked: the next read's 401
+  // takes the page back to sign-in
+  if (type === "ended") { refreshSoon(); return; }
   if (type === "counts") { countsSoon(); return; } // pods booting: the summary only
   if (type === "evidence") { partSoon("evidence", loadSituations); return; }
   if (type === "override" || type === "rollout") editorTold(body);

@@ -270,7 +270,10 @@ class MeasurementRow(Base):
 class PersonSessionRow(Base):
     """A person's signed-in session (service/people.py). Keyed by the SHA-256 of the
     cookie's random id, so a copy of the table signs no one in; any replica finds it.
-    Role and clusters are what the group mapping gave at sign-in."""
+    ``groups`` are what the provider last said (the mapping is applied to them on every
+    request); role and clusters what the mapping gave at sign-in (sessions from before
+    groups were kept use them). The refresh token asks the provider again; it is of use
+    only with the client's secret, which the database does not hold."""
 
     __tablename__ = "person_sessions"
     id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -280,3 +283,7 @@ class PersonSessionRow(Base):
     clusters: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    groups: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    refresh_token: Mapped[str | None] = mapped_column(Text, nullable=True)
+    access_token: Mapped[str | None] = mapped_column(Text, nullable=True)
+    checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

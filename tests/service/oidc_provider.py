@@ -49,7 +49,10 @@ class Provider:
         raise RuntimeError("oidc-provider-mock did not start")
 
     def person(self, sub: str, email: str, groups: list[str]) -> None:
-        r = httpx.put(f"{self.url}/users/{quote(sub)}", json={"email": email, "groups": groups})
+        r = httpx.put(
+            f"{self.url}/users/{quote(sub)}",
+            json={"email": email, "email_verified": True, "groups": groups},
+        )
         assert r.status_code == 204, r.text
 
     def stop(self) -> None:

@@ -88,3 +88,12 @@ def test_a_stream_ends_after_its_lifetime() -> None:
 
     assert asyncio.run(whole_stream()) == ["hello"]
     assert hub.open_streams == 0
+
+
+def test_a_last_event_id_of_other_digits_reads_everything_again() -> None:
+    """Unicode digits ("²", "٣") pass str.isdigit() but not int(): such an id is
+    malformed, answered by a resync, never an exception in the stream."""
+    hub = EventHub(ring_size=3, max_streams=5)
+    for seq_text in ("²", "٣", "1²", "", "-1", " 1"):
+        assert hub.resume_point(f"{hub.boot}-{seq_text}") is None, seq_text
+    assert hub.resume_point(f"{hub.boot}-0") == 0

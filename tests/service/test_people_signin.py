@@ -11,6 +11,10 @@ browser would (cookies kept, redirects followed by hand).
   refused (signed by a test issuer serving its keys over HTTP, checked in-process);
 - a configuration that could only refuse people stops the service, naming the field;
 - sign-out ends the session (every later request is 401); so does expiry;
+- rights follow the provider: once the groups are due for a refresh, a person removed
+  from the admin group is a viewer, and one the provider no longer vouches for (tokens
+  revoked) is signed out; an admin lists and revokes sessions, and a revoked
+  session's or token's open change stream is told ``ended`` and closes;
 - in headless Chromium, the console's "Sign in with Mock IdP" through to the console
   naming the person, a write from the page and the audit card naming them, sign-out.
 
@@ -23,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -182,7 +188,13 @@ def test_sign_out_and_expiry_end_the_session(
     browser = sign_in(service, "erin-sub")
     assert browser.get("/v1/whoami").status_code == 200
     session_id = browser.cookies["sb_session"]
-    assert browser.post("/auth/logout").status_code == 204
+    # a cross-site form cannot sign a person out: sign-out needs the CSRF header
+    refused = browser.post("/auth/logout")
+    assert refused.status_code == 403 and "X-CSRF-Token" in refused.text
+    assert browser.get("/v1/whoami").status_code == 200, "still signed in"
+    csrf = browser.get("/auth/session").json()
+    out = browser.post("/auth/logout", headers={csrf["csrf_header"]: csrf["csrf_token"]})
+    assert out.status_code == 204
     stale = httpx.get(service.url + "/v1/whoami", cookies={"sb_session": session_id})
     assert stale.status_code == 401 and "signed out" in stale.json()["detail"]["message"]
 
@@ -265,7 +277,12 @@ def test_id_token_checks() -> None:
                 oidc_role_mapping=[{"group": "g", "role": "viewer", "clusters": ["*"]}],
             )
         )
-        person = {"nonce": "n-1", "email": "gil@example.com", "groups": ["g"]}
+        person = {
+            "nonce": "n-1",
+            "email": "gil@example.com",
+            "email_verified": True,
+            "groups": ["g"],
+        }
 
         def verify(token: str, nonce: str = "n-1") -> Person | Problem:
             return asyncio.run(rp.verify_id_token(token, nonce))
@@ -290,6 +307,78 @@ def test_id_token_checks() -> None:
         issuer.close()
 
 
+def _relying_party(issuer: TestIssuer) -> RelyingParty:
+    return RelyingParty(
+        Settings(
+            oidc_issuer=issuer.url,
+            oidc_client_id="console",
+            oidc_redirect_url="http://127.0.0.1/auth/callback",
+            oidc_role_mapping=[{"group": "g", "role": "viewer", "clusters": ["*"]}],
+        )
+    )
+
+
+CLAIM_CASES = [
+    # (what, claims, audience, expected: Problem message or (email, groups))
+    ("verified e-mail", {"email_verified": True}, "console", ("e@x.io", ("g",))),
+    ("unverified e-mail is not shown", {"email_verified": False}, "console", (None, ("g",))),
+    ("no email_verified: not shown", {}, "console", (None, ("g",))),
+    ("a single group as a string", {"groups": "g"}, "console", (None, ("g",))),
+    ("numeric groups", {"groups": 7}, "console", "id_token: the groups claim must be"),
+    ("groups of numbers", {"groups": [1, 2]}, "console", "id_token: the groups claim must be"),
+    ("e-mail not a string", {"email": 5}, "console", "id_token: email must be a string"),
+    ("several audiences, no azp", {}, ["console", "other"], "id_token: several audiences"),
+    ("several audiences, azp ours", {"azp": "console"}, ["console", "other"], (None, ("g",))),
+    ("azp of another client", {"azp": "other"}, "console", "id_token: azp names another"),
+]
+
+
+@pytest.mark.parametrize(
+    ("claims", "audience", "expected"),
+    [c[1:] for c in CLAIM_CASES],
+    ids=[c[0] for c in CLAIM_CASES],
+)
+def test_each_claim_is_checked_for_its_type_and_meaning(
+    claims: dict[str, object], audience: object, expected: object
+) -> None:
+    issuer = TestIssuer()
+    try:
+        issuer.add_key("k1")
+        rp = _relying_party(issuer)
+        body = {"nonce": "n-1", "email": "e@x.io", "groups": ["g"], **claims}
+        token = issuer.token(audience="console", claims={**body, "aud": audience})
+        got = asyncio.run(rp.verify_id_token(token, "n-1"))
+        if isinstance(expected, str):
+            assert isinstance(got, Problem) and got.status == 400, got
+            assert got.message.startswith(expected), got
+        else:
+            assert isinstance(got, Person), got
+            assert (got.email, got.groups) == expected
+    finally:
+        issuer.close()
+
+
+def test_a_rotated_key_without_kid_is_fetched_again() -> None:
+    """A provider whose ID tokens name no kid rotates its only key: the next sign-in
+    fetches the keys again instead of failing until the service restarts."""
+    issuer = TestIssuer()
+    try:
+        issuer.add_key("k1")
+        rp = _relying_party(issuer)
+        body = {"nonce": "n-1", "groups": ["g"]}
+        first = issuer.token(audience="console", claims=body, name_kid=False)
+        assert isinstance(asyncio.run(rp.verify_id_token(first, "n-1")), Person)
+        issuer.add_key("k2")
+        issuer.withdraw("k1")
+        assert rp._keys is not None
+        rp._keys._next_fetch_at = 0.0  # as if the refetch interval had passed
+        rotated = issuer.token(kid="k2", audience="console", claims=body, name_kid=False)
+        got = asyncio.run(rp.verify_id_token(rotated, "n-1"))
+        assert isinstance(got, Person), got
+    finally:
+        issuer.close()
+
+
 def test_incomplete_sign_in_configuration_names_the_fields() -> None:
     with pytest.raises(
         ValidationError, match="oidc_client_id, oidc_redirect_url, oidc_role_mapping"
@@ -297,3 +386,134 @@ def test_incomplete_sign_in_configuration_names_the_fields() -> None:
         Settings(oidc_issuer="https://login.example.com")
     with pytest.raises(ValidationError, match=r"oidc_role_mapping\.0\.role"):
         Settings(oidc_role_mapping=[{"group": "g", "role": "root", "clusters": ["*"]}])
+
+
+def _age_groups(service: ServiceProcess) -> None:
+    """As if the refresh interval had passed for every session."""
+    with create_engine(service.database_url).begin() as db:
+        db.execute(
+            text("UPDATE person_sessions SET checked_at = :t"),
+            {"t": datetime.now(UTC) - timedelta(hours=1)},
+        )
+
+
+def test_rights_follow_the_provider(service: ServiceProcess, provider: Provider) -> None:
+    provider.person("gina-sub", "gina@example.com", ["platform-admins"])
+    browser = sign_in(service, "gina-sub")
+    assert browser.get("/v1/whoami").json()["role"] == "admin"
+    provider.person("gina-sub", "gina@example.com", ["team-a"])  # removed from the admins
+    assert browser.get("/v1/whoami").json()["role"] == "admin", "until the groups are due"
+    _age_groups(service)
+    me = browser.get("/v1/whoami").json()
+    assert (me["role"], me["clusters"]) == ("viewer", ["prod-*"])
+    csrf = browser.get("/auth/session").json()
+    write = browser.put(
+        "/v1/overrides/prod-east",
+        json={"force": "FLASHINFER", "note": "no longer an admin"},
+        headers={csrf["csrf_header"]: csrf["csrf_token"]},
+    )
+    assert write.status_code == 403
+
+    # the provider no longer vouches for her (account disabled: its tokens revoked)
+    assert httpx.post(f"{provider.url}/users/gina-sub/revoke-tokens").status_code == 204
+    _age_groups(service)
+    gone = browser.get("/v1/whoami")
+    assert gone.status_code == 401 and "sign in again" in gone.json()["detail"]["message"]
+
+
+def _open_stream(client: httpx.Client) -> tuple[list[str], threading.Thread]:
+    """The ``event:`` names of ``GET /v1/events`` as they arrive, read on a thread."""
+    seen: list[str] = []
+
+    def read() -> None:
+        try:
+            with client.stream("GET", "/v1/events", timeout=None) as r:
+                seen.append(f"status:{r.status_code}")
+                for line in r.iter_lines():
+                    if line.startswith("event:"):
+                        seen.append(line[6:].strip())
+        except httpx.HTTPError:
+            pass
+        seen.append("closed")
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return seen, thread
+
+
+def _wait_for(seen: list[str], name: str) -> None:
+    for _ in range(1500):
+        if name in seen:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no {name!r}: {seen}")
+
+
+def test_an_admin_lists_and_revokes_sessions_and_their_streams_end(
+    service: ServiceProcess, provider: Provider
+) -> None:
+    provider.person("hank-sub", "hank@example.com", ["team-a"])
+    browser = sign_in(service, "hank-sub")
+    seen, thread = _open_stream(browser)
+    _wait_for(seen, "hello")
+    with service.client() as api:
+        listed = api.get("/v1/sessions").json()["items"]
+        mine = [s for s in listed if s["subject"] == "hank-sub"]
+        assert len(mine) == 1 and mine[0]["role"] == "viewer", listed
+        assert mine[0]["groups"] == ["team-a"] and mine[0]["email"] == "hank@example.com"
+        assert not any("token" in key for key in mine[0]), "never a token"
+        assert api.delete("/v1/sessions/" + "0" * 12).status_code == 404
+        assert api.delete("/v1/sessions/not-hex").status_code == 422
+        started = time.monotonic()
+        assert api.delete(f"/v1/sessions/{mine[0]['id']}").json() == {"ended": 1}
+    _wait_for(seen, "ended")
+    thread.join(10)
+    print(f"revoked session's stream ended {time.monotonic() - started:.2f} s after revoking")
+    assert seen[-1] == "closed"
+    assert browser.get("/v1/whoami").status_code == 401
+
+    # a scoped admin may not see who else signed in
+    with service.client() as api:
+        r = api.post("/v1/tokens", json={"name": "ses-scoped", "role": "admin", "clusters": ["x"]})
+        scoped = r.json()["token"]
+    with service.client(scoped) as api:
+        assert api.get("/v1/sessions").status_code == 403
+        assert api.delete("/v1/sessions", params={"subject": "hank-sub"}).status_code == 403
+
+
+def test_a_revoked_tokens_stream_ends(service: ServiceProcess) -> None:
+    with service.client() as api:
+        made = api.post("/v1/tokens", json={"name": "ses-viewer", "role": "viewer"}).json()
+    with service.client(made["token"]) as viewer:
+        seen, thread = _open_stream(viewer)
+        _wait_for(seen, "hello")
+        with service.client() as api:
+            assert api.delete(f"/v1/tokens/{made['id']}").status_code in (200, 204)
+        _wait_for(seen, "ended")
+        thread.join(10)
+    assert seen[-1] == "closed"
+
+
+def test_a_mapping_change_applies_to_open_sessions_at_once(tmp_path: Path) -> None:
+    from mla_switchboard.service.config import RoleMapping
+    from mla_switchboard.service.people import People
+    from mla_switchboard.service.store.db import make_engine, migrate
+    from mla_switchboard.service.store.sessions import SessionStore
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'sessions.db'}")
+    migrate(engine)
+    store = SessionStore(engine)
+    viewers = [RoleMapping(group="ops", role="viewer", clusters=["prod-*"])]
+    admins = [RoleMapping(group="ops", role="admin", clusters=["*"])]
+    made = People(store, viewers, timedelta(hours=8)).sign_in(
+        Person("ivy-sub", "ivy@example.com", ("ops",))
+    )
+    assert not isinstance(made, Problem)
+    session_id, _ = made
+    before = People(store, viewers, timedelta(hours=8)).principal(session_id)
+    assert before is not None and (before.role, before.clusters) == ("viewer", ("prod-*",))
+    after = People(store, admins, timedelta(hours=8)).principal(session_id)
+    assert after is not None and (after.role, after.clusters) == ("admin", None)
+    none = People(store, [], timedelta(hours=8))
+    assert none.principal(session_id) is None, "a group no longer mapped gives nothing"
+    engine.dispose()

@@ -16,9 +16,14 @@ from typing import Any
 
 import jwt
 import pytest
-from mla_switchboard.service.auth_workload import PodIdentity, Rejected, WorkloadVerifier
+from mla_switchboard.service.auth_workload import (
+    PodIdentity,
+    Rejected,
+    WorkloadVerifier,
+    account_matches,
+)
 from mla_switchboard.service.config import Settings, WorkloadIssuer
-from mla_switchboard.service.workload_keys import IssuerKeys
+from mla_switchboard.service.workload_keys import IssuerKeys, KeyProblem
 from pydantic import ValidationError
 
 from tests.service.workload_issuer import AUDIENCE, TestIssuer
@@ -293,8 +298,142 @@ def test_only_bound_service_accounts_act_as_agents(
         assert f"service account {namespace}/switchboard-agent may not act" in got.reason
 
 
+@pytest.mark.parametrize(
+    ("namespace", "name", "glob", "matches"),
+    [
+        ("inference", "agent", "inference/agent", True),
+        ("inference", "agent", "infer*/agent", True),
+        ("inference", "agent", "*/agent", True),
+        ("inference", "agent", "*/*", True),
+        ("inference", "agent-2", "*/agent", False),
+        # a * never spans the slash: the parts are matched on their own
+        ("prod", "x/agent", "prod*/agent", False),
+        ("prod/x", "agent", "prod*/agent", False),
+        ("prod", "agent", "prod/*agent*", True),
+    ],
+)
+def test_a_service_account_glob_matches_each_part_on_its_own(
+    namespace: str, name: str, glob: str, matches: bool
+) -> None:
+    assert account_matches(namespace, name, glob) is matches
+
+
+def test_a_token_naming_a_namespace_with_a_slash_is_refused(issuer: TestIssuer) -> None:
+    verifier = verifier_of(entry_of(issuer, service_accounts=["prod*/switchboard-agent"]))
+    got = verifier.verify(issuer.token("serve-1", namespace="prod/x"))
+    assert isinstance(got, Rejected) and got.status == 401, got
+
+
 @pytest.mark.parametrize("glob", ["no-slash", "a/", "/b", "Upper/x", "a/b/c"])
 def test_a_bad_service_account_binding_names_the_field(glob: str) -> None:
     entry = {"clusters": ["a"], "issuer": "https://k", "audience": "sb", "service_accounts": [glob]}
     with pytest.raises(ValidationError, match=r"workload_issuers\.0\.service_accounts\.0"):
         Settings(workload_issuers=[entry])
+
+
+def _in_thread(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a thread, its result; a hang fails the test instead of the run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result(timeout=30)
+
+
+def test_a_hung_issuer_never_holds_up_a_token_whose_key_is_known() -> None:
+    """While a fetch for an unknown kid hangs at the issuer, a token whose key is held
+    is verified at once: no lock is held across the fetch."""
+    served = TestIssuer()
+    try:
+        served.add_key("k1")
+        verifier = verifier_of(entry_of(served, jwks_uri=served.url + "/openid/v1/jwks"), 0.0)
+        assert isinstance(verifier.verify(served.token(kid="k1")), PodIdentity)
+        served.add_key("k2", publish=False)
+        served.jwks_gate.clear()  # the issuer hangs from now on
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            stuck = pool.submit(verifier.verify, served.token(kid="k2"))
+            while served.hits["/openid/v1/jwks"] < 2:  # the unknown kid's fetch began
+                time.sleep(0.01)
+            known = _in_thread(verifier.verify, served.token("another-pod", kid="k1"))
+            assert isinstance(known, PodIdentity), known
+            assert not served.jwks_gate.is_set() and not stuck.done()
+            served.jwks_gate.set()
+            assert stuck.result(timeout=30) == Rejected("unknown kid")
+    finally:
+        served.close()
+
+
+def test_a_flood_of_unknown_kids_makes_one_fetch_and_few_waiters() -> None:
+    served = TestIssuer()
+    try:
+        served.add_key("k1")
+        entry = WorkloadIssuer.model_validate(
+            entry_of(served, jwks_uri=served.url + "/openid/v1/jwks")
+        )
+        keys = IssuerKeys(entry, refetch_s=30.0)
+        assert not isinstance(keys.key("k1"), KeyProblem)
+        fetched = served.hits["/openid/v1/jwks"]
+        keys._next_fetch_at = 0.0  # as if refetch_s had passed
+        served.jwks_gate.clear()
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(40) as pool:
+            futures = [pool.submit(keys.key, f"made-up-{i}") for i in range(40)]
+            while served.hits["/openid/v1/jwks"] == fetched:
+                time.sleep(0.01)
+            # beyond the few that may wait, the flood is answered at once
+            refused = [f.result(timeout=30) for f in futures if f.done()]
+            assert refused and all(
+                isinstance(r, KeyProblem) and r.status == 503 for r in refused
+            ), refused
+            served.jwks_gate.set()
+            got = [f.result(timeout=30) for f in futures]
+        assert all(isinstance(r, KeyProblem) for r in got)
+        assert served.hits["/openid/v1/jwks"] == fetched + 1, "one fetch for the flood"
+        assert keys.key("made-up-0") == KeyProblem("unknown kid")  # rate-limited now
+        assert served.hits["/openid/v1/jwks"] == fetched + 1
+    finally:
+        served.close()
+
+
+def test_a_failed_refresh_serves_the_held_keys_and_says_so() -> None:
+    served = TestIssuer()
+    try:
+        served.add_key("k1")
+        clock = [1000.0]
+        entry = WorkloadIssuer.model_validate(
+            entry_of(served, jwks_uri=served.url + "/openid/v1/jwks")
+        )
+        keys = IssuerKeys(entry, refetch_s=10.0, max_age_s=60.0, clock=lambda: clock[0])
+        held = keys.key("k1")
+        assert not isinstance(held, KeyProblem)
+        assert keys.status()["refresh_failing"] is False
+        served.jwks_status = 500
+        clock[0] += 61  # the keys are old: refreshed in the background
+        assert keys.key("k1") is held
+        _wait_until(lambda: keys.status()["refresh_failing"])
+        status = keys.status()
+        assert status["keys"] == 1 and status["refresh_error"] == "ValueError"
+        # backoff: the next attempt waits longer after each failure
+        clock[0] += 10
+        assert keys.key("k1") is held
+        _wait_until(lambda: keys._failures == 2)
+        clock[0] += 10  # 20 s are due after two failures
+        keys.key("k1")
+        assert keys._failures == 2 and keys._inflight is None
+        served.jwks_status = 200
+        clock[0] += 10
+        keys.key("k1")
+        _wait_until(lambda: not keys.status()["refresh_failing"])
+        assert keys.status()["refresh_error"] is None
+    finally:
+        served.close()
+
+
+def _wait_until(check: Any) -> None:
+    for _ in range(3000):
+        if check():
+            return
+        time.sleep(0.01)
+    raise AssertionError("never happened")

@@ -30,6 +30,11 @@ class TestIssuer:
         self._private: dict[str, rsa.RSAPrivateKey] = {}
         self.published: list[str] = []
         self.hits: Counter[str] = Counter()
+        # the JWKS endpoint waits for this gate (a slow or hung issuer) and answers
+        # ``jwks_status`` (500: an issuer failing its refreshes)
+        self.jwks_gate = threading.Event()
+        self.jwks_gate.set()
+        self.jwks_status = 200
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,6 +51,10 @@ class TestIssuer:
                         "token_endpoint": issuer.url + "/token",
                     }
                 elif self.path == "/openid/v1/jwks":
+                    issuer.jwks_gate.wait(60)
+                    if issuer.jwks_status != 200:
+                        self.send_error(issuer.jwks_status)
+                        return
                     body = issuer.jwks()
                 else:
                     self.send_error(404)
@@ -66,6 +75,7 @@ class TestIssuer:
         self._thread.start()
 
     def close(self) -> None:
+        self.jwks_gate.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -113,9 +123,11 @@ class TestIssuer:
         namespace: str = "inference",
         pod_uid: str | None = None,
         claims: dict[str, Any] | None = None,
+        name_kid: bool = True,
     ) -> str:
         """A projected service-account token as the kubelet mounts it, signed by
-        ``kid`` (default: the first key)."""
+        ``kid`` (default: the first key); ``name_kid=False``: its header names no kid,
+        as some OIDC providers' ID tokens."""
         kid = kid or next(iter(self._private))
         now = int(time.time())
         body: dict[str, Any] = {
@@ -133,4 +145,5 @@ class TestIssuer:
             },
         }
         body.update(claims or {})
-        return jwt.encode(body, self._private[kid], algorithm="RS256", headers={"kid": kid})
+        headers = {"kid": kid} if name_kid else None
+        return jwt.encode(body, self._private[kid], algorithm="RS256", headers=headers)

@@ -20,12 +20,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from mla_switchboard.service.api.deps import PeopleDep, RelyingPartyDep, person_from
 from mla_switchboard.service.api.headers import SECURITY_HEADERS
+from mla_switchboard.service.api.outcomes import respond
 from mla_switchboard.service.oidc import Pending, RelyingParty
 from mla_switchboard.service.outcomes import Problem
 from mla_switchboard.service.people import (
     CSRF_HEADER,
     LOGIN_COOKIE,
     SESSION_COOKIE,
+    csrf_ok,
     csrf_token,
 )
 from starlette.exceptions import HTTPException
@@ -158,9 +160,20 @@ async def callback(request: Request, rp: RelyingPartyDep, people: PeopleDep) -> 
 
 @router.post("/logout", status_code=204)
 async def logout(request: Request, rp: RelyingPartyDep, people: PeopleDep) -> Response:
-    """Ends the session on every replica (its row is deleted) and clears the cookie."""
+    """Ends the session on every replica (its row is deleted) and clears the cookie.
+    Like any write a cookie authenticates, it needs the session's CSRF header: a page
+    of another site must not be able to sign a person out (login CSRF's twin)."""
     session_id = request.cookies.get(SESSION_COOKIE)
     if session_id:
+        if not csrf_ok(session_id, request.headers.get(CSRF_HEADER, "")):
+            return respond(
+                Problem(
+                    403,
+                    f"{CSRF_HEADER}: signing out needs the session's CSRF token "
+                    "(GET /auth/session), as every write by cookie does",
+                    field=CSRF_HEADER,
+                )
+            )
         await anyio.to_thread.run_sync(people.sign_out, session_id)
     response = Response(status_code=204, headers={"Cache-Control": "no-store"})
     response.delete_cookie(SESSION_COOKIE, path="/", secure=_secure(rp, request))

@@ -8,12 +8,13 @@ the caller's clusters allow, with a heartbeat while nothing happens.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from mla_switchboard.core.schemas import error_responses
-from mla_switchboard.service.api.deps import EventsDep, ViewerDep
+from mla_switchboard.service.api.deps import EventsDep, ViewerDep, require
 from sse_starlette import EventSourceResponse
 
 router = APIRouter(prefix="/v1/events", tags=["events"], responses=error_responses(401, 403))
@@ -35,6 +36,7 @@ STREAM_LIFETIME_S = 600.0
     },
 )
 async def events(
+    request: Request,
     principal: ViewerDep,
     hub: EventsDep,
     last_event_id: Annotated[
@@ -56,7 +58,26 @@ async def events(
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     return EventSourceResponse(
-        hub.stream(sub, principal.may_see, last_event_id, STREAM_LIFETIME_S),
+        hub.stream(
+            sub,
+            principal.may_see,
+            last_event_id,
+            STREAM_LIFETIME_S,
+            still_valid=partial(_still_valid, request),
+        ),
         ping=hub.heartbeat_s,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+_viewer = require("viewer")
+
+
+async def _still_valid(request: Request) -> bool:
+    """Whether the stream's caller would still be let in: the same check as at its
+    start (a session signed out or revoked, a token revoked or no longer a viewer's)."""
+    try:
+        await _viewer(request, None)
+    except HTTPException:
+        return False
+    return True
