@@ -65,6 +65,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "serve": Command("run the central service", _service, service=True, needs_server_extra=True),
     "token": Command("manage API tokens", _service, service=True, needs_server_extra=True),
+    "session": Command(
+        "list and revoke people's sign-in sessions", _service, service=True, needs_server_extra=True
+    ),
     "health": Command(  # httpx only: it runs in the service's container, extra or not
         "exit 0 if the local service answers /readyz (container healthcheck)",
         _service,

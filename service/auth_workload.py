@@ -99,6 +99,10 @@ class WorkloadVerifier:
     def keys(self, issuer: str) -> IssuerKeys:
         return self._keys[issuer]
 
+    def all_keys(self) -> dict[str, IssuerKeys]:
+        """Every configured issuer's keys (their health: service/key_health.py)."""
+        return dict(self._keys)
+
     def requires_identity(self, cluster: str) -> bool:
         """Whether ``cluster`` has an issuer: its agents must present their pods' own
         tokens (a static agent token is refused there)."""

@@ -26,6 +26,7 @@ from mla_switchboard.service.messages import (
     redact,
     shown_url,
 )
+from mla_switchboard.service.session_cli import add_session
 
 if TYPE_CHECKING:
     from mla_switchboard.service.config import Settings
@@ -375,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_health(sub)
     create = _add_token(sub)
+    add_session(sub, _environment_help(["database_url", "oidc_role_mapping"]), _RAW)
     parser.set_defaults(create_parser=create)
     return parser
 

@@ -307,6 +307,10 @@ class RelyingParty:
             groups=groups,
         )
 
+    def keys(self) -> dict[str, IssuerKeys]:
+        """The provider's keys by issuer, once discovery named them (their health)."""
+        return {} if self._keys is None else {self.issuer: self._keys}
+
     def _refetch_keys(self) -> None:
         if self._keys is not None:
             self._keys.refresh(wait=True)

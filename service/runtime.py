@@ -28,6 +28,7 @@ from mla_switchboard.service.fleet.groups import Fleet
 from mla_switchboard.service.fleet.reads import FleetReads, ReadSettings
 from mla_switchboard.service.guard_notes import GuardNotes, rollouts_active
 from mla_switchboard.service.inputs import InputsPublisher, index_factory
+from mla_switchboard.service.key_health import IssuerKeysHealth
 from mla_switchboard.service.live import LiveConfig, fan_out
 from mla_switchboard.service.messages import protect
 from mla_switchboard.service.metrics import Metrics
@@ -105,6 +106,8 @@ class Runtime:
             settings.max_config_staleness_s,
         )
         self._build_services(settings)
+        keys = IssuerKeysHealth(self._issuer_keys).register(self.metrics.registry)
+        self.health.sections.append(keys.readiness)
 
     def _build_inputs(self, settings: Settings) -> None:
         """What every decision reads: the configuration, the trusted evidence and the
@@ -147,6 +150,13 @@ class Runtime:
             ),
             on_snapshot=fan_out(self.publisher.config_changed, self.events.config_changed),
         )
+
+    def _issuer_keys(self) -> dict[str, IssuerKeys]:
+        """Every token issuer's keys: the pods' issuers and the people's provider."""
+        found = self.workload.all_keys()
+        if self.relying_party is not None:
+            found.update(self.relying_party.keys())
+        return found
 
     def _build_services(self, settings: Settings) -> None:
         """The application services the routes call, each given what it uses."""

@@ -4,7 +4,8 @@ and how old its view of the configuration is (also a gauge for ``/metrics``)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from mla_switchboard.service.evidence.sync import EvidenceSync
@@ -23,6 +24,8 @@ class Health:
     evidence_sync: EvidenceSync
     metrics: Metrics
     max_config_staleness_s: float | None
+    sections: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
+    """More of ``/readyz``'s body, told by the parts that know it (issuer keys)."""
 
     def __post_init__(self) -> None:
         Gauge(
@@ -72,6 +75,8 @@ class Health:
             # decisions wait in local files until the drain stores the last line
             body["spill"], body["spill_error"] = "degraded", backlog
         body["spill_backlog"] = backlog
+        for section in self.sections:
+            body.update(section())
         return ready, body
 
     def refresh_gauges(self) -> Metrics:

@@ -437,3 +437,36 @@ def _wait_until(check: Any) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("never happened")
+
+
+def test_readyz_and_metrics_say_when_an_issuers_keys_cannot_be_refreshed(
+    tmp_path: Path,
+) -> None:
+    """A refresh that fails keeps the keys in service and says so: ``/readyz``'s
+    ``issuer_keys`` section and a gauge per issuer, until a fetch succeeds."""
+    from tests.conftest import make_inprocess_client
+
+    served = TestIssuer()
+    try:
+        served.add_key("k1")
+        entry = entry_of(served, jwks_uri=served.url + "/openid/v1/jwks")
+        with make_inprocess_client(  # type: ignore[attr-defined]
+            f"sqlite:///{tmp_path / 'sb.db'}", workload_issuers=[entry]
+        ) as client:
+            runtime = client.app.state.runtime
+            keys = runtime.workload.keys(served.url)
+            assert not isinstance(keys.key("k1"), KeyProblem)
+            ready = client.get("/readyz").json()["issuer_keys"][served.url]
+            assert ready["keys"] == 1 and ready["refresh_failing"] is False
+            served.jwks_status = 503
+            keys._next_fetch_at = 0.0
+            assert keys.key("made-up") == KeyProblem("unknown kid")
+            ready = client.get("/readyz").json()["issuer_keys"][served.url]
+            assert ready["refresh_failing"] is True and ready["refresh_error"] == "ValueError"
+            scraped = client.get("/metrics").text
+            assert f'switchboard_issuer_keys_refresh_failing{{issuer="{served.url}"}} 1.0' in (
+                scraped
+            )
+            assert isinstance(client.get("/v1/whoami").json(), dict)
+    finally:
+        served.close()
