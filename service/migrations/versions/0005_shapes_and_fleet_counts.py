@@ -16,8 +16,8 @@ from collections import defaultdict
 import sqlalchemy as sa
 from alembic import op
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
-from mla_switchboard.service.fleet.shapes import shape_of_json
 from mla_switchboard.service.migrations import columns
+from mla_switchboard.service.store.shapes import shape_of_json
 
 revision = "0005"
 down_revision = "0004"
