@@ -385,3 +385,49 @@ def test_the_part_check_sees_a_cycle_the_module_check_does_not() -> None:
     assert "service.store.decisions -> mla_switchboard.service.fleet.shapes" in described
     assert "service.fleet.groups -> mla_switchboard.service.store.decisions" in described
     assert "selector" not in described  # an arrow into the cycle is not part of it
+
+
+MIGRATIONS = ROOT / PARTS["service"] / "migrations"
+MIGRATION_THIRD_PARTY = {"alembic", "sqlalchemy"}
+
+
+def _migration_problems(rel: str, imported: set[str], named: set[str]) -> list[str]:
+    """What a migration (or the migrations' environment) takes from outside its own
+    package: a migration runs years after it was written, so what it does must not
+    move when the live code does; it copies what it needs, frozen."""
+    own = module_name(MIGRATIONS / "__init__.py")
+    problems = []
+    for name in sorted(imported | named):
+        top = name.split(".")[0]
+        if name == own or name.startswith(own + "."):
+            continue
+        if top == "mla_switchboard" or not (
+            top in MIGRATION_THIRD_PARTY or top in sys.stdlib_module_names
+        ):
+            problems.append(f"{rel} imports {name}")
+    return problems
+
+
+def test_migrations_import_nothing_of_the_live_code() -> None:
+    problems = []
+    for path in sorted(MIGRATIONS.rglob("*.py")):
+        imported, named = _references(path.read_text(), str(path), module_name(path))
+        problems += _migration_problems(str(path.relative_to(ROOT)), imported, named)
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("source", "allowed"),
+    [
+        ("import sqlalchemy as sa\nfrom alembic import op\nimport json", True),
+        ("from mla_switchboard.service.migrations import columns", True),
+        ("from mla_switchboard.service.store.shapes import shape_of_json", False),
+        ("from mla_switchboard.core.stages import stage_bucket", False),
+        ("from ...store.models import Base", False),
+        ("import pydantic", False),
+    ],
+)
+def test_the_migration_check_sees_live_imports(source: str, allowed: bool) -> None:
+    module = "mla_switchboard.service.migrations.versions.0099_x"
+    imported, named = _references(source, "service/migrations/versions/0099_x.py", module)
+    assert (_migration_problems("0099_x.py", imported, named) == []) is allowed
