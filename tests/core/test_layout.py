@@ -33,8 +33,9 @@ ALLOWED = {
     "cli": {"core", "agent", "service", "cli"},
 }
 GENERIC_NAMES = {"service", "agent", "kernels", "bench", "core", "cli"}
-# third-party packages the core may use: pydantic only (the wire schemas)
-CORE_THIRD_PARTY = {"pydantic"}
+# third-party packages the core may use: pydantic (the wire schemas) and
+# sortedcontainers (the evidence's sorted TFLOP/s; pure Python, a GPU pod takes it)
+CORE_THIRD_PARTY = {"pydantic", "sortedcontainers"}
 # (part, other part) -> why a string in the part may name the other's modules
 STRING_ONLY = {
     ("core", "kernels"): "BackendSpec.class_path names the wrapper; kernels.get imports it",
