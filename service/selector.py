@@ -28,7 +28,7 @@ from typing import Any
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, decision_key
 from mla_switchboard.core.evidence import EvidenceIndex, Group, Situation, situation_of
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.fleet.shapes import Shape, shape_of
+from mla_switchboard.service.store.shapes import Shape, shape_of
 
 CACHE_SIZE = 4096
 InputsFor = Callable[[SelectRequest, DecisionInputs, datetime], DecisionInputs]

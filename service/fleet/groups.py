@@ -24,12 +24,12 @@ from typing import TypeVar
 from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
-from mla_switchboard.service.fleet.shapes import shape_of_json, shape_request
 from mla_switchboard.service.priority import let_the_loop_in, release_later
 from mla_switchboard.service.state import PodState
 from mla_switchboard.service.store.decisions import DecisionStore, FleetChange
 from mla_switchboard.service.store.fleet import FleetStore
 from mla_switchboard.service.store.rows import FleetGroup
+from mla_switchboard.service.store.shapes import shape_of_json, shape_request
 
 T = TypeVar("T")
 

@@ -1,14 +1,17 @@
 """Alembic environment: run by ``service.store.db.migrate`` with a live connection,
-or by the ``alembic`` command with ``-x url=...``."""
+or by the ``alembic`` command with ``-x url=...``.
+
+It imports nothing of the live code: a migration means what it meant when it was
+written. Autogenerating a revision needs the models' metadata: pass it as
+``config.attributes["target_metadata"]`` (``service.store.models.Base.metadata``)."""
 
 from __future__ import annotations
 
 from alembic import context
-from mla_switchboard.service.store.models import Base
 from sqlalchemy import create_engine
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = config.attributes.get("target_metadata")
 
 
 def run_migrations_online() -> None:

@@ -9,12 +9,19 @@ from typing import Any
 from mla_switchboard.core.schemas import Override
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.reads import scope
-from mla_switchboard.service.writes.overrides import shown
 
 
 def visible(principal: Principal, overrides: Iterable[Override]) -> list[Override]:
     """The overrides of the caller's clusters and the fleet's, by cluster."""
     return sorted((o for o in overrides if principal.may_see(o.cluster)), key=lambda o: o.cluster)
+
+
+def shown(o: Override, now: datetime) -> dict[str, Any]:
+    """An override as the API shows it, expired or not: what a write answers with
+    and what a read shows, before any scope applies."""
+    d = o.model_dump(mode="json")
+    d["expired"] = o.expires_at is not None and o.expires_at <= now
+    return d
 
 
 def shown_to(principal: Principal, o: Override, now: datetime) -> dict[str, Any]:

@@ -23,11 +23,11 @@ from typing import Any
 
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
-from mla_switchboard.service.fleet.shapes import Shape, request_from_shape, shape_of_json
 from mla_switchboard.service.state import DecisionRecord, PodState
 from mla_switchboard.service.store.base import aware, newest_first
 from mla_switchboard.service.store.models import AnswerRow, DecisionRow, PodLatest, ShapeRow
 from mla_switchboard.service.store.rows import Decision, FleetGroup, PodPointer, columns
+from mla_switchboard.service.store.shapes import Shape, request_from_shape, shape_of_json
 from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 

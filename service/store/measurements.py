@@ -24,7 +24,6 @@ from mla_switchboard.core.evidence import (
 )
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import format_capability
-from mla_switchboard.service.fleet.shapes import request_from_shape, shape_situation
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import (
     Idempotency,
@@ -48,6 +47,7 @@ from mla_switchboard.service.store.rows import (
     MeasurementSample,
     columns,
 )
+from mla_switchboard.service.store.shapes import request_from_shape, shape_situation
 from sqlalchemy import Connection, Engine, Float, bindparam, cast, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 

@@ -34,9 +34,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mla_switchboard.service.fleet.shapes import shape_of_json
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.store.rows import Decision
+from mla_switchboard.service.store.shapes import shape_of_json
 
 log = logging.getLogger("switchboard.recorder")
 

@@ -18,7 +18,7 @@ failures (``evidence.py``), sharing ``flow.py``.
 """
 
 from mla_switchboard.service.writes.flow import IDEMPOTENCY_KEY_PATTERN, IdempotencyKey
-from mla_switchboard.service.writes.overrides import audit_counts, shown
+from mla_switchboard.service.writes.overrides import audit_counts
 from mla_switchboard.service.writes.rules import scoped_merge
 
-__all__ = ["IDEMPOTENCY_KEY_PATTERN", "IdempotencyKey", "audit_counts", "scoped_merge", "shown"]
+__all__ = ["IDEMPOTENCY_KEY_PATTERN", "IdempotencyKey", "audit_counts", "scoped_merge"]

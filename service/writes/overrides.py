@@ -18,6 +18,7 @@ from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
+from mla_switchboard.service.reads.overrides import shown
 from mla_switchboard.service.reads.previews import Previews
 from mla_switchboard.service.state import override_etag
 from mla_switchboard.service.store.config import ConfigStore
@@ -248,13 +249,6 @@ def _with_override_etag(outcome: Outcome, cluster: str) -> Outcome:
         return outcome
     revision = outcome.body.get("override", {}).get("revision")
     return with_etag(outcome, override_etag(cluster, revision))
-
-
-def shown(o: Override, now: datetime) -> dict[str, Any]:
-    """An override as the API shows it, expired or not."""
-    d = o.model_dump(mode="json")
-    d["expired"] = o.expires_at is not None and o.expires_at <= now
-    return d
 
 
 def audit_counts(preview: Preview) -> dict[str, Any]:

@@ -254,44 +254,47 @@ def test_cost_grows_linearly_with_the_history_of_one_situation() -> None:
     assert time.thread_time() - started < 0.05
 
 
-def test_the_chunked_sorted_list_reads_as_a_sorted_list() -> None:
-    from mla_switchboard.core.evidence import _SortedFloats
-
-    class Small(_SortedFloats):
-        CHUNK = 4  # splits and merges within a few dozen items
+def test_the_sorted_values_give_the_median_under_adds_and_removes() -> None:
+    """The median every write publishes, read from the tally's sorted values, is the
+    median of what they hold, whatever was added and removed before."""
+    from mla_switchboard.core.evidence.values import median
+    from sortedcontainers import SortedList
 
     rng = random.Random(3)
-    chunked, flat = Small(), []
+    values, flat = SortedList(), []
+    values._reset(4)  # splits and merges its sublists within a few dozen items
     for step in range(3000):
         if flat and rng.random() < 0.45:
             value = rng.choice(flat)
-            chunked.remove(value)
+            values.remove(value)
             flat.remove(value)
         else:
             value = float(rng.randrange(40))
-            chunked.add(value)
+            values.add(value)
             flat.append(value)
         if step % 50 == 0:
             flat.sort()
-            assert list(chunked) == flat and len(chunked) == len(flat)
-            assert chunked.median() == (statistics.median(flat) if flat else None)
+            assert list(values) == flat and len(values) == len(flat)
+            assert median(values) == (statistics.median(flat) if flat else None)
 
 
 # ------------------------------------------------------------ the garbage collector
 
 
 CONTAINERS = (tuple, list, dict, set, frozenset, array, MappingProxyType)
+OURS = (EvidenceIndex.__module__.rpartition(".")[0], "sortedcontainers")
 
 
 def _tracked_below(root: object) -> int:
     """How many objects the cyclic garbage collector tracks in what ``root`` holds: its
-    containers and the core's own objects (not their classes, modules or locks)."""
+    containers, the evidence package's own objects and the sorted lists it keeps (not
+    their classes, modules or locks)."""
     seen: set[int] = set()
     stack = [root]
     tracked = 0
     while stack:
         obj = stack.pop()
-        ours = type(obj).__module__ == EvidenceIndex.__module__
+        ours = type(obj).__module__.startswith(OURS)
         if id(obj) in seen or not (ours or isinstance(obj, CONTAINERS)):
             continue
         seen.add(id(obj))
@@ -317,7 +320,7 @@ def test_evidence_gives_the_collector_a_few_objects_whatever_the_pods(pods: int)
     gc.collect()
     gc.collect()  # a tuple of tuples is left untracked over two passes
     tallies = 2
-    chunks = 2 * pods // 256 * 2  # the sorted TFLOP/s: one array a few hundred values
+    chunks = 2 * pods // 256 * 2  # the sorted TFLOP/s: one list per few hundred values
     assert _tracked_below(index) < 100 * tallies + chunks, pods
 
 

@@ -15,20 +15,15 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from mla_switchboard.core import evidence
-from mla_switchboard.core.evidence import (
-    _RECORD,
-    EvidenceIndex,
-    EvidenceLoader,
-    Observation,
-    Situation,
-    _expiry,
-    _expiry_key,
-    _expiry_time,
-    _SortedFloats,
-    _split_expired,
-    _with_sample,
-)
+from mla_switchboard.core.evidence import EvidenceIndex, EvidenceLoader, Observation, Situation
+from mla_switchboard.core.evidence import index as evidence_index
+from mla_switchboard.core.evidence.records import RECORD as _RECORD
+from mla_switchboard.core.evidence.records import expiry_entry as _expiry
+from mla_switchboard.core.evidence.records import expiry_key as _expiry_key
+from mla_switchboard.core.evidence.records import expiry_time as _expiry_time
+from mla_switchboard.core.evidence.records import split_expired as _split_expired
+from mla_switchboard.core.evidence.records import with_sample as _with_sample
+from mla_switchboard.core.evidence.values import median, sorted_in_pieces
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
 
@@ -152,16 +147,13 @@ def _uniform(rng: random.Random, low: float, high: float, n: int) -> list[float]
     ids=["empty", "one", "three", "equal", "few", "sorted", "reversed", "random", "clustered"],
 )
 def test_bulk_sorted_floats_read_as_a_sorted_list(values: list[float]) -> None:
-    class Small(_SortedFloats):
-        CHUNK = 16  # many chunks and pieces at small sizes
-        PIECE = 512
-
+    small = {"piece": 512, "splitter_every": 16}  # many bins and pieces at small sizes
     pauses: list[int] = []
-    for cls in (_SortedFloats, Small):
-        built = cls.of(list(values), lambda: pauses.append(1))
+    for sizes in ({}, small):
+        built = sorted_in_pieces(list(values), lambda: pauses.append(1), **sizes)
         assert list(built) == sorted(values) and len(built) == len(values)
-        assert built.median() == (statistics.median(values) if values else None)
-        assert all(0 < len(c) <= 2 * cls.CHUNK for c in built._chunks)
+        assert median(built) == (statistics.median(values) if values else None)
+        built._check()  # the list's own invariants hold on what a bulk load built
         # and it stays a sorted multiset under the writes that follow
         flat = sorted(values)
         rng = random.Random(len(values))
@@ -176,8 +168,8 @@ def test_bulk_sorted_floats_read_as_a_sorted_list(values: list[float]) -> None:
                 flat.append(v)
                 flat.sort()
         assert list(built) == flat
-        assert built.median() == (statistics.median(flat) if flat else None)
-    if len(values) > 2 * Small.PIECE:
+        assert median(built) == (statistics.median(flat) if flat else None)
+    if len(values) > 2 * small["piece"]:
         assert pauses  # a bulk sort is done in steps
 
 
@@ -411,7 +403,7 @@ def test_a_prune_in_steps_ends_where_one_prune_ends(monkeypatch: pytest.MonkeyPa
     ] + [failed(f"f{i}", minutes(i)) for i in range(300)]
     whole, stepped = EvidenceIndex(history, per_pod=3), EvidenceIndex(history, per_pod=3)
     seen: list[int] = []
-    monkeypatch.setattr(evidence, "PRUNE_STEP", 500)
+    monkeypatch.setattr(evidence_index, "PRUNE_STEP", 500)
 
     def pause() -> None:  # a reader between two steps sees whole situations
         stats = stepped.group(S)[FI]

@@ -33,8 +33,9 @@ ALLOWED = {
     "cli": {"core", "agent", "service", "cli"},
 }
 GENERIC_NAMES = {"service", "agent", "kernels", "bench", "core", "cli"}
-# third-party packages the core may use: pydantic only (the wire schemas)
-CORE_THIRD_PARTY = {"pydantic"}
+# third-party packages the core may use: pydantic (the wire schemas) and
+# sortedcontainers (the evidence's sorted TFLOP/s; pure Python, a GPU pod takes it)
+CORE_THIRD_PARTY = {"pydantic", "sortedcontainers"}
 # (part, other part) -> why a string in the part may name the other's modules
 STRING_ONLY = {
     ("core", "kernels"): "BackendSpec.class_path names the wrapper; kernels.get imports it",
@@ -327,3 +328,107 @@ def test_the_cycle_check_sees_a_type_checking_cycle() -> None:
         "mla_switchboard.service.b": b & known,
     }
     assert _cycles(graph) == [sorted(known)]
+
+
+def _part_of(module: str) -> str:
+    """What a service module counts as in the graph of the service's parts: its
+    sub-package (``service.store.decisions`` -> ``service.store``), or the module
+    itself when it sits at the top (``service.selector``)."""
+    return ".".join(module.split(".")[:3])
+
+
+def _part_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each sub-package folded into one node: two sub-packages
+    that import each other, through modules that do not, are still two parts that
+    cannot be understood (or moved) one without the other."""
+    parts: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        node = _part_of(module)
+        parts.setdefault(node, set()).update(_part_of(m) for m in imported if _part_of(m) != node)
+    return parts
+
+
+def _described(cycle: list[str], graph: dict[str, set[str]]) -> str:
+    """A cycle of parts, with the module imports that make each of its arrows."""
+    members = set(cycle)
+    arrows = sorted(
+        f"{module} -> {m}"
+        for module, imported in graph.items()
+        for m in imported
+        if _part_of(module) in members
+        and _part_of(m) in members
+        and _part_of(m) != _part_of(module)
+    )
+    return " <-> ".join(cycle) + ":\n  " + "\n  ".join(arrows)
+
+
+def test_no_import_cycle_between_the_service_parts() -> None:
+    """Sub-packages and top-level modules of the service form layers: arrows between
+    them point one way (what two parts share goes into the lower one)."""
+    graph = _service_graph()
+    cycles = _cycles(_part_graph(graph))
+    assert cycles == [], "\n".join(_described(c, graph) for c in cycles)
+
+
+def test_the_part_check_sees_a_cycle_the_module_check_does_not() -> None:
+    """``store.decisions`` imports ``fleet.shapes`` and ``fleet.groups`` imports
+    ``store.decisions``: no module imports itself back, but the two sub-packages do."""
+    graph = {
+        "mla_switchboard.service.store.decisions": {"mla_switchboard.service.fleet.shapes"},
+        "mla_switchboard.service.fleet.shapes": set(),
+        "mla_switchboard.service.fleet.groups": {"mla_switchboard.service.store.decisions"},
+        "mla_switchboard.service.selector": {"mla_switchboard.service.fleet.shapes"},
+    }
+    assert _cycles(graph) == []
+    cycles = _cycles(_part_graph(graph))
+    assert cycles == [["mla_switchboard.service.fleet", "mla_switchboard.service.store"]]
+    described = _described(cycles[0], graph)
+    assert "service.store.decisions -> mla_switchboard.service.fleet.shapes" in described
+    assert "service.fleet.groups -> mla_switchboard.service.store.decisions" in described
+    assert "selector" not in described  # an arrow into the cycle is not part of it
+
+
+MIGRATIONS = ROOT / PARTS["service"] / "migrations"
+MIGRATION_THIRD_PARTY = {"alembic", "sqlalchemy"}
+
+
+def _migration_problems(rel: str, imported: set[str], named: set[str]) -> list[str]:
+    """What a migration (or the migrations' environment) takes from outside its own
+    package: a migration runs years after it was written, so what it does must not
+    move when the live code does; it copies what it needs, frozen."""
+    own = module_name(MIGRATIONS / "__init__.py")
+    problems = []
+    for name in sorted(imported | named):
+        top = name.split(".")[0]
+        if name == own or name.startswith(own + "."):
+            continue
+        if top == "mla_switchboard" or not (
+            top in MIGRATION_THIRD_PARTY or top in sys.stdlib_module_names
+        ):
+            problems.append(f"{rel} imports {name}")
+    return problems
+
+
+def test_migrations_import_nothing_of_the_live_code() -> None:
+    problems = []
+    for path in sorted(MIGRATIONS.rglob("*.py")):
+        imported, named = _references(path.read_text(), str(path), module_name(path))
+        problems += _migration_problems(str(path.relative_to(ROOT)), imported, named)
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("source", "allowed"),
+    [
+        ("import sqlalchemy as sa\nfrom alembic import op\nimport json", True),
+        ("from mla_switchboard.service.migrations import columns", True),
+        ("from mla_switchboard.service.store.shapes import shape_of_json", False),
+        ("from mla_switchboard.core.stages import stage_bucket", False),
+        ("from ...store.models import Base", False),
+        ("import pydantic", False),
+    ],
+)
+def test_the_migration_check_sees_live_imports(source: str, allowed: bool) -> None:
+    module = "mla_switchboard.service.migrations.versions.0099_x"
+    imported, named = _references(source, "service/migrations/versions/0099_x.py", module)
+    assert (_migration_problems("0099_x.py", imported, named) == []) is allowed

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.fleet.shapes import shape_of
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.decisions import decision_row
+from mla_switchboard.service.store.shapes import shape_of
 from mla_switchboard.service.store.spill import LineEncoder, parse_line
 
 REQUEST = {

@@ -16,10 +16,10 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
-from mla_switchboard.service.fleet.shapes import shape_of_json
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import MIGRATIONS, make_engine, migrate
+from mla_switchboard.service.store.shapes import shape_of_json
 from sqlalchemy import Engine
 
 from tests.store.conftest import run_together

@@ -8,19 +8,48 @@ per distinct shape; ``pod_latest`` gains each pod's shape and stage bucket; and
 backend, source) group, per stage bucket, which the decision writer keeps in step.
 The upgrade fills both from the pods' newest decisions once (O(pods), here only);
 older decisions keep their request text and are read as before.
+
+What a shape and a stage bucket were when this revision was written is copied here
+(``_shape_of_json``, ``_stage_bucket``), frozen: a migration must fill the same rows
+whatever the live code later makes of them.
 """
 
+import hashlib
 import json
 from collections import defaultdict
 
 import sqlalchemy as sa
 from alembic import op
-from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
-from mla_switchboard.service.fleet.shapes import shape_of_json
 from mla_switchboard.service.migrations import columns
 
 revision = "0005"
 down_revision = "0004"
+
+STAGE_BUCKETS = 100
+NAMING_FIELDS = frozenset({"cluster", "node", "pod"})
+
+
+def _stage_bucket(cluster: str, pod: str | None) -> int | None:
+    """A named pod's stage bucket: a stable hash of (cluster, pod name)."""
+    if not pod:
+        return None
+    digest = hashlib.blake2b(f"{cluster}\0{pod}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % STAGE_BUCKETS
+
+
+def _shape_of_json(request_json: str) -> tuple[str, str]:
+    """(id, canonical JSON) of a stored request's shape: everything but its naming
+    fields, sorted keys; text that is no JSON object is kept whole."""
+    try:
+        body = json.loads(request_json)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        shape = {k: v for k, v in body.items() if k not in NAMING_FIELDS}
+    else:
+        shape = {"unparsed": request_json}
+    text = json.dumps(shape, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest(), text
 
 
 def upgrade() -> None:
@@ -58,11 +87,11 @@ def _fill() -> None:
         )
     )
     for cluster, node, pod, backend, source, request in rows:
-        shape = shape_of_json(request)
-        bucket = stage_bucket(cluster, pod)
-        shapes[shape.id] = shape.json
-        pods.append({"c": cluster, "n": node, "p": pod, "s": shape.id, "b": bucket})
-        counts[(cluster, shape.id, backend, source)][bucket or 0] += 1
+        shape_id, shape_json = _shape_of_json(request)
+        bucket = _stage_bucket(cluster, pod)
+        shapes[shape_id] = shape_json
+        pods.append({"c": cluster, "n": node, "p": pod, "s": shape_id, "b": bucket})
+        counts[(cluster, shape_id, backend, source)][bucket or 0] += 1
     if shapes:
         conn.execute(
             sa.text("INSERT INTO shapes (id, request) VALUES (:i, :r)"),
