@@ -2,7 +2,7 @@
 
 This is the backend registry: the only place a backend's name, the packages it needs
 (import and distribution names), its capability, dims and dtypes are written. The
-agent's package probe, the evidence situation key (``core/evidence.py``), the
+agent's package probe, the evidence situation key (``core/evidence/``), the
 dashboard's backend list (``GET /v1/backends``) and the README's backend table
 (``scripts/gen_docs_tables.py``) are all derived from it, and a test fails when a
 backend's name is spelt anywhere else; adding a backend touches this table and its

@@ -182,14 +182,14 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="measurements older than this are ignored"
     )
     # Per situation, backend and pod only this many of the pod's most recent results
-    # count (core/evidence.py): memory and ranking cost follow pods, not history.
+    # count (core/evidence/): memory and ranking cost follow pods, not history.
     measured_samples_per_pod: int = Field(
         default=8,
         ge=1,
         le=1000,
         description="a pod's most recent results that count per situation and backend",
     )
-    # The failure policy (core/evidence.py FailurePolicy).
+    # The failure policy (FailurePolicy, core/evidence/).
     failure_min_pods: int = Field(
         default=1,
         ge=1,

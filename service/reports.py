@@ -118,7 +118,7 @@ class Reports:
     ) -> Outcome:
         """Record that the kernel a decision chose failed to build or run (202). It is
         evidence against ``backend`` for pods in the same situation, under the failure
-        policy (``core/evidence.py``), and what a rollout's failure guard counts. A
+        policy (``core/evidence/``), and what a rollout's failure guard counts. A
         verified pod reports only its own decisions' failures."""
         if self.recorder.pending or self.recorder.spill_pending:
             self.recorder.flush()  # the decision may still be in memory or spilled
