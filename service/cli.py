@@ -148,6 +148,27 @@ def _open_store(settings: Settings) -> Store:
     return store
 
 
+def _people() -> Any:
+    """The service's ``People`` on its database, for ``switchboard session``; None (and
+    why, on stderr) when there is no such database."""
+    from datetime import timedelta
+
+    from mla_switchboard.service.config import Settings
+    from mla_switchboard.service.people import People
+
+    settings = Settings()
+    _protect(settings)
+    print(f"switchboard: using database {shown_url(settings.database_url)}", file=sys.stderr)
+    problem = _store_problem(settings.database_url, create=False, command="session")
+    if problem is not None:
+        print(f"switchboard session: {problem}", file=sys.stderr)
+        return None
+    store = _open_store(settings)
+    return People(
+        store.sessions, settings.oidc_role_mapping, timedelta(hours=settings.session_hours)
+    )
+
+
 def _token(args: argparse.Namespace) -> int:
     from mla_switchboard.service.config import Settings
     from mla_switchboard.service.store.db import StoreConfigError
@@ -376,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_health(sub)
     create = _add_token(sub)
-    add_session(sub, _environment_help(["database_url", "oidc_role_mapping"]), _RAW)
+    add_session(sub, _environment_help(["database_url", "oidc_role_mapping"]), _RAW, _people)
     parser.set_defaults(create_parser=create)
     return parser
 

@@ -12,8 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 
-def add_session(sub: Any, epilog: str, formatter: type[argparse.HelpFormatter]) -> None:
-    """The ``session`` command and its subcommands on ``sub`` (``build_parser``'s)."""
+def add_session(
+    sub: Any,
+    epilog: str,
+    formatter: type[argparse.HelpFormatter],
+    open_people: Callable[[], Any],
+) -> None:
+    """The ``session`` command and its subcommands on ``sub`` (``build_parser``'s);
+    ``open_people``: the service's ``People`` on its database (None: it said why)."""
     session = sub.add_parser(
         "session",
         help="list and revoke people's sign-in sessions",
@@ -29,14 +35,14 @@ def add_session(sub: Any, epilog: str, formatter: type[argparse.HelpFormatter]) 
     which = revoke.add_mutually_exclusive_group(required=True)
     which.add_argument("id", nargs="?", help="the session's id as `session list` shows it")
     which.add_argument("--subject", help="end every session of this subject")
-    session.set_defaults(func=run_session)
+    session.set_defaults(func=lambda args: run_session(args, open_people))
 
 
-def run_session(args: argparse.Namespace, open_people: Callable[[], Any] | None = None) -> int:
+def run_session(args: argparse.Namespace, open_people: Callable[[], Any]) -> int:
     """List or revoke; exit 0, 1 when nothing matched, 2 on a usage or store error."""
     import re
 
-    people = (open_people or _open_people)()
+    people = open_people()
     if people is None:
         return 2
     if args.session_command == "list":
@@ -63,24 +69,3 @@ def run_session(args: argparse.Namespace, open_people: Callable[[], Any] | None 
         return 1
     print(f"switchboard session: ended {ended} {what}", file=sys.stderr)
     return 0
-
-
-def _open_people() -> Any:
-    from datetime import timedelta
-
-    from mla_switchboard.service.cli import _open_store, _protect, _store_problem
-    from mla_switchboard.service.config import Settings
-    from mla_switchboard.service.messages import shown_url
-    from mla_switchboard.service.people import People
-
-    settings = Settings()
-    _protect(settings)
-    print(f"switchboard: using database {shown_url(settings.database_url)}", file=sys.stderr)
-    problem = _store_problem(settings.database_url, create=False, command="session")
-    if problem is not None:
-        print(f"switchboard session: {problem}", file=sys.stderr)
-        return None
-    store = _open_store(settings)
-    return People(
-        store.sessions, settings.oidc_role_mapping, timedelta(hours=settings.session_hours)
-    )
