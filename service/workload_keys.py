@@ -38,6 +38,8 @@ log = logging.getLogger("switchboard.keys")
 MAX_DOCUMENT_BYTES = 1024 * 1024
 FETCH_TIMEOUT_S = 5.0
 BACKOFF_MAX_S = 300.0
+MIN_BACKOFF_S = 1.0
+"""After a failed fetch, the next waits at least this (a zero refetch interval too)."""
 MAX_WAITERS = 4
 """Tokens per issuer that may wait for a fetch at once; more answer 503 at once."""
 WORKLOAD_ALGORITHMS = ("RS256", "ES256")
@@ -236,7 +238,7 @@ class IssuerKeys:
             now = self._clock()
             self._failures += 1
             delay = min(self.refetch_s * 2 ** (self._failures - 1), self.backoff_max_s)
-            self._next_fetch_at = now + max(delay, self.refetch_s)
+            self._next_fetch_at = now + max(delay, self.refetch_s, MIN_BACKOFF_S)
             if self.failing_since is None:
                 self.failing_since = now
             self.last_error = type(exc).__name__
