@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mla_switchboard.service.changes import Change, config_changes, expired_since
+from mla_switchboard.service.reads import scope
 from mla_switchboard.service.state import ConfigSnapshot
 
 # The store's versions whose moves the console answers by reading again.
@@ -155,6 +156,7 @@ class EventHub:
         may_see: Callable[[str], bool],
         last_id: str | None,
         lifetime_s: float = 600.0,
+        restricted: bool = False,
     ) -> AsyncIterator[dict[str, str]]:
         """What one stream sends, as sse-starlette's dicts: a ``hello`` first (its id
         the point the stream resumes from), ``resync`` when what was missed is not
@@ -162,7 +164,9 @@ class EventHub:
         caller goes (the response stops iterating) or after ``lifetime_s``: the
         caller then comes back with ``Last-Event-ID`` and is authenticated again, so a
         revoked token or an ended session hears no more than that. ``sub`` is let go
-        here."""
+        here. ``restricted``: the caller may see only the clusters ``may_see`` accepts,
+        so a rollout's halt is told in its words (``reads/scope.halted``)."""
+        sees = may_see if restricted else None
         loop = asyncio.get_running_loop()
         ends = loop.time() + lifetime_s
         try:
@@ -180,7 +184,7 @@ class EventHub:
                 for event in events:
                     seq = event.seq
                     if event.change.cluster is None or may_see(event.change.cluster):
-                        yield _wire(event)
+                        yield _wire(event, sees)
                 if not events:
                     try:
                         await asyncio.wait_for(sub.ready.wait(), ends - loop.time())
@@ -190,8 +194,11 @@ class EventHub:
             self.unsubscribe(sub)
 
 
-def _wire(event: Event) -> dict[str, str]:
+def _wire(event: Event, sees: scope.Sees = None) -> dict[str, str]:
     data = dict(event.change.data)
+    if "halted_reason" in data:
+        reason, cause = scope.halted(sees, data["halted_reason"], data.get("halted_cause"))
+        data["halted_reason"], data["halted_cause"] = reason, cause
     if event.change.cluster is not None:
         data.setdefault("cluster", event.change.cluster)
     return {"event": event.change.kind, "id": event.id, "data": json.dumps(data)}

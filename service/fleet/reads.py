@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from mla_switchboard.core import cause_words
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import FLEET, Override, RulesDocument
 from mla_switchboard.service.collector import Collector, paused
@@ -216,10 +217,17 @@ class FleetReads:
         parts = self._parts_of(fleet, inputs, now)
         clusters = sorted(fleet.by_cluster)
         excluded = {c: found for c in clusters if (found := parts.excluded(c))}
-        body = {
+        body: dict[str, Any] = {
             "clusters": {c: parts.counts(c) for c in clusters},
             "regret": {c: parts.regret(c) for c in clusters},
-            "excluded": excluded,
+            "excluded": {
+                c: {b: cause_words.exclusion(why) for b, why in found.items()}
+                for c, found in excluded.items()
+            },
+            "excluded_causes": {
+                c: {b: why.model_dump(mode="json") for b, why in found.items()}
+                for c, found in excluded.items()
+            },
             "rollouts": [
                 r
                 for r in _progress(parts, inputs, clusters)

@@ -56,7 +56,7 @@ async def events(
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     return EventSourceResponse(
-        hub.stream(sub, principal.may_see, last_event_id, STREAM_LIFETIME_S),
+        hub.stream(sub, principal.may_see, last_event_id, STREAM_LIFETIME_S, principal.restricted),
         ping=hub.heartbeat_s,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
