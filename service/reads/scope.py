@@ -7,10 +7,13 @@ names and error text of clusters outside the caller's scope. Every read service
 passes its rows through these functions, so the rule lives in one place; an
 unrestricted caller gets every row unchanged.
 
-The texts redacted here are the service's own (``rollouts.py`` writes the halt reasons,
-``core/evaluator.py`` quotes them in decisions): a reason is kept when every cluster it
-names is in scope, and replaced by :data:`OUTSIDE` otherwise, or when it names none it
-can be read for (never shown by guessing).
+What names pods and quotes errors is stored as data (``core/causes.py``: a rollout's
+``halted_cause``, a candidate's ``exclusion``) and put into words here, for the caller
+(``core/cause_words.py``): its clusters' pods named, the others counted. Nothing is
+read back from the service's words, so nothing an agent sends (a pod name shaped like a
+list of clusters, an error shaped like another cluster's pod) changes what another
+caller reads. What was stored as text alone, before causes were kept, is shown whole
+to unrestricted callers only.
 """
 
 from __future__ import annotations

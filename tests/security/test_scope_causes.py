@@ -201,3 +201,42 @@ def test_a_window_of_two_million_hours_is_still_redacted(sqlite_url: str) -> Non
             r = viewer.get(path)
             assert SECRET not in r.text and "dev-hidden" not in r.text, (path, r.text)
         assert "in the last 2000000 h" in viewer.get("/v1/selections/summary").text
+
+
+def _measured(c: httpx.Client, cluster: str, pod: str, impl: str, tflops: float) -> None:
+    select(c, cluster, pod=pod)
+    result = {
+        "backend": "FLASH_ATTN",
+        "impl": impl,
+        "shape": {"seqlens": [4096], "num_heads": 128},
+        "median_ms": 1.0,
+        "tflops": tflops,
+        "correct": True,
+    }
+    r = c.post(
+        "/v1/measurements",
+        json={
+            "cluster": cluster,
+            "pod": pod,
+            "device": H200,
+            "model": {**R1, "num_heads": 128},
+            "dtype": "bfloat16",
+            "packages": ALL,
+            "results": [result, result],
+        },
+    )
+    assert r.status_code == 201 and r.json()["counted"] is True, r.text
+
+
+def test_the_measurements_summary_shows_a_caller_its_own_clusters_figures(
+    api: httpx.Client,
+) -> None:
+    _measured(agent(api, ["dev-*"]), "dev-hidden", "dev-pod", f"impl-{SECRET}", 900.0)
+    _measured(agent(api, ["prod-*"]), "prod-east", "prod-pod", "impl-prod", 300.0)
+    everything = api.get("/v1/measurements/summary")
+    assert SECRET in everything.text  # the fleet's admin reads every impl
+    r = scoped(api).get("/v1/measurements/summary")
+    assert r.status_code == 200 and SECRET not in r.text, r.text
+    (row,) = [g for g in r.json()["groups"] if g["backend"] == "FLASH_ATTN"]
+    assert (row["impls"], row["pods"], row["samples"]) == (["impl-prod"], 1, 2)
+    assert row["median_tflops"] == pytest.approx(300.0)
