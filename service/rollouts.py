@@ -280,6 +280,7 @@ class RolloutGuards:
         source = rollouts.evidence_source(
             record.principal, record.verified, record.cluster, record.pod, self.static_sources
         )
+        failure = PodError(cluster=record.cluster, pod=record.pod or "?", error=line)
         for o in self.inputs().overrides_for(record.cluster):  # the fleet's, the cluster's
             r = o.rollout
             if r is None or (o.cluster, r.id) not in staged:
@@ -314,12 +315,12 @@ class RolloutGuards:
                     static_sources=counted.static_sources,
                     max_failures=current.max_failures,
                     pods=[_pod_at(p) for p in failed],
-                    latest=PodError(cluster=record.cluster, pod=record.pod or "?", error=line),
+                    latest=failure,
                     backend=backend,
                 )
                 return _halted(current, failed, cause, sources)
 
-            self._change(o, count, action="rollout.failure", note=f"{where}: {line}")
+            self._change(o, count, action="rollout.failure", note=f"{where}: {line}", cause=failure)
 
     def on_measurements(self, report: MeasurementReport) -> None:
         """A pod reported benchmarks. If it is in the stage of an active rollout, compare
@@ -378,7 +379,7 @@ class RolloutGuards:
                     return None
                 return _halted(current, current.failed_pods, cause, _sources(current))
 
-            self._change(o, halt, action="rollout.slowdown", note=words.halt(cause))
+            self._change(o, halt, action="rollout.slowdown", note=words.halt(cause), cause=cause)
 
     def _sources_of(
         self,
@@ -465,11 +466,25 @@ class RolloutGuards:
     # ------------------------------------------------------------------ writes
 
     def _change(
-        self, o: Override, change: Callable[[Rollout], Rollout | None], *, action: str, note: str
+        self,
+        o: Override,
+        change: Callable[[Rollout], Rollout | None],
+        *,
+        action: str,
+        note: str,
+        cause: PodError | SlowdownHalt | None = None,
     ) -> None:
+        """Store and audit a change of ``o``'s rollout; ``cause``: what a guard's audit
+        entry is about, as data (a scoped reader gets it in its words)."""
         assert o.rollout is not None
         updated = self.config.update_rollout(
-            o.cluster, o.rollout.id, change, actor=SERVICE_ACTOR, action=action, note=note
+            o.cluster,
+            o.rollout.id,
+            change,
+            actor=SERVICE_ACTOR,
+            action=action,
+            note=note,
+            cause=None if cause is None else cause.model_dump(mode="json"),
         )
         if not isinstance(updated, Override) or updated.rollout is None:
             return

@@ -23,7 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 from mla_switchboard.core import cause_words as words
-from mla_switchboard.core.causes import FailureHalt, HaltCause, MeasuredExclusion, PersonHalt
+from mla_switchboard.core.causes import (
+    FailureHalt,
+    HaltCause,
+    MeasuredExclusion,
+    PersonHalt,
+    PodError,
+)
 from mla_switchboard.service.auth import Principal
 from pydantic import TypeAdapter, ValidationError
 
@@ -129,25 +135,33 @@ def override(principal: Principal, shown: dict[str, Any] | None) -> dict[str, An
 
 def audit_entry(principal: Principal, row: dict[str, Any]) -> dict[str, Any]:
     """An override or rollout audit entry the caller may read (its cluster's or the
-    fleet's): the overrides before and after redacted, and a guard's note (the failing
-    pod and its error, or the slowdown's halt) when it names another cluster. A
-    slowdown's note is the halt of the override it stored after, rendered again from
-    that halt's cause."""
+    fleet's): the overrides before and after redacted, and a guard's note in the
+    caller's words from the entry's ``cause`` (the failing pod and its error, or the
+    slowdown's halt). A guard's entry stored before causes were kept is told only as
+    one about pods outside the caller's scope."""
     if not principal.restricted:
         return row
     out = {**row, "before": override(principal, row.get("before"))}
     out["after"] = override(principal, row.get("after"))
-    note = row.get("note")
-    if isinstance(note, str):
-        if row.get("action") == "rollout.failure":
-            where = note.split(":", 1)[0]
-            out["note"] = note if sees_pod(principal, where) else OUTSIDE_FAILURE
-        elif row.get("action") == "rollout.slowdown":
-            after = row.get("after")
-            stored = after.get("rollout") if isinstance(after, dict) else None
-            cause = stored.get("halted_cause") if isinstance(stored, dict) else None
-            out["note"] = halted(principal.may_see, note, cause)[0]
+    action = row.get("action")
+    if action == "rollout.failure":
+        failure = _pod_error(row.get("cause"))
+        if failure is not None and principal.may_see(failure.cluster):
+            out["note"] = f"{failure.cluster}/{failure.pod}: {failure.error}"
+        else:
+            out["note"], out["cause"] = OUTSIDE_FAILURE, None
+    elif action == "rollout.slowdown":
+        out["note"], out["cause"] = halted(principal.may_see, row.get("note"), row.get("cause"))
     return out
+
+
+def _pod_error(stored: Any) -> PodError | None:
+    if stored is None:
+        return None
+    try:
+        return PodError.model_validate(stored)
+    except ValidationError:
+        return None
 
 
 OUTSIDE_PODS = "pods in clusters outside your scope, not named"

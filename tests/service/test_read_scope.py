@@ -212,16 +212,30 @@ def test_an_exclusion_stored_as_text_alone_keeps_its_count_only() -> None:
 
 
 def test_audit_notes_and_decision_answers() -> None:
-    row = {"action": "rollout.failure", "note": "dev-a/p9: SECRET", "before": None, "after": None}
-    assert scope.audit_entry(PROD, row)["note"] == scope.OUTSIDE_FAILURE
-    assert (
-        scope.audit_entry(PROD, {**row, "note": "prod-east/p1: oom"})["note"] == "prod-east/p1: oom"
-    )
+    def failure(where: str) -> dict[str, Any]:
+        cluster, pod = where.split("/")
+        cause = PodError(cluster=cluster, pod=pod, error="oom").model_dump(mode="json")
+        return {"action": "rollout.failure", "note": f"{where}: oom", "cause": cause}
+
+    assert scope.audit_entry(PROD, failure("dev-a/p9"))["note"] == scope.OUTSIDE_FAILURE
+    assert scope.audit_entry(PROD, failure("dev-a/p9"))["cause"] is None
+    assert scope.audit_entry(PROD, failure("prod-east/p1"))["note"] == "prod-east/p1: oom"
+    # a pod name that starts like another cluster's pod is still its cluster's
+    tricky = failure("dev-a/p1")
+    tricky["note"] = "prod-east/x: oom"  # what a note could say; the cause decides
+    assert scope.audit_entry(PROD, tricky)["note"] == scope.OUTSIDE_FAILURE
+    # stored before causes were kept: outside, to a restricted caller only
+    old = {"action": "rollout.failure", "note": "prod-east/p1: oom"}
+    assert scope.audit_entry(PROD, old)["note"] == scope.OUTSIDE_FAILURE
+    assert scope.audit_entry(FLEET, old) is old
     cause = slow("prod-east/a", "prod-east/b")
-    after = {"rollout": {"state": "halted", "halted_cause": cause.model_dump(mode="json")}}
-    slowed = {"action": "rollout.slowdown", "note": words.halt(cause), "after": after}
+    slowed = {
+        "action": "rollout.slowdown",
+        "note": words.halt(cause),
+        "cause": cause.model_dump(mode="json"),
+    }
     assert scope.audit_entry(PROD, slowed)["note"] == words.halt(cause)
-    assert scope.audit_entry(PROD, {**slowed, "after": None})["note"] == scope.OUTSIDE
+    assert scope.audit_entry(PROD, {**slowed, "cause": None})["note"] == scope.OUTSIDE
 
     excluded = exclusion("prod-east/p1", "dev-a/p2")
     candidate = {
