@@ -74,6 +74,26 @@ def _slowdown_halt(cause: SlowdownHalt, mine: list[PodAt], hidden: int) -> str:
 def exclusion(cause: MeasuredExclusion, sees: Sees = None) -> str:
     """Why failures exclude a backend, as ``sees``' reader may read it: the pods of its
     clusters quoted (at most three), the rest counted."""
+    if sees is not None:
+        return _exclusion(cause, sees)
+    kept = _words_kept.get(id(cause))
+    if kept is not None and kept[0] is cause:
+        return kept[1]
+    words = _exclusion(cause, None)
+    if len(_words_kept) >= WORDS_KEPT:
+        _words_kept.clear()
+    _words_kept[id(cause)] = (cause, words)
+    return words
+
+
+WORDS_KEPT = 4096
+"""How many exclusions' words for every reader are kept: a decision says them, and a
+fleet read makes thousands of decisions sharing one exclusion (``core/exclusions.py``
+keeps it). Kept by the cause itself (its id, checked by identity)."""
+_words_kept: dict[int, tuple[MeasuredExclusion, str]] = {}
+
+
+def _exclusion(cause: MeasuredExclusion, sees: Sees) -> str:
     quoted = [q for q in cause.quoted if _may(sees, q.cluster)]
     parts = [_quote(q) for q in quoted]
     rest = cause.pods - len(quoted)

@@ -45,12 +45,27 @@ def exclusion_of_latest(
     recent = bisect.bisect_right(latest, since, key=lambda f: -_age_key(f.at))
     if recent == 0 or recent < policy.min_pods:
         return None
+    kept = _kept.get(id(latest))
+    if kept is not None and kept[0] is latest and kept[1] == (recent, policy):
+        return kept[2]
     quoted = [
         PodError(cluster=n.cluster, pod=n.pod, at=n.at, error=first_line(n.error))
         for n in latest[: min(recent, QUOTED)]
     ]
     hours = policy.window.total_seconds() / 3600
-    return MeasuredExclusion(pods=recent, window_h=hours, quoted=quoted)
+    found = MeasuredExclusion(pods=recent, window_h=hours, quoted=quoted)
+    if len(_kept) >= KEPT:
+        _kept.clear()
+    _kept[id(latest)] = (latest, (recent, policy), found)
+    return found
+
+
+KEPT = 4096
+"""How many backends' exclusions are kept. A backend's failing pods are published as a
+tuple replaced on every change, so one read of it gives the same exclusion while the
+same pods are within the window: a fleet read deciding thousands of groups of one
+situation builds it once. Kept by the tuple itself (its id, checked by identity)."""
+_kept: dict[int, tuple[Sequence[FailureNote], tuple[int, FailurePolicy], MeasuredExclusion]] = {}
 
 
 def _age_key(at: datetime | None) -> float:
