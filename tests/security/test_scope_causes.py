@@ -187,6 +187,20 @@ def test_failures_a_cluster_trusts_are_counted_not_quoted(api: httpx.Client, oth
         excluded = [c for c in r.json()["candidates"] if c["exclusion"]]
         assert excluded and excluded[0]["exclusion"]["pods"] == 2
         assert [q["pod"] for q in excluded[0]["exclusion"]["quoted"]] == ["prod-failing"]
+    # its own representation: never the unrestricted one's ETag, and a 304 for its own
+    mine = prod_agent.post("/v1/select", json=payload)
+    assert mine.headers["ETag"] != api.post("/v1/select", json=payload).headers["ETag"]
+    again = prod_agent.post(
+        "/v1/select", json=payload, headers={"If-None-Match": mine.headers["ETag"]}
+    )
+    assert again.status_code == 304 and again.headers["X-Decision-Id"]
+    # a strict request for the excluded backend: the refusal quotes no other cluster
+    payload = {**payload, "requested_backend": "FLASHINFER", "strict": True}
+    refused = prod_agent.post("/v1/select", json=payload)
+    assert refused.status_code == 409, refused.text
+    assert "prod-failing" in refused.text
+    for hidden in (SECRET, other, "secret-pod"):
+        assert hidden not in refused.text, (hidden, refused.text)
 
 
 def test_a_window_of_two_million_hours_is_still_redacted(sqlite_url: str) -> None:
