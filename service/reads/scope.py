@@ -172,12 +172,12 @@ _MEASURED = " (measured policy): "
 
 
 def legacy_exclusion(reason: str) -> str:
-    """A measured-policy exclusion stored as text alone, for a restricted caller: the
-    count and window stay, every pod and error goes. The text the service wrote begins
-    ``failed on N pods in the last X h (measured policy): `` and only what follows the
-    first such marker quotes pods, so cutting there can never keep a quote."""
-    if not reason.startswith("failed on "):
-        return reason
+    """A text that may quote a measured-policy exclusion but carries no cause (one
+    stored before causes were kept, or a preview's reason ``BACKEND: failed on ...``),
+    for a restricted caller: what comes before the exclusion's quotes stays (the
+    count, the window: the service's own words), every pod and error after it goes.
+    The service writes ``... (measured policy): `` before the first quote, so cutting
+    at the first such marker can never keep a quote."""
     head, marker, _ = reason.partition(_MEASURED)
     return f"{head}{marker}{OUTSIDE_PODS}" if marker else reason
 
@@ -222,7 +222,22 @@ def decision_answer(principal: Principal, answer: dict[str, Any]) -> dict[str, A
         candidates.append(_candidate(sees, c))
     if "candidates" in answer:
         out["candidates"] = candidates
+    if any(isinstance(c, dict) and "exclusion" not in c for c in answer.get("candidates") or ()):
+        # stored before causes were kept: its messages may quote either, whole
+        out["messages"] = [_legacy_message(str(m)) for m in answer.get("messages") or ()]
     return out
+
+
+_HALTED = " is halted ("
+
+
+def _legacy_message(message: str) -> str:
+    """A message of an answer stored before causes were kept, for a restricted caller:
+    a halted rollout's quoted reason becomes a pointer, an exclusion loses its quotes."""
+    head, marker, _ = message.partition(_HALTED)
+    if marker:
+        return f"{head}{marker}its reason: see the override's rollout): answered as without it."
+    return legacy_exclusion(message)
 
 
 def _candidate(sees: Callable[[str], bool], c: dict[str, Any]) -> dict[str, Any]:

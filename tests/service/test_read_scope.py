@@ -209,6 +209,14 @@ def test_an_exclusion_stored_as_text_alone_keeps_its_count_only() -> None:
     assert scope.legacy_exclusion("Using FLASH_ATTN: first valid backend") == (
         "Using FLASH_ATTN: first valid backend"
     )
+    # a preview says which backend a reason is against, before the reason
+    why = "FLASHINFER: failed on 1 pod in the last 24 h (measured policy): dev-a/p: SECRET"
+    preview = {"changes": [{"cluster": "prod-east", "reasons": [{"pods": 3, "why": [why]}]}]}
+    shown = scope.texts(PROD, preview)
+    assert shown["changes"][0]["reasons"][0]["why"] == [
+        f"FLASHINFER: failed on 1 pod in the last 24 h (measured policy): {scope.OUTSIDE_PODS}"
+    ]
+    assert scope.texts(FLEET, preview) is preview
 
 
 def test_audit_notes_and_decision_answers() -> None:
@@ -247,3 +255,22 @@ def test_audit_notes_and_decision_answers() -> None:
     shown = scope.decision_answer(PROD, answer)
     assert "dev-a" not in str(shown) and "prod-east/p1" in shown["candidates"][0]["reasons"][0]
     assert scope.decision_answer(FLEET, answer) is answer
+
+
+def test_an_answer_stored_before_causes_were_kept() -> None:
+    """Its messages and reasons may quote a halt or an exclusion of any cluster, and
+    nothing says whose: a restricted caller reads the counts and pointers only."""
+    excluded = "failed on 1 pod in the last 24 h (measured policy): dev-a/p: SECRET"
+    answer = {
+        "messages": [
+            "The rollout of override prod-east rev 3 is halted (pods dev-a/p9 SECRET): "
+            "answered as without it.",
+            f"Requested MLA prefill backend FLASHINFER is not valid: ['{excluded}']. Falling",
+            "Using FLASH_ATTN: first valid backend",
+        ],
+        "candidates": [{"backend": "FLASHINFER", "reasons": [excluded]}],
+    }
+    shown = scope.decision_answer(PROD, answer)
+    assert "SECRET" not in str(shown) and "dev-a" not in str(shown)
+    assert shown["messages"][2] == "Using FLASH_ATTN: first valid backend"
+    assert shown["messages"][0].startswith("The rollout of override prod-east rev 3 is halted (")
