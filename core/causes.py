@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 ERROR_CHARS = 200
 """How much of an error's first line a cause keeps."""
@@ -35,6 +35,12 @@ class PodError(PodAt):
 
     at: datetime | None = None
     error: str
+
+    @field_serializer("at", when_used="always")
+    def _at(self, at: datetime | None) -> str | None:
+        """As text in every dump: a cause travels in answers and audit rows dumped for
+        JSON without pydantic's JSON mode."""
+        return None if at is None else at.isoformat()
 
 
 def first_line(error: str) -> str:

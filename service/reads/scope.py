@@ -274,6 +274,36 @@ def summary(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def preview(principal: Principal, shown: dict[str, Any]) -> dict[str, Any]:
+    """A preview (a dict) for this caller: each change's reasons that quote an
+    exclusion in its words, from the reason's ``exclusions``; any other text through
+    :func:`texts` (it carries no cause)."""
+    if not principal.restricted:
+        return shown
+    out = texts(principal, {k: v for k, v in shown.items() if k != "changes"})
+    out["changes"] = [
+        {**texts(principal, {k: v for k, v in c.items() if k != "reasons"}),
+         "reasons": [_change_reason(principal.may_see, r) for r in c.get("reasons") or ()]}
+        for c in shown.get("changes") or ()
+    ]  # fmt: skip
+    return out
+
+
+def _change_reason(sees: Callable[[str], bool], reason: dict[str, Any]) -> dict[str, Any]:
+    stored = reason.get("exclusions") or {}
+    mine: dict[str, str] = {}
+    cut: dict[str, Any] = {}
+    for backend, raw in stored.items():
+        cause = measured_cause(raw)
+        if cause is None:
+            continue
+        full = f"{backend}: {words.exclusion(cause)}"
+        text, cut[backend] = exclusion(sees, words.exclusion(cause), raw)
+        mine[full] = f"{backend}: {text}"
+    why = [mine.get(w) or legacy_exclusion(str(w)) for w in reason.get("why") or ()]
+    return {**reason, "why": why, "exclusions": cut}
+
+
 def texts(principal: Principal, value: Any) -> Any:
     """Every text in ``value`` (JSON-shaped: a preview) as a restricted caller may read
     it: a measured-policy exclusion's pods redacted (:func:`legacy_exclusion`). A

@@ -254,3 +254,20 @@ def test_the_measurements_summary_shows_a_caller_its_own_clusters_figures(
     (row,) = [g for g in r.json()["groups"] if g["backend"] == "FLASH_ATTN"]
     assert (row["impls"], row["pods"], row["samples"]) == (["impl-prod"], 1, 2)
     assert row["median_tflops"] == pytest.approx(300.0)
+
+
+def test_a_preview_quotes_a_scoped_admins_own_pods_only(api: httpx.Client) -> None:
+    _measured_failure(agent(api, ["prod-*"]), "prod-east", "prod-failing", "prod-own-error")
+    _measured_failure(agent(api, ["dev-*"]), "dev-hidden", "secret-pod")
+    payload = body(cluster="prod-east", pod="prod-asks", packages=ALL)
+    payload.update(device=H200, requested_backend="FLASHINFER")
+    first = api.post("/v1/select", json=payload)
+    assert first.status_code == 200 and first.json()["backend"] == "FLASHINFER", first.text
+    admin = scoped(api, "admin")
+    proposal = {"policy": "measured", "trust_clusters": ["*"], "note": "data"}
+    r = admin.put("/v1/overrides/prod-east", params={"dry_run": "true"}, json=proposal)
+    assert r.status_code == 200, r.text
+    for hidden in (SECRET, "dev-hidden", "secret-pod"):
+        assert hidden not in r.text, (hidden, r.text)
+    whys = [w for c in r.json()["preview"]["changes"] for x in c["reasons"] for w in x["why"]]
+    assert any("prod-own-error" in w and "1 pod not named" in w for w in whys), whys

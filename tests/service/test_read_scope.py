@@ -274,3 +274,18 @@ def test_an_answer_stored_before_causes_were_kept() -> None:
     assert "SECRET" not in str(shown) and "dev-a" not in str(shown)
     assert shown["messages"][2] == "Using FLASH_ATTN: first valid backend"
     assert shown["messages"][0].startswith("The rollout of override prod-east rev 3 is halted (")
+
+
+def test_a_previews_exclusions_in_a_scoped_callers_words() -> None:
+    cause = exclusion("prod-east/p1", "dev-a/p2")
+    why = [f"FLASHINFER: {words.exclusion(cause)}", "Using FLASH_ATTN: first valid backend"]
+    reason = {"pods": 3, "why": why, "exclusions": {"FLASHINFER": cause.model_dump(mode="json")}}
+    preview = {"pods_total": 3, "changes": [{"cluster": "prod-east", "reasons": [reason]}]}
+    shown = scope.preview(PROD, preview)
+    (mine,) = shown["changes"][0]["reasons"]
+    assert mine["why"] == [
+        f"FLASHINFER: {words.exclusion(cause, PROD.may_see)}",
+        "Using FLASH_ATTN: first valid backend",
+    ]
+    assert "prod-east/p1" in mine["why"][0] and "dev-a" not in str(shown)
+    assert scope.preview(FLEET, preview) is preview
