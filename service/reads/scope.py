@@ -23,13 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mla_switchboard.core import cause_words as words
-from mla_switchboard.core.causes import (
-    FailureHalt,
-    HaltCause,
-    MeasuredExclusion,
-    PersonHalt,
-    PodError,
-)
+from mla_switchboard.core import causes
 from mla_switchboard.service.auth import Principal
 from pydantic import TypeAdapter, ValidationError
 
@@ -40,7 +34,7 @@ reason was stored as text alone (before causes were kept as data)."""
 OUTSIDE_FAILURE = "a pod in a cluster outside your scope reported a failure"
 """A ``rollout.failure`` audit note of a pod the caller may not see."""
 
-_HALT: TypeAdapter[HaltCause] = TypeAdapter(HaltCause)
+_HALT: TypeAdapter[causes.HaltCause] = TypeAdapter(causes.HaltCause)
 
 
 def etag(principal: Principal, etag: str) -> str:
@@ -59,18 +53,18 @@ Sees = Callable[[str], bool] | None
 
 
 def sees_of(principal: Principal) -> Sees:
-    """The test :mod:`core.cause_words` renders with for this caller."""
+    """The test the words of ``cause_words`` are rendered with for this caller."""
     return principal.may_see if principal.restricted else None
 
 
-def sees_pod(principal: Principal, where: str) -> bool:
+def sees_pod(principal: Principal, pod: str) -> bool:
     """Whether the caller may see ``cluster/pod`` (a rollout's ``failed_pods`` entry).
     A cluster name holds no ``/``, so what comes before the first one is the cluster."""
-    cluster = where.split("/", 1)[0]
+    cluster = pod.split("/", 1)[0]
     return cluster != "*" and principal.may_see(cluster)
 
 
-def halt_cause(stored: Any) -> HaltCause | None:
+def halt_cause(stored: Any) -> causes.HaltCause | None:
     """A rollout's stored ``halted_cause`` (JSON), or None when it has none or it does
     not read as one."""
     if stored is None:
@@ -94,14 +88,14 @@ def halted(sees: Sees, reason: str | None, stored_cause: Any) -> tuple[str | Non
     return words.halt(cause, sees), _cause_cut(cause, sees)
 
 
-def _cause_cut(cause: HaltCause, sees: Callable[[str], bool]) -> dict[str, Any]:
-    if isinstance(cause, PersonHalt):
+def _cause_cut(cause: causes.HaltCause, sees: Callable[[str], bool]) -> dict[str, Any]:
+    if isinstance(cause, causes.PersonHalt):
         return cause.model_dump(mode="json")
     mine = [p for p in cause.pods if p.cluster != "*" and sees(p.cluster)]
     out = cause.model_dump(mode="json")
     out["pods"] = [p.model_dump(mode="json") for p in mine]
     out["pods_outside_scope"] = len(cause.pods) - len(mine)
-    if isinstance(cause, FailureHalt) and not sees(cause.latest.cluster):
+    if isinstance(cause, causes.FailureHalt) and not sees(cause.latest.cluster):
         out["latest"] = None
     return out
 
@@ -145,9 +139,9 @@ def audit_entry(principal: Principal, row: dict[str, Any]) -> dict[str, Any]:
     out["after"] = override(principal, row.get("after"))
     action = row.get("action")
     if action == "rollout.failure":
-        failure = _pod_error(row.get("cause"))
-        if failure is not None and principal.may_see(failure.cluster):
-            out["note"] = f"{failure.cluster}/{failure.pod}: {failure.error}"
+        failed = _pod_error(row.get("cause"))
+        if failed is not None and principal.may_see(failed.cluster):
+            out["note"] = f"{failed.cluster}/{failed.pod}: {failed.error}"
         else:
             out["note"], out["cause"] = OUTSIDE_FAILURE, None
     elif action == "rollout.slowdown":
@@ -155,11 +149,11 @@ def audit_entry(principal: Principal, row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _pod_error(stored: Any) -> PodError | None:
+def _pod_error(stored: Any) -> causes.PodError | None:
     if stored is None:
         return None
     try:
-        return PodError.model_validate(stored)
+        return causes.PodError.model_validate(stored)
     except ValidationError:
         return None
 
@@ -197,12 +191,12 @@ def exclusion(sees: Sees, reason: str, stored_cause: Any) -> tuple[str, Any]:
     return words.exclusion(cause, sees), cut
 
 
-def measured_cause(stored: Any) -> MeasuredExclusion | None:
+def measured_cause(stored: Any) -> causes.MeasuredExclusion | None:
     """A stored exclusion cause (JSON), or None."""
     if stored is None:
         return None
     try:
-        return MeasuredExclusion.model_validate(stored)
+        return causes.MeasuredExclusion.model_validate(stored)
     except ValidationError:
         return None
 
@@ -261,12 +255,12 @@ def summary(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
     out["rollouts"] = [
         {**r, "rollout": rollout(principal, r["rollout"])} for r in body.get("rollouts", ())
     ]
-    causes = body.get("excluded_causes") or {}
+    kept = body.get("excluded_causes") or {}
     excluded: dict[str, dict[str, str]] = {}
     cut: dict[str, dict[str, Any]] = {}
     for cluster, reasons in (body.get("excluded") or {}).items():
         for backend, why in reasons.items():
-            stored = (causes.get(cluster) or {}).get(backend)
+            stored = (kept.get(cluster) or {}).get(backend)
             text, cause = exclusion(sees, why, stored)
             excluded.setdefault(cluster, {})[backend] = text
             cut.setdefault(cluster, {})[backend] = cause
