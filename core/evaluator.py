@@ -27,8 +27,11 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Literal
 
+from mla_switchboard.core import cause_words
+from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.engines import OWN_ENGINE, EngineChoice, EngineProfile, choose, resolve
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
+from mla_switchboard.core.exclusions import measured_exclusions
 from mla_switchboard.core.names import model_matches
 from mla_switchboard.core.schemas import (
     FLEET,
@@ -383,6 +386,9 @@ class Assessment:
     profile: EngineProfile
     situation: Situation | None
     reasons: dict[Backend, list[str]]
+    # the measured-policy exclusions among ``reasons``, as data (their reason is
+    # ``cause_words.exclusion`` of it)
+    exclusions: dict[Backend, MeasuredExclusion] = field(default_factory=dict)
 
     def valid(self) -> list[Backend]:
         return [b for b in _BACKENDS if not self.reasons[b]]
@@ -408,10 +414,14 @@ def assess(
         for backend in o.deny:
             reasons[backend].append(f"denied by {o.label}: {o.note}")
     situation = situation_of(request)
+    exclusions: dict[Backend, MeasuredExclusion] = {}
     if policy == "measured":
-        for backend, why in inputs.evidence.exclusions(situation, now).items():
-            reasons[backend].append(why)
-    return Assessment(tuple(active), staged, policy, engine, profile, situation, reasons)
+        exclusions = measured_exclusions(inputs.evidence, situation, now)
+        for backend, cause in exclusions.items():
+            reasons[backend].append(cause_words.exclusion(cause))
+    return Assessment(
+        tuple(active), staged, policy, engine, profile, situation, reasons, exclusions
+    )
 
 
 OWN_REASONS_KEPT = 4096
@@ -478,6 +488,20 @@ FLEET_HALT_POINTER = "its reason: GET /v1/overrides/*"
 pods and errors of any cluster (the reason itself is read from the rollout)."""
 
 
+def _halt_quoted(o: Override) -> str:
+    """A halted rollout's reason as a pod's answer quotes it. The answer goes to one
+    cluster's pod (and stays in its decision), so it names that cluster's pods only and
+    counts the others; a fleet rollout's reason, about any cluster, and a reason stored
+    as text alone (whose pods cannot be told apart) are pointed at instead."""
+    r = o.rollout
+    assert r is not None
+    if o.cluster == "*":
+        return FLEET_HALT_POINTER
+    if r.halted_cause is None:
+        return f"its reason: GET /v1/overrides/{o.cluster}"
+    return cause_words.halt(r.halted_cause, lambda c: c == o.cluster)
+
+
 def _stage_messages(a: Assessment) -> list[str]:
     out = []
     for o, inside in a.staged:
@@ -485,9 +509,7 @@ def _stage_messages(a: Assessment) -> list[str]:
         assert r is not None
         name = f"{o.label} rev {o.revision}"
         if r.state == "halted":
-            # a fleet rollout's halt reason quotes pods and errors of any cluster, and this
-            # answer goes to one cluster's pod: it points at the rollout instead
-            why = r.halted_reason if o.cluster != "*" else FLEET_HALT_POINTER
+            why = _halt_quoted(o)
             out.append(f"The rollout of {name} is halted ({why}): answered as without it.")
         elif r.state == "active" and r.percent < 100:
             if inside:
@@ -543,6 +565,20 @@ class _Deciding:
         # What the evidence was asked, reported with the outcome.
         self.read = a.situation if a.policy == "measured" else None
 
+    def said(self, backend: Backend) -> list[str]:
+        """``backend``'s reasons as a message quotes them. A message is text for the
+        pod's own cluster: a measured exclusion in it names that cluster's failing pods
+        only and counts the others (the candidate's reason and cause hold them all,
+        rendered per reader where they leave the service)."""
+        reasons = self.reasons[backend]
+        cause = self.a.exclusions.get(backend)
+        if cause is None:
+            return reasons
+        full = cause_words.exclusion(cause)
+        cluster = self.request.cluster
+        mine = cause_words.exclusion(cause, lambda c: c == cluster)
+        return [mine if r == full else r for r in reasons]
+
     def choice(self, backend: Backend) -> EngineChoice:
         """How the pod's engine is told ``backend`` (``engines.choose``)."""
         return choose(self.a.profile, self.a.engine.version, backend, self.ctx)
@@ -557,7 +593,7 @@ class _Deciding:
         return Decision(
             backend=backend,
             source=source,
-            candidates=_candidates(trace, self.reasons),
+            candidates=_candidates(trace, self.reasons, self.a.exclusions),
             messages=tuple(trace.messages),
             overrides=self.refs,
             evidence=evidence,
@@ -570,7 +606,7 @@ class _Deciding:
 
     def refuse(self, kind: str, message: str) -> Refusal:
         message = " ".join([message, *(f"{n}." for n in self.notes)])
-        candidates = _candidates(self.trace, self.reasons)
+        candidates = _candidates(self.trace, self.reasons, self.a.exclusions)
         return Refusal(kind, message, candidates, self.refs, self.a.engine, self.read)
 
     def forced(self) -> Decision | None:
@@ -593,7 +629,7 @@ class _Deciding:
             return self.finish(forced, "override", why)
         trace.messages.append(
             f"Backend {forced} forced by {force_by.label} is not valid: "
-            f"{reasons[forced]}. Skipping the override."
+            f"{self.said(forced)}. Skipping the override."
         )
         return None
 
@@ -614,11 +650,11 @@ class _Deciding:
             return self.refuse(
                 "requested_invalid",
                 f"Requested MLA prefill backend {requested} is not valid: "
-                f"{reasons[requested]}. strict is true, so no other backend is chosen.",
+                f"{self.said(requested)}. strict is true, so no other backend is chosen.",
             )
         trace.messages.append(
             f"Requested MLA prefill backend {requested} is not valid: "
-            f"{reasons[requested]}. Falling back to auto-selection."
+            f"{self.said(requested)}. Falling back to auto-selection."
         )
         return None
 
@@ -727,38 +763,54 @@ class _Deciding:
         engine_text = (
             "" if a.engine.name == OWN_ENGINE else f" under {a.profile.label(a.engine.version)}"
         )
-        summary = "; ".join(f"{b}: {reasons[b][0]}" for b in _BACKENDS)
+        summary = "; ".join(f"{b}: {self.said(b)[0]}" for b in _BACKENDS)
         return self.refuse(
             "no_valid_backend",
             f"No MLA prefill backend is valid for this pod{engine_text}. {summary}.",
         )
 
 
-def _candidates(trace: _Trace, reasons: dict[Backend, list[str]]) -> tuple[Candidate, ...]:
+def _candidates(
+    trace: _Trace,
+    reasons: dict[Backend, list[str]],
+    exclusions: dict[Backend, MeasuredExclusion],
+) -> tuple[Candidate, ...]:
     """Every backend, in the order the decision considered them, then the fallback chain
     (what a pod tries if its chosen kernel fails to build), then the rest."""
     for backend in FALLBACK_CHAIN:
         trace.consider(backend, "fallback")
     for backend in _BACKENDS:
         trace.consider(backend, "unlisted")
-    return tuple(_candidate(b, role, reasons[b]) for b, role in trace.order)
+    return tuple(_candidate(b, role, reasons[b], exclusions.get(b)) for b, role in trace.order)
 
 
 CANDIDATES_KEPT = 8192
 """How many distinct candidates ``_candidate`` keeps (a backend, its role and its
 reasons: a fleet has a few per description and override)."""
-_candidates_kept: dict[tuple[Backend, str, tuple[str, ...]], Candidate] = {}
+_candidates_kept: dict[tuple[Backend, str, tuple[str, ...], str], Candidate] = {}
 
 
-def _candidate(backend: Backend, role: CandidateRole, reasons: list[str]) -> Candidate:
+def _candidate(
+    backend: Backend,
+    role: CandidateRole,
+    reasons: list[str],
+    exclusion: MeasuredExclusion | None = None,
+) -> Candidate:
     """The candidate entry of a decision, made once per distinct (backend, role,
     reasons) and shared by every decision that has it: building the model is most of a
     decision's cost, and a fleet read makes thousands of alike decisions. A decision's
     candidates are read, never changed (the answer is a serialisation of them)."""
-    key = (backend, role, tuple(reasons))
+    # an exclusion's words hold all of it but its failures' seconds: keyed by all of it
+    key = (backend, role, tuple(reasons), "" if exclusion is None else exclusion.model_dump_json())
     found = _candidates_kept.get(key)
     if found is None:
-        found = Candidate(backend=backend, valid=not reasons, reasons=list(reasons), role=role)
+        found = Candidate(
+            backend=backend,
+            valid=not reasons,
+            reasons=list(reasons),
+            role=role,
+            exclusion=exclusion,
+        )
         if len(_candidates_kept) >= CANDIDATES_KEPT:
             _candidates_kept.clear()
         _candidates_kept[key] = found

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from mla_switchboard.core.cause_words import halt
+from mla_switchboard.core.causes import PersonHalt, PodAt, SlowdownHalt
 from mla_switchboard.core.evidence import PodSample
 from mla_switchboard.core.schemas import (
     Override,
@@ -136,9 +138,9 @@ def acted(
     if action == "halt":
         if r.state != "active":
             return f"the rollout is {r.state}: only an active rollout can be halted"
-        return r.model_copy(
-            update={"state": "halted", "halted_reason": f"halted by {by}: {note}", "halted_at": now}
-        )
+        cause = PersonHalt(by=by, note=note)
+        update = {"state": "halted", "halted_reason": halt(cause), "halted_at": now}
+        return r.model_copy(update={**update, "halted_cause": cause})
     if action == "resume":
         if r.state != "halted":
             return f"the rollout is {r.state}: only a halted rollout can be resumed"
@@ -150,6 +152,7 @@ def acted(
                 "failed_pods": [],
                 "failure_sources": [],
                 "halted_reason": None,
+                "halted_cause": None,
                 "halted_at": None,
             }
         )
@@ -204,17 +207,28 @@ class Slowdown:
     percent_slower: float
     staged_sources: EvidenceCount = EvidenceCount()
 
-    def reason(self, limit: float) -> str:
-        pods = ", ".join(self.staged_pods[:5]) + (" ..." if len(self.staged_pods) > 5 else "")
-        clusters = ", ".join(sorted({p.split("/", 1)[0] for p in self.staged_pods}))
-        return (
-            f"stage pods measured {self.staged} at {self.staged_tflops:.1f} TFLOP/s median "
-            f"({self.staged_samples} samples from {len(self.staged_pods)} pods: {pods}; "
-            f"clusters {clusters}; {self.staged_sources.text()}) "
-            f"against {self.without} at {self.without_tflops:.1f} without the override "
-            f"({self.without_samples} samples): {self.percent_slower:.1f} % slower "
-            f"(max_slowdown_pct {limit:g})"
+    def cause(self, limit: float) -> SlowdownHalt:
+        """The halt this slowdown causes under ``max_slowdown_pct`` ``limit``."""
+        return SlowdownHalt(
+            staged=self.staged,
+            staged_tflops=self.staged_tflops,
+            staged_samples=self.staged_samples,
+            pods=[PodAt(cluster=c, pod=p) for c, _, p in map(_split, self.staged_pods)],
+            without=self.without,
+            without_tflops=self.without_tflops,
+            without_samples=self.without_samples,
+            percent_slower=self.percent_slower,
+            max_slowdown_pct=limit,
+            verified_pods=self.staged_sources.verified_pods,
+            static_sources=self.staged_sources.static_sources,
         )
+
+    def reason(self, limit: float) -> str:
+        return halt(self.cause(limit))
+
+
+def _split(where: str) -> tuple[str, str, str]:
+    return where.partition("/")
 
 
 def slowdown(

@@ -16,6 +16,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+from mla_switchboard.core.causes import HaltCause, MeasuredExclusion
 from mla_switchboard.core.engine_rules.switchboard import SEED_DEFAULT, SEED_PRIORITIES
 from mla_switchboard.core.engines import (
     ENGINE_NAMES,
@@ -219,6 +220,12 @@ class Candidate(BaseModel):
     valid: bool
     reasons: list[str]
     role: CandidateRole
+    exclusion: MeasuredExclusion | None = Field(
+        default=None,
+        description="when failures exclude it under policy measured: how many pods, and "
+        "the newest quoted (only those of clusters the reader may see); its reason says "
+        "the same in words",
+    )
 
 
 class BackendPackage(BaseModel):
@@ -596,6 +603,11 @@ class Rollout(RolloutSpec):
     state: RolloutState = "active"
     stage_started_at: datetime | None = None
     halted_reason: str | None = None
+    halted_cause: HaltCause | None = Field(
+        default=None,
+        description="why it halted, as data: kind, pods, error, figures (halted_reason: "
+        "the same in words, as this caller may read them)",
+    )
     halted_at: datetime | None = None
     failures: int = 0
     # "cluster/pod" of the stage pods whose failures count in this stage (as named)

@@ -77,6 +77,8 @@ def config_changes(before: ConfigSnapshot | None, after: ConfigSnapshot) -> list
             data = {**_override_data(o, action), "state": o.rollout.state}
             data["percent"] = o.rollout.percent
             data["halted_reason"] = o.rollout.halted_reason
+            cause = o.rollout.halted_cause
+            data["halted_cause"] = None if cause is None else cause.model_dump(mode="json")
             out.append(Change("rollout", cluster, data))
         elif action == "stop":
             out.append(Change("rollout", cluster, {**_override_data(o, "stop")}))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mla_switchboard.service.changes import Change, config_changes, expired_since
+from mla_switchboard.service.reads import scope
 from mla_switchboard.service.state import ConfigSnapshot
 
 # The store's versions whose moves the console answers by reading again.
@@ -162,6 +163,7 @@ class EventHub:
         may_see: Callable[[str], bool],
         last_id: str | None,
         lifetime_s: float = 600.0,
+        restricted: bool = False,
         still_valid: Callable[[], Awaitable[bool]] | None = None,
         recheck_s: float = RECHECK_S,
     ) -> AsyncIterator[dict[str, str]]:
@@ -170,10 +172,13 @@ class EventHub:
         kept, then every event after that point this caller may see. Ends when the
         caller goes (the response stops iterating) or after ``lifetime_s``: the
         caller then comes back with ``Last-Event-ID`` and is authenticated again, so a
-        revoked token or an ended session hears no more than that. ``still_valid``
-        asks every ``recheck_s`` whether the caller may still read (a session signed
-        out or revoked, a token revoked): when not, an ``ended`` event closes the
-        stream. ``sub`` is let go here."""
+        revoked token or an ended session hears no more than that. ``restricted``: the
+        caller may see only the clusters ``may_see`` accepts, so a rollout's halt is
+        told in its words (``reads/scope.halted``). ``still_valid`` asks every
+        ``recheck_s`` whether the caller may still read (a session signed out or
+        revoked, a token revoked): when not, an ``ended`` event closes the stream.
+        ``sub`` is let go here."""
+        sees = may_see if restricted else None
         loop = asyncio.get_running_loop()
         ends = loop.time() + lifetime_s
         check_at = loop.time() + recheck_s
@@ -192,7 +197,7 @@ class EventHub:
                 for event in events:
                     seq = event.seq
                     if event.change.cluster is None or may_see(event.change.cluster):
-                        yield _wire(event)
+                        yield _wire(event, sees)
                 if still_valid is not None and loop.time() >= check_at:
                     check_at = loop.time() + recheck_s
                     if not await still_valid():
@@ -209,8 +214,11 @@ class EventHub:
             self.unsubscribe(sub)
 
 
-def _wire(event: Event) -> dict[str, str]:
+def _wire(event: Event, sees: scope.Sees = None) -> dict[str, str]:
     data = dict(event.change.data)
+    if "halted_reason" in data:
+        reason, cause = scope.halted(sees, data["halted_reason"], data.get("halted_cause"))
+        data["halted_reason"], data["halted_cause"] = reason, cause
     if event.change.cluster is not None:
         data.setdefault("cluster", event.change.cluster)
     return {"event": event.change.kind, "id": event.id, "data": json.dumps(data)}

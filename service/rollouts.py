@@ -40,7 +40,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
 
+from mla_switchboard.core import cause_words as words
 from mla_switchboard.core import rollouts
+from mla_switchboard.core.causes import FailureHalt, PodAt, PodError, SlowdownHalt
+from mla_switchboard.core.causes import first_line as error_line
 from mla_switchboard.core.evaluator import (
     Decision,
     DecisionInputs,
@@ -272,11 +275,12 @@ class RolloutGuards:
             for r in refs
             if r.get("rollout") and r["rollout"]["in_stage"] and r["effect"] != "none"
         }
-        first_line = (error.strip().splitlines() or ["(no error text)"])[0][:200]
+        line = error_line(error)
         where = f"{record.cluster}/{record.pod or '?'}"
         source = rollouts.evidence_source(
             record.principal, record.verified, record.cluster, record.pod, self.static_sources
         )
+        failure = PodError(cluster=record.cluster, pod=record.pod or "?", error=line)
         for o in self.inputs().overrides_for(record.cluster):  # the fleet's, the cluster's
             r = o.rollout
             if r is None or (o.cluster, r.id) not in staged:
@@ -304,16 +308,19 @@ class RolloutGuards:
                             "failure_sources": sources,
                         }
                     )
-                reason = (
-                    f"{len(sources)} evidence source(s) "
-                    f"({rollouts.count_sources(sources).text()}) reported a failure of what "
-                    f"the rollout gave their stage pods, reaching max_failures "
-                    f"{current.max_failures}: {_pods_and_clusters(failed)}; latest: {where} "
-                    f"ran {backend}: {first_line}"
+                counted = rollouts.count_sources(sources)
+                cause = FailureHalt(
+                    sources=len(sources),
+                    verified_pods=counted.verified_pods,
+                    static_sources=counted.static_sources,
+                    max_failures=current.max_failures,
+                    pods=[_pod_at(p) for p in failed],
+                    latest=failure,
+                    backend=backend,
                 )
-                return _halted(current, failed, reason, sources)
+                return _halted(current, failed, cause, sources)
 
-            self._change(o, count, action="rollout.failure", note=f"{where}: {first_line}")
+            self._change(o, count, action="rollout.failure", note=f"{where}: {line}", cause=failure)
 
     def on_measurements(self, report: MeasurementReport) -> None:
         """A pod reported benchmarks. If it is in the stage of an active rollout, compare
@@ -365,14 +372,14 @@ class RolloutGuards:
             )
             if found is None:
                 continue
-            reason = found.reason(r.max_slowdown_pct)
+            cause = found.cause(r.max_slowdown_pct)
 
-            def halt(current: Rollout, reason: str = reason) -> Rollout | None:
+            def halt(current: Rollout, cause: SlowdownHalt = cause) -> Rollout | None:
                 if current.state != "active":
                     return None
-                return _halted(current, current.failed_pods, reason, _sources(current))
+                return _halted(current, current.failed_pods, cause, _sources(current))
 
-            self._change(o, halt, action="rollout.slowdown", note=reason)
+            self._change(o, halt, action="rollout.slowdown", note=words.halt(cause), cause=cause)
 
     def _sources_of(
         self,
@@ -459,11 +466,25 @@ class RolloutGuards:
     # ------------------------------------------------------------------ writes
 
     def _change(
-        self, o: Override, change: Callable[[Rollout], Rollout | None], *, action: str, note: str
+        self,
+        o: Override,
+        change: Callable[[Rollout], Rollout | None],
+        *,
+        action: str,
+        note: str,
+        cause: PodError | SlowdownHalt | None = None,
     ) -> None:
+        """Store and audit a change of ``o``'s rollout; ``cause``: what a guard's audit
+        entry is about, as data (a scoped reader gets it in its words)."""
         assert o.rollout is not None
         updated = self.config.update_rollout(
-            o.cluster, o.rollout.id, change, actor=SERVICE_ACTOR, action=action, note=note
+            o.cluster,
+            o.rollout.id,
+            change,
+            actor=SERVICE_ACTOR,
+            action=action,
+            note=note,
+            cause=None if cause is None else cause.model_dump(mode="json"),
         )
         if not isinstance(updated, Override) or updated.rollout is None:
             return
@@ -492,14 +513,17 @@ def _sources(current: Rollout) -> list[str]:
     return [rollouts.UNATTRIBUTED + where for where in current.failed_pods]
 
 
-def _halted(current: Rollout, failed: list[str], reason: str, sources: list[str]) -> Rollout:
+def _halted(
+    current: Rollout, failed: list[str], cause: FailureHalt | SlowdownHalt, sources: list[str]
+) -> Rollout:
     return current.model_copy(
         update={
             "state": "halted",
             "failures": len(sources),
             "failed_pods": failed,
             "failure_sources": sources,
-            "halted_reason": reason,
+            "halted_reason": words.halt(cause),
+            "halted_cause": cause,
             "halted_at": datetime.now(UTC),
         }
     )
@@ -511,7 +535,7 @@ def guards(rollout: Rollout, cluster: str) -> bool:
     return cluster_matches(cluster, globs)
 
 
-def _pods_and_clusters(pods: list[str]) -> str:
-    clusters = sorted({p.split("/", 1)[0] for p in pods})
-    shown = ", ".join(pods[:10]) + (f" and {len(pods) - 10} more" if len(pods) > 10 else "")
-    return f"pods {shown} (clusters {', '.join(clusters)})"
+def _pod_at(where: str) -> PodAt:
+    """A ``failed_pods`` entry ("cluster/pod") as a cause names it."""
+    cluster, _, pod = where.partition("/")
+    return PodAt(cluster=cluster, pod=pod)

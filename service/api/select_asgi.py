@@ -166,6 +166,7 @@ class SelectHandler:
             None if if_none_match is None else if_none_match.decode("latin-1"),
             dry_run,
             asker_of(principal),
+            principal,
         )
 
     async def _read_body(self, receive: Receive) -> bytes | None:

@@ -215,6 +215,15 @@ class TrustedEvidence:
         cluster's samples uses rather than filtering every cluster's."""
         return self._current.clusters.get(cluster, self._empty)
 
+    def unkept(self, globs: Sequence[str]) -> EvidenceIndex:
+        """An index of the clusters ``globs`` matches, built now from their own indexes
+        (their pods' records shared) and kept by no one: a read for a caller limited to
+        those clusters, which the caller's answer cache keeps instead. Off the event
+        loop only."""
+        with self._lock:
+            current = self._current
+        return current.build_scope(_globs(globs))
+
     def add(self, observations: Iterable[Observation]) -> bool:
         """New observations into every index that trusts them; True when any changed."""
         with self._lock:

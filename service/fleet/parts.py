@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
 from mla_switchboard.core.evidence import EvidenceIndex
 from mla_switchboard.core.schemas import Override, RulesDocument
@@ -69,7 +70,7 @@ class ClusterPart:
     key: Hashable
     counts: dict[str, int] | None = None
     regret: dict[str, Any] | None = None
-    excluded: dict[str, str] | None = None
+    excluded: dict[str, MeasuredExclusion] | None = None
     progress: dict[int, RolloutTally] = field(default_factory=dict)
     """per position in ``DecisionInputs.overrides_for(cluster)``: that staged
     override's progress among this cluster's pods"""
@@ -293,7 +294,7 @@ class PartsRead:
             part.regret = self._of_cluster(cluster_regret, cluster)
         return part.regret
 
-    def excluded(self, cluster: str) -> dict[str, str]:
+    def excluded(self, cluster: str) -> dict[str, MeasuredExclusion]:
         part = self.part(cluster)
         if part.excluded is None:
             self._parts.count("excluded")

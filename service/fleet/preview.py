@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from mla_switchboard.core import cause_words
+from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
 from mla_switchboard.core.schemas import Override, OverrideRef
 from mla_switchboard.service.fleet.groups import (
@@ -48,6 +50,11 @@ class ChangeReason(BaseModel):
         description="what the change does against the backend they leave, the stage they "
         "enter or leave, an override that no longer applies, then the evaluator's reason "
         "for the backend they get"
+    )
+    exclusions: dict[str, MeasuredExclusion] = Field(
+        default_factory=dict,
+        description="per backend whose reason in ``why`` is an exclusion by failures: "
+        "the same as data (a caller limited to some clusters reads its own pods only)",
     )
 
 
@@ -198,6 +205,8 @@ class _Tally:
         self.invalid: Counter[tuple[str, str, str]] = Counter()
         # why_moved per pair of decisions (memoised, so shared) and backend left
         self.explained: dict[tuple[int, int, str], tuple[str, ...]] = {}
+        # the exclusions a ``why`` quotes, by backend
+        self.causes: dict[tuple[str, ...], dict[str, MeasuredExclusion]] = {}
         self.pending = 0
 
     def add(
@@ -226,6 +235,9 @@ class _Tally:
             if found is None:
                 found = why_moved(decided, after, was)
                 self.explained[(id(decided), id(after), was)] = found
+                cause = _exclusion_of(after, was)
+                if cause is not None and f"{was}: {cause_words.exclusion(cause)}" in found:
+                    self.causes[found] = {was: cause}
             self.reasons.setdefault(key, Counter())[found] += n
 
     def preview(self, *, total: int, unreadable: int) -> Preview:
@@ -242,7 +254,7 @@ class _Tally:
                     to=t,
                     pods=n,
                     reasons=[
-                        ChangeReason(pods=k, why=list(why))
+                        ChangeReason(pods=k, why=list(why), exclusions=self.causes.get(why, {}))
                         for why, k in sorted(
                             reasons[(c, f, t)].items(), key=lambda kv: (-kv[1], kv)
                         )
@@ -316,3 +328,7 @@ def with_override(
     if proposed is not None:
         out.append(proposed)
     return out
+
+
+def _exclusion_of(outcome: Decision, backend: str) -> MeasuredExclusion | None:
+    return next((c.exclusion for c in outcome.candidates if c.backend.value == backend), None)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from mla_switchboard.core import cause_words
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import FLEET, Override, RulesDocument
 from mla_switchboard.service.collector import Collector, paused
@@ -216,10 +217,17 @@ class FleetReads:
         parts = self._parts_of(fleet, inputs, now)
         clusters = sorted(fleet.by_cluster)
         excluded = {c: found for c in clusters if (found := parts.excluded(c))}
-        body = {
+        body: dict[str, Any] = {
             "clusters": {c: parts.counts(c) for c in clusters},
             "regret": {c: parts.regret(c) for c in clusters},
-            "excluded": excluded,
+            "excluded": {
+                c: {b: cause_words.exclusion(why) for b, why in found.items()}
+                for c, found in excluded.items()
+            },
+            "excluded_causes": {
+                c: {b: why.model_dump(mode="json") for b, why in found.items()}
+                for c, found in excluded.items()
+            },
             "rollouts": [
                 r
                 for r in _progress(parts, inputs, clusters)
@@ -290,13 +298,18 @@ class FleetReads:
         through = self.trusted.read_through
         key = ("evidence", inputs.tag[1], inputs.evidence_generation, scope, *through.values())
         return self._evidence.get(
-            key, lambda: self._serially(lambda: self._evidence_of(key, visible))
+            key, lambda: self._serially(lambda: self._evidence_of(key, visible, scope))
         )
 
-    def _evidence_of(self, key: tuple[Any, ...], visible: Visible) -> Answer:
+    def _evidence_of(
+        self, key: tuple[Any, ...], visible: Visible, scope: tuple[str, ...] | None = None
+    ) -> Answer:
         evidence = self.inputs().evidence
+        groups = evidence.summary(datetime.now(UTC), visible)
+        if scope is not None:
+            groups = _own_figures(groups, self.trusted.unkept(scope).summary())
         body = {
-            "groups": evidence.summary(datetime.now(UTC), visible),
+            "groups": groups,
             "failure_policy": evidence.failure_policy.describe(),
             "min_samples": self.settings.min_samples,
             "min_pods": self.settings.min_pods,
@@ -351,3 +364,32 @@ the same numbers on another replica, or after a restart, may stand for other con
 def _etag(key: tuple[Any, ...]) -> str:
     text = repr((_EPOCH, key)).encode()
     return '"' + hashlib.blake2b(text, digest_size=12).hexdigest() + '"'
+
+
+_FIGURES = ("impls", "samples", "pods", "median_tflops")
+"""What a measurements summary row says of the measurements themselves."""
+_NO_FIGURES: dict[str, Any] = {"impls": [], "samples": 0, "pods": 0, "median_tflops": None}
+_SITUATION = ("device", "capability", "dims", "dtype", "engine", "backend", "packages")
+"""What a measurements summary row is the figures of."""
+
+
+def _own_figures(groups: list[dict[str, Any]], own: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fleet's rows (``groups``) for a caller limited to some clusters: each row's
+    figures are those of its own clusters' evidence (``own``: the summary of an index
+    of theirs, built for the read), so another cluster's samples, pods and
+    the ``impl`` its agents wrote never show; the failures of other clusters stay
+    counted (never named) in ``failures`` and ``excluded``. A row with neither figures
+    of its own nor failures is another cluster's alone, and is left out."""
+    mine = {_situation_key(g): g for g in own}
+    out = []
+    for g in groups:
+        found = mine.get(_situation_key(g))
+        if found is None and not g["failures"]:
+            continue
+        figures = _NO_FIGURES if found is None else {f: found[f] for f in _FIGURES}
+        out.append({**g, **figures})
+    return out
+
+
+def _situation_key(g: dict[str, Any]) -> str:
+    return json.dumps([g[f] for f in _SITUATION], sort_keys=True)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import (
     Assessment,
     DecisionInputs,
@@ -137,9 +138,9 @@ def exclusions_by_cluster(
     now: datetime,
     inputs_for: InputsFor | None = None,
     deadline: Deadline | None = None,
-) -> dict[str, dict[str, str]]:
+) -> dict[str, dict[str, MeasuredExclusion]]:
     """Per cluster, the backends that failure evidence excludes for its pods under
-    policy ``measured``, with the reason (who failed, when, with what). The summary and
+    policy ``measured``, with why (who failed, when, with what), as data. The summary and
     the dashboard show it, so an exclusion is never a silent gap."""
     classes, memo = ClassCache(), DecisionMemo(now)
     out = {}
@@ -167,11 +168,11 @@ def cluster_exclusions(
     deadline: Deadline | None = None,
     classes: ClassCache | None = None,
     memo: DecisionMemo | None = None,
-) -> dict[str, str]:
+) -> dict[str, MeasuredExclusion]:
     """One cluster's exclusions (``exclusions_by_cluster``'s entry; empty: none)."""
     classes = classes or ClassCache()
     memo = memo or DecisionMemo(now)
-    out: dict[str, str] = {}
+    out: dict[str, MeasuredExclusion] = {}
     seen: set[Any] = set()
     for group in each_group(groups, deadline):
         request = group.request
@@ -188,8 +189,8 @@ def cluster_exclusions(
             if assessed.situation in seen:
                 continue
             seen.add(assessed.situation)
-            for backend, reason in narrowed.evidence.exclusions(assessed.situation, now).items():
-                out.setdefault(backend.value, reason)
+            for backend, cause in assessed.exclusions.items():
+                out.setdefault(backend.value, cause)
     return dict(sorted(out.items()))
 
 

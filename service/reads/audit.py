@@ -97,5 +97,5 @@ def scoped_preview(principal: Principal, preview: dict[str, Any]) -> dict[str, A
             ]
     if isinstance(out.get("clusters_affected"), list):
         out["clusters_affected"] = [c for c in out["clusters_affected"] if principal.may_see(c)]
-    redacted: dict[str, Any] = scope.texts(principal, out)
+    redacted: dict[str, Any] = scope.preview(principal, out)
     return redacted

@@ -35,7 +35,7 @@ def _shown(principal: Principal | None, preview: Preview) -> Preview:
     cluster's failing pods."""
     if principal is None or not principal.restricted:
         return preview
-    return Preview.model_validate(scope.texts(principal, preview.model_dump()))
+    return Preview.model_validate(scope.preview(principal, preview.model_dump(by_alias=True)))
 
 
 def _view(principal: Principal | None) -> tuple[tuple[str, ...] | None, Visible]:

@@ -22,8 +22,10 @@ def add_audit(
     after: dict[str, Any] | None,
     note: str | None,
     preview: dict[str, Any] | None,
+    cause: dict[str, Any] | None = None,
 ) -> None:
-    """One entry, in the caller's transaction (it commits or rolls back with the write)."""
+    """One entry, in the caller's transaction (it commits or rolls back with the write).
+    ``cause``: what a rollout guard's entry is about, as data (``core/causes.py``)."""
     s.add(
         AuditRow(
             at=datetime.now(UTC),
@@ -34,6 +36,7 @@ def add_audit(
             after=after,
             note=note,
             preview=preview,
+            cause=cause,
         )
     )
 
@@ -70,6 +73,7 @@ class AuditStore:
                     "after": r.after,
                     "note": r.note,
                     "preview": r.preview,
+                    "cause": r.cause,
                 }
                 for r in s.scalars(q)
             ]

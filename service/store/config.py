@@ -239,9 +239,11 @@ class ConfigStore:
         idempotency: Idempotency | None = None,
         if_match: str | None = None,
         preview: dict[str, Any] | None = None,
+        cause: dict[str, Any] | None = None,
     ) -> Override | Replayed | Conflict | None:
         """Change the rollout of ``cluster``'s override in one transaction against what
-        is stored, audited: ``change`` gets the stored rollout and returns its new state,
+        is stored, audited (``cause``: what a guard's entry is about, as data):
+        ``change`` gets the stored rollout and returns its new state,
         or None when there is nothing to do (another replica got there first, or the
         override changed). Returns the new override, or None when nothing changed; a
         stale ``if_match`` (an admin's action on what they saw) is a ``Conflict``."""
@@ -274,6 +276,7 @@ class ConfigStore:
                     after=after.model_dump(mode="json"),
                     note=note,
                     preview=preview,
+                    cause=cause,
                 )
                 if idempotency is not None:
                     idempotency.keep(s, after)

@@ -153,6 +153,8 @@ class AuditRow(Base):
     after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     preview: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # a rollout guard's entry: the failure or halt it is about, as data (core/causes.py)
+    cause: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class FailureRow(Base):

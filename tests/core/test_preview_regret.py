@@ -75,6 +75,7 @@ def test_preview_of_a_measured_policy_sees_the_evidence() -> None:
                 "Using FLASHINFER: fastest correct backend measured for this device, dims, "
                 "dtype and engine (600 TFLOP/s median over 3 samples from 2 pods)."
             ],
+            "exclusions": {},  # no reason here is an exclusion by failures
         }
     ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mla_switchboard.core.causes import PodAt, SlowdownHalt
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, decide, decision_key, in_stage
 from mla_switchboard.core.schemas import SEED_RULES, Override, OverrideSpec, rollout_id
 from mla_switchboard.core.specs import Backend
@@ -65,7 +66,35 @@ def test_a_halted_rollout_applies_to_nobody() -> None:
     for pod in PODS[:50]:
         result = decide(pod, inputs, now=NOW)
         assert isinstance(result, Decision) and result.backend is Backend.TRTLLM_RAGGED
-    assert any("is halted (boom)" in m for m in result.messages)
+    # a reason stored as text alone cannot be told apart by cluster: pointed at
+    assert any("is halted (its reason: GET /v1/overrides/prod-east)" in m for m in result.messages)
+
+
+def test_a_halted_cluster_rollout_quotes_its_own_clusters_pods_only() -> None:
+    """A cluster's rollout may be halted by the speed of pods of clusters its evidence
+    trusts; the pod's answer names its own cluster's pods and counts the others."""
+    o = staged(50, state="halted")
+    assert o.rollout is not None
+    cause = SlowdownHalt(
+        staged="FLASHINFER",
+        staged_tflops=10.0,
+        staged_samples=4,
+        pods=[PodAt(cluster="prod-east", pod="a"), PodAt(cluster="dev-a", pod="secret")],
+        without="CUDNN",
+        without_tflops=20.0,
+        without_samples=4,
+        percent_slower=50.0,
+        max_slowdown_pct=10,
+        verified_pods=2,
+        static_sources=0,
+    )
+    rollout = o.rollout.model_copy(update={"halted_cause": cause})
+    inputs = DecisionInputs(SEED_RULES, (o.model_copy(update={"rollout": rollout}),))
+    result = decide(PODS[0], inputs, now=NOW)
+    assert isinstance(result, Decision)
+    (halted,) = [m for m in result.messages if "is halted" in m]
+    assert "prod-east/a" in halted and "1 pod in clusters outside your scope" in halted
+    assert "secret" not in halted and "dev-a" not in halted
 
 
 def test_a_complete_rollout_applies_to_everybody() -> None:

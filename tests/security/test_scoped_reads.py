@@ -83,7 +83,17 @@ def test_a_fleet_rollout_halted_by_dev_pods_shows_prod_only_that_it_was(
             assert r.status_code == 200, (path, r.text)
             assert SECRET not in r.text and DEV not in r.text, (role, path, r.text)
         shown = c.get("/v1/overrides/*").json()["rollout"]
-        assert shown["state"] == "halted" and shown["halted_reason"] == OUTSIDE
+        # the caller's own pod named, the other cluster's counted, its error left out
+        assert shown["state"] == "halted" and shown["halted_reason"] == (
+            f"{OUTSIDE} and in yours: 2 evidence source(s) (0 verified pod(s), 2 static "
+            "source(s)) reported a failure of what the rollout gave their stage pods, "
+            f"reaching max_failures 2: pods {prod_where} (clusters prod-east) and 1 pod in "
+            "clusters outside your scope; latest: a pod in a cluster outside your scope"
+        )
+        cause = shown["halted_cause"]
+        assert cause["kind"] == "failures" and cause["latest"] is None
+        assert cause["pods"] == [dict(zip(("cluster", "pod"), prod_where.split("/"), strict=True))]
+        assert cause["pods_outside_scope"] == 1
         assert shown["failed_pods"] == [prod_where]
         assert shown["failed_pods_outside_scope"] == 1 and shown["failures"] == 2
         (listed,) = c.get("/v1/overrides").json()["items"]
@@ -91,9 +101,10 @@ def test_a_fleet_rollout_halted_by_dev_pods_shows_prod_only_that_it_was(
         (entry,) = c.get("/v1/audit", params={"action": "rollout.failure", "limit": 1}).json()[
             "items"
         ]
-        assert entry["target"] == "*" and entry["after"]["rollout"]["halted_reason"] == OUTSIDE
+        assert entry["target"] == "*"
+        assert entry["after"]["rollout"]["halted_reason"] == shown["halted_reason"]
         progress = c.get("/v1/selections/summary").json()["rollouts"]
-        assert progress[0]["rollout"]["halted_reason"] == OUTSIDE
+        assert progress[0]["rollout"]["halted_reason"] == shown["halted_reason"]
         if role == "admin":  # a dry run answers the preview of the caller's own change
             dry = c.put(
                 "/v1/overrides/prod-east",

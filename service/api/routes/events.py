@@ -63,6 +63,7 @@ async def events(
             principal.may_see,
             last_event_id,
             STREAM_LIFETIME_S,
+            principal.restricted,
             still_valid=partial(_still_valid, request),
         ),
         ping=hub.heartbeat_s,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import json
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -30,8 +31,10 @@ from mla_switchboard.service.api.deps import (
     verify_workload,
 )
 from mla_switchboard.service.api.outcomes import respond
-from mla_switchboard.service.auth import asker_of
+from mla_switchboard.service.auth import Principal, asker_of
 from mla_switchboard.service.deciding import Decider
+from mla_switchboard.service.reads import scope
+from mla_switchboard.service.selector import Rendered
 from mla_switchboard.service.state import UNKNOWN_ASKER, Asker
 from pydantic import BaseModel, Field, StringConstraints, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
@@ -173,7 +176,7 @@ async def select(body: SelectRequest, request: Request) -> Response:
     decider = await get_decider(request)
     if_none_match = request.headers.get("if-none-match")
     return PrebuiltResponse(
-        *select_answer(decider, body, if_none_match, dry_run, asker_of(principal))
+        *select_answer(decider, body, if_none_match, dry_run, asker_of(principal), principal)
     )
 
 
@@ -208,6 +211,7 @@ def select_answer(
     if_none_match: str | None,
     dry_run: bool = False,
     asker: Asker = UNKNOWN_ASKER,
+    principal: Principal | None = None,
 ) -> tuple[int, Headers, bytes]:
     """The status, headers and body to send for an authorised request: a dry run's
     answer has no ``decision_id`` (null) and no ``X-Decision-Id``.
@@ -217,7 +221,11 @@ def select_answer(
     result, decision_id = decider.decide(body, dry_run, asker)
     if isinstance(result, Refusal):
         content = refusal_json(result)
+        if principal is not None and _quotes_failures(result.candidates, principal):
+            content = _scoped(principal, content, "detail")
         return 409, [(b"content-length", str(len(content)).encode()), JSON_TYPE], content
+    if principal is not None and _quotes_failures(result.decision.candidates, principal):
+        return _scoped_answer(result, decision_id, if_none_match, principal)
     matched = if_none_match is not None and result.etag in {
         t.strip() for t in if_none_match.split(",")
     }
@@ -245,6 +253,39 @@ def select_answer(
         ],
         content,
     )
+
+
+def _quotes_failures(candidates: Iterable[Candidate], principal: Principal) -> bool:
+    """Whether an answer quotes failing pods the caller may have to be spared: a
+    restricted caller's answer with a backend excluded by failures."""
+    return principal.restricted and any(c.exclusion is not None for c in candidates)
+
+
+def _scoped(principal: Principal, content: bytes, inside: str | None = None) -> bytes:
+    """An answer (or the ``inside`` part of it) in the words ``principal`` may read
+    (``reads/scope.decision_answer``): what its cluster trusts may quote other
+    clusters' failing pods and errors."""
+    answer = json.loads(content)
+    if inside is None:
+        answer = scope.decision_answer(principal, answer)
+    else:
+        answer[inside] = scope.decision_answer(principal, answer[inside])
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
+def _scoped_answer(
+    result: Rendered, decision_id: str | None, if_none_match: str | None, principal: Principal
+) -> tuple[int, Headers, bytes]:
+    """:func:`select_answer`'s answer for a restricted caller whose answer quotes
+    failures: redacted, with an ETag of its own (never the unrestricted one's)."""
+    etag = scope.etag(principal, result.etag)
+    ids = [] if decision_id is None else [(b"x-decision-id", decision_id.encode())]
+    if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
+        return 304, [(b"etag", etag.encode()), *ids], b""
+    raw = result.dry_body if decision_id is None else result.body(decision_id.encode())
+    content = _scoped(principal, raw)
+    length = (b"content-length", str(len(content)).encode())
+    return 200, [(b"etag", etag.encode()), *ids, length, JSON_TYPE], content
 
 
 def refusal_json(refusal: Refusal) -> bytes:

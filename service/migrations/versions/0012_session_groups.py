@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from alembic import op
 from mla_switchboard.service.migrations import columns
 
-revision = "0011"
-down_revision = "0010"
+revision = "0012"
+down_revision = "0011"
 
 
 def upgrade() -> None:
