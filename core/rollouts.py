@@ -180,6 +180,13 @@ def next_step(r: Rollout) -> int | None:
     return next((p for p in r.steps or () if p > r.percent), None)
 
 
+def step_due_at(r: Rollout) -> datetime | None:
+    """When the current stage's step comes due (None: no timed steps)."""
+    if r.step_every is None or r.stage_started_at is None:
+        return None
+    return r.stage_started_at + timedelta(seconds=duration_seconds(r.step_every))
+
+
 def promotion_due(r: Rollout, now: datetime) -> int | None:
     """The percentage to promote to now (a step_every passed with no guard fired)."""
     if r.state != "active" or r.step_every is None or r.stage_started_at is None:

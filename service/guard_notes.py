@@ -31,6 +31,13 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError, OutcomeUnknown)
 """What keeps a deferred evaluation waiting: the database is away or did not answer."""
 
 
+class Unknown:
+    """The database could not say which notes are outstanding: no step is taken."""
+
+
+UNKNOWN = Unknown()
+
+
 def rollouts_active(overrides: Iterable[Override]) -> bool:
     """Whether any of ``overrides`` has an active rollout (what notes are kept for)."""
     return any(o.rollout is not None and o.rollout.state == "active" for o in overrides)
@@ -67,10 +74,14 @@ class GuardNotes:
     def done(self, key: str) -> None:
         self.store.remove(key)
 
-    def run_left(self, run_of: Callable[[PendingGuard], Callable[[], None]]) -> bool:
+    def run_left(
+        self, run_of: Callable[[PendingGuard], Callable[[], None]]
+    ) -> datetime | Unknown | None:
         """Run the notes their replica left for longer than ``grace_s`` (``run_of``: the
-        evaluation a note stands for); True when none is left, counting those still
-        within their grace: a step waits for them too."""
+        evaluation a note stands for); then when the oldest note still outstanding was
+        taken (None: none is; ``UNKNOWN``: the database could not say). A step waits
+        only for notes taken before it came due: those are its stage's reports, and
+        notes taken later (a steady stream of reports) never hold it back."""
         try:
             noted = self.store.waiting(datetime.now(UTC) - timedelta(seconds=self.grace_s))
             for item in noted:
@@ -83,7 +94,7 @@ class GuardNotes:
                 self.store.remove(item.key)
             if noted:
                 log.warning("rollout guard evaluations left by a replica done: %d", len(noted))
-            return self.store.count() == 0
+            return self.store.oldest()
         except STORE_ERRORS as exc:
             log.warning("noted rollout guard evaluations not read or run: %s", first_line(exc))
-            return False
+            return UNKNOWN

@@ -61,6 +61,7 @@ from mla_switchboard.service.guard_notes import (
     STORE_ERRORS,
     TRANSIENT_ERRORS,
     GuardNotes,
+    Unknown,
     failure_key,
     measurements_key,
 )
@@ -181,15 +182,21 @@ class RolloutGuards:
 
     def check(self, now: datetime | None = None) -> None:
         """The periodic round: guard evaluations a database error deferred first (this
-        replica's, then those noted in the database by any replica), then the steps,
-        only once none is left: a promotion starts a new stage, in which the failure a
-        pending evaluation counts would be "from before the stage"."""
-        if self.retry_pending() and self.retry_noted():
-            self.promote_due(now)
+        replica's, then those noted in the database by any replica), then the steps.
+        A step waits for the evaluations of reports noted before it came due (a
+        promotion starts a new stage, in which the failure such an evaluation counts
+        would be "from before the stage"), never for those noted after: a steady
+        stream of reports cannot hold a step back beyond its interval."""
+        if not self.retry_pending():
+            return
+        oldest = self.retry_noted()
+        if not isinstance(oldest, Unknown):
+            self.promote_due(now, oldest_note=oldest)
 
-    def retry_noted(self) -> bool:
+    def retry_noted(self) -> datetime | Unknown | None:
         """Run the evaluations noted in the database that their replica left (it lost
-        the database, or died); True when none is left (``GuardNotes.run_left``)."""
+        the database, or died); when the oldest still noted was taken
+        (``GuardNotes.run_left``)."""
         return self.notes.run_left(self._noted_run)
 
     def _noted_run(self, item: PendingGuard) -> Callable[[], None]:
@@ -440,14 +447,18 @@ class RolloutGuards:
 
     # ------------------------------------------------------------------ steps
 
-    def promote_due(self, now: datetime | None = None) -> None:
-        """Promote every active rollout whose step passed with no guard fired."""
+    def promote_due(self, now: datetime | None = None, oldest_note: datetime | None = None) -> None:
+        """Promote every active rollout whose step passed with no guard fired, once no
+        guard evaluation noted before the step came due (``oldest_note``) is left."""
         now = now or datetime.now(UTC)
         for o in self.inputs().overrides:
             r = o.rollout
             step = None if r is None else rollouts.promotion_due(r, now)
             if r is None or step is None:
                 continue
+            due_at = rollouts.step_due_at(r)
+            if oldest_note is not None and due_at is not None and oldest_note <= due_at:
+                continue  # a report of this stage is still being judged
 
             def promote(current: Rollout, r: Rollout = r, step: int = step) -> Rollout | None:
                 if current.state != "active" or current.percent != r.percent:

@@ -45,6 +45,12 @@ class GuardPendingStore:
                 for k, kind, payload, at in conn.execute(q)
             ]
 
+    def oldest(self) -> datetime | None:
+        """When the oldest evaluation still noted was noted (None: none is)."""
+        with self.engine.connect() as conn:
+            found = conn.execute(select(func.min(GuardPendingRow.created_at))).scalar()
+        return None if found is None else aware(found)
+
     def count(self) -> int:
         with self.engine.connect() as conn:
             return int(

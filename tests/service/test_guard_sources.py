@@ -229,3 +229,32 @@ def test_a_step_on_another_replica_waits_for_an_unevaluated_guard(
         state = rollout(b)
         assert (state["state"], state["percent"]) == ("halted", 20), state
         assert guards_b.notes.store.count() == 0
+
+
+def test_a_steady_stream_of_reports_does_not_hold_a_step_back(sqlite_url: str) -> None:
+    """Guard evaluations noted after a step came due (reports of a busy fleet, always a
+    few in flight) never hold the step back; one noted before it came due (a report of
+    the stage that is ending) does, until it is judged."""
+    spec = {**FORCE, "rollout": {"percent": 20, "steps": [20, 50, 100], "step_every": "1h"}}
+    with make_inprocess_client(sqlite_url, rollout_check_s=3600.0) as app:  # type: ignore[attr-defined]
+        assert app.put("/v1/overrides/*", json=spec).status_code == 200
+        guards = app.app.state.runtime.rollouts  # type: ignore[attr-defined]
+        started = datetime.fromisoformat(rollout(app)["stage_started_at"])
+        due_at = started + timedelta(hours=1)
+        # a report in flight at every moment after the step came due
+        for i in range(20):
+            noted = due_at + timedelta(seconds=1 + i)
+            guards.notes.store.add(f"measurements:stream-{i}", "measurements", "{}", noted)
+        guards.check(due_at + timedelta(seconds=30))
+        assert rollout(app)["percent"] == 50, "promoted past the stream"
+        for i in range(20):  # judged meanwhile
+            guards.notes.done(f"measurements:stream-{i}")
+
+        # a report noted before the next step came due holds it until judged
+        due_at = datetime.fromisoformat(rollout(app)["stage_started_at"]) + timedelta(hours=1)
+        guards.notes.store.add("measurements:late", "measurements", "{}", due_at)
+        guards.check(due_at + timedelta(seconds=30))
+        assert rollout(app)["percent"] == 50, "waits for the stage's own report"
+        guards.notes.done("measurements:late")
+        guards.check(due_at + timedelta(seconds=31))
+        assert rollout(app)["percent"] == 100
