@@ -334,7 +334,10 @@ def service_factory(tmp_path: Path) -> Iterator[type[ServiceProcess]]:
 
     yield Factory
     for proc in started:
-        proc.stop()
+        try:
+            proc.stop()
+        except subprocess.SubprocessError:  # one that would not die: kill the rest anyway
+            proc.stop(signal.SIGKILL)
 
 
 @pytest.fixture
@@ -613,13 +616,3 @@ def pg_url_factory(postgres_server: str) -> Iterator[Callable[[], str]]:
     yield make
     for schema in made:
         drop_pg_schema(schema, postgres_server)
-
-
-@pytest.fixture(scope="session")
-def shared_pg_service(
-    tmp_path_factory: pytest.TempPathFactory, pg_schemas: Callable[[], str]
-) -> Iterator[ServiceProcess]:
-    d = tmp_path_factory.mktemp("served-pg")
-    service = ServiceProcess(pg_schemas()).start(d)
-    yield service
-    service.stop()
