@@ -15,6 +15,12 @@ NEVER_READY = ["sh", "-c", "exec sleep 60", "sh"]
 EXITS_AT_ONCE = ["sh", "-c", "exit 3", "sh"]
 
 
+@pytest.fixture(autouse=True)
+def _stand_ins_are_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's count of service processes is of real ones: not these shell stand-ins."""
+    monkeypatch.delenv(STARTS_LOG, raising=False)
+
+
 def test_a_start_that_times_out_kills_its_process(tmp_path: Path) -> None:
     service = ServiceProcess("sqlite:///unused.db", prefix=NEVER_READY)
     with pytest.raises(RuntimeError, match="not ready"):
