@@ -333,11 +333,14 @@ def service_factory(tmp_path: Path) -> Iterator[type[ServiceProcess]]:
             return super().start(log_dir, timeout)
 
     yield Factory
-    for proc in started:
+    stuck: list[subprocess.SubprocessError] = []
+    for proc in started:  # every one, even after one that would not die
         try:
             proc.stop()
-        except subprocess.SubprocessError:  # one that would not die: kill the rest anyway
-            proc.stop(signal.SIGKILL)
+        except subprocess.SubprocessError as exc:
+            stuck.append(exc)
+    if stuck:
+        raise stuck[0]
 
 
 @pytest.fixture
