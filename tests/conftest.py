@@ -1,9 +1,12 @@
-"""Fixtures shared by every test package: real service processes and in-process apps.
+"""Fixtures shared by every test package: in-process apps and real service processes.
 
-``ServiceProcess`` runs ``python -m mla_switchboard.service.cli serve`` on a free loopback port with
-its own SQLite file (or a PostgreSQL schema), exactly as an operator would, and
-waits for ``/readyz``. ``inprocess_app`` runs the same app in this process through
-Starlette's TestClient, for the fast path and for tests that need to look inside.
+``InProcessService`` runs the app in this process through Starlette's TestClient,
+on a SQLite file or a PostgreSQL schema, with the settings a test gives: it is what
+most tests use, since a server process costs about two CPU seconds of imports per
+start. ``ServiceProcess`` runs ``python -m mla_switchboard.service.cli serve`` on a free loopback
+port, exactly as an operator would, and waits for ``/readyz``: only for tests of
+the process itself (start-up, flags, signals, sockets, replicas, the CLI).
+Set ``SWITCHBOARD_TEST_STARTS_LOG`` to a file name to count the processes started.
 """
 
 from __future__ import annotations
@@ -155,6 +158,40 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+STARTS_LOG = "SWITCHBOARD_TEST_STARTS_LOG"
+
+
+def count_start(what: str) -> None:
+    """One line per service process started, in the file ``SWITCHBOARD_TEST_STARTS_LOG``
+    names (when set): how many the suite starts is what its run time mostly is."""
+    path = os.environ.get(STARTS_LOG)
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{os.getpid()} {what}\n")
+
+
+def _starts_logged() -> int:
+    try:
+        return len(Path(os.environ[STARTS_LOG]).read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+_STARTS_BEFORE = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(STARTS_LOG):
+        config.stash[_STARTS_BEFORE] = _starts_logged()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The processes this run started (xdist workers append to the same file)."""
+    if os.environ.get(STARTS_LOG):
+        started = _starts_logged() - config.stash.get(_STARTS_BEFORE, 0)
+        terminalreporter.write_line(f"service processes started: {started}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -185,6 +222,7 @@ class ServiceProcess:
         self.log_path: Path | None = None
 
     def start(self, log_dir: Path, timeout: float = 30.0) -> ServiceProcess:
+        """Spawn and wait until ready; a start that fails leaves no process behind."""
         return self.spawn(log_dir).wait_ready(timeout)
 
     def spawn(self, log_dir: Path) -> ServiceProcess:
@@ -218,25 +256,45 @@ class ServiceProcess:
             stderr=subprocess.STDOUT,
             preexec_fn=self.preexec_fn,
         )
+        count_start(self.url)
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> ServiceProcess:
-        """Until ``/readyz`` answers 200; the log when the process exits or never does."""
+        """Until ``/readyz`` answers 200; the log when the process exits or never does.
+
+        A process that is not ready in time is killed before the error is raised:
+        whoever called this holds no handle to stop it once it raises."""
         assert self.proc is not None and self.log_path is not None, "spawn() first"
         load = MachineLoad(self.proc.pid)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited early:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=0.5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+        try:
+            ready = self._poll_ready(timeout)
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
+        if ready:
+            return self
+        exited = self.proc.poll() is not None
+        self.stop(signal.SIGKILL)
+        if exited:
+            raise RuntimeError(f"service exited early:\n{self.log_path.read_text()}")
         raise RuntimeError(
             load.says(f"service not ready in {timeout}s:\n{self.log_path.read_text()}")
         )
+
+    def _poll_ready(self, timeout: float) -> bool:
+        """True once ``/readyz`` answers 200; False when the process exits or time runs out."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if httpx.get(self.url + "/readyz", timeout=0.5).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        return False
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -275,8 +333,14 @@ def service_factory(tmp_path: Path) -> Iterator[type[ServiceProcess]]:
             return super().start(log_dir, timeout)
 
     yield Factory
-    for proc in started:
-        proc.stop()
+    stuck: list[subprocess.SubprocessError] = []
+    for proc in started:  # every one, even after one that would not die
+        try:
+            proc.stop()
+        except subprocess.SubprocessError as exc:
+            stuck.append(exc)
+    if stuck:
+        raise stuck[0]
 
 
 @pytest.fixture
@@ -304,6 +368,122 @@ def make_inprocess_client(database_url: str, **settings: object) -> object:
     return TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"})
 
 
+class InProcessService:
+    """The app of ``switchboard serve`` in this process, behind Starlette's TestClient.
+
+    Configured as a ``ServiceProcess`` is: a database URL, ``SWITCHBOARD_*`` variables
+    in ``env`` (read as the process would read them), the bootstrap token; keyword
+    ``settings`` are ``Settings`` fields. ``start()`` runs the app's start-up (the
+    runtime's threads, migrations), ``stop()`` its shut-down. Every ``client(token)``
+    talks to the same running app, so a test body reads as it does against a server;
+    ``url`` is the TestClient's base URL (for building links, not for sockets).
+    """
+
+    url = "http://testserver"
+
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        env: dict[str, str] | None = None,
+        bootstrap_token: str | None = ADMIN,
+        **settings: object,
+    ) -> None:
+        self.database_url = database_url
+        self.bootstrap_token = bootstrap_token
+        self.extra_env = env or {}
+        self.settings = settings
+        self._test_client: Any = None
+
+    def make_settings(self) -> Any:
+        """The Settings the process would read: this environment, minus the admin token
+        (the process is given its own), plus ``env``, under explicit fields."""
+        from mla_switchboard.service.config import Settings
+
+        saved = dict(os.environ)
+        try:
+            os.environ.pop("SWITCHBOARD_ADMIN_TOKEN", None)
+            os.environ.update(self.extra_env)
+            fields: dict[str, object] = {"database_url": self.database_url, **self.settings}
+            if self.bootstrap_token is not None:
+                fields["admin_token"] = self.bootstrap_token
+            return Settings(**fields)  # type: ignore[arg-type]
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def start(self) -> InProcessService:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from starlette.testclient import TestClient
+
+        from mla_switchboard.service.api.app import create_app
+
+        client = TestClient(create_app(self.make_settings()))
+        client.__enter__()
+        self._test_client = client
+        return self
+
+    def stop(self) -> None:
+        if self._test_client is not None:
+            client, self._test_client = self._test_client, None
+            client.__exit__(None, None, None)
+
+    def __enter__(self) -> InProcessService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def app(self) -> Any:
+        assert self._test_client is not None, "start() first"
+        return self._test_client.app
+
+    @property
+    def runtime(self) -> Any:
+        """The app's Runtime (store, recorder, metrics), for looking inside."""
+        return self.app.state.runtime
+
+    def client(self, token: str | None = ADMIN) -> httpx.Client:
+        """A client of the running app with ``token`` (None: no Authorization header);
+        closing it leaves the app running."""
+        assert self._test_client is not None, "start() first"
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            transport=self._test_client._transport,
+            follow_redirects=True,
+            timeout=10,
+        )
+
+
+@pytest.fixture
+def inprocess_factory() -> Iterator[type[InProcessService]]:
+    """``inprocess_factory(url, env=..., **settings).start()``: apps for one test,
+    each stopped afterwards (also when the test fails)."""
+    started: list[InProcessService] = []
+
+    class Factory(InProcessService):
+        def start(self) -> InProcessService:
+            started.append(self)
+            return super().start()
+
+    yield Factory
+    for service in reversed(started):
+        service.stop()
+
+
+@pytest.fixture
+def inprocess_service(sqlite_url: str) -> Iterator[InProcessService]:
+    """A fresh app of this test's own on a SQLite file (cheap: no imports to pay)."""
+    with InProcessService(sqlite_url) as service:
+        yield service
+
+
 @pytest.fixture
 def inprocess_app(sqlite_url: str) -> Iterator[httpx.Client]:
     with make_inprocess_client(sqlite_url) as c:  # type: ignore[attr-defined]
@@ -318,7 +498,15 @@ def shared_inprocess(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx
 
 
 @pytest.fixture(scope="session")
+def shared_inprocess_pg(pg_schemas: Callable[[], str]) -> Iterator[InProcessService]:
+    """The session's in-process app on a PostgreSQL schema of its own."""
+    with InProcessService(pg_schemas()) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
 def shared_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """A real server process for the whole session (tests of other packages use it)."""
     d = tmp_path_factory.mktemp("served")
     service = ServiceProcess(f"sqlite:///{d / 'switchboard.db'}").start(d)
     yield service
@@ -326,20 +514,18 @@ def shared_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service
 
 
 @pytest.fixture(
-    params=["inprocess", "http", pytest.param("http-postgres", marks=pytest.mark.postgres)]
+    params=["inprocess", pytest.param("inprocess-postgres", marks=pytest.mark.postgres)]
 )
 def api(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
-    """The same tests through the in-process app, through a real server process on
-    SQLite, and through a real server process on PostgreSQL.
+    """The same tests through the in-process app on SQLite and on PostgreSQL.
 
-    All are shared by the whole session (a server start per test would dominate the
-    run), so tests that count things use cluster names of their own.
+    Both are shared by the whole session, so tests that count things use cluster
+    names of their own.
     """
     if request.param == "inprocess":
         yield request.getfixturevalue("shared_inprocess")
         return
-    name = "shared_service" if request.param == "http" else "shared_pg_service"
-    service: ServiceProcess = request.getfixturevalue(name)
+    service: InProcessService = request.getfixturevalue("shared_inprocess_pg")
     with service.client() as client:
         yield client
 
@@ -433,13 +619,3 @@ def pg_url_factory(postgres_server: str) -> Iterator[Callable[[], str]]:
     yield make
     for schema in made:
         drop_pg_schema(schema, postgres_server)
-
-
-@pytest.fixture(scope="session")
-def shared_pg_service(
-    tmp_path_factory: pytest.TempPathFactory, pg_schemas: Callable[[], str]
-) -> Iterator[ServiceProcess]:
-    d = tmp_path_factory.mktemp("served-pg")
-    service = ServiceProcess(pg_schemas()).start(d)
-    yield service
-    service.stop()

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.conftest import InProcessService
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 PROD, DEV = "prod-east", "dev-victim"
@@ -42,9 +42,9 @@ def token(c: httpx.Client, role: str, clusters: list[str] | None) -> str:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessService]:
     d = tmp_path_factory.mktemp("scopes")
-    s = ServiceProcess(f"sqlite:///{d / 'sb.db'}").start(d)
+    s = InProcessService(f"sqlite:///{d / 'sb.db'}").start()
     with s.client() as c:
         for cluster in (PROD, "prod-west", DEV):
             for i in range(3):
@@ -66,14 +66,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
 
 
 @pytest.fixture(scope="module")
-def viewer(fleet: ServiceProcess) -> Iterator[httpx.Client]:
+def viewer(fleet: InProcessService) -> Iterator[httpx.Client]:
     with fleet.client() as admin:
         tok = token(admin, "viewer", ["prod-*"])
     with fleet.client(tok) as v:
         yield v
 
 
-def test_decisions(viewer: httpx.Client, fleet: ServiceProcess) -> None:
+def test_decisions(viewer: httpx.Client, fleet: InProcessService) -> None:
     items = viewer.get("/v1/selections").json()["items"]
     assert {i["cluster"] for i in items} == {PROD, "prod-west"}
     assert viewer.get("/v1/selections", params={"cluster": DEV}).json()["items"] == []
@@ -142,17 +142,18 @@ def test_preview(viewer: httpx.Client) -> None:
     assert DEV not in str(preview)
 
 
-def test_metrics_labels(viewer: httpx.Client, fleet: ServiceProcess) -> None:
+def test_metrics_labels(viewer: httpx.Client, fleet: InProcessService) -> None:
     scoped = viewer.get("/metrics").text
     assert 'cluster="prod-east"' in scoped and DEV not in scoped
     with fleet.client() as admin:
         assert DEV in admin.get("/metrics").text
-    anonymous = httpx.get(fleet.url + "/metrics").text
+    with fleet.client(None) as anon:
+        anonymous = anon.get("/metrics").text
     assert "switchboard_decisions_total" in anonymous
     assert PROD not in anonymous and DEV not in anonymous
 
 
-def test_restricted_admin_lists_tokens_in_scope(fleet: ServiceProcess) -> None:
+def test_restricted_admin_lists_tokens_in_scope(fleet: InProcessService) -> None:
     with fleet.client() as admin:
         inside = token(admin, "agent", ["prod-east"])
         token(admin, "agent", ["prod-*"])
@@ -170,7 +171,7 @@ def test_restricted_admin_lists_tokens_in_scope(fleet: ServiceProcess) -> None:
     assert inside.split("_")[1] in {t["id"] for t in listed}
 
 
-def test_empty_cluster_list_is_refused(fleet: ServiceProcess) -> None:
+def test_empty_cluster_list_is_refused(fleet: InProcessService) -> None:
     with fleet.client() as admin:
         r = admin.post("/v1/tokens", json={"name": "nothing", "role": "admin", "clusters": []})
         assert r.status_code == 422, r.text

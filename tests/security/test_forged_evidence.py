@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.conftest import InProcessService
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_heads": 128}
 PACKAGES = {"torch": "2.11.0", "flashinfer": "0.7.2", "cudnn": "1.32.0", "flash_attn": "2.8.3"}
@@ -36,21 +36,21 @@ def gpu() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessService]:
     d = tmp_path_factory.mktemp("evidence")
-    s = ServiceProcess(f"sqlite:///{d / 'sb.db'}").start(d)
+    s = InProcessService(f"sqlite:///{d / 'sb.db'}").start()
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
-def admin(service: ServiceProcess) -> Iterator[httpx.Client]:
+def admin(service: InProcessService) -> Iterator[httpx.Client]:
     with service.client() as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def attacker(service: ServiceProcess, admin: httpx.Client) -> Iterator[httpx.Client]:
+def attacker(service: InProcessService, admin: httpx.Client) -> Iterator[httpx.Client]:
     r = admin.post(
         "/v1/tokens", json={"name": "prod-agent", "role": "agent", "clusters": ["prod-*"]}
     )

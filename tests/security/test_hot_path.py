@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.conftest import InProcessService, ServiceProcess
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 HEADER_TIMEOUT_S = 1.0
@@ -170,14 +170,15 @@ def test_metrics_cluster_labels_are_bounded(service: ServiceProcess) -> None:
 
 
 def test_metrics_can_require_a_token(
-    service_factory: type[ServiceProcess], sqlite_url: str
+    inprocess_factory: type[InProcessService], sqlite_url: str
 ) -> None:
-    s = service_factory(sqlite_url, env={"SWITCHBOARD_METRICS_REQUIRE_TOKEN": "true"}).start()
+    s = inprocess_factory(sqlite_url, env={"SWITCHBOARD_METRICS_REQUIRE_TOKEN": "true"}).start()
     with s.client() as admin:
         assert admin.post("/v1/select", json=select_body("secret-a", "p")).status_code == 200
         viewer = admin.post("/v1/tokens", json={"name": "prom", "role": "viewer"}).json()
         agent = admin.post("/v1/tokens", json={"name": "ag", "role": "agent"}).json()
-    assert httpx.get(s.url + "/metrics").status_code == 401
+    with s.client(None) as anonymous:
+        assert anonymous.get("/metrics").status_code == 401
     with s.client(viewer["token"]) as v:
         r = v.get("/metrics")
         assert r.status_code == 200 and 'cluster="secret-a"' in r.text

@@ -1,42 +1,39 @@
 """Issue 13, item 4 (finding 4): admin writes are checked against the database, not a
 replica's memory.
 
-Two real replicas on one PostgreSQL schema; replica B polls for others' changes only
-every 60 s, so it is stale for the whole test (the finding's "replica that has not
-yet seen another admin's change"). An unrestricted admin changes the fleet rules
-through A; a token limited to ``prod-*`` then reads the rules from B and writes its
-cluster's rule set back through B. Before: B checked the scope against its stale
-copy and wrote the whole document, reverting the fleet change (5 times out of 5).
-Now the write is a 412 (the document's revision is stale), or, read fresh, changes
-only ``prod-*`` rule sets; the fleet change is never reverted.
+Two replicas (apps with their own runtimes) on one PostgreSQL schema; replica B polls
+for others' changes only every 60 s, so it is stale for the whole test (the finding's
+"replica that has not yet seen another admin's change"). An unrestricted admin changes
+the fleet rules through A; a token limited to ``prod-*`` then reads the rules from B
+and writes its cluster's rule set back through B. Before: B checked the scope against
+its stale copy and wrote the whole document, reverting the fleet change (5 times out
+of 5). Now the write is a 412 (the document's revision is stale), or, read fresh,
+changes only ``prod-*`` rule sets; the fleet change is never reverted.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess, start_together
+from tests.conftest import InProcessService
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
 def replicas(
-    pg_url_factory: Callable[[], str], tmp_path: Path
-) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
+    pg_url_factory: Callable[[], str], inprocess_factory: type[InProcessService]
+) -> tuple[InProcessService, InProcessService]:
+    """Two apps on one schema, each with its own runtime (its own copy of the config)."""
     url = pg_url_factory()
-    a, b = start_together(
-        tmp_path, ServiceProcess(url), ServiceProcess(url, env={"SWITCHBOARD_CONFIG_POLL_S": "60"})
-    )
-    yield a, b
-    b.stop()
-    a.stop()
+    a = inprocess_factory(url).start()
+    b = inprocess_factory(url, env={"SWITCHBOARD_CONFIG_POLL_S": "60"}).start()
+    return a, b
 
 
 def token(c: httpx.Client, role: str, clusters: list[str] | None) -> str:
@@ -47,7 +44,7 @@ def token(c: httpx.Client, role: str, clusters: list[str] | None) -> str:
 
 
 def test_scoped_rules_write_through_a_stale_replica_never_reverts(
-    replicas: tuple[ServiceProcess, ServiceProcess],
+    replicas: tuple[InProcessService, InProcessService],
 ) -> None:
     a, b = replicas
     with a.client() as admin_a:
@@ -107,7 +104,7 @@ def test_scoped_rules_write_through_a_stale_replica_never_reverts(
 
 
 def test_scoped_admin_cannot_touch_other_clusters_or_the_fleet(
-    replicas: tuple[ServiceProcess, ServiceProcess],
+    replicas: tuple[InProcessService, InProcessService],
 ) -> None:
     a, _ = replicas
     with a.client() as admin_a:
@@ -123,7 +120,7 @@ def test_scoped_admin_cannot_touch_other_clusters_or_the_fleet(
 
 
 def test_override_write_through_a_stale_replica_is_412(
-    replicas: tuple[ServiceProcess, ServiceProcess],
+    replicas: tuple[InProcessService, InProcessService],
 ) -> None:
     a, b = replicas
     with a.client() as admin_a:

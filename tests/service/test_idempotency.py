@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN, ServiceProcess, make_inprocess_client
+from tests.conftest import ADMIN, InProcessService, make_inprocess_client
 
 STAGED = {"force": "FLASHINFER", "note": "INC-4 try flashinfer", "rollout": {"percent": 20}}
 SITUATION = {
@@ -27,17 +27,17 @@ SITUATION = {
 }
 
 
-@pytest.fixture(params=["in-process", "server"])
-def admin(
-    request: pytest.FixtureRequest, sqlite_url: str, service_factory: type[ServiceProcess]
-) -> Iterator[httpx.Client]:
-    if request.param == "in-process":
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def admin(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[httpx.Client]:
+    """A fresh app per test (keys are remembered per database), on either store."""
+    if request.param == "sqlite":
         with make_inprocess_client(sqlite_url) as client:  # type: ignore[attr-defined]
             client.headers["Authorization"] = f"Bearer {ADMIN}"
             yield client
-    else:
-        with service_factory(sqlite_url).start().client() as client:
-            yield client
+        return
+    url = request.getfixturevalue("pg_url_factory")()
+    with InProcessService(url) as service, service.client() as client:
+        yield client
 
 
 def audit_count(c: httpx.Client, action: str) -> int:

@@ -1,5 +1,5 @@
 """Measured selection: ranking, thresholds, ties, stale evidence, failures
-excluding a backend, overrides beating evidence, and regret; through a real server.
+excluding a backend, overrides beating evidence, and regret; through the app's HTTP API.
 
 Evidence is per situation (device, capability, dims, dtype, packages) and, by default,
 trusted only within the reporting pod's cluster; each test measures on a
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.conftest import InProcessService
 from tests.service.test_select_decisions import ALL, body
 
 H200 = {"name": "NVIDIA H200", "capability": [9, 0]}
@@ -31,15 +31,14 @@ def own_situation() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessService]:
     d = tmp_path_factory.mktemp("measured")
-    service = ServiceProcess(f"sqlite:///{d / 'sb.db'}").start(d)
-    yield service
-    service.stop()
+    with InProcessService(f"sqlite:///{d / 'sb.db'}") as service:
+        yield service
 
 
 @pytest.fixture
-def c(server: ServiceProcess) -> Iterator[httpx.Client]:
+def c(server: InProcessService) -> Iterator[httpx.Client]:
     with server.client() as client:
         yield client
 
@@ -290,9 +289,11 @@ def test_measurement_validation(c: httpx.Client) -> None:
         assert r.status_code == 422, (bad, r.text)
 
 
-def test_stale_evidence_ages_out(service_factory: type[ServiceProcess], sqlite_url: str) -> None:
+def test_stale_evidence_ages_out(
+    inprocess_factory: type[InProcessService], sqlite_url: str
+) -> None:
     window_s = 2.0
-    service = service_factory(
+    service = inprocess_factory(
         sqlite_url, env={"SWITCHBOARD_MEASURED_MAX_AGE_DAYS": str(window_s / 86400)}
     ).start()
     with service.client() as c:
@@ -496,7 +497,7 @@ def test_the_evidence_summary_answers_304_until_evidence_changes(c: httpx.Client
 
 
 def test_a_clear_leaves_the_failures_reported_after_the_person_looked(
-    c: httpx.Client, server: ServiceProcess
+    c: httpx.Client, server: InProcessService
 ) -> None:
     """A clear names the rows it clears (the summary's ``seen_through``): a failure
     reported between looking and clicking stays counted, and the answer says so.

@@ -1,4 +1,4 @@
-"""Issue 3 through a real server: override precedence, expiry, globs, tokens and
+"""Through the HTTP API: override precedence, expiry, globs, tokens and
 roles, optimistic concurrency, audit, and preview against a seeded fleet."""
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.conftest import InProcessService
 from tests.service.test_select_decisions import ALL, ODD, body
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessService]:
     d = tmp_path_factory.mktemp("controls")
-    service = ServiceProcess(f"sqlite:///{d / 'sb.db'}").start(d)
+    service = InProcessService(f"sqlite:///{d / 'sb.db'}").start()
     yield service
     service.stop()
 
 
 @pytest.fixture
-def admin(server: ServiceProcess) -> Iterator[httpx.Client]:
+def admin(server: InProcessService) -> Iterator[httpx.Client]:
     with server.client() as c:
         yield c
 
@@ -55,7 +55,7 @@ def token(c: httpx.Client, role: str, clusters: list[str] | None = None) -> str:
     return r.json()["token"]
 
 
-def as_(server: ServiceProcess, tok: str) -> httpx.Client:
+def as_(server: InProcessService, tok: str) -> httpx.Client:
     return server.client(tok)
 
 
@@ -185,7 +185,7 @@ class TestOverrideValidation:
 
 
 class TestAuth:
-    def test_roles(self, server: ServiceProcess, admin: httpx.Client) -> None:
+    def test_roles(self, server: InProcessService, admin: httpx.Client) -> None:
         viewer, agent = token(admin, "viewer"), token(admin, "agent")
         with as_(server, viewer) as v, as_(server, agent) as a, server.client(None) as anon:
             assert anon.get("/v1/overrides").status_code == 401
@@ -199,7 +199,7 @@ class TestAuth:
             assert a.get("/v1/selections").status_code == 403
             assert put(a, fresh(), force="CUDNN").status_code == 403
 
-    def test_cluster_scoped_admin(self, server: ServiceProcess, admin: httpx.Client) -> None:
+    def test_cluster_scoped_admin(self, server: InProcessService, admin: httpx.Client) -> None:
         scoped = token(admin, "admin", ["prod-*"])
         with as_(server, scoped) as s:
             assert put(s, "prod-west", force="CUDNN").status_code == 200
@@ -211,7 +211,7 @@ class TestAuth:
             assert s.put("/v1/rules", json=rules).status_code == 403
         admin.delete("/v1/overrides/prod-west")
 
-    def test_revoked_token(self, server: ServiceProcess, admin: httpx.Client) -> None:
+    def test_revoked_token(self, server: InProcessService, admin: httpx.Client) -> None:
         r = admin.post("/v1/tokens", json={"name": "short-lived", "role": "viewer"})
         tok, tid = r.json()["token"], r.json()["id"]
         assert tok not in admin.get("/v1/tokens").text
@@ -221,7 +221,7 @@ class TestAuth:
             assert v.get("/v1/rules").status_code == 401
         assert admin.delete(f"/v1/tokens/{tid}").status_code == 404
 
-    def test_tampered_token(self, server: ServiceProcess, admin: httpx.Client) -> None:
+    def test_tampered_token(self, server: InProcessService, admin: httpx.Client) -> None:
         tok = token(admin, "viewer")
         with as_(server, tok[:-2] + ("aa" if not tok.endswith("aa") else "bb")) as bad:
             assert bad.get("/v1/rules").status_code == 401
@@ -301,7 +301,7 @@ class TestConcurrency:
         )
 
 
-def test_audit_log(server: ServiceProcess, admin: httpx.Client) -> None:
+def test_audit_log(server: InProcessService, admin: httpx.Client) -> None:
     c = fresh()
     scoped = token(admin, "admin", [c])
     with as_(server, scoped) as s:
@@ -330,9 +330,9 @@ class TestPreview:
     # keeps no state on the class at all, it yields the service.
     @pytest.fixture(scope="class")
     @classmethod
-    def fleet(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    def fleet(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessService]:
         d = tmp_path_factory.mktemp("fleet")
-        service = ServiceProcess(f"sqlite:///{d / 'fleet.db'}").start(d)
+        service = InProcessService(f"sqlite:///{d / 'fleet.db'}").start()
         with service.client() as c:
             # east: 600 Hopper pods (FLASH_ATTN); west: 400 Blackwell R1 pods
             # (TRTLLM_RAGGED) and 200 Blackwell pods with dims (128, 64, 256) (FLASH_ATTN).
@@ -352,14 +352,14 @@ class TestPreview:
         yield service
         service.stop()
 
-    def test_seeded(self, fleet: ServiceProcess) -> None:
+    def test_seeded(self, fleet: InProcessService) -> None:
         with fleet.client() as c:
             assert c.get("/v1/selections/summary").json()["clusters"] == {
                 "east": {"FLASH_ATTN": 600},
                 "west": {"FLASH_ATTN": 200, "TRTLLM_RAGGED": 400},
             }
 
-    def test_fleet_deny_preview(self, fleet: ServiceProcess) -> None:
+    def test_fleet_deny_preview(self, fleet: InProcessService) -> None:
         with fleet.client() as c:
             p = c.post(
                 "/v1/preview",
@@ -378,7 +378,7 @@ class TestPreview:
             ]  # fmt: skip
             assert p["clusters_affected"] == ["west"]
 
-    def test_rules_preview_and_dry_run_change_nothing(self, fleet: ServiceProcess) -> None:
+    def test_rules_preview_and_dry_run_change_nothing(self, fleet: InProcessService) -> None:
         with fleet.client() as c:
             doc = c.get("/v1/rules").json()
             doc["by_capability"]["9"] = ["CUDNN", "FLASH_ATTN"]
@@ -397,7 +397,7 @@ class TestPreview:
             assert c.get("/v1/rules").json()["revision"] == doc["revision"]
             assert c.get("/v1/audit", params={"action": "rules.replace"}).json()["items"] == []
 
-    def test_override_dry_run_and_invalid(self, fleet: ServiceProcess) -> None:
+    def test_override_dry_run_and_invalid(self, fleet: InProcessService) -> None:
         with fleet.client() as c:
             r = c.put(
                 "/v1/overrides/west",
@@ -427,7 +427,7 @@ class TestPreview:
             assert p["invalid"][0]["from"] == "TRTLLM_RAGGED"
             assert "denied by override west" in p["invalid"][0]["reason"]
 
-    def test_a_staged_override_previews_as_its_dry_run(self, fleet: ServiceProcess) -> None:
+    def test_a_staged_override_previews_as_its_dry_run(self, fleet: InProcessService) -> None:
         """A proposal with a rollout answered 500: the preview built the override
         without the rollout's state (its id), which the write path adds."""
         spec = {"force": "TORCH_SDPA", "note": "canary", "rollout": {"percent": 50}}
@@ -438,7 +438,7 @@ class TestPreview:
             assert p.json() == dry.json()["preview"]
             assert 0 < p.json()["pods_changed"] < 600  # half of east's pods, by name
 
-    def test_the_openapi_document_says_why_pods_move(self, fleet: ServiceProcess) -> None:
+    def test_the_openapi_document_says_why_pods_move(self, fleet: InProcessService) -> None:
         with fleet.client() as c:
             doc = c.get("/openapi.json").json()
         ok = doc["paths"]["/v1/preview"]["post"]["responses"]["200"]["content"]
@@ -450,14 +450,14 @@ class TestPreview:
         reason = schemas[props["reasons"]["items"]["$ref"].split("/")[-1]]
         assert reason["properties"]["why"]["items"] == {"type": "string"}
 
-    def test_preview_needs_exactly_one_proposal(self, fleet: ServiceProcess) -> None:
+    def test_preview_needs_exactly_one_proposal(self, fleet: InProcessService) -> None:
         with fleet.client() as c:
             assert c.post("/v1/preview", json={}).status_code == 422
             doc = c.get("/v1/rules").json()
             both = {"rules": doc, "delete_override": "west"}
             assert c.post("/v1/preview", json=both).status_code == 422
 
-    def test_applied_override_audit_has_counts(self, fleet: ServiceProcess) -> None:
+    def test_applied_override_audit_has_counts(self, fleet: InProcessService) -> None:
         with fleet.client() as c:
             r = c.put("/v1/overrides/east", json={"force": "TORCH_SDPA", "note": "drill"})
             assert r.json()["preview"]["pods_changed"] == 600

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import ServiceProcess
+from tests.conftest import InProcessService
 from tests.service.test_select_decisions import body
 
 
@@ -125,16 +125,16 @@ def test_probes_are_open(api: httpx.Client) -> None:
 
 
 def test_restart_keeps_rules_and_selections(
-    service_factory: type[ServiceProcess], sqlite_url: str
+    inprocess_factory: type[InProcessService], sqlite_url: str
 ) -> None:
-    first = service_factory(sqlite_url).start()
+    first = inprocess_factory(sqlite_url).start()
     with first.client() as c:
         ids = [
             c.post("/v1/select", json=body(pod=f"p{i}")).json()["decision_id"] for i in range(20)
         ]
         revision = c.get("/v1/rules").json()["revision"]
-    first.stop()  # SIGTERM: a clean shutdown flushes the buffered decisions
-    second = service_factory(sqlite_url).start()
+    first.stop()  # a clean shutdown flushes the buffered decisions
+    second = inprocess_factory(sqlite_url).start()
     with second.client() as c:
         items = c.get("/v1/selections", params={"limit": 100}).json()["items"]
         assert {i["decision_id"] for i in items} == set(ids)
