@@ -13,6 +13,7 @@ signals, its environment, its start-up output) keep ``ServiceProcess`` (tests/co
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -45,6 +46,7 @@ class ThreadServer:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> ThreadServer:
         """Serve, and wait until ``/readyz`` answers 200; stopped again when it never does."""
@@ -82,10 +84,30 @@ class ThreadServer:
         return self
 
     def _serve(self) -> None:
+        # uvicorn's own Server.run, keeping the loop it serves on (hung() blocks it)
+        from uvicorn._compat import asyncio_run
+
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            await self._server.serve(sockets=[self._sock])
+
         try:
-            self._server.run(sockets=[self._sock])
+            asyncio_run(serve(), loop_factory=self._server.config.get_loop_factory())
         except BaseException as exc:  # shown by _wait_ready, not lost in the thread
             self._failure = exc
+
+    @contextmanager
+    def hung(self) -> Iterator[None]:
+        """The service stops answering (its event loop blocked, as a stopped process's
+        would be: connections are accepted by the kernel, nothing is read or answered)
+        until the block ends."""
+        assert self._loop is not None, "start() first"
+        release = threading.Event()
+        self._loop.call_soon_threadsafe(release.wait)
+        try:
+            yield
+        finally:
+            release.set()
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
