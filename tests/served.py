@@ -124,6 +124,11 @@ class ThreadServer:
             time.sleep(0.02)
         raise RuntimeError(f"the server on {self.url} was not ready in {timeout} s")
 
+    @property
+    def serving(self) -> bool:
+        """Whether the server thread still runs."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         """Stop serving (uvicorn's graceful shutdown runs the app's lifespan end, which
         stops the runtime) and wait for the thread; safe to call more than once."""
