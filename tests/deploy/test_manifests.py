@@ -16,13 +16,15 @@ import shlex
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port
+from tests.conftest import ADMIN, ROOT, free_port
+from tests.served import ThreadServer, serving
 
 K8S = ROOT / "deploy" / "k8s"
 MANIFESTS = sorted(K8S.glob("*.yaml"))
@@ -320,7 +322,7 @@ def _k8s_expand(text: str, env: dict[str, str]) -> str:
 
 
 def _run_pod(
-    service: ServiceProcess, tmp_path: Path, extra_agent_args: str = ""
+    service: ThreadServer, tmp_path: Path, extra_agent_args: str = ""
 ) -> tuple[dict[str, str], list[str]]:
     """Run the init container's script, then the main container's, here: the pod's
     paths moved under tmp_path, `vllm` a stub. Returns the env file's variables and
@@ -384,14 +386,14 @@ def _run_pod(
 
 
 @pytest.fixture(scope="module")
-def deploy_service(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def deploy_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
+    """The service the pod's scripts ask, over HTTP (served from a thread of this process)."""
     d = tmp_path_factory.mktemp("deploy")
-    service = ServiceProcess(f"sqlite:///{d / 'switchboard.db'}").start(d)
-    yield service
-    service.stop()
+    with serving(f"sqlite:///{d / 'switchboard.db'}") as service:
+        yield service
 
 
-def test_pod_scripts_without_gpu(deploy_service: ServiceProcess, tmp_path: Path) -> None:
+def test_pod_scripts_without_gpu(deploy_service: ThreadServer, tmp_path: Path) -> None:
     """This machine has no GPU: vLLM has no MLA prefill backend for it (TORCH_SDPA is
     not one of vLLM's), so the agent refuses with the reason, exits 0, and vllm gets no
     prefill flag at all: it starts and chooses for itself."""
@@ -410,7 +412,7 @@ def test_pod_scripts_without_gpu(deploy_service: ServiceProcess, tmp_path: Path)
     assert argv[-2:] == ["--port", "8000"]
 
 
-def test_pod_scripts_on_an_h200(deploy_service: ServiceProcess, tmp_path: Path) -> None:
+def test_pod_scripts_on_an_h200(deploy_service: ThreadServer, tmp_path: Path) -> None:
     """Pretending to be an H200 (the agent's dry-run flag, added here only): the
     backend reaches vllm as the flag it understands."""
     exported, argv = _run_pod(
