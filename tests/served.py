@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +132,9 @@ class ThreadServer:
     def stop(self) -> None:
         """Stop serving (uvicorn's graceful shutdown runs the app's lifespan end, which
         stops the runtime) and wait for the thread; safe to call more than once."""
+        if self._loop is not None and not self._loop.is_closed():
+            with suppress(RuntimeError):  # the loop closed meanwhile: nothing left to end
+                self._loop.call_soon_threadsafe(_end_event_streams)
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None and self._thread.is_alive():
@@ -144,6 +147,20 @@ class ThreadServer:
     def client(self, token: str | None = ADMIN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+
+def _end_event_streams() -> None:
+    """End this thread's open change streams, as sse-starlette does when uvicorn gets
+    SIGTERM: a server in a thread installs no signal handler, so sse-starlette's watcher
+    (one per thread) never hears of the stop, and every open stream would be cut off
+    mid-answer at the graceful-shutdown timeout instead (the browser logs that). Runs
+    on the server's loop."""
+    try:
+        from sse_starlette.sse import _get_shutdown_state
+    except ImportError:  # another sse-starlette: streams are cut off at the timeout
+        return
+    for event in list(_get_shutdown_state().events):
+        event.set()
 
 
 def _log_start(kind: str) -> None:
