@@ -270,6 +270,10 @@ const editor = {
   spec: null, // what the preview was made of, sent as is by Apply
   keyed: null,
   key: null,
+  applying: null, // the Apply in flight (a promise): its own change is not someone else's
+  reads: 0, // showConflict's reads so far: only the latest one is shown
+  refusing: null, // a refused Apply's read of their version, in flight (a promise)
+  told: null, // the revision the change stream last told this editor of
 };
 
 /** Open the editor on ``scope``'s override (null: a new one), read fresh for its ETag. */
@@ -290,7 +294,9 @@ async function openEditor(scope) {
     original = r.body;
     etag = r.etag;
   }
-  Object.assign(editor, { scope, etag, original, previewed: null, spec: null });
+  Object.assign(editor,
+    { scope, etag, original, previewed: null, spec: null, applying: null, refusing: null,
+      told: null });
   openDialog(scope === null ? "New override" : `Edit override: ${scopeText(scope)}`, "editor",
     editorForm(scope, original));
   (scope === null ? $("ed-scope") : $("ed-force")).focus();
@@ -618,11 +624,15 @@ async function applyEdit() {
   const seq = dialog.seq;
   const apply = $("ed-apply");
   const key = keyFor(editor, [scope, editor.spec, editor.etag]);
-  const r = await sendFromDialog(seq, "ed-error", apply, "PUT", `/v1/overrides/${enc(scope)}`,
+  editor.applying = sendFromDialog(seq, "ed-error", apply, "PUT", `/v1/overrides/${enc(scope)}`,
     { body: editor.spec, ifMatch: editor.etag, key });
+  const r = await editor.applying;
+  editor.applying = null;
   if (r === null) return;
   if (r.status === 412) {
-    await showConflict(scope, seq);
+    editor.refusing = showConflict(scope, seq);
+    await editor.refusing;
+    editor.refusing = null;
     return;
   }
   if (!r.ok) {
@@ -639,50 +649,67 @@ async function applyEdit() {
   keepFocusAfterRefresh();
 }
 
-/** A 412: someone changed (or removed) the override since the editor read it. Show
- *  their version and let the user take it, or keep theirs as the new base. */
-async function showConflict(scope, seq) {
+/** Someone changed (or removed) the override since the editor read it: told by the
+ *  change stream while the person edits (``change``), or by a refused Apply (412, no
+ *  ``change``). One box says it either way, with their version and one choice: load
+ *  theirs, or keep the form as the change over theirs. Until the person chooses, the
+ *  editor still sends the version it read, so an Apply is refused (412) and says so:
+ *  the same outcome whichever came first, the stream's news or the Apply. Keeping the
+ *  form asks for a new preview, since the fleet's answer may differ over theirs. */
+async function showConflict(scope, seq, change = null) {
+  if (!change) {
+    $("ed-apply").disabled = true;
+    editor.previewed = null;
+  }
+  const read = ++editor.reads;
   const r = await send("GET", `/v1/overrides/${enc(scope)}`);
-  if (!dialogLive(seq)) return;
+  if (!dialogLive(seq) || read !== editor.reads) return; // a later read says it
   const box = $("ed-conflict");
   box.hidden = false;
   box.className = "conflict";
-  $("ed-apply").disabled = true;
-  editor.previewed = null;
+  if (change) box.setAttribute("data-underneath", change.action);
+  else box.removeAttribute("data-underneath");
+  const heading = change ? underneathLine(change)
+    : h("p", {}, h("strong", {}, "Someone else changed it "), "since you opened it, and " +
+      "nothing was applied.");
+  const previewAgain = () => {
+    editor.previewed = null;
+    $("ed-apply").disabled = true;
+    box.hidden = true;
+  };
   if (r.status === 404) {
     box.setAttribute("data-current", "none");
-    box.replaceChildren(
-      h("p", {}, h("strong", {}, "Someone else changed it: "),
-        `the override of ${scopeText(scope)} was removed since you opened it. ` +
-        "Nothing was applied."),
+    box.replaceChildren(heading,
+      h("p", {}, `The override of ${scopeText(scope)} was removed since you opened it.`),
       h("div", { class: "dialog-actions" },
         button("Create it from my form", { class: "btn", id: "ed-conflict-mine" }, () => {
           editor.etag = '"none"';
-          box.hidden = true;
+          previewAgain();
           setError("ed-error", "Preview again: the fleet's answer may differ now.");
         })));
     return;
   }
   if (!r.ok) {
-    box.replaceChildren(
-      h("p", {}, `Someone else changed it, and reading it again failed: ${r.message}`));
+    box.replaceChildren(heading,
+      h("p", {}, `Reading it again failed: ${r.message}`));
     return;
   }
   const theirs = r.body;
   box.setAttribute("data-current", theirs.revision);
-  box.replaceChildren(
-    h("p", {}, h("strong", {}, "Someone else changed it "),
-      `since you opened it, and nothing was applied. It is now rev ${theirs.revision}, set by ` +
-      `${theirs.created_by ?? "unknown"} `, timeEl(theirs.created_at), ":"),
+  box.replaceChildren(heading,
+    h("p", {}, `It is now rev ${theirs.revision}, set by ${theirs.created_by ?? "unknown"} `,
+      timeEl(theirs.created_at), ":"),
     h("div", { class: "effects" }, overrideEffects(theirs)),
     theirs.rollout ? rolloutLine(theirs.rollout, Date.now()) : null,
     theirs.note ? h("p", { class: "note" }, theirs.note) : null,
+    change ? h("p", { class: "hint" }, "Applying your form is refused until you choose: " +
+      "load their version, or keep your changes and preview again.") : null,
     h("div", { class: "dialog-actions" },
       button("Keep my changes", { class: "btn", id: "ed-conflict-mine",
         title: "Apply your form over their version (after a new preview)" }, () => {
         editor.etag = r.etag;
         editor.original = theirs;
-        box.hidden = true;
+        previewAgain();
         setError("ed-error", "Preview again: your change now replaces their version.");
       }),
       button("Load their version", { class: "btn btn-primary", id: "ed-conflict-load" }, () => {
@@ -690,6 +717,14 @@ async function showConflict(scope, seq) {
         openDialog(`Edit override: ${scopeText(scope)}`, "editor", editorForm(scope, theirs));
         editor.scope = scope;
       })));
+}
+
+/** The stream's news of a change underneath: what, by whom, when. */
+function underneathLine(change) {
+  const who = change.by ? ` by ${change.by}` : "";
+  const what = change.action === "delete" ? "Removed" : "Changed";
+  return h("p", { class: "underneath" }, h("strong", {}, `${what}${who} `),
+    timeEl(change.at || new Date().toISOString()), " while you were editing.");
 }
 
 /** A confirmation's 412 (or the override gone): say what it is now, and offer to look

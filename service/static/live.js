@@ -21,7 +21,6 @@ const READ_LIMIT_MS = 5_000; // a read is given up after this (the next poll ask
 const WRITE_LIMIT_MS = 15_000; // a write waits longer: its outcome matters more
 const SAFETY_POLL_MS = 60_000; // while live, a full read this often anyway
 const DEBOUNCE_MS = 150; // changes arriving together refresh once
-const OWN_APPLY_MS = 500; // an editor waits this long before calling a change someone else's
 const COUNTS_MS = 1_000; // the summary at most this often for the fleet's counts
 
 const live = {
@@ -275,28 +274,27 @@ function refreshSoon() {
 // ---------------------------------------------------------------- the open editor
 
 /** The override the open editor edits changed underneath (another admin, a rollout
- *  step, a guard's halt): show what it is now and let the person choose, as a refused
- *  apply does. Its expiry needs no choice: say it. */
+ *  step, a guard's halt): show what it is now and the choice a refused apply gives
+ *  (console.js, showConflict). Its expiry needs no choice: say it. */
 async function editorTold(change) {
   if (!$("editor") || !$("dialog").open || editor.scope === null) return;
   if (change.cluster !== editor.scope) return;
-  const mine = editor.original && editor.original.revision;
   if (change.action === "expire") {
     setError("ed-error", `The override you are editing expired ${relative(change.at)}.`);
     return;
   }
-  if (change.action !== "delete" && change.revision === mine) return;
   const seq = dialog.seq;
   // this page's own Apply is told too, often before its answer closes the editor
-  await new Promise((resolve) => { setTimeout(resolve, OWN_APPLY_MS); });
+  if (editor.applying) await editor.applying;
+  if (editor.refusing) await editor.refusing; // a refused Apply shows their version itself
   if (!dialogLive(seq) || !$("editor")) return;
-  await showConflict(editor.scope, seq);
-  if (!dialogLive(seq)) return;
+  const mine = editor.original && editor.original.revision;
+  if (change.action !== "delete" && change.revision === mine) return;
+  // one change comes as several events (a put, its rollout's new stage): told once; and
+  // a version already shown (a refused Apply read it) needs no news
+  const rev = String(change.revision ?? "none");
   const box = $("ed-conflict");
-  const who = change.by ? ` by ${change.by}` : "";
-  const what = change.action === "delete" ? "Removed" : "Changed";
-  box.setAttribute("data-underneath", change.action);
-  box.prepend(h("p", { class: "underneath" }, h("strong", {},
-    `${what}${who} `), timeEl(change.at || new Date().toISOString()),
-  " while you were editing: load their version, or keep yours."));
+  if (editor.told === rev || (!box.hidden && box.getAttribute("data-current") === rev)) return;
+  editor.told = rev;
+  await showConflict(editor.scope, seq, change);
 }

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.browser.test_console import VLLM, boot, east, west
 from tests.browser.test_dashboard_browser import ALL, body
-from tests.conftest import ServiceProcess
+from tests.served import Server
 
 LONG_GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 RTX_PODS = 12
@@ -47,7 +47,7 @@ def measurement(pod: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def fill_fleet(service: ServiceProcess) -> int:
+def fill_fleet(service: Server) -> int:
     """Boot the fleet and write its overrides; the number of pods."""
     bodies = [rtx(i) for i in range(RTX_PODS)]
     bodies += [east(i) for i in range(1000)] + [west(i) for i in range(40)]

@@ -24,14 +24,14 @@ from tests.browser.test_dashboard_browser import (
     _skip_if_missing,
     launch,
 )
-from tests.conftest import ServiceProcess
+from tests.served import Server
 
 pytestmark = pytest.mark.browser
 
 LOOPBACK = {"127.0.0.1", "localhost", "[::1]", "::1"}
 
 
-def _operations(service: ServiceProcess) -> list[tuple[str, str]]:
+def _operations(service: Server) -> list[tuple[str, str]]:
     spec = httpx.get(service.url + "/openapi.json").json()
     return [
         (method.upper(), path)
@@ -41,25 +41,25 @@ def _operations(service: ServiceProcess) -> list[tuple[str, str]]:
     ]
 
 
-def test_docs_pages_name_no_external_url(shared_service: ServiceProcess) -> None:
-    html = httpx.get(shared_service.url + "/docs").text
+def test_docs_pages_name_no_external_url(service: Server) -> None:
+    html = httpx.get(service.url + "/docs").text
     assert re.findall(r"""(?:src|href)=["']?(https?:)?//""", html) == []
     assert "cdn.jsdelivr.net" not in html and "fonts.googleapis.com" not in html
     # ReDoc is gone rather than half offline (its bundle fetches a logo from a CDN)
-    assert httpx.get(shared_service.url + "/redoc").status_code == 404
+    assert httpx.get(service.url + "/redoc").status_code == 404
     for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
-        r = httpx.get(f"{shared_service.url}/docs-assets/{asset}")
+        r = httpx.get(f"{service.url}/docs-assets/{asset}")
         assert r.status_code == 200 and len(r.content) > 10_000, asset
-    assert httpx.get(shared_service.url + "/docs-assets/core.py").status_code == 404
-    assert httpx.get(shared_service.url + "/docs-assets/..%2Fapp.py").status_code == 404
+    assert httpx.get(service.url + "/docs-assets/core.py").status_code == 404
+    assert httpx.get(service.url + "/docs-assets/..%2Fapp.py").status_code == 404
 
 
-def test_docs_render_offline_in_chromium(shared_service: ServiceProcess, tmp_path: Path) -> None:
+def test_docs_render_offline_in_chromium(service: Server, tmp_path: Path) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    operations = _operations(shared_service)
+    operations = _operations(service)
     assert ("POST", "/v1/select") in operations and len(operations) > 10
     blocked: list[str] = []
 
@@ -85,7 +85,7 @@ def test_docs_render_offline_in_chromium(shared_service: ServiceProcess, tmp_pat
             # running the operation with Swagger UI's example body is refused (422)
             console_errors = ConsoleErrors(page, {401, 422})
 
-            page.goto(shared_service.url + "/docs")
+            page.goto(service.url + "/docs")
             blocks = page.locator(".opblock")
             expect(blocks).to_have_count(len(operations))
             shown = {

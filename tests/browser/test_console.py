@@ -43,7 +43,8 @@ from tests.browser.test_dashboard_browser import (
     launch,
     sign_in,
 )
-from tests.conftest import ADMIN, ROOT, ServiceProcess, post_all
+from tests.conftest import ADMIN, ROOT, post_all
+from tests.served import Server, ThreadServer
 
 pytestmark = pytest.mark.browser
 
@@ -68,7 +69,7 @@ def screenshot(target: Any, name: str, *, readme: bool = True) -> None:
         target.screenshot(path=str(DOC_IMAGES / name))
 
 
-def boot(service: ServiceProcess, bodies: list[dict[str, Any]], conns: int = 16) -> list[Any]:
+def boot(service: Server, bodies: list[dict[str, Any]], conns: int = 16) -> list[Any]:
     """POST /v1/select for every body, as pods booting at once; the answers in order."""
     answers = []
     for status, _, content in post_all(service.port, "/v1/select", bodies, conns):
@@ -77,7 +78,7 @@ def boot(service: ServiceProcess, bodies: list[dict[str, Any]], conns: int = 16)
     return answers
 
 
-def token(service: ServiceProcess, name: str, role: str, clusters: list[str] | None = None) -> str:
+def token(service: Server, name: str, role: str, clusters: list[str] | None = None) -> str:
     with service.client() as api:
         r = api.post("/v1/tokens", json={"name": name, "role": role, "clusters": clusters})
     assert r.status_code == 201, r.text
@@ -105,14 +106,11 @@ def west(i: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- the workflow
 
 
-def test_edit_preview_apply_conflict_and_steer_a_rollout(
-    service_factory: type[ServiceProcess], sqlite_url: str
-) -> None:
+def test_edit_preview_apply_conflict_and_steer_a_rollout(service: ThreadServer) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    service = service_factory(sqlite_url).start()
     other = token(service, "other-admin", "admin")
     boot(service, [east(i) for i in range(120)] + [west(i) for i in range(40)])
 
@@ -208,8 +206,9 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
             a.locator("#pf-clear").click()
             expect(a.locator("#pods-range")).to_have_text(shown_range(1, 100, 160))
 
-            # 3. Two admins at once: B saves while A has the editor open; A's apply is
-            #    refused (412) and A sees B's version, and can take it.
+            # 3. Two admins at once: B saves while A has the editor open. A's editor hears
+            #    of it on the change stream and says so; A's apply, still on the version A
+            #    read, is refused (412) and says so too; A sees B's version, and can take it.
             item.locator('button[data-act="edit"]').click()
             expect(a.locator("#ed-scope")).to_have_value("prod-east")
             expect(a.locator("#ed-force")).to_have_value("FLASHINFER")
@@ -230,14 +229,21 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
             with service.client() as api:
                 theirs = api.get("/v1/overrides/prod-east").json()
             assert theirs["created_by"] == "other-admin"
+            conflict = a.locator("#ed-conflict")
+            expect(conflict).to_have_attribute("data-underneath", "put")
+            expect(conflict).to_contain_text("Changed by other-admin")
+            expect(conflict).to_contain_text("while you were editing")
+            expect(conflict).to_have_attribute("data-current", str(theirs["revision"]))
+            expect(conflict).not_to_contain_text("Someone else changed it")
 
             a.locator("#ed-note").fill("A: my own change")
             a.locator("#ed-preview-btn").click()
             expect(a.locator("#ed-apply")).to_be_enabled()
             a.locator("#ed-apply").click()
-            conflict = a.locator("#ed-conflict")
             expect(conflict).to_be_visible()
             expect(conflict).to_contain_text("Someone else changed it")
+            expect(conflict).to_contain_text("nothing was applied")
+            expect(conflict).not_to_have_attribute("data-underneath", re.compile(".*"))
             expect(conflict).to_contain_text(f"rev {theirs['revision']}, set by other-admin")
             expect(conflict).to_contain_text("B: tighter guard")
             expect(conflict).to_have_attribute("data-current", str(theirs["revision"]))
@@ -390,14 +396,11 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(
 # ---------------------------------------------------------------- who sees which controls
 
 
-def test_controls_follow_the_token_refusals_and_times(
-    service_factory: type[ServiceProcess], sqlite_url: str
-) -> None:
+def test_controls_follow_the_token_refusals_and_times(service: ThreadServer) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    service = service_factory(sqlite_url).start()
     viewer = token(service, "ops-viewer", "viewer")
     scoped = token(service, "prod-admin", "admin", ["prod-*"])
     boot(service, [east(i) for i in range(6)] + [body("staging", "n", "s-0", [9, 0])])
@@ -506,14 +509,11 @@ def test_controls_follow_the_token_refusals_and_times(
 # ---------------------------------------------------------------- 10,000 pods
 
 
-def test_page_through_ten_thousand_pods_and_filter_them(
-    service_factory: type[ServiceProcess], sqlite_url: str
-) -> None:
+def test_page_through_ten_thousand_pods_and_filter_them(service: ThreadServer) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    service = service_factory(sqlite_url).start()
     started = time.monotonic()
     # 10,000 pods over 8 clusters; a third on B200, a fifth in vLLM pods.
     bodies = []

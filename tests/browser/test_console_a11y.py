@@ -27,7 +27,8 @@ import pytest
 
 from tests.browser.test_console import boot, token
 from tests.browser.test_dashboard_browser import TIMEOUT_MS, _skip_if_missing, body, launch, sign_in
-from tests.conftest import ADMIN, ServiceProcess
+from tests.conftest import ADMIN
+from tests.served import Server, serving
 
 pytestmark = pytest.mark.browser
 
@@ -36,22 +37,21 @@ STAGED = {"force": "FLASHINFER", "note": NOTE, "rollout": {"percent": 50, "max_f
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     _skip_if_missing()
     d: Path = tmp_path_factory.mktemp("a11y")
-    svc = ServiceProcess(f"sqlite:///{d / 'switchboard.db'}").start(d)
-    clusters = ["halt", "gone", "edit", "expiry", "focus", "skip", "scan"]
-    boot(
-        svc,
-        [body(c, f"n-{i % 3}", f"{c}-{i}", [9, 0]) for c in clusters for i in range(8)]
-        + [body("scan", "b-1", f"scan-b{i}", [10, 0]) for i in range(4)],
-    )
-    yield svc
-    svc.stop()
+    with serving(f"sqlite:///{d / 'switchboard.db'}") as svc:
+        clusters = ["halt", "gone", "edit", "expiry", "focus", "skip", "scan"]
+        boot(
+            svc,
+            [body(c, f"n-{i % 3}", f"{c}-{i}", [9, 0]) for c in clusters for i in range(8)]
+            + [body("scan", "b-1", f"scan-b{i}", [10, 0]) for i in range(4)],
+        )
+        yield svc
 
 
 @pytest.fixture(scope="module")
-def browser(service: ServiceProcess) -> Iterator[Any]:
+def browser(service: Server) -> Iterator[Any]:
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
@@ -62,7 +62,7 @@ def browser(service: ServiceProcess) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def admin_page(browser: Any, service: ServiceProcess) -> Iterator[Any]:
+def admin_page(browser: Any, service: Server) -> Iterator[Any]:
     """One signed-in admin page for the module (a context and sign-in per test cost more
     than the tests)."""
     ctx = browser.new_context(viewport={"width": 1440, "height": 900}, locale="en-US")
@@ -83,14 +83,14 @@ def page(admin_page: Any) -> Iterator[Any]:
     )
 
 
-def put(service: ServiceProcess, scope: str, spec: dict[str, Any] = STAGED) -> dict[str, Any]:
+def put(service: Server, scope: str, spec: dict[str, Any] = STAGED) -> dict[str, Any]:
     with service.client() as api:
         r = api.put(f"/v1/overrides/{scope}", json=spec)
         assert r.status_code in (200, 201), r.text
         return dict(r.json())
 
 
-def halt(service: ServiceProcess, scope: str) -> None:
+def halt(service: Server, scope: str) -> None:
     with service.client() as api:
         r = api.post(f"/v1/overrides/{scope}/rollout", json={"action": "halt", "note": "drill"})
         assert r.status_code == 200, r.text
@@ -118,7 +118,7 @@ def focused(page: Any) -> str:
 # ---------------------------------------------------------------- stale states
 
 
-def test_halt_and_resume_confirmations_show_no_null(page: Any, service: ServiceProcess) -> None:
+def test_halt_and_resume_confirmations_show_no_null(page: Any, service: Server) -> None:
     from playwright.sync_api import expect
 
     put(service, "halt")
@@ -135,7 +135,7 @@ def test_halt_and_resume_confirmations_show_no_null(page: Any, service: ServiceP
 
 
 def test_resume_after_removal_drops_the_dry_run_and_offers_a_reload(
-    page: Any, service: ServiceProcess
+    page: Any, service: Server
 ) -> None:
     from playwright.sync_api import expect
 
@@ -158,9 +158,7 @@ def test_resume_after_removal_drops_the_dry_run_and_offers_a_reload(
     expect(page.locator('#overrides li.override[data-cluster="gone"]')).to_have_count(0)
 
 
-def test_editing_a_halted_override_says_applying_resumes_it(
-    page: Any, service: ServiceProcess
-) -> None:
+def test_editing_a_halted_override_says_applying_resumes_it(page: Any, service: Server) -> None:
     from playwright.sync_api import expect
 
     put(service, "edit")
@@ -182,7 +180,7 @@ def test_editing_a_halted_override_says_applying_resumes_it(
         assert api.get("/v1/overrides/edit").json()["rollout"]["state"] == "active"
 
 
-def test_expiry_line_follows_the_choice(page: Any, service: ServiceProcess) -> None:
+def test_expiry_line_follows_the_choice(page: Any, service: Server) -> None:
     from playwright.sync_api import expect
 
     expires = (datetime.now(UTC) + timedelta(hours=23, minutes=30)).isoformat()
@@ -218,9 +216,7 @@ def test_skip_link_is_the_first_stop_and_reaches_new_override(page: Any) -> None
     assert focused(page) == "#new-override"
 
 
-def test_closing_a_dialog_gives_focus_back_to_its_opener(
-    page: Any, service: ServiceProcess
-) -> None:
+def test_closing_a_dialog_gives_focus_back_to_its_opener(page: Any, service: Server) -> None:
     from playwright.sync_api import expect
 
     put(service, "focus")
@@ -252,7 +248,7 @@ def test_closing_a_dialog_gives_focus_back_to_its_opener(
     assert focused(page) == "#new-override"
 
 
-def test_failure_clear_buttons_have_unique_names(page: Any, service: ServiceProcess) -> None:
+def test_failure_clear_buttons_have_unique_names(page: Any, service: Server) -> None:
     from playwright.sync_api import expect
 
     answers = boot(service, [body("scan", "n-9", "fails-h", [9, 0]),
@@ -290,7 +286,7 @@ def serious(page: Any, within: str | None = None) -> list[str]:
 
 
 def test_axe_scan_of_every_view_finds_nothing_serious(
-    browser: Any, page: Any, service: ServiceProcess
+    browser: Any, page: Any, service: Server
 ) -> None:
     from playwright.sync_api import expect
 

@@ -30,24 +30,22 @@ from tests.browser.test_dashboard_browser import (
     launch,
     sign_in,
 )
-from tests.conftest import ADMIN, ServiceProcess
+from tests.conftest import ADMIN
+from tests.served import Server, serving
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, int]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
     _skip_if_missing()
     d = tmp_path_factory.mktemp("layout")
-    service = ServiceProcess(f"sqlite:///{d / 'switchboard.db'}").start(d)
-    try:
+    with serving(f"sqlite:///{d / 'switchboard.db'}") as service:
         yield service, fill_fleet(service)
-    finally:
-        service.stop()
 
 
 @pytest.fixture(scope="module")
-def browser(fleet: tuple[ServiceProcess, int]) -> Iterator[Any]:
+def browser(fleet: tuple[Server, int]) -> Iterator[Any]:
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
@@ -59,7 +57,7 @@ def browser(fleet: tuple[ServiceProcess, int]) -> Iterator[Any]:
             b.close()
 
 
-def open_console(browser: Any, service: ServiceProcess, width: int, height: int) -> Any:
+def open_console(browser: Any, service: Server, width: int, height: int) -> Any:
     ctx = browser.new_context(viewport={"width": width, "height": height}, locale="en-US")
     page = ctx.new_page()
     page.errors = ConsoleErrors(page, set())
@@ -75,7 +73,7 @@ def box(locator: Any) -> dict[str, float]:
 
 
 def test_desktop_table_drawer_rollouts_marks_and_counts(
-    fleet: tuple[ServiceProcess, int], browser: Any
+    fleet: tuple[Server, int], browser: Any
 ) -> None:
     from playwright.sync_api import expect
 
@@ -158,7 +156,7 @@ def test_desktop_table_drawer_rollouts_marks_and_counts(
 
 
 def test_phone_keeps_cluster_gpu_engine_and_cues_side_scroll(
-    fleet: tuple[ServiceProcess, int], browser: Any
+    fleet: tuple[Server, int], browser: Any
 ) -> None:
     from playwright.sync_api import expect
 

@@ -24,7 +24,8 @@ import httpx
 import pytest
 from mla_switchboard.core.specs import SPECS, Backend
 
-from tests.conftest import ADMIN, ROOT, ServiceProcess
+from tests.conftest import ADMIN, ROOT
+from tests.served import Server, ThreadServer
 
 pytestmark = pytest.mark.browser
 
@@ -96,7 +97,7 @@ SEED: list[tuple[str, str, str, list[int] | None, dict[str, str] | None, dict[st
 ]
 
 
-def seed(service: ServiceProcess) -> dict[str, Counter[str]]:
+def seed(service: Server) -> dict[str, Counter[str]]:
     """Send the seed decisions; return the expected summary from their answers."""
     latest: dict[tuple[str, str, str], tuple[str, str]] = {}
     with service.client() as api:
@@ -129,7 +130,7 @@ def chart_counts(page: Any) -> dict[str, Counter[str]]:
     return counts
 
 
-def make_token(service: ServiceProcess, role: str) -> str | None:
+def make_token(service: Server, role: str) -> str | None:
     """A token of ``role`` through POST /v1/tokens; None on a server without it."""
     with service.client() as api:
         r = api.post("/v1/tokens", json={"name": f"dash-{role}", "role": role, "clusters": None})
@@ -172,14 +173,11 @@ def sign_in(page: Any, token: str) -> None:
     page.locator("#signin-form button[type=submit]").click()
 
 
-def test_dashboard_in_chromium(
-    service_factory: type[ServiceProcess], sqlite_url: str, tmp_path: Path
-) -> None:
+def test_dashboard_in_chromium(service: ThreadServer, tmp_path: Path) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    service = service_factory(sqlite_url).start()
     expected = seed(service)
     assert len(expected) == 4
 
@@ -434,16 +432,13 @@ def test_dashboard_in_chromium(
     assert not console_errors, "console errors:\n" + "\n".join(console_errors)
 
 
-def test_dashboard_without_overrides_and_audit(
-    service_factory: type[ServiceProcess], sqlite_url: str
-) -> None:
+def test_dashboard_without_overrides_and_audit(service: ThreadServer) -> None:
     """A server without /v1/overrides and /v1/audit (404): those panels say so and the
     rest of the page works; no error banner, since nothing is broken."""
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    service = service_factory(sqlite_url).start()
     with service.client() as api:
         r = api.post("/v1/select", json=body("solo", "n-1", "p-0", [9, 0]))
         assert r.status_code == 200, r.text

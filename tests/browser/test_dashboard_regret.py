@@ -18,7 +18,7 @@ from tests.browser.test_dashboard_browser import (
     make_token,
     sign_in,
 )
-from tests.conftest import ServiceProcess
+from tests.served import ThreadServer
 
 pytestmark = pytest.mark.browser
 
@@ -51,12 +51,11 @@ def measurement(pod: str, speeds: dict[str, float]) -> dict[str, object]:
     }
 
 
-def test_regret_panel(service_factory: type[ServiceProcess], sqlite_url: str) -> None:
+def test_regret_panel(service: ThreadServer) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    service = service_factory(sqlite_url).start()
     with service.client() as api:
         for pod in ("b0", "b1"):
             # a report counts only from a pod that booted (has a decision) like this one

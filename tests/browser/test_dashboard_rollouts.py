@@ -37,7 +37,7 @@ from tests.browser.test_dashboard_browser import (
     make_token,
     sign_in,
 )
-from tests.conftest import ServiceProcess
+from tests.served import Server, ThreadServer
 
 pytestmark = pytest.mark.browser
 
@@ -107,7 +107,7 @@ def _wait_halted(api: httpx.Client, cluster: str) -> dict[str, Any]:
     raise AssertionError(f"the rollout of {cluster} did not halt: {rollout}")
 
 
-def seed(service: ServiceProcess) -> dict[str, Any]:
+def seed(service: Server) -> dict[str, Any]:
     """canary: a 20 % rollout halted by a stage pod's failure report; wave: an active
     50 % rollout with steps, most of its stage rebooted and both sides measured;
     guarded: policy measured with one pod's failure excluding its backend."""
@@ -169,12 +169,11 @@ def seed(service: ServiceProcess) -> dict[str, Any]:
     return {"halted": halted, "summary": summary, "guarded_backend": a["backend"]}
 
 
-def test_rollouts_and_exclusions(service_factory: type[ServiceProcess], sqlite_url: str) -> None:
+def test_rollouts_and_exclusions(service: ThreadServer) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    service = service_factory(sqlite_url).start()
     viewer = make_token(service, "viewer")
     assert viewer
     with service.client() as api:

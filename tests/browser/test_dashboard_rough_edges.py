@@ -28,12 +28,13 @@ from tests.browser.test_dashboard_browser import (
     launch,
     sign_in,
 )
-from tests.conftest import ADMIN, ServiceProcess
+from tests.conftest import ADMIN
+from tests.served import Server, ThreadServer
 
 pytestmark = pytest.mark.browser
 
 
-def _select(service: ServiceProcess, *bodies: dict[str, Any]) -> list[dict[str, Any]]:
+def _select(service: Server, *bodies: dict[str, Any]) -> list[dict[str, Any]]:
     with service.client() as api:
         answers = []
         for b in bodies:
@@ -52,13 +53,13 @@ def _rows(page: Any) -> list[tuple[str, int]]:
     ]
 
 
-def test_failure_times_are_relative_with_utc_on_hover(live_service: ServiceProcess) -> None:
+def test_failure_times_are_relative_with_utc_on_hover(service: ThreadServer) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    (answer,) = _select(live_service, body("prod-east", "h-1", "r1-0", [9, 0]))
-    with live_service.client() as api:
+    (answer,) = _select(service, body("prod-east", "h-1", "r1-0", [9, 0]))
+    with service.client() as api:
         r = api.post(
             f"/v1/selections/{answer['decision_id']}/failure",
             json={"backend": answer["backend"], "error": "nvcc: exit 1"},
@@ -73,7 +74,7 @@ def test_failure_times_are_relative_with_utc_on_hover(live_service: ServiceProce
             context = browser.new_context(locale="en-US", timezone_id="Pacific/Auckland")
             page = context.new_page()
             console_errors = ConsoleErrors(page, set())
-            page.goto(live_service.url + "/")
+            page.goto(service.url + "/")
             sign_in(page, ADMIN)
             page.locator("#lookup-cluster").fill("prod-east")
             page.locator("#lookup-pod").fill("r1-0")
@@ -95,7 +96,7 @@ def test_failure_times_are_relative_with_utc_on_hover(live_service: ServiceProce
     assert not console_errors, console_errors
 
 
-def test_fleet_chart_filters_and_sorts_many_clusters(live_service: ServiceProcess) -> None:
+def test_fleet_chart_filters_and_sorts_many_clusters(service: ThreadServer) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
@@ -107,7 +108,7 @@ def test_fleet_chart_filters_and_sorts_many_clusters(live_service: ServiceProces
         for i in range(18)
     }
     _select(
-        live_service,
+        service,
         *[body(c, "n", f"p{j}", [9, 0]) for c, n in pods.items() for j in range(n)],
     )
     by_name = sorted(pods.items())
@@ -118,7 +119,7 @@ def test_fleet_chart_filters_and_sorts_many_clusters(live_service: ServiceProces
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             console_errors = ConsoleErrors(page, set())
-            page.goto(live_service.url + "/")
+            page.goto(service.url + "/")
             sign_in(page, ADMIN)
             expect(page.locator("#fleet-chart g.row")).to_have_count(len(pods))
             assert _rows(page) == by_name  # default: by name
@@ -157,16 +158,14 @@ def test_fleet_chart_filters_and_sorts_many_clusters(live_service: ServiceProces
 
 
 @pytest.mark.parametrize("width", [360, 600])
-def test_narrow_pod_table_keeps_the_backend_column(
-    live_service: ServiceProcess, width: int
-) -> None:
+def test_narrow_pod_table_keeps_the_backend_column(service: ThreadServer, width: int) -> None:
     _skip_if_missing()
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
     model = "deepseek-ai/DeepSeek-R1-0528-with-a-long-model-name"
     answers = _select(
-        live_service,
+        service,
         *[
             {
                 **body(
@@ -182,7 +181,7 @@ def test_narrow_pod_table_keeps_the_backend_column(
         try:
             page = browser.new_page(viewport={"width": width, "height": 800})
             console_errors = ConsoleErrors(page, set())
-            page.goto(live_service.url + "/")
+            page.goto(service.url + "/")
             sign_in(page, ADMIN)
             page.locator('#fleet-chart g.row[data-cluster="prod-east"]').click()
             expect(page.locator("#pf-cluster")).to_have_value("prod-east")

@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.workload_keys import parse_jwks
 
-from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port
+from tests.conftest import ADMIN, ROOT, free_port
+from tests.served import ThreadServer, serving
 from tests.service.workload_issuer import TestIssuer
 
 K8S = ROOT / "deploy" / "k8s"
@@ -343,7 +345,7 @@ def _k8s_expand(text: str, env: dict[str, str]) -> str:
 
 
 def _run_pod(
-    service: ServiceProcess,
+    service: ThreadServer,
     tmp_path: Path,
     extra_agent_args: str = "",
     pod: tuple[dict[str, Any], dict[str, Any]] | None = None,
@@ -415,14 +417,14 @@ def _run_pod(
 
 
 @pytest.fixture(scope="module")
-def deploy_service(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def deploy_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
+    """The service the pod's scripts ask, over HTTP (served from a thread of this process)."""
     d = tmp_path_factory.mktemp("deploy")
-    service = ServiceProcess(f"sqlite:///{d / 'switchboard.db'}").start(d)
-    yield service
-    service.stop()
+    with serving(f"sqlite:///{d / 'switchboard.db'}") as service:
+        yield service
 
 
-def test_pod_scripts_without_gpu(deploy_service: ServiceProcess, tmp_path: Path) -> None:
+def test_pod_scripts_without_gpu(deploy_service: ThreadServer, tmp_path: Path) -> None:
     """This machine has no GPU: vLLM has no MLA prefill backend for it (TORCH_SDPA is
     not one of vLLM's), so the agent refuses with the reason, exits 0, and vllm gets no
     prefill flag at all: it starts and chooses for itself."""
@@ -441,7 +443,7 @@ def test_pod_scripts_without_gpu(deploy_service: ServiceProcess, tmp_path: Path)
     assert argv[-2:] == ["--port", "8000"]
 
 
-def test_pod_scripts_on_an_h200(deploy_service: ServiceProcess, tmp_path: Path) -> None:
+def test_pod_scripts_on_an_h200(deploy_service: ThreadServer, tmp_path: Path) -> None:
     """Pretending to be an H200 (the agent's dry-run flag, added here only): the
     backend reaches vllm as the flag it understands."""
     exported, argv = _run_pod(
@@ -573,10 +575,9 @@ def test_pod_identity_signs_in_with_the_projected_token(issuer: TestIssuer, tmp_
         if cluster_matches(cluster_of(init), e.clusters)
     )
     path = issuers_file(tmp_path, **{entry.issuer: issuer.url})
-    service = ServiceProcess(
-        f"sqlite:///{tmp_path / 'switchboard.db'}",
-        env={"SWITCHBOARD_WORKLOAD_ISSUERS_FILE": str(path)},
-    ).start(tmp_path)
+    service = ThreadServer(
+        f"sqlite:///{tmp_path / 'switchboard.db'}", workload_issuers_file=path
+    ).start()
     try:
         namespace = one("Deployment", IDENTITY)["metadata"]["namespace"]
         token = tmp_path / "switchboard-token"

@@ -1,4 +1,5 @@
-"""Hand-written hostile input against every write endpoint, through a real server.
+"""Hand-written hostile input against every write endpoint, through a real HTTP server
+(tests/served.py: uvicorn in a thread of this process, as `switchboard serve` serves it).
 
 Huge bodies, deep JSON, unicode, NUL bytes, SQL-looking strings, very long strings,
 wrong dims, wrong content types, empty bodies and duplicate keys, in bodies and in
@@ -29,7 +30,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess
+from tests.served import ThreadServer, serving
 
 SQL = [
     "'; DROP TABLE decisions; --",
@@ -58,7 +59,7 @@ HUGE = "x" * 70_000  # over the 64 KiB body limit on its own
 class Hostile:
     """The server under attack, its database file, and what was accepted."""
 
-    service: ServiceProcess
+    service: ThreadServer
     db: Path
     client: httpx.Client
     decision_id: str
@@ -93,15 +94,13 @@ class Hostile:
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     d = tmp_path_factory.mktemp("hostile")
     db = d / "switchboard.db"
-    service = ServiceProcess(f"sqlite:///{db}").start(d)
-    with service.client() as client:
+    with serving(f"sqlite:///{db}") as service, service.client() as client:
         r = client.post("/v1/select", json=select_body(pod="first"))
         assert r.status_code == 200, r.text
         h = Hostile(service, db, client, r.json()["decision_id"])
         h.accepted["select"] = 1
         h.initial = h.counts()
         yield h
-    service.stop()
 
 
 # ---------------------------------------------------------------- the endpoints

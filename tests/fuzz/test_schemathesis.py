@@ -1,4 +1,6 @@
-"""Schemathesis against the service's own OpenAPI document, on a real server process.
+"""Schemathesis against the service's own OpenAPI document, on a real HTTP server (uvicorn
+serving the app as ``switchboard serve`` does, from a thread of this process: the HTTP
+layer's own refusals are part of what is fuzzed, the process start is not).
 
 Every operation in ``/openapi.json`` gets generated requests (schemathesis's examples,
 coverage and fuzzing phases; valid and invalid ones) with the bootstrap admin token
@@ -24,7 +26,8 @@ import schemathesis
 from mla_switchboard.core.hardware import peak_bf16_tflops
 from pydantic import TypeAdapter, ValidationError
 
-from tests.conftest import ADMIN, ServiceProcess
+from tests.conftest import ADMIN
+from tests.served import ThreadServer, serving
 
 # Bounded: deterministic, at most this many generated cases per operation and phase
 # (the coverage phase's boundary cases come on top). The whole module takes about 40 s
@@ -35,15 +38,18 @@ _DATETIME = TypeAdapter(datetime)
 
 
 @pytest.fixture(scope="module")
-def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
     d = tmp_path_factory.mktemp("fuzz")
     # The fuzzer sends a wrong token with many of its cases (over 300 a minute from one
     # address) and its check wants the 401 itself: the wrong-token throttle (429, tested
     # in tests/security/test_headers_and_throttling.py) is off here.
-    service = ServiceProcess(
-        f"sqlite:///{d / 'switchboard.db'}", env={"SWITCHBOARD_AUTH_FAILURES_PER_MINUTE": "0"}
-    ).start(d)
-    # A few real decisions, so that listings, the summary and previews have rows.
+    with serving(f"sqlite:///{d / 'switchboard.db'}", auth_failures_per_minute=0) as service:
+        _decide_a_few(service)
+        yield service
+
+
+def _decide_a_few(service: ThreadServer) -> None:
+    """A few real decisions, so that listings, the summary and previews have rows."""
     with service.client() as c:
         for i, cap in enumerate(([9, 0], [10, 0], None)):
             r = c.post(
@@ -58,8 +64,6 @@ def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePr
                 },
             )
             assert r.status_code == 200, r.text
-    yield service
-    service.stop()
 
 
 def _in_the_past(value: Any) -> bool:
@@ -119,7 +123,7 @@ def _keep_figures_physical(report: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def api_schema(fuzz_service: ServiceProcess) -> schemathesis.BaseSchema:
+def api_schema(fuzz_service: ThreadServer) -> schemathesis.BaseSchema:
     config = schemathesis.Config.from_dict(
         {
             "base-url": fuzz_service.url,
@@ -187,11 +191,11 @@ def test_openapi_conformance(case: schemathesis.Case) -> None:
     case.call_and_validate()
 
 
-def test_service_sound_after_fuzzing(fuzz_service: ServiceProcess) -> None:
-    """Runs after the fuzzing above (pytest keeps file order): the process is up,
+def test_service_sound_after_fuzzing(fuzz_service: ThreadServer) -> None:
+    """Runs after the fuzzing above (pytest keeps file order): the server is up,
     ready, still decides, and the decisions made before fuzzing are still listed."""
     with fuzz_service.client() as c:
-        assert fuzz_service.proc is not None and fuzz_service.proc.poll() is None
+        assert fuzz_service.serving, "the server stopped while fuzzed"
         assert c.get("/readyz").json()["status"] == "ready"
         assert c.get("/healthz").status_code == 200
         # fuzzing may have denied or forced backends: deciding at all is what counts
