@@ -9,7 +9,14 @@ from types import SimpleNamespace
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.reads.health import Health
 from mla_switchboard.service.store.recorder import DecisionRecorder
-from mla_switchboard.service.store.recording.segments import read_mark, scan, segment_paths
+from mla_switchboard.service.store.recording.segments import (
+    Encoder,
+    Reader,
+    read_mark,
+    scan,
+    segment_name,
+    segment_paths,
+)
 
 from tests.reliability.conftest import FlakyStore, counter, recorder, row, wait_until
 
@@ -196,3 +203,18 @@ def test_a_reader_gives_up_at_once_on_a_stalled_store_a_report_waits_for_its_pos
     assert rec.wait_stored(position, 10)
     assert rec.position_of("c", "p") is None  # stored: nothing waits for it any more
     rec.stop()
+
+
+def test_every_field_survives_the_log_whatever_it_holds(tmp_path: Path) -> None:
+    """The fast encoding joins fields by a separator; a field holding one (or a NUL)
+    is written as JSON instead, and None stays None."""
+    rows = [
+        row(1)._replace(node=None, principal=None, verified=True),
+        row(2)._replace(pod=None, answer_id="a2", answer_json=None),
+        row(3)._replace(principal="a\x1fb", node="\x00"),
+        row(4)._replace(cluster="ü-cluster", principal="workload:uid-4"),
+    ]
+    encoder = Encoder()
+    data = encoder.new_segment(1) + b"".join(encoder.decision(i + 1, r) for i, r in enumerate(rows))
+    (tmp_path / segment_name(1)).write_bytes(data)
+    assert [r for _, r in Reader(tmp_path).read(1, 4, 10)] == rows

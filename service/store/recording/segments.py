@@ -10,9 +10,9 @@ of four kinds: ``H`` opens every segment (its seq is the segment's first positio
 an emptied file is told from one that never held anything), ``S`` and ``A`` carry a
 shape's or an answer's JSON text once per segment (a few KB shared by thousands of
 decisions: written once, not per decision), and ``D`` one decision (its fields but
-those texts, as a JSON list). Positions are consecutive across segments and restarts,
-so a missing, emptied or cut segment shows as a gap between what the mark says is
-stored and what the segments hold (``scan``).
+those texts, joined by a unit separator). Positions are consecutive across segments
+and restarts, so a missing, emptied or cut segment shows as a gap between what the
+mark says is stored and what the segments hold (``scan``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from mla_switchboard.service.store.rows import Decision as Row
 
@@ -35,6 +36,8 @@ HEAD, SHAPE, ANSWER, DECISION = b"H"[0], b"S"[0], b"A"[0], b"D"[0]
 _KIND_SEQ = struct.Struct("<BQ")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)  # times kept exactly, as whole microseconds
+FIELDS = 12  # a decision record's fields
+_NONE = "\x00"  # a field that is None
 READ_CHUNK = 4 * 2**20  # a drain reads the log this much at a time
 
 
@@ -63,13 +66,43 @@ class Encoder:
         if row.answer_json is not None and row.answer_id not in self._texts:
             self._texts.add(row.answer_id)
             out += record(ANSWER, seq, json.dumps([row.answer_id, row.answer_json]).encode())
-        fields = json.dumps(
-            [row.id, (row.created_at - EPOCH) // MICROSECOND, row.cluster, row.node, row.pod,
-             row.backend, row.source, row.rules_revision, row.shape_id, row.answer_id,
-             row.principal, row.verified],
-            separators=(",", ":"),
-        )  # fmt: skip
-        return out + record(DECISION, seq, fields.encode())
+        return out + record(DECISION, seq, _fields(row))
+
+
+def _fields(row: Row) -> bytes:
+    """A decision's fields but its texts: joined by a unit separator (a third of what
+    JSON costs: this runs for every decision), or as JSON (kind ``J``, read alike) when
+    a field holds a separator or a NUL itself."""
+    node, pod, principal = row.node, row.pod, row.principal
+    text = (
+        f"{row.id}\x1f{(row.created_at - EPOCH) // MICROSECOND}\x1f{row.cluster}\x1f"
+        f"{_NONE if node is None else node}\x1f{_NONE if pod is None else pod}\x1f"
+        f"{row.backend}\x1f{row.source}\x1f{row.rules_revision}\x1f{row.shape_id}\x1f"
+        f"{row.answer_id}\x1f{_NONE if principal is None else principal}\x1f"
+        f"{1 if row.verified else 0}"
+    )
+    if text.count("\x1f") == FIELDS - 1 and text.count(_NONE) == (
+        (node is None) + (pod is None) + (principal is None)
+    ):
+        return text.encode()
+    return b"J" + json.dumps(
+        [row.id, (row.created_at - EPOCH) // MICROSECOND, row.cluster, node, pod,
+         row.backend, row.source, row.rules_revision, row.shape_id, row.answer_id,
+         principal, row.verified]
+    ).encode()  # fmt: skip
+
+
+def _parse_fields(payload: bytes) -> list[Any]:
+    if payload[:1] == b"J":
+        return list(json.loads(payload[1:]))
+    parts: list[Any] = payload.decode().split("\x1f")
+    if len(parts) != FIELDS:
+        raise ValueError(f"{len(parts)} fields, not {FIELDS}")
+    for i in (3, 4, 10):
+        if parts[i] == _NONE:
+            parts[i] = None
+    parts[1], parts[7], parts[11] = int(parts[1]), int(parts[7]), parts[11] == "1"
+    return parts
 
 
 def segment_name(first_seq: int) -> str:
@@ -292,7 +325,7 @@ class Reader:
 
     def _row(self, payload: bytes) -> Row:
         (id_, at, cluster, node, pod, backend, source, revision, shape_id, answer_id,
-         principal, verified) = json.loads(payload)  # fmt: skip
+         principal, verified) = _parse_fields(payload)  # fmt: skip
         return Row(
             id_, EPOCH + timedelta(microseconds=at), cluster, node, pod, backend, source,
             revision, shape_id, answer_id, self._texts.get(shape_id, "{}"),
