@@ -141,7 +141,7 @@ def test_a_damaged_record_mid_log_loses_the_rest_of_its_segment_only(tmp_path: P
     _logged(store, log_dir, 200, segment_bytes=2048)
     (_, first), (second_first, _) = segment_paths(log_dir)[:2]
     data = bytearray(first.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # one flipped byte: its record's checksum fails
+    data[-10] ^= 0xFF  # one flipped byte in its last batch: that batch's checksum fails
     first.write_bytes(bytes(data))
     store.up = True
     rec, metrics, stored = _restarted(store, log_dir)

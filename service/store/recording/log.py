@@ -231,8 +231,7 @@ class DecisionLog:
 
     def _append(self, batch: list[tuple[int, Row]]) -> None:
         fd, seg = self._current(batch[0][0])
-        encode = self._encoder.decision
-        data = b"".join([encode(seq, row) for seq, row in batch])
+        data = self._encoder.batch(batch)
         try:
             _write_all(fd, data)
             os.fdatasync(fd)

@@ -9,10 +9,11 @@ every decision is in the database. Each record is
 of four kinds: ``H`` opens every segment (its seq is the segment's first position, so
 an emptied file is told from one that never held anything), ``S`` and ``A`` carry a
 shape's or an answer's JSON text once per segment (a few KB shared by thousands of
-decisions: written once, not per decision), and ``D`` one decision (its fields but
-those texts, joined by a unit separator). Positions are consecutive across segments
-and restarts, so a missing, emptied or cut segment shows as a gap between what the
-mark says is stored and what the segments hold (``scan``).
+decisions: written once, not per decision), and ``D`` a group-committed batch: the
+decisions from ``seq`` on, one line each (their fields but those texts, joined by a
+unit separator), under one checksum. Positions are consecutive across segments and
+restarts, so a missing, emptied or cut segment shows as a gap between what the mark
+says is stored and what the segments hold (``scan``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -58,21 +60,32 @@ class Encoder:
         self._texts = set()
         return record(HEAD, first_seq, MAGIC)
 
+    def batch(self, items: Sequence[tuple[int, Row]]) -> bytes:
+        """Consecutive decisions as one ``D`` record (one checksum for the batch), after
+        the texts this segment does not carry yet."""
+        out = []
+        texts = self._texts
+        for seq, row in items:
+            if row.shape_id not in texts:
+                texts.add(row.shape_id)
+                out.append(record(SHAPE, seq, json.dumps([row.shape_id, row.shape_json]).encode()))
+            if row.answer_json is not None and row.answer_id not in texts:
+                texts.add(row.answer_id)
+                out.append(
+                    record(ANSWER, seq, json.dumps([row.answer_id, row.answer_json]).encode())
+                )
+        lines = b"\n".join([_fields(row) for _, row in items])
+        out.append(record(DECISION, items[0][0], lines))
+        return b"".join(out)
+
     def decision(self, seq: int, row: Row) -> bytes:
-        out = b""
-        if row.shape_id not in self._texts:
-            self._texts.add(row.shape_id)
-            out += record(SHAPE, seq, json.dumps([row.shape_id, row.shape_json]).encode())
-        if row.answer_json is not None and row.answer_id not in self._texts:
-            self._texts.add(row.answer_id)
-            out += record(ANSWER, seq, json.dumps([row.answer_id, row.answer_json]).encode())
-        return out + record(DECISION, seq, _fields(row))
+        return self.batch([(seq, row)])
 
 
 def _fields(row: Row) -> bytes:
-    """A decision's fields but its texts: joined by a unit separator (a third of what
-    JSON costs: this runs for every decision), or as JSON (kind ``J``, read alike) when
-    a field holds a separator or a NUL itself."""
+    """A decision's fields but its texts, one line: joined by a unit separator (half of
+    what JSON costs: this runs for every decision), or as JSON (``J`` first) when a
+    field holds a separator, a NUL or a newline itself."""
     node, pod, principal = row.node, row.pod, row.principal
     text = (
         f"{row.id}\x1f{(row.created_at - EPOCH) // MICROSECOND}\x1f{row.cluster}\x1f"
@@ -81,8 +94,10 @@ def _fields(row: Row) -> bytes:
         f"{row.answer_id}\x1f{_NONE if principal is None else principal}\x1f"
         f"{1 if row.verified else 0}"
     )
-    if text.count("\x1f") == FIELDS - 1 and text.count(_NONE) == (
-        (node is None) + (pod is None) + (principal is None)
+    if (
+        text.count("\x1f") == FIELDS - 1
+        and text.count(_NONE) == (node is None) + (pod is None) + (principal is None)
+        and "\n" not in text
     ):
         return text.encode()
     return b"J" + json.dumps(
@@ -201,6 +216,10 @@ def records(
     with open(path, "rb") as f:
         f.seek(offset)
         data = f.read(max_bytes)
+        if max_bytes >= 0 and len(data) >= HEADER.size:
+            whole = HEADER.size + HEADER.unpack_from(data)[0]
+            if whole > len(data):  # a record longer than the chunk: read it whole
+                data += f.read(whole - len(data))
     pos, size = 0, len(data)
     while pos + HEADER.size <= size:
         length, crc, kind, seq = HEADER.unpack_from(data, pos)
@@ -221,7 +240,7 @@ def scan(directory: Path) -> Scan:
     for first, path in segment_paths(directory):
         seg = Segment(path, first, first - 1, path.stat().st_size)
         end = 0
-        for i, (kind, seq, _, offset) in enumerate(records(path)):
+        for i, (kind, seq, payload, offset) in enumerate(records(path)):
             if i == 0 and (kind != HEAD or seq != first):
                 seg.damage = "its first record is not the segment's header"
                 break
@@ -229,7 +248,7 @@ def scan(directory: Path) -> Scan:
                 if seq != seg.last + 1:
                     seg.damage = f"position {seq} follows {seg.last}"
                     break
-                seg.last = seq
+                seg.last = seq + payload.count(b"\n")
             end = offset
         if seg.size == 0:
             seg.damage = "emptied"
@@ -283,13 +302,16 @@ class Reader:
         self._offset = 0
         self._next = 0
         self._texts: dict[str, str] = {}
+        self._pending: deque[tuple[int, bytes]] = deque()  # a batch's lines not yet taken
 
     def read(self, start: int, end: int, limit: int) -> list[tuple[int, Row]]:
         """Up to ``limit`` decisions with positions in ``[start, end]``."""
         out: list[tuple[int, Row]] = []
         if self._path is None or self._next != start or not self._path.exists():
             self._seek(start)
-        while self._path is not None and len(out) < limit:
+        while self._path is not None:
+            if self._take(out, start, end, limit):
+                return out
             got = list(records(self._path, self._offset, READ_CHUNK))
             if not got and not self._step(end):
                 break
@@ -300,12 +322,28 @@ class Reader:
                 if kind in (SHAPE, ANSWER):
                     key, text = json.loads(payload)
                     self._texts[key] = text
-                elif kind == DECISION and seq >= start:
-                    out.append((seq, self._row(payload)))
-                    self._next = seq + 1
-                    if len(out) >= limit:
+                elif kind == DECISION:
+                    lines = payload.split(b"\n")
+                    self._pending.extend(zip(range(seq, seq + len(lines)), lines, strict=True))
+                    if self._take(out, start, end, limit):
                         return out
         return out
+
+    def _take(self, out: list[tuple[int, Row]], start: int, end: int, limit: int) -> bool:
+        """Move decoded decisions of the batch read into ``out``; True when done (at
+        ``limit``, or past ``end``)."""
+        pending = self._pending
+        while pending:
+            if len(out) >= limit:
+                return True
+            seq, line = pending[0]
+            if seq > end:
+                return True
+            pending.popleft()
+            if seq >= start:
+                out.append((seq, self._row(line)))
+                self._next = seq + 1
+        return len(out) >= limit
 
     def _seek(self, start: int) -> None:
         """The segment that holds ``start`` (or the first after it), from its start."""
@@ -313,6 +351,7 @@ class Reader:
         chosen = [p for first, p in paths if first <= start][-1:] or [p for _, p in paths][:1]
         self._path = chosen[0] if chosen else None
         self._offset, self._next, self._texts = 0, start, {}
+        self._pending.clear()
 
     def _step(self, end: int) -> bool:
         """On to the next segment, if one follows the current one."""
