@@ -39,7 +39,6 @@ from mla_switchboard.service.runtime import Runtime  # noqa: E402
 
 from tests.reliability.conftest import select_body  # noqa: E402
 
-
 REQUESTS = 40_000  # distinct pods a round cycles through (a pod may decide again)
 
 

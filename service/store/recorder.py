@@ -123,7 +123,7 @@ class DecisionRecorder:
         drainer reads them back from the log). False when none could."""
         if self.log is None or self.log.error is not None:
             return False
-        durable, memory = self.log.durable, self._memory
+        durable, memory = self.log.evictable, self._memory
         evicted = 0
         while memory and memory[0][0] <= durable and evicted < self._batch:
             memory.popleft()
@@ -151,15 +151,20 @@ class DecisionRecorder:
         none waiting (it is in the database, or there never was one)."""
         return self._by_pod.get((cluster, pod))
 
-    def wait_stored(self, position: int, timeout_s: float, *, reader: bool = False) -> bool:
+    def wait_stored(
+        self, position: int, timeout_s: float, *, reader: bool = False, wake: bool = True
+    ) -> bool:
         """Wait until every decision up to ``position`` is in the database, at most
         ``timeout_s``. ``reader``: a request about to read, which gives up as soon as
         the database is failing or a write stalls (waiting cannot help it then, and
-        its own store calls are bounded by ``SWITCHBOARD_STORE_DEADLINE_S``)."""
+        its own store calls are bounded by ``SWITCHBOARD_STORE_DEADLINE_S``).
+        ``wake=False``: leave the drainer to its interval, so that a client looping on
+        a read costs no extra, smaller batches."""
         if position <= self.mark:
             return True
         deadline = time.monotonic() + timeout_s
-        self._wake.set()
+        if wake:
+            self._wake.set()
         with self._stored:
             while self.mark < position:
                 if reader and self._drainer.degraded:
@@ -172,15 +177,8 @@ class DecisionRecorder:
 
     def flush(self, timeout_s: float = 3.0, *, wake: bool = True, reader: bool = False) -> bool:
         """Wait until everything given a position before this call is stored (see
-        ``wait_stored``). ``wake=False``: leave the drainer to its interval, so that a
-        client looping on a read costs no extra, smaller batches."""
-        position = self._head
-        if position <= self.mark:
-            return True
-        if not wake:
-            with self._stored:
-                return self._stored.wait_for(lambda: self.mark >= position, timeout_s)
-        return self.wait_stored(position, timeout_s, reader=reader)
+        ``wait_stored``)."""
+        return self.wait_stored(self._head, timeout_s, reader=reader, wake=wake)
 
     @property
     def degraded(self) -> str | None:

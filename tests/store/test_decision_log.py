@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.reads.health import Health
 from mla_switchboard.service.store.recorder import DecisionRecorder
@@ -218,3 +219,39 @@ def test_every_field_survives_the_log_whatever_it_holds(tmp_path: Path) -> None:
     data = encoder.new_segment(1) + b"".join(encoder.decision(i + 1, r) for i, r in enumerate(rows))
     (tmp_path / segment_name(1)).write_bytes(data)
     assert [r for _, r in Reader(tmp_path).read(1, 4, 10)] == rows
+
+
+def test_a_batch_the_log_could_not_write_stays_in_memory_until_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory past its budget lets go only of what is on disk: never of a batch whose
+    write failed, even once later batches are on disk again."""
+    import errno
+    import os
+
+    from mla_switchboard.service.store.recording import log as log_module
+
+    store = FlakyStore()  # down: nothing is stored meanwhile
+    rec = recorder(store, tmp_path / "log", Metrics(), limit=100)
+    rec.open()
+    rec.start()
+    real = os.fdatasync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(log_module.os, "fdatasync", full)
+    for i in range(20):
+        assert rec.submit(row(i))
+    wait_until(lambda: rec.log_error is not None, 5, what="failing")
+    monkeypatch.setattr(log_module.os, "fdatasync", real)
+    kept = 0
+    for i in range(20, 400):
+        kept += rec.submit(row(i))
+        if i % 20 == 0:
+            wait_until(lambda: rec.log.durable == rec.head, 5, what="on disk")  # type: ignore[union-attr]
+    store.up = True
+    assert rec.flush(20)
+    assert {f"id{i:05d}" for i in range(20)} <= set(store.rows)  # the unwritten batch too
+    assert len(store.rows) == 20 + kept
+    rec.stop()

@@ -79,6 +79,9 @@ class DecisionLog:
         self._opened_at = 0.0
         self._dir_lock: int | None = None
         self.durable = 0  # the newest position synced to disk
+        # positions whose batch could not be written (first, last): not in the log,
+        # so memory must keep them until they are stored
+        self._unwritten: tuple[int, int] | None = None
         self.error: str | None = None
         self.damage: str | None = None  # what the start found missing, for /readyz
         self._mark_written = 0
@@ -167,6 +170,13 @@ class DecisionLog:
             return sum(seg[2] for seg in self._segments)
 
     @property
+    def evictable(self) -> int:
+        """Every position up to this one is on disk (memory may let it go): the
+        newest synced, but below a batch that could not be written until it is stored."""
+        unwritten = self._unwritten
+        return self.durable if unwritten is None else min(self.durable, unwritten[0] - 1)
+
+    @property
     def first(self) -> int | None:
         """The oldest position a segment holds; None when the log holds none."""
         with self._lock:
@@ -178,6 +188,9 @@ class DecisionLog:
         every ``MARK_EVERY_S`` unless ``force``), then remove the closed segments it
         passed. Removed only after the mark is on disk, so a start never takes a
         stored segment's absence for a loss."""
+        unwritten = self._unwritten
+        if unwritten is not None and mark >= unwritten[1]:
+            self._unwritten = None
         if mark <= self._mark_written or self._dir_lock is None:
             return
         now = time.monotonic()
@@ -223,6 +236,9 @@ class DecisionLog:
         except OSError as exc:
             self._failed.inc(n)
             self._failing(exc)
+            first, last = batch[0][0], batch[-1][0]
+            was = self._unwritten
+            self._unwritten = (first, last) if was is None else (was[0], max(was[1], last))
             return
         if self.error is not None:
             log.warning("the decision log writes again")
