@@ -377,3 +377,19 @@ def test_kill9_at_maximum_rate_loses_only_the_last_100ms(
     # runs and 182 ms once on the shared 2-core machine with PostgreSQL on the same
     # cores. The bound still fails the old writer (2.1 s) by an order of magnitude.
     assert window <= 0.25, sorted(lost)[-5:]
+
+
+def test_the_old_count_limit_still_applies_and_says_it_is_deprecated(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mla_switchboard.service.runtime import Runtime
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'sb.db'}", buffer_limit=5000)
+    runtime = Runtime(settings)
+    runtime.start()
+    try:
+        assert runtime.recorder._max_rows == 5000  # under the 128 MB budget's count
+    finally:
+        runtime.stop()
+    assert "SWITCHBOARD_BUFFER_LIMIT is deprecated" in caplog.text
+    assert "SWITCHBOARD_BUFFER_LIMIT_MB (128)" in caplog.text
