@@ -47,7 +47,6 @@ LOG_INTERVAL_S = 0.003  # a batch every few ms: what a crash can lose
 SEGMENT_BYTES = 16 * 2**20  # a segment takes new records up to this size ...
 SEGMENT_S = 10.0  # ... or this long, then the next one starts (so a stored one can go)
 MAX_BATCH = 20_000  # decisions encoded and written at once
-MARK_EVERY_S = 0.5  # the mark file is rewritten at most this often (and at stop)
 
 
 def describe(exc: BaseException) -> str:
@@ -85,7 +84,6 @@ class DecisionLog:
         self.error: str | None = None
         self.damage: str | None = None  # what the start found missing, for /readyz
         self._mark_written = 0
-        self._mark_at = 0.0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         r = metrics.registry
@@ -184,24 +182,29 @@ class DecisionLog:
 
     # ------------------------------------------------------------ the drainer's side
     def stored(self, mark: int, *, force: bool = False) -> None:
-        """Every decision up to ``mark`` is in the database: write the mark (at most
-        every ``MARK_EVERY_S`` unless ``force``), then remove the closed segments it
-        passed. Removed only after the mark is on disk, so a start never takes a
-        stored segment's absence for a loss."""
+        """Every decision up to ``mark`` is in the database. When that lets a closed
+        segment go (or ``force``, at stop): write the mark, then remove the segments
+        it passed. Removed only after the mark is on disk, so a start never takes a
+        stored segment's absence for a loss. The mark is not written for every batch:
+        each write is a file and a directory sync, which on a busy disk delays the
+        log's own syncs; a start finding an older mark stores again what the database
+        already has, which inserts skip."""
         unwritten = self._unwritten
         if unwritten is not None and mark >= unwritten[1]:
             self._unwritten = None
         if mark <= self._mark_written or self._dir_lock is None:
             return
-        now = time.monotonic()
-        if not force and now - self._mark_at < MARK_EVERY_S:
+        with self._lock:
+            segs = self._segments
+            passed = len(segs) > 1 and segs[0][1] <= mark
+        if not passed and not force:
             return
         try:
             write_mark(self.dir, mark)
         except OSError as exc:
             self._failing(exc)
             return
-        self._mark_written, self._mark_at = mark, now
+        self._mark_written = mark
         with self._lock:
             gone = []
             while len(self._segments) > 1 and self._segments[0][1] <= mark:
