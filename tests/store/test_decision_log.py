@@ -255,3 +255,30 @@ def test_a_batch_the_log_could_not_write_stays_in_memory_until_stored(
     assert {f"id{i:05d}" for i in range(20)} <= set(store.rows)  # the unwritten batch too
     assert len(store.rows) == 20 + kept
     rec.stop()
+
+
+def test_replicas_sharing_a_path_each_take_a_log_and_a_start_takes_over_a_dead_ones(
+    tmp_path: Path,
+) -> None:
+    store = FlakyStore()  # down while the first two run
+    log_dir = tmp_path / "log"
+    a, b = recorder(store, log_dir, Metrics()), recorder(store, log_dir, Metrics())
+    a.open()
+    b.open()
+    assert a.log is not None and b.log is not None
+    assert a.log.dir == log_dir and b.log.dir == tmp_path / "log.1"
+    assert a.log_error is None and b.log_error is None
+    for rec, start in ((a, 0), (b, 1000)):
+        rec.start()
+        for i in range(start, start + 30):
+            assert rec.submit(row(i))
+        rec.stop()
+    store.up = True
+    c = recorder(store, log_dir, Metrics())
+    assert c.open() == 30  # the first free: a's
+    d = recorder(store, log_dir, Metrics())
+    assert d.open() == 30  # c holds the first: b's
+    assert len(store.rows) == 60
+    for rec in (c, d):
+        rec.start()
+        rec.stop()

@@ -13,9 +13,11 @@ got (``stored``): the mark is written durably, then every segment wholly below i
 removed. At start ``open`` reads the mark and the segments and says what is missing
 (a log line, ``switchboard_decisions_lost_total``, and ``damage`` for ``/readyz``).
 
-One process writes a log directory (an ``flock`` on ``<dir>/lock``); a log that cannot
-write (a full disk) says why (``error``) and keeps trying: the decisions are still in
-memory, and the drainer stores them from there.
+One process writes a log directory (an ``flock`` on ``<dir>/lock``): replicas sharing a
+spill path take ``<dir>``, ``<dir>.1``, ... (the first free), so a replica started
+after one died takes over its log. A log that cannot write (a full disk) says why
+(``error``) and keeps trying: the decisions are still in memory, and the drainer
+stores them from there.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ LOG_INTERVAL_S = 0.003  # a batch every few ms: what a crash can lose
 SEGMENT_BYTES = 16 * 2**20  # a segment takes new records up to this size ...
 SEGMENT_S = 10.0  # ... or this long, then the next one starts (so a stored one can go)
 MAX_BATCH = 20_000  # decisions encoded and written at once
+SLOTS = 16  # replicas that may share one spill path, each with a log directory of its own
 
 
 def describe(exc: BaseException) -> str:
@@ -109,13 +112,9 @@ class DecisionLog:
         """At start: take the directory, read the mark and the segments, and say what
         is missing. None (and ``error``) when the log cannot be used; never raises."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                self.error = "another process writes this decision log"
+            fd = self._take_slot()
+            if fd is None:
+                self.error = "another process writes each of this path's decision logs"
                 log.error("%s (%s): decisions are kept in memory only", self.error, self.dir)
                 return None
             self._dir_lock = fd
@@ -130,6 +129,24 @@ class DecisionLog:
         self.durable = found.last
         self._report(found)
         return found
+
+    def _take_slot(self) -> int | None:
+        """The first of ``<dir>``, ``<dir>.1`` ... ``<dir>.<SLOTS - 1>`` no live process
+        holds, locked (replicas sharing a path each take one; a start takes over the
+        log of a process that died, and stores it). None when every one is held."""
+        base = self.dir
+        for i in range(SLOTS):
+            candidate = base if i == 0 else base.with_name(f"{base.name}.{i}")
+            candidate.mkdir(parents=True, exist_ok=True)
+            fd = os.open(candidate / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.dir = candidate
+            return fd
+        return None
 
     def _report(self, found: Scan) -> None:
         if not found.losses:
