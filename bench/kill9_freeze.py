@@ -1,11 +1,13 @@
-"""kill -9 of a real replica while its PostgreSQL is frozen, with and without the journal,
-and what the journal costs a select.
+"""kill -9 of a real replica while its PostgreSQL is frozen, with and without the decision
+log (``SWITCHBOARD_JOURNAL``), and what the log costs a select. (The results file's
+``journal_*`` keys name the setting; bench/results/kill9_freeze.json is the journal's
+last run, before the decision log replaced it.)
 
 Part 1, losses: rounds of ``tests/reliability/freeze_kill.py`` (load on one replica,
 every PostgreSQL process SIGSTOPped, kill -9 at a random moment 0.05-0.4 s later, the
 next replica replays what it left). A decision answered more than 100 ms before the
-kill and not stored is lost. Journal on (the default) and off (``SWITCHBOARD_JOURNAL=0``,
-the writer and spill file alone). Then the same at full load (8 client threads back to
+kill and not stored is lost. Log on (the default) and off (``SWITCHBOARD_JOURNAL=0``,
+memory only). Then the same at full load (8 client threads back to
 back) with the database up, kill -9 0.5-2 s in.
 
 Part 2, cost: one replica with the journal and one without, in alternating rounds;

@@ -69,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
     log_config = _log_config()
     logging.config.dictConfig(log_config)
     try:
-        runtime = Runtime(settings)
+        runtime = Runtime(settings, serving=True)
         runtime.prepare_store()
     except StoreConfigError as exc:
         print(f"switchboard: {exc}", file=sys.stderr)

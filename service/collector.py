@@ -59,7 +59,13 @@ class Collector:
         thaw_growth: float = THAW_GROWTH,
         thaw_every_s: float = THAW_AT_MOST_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        freezes: bool = True,
     ) -> None:
+        """``freezes``: freeze what a job leaves alive. Only a process that is a
+        server does (``switchboard serve``): an app built in a test or another
+        program leaves the process's collector as it found it."""
+        self.freezes = freezes
         self._lock = threading.Lock()
         self._active = 0
         self._was_enabled = True
@@ -105,6 +111,8 @@ class Collector:
                         gc.enable()
 
     def _freeze(self) -> None:
+        if not self.freezes:
+            return
         # The young generation's count is the net of objects made and freed since the
         # last collection or freeze, so the sum over freezes is an upper bound of what
         # freezing grew by (frees between two pauses are lost to collections that

@@ -108,8 +108,9 @@ class Settings(BaseSettings):
     buffer_limit_mb: float = Field(
         default=128.0,
         ge=1,
-        description="memory for decisions not yet stored (estimated from what each holds, "
-        "about 0.5 KB); past it they go to the spill file, dropped only if that is full too",
+        description="memory for decisions not yet stored (about 0.7 KB each); past it "
+        "those already in the decision log leave memory (read back from the log), and "
+        "new ones are refused only if the log cannot take them either",
     )
     buffer_limit: int | None = Field(
         default=None,
@@ -119,27 +120,27 @@ class Settings(BaseSettings):
     )
     spill_path: str | None = Field(
         default=None,
-        description="the local log of decisions the store cannot take (an outage, a "
-        "shutdown), stored by whichever replica drains it next; unset: beside the SQLite "
-        "file, else ./switchboard-spill-<hash of the database URL>.jsonl",
+        description="where the decision log lives: the directory <this path>.log holds "
+        "every answered decision until the database has it (one replica per directory); "
+        "unset: beside the SQLite file, else ./switchboard-spill-<hash of the database "
+        "URL>.jsonl",
     )
     spill_limit_mb: float = Field(
         default=512.0,
         ge=0,
-        description="the most the spill file may grow to (1.2-1.5 KB a decision); 0 turns "
-        "spilling off",
+        description="the most the decision log may hold (about 0.2 KB a decision) before "
+        "new decisions are refused; 0 turns the log off",
     )
     journal: bool = Field(
         default=True,
-        description="every answered decision also goes to a journal beside the spill file, "
-        "on disk within a few ms (one write and fdatasync per batch), so a crash loses "
-        "only the last few ms whatever the database does; off: only what the writer "
-        "stored or spilled survives a crash",
+        description="every answered decision goes to the decision log, on disk within a "
+        "few ms (one write and fdatasync per batch), so a crash loses only the last few ms "
+        "whatever the database does; off: decisions are kept in memory only until stored",
     )
     shutdown_flush_s: float = Field(
         default=5.0,
         ge=0,
-        description="how long a shutdown waits for the store before spilling to the file",
+        description="how long a shutdown waits for the store; the log keeps the rest",
     )
     max_config_staleness_s: float | None = Field(
         default=None,
@@ -423,6 +424,13 @@ class Settings(BaseSettings):
             raise ValueError(f"workload_issuers_file: {path}: [{where}] {first['msg']}") from None
         self.workload_issuers = self._issuers_distinct([*self.workload_issuers, *from_file])
         return self
+
+    def resolved_log_dir(self) -> Path | None:
+        """The decision log's directory (``<spill path>.log``); None when it is off."""
+        if not self.journal or self.spill_limit_mb <= 0:
+            return None
+        spill = self.resolved_spill_path()
+        return spill.with_name(spill.name + ".log")
 
     def resolved_spill_path(self) -> Path:
         """The spill file: configured, or found again by a restart with the same

@@ -153,7 +153,7 @@ class Metrics:
         self.refusals_of = Children(self.refusals)  # kind -> child
 
     def _add_write_metrics(self) -> None:
-        """Rollout and override writes, and the decision recorder's buffer and spill file."""
+        """Rollout and override writes, and the decision recorder's memory and log."""
         self.rollout_changes = self._counter(
             "switchboard_rollout_changes_total",
             "Staged overrides halted by a guard or promoted by a step, by the service itself",
@@ -170,8 +170,9 @@ class Metrics:
         )
         self.decisions_dropped = self._counter(
             "switchboard_decisions_dropped_total",
-            "Decisions lost: memory was at SWITCHBOARD_BUFFER_LIMIT_MB and the spill file "
-            "could not take them (full, or not writable)",
+            "Decisions refused (their answer said recorded: false) or lost at shutdown: "
+            "memory was at SWITCHBOARD_BUFFER_LIMIT_MB and the decision log could not take "
+            "them (full, not writable, or off)",
         )
         self.buffered = self._gauge(
             "switchboard_decisions_buffered", "Decisions in memory waiting to be written"
@@ -180,13 +181,13 @@ class Metrics:
             "switchboard_decisions_buffered_bytes",
             "Estimated memory held by the decisions waiting to be written",
         )
-        self.spill_bytes = self._gauge(
-            "switchboard_spill_file_bytes",
-            "Size of the spill file (decisions waiting there for the store)",
+        self.log_bytes = self._gauge(
+            "switchboard_decision_log_bytes",
+            "Size of the decision log's segments (decisions stored or not yet)",
         )
-        self.spill_degraded = self._gauge(
-            "switchboard_spill_degraded",
-            "1 while the spill file cannot take decisions (not writable, or full)",
+        self.log_degraded = self._gauge(
+            "switchboard_decision_log_degraded",
+            "1 while the decision log cannot take decisions (not writable, full, or off)",
         )
         self.store_degraded = self._gauge(
             "switchboard_store_degraded", "1 while the database is unreachable"

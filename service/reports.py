@@ -31,8 +31,8 @@ from mla_switchboard.service.store.recorder import DecisionRecorder
 from pydantic import ValidationError
 
 REPORT_WAIT_S = 10.0
-"""How long a measurement report waits for its pod's decision to be stored (written or
-drained from the spill file) before it is stored as not counted."""
+"""How long a measurement report waits for its pod's decision to be stored (its position
+to pass the drainer's mark) before it is stored as not counted."""
 
 
 @dataclass(eq=False)
@@ -73,21 +73,15 @@ class Reports:
         observations = observations_of_report(report, datetime.now(UTC), report_id)
         reason = None
         if observations:
-            # The pod's decision may still be in memory or in a batch being written:
-            # wait for the writer's next batch (at most the flush interval) rather than
-            # wake it, so that reports streaming in do not turn its batches into one
-            # transaction each. Nothing unsettled: it returns at once.
-            self.recorder.flush(wake=False)
+            # The pod's decision may not be stored yet: wait for its own position to
+            # pass the mark (at once when it has none waiting), then look it up.
+            position = self.recorder.position_of(report.cluster, report.pod)
+            if position is not None:
+                self.recorder.wait_stored(position, REPORT_WAIT_S)
             situation = observations[0].situation
-
-            def recorded() -> bool:
-                return self.measurement_store.has_decision_for(
-                    report.cluster, report.pod, situation, principal.id
-                )
-
-            # not found yet: its batch may have been slow or spilled (a loaded store);
-            # wake the writer and wait for the drain once before calling it unrecorded
-            if not recorded() and not (self.recorder.flush(REPORT_WAIT_S) and recorded()):
+            if not self.measurement_store.has_decision_for(
+                report.cluster, report.pod, situation, principal.id
+            ):
                 reason = (
                     f"pod {report.pod!r} has no decision recorded for this token in cluster "
                     f"{report.cluster!r} for this device, capability, dims, dtype, packages "
@@ -120,8 +114,8 @@ class Reports:
         evidence against ``backend`` for pods in the same situation, under the failure
         policy (``core/evidence/``), and what a rollout's failure guard counts. A
         verified pod reports only its own decisions' failures."""
-        if self.recorder.pending or self.recorder.spill_pending:
-            self.recorder.flush()  # the decision may still be in memory or spilled
+        if self.recorder.pending:
+            self.recorder.flush()  # the decision may not be stored yet
         record = self.decisions.get_decision(decision_id)
         if record is None:
             return Problem(

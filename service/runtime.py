@@ -58,9 +58,22 @@ from mla_switchboard.service.writes.tokens import TokenWrites
 log = logging.getLogger(PROGRAM)
 
 
+SWITCH_INTERVAL_S = 0.001
+"""The interpreter's switch interval while serving (``Runtime(serving=True)``): the
+drainer gives the GIL up on every call into the database driver; while the event loop
+is busy, taking it back waits up to the interval (5 ms by default) each time, which
+stretched a batch's write under full load. 1 ms bounds that wait at a small cost."""
+
+
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, serving: bool = False) -> None:
+        """``serving``: this process is ``switchboard serve``, and ``start`` may set the
+        process-wide settings a server wants (the switch interval, the collector's
+        freezing, ``service/collector.py``); ``stop`` restores them. An app built
+        anywhere else (a test, another program) leaves the process as it found it."""
         self.settings = settings
+        self.serving = serving
+        self._switch_interval: float | None = None
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         protect(settings.database_url, token)  # no password in any log line or answer
         self.bootstrap_token = token
@@ -91,10 +104,9 @@ class Runtime:
             batch=settings.flush_batch,
             budget_bytes=int(settings.buffer_limit_mb * MIB),
             limit=settings.buffer_limit,
-            spill_path=settings.resolved_spill_path(),
-            spill_limit_bytes=int(settings.spill_limit_mb * MIB),
+            log_dir=settings.resolved_log_dir(),
+            log_limit_bytes=int(settings.spill_limit_mb * MIB),
             shutdown_flush_s=settings.shutdown_flush_s,
-            journal=settings.journal,
         )
         self.selector = Selector(inputs_for=self.trusted.inputs_for)
         self.decider = Decider(self.selector, self.publisher.current, self.recorder, self.metrics)
@@ -113,7 +125,7 @@ class Runtime:
         """What every decision reads: the configuration, the trusted evidence and the
         inputs published from both (``service/inputs.py``)."""
         # one per process: the cycle collector is the process's (service/collector.py)
-        self.collector = Collector()
+        self.collector = Collector(freezes=self.serving)
         # measured selection trusts only some clusters' evidence (service/evidence/trust.py);
         # the indexes are kept up to date off the event loop (service/evidence/sync.py)
         self.trusted = TrustedEvidence(
@@ -231,23 +243,23 @@ class Runtime:
                 self.settings.buffer_limit,
             )
         self.prepare_store()
-        self.recorder.check_spill()  # reported by /readyz; the service answers anyway
-        self.recorder.replay_spill()  # decisions a replica could not store, before any new
+        self.recorder.open()  # what the log holds past the mark, before any new decision
         self.live.start()
         self.evidence_sync.start()  # the first full load, before the first request
         self.recorder.start()
         self.rollouts.start()
         self.pod_expiry.start()
         self.refused_selects.start()
-        self.collector.settle_at_start()  # service/collector.py
         self._unwatch_gc = self.metrics.watch_gc()
-        # The writer thread gives the GIL up on every call into the database driver;
-        # while the event loop is busy, taking it back waits up to the switch interval
-        # (5 ms by default) each time, which stretched a batch's write (and so what a
-        # kill -9 loses) under full load. 1 ms bounds that wait at a small cost.
-        sys.setswitchinterval(0.001)
+        if self.serving:
+            self.collector.settle_at_start()  # service/collector.py
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def stop(self) -> None:
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
         if self._unwatch_gc is not None:
             self._unwatch_gc()
             self._unwatch_gc = None

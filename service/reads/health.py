@@ -68,13 +68,15 @@ class Health:
             "store_error": None if degraded is None else degraded.split(":", 1)[0],
             "decisions_buffered": recorder.pending,
             "decisions_buffered_bytes": recorder.buffered_bytes,
-            **spill_state(recorder.spill_error),
+            **log_state(recorder.log_error),
+            # what the start found missing from the log (a segment deleted, emptied or
+            # damaged), with the count lost when it is known
+            "log_damage": recorder.log_damage,
         }
-        backlog = recorder.spill_backlog()
-        if backlog is not None and body["spill"] == "ok":
-            # decisions wait in local files until the drain stores the last line
-            body["spill"], body["spill_error"] = "degraded", backlog
-        body["spill_backlog"] = backlog
+        backlog = recorder.backlog()
+        if backlog is not None and body["log"] == "ok":
+            body["log"], body["log_error"] = "degraded", backlog
+        body["log_backlog"] = backlog
         for section in self.sections:
             body.update(section())
         return ready, body
@@ -84,18 +86,18 @@ class Health:
         m, recorder = self.metrics, self.recorder
         m.buffered.set(recorder.pending)
         m.buffered_bytes.set(recorder.buffered_bytes)
-        m.spill_bytes.set(recorder.spill_bytes())
-        m.spill_degraded.set(1 if spill_state(recorder.spill_error)["spill"] == "degraded" else 0)
+        m.log_bytes.set(recorder.log_bytes())
+        m.log_degraded.set(0 if log_state(recorder.log_error)["log"] == "ok" else 1)
         m.store_degraded.set(1 if self.degraded() else 0)
         return m
 
 
-def spill_state(error: str | None) -> dict[str, str | None]:
-    """The spill file's state for ``/readyz``: ``ok``, ``off`` (not configured) or
+def log_state(error: str | None) -> dict[str, str | None]:
+    """The decision log's state for ``/readyz``: ``ok``, ``off`` (not configured) or
     ``degraded`` with the reason (an OS error's kind and text, or ``full``), never a
-    path: while it is degraded, a crash during a database outage loses decisions."""
+    path: while it is degraded, a crash loses the decisions not yet stored."""
     if error is None:
-        return {"spill": "ok", "spill_error": None}
+        return {"log": "ok", "log_error": None}
     if error.startswith("off"):
-        return {"spill": "off", "spill_error": error}
-    return {"spill": "degraded", "spill_error": error}
+        return {"log": "off", "log_error": error}
+    return {"log": "degraded", "log_error": error}

@@ -12,7 +12,6 @@ advisory lock per schema, SQLite's write lock).
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from collections import defaultdict, deque
@@ -25,14 +24,13 @@ from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
 from mla_switchboard.service.state import DecisionRecord, PodState
 from mla_switchboard.service.store.base import aware, newest_first
+from mla_switchboard.service.store.batch_sql import POD_LATEST_CONFLICT, sqlite_rows, statements
 from mla_switchboard.service.store.models import AnswerRow, DecisionRow, PodLatest, ShapeRow
 from mla_switchboard.service.store.rows import Decision, FleetGroup, PodPointer, columns
 from mla_switchboard.service.store.shapes import Shape, request_from_shape, shape_of_json
 from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
-SQLITE_ROWS = 64
-"""Rows per SQLite statement (see ``DecisionStore._sqlite_rows``)."""
 KNOWN_LIMIT = 100_000
 """Shape and answer ids a writer remembers having stored (memory stays bounded)."""
 
@@ -97,14 +95,6 @@ def rows_of(records: Iterable[DecisionRecord]) -> list[Decision]:
     return out
 
 
-_POD_LATEST_CONFLICT = (
-    "ON CONFLICT (cluster, node, pod) DO UPDATE SET "
-    "decision_id = excluded.decision_id, backend = excluded.backend, "
-    "source = excluded.source, created_at = excluded.created_at, "
-    "answer_id = excluded.answer_id, shape_id = excluded.shape_id, bucket = excluded.bucket "
-    "WHERE excluded.decision_id > pod_latest.decision_id"
-)
-
 _STAGE_COLUMNS = (
     "id, created_at, cluster, node, pod, backend, source, rules_revision, shape_id, "
     "answer_id, bucket, principal, verified"
@@ -123,7 +113,7 @@ _PG_POD_LATEST_FROM_STAGE = (
     "cluster, coalesce(node, ''), pod, id, backend, source, created_at, answer_id, shape_id, "
     "bucket FROM sb_stage WHERE pod <> '' "
     "ORDER BY cluster, coalesce(node, ''), pod, id DESC "
-    f"{_POD_LATEST_CONFLICT}"
+    f"{POD_LATEST_CONFLICT}"
 )
 _PG_OLD_LATEST = (
     "SELECT p.cluster, p.node, p.pod, p.decision_id, p.shape_id, p.backend, p.source, "
@@ -175,7 +165,7 @@ class DecisionStore:
         self._changes_lock = threading.Lock()
         self._change = threading.local()
         self._postgres = engine.dialect.name == "postgresql"
-        self._sql = _statements("?" if engine.dialect.paramstyle == "qmark" else "%s")
+        self._sql = statements("?" if engine.dialect.paramstyle == "qmark" else "%s")
         if engine.dialect.name == "sqlite":
             # SQLAlchemy's own SQLite DateTime text format, naive UTC
             self._timestamp: Callable[[datetime], Any] = lambda d: (
@@ -250,8 +240,9 @@ class DecisionStore:
         self, conn: Connection, rows: Sequence[Decision], newest: dict[PodKey, Decision]
     ) -> None:
         ts = self._timestamp
-        self._sqlite_rows(
+        sqlite_rows(
             conn,
+            self._sql,
             "decisions",
             [
                 (r.id, ts(r.created_at), r.cluster, r.node, r.pod, r.backend, r.source,
@@ -264,8 +255,9 @@ class DecisionStore:
         old = self._old_latest_sqlite(conn, list(newest))
         moved = self._move(conn, newest, old)
         if moved:
-            self._sqlite_rows(
+            sqlite_rows(
                 conn,
+                self._sql,
                 "pod_latest",
                 [
                     (
@@ -283,42 +275,6 @@ class DecisionStore:
                     for (c, n, p), r in sorted(moved.items())
                 ],
             )
-
-    def _sqlite_rows(self, conn: Connection, name: str, params: list[tuple[Any, ...]]) -> None:
-        """Insert ``params`` with statement ``name``, up to ``SQLITE_ROWS`` rows per
-        statement.
-
-        Python's sqlite3 releases the GIL around every step of every statement, even
-        inside ``executemany``; while the event loop is busy, taking the GIL back waits
-        up to the switch interval each time, so one row per step held the writer to
-        about a thousand rows a second under full load (its backlog then made every
-        full garbage collection longer). A statement of many rows is one step. Sizes
-        are powers of two, so that a few statements, prepared once, fit any batch.
-        """
-        done = len(params) - len(params) % SQLITE_ROWS
-        if done:
-            conn.exec_driver_sql(
-                self._sqlite_sql(name, SQLITE_ROWS),
-                [_flat(params[i : i + SQLITE_ROWS]) for i in range(0, done, SQLITE_ROWS)],
-            )
-        size = SQLITE_ROWS // 2
-        while done < len(params):
-            if len(params) - done >= size:
-                conn.exec_driver_sql(
-                    self._sqlite_sql(name, size), _flat(params[done : done + size])
-                )
-                done += size
-            size //= 2
-
-    def _sqlite_sql(self, name: str, rows: int) -> str:
-        key = f"{name}*{rows}"
-        sql = self._sql.get(key)
-        if sql is None:
-            head, _, rest = self._sql[name].partition(" VALUES ")
-            group, _, tail = rest.partition(")")  # the one row's "(?, ..., ?" and the rest
-            sql = f"{head} VALUES {', '.join([group + ')'] * rows)}{tail}"
-            self._sql[key] = sql
-        return sql
 
     def _old_latest_sqlite(self, conn: Connection, keys: list[PodKey]) -> dict[PodKey, PodPointer]:
         out: dict[PodKey, PodPointer] = {}
@@ -571,38 +527,6 @@ class DecisionStore:
                 )
                 for r in conn.execute(q)
             ]  # fmt: skip
-
-
-def _statements(mark: str) -> dict[str, str]:
-    """The batch statements in the driver's parameter style ``mark``: built once per
-    store, not per batch."""
-
-    def values(n: int) -> str:
-        return "(" + ", ".join([mark] * n) + ")"
-
-    return {
-        "shapes": f"INSERT INTO shapes (id, request) VALUES {values(2)} "
-        "ON CONFLICT (id) DO NOTHING",
-        "answers": f"INSERT INTO answers (id, answer) VALUES {values(2)} "
-        "ON CONFLICT (id) DO NOTHING",
-        "decisions": "INSERT INTO decisions (id, created_at, cluster, node, pod, backend, "
-        f"source, rules_revision, shape_id, answer_id, principal, verified) VALUES {values(12)} "
-        "ON CONFLICT (id) DO NOTHING",
-        "pod_latest": "INSERT INTO pod_latest (cluster, node, pod, decision_id, backend, "
-        f"source, created_at, answer_id, shape_id, bucket) VALUES {values(10)} "
-        f"{_POD_LATEST_CONFLICT}",
-        "fleet_upsert": "INSERT INTO fleet_counts (cluster, shape_id, backend, source, pods, "
-        f"buckets) VALUES {values(6)} ON CONFLICT (cluster, shape_id, backend, source) "
-        "DO UPDATE SET pods = excluded.pods, buckets = excluded.buckets",
-        "fleet_delete": f"DELETE FROM fleet_counts WHERE cluster = {mark} AND "
-        f"shape_id = {mark} AND backend = {mark} AND source = {mark}",
-        "fleet_bump": "UPDATE meta SET value = value + 1 WHERE key = 'fleet_version' "
-        "RETURNING value",
-    }
-
-
-def _flat(rows: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
-    return tuple(itertools.chain.from_iterable(rows))
 
 
 def _newest_per_pod(rows: Sequence[Decision]) -> dict[PodKey, Decision]:

@@ -1,39 +1,23 @@
-"""Writes decisions in the background, in batches, so ``/v1/select`` never waits on disk.
+"""Decisions recorded without ``/v1/select`` ever waiting on a disk or the database.
 
-Durability contract (docs/reliability.md):
+One design (docs/reliability.md, *Recording decisions*):
 
-* The store up: a decision is in memory when its answer is sent and in the database
-  within ``interval_s``; a crash loses at most about one interval.
-* The store down: every ``interval_s`` the writer appends what is in memory to the
-  spill file (``spill.py``: one fsync per append), so a crash loses only the last
-  interval here too. A spilled decision leaves memory; it is stored once, by whichever
-  drain takes the file. The writer tries the store again with backoff (100 ms doubling
-  to 2 s, however many readers wait for a flush); once it answers, the writer drains
-  the spill file into it (this replica's and any other's on the same path), batch by
-  batch, between batches of new decisions. A start drains whatever is left first.
-* Memory is bounded in bytes (``budget_bytes``, an estimate of what each row really
-  holds, see ``row_bytes``). Past about nine tenths of it (a store too slow, not
-  down) the oldest go to the spill file. Only when the spill file cannot take them
-  either (its size limit, a full or read-only disk) are the oldest dropped.
-* A store that hangs rather than refuses is the same as one that is down: the store
-  call runs on a thread of its own (``call_thread.py``), and once it has been in
-  flight longer than writes have been taking (``RetryPolicy.stall_bound``: at least 4
-  intervals, 200 ms) the writer spills what is in memory, the batch in flight
-  included, and goes on spilling every interval until that call ends.
-  If it then commits, the same decisions are written again from the spill file, which
-  is harmless: inserts skip known ids.
+* Every decision gets a **position** (consecutive, across restarts) and goes to the
+  **log** (``recording/log.py``): on local disk within a few ms, one write and one
+  fdatasync per batch. A crash loses only the batch not yet synced.
+* One **drainer** thread copies decisions into the database in batches and advances
+  the **mark**: every position up to it is stored (kept durably in the log's
+  directory, so a restart knows where to resume and what is missing).
+* **Memory** holds what readers need: the decisions not yet stored, in position order,
+  and each named pod's newest position. The drainer takes its batches from there;
+  decisions that left memory (past its budget, once in the log) or that a restart
+  found in the log are read back from the log.
+* "Is decision X stored?" is ``position <= mark`` (``wait_stored``): a report waits
+  for its own decision's position to pass the mark, never for a flush and a query.
 
-Every spill, replay, rejected line and drop is counted
-(``switchboard_decisions_{spilled,replayed,rejected,dropped}_total``) and logged with
-its count, never once per decision. The counts are exact: a decision is counted
-written or replayed only once the store took it, and a row the store refuses only as
-rejected.
-
-The hot path hands over one named tuple per decision (``Row``: ``rows.Decision``, as
-small as a plain tuple) and adds up its size; serialising and SQL happen on the writer
-thread, in batches. This class runs that
-thread and composes the parts in ``recording/``: the memory queue, the store writer,
-the spill log and its drain.
+Past the memory budget a decision already on disk leaves memory; one that is not, and
+any decision while the log is over its size limit, is refused (its answer says
+``recorded: false``): an acknowledged decision is never dropped.
 """
 
 from __future__ import annotations
@@ -41,25 +25,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
+from itertools import islice
 from pathlib import Path
 
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store.decisions import DecisionStore
-from mla_switchboard.service.store.recording.journal import Journal
-from mla_switchboard.service.store.recording.memory_queue import DROP_LOG_S, MIB, MemoryQueue
-from mla_switchboard.service.store.recording.spill_drain import SpillDrain
-from mla_switchboard.service.store.recording.spill_log import SpillLog
-from mla_switchboard.service.store.recording.writer import RetryPolicy, StoreWriter
+from mla_switchboard.service.store.recording.drainer import Drainer
+from mla_switchboard.service.store.recording.log import SEGMENT_BYTES, DecisionLog
+from mla_switchboard.service.store.recording.segments import Reader
 from mla_switchboard.service.store.rows import Decision as Row
-from mla_switchboard.service.store.spill import REJECTED_LIMIT_BYTES, SpillFile
 
 log = logging.getLogger("switchboard.recorder")
 
+MIB = 2**20
 DEFAULT_BUDGET_BYTES = 128 * MIB
-DEFAULT_SPILL_LIMIT_BYTES = 512 * MIB
-SPILL_CHUNK = 5000  # rows encoded and appended at once (bounds the writer's own memory)
-SPILL_MIN_CHUNK = 500  # ... and at least this many, whatever the flush batch: one fsync each
-START_REPLAY_S = 10.0  # how long a start replays spill files before it serves
+DEFAULT_LOG_LIMIT_BYTES = 512 * MIB
+ROW_BYTES = 700
+"""What a decision in memory costs, on average (a 14-field tuple, its strings and its
+slots; the shape and answer texts are shared): the budget in rows is the bytes over it."""
+START_REPLAY_S = 10.0  # how long a start stores what the log holds before it serves
+REFUSED_LOG_S = 5.0  # refused decisions are logged at most this often, as one line
+READER_POLL_S = 0.05  # a reader waiting for the mark looks at the store's state this often
 
 
 class DecisionRecorder:
@@ -72,327 +59,297 @@ class DecisionRecorder:
         batch: int,
         budget_bytes: int = DEFAULT_BUDGET_BYTES,
         limit: int | None = None,
-        spill_path: Path | None = None,
-        spill_limit_bytes: int = DEFAULT_SPILL_LIMIT_BYTES,
+        log_dir: Path | None = None,
+        log_limit_bytes: int = DEFAULT_LOG_LIMIT_BYTES,
         shutdown_flush_s: float = 5.0,
         stall_s: float | None = None,
-        rejected_limit_bytes: int = REJECTED_LIMIT_BYTES,
-        journal: bool = True,
+        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
-        """``stall_s``: the least time a store write may be in flight before the
-        writer spills what is in memory and counts the store as degraded (by default
-        ``STALL_INTERVALS`` flush intervals, at least ``MIN_STALL_S``); see
-        ``RetryPolicy.stall_bound``.
-        ``rejected_limit_bytes``: the most ``<spill>.rejected`` grows to.
-        ``journal``: every decision also goes to the journal (``recording/journal.py``)
-        beside the spill file, on disk within a few ms whatever the store does; off
-        without a spill path or with the spill file off (nothing would drain it)."""
+        """``log_dir`` None: no log (memory alone, as ``SWITCHBOARD_JOURNAL=0``);
+        ``stall_s``: the least time a database write may be in flight before readers
+        stop waiting for it (``Drainer.stall_bound``)."""
+        self._metrics = metrics
         self._interval = interval_s
         self._batch = batch
-        self.spill_path = spill_path
+        self._max_rows = max(1, budget_bytes // ROW_BYTES)
+        if limit is not None:
+            self._max_rows = min(self._max_rows, limit)
+        self._log_limit = log_limit_bytes
         self._shutdown_flush_s = shutdown_flush_s
-        self._progress = threading.Condition()  # decisions settled or drained: flush waits
-        self._memory = MemoryQueue(metrics, self._progress, budget_bytes=budget_bytes, limit=limit)
-        file = (
-            SpillFile(spill_path, spill_limit_bytes, rejected_limit_bytes) if spill_path else None
-        )
-        self._spill = SpillLog(file, metrics, self._progress)
-        self._journal = (
-            Journal(spill_path, metrics, self._memory.settled_prefix)
-            if journal and spill_path is not None and spill_limit_bytes > 0
+        self.log = (
+            DecisionLog(log_dir, metrics, segment_bytes=segment_bytes)
+            if log_dir is not None
             else None
         )
-        self._journal_submit = None if self._journal is None else self._journal.submit
-        if file is not None and self._journal is not None:
-            file.not_backlog = self._journal.own
-        self._drain = SpillDrain(self._spill, metrics, batch=batch)
-        self._writer = StoreWriter(store, metrics, RetryPolicy(interval_s, stall_s), self._spill)
+        self._log_submit = None
+        self._reader: Reader | None = None
+        self._drainer = Drainer(store, metrics, interval_s, stall_s)
+        self._lock = threading.Lock()  # positions, memory and the pods' index
+        self._memory: deque[tuple[int, Row]] = deque()
+        self._by_pod: dict[tuple[str, str], int] = {}
+        self._head = 0  # the newest position given
+        self.mark = 0  # every position up to it is in the database
+        self.stored = 0  # decisions this recorder stored
+        self.refused = 0  # decisions it could not keep (their answers said so)
+        self._refused_logged = 0
+        self._refused_logged_at = 0.0
+        self._log_full = False
+        self._stored = threading.Condition()  # notified when the mark moves
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._bug_logged_at = 0.0
 
-    # ------------------------------------------------------------ the public state
+    # ------------------------------------------------------------ the hot path
     def submit(self, row: Row) -> bool:
-        """Hot path: an append and a few additions (``MemoryQueue.submit``), and an
-        append to the journal's deque, in the same order. False: not kept (memory at
-        its budget, the spill file unable to take the excess): the answer says so."""
-        if not self._memory.submit(row):
-            return False
-        journal = self._journal_submit
-        if journal is not None:
-            journal(row)
+        """A position, an append to memory and one to the log's queue. False: not kept
+        (memory full of decisions not yet on disk, or the log at its size limit); the
+        answer says so, and no acknowledged decision is ever dropped for it."""
+        with self._lock:
+            memory = self._memory
+            if (len(memory) >= self._max_rows and not self._evict()) or self._log_full:
+                self._metrics.decisions_dropped.inc()
+                self.refused += 1
+                return False
+            seq = self._head = self._head + 1
+            memory.append((seq, row))
+            if self._log_submit is not None:
+                self._log_submit((seq, row))
+            if row.pod:
+                self._by_pod[(row.cluster, row.pod)] = seq
         return True
+
+    def _evict(self) -> bool:
+        """Memory at its budget: the oldest decisions already on disk leave it (the
+        drainer reads them back from the log). False when none could."""
+        if self.log is None or self.log.error is not None:
+            return False
+        durable, memory = self.log.evictable, self._memory
+        evicted = 0
+        while memory and memory[0][0] <= durable and evicted < self._batch:
+            memory.popleft()
+            evicted += 1
+        return evicted > 0
+
+    # ------------------------------------------------------------ what readers ask
+    @property
+    def head(self) -> int:
+        """The newest position given."""
+        return self._head
 
     @property
     def pending(self) -> int:
-        """Decisions in memory, not yet stored or spilled."""
-        return self._memory.pending
+        """Decisions given a position, not yet in the database."""
+        return self._head - self.mark
 
     @property
     def buffered_bytes(self) -> int:
-        """The estimated memory the decisions in memory hold (``row_bytes``)."""
-        return self._memory.buffered_bytes
+        """The estimated memory the decisions in memory hold (``ROW_BYTES`` each)."""
+        return len(self._memory) * ROW_BYTES
 
-    @property
-    def spill_pending(self) -> bool:
-        """This replica spilled decisions that no drain has taken since."""
-        return self._spill.pending
+    def position_of(self, cluster: str, pod: str) -> int | None:
+        """The position of the pod's newest decision not yet stored; None when it has
+        none waiting (it is in the database, or there never was one)."""
+        return self._by_pod.get((cluster, pod))
 
-    @property
-    def spill_error(self) -> str | None:
-        """Why the spill file cannot take decisions now; None when it can."""
-        return self._spill.error
-
-    @property
-    def degraded(self) -> str | None:
-        """Why store writes are failing; None when the store is up."""
-        return self._writer.degraded
-
-    @property
-    def attempts(self) -> int:
-        """Store writes tried (the backoff test counts them)."""
-        return self._writer.attempts
-
-    def spill_bytes(self) -> int:
-        """Bytes of spilled decisions waiting for the store, drains in progress
-        included (their files are renamed away from the spill path)."""
-        return self._spill.size()
-
-    def spill_backlog(self) -> str | None:
-        """What ``/readyz`` says while spilled decisions wait for the store, e.g.
-        ``draining 60,000 spilled decisions, 31% done``; None when none wait."""
-        waiting, lines, done = self._drain.progress()
-        if not waiting:
-            return None
-        verb = "draining" if self._writer.up else "holding"
-        return f"{verb} {lines:,} spilled decisions, {int(done * 100)}% done"
-
-    def flush(self, timeout_s: float = 3.0, *, wake: bool = True, reader: bool = False) -> bool:
-        """Wait until everything submitted before this call is in the store (or
-        dropped): written from memory, or spilled and drained again.
-
-        Readers call it first so that a listing shows the caller's own decisions.
-        Returns False when the database could not take them in time. A waiter only
-        wakes a healthy writer early: while the store is failing, retries keep to the
-        backoff however many requests wait. ``wake=False`` waits for the writer's next
-        batch (at most the flush interval) instead: a client looping on a read then
-        costs no extra, smaller batches. ``reader=True``: a request about to read,
-        which gives up at once while the store is failing or stalled.
-        """
-        target = self._memory.submitted
-        if reader and self._writer.degraded and self._memory.settled() < target:
-            # the store is failing or stalled: waiting cannot get them written, and a
-            # reader held here adds seconds to an answer that a frozen store already
-            # delays (its own calls are bounded by SWITCHBOARD_STORE_DEADLINE_S)
-            return False
+    def wait_stored(
+        self, position: int, timeout_s: float, *, reader: bool = False, wake: bool = True
+    ) -> bool:
+        """Wait until every decision up to ``position`` is in the database, at most
+        ``timeout_s``. ``reader``: a request about to read, which gives up as soon as
+        the database is failing or a write stalls (waiting cannot help it then, and
+        its own store calls are bounded by ``SWITCHBOARD_STORE_DEADLINE_S``).
+        ``wake=False``: leave the drainer to its interval, so that a client looping on
+        a read costs no extra, smaller batches."""
+        if position <= self.mark:
+            return True
         deadline = time.monotonic() + timeout_s
         if wake:
             self._wake.set()
-        with self._progress:
-            while self._memory.settled() < target or self._spill.pending:
+        with self._stored:
+            while self.mark < position:
+                if reader and self._drainer.degraded:
+                    return False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._progress.wait(remaining)
+                self._stored.wait(min(remaining, READER_POLL_S) if reader else remaining)
         return True
 
-    # ------------------------------------------------------------ start, stop
-    def check_spill(self) -> str | None:
-        """At start: can the spill file be written? The reason when not (logged with
-        the path, and shown without it by ``/readyz``); the service answers anyway."""
-        return self._spill.check()
+    def flush(self, timeout_s: float = 3.0, *, wake: bool = True, reader: bool = False) -> bool:
+        """Wait until everything given a position before this call is stored (see
+        ``wait_stored``)."""
+        return self.wait_stored(self._head, timeout_s, reader=reader, wake=wake)
 
     @property
-    def journal_error(self) -> str | None:
-        """Why the journal cannot write now; None when it can (or is off)."""
-        return None if self._journal is None else self._journal.error
+    def degraded(self) -> str | None:
+        """Why the database is not taking decisions now; None when it is."""
+        return self._drainer.degraded
+
+    @property
+    def attempts(self) -> int:
+        """Database writes tried (the backoff test counts them)."""
+        return self._drainer.attempts
+
+    @property
+    def log_error(self) -> str | None:
+        """Why the log cannot keep decisions now ("off" when there is none)."""
+        if self.log is None:
+            return "off: no decision log (SWITCHBOARD_JOURNAL=0 or SWITCHBOARD_SPILL_LIMIT_MB=0)"
+        if self._log_full:
+            return f"full: the log holds {self._log_limit // MIB} MB not yet stored"
+        return self.log.error
+
+    @property
+    def log_damage(self) -> str | None:
+        """What the start found missing from the log; None when nothing was."""
+        return None if self.log is None else self.log.damage
+
+    def log_bytes(self) -> int:
+        return 0 if self.log is None else self.log.size()
+
+    def backlog(self) -> str | None:
+        """What ``/readyz`` says while the log holds decisions not yet stored, e.g.
+        ``holding 60,000 decisions not yet stored``; None when the drainer keeps up."""
+        waiting = self.pending
+        if waiting < max(self._batch, 1) * 2:
+            return None
+        verb = "draining" if self._drainer.degraded is None else "holding"
+        return f"{verb} {waiting:,} decisions not yet stored"
+
+    # ------------------------------------------------------------ start, stop
+    def open(self, budget_s: float = START_REPLAY_S) -> int:
+        """At start, before serving: open the log (saying what is missing from it) and
+        store what it holds past the mark, for at most ``budget_s``; the drainer goes
+        on with the rest. Returns the number of decisions stored meanwhile."""
+        if self.log is None:
+            return 0
+        found = self.log.open()
+        if found is None:
+            return 0
+        self.mark, self._head = found.mark, found.last
+        self._reader = Reader(self.log.dir)
+        self._log_submit = self.log.submit
+        before, until = self.stored, time.monotonic() + budget_s
+        while self.mark < self._head and time.monotonic() < until:
+            if not self._step() or self._drainer.down:
+                break
+        if self.mark < self._head:
+            log.warning(
+                "stored %d logged decisions at start; the other %d follow in the background",
+                self.stored - before,
+                self._head - self.mark,
+            )
+        return self.stored - before
 
     def start(self) -> None:
-        if self._journal is not None:
-            self._journal.start()
-        self._thread = threading.Thread(target=self._run, name="decision-writer", daemon=True)
+        if self.log is not None:
+            self.log.start()
+        self._thread = threading.Thread(target=self._run, name="decision-drainer", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Flush what the store takes within ``shutdown_flush_s``; spill the rest."""
-        self.flush(self._shutdown_flush_s)
+        """Store what the database takes within ``shutdown_flush_s``; the log keeps
+        the rest for the next start. Both threads end."""
+        if self._drainer.degraded is None:
+            self.flush(self._shutdown_flush_s)
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
-            # the step in flight ends within one stalled call (writing a refused batch
-            # row by row can take longer): the rows it holds are its own until then
-            self._thread.join(self._writer.policy.stall_ceiling + 1.0)
+            self._thread.join(self._shutdown_flush_s + 1.0)
             if self._thread.is_alive():
-                log.warning("waiting for the decision writer's step in flight to end")
-                self._thread.join(self._shutdown_flush_s + 30.0)
-        if self._journal is not None:
-            self._journal.hold()  # what leaves memory below is not yet spilled
-        leftover = self._memory.take_all()
-        self._memory.log_drops(self._spill.error, force=True)
-        self._spill_at_stop(leftover)
-        self._drain.close()  # the rest stays for the next start
-        if self._journal is not None:
-            self._journal.stop()
-        if self._spill.undrained and self._spill.path is not None:
+                log.warning("the drainer's database write in flight has not ended: left to it")
+            self._thread = None
+        waiting = self._head - self.mark
+        if self.log is not None and self.log.error is None and self._log_submit is not None:
+            self.log.stop(self.mark)
+            if waiting:
+                log.warning(
+                    "%d decisions not yet stored stay in the log (%s) for the next start",
+                    waiting,
+                    self.log.dir,
+                )
+        elif waiting:
+            self._metrics.decisions_dropped.inc(waiting)
             log.error(
-                "spilled %d decisions to %s: the store could not take them (%s); the next "
-                "start with the same settings writes them to the store",
-                self._spill.undrained,
-                self._spill.path,
-                self._writer.degraded or "flush timed out",
+                "dropped %d decisions at shutdown: the store could not take them and there "
+                "is no decision log (%s)",
+                waiting,
+                self.log_error,
             )
 
-    def _spill_at_stop(self, rows: list[Row]) -> None:
-        i = 0
-        while i < len(rows):
-            chunk = rows[i : i + SPILL_CHUNK]
-            done = self._spill.append(chunk, retry_now=True)
-            if done:
-                self._memory.settle(chunk[:done], spilled=done)
-            i += done
-            if done < len(chunk):
-                break
-        if i < len(rows):
-            if self._spill.path is None:
-                why = "no spill path"
-            else:
-                why = f"the spill file {self._spill.path} could not take them: {self._spill.error}"
-            self._memory.drop(len(rows) - i, why)
-        self._memory.forget_all()
-
-    def replay_spill(self, budget_s: float = START_REPLAY_S) -> int:
-        """At start, before serving: drain the spill files found into the store, for at
-        most ``budget_s`` (a 512 MB file takes about a minute; a start must not); the
-        writer goes on with the rest in the background. Safe to repeat (inserts skip
-        known ids; a drain cut short leaves its file for the next one). Returns the
-        number of decisions written.
-
-        Never raises: whatever a spill file holds, a start that fails on it would fail
-        again at every restart. Bad lines are set aside one by one (``spill.py``); an
-        error nobody foresaw leaves the file where it is for the writer to retry."""
-        before = self._drain.replayed
-        self._drain.look_now()
-        try:
-            self._drain_spill(until=time.monotonic() + budget_s)
-        except Exception:
-            log.exception("replaying the spill file at start failed; the writer retries it")
-            self._drain.give_up()
-        unfinished = self._drain.unfinished
-        if unfinished is not None:
-            degraded = self._writer.degraded
-            log.warning(
-                "replayed %d spilled decisions at start; the rest of %s follows in the "
-                "background%s",
-                self._drain.replayed - before,
-                unfinished,
-                f" once the store answers ({degraded})" if degraded else "",
-            )
-        return self._drain.replayed - before
-
-    # ------------------------------------------------------------ the writer thread
+    # ------------------------------------------------------------ the drainer thread
     def _run(self) -> None:
         while not self._stopping.is_set():
-            if self._writer.up:
-                self._wake.wait(self._interval)
-            else:  # spill every interval; the store only at the backoff, never for a flush
-                self._stopping.wait(self._interval)
+            self._wake.wait(self._interval)
             self._wake.clear()
+            wait = self._drainer.retry_at - time.monotonic()
+            if self._drainer.down and wait > 0 and self._stopping.wait(wait):
+                return
             try:
-                self._tick()
-            except Exception:  # the writer must outlive a bug in one step
-                if time.monotonic() - self._bug_logged_at > DROP_LOG_S:
-                    self._bug_logged_at = time.monotonic()
-                    log.exception("decision writer: unexpected error (retrying)")
-            with self._progress:
-                self._progress.notify_all()
+                while self._step() and not self._stopping.is_set():
+                    pass
+                if self.log is not None:
+                    self._log_full = self.log.size() > self._log_limit
+                self._log_refusals()
+            except Exception:  # the drainer must outlive a bug in one step
+                log.exception("decision drainer: unexpected error (retrying)")
+                self._stopping.wait(0.1)
 
-    def _tick(self) -> None:
-        self._writer.collect_stalled()
-        self._memory.log_drops(self._spill.error)
-        if self._writer.up:
-            self._write_memory()
-            self._drain_spill()
-            self._spill.probe_again()
-        if not self._writer.up:
-            self._spill_memory()
-            if self._writer.retry_due():
-                self._retry()
-
-    def _retry(self) -> None:
-        """One attempt on a failing store: a batch from memory, else the first batch of
-        the spill file (read, not taken: the file stays where it is until the store
-        answers); when it goes through, everything else follows at once."""
-        file = self._spill.file
-        if self._memory.queued:
-            self._write_memory(max_batches=1)
-        elif file is not None:
-            rows = file.peek(self._batch)
-            if rows:
-                # written again by the drain: ids are skipped
-                self._writer.write(rows, probe=True)
-            else:  # nothing a store must take (empty files, bad lines): no store needed
-                self._drain_spill(probe=True)
-        if self._writer.up:
-            self._write_memory()
-            self._drain_spill()
-
-    def _drain_spill(self, *, probe: bool = False, until: float | None = None) -> None:
-        """Spilled decisions into the store, with new decisions between batches
-        (``SpillDrain.drain``); only while the store is up, unless ``probe``."""
-        self._drain.drain(
-            self._writer.write,
-            self._write_memory,
-            going=lambda: not self._stopping.is_set() and (probe or self._writer.up),
-            probe=probe,
-            until=until,
+    def _log_refusals(self) -> None:
+        """One line with the counts, at most every ``REFUSED_LOG_S``, never one per
+        decision."""
+        new = self.refused - self._refused_logged
+        now = time.monotonic()
+        if not new or now - self._refused_logged_at < REFUSED_LOG_S:
+            return
+        self._refused_logged, self._refused_logged_at = self.refused, now
+        log.error(
+            "dropped %d decisions (answered recorded: false): memory was at its budget "
+            "(%.4g MB, SWITCHBOARD_BUFFER_LIMIT_MB) and the log could not take them (%s); "
+            "%d dropped since start",
+            new,
+            self._max_rows * ROW_BYTES / MIB,
+            self.log_error or "not yet on disk",
+            self.refused,
         )
 
-    def _write_memory(self, max_batches: int | None = None) -> None:
-        done = 0
-        while self._memory.queued and not self._stopping.is_set():
-            if max_batches is not None and done >= max_batches:
-                return
-            self._spill_excess()
-            batch = self._memory.take_batch(self._batch)
-            if not batch:
-                return
-            stored = self._writer.write(batch)
-            if stored is None:
-                self._memory.put_back()
-                return
-            self._memory.settle(batch, written=stored, refused=len(batch) - stored)
-            done += 1
-
-    # ------------------------------------------------------------ memory to the spill file
-    def _spill_memory(self) -> None:
-        """The store is failing: everything in memory goes to the spill file, so that a
-        crash now loses at most one interval. In chunks of a flush batch: rows out of the
-        queue are out of the hot path's reach, which drops the oldest it can see when
-        memory is at its budget, so a smaller chunk keeps that order closer; but at least
-        ``SPILL_MIN_CHUNK``, since every chunk is one locked, fsynced append."""
-        while self._memory.queued and not self._stopping.is_set():
-            if not self._spill_chunk(min(SPILL_CHUNK, max(self._batch, SPILL_MIN_CHUNK))):
-                return
-
-    def _spill_excess(self) -> None:
-        """The store is up but slower than the decisions come: past nine tenths of the
-        memory budget, the oldest go to the spill file (drained once the store keeps up)."""
-        if not self._memory.over_share(0.9):
-            return
-        while self._memory.queued and self._memory.over_share(0.75):
-            if not self._spill_chunk(self._batch):
-                return
-
-    def _spill_chunk(self, n: int) -> bool:
-        """Move up to ``n`` of the oldest rows to the spill file; False when it took
-        not all of them (the rest stay in memory, first in line)."""
-        if not self._spill.can_take():
+    def _step(self) -> bool:
+        """One batch from the mark on into the database; False when there was none or
+        the database failed."""
+        batch = self._next_batch()
+        if not batch:
             return False
-        chunk = self._memory.take_batch(n)
-        done = self._spill.append(chunk)
-        if done < len(chunk):
-            self._memory.put_back(chunk[done:])
-        if done:
-            self._memory.settle(chunk[:done], spilled=done)
-        return done == len(chunk) and done > 0
+        if not self._drainer.write([row for _, row in batch]):
+            with self._stored:
+                self._stored.notify_all()  # readers look at ``degraded`` again
+            return False
+        self.stored += len(batch)
+        self._advance(batch[-1][0])
+        return True
+
+    def _next_batch(self) -> list[tuple[int, Row]]:
+        start = self.mark + 1
+        with self._lock:
+            memory = self._memory
+            in_memory = memory[0][0] if memory else self._head + 1
+            if start >= in_memory:
+                return list(islice(memory, self._batch))
+        if self._reader is None:
+            return []
+        rows = self._reader.read(start, in_memory - 1, self._batch)
+        if not rows:  # lost before this start (reported by the log): nothing to store
+            self._advance(in_memory - 1)
+        return rows
+
+    def _advance(self, mark: int) -> None:
+        with self._lock:
+            memory, by_pod = self._memory, self._by_pod
+            while memory and memory[0][0] <= mark:
+                seq, row = memory.popleft()
+                if row.pod and by_pod.get((row.cluster, row.pod)) == seq:
+                    del by_pod[(row.cluster, row.pod)]
+            self.mark = max(self.mark, mark)
+        with self._stored:
+            self._stored.notify_all()
+        if self.log is not None:
+            self.log.stored(self.mark)

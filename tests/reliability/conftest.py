@@ -232,13 +232,14 @@ def row(i: int, *, shape: str = "shape1", pod: str | None = None) -> Decision:
 
 
 def recorder(
-    store: FlakyStore, spill: Path | None, metrics: Metrics, **options: Any
+    store: FlakyStore, log_dir: Path | None, metrics: Metrics, **options: Any
 ) -> DecisionRecorder:
+    """A recorder on ``store`` with its log in ``log_dir`` (None: no log)."""
     settings: dict[str, Any] = {
         "interval_s": 0.01,
         "batch": 100,
         "limit": 10_000,
-        "spill_path": spill,
+        "log_dir": log_dir,
         "shutdown_flush_s": 0.3,
         **options,
     }

@@ -2,12 +2,12 @@
 
 Each round: load on the replica (threads posting ``/v1/select``), the private
 PostgreSQL SIGSTOPped, a kill -9 ``kill_after`` seconds later (random), the database
-resumed. The next round's replica starts on the same spill path, so its start replays
-what the killed one left (the journal, the spill file) before it serves; once it is
+resumed. The next round's replica starts on the same spill path, so its start stores
+what the killed one's decision log holds past its mark before it serves; once it is
 ready, the killed round's answers are looked up in the database. A decision answered
 more than ``GRACE_S`` before the kill and not stored is lost.
 
-Shared by ``tests/reliability/test_journal.py`` (3 rounds) and
+Shared by ``tests/reliability/test_log_kill9.py`` (3 rounds) and
 ``bench/kill9_freeze.py`` (20 rounds, bench/results/kill9_freeze.json).
 """
 

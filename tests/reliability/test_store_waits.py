@@ -2,9 +2,9 @@
 checked against real databases (a SQLite file, the shared PostgreSQL in a schema of the
 test's own, a listener that never answers).
 
-A database that hangs rather than refuses must not hold the decision writer for ever;
-the writer's own bound (a stalled call is spilled around) is in ``test_spill.py`` and,
-with a frozen PostgreSQL, in ``test_outage.py``.
+A database that hangs rather than refuses must not hold the decision drainer for ever
+(the decision log keeps every decision meanwhile: ``test_outage.py``, with a frozen
+PostgreSQL).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _record_in_thread(store: Store, wait_s: float) -> tuple[bool, BaseException 
 
 def test_the_sqlite_writer_gives_up_on_a_lock_long_before_admin_writes(tmp_path: Path) -> None:
     """Before: the writer shared the 15 s busy timeout of admin writes, and a write
-    waiting on SQLite's lock neither stored nor spilled all that time."""
+    waiting on SQLite's lock stored nothing all that time."""
     db = tmp_path / "sb.db"
     url = f"sqlite:///{db}?timeout=8"
     store, main, writer = _stores(url)

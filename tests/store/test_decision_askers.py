@@ -1,15 +1,16 @@
-"""Each decision keeps who asked for it, on both backends and through the spill file:
+"""Each decision keeps who asked for it, on both backends and through the decision log:
 what the rollout guards count a report under (service/rollouts.py)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.decisions import decision_row
+from mla_switchboard.service.store.recording.segments import Encoder, Reader, segment_name
 from mla_switchboard.service.store.shapes import shape_of
-from mla_switchboard.service.store.spill import LineEncoder, parse_line
 
 REQUEST = {
     "device": {"name": "NVIDIA H200", "capability": [9, 0]},
@@ -26,7 +27,7 @@ def row(decision_id: str, pod: str, principal: str | None, verified: bool, at: d
     )  # fmt: skip
 
 
-def test_the_asker_is_stored_read_back_and_spilled(store: Store) -> None:
+def test_the_asker_is_stored_read_back_and_logged(store: Store, tmp_path: Path) -> None:
     now = datetime.now(UTC)
     rows = [
         row("01AAAAAAAAAAAAAAAAAAAAAAA1", "serve-0", "workload:uid-0", True, now),
@@ -45,10 +46,10 @@ def test_the_asker_is_stored_read_back_and_spilled(store: Store) -> None:
         "serve-1": ("workload:uid-1", True),
         "serve-2": (None, False),
     }
-    # a spilled line keeps it; a line spilled before askers were kept reads as none
-    encoder = LineEncoder()
-    for r in rows:
-        assert parse_line(encoder.line(r)) == r
-    line = encoder.line(rows[0])
-    older = line[: line.rindex(b',"workload')] + b"]\n"
-    assert parse_line(older) == rows[0]._replace(principal=None, verified=False)
+    # the decision log keeps it: read back, each row is the one written
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    encoder = Encoder()
+    data = encoder.new_segment(1) + b"".join(encoder.decision(i + 1, r) for i, r in enumerate(rows))
+    (log_dir / segment_name(1)).write_bytes(data)
+    assert [r for _, r in Reader(log_dir).read(1, 4, 10)] == rows

@@ -1,8 +1,8 @@
-"""The journal against a real replica: kill -9 while the database is frozen.
+"""The decision log against a real replica: kill -9 while the database is frozen.
 
-Before the journal, a kill -9 0.1-0.2 s after a freeze lost up to 171 decisions
-answered up to 564 ms before it: the writer's batch was in flight, nothing spilled
-yet. Now every answer is on local disk within a few ms (``recording/journal.py``).
+Without a local log, a kill -9 0.1-0.2 s after a freeze lost up to 171 decisions
+answered up to 564 ms before it. Every answer is on local disk within a few ms
+(``recording/log.py``), whatever the drainer's write in flight does.
 """
 
 from __future__ import annotations

@@ -1,0 +1,147 @@
+"""The decision log through the in-process app: a report waits for its own decision's
+position (however slow the database), a read never waits on a stalled drain, and an
+app's threads end with it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import event
+
+from tests.conftest import make_inprocess_client
+from tests.reliability.conftest import select_body, wait_until
+from tests.service.test_select_decisions import ALL
+
+SLOW_WRITE_S = 5.0
+
+
+def _client(tmp_path: Path, **settings: Any) -> Any:
+    url = f"sqlite:///{tmp_path / 'sb.db'}"
+    return make_inprocess_client(url, spill_path=str(tmp_path / "spill.jsonl"), **settings)
+
+
+def _measurement(cluster: str, pod: str) -> dict[str, Any]:
+    body = select_body(cluster, pod)
+    return {
+        "cluster": cluster,
+        "pod": pod,
+        "device": body["device"],
+        "model": {k: v for k, v in body["model"].items() if k != "name"},
+        "dtype": "bfloat16",
+        "packages": ALL,
+        "results": [
+            {
+                "backend": "FLASHINFER",
+                "impl": "test",
+                "shape": {"seqlens": [4096], "num_heads": 128},
+                "median_ms": 1.0,
+                "tflops": 400.0,
+                "correct": True,
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def slow_store(tmp_path: Path) -> Iterator[httpx.Client]:
+    """Every decision write takes 5 s (its commit sleeps), far past the stall bound."""
+    with _client(tmp_path) as client:
+        runtime = client.app.state.runtime
+
+        def slow_commit(*_: Any) -> None:
+            time.sleep(SLOW_WRITE_S)
+
+        event.listen(runtime.writer_engine, "commit", slow_commit)
+        yield client
+        event.remove(runtime.writer_engine, "commit", slow_commit)
+
+
+def test_a_report_on_a_store_slower_than_the_stall_bound_is_counted(
+    slow_store: httpx.Client,
+) -> None:
+    """Before: the batch was spilled while the slow call still committed, the drain was
+    declared stalled, the flush gave up and the report was stored as not counted with
+    its decision in the database."""
+    body = select_body("slow", "slow-pod")
+    body["packages"] = ALL
+    r = slow_store.post("/v1/select", json=body)
+    assert r.status_code == 200 and r.json()["recorded"] is True, r.text
+    r = slow_store.post("/v1/measurements", json=_measurement("slow", "slow-pod"))
+    assert r.status_code == 201, r.text
+    assert r.json()["counted"] is True, r.json()
+
+
+def test_a_frozen_read_with_only_logged_decisions_gives_up_waiting_for_the_drain(
+    tmp_path: Path,
+) -> None:
+    """With nothing in memory but 20 decisions logged and not stored, a listing in a
+    frozen database waited 3 s for a drain that could not happen, then its own store
+    deadline. Now the read stops waiting as soon as the drain's write stalls: what
+    remains is the read's own store call, bounded by the deadline (503)."""
+    with _client(tmp_path, store_deadline_s=1.0) as client:
+        runtime = client.app.state.runtime
+        frozen = threading.Event()
+        thaw = threading.Event()
+
+        def freeze(*_: Any) -> None:
+            if frozen.is_set():
+                thaw.wait(30)
+
+        event.listen(runtime.writer_engine, "before_cursor_execute", freeze)
+        event.listen(runtime.engine, "before_cursor_execute", freeze)
+        try:
+            frozen.set()
+            for i in range(20):
+                r = client.post("/v1/select", json=select_body("frozen", f"pod-{i}"))
+                assert r.json()["recorded"] is True
+            recorder = runtime.recorder
+            wait_until(lambda: recorder.degraded is not None, 10, what="stalled")
+            r = client.get("/v1/selections", params={"limit": 5})
+            assert r.status_code == 503, r.text
+            assert r.headers["Retry-After"].isdigit()
+            assert recorder.pending == 20  # logged, not yet stored
+        finally:
+            thaw.set()
+            frozen.clear()
+        assert recorder.flush(30)
+        r = client.get("/v1/selections", params={"limit": 50, "cluster": "frozen"})
+        assert r.status_code == 200 and len(r.json()["items"]) == 20
+        event.remove(runtime.writer_engine, "before_cursor_execute", freeze)
+        event.remove(runtime.engine, "before_cursor_execute", freeze)
+
+
+def test_every_thread_an_app_starts_ends_when_it_stops(tmp_path: Path) -> None:
+    def cycle(i: int) -> None:
+        with _client(tmp_path / str(i)) as client:
+            client.post("/v1/select", json=select_body("cycles", f"pod-{i}"))
+            client.get("/v1/selections", params={"limit": 1})
+
+    (tmp_path / "0").mkdir()
+    cycle(0)
+    after_first = {t.name for t in threading.enumerate()}
+    count = threading.active_count()
+    for i in range(1, 21):
+        (tmp_path / str(i)).mkdir()
+        cycle(i)
+    wait_until(lambda: threading.active_count() <= count, 10, what="threads ended")
+    assert threading.active_count() == count, sorted(
+        t.name for t in threading.enumerate() if t.name not in after_first
+    )
+
+
+def test_an_app_leaves_the_process_settings_as_it_found_them(tmp_path: Path) -> None:
+    import gc
+    import sys
+
+    interval, frozen = sys.getswitchinterval(), gc.get_freeze_count()
+    with _client(tmp_path) as client:
+        client.post("/v1/select", json=select_body("settings", "pod"))
+        assert sys.getswitchinterval() == interval
+    assert sys.getswitchinterval() == interval
+    assert gc.get_freeze_count() == frozen
