@@ -27,10 +27,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from mla_switchboard.core.engines import OWN_ENGINE
 from mla_switchboard.core.evidence import EvidenceIndex, EvidenceLoader, Observation, Situation
 from mla_switchboard.core.evidence.values import median
 
-S = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
+S = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", OWN_ENGINE)
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 BACKENDS = ("FLASHINFER", "CUDNN")
 
