@@ -65,6 +65,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "serve": Command("run the central service", _service, service=True, needs_server_extra=True),
     "token": Command("manage API tokens", _service, service=True, needs_server_extra=True),
+    "overrides": Command(  # httpx, pydantic and PyYAML: a CI job needs no server extra
+        "overrides as code: export, plan and apply a declarative file", _service, service=True
+    ),
     "health": Command(  # httpx only: it runs in the service's container, extra or not
         "exit 0 if the local service answers /readyz (container healthcheck)",
         _service,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mla_switchboard.core.version import PROGRAM
+from mla_switchboard.service.gitops.cli import add_overrides
 from mla_switchboard.service.messages import (
     first_line,
     install_exception_redaction,
@@ -365,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_health(sub)
+    add_overrides(sub)
     create = _add_token(sub)
     parser.set_defaults(create_parser=create)
     return parser
