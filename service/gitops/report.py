@@ -25,7 +25,7 @@ def headline(plan: dict[str, Any]) -> str:
     return f"{n['create']} to create, {n['update']} to change, {n['delete']} to remove"
 
 
-def field_changes(change: dict[str, Any]) -> list[str]:
+def field_changes(change: dict[str, Any], arrow: str = "->") -> list[str]:
     """``key: before -> after`` for each field a change sets, changes or clears."""
     before, after = change["before"] or {}, change["after"] or {}
     out = []
@@ -38,7 +38,7 @@ def field_changes(change: dict[str, Any]) -> list[str]:
         elif change["action"] == "delete":
             out.append(f"{name}: {_value(was)}")
         else:
-            out.append(f"{name}: {_value(was)} -> {_value(now)}")
+            out.append(f"{name}: {_value(was)} {arrow} {_value(now)}")
     return out
 
 
@@ -76,7 +76,7 @@ def markdown(plan: dict[str, Any], path: str) -> str:
         lines += ["| | resource | change |", "|---|---|---|"]
         for change in plan["changes"]:
             what = "rules" if change["resource"] == "rules" else f"override `{change['target']}`"
-            detail = "<br>".join(_cell(line) for line in field_changes(change))
+            detail = "<br>".join(_cell(line) for line in field_changes(change, "→"))
             lines.append(f"| {SIGN[change['action']]} | {what} | {detail} |")
         lines.append("")
     preview = plan.get("preview")
@@ -112,6 +112,8 @@ def _fleet_line(preview: dict[str, Any]) -> str:
 
 
 def _value(v: Any) -> str:
+    if v is None:
+        return "(unset)"
     return v if isinstance(v, str) else json.dumps(v, separators=(", ", ": "))
 
 
