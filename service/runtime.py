@@ -26,6 +26,7 @@ from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.expiry import PodExpiry
 from mla_switchboard.service.fleet.groups import Fleet
 from mla_switchboard.service.fleet.reads import FleetReads, ReadSettings
+from mla_switchboard.service.gitops.drift import Drift
 from mla_switchboard.service.gitops.planning import OverridesAsCode
 from mla_switchboard.service.guard_notes import GuardNotes, rollouts_active
 from mla_switchboard.service.inputs import InputsPublisher, index_factory
@@ -192,6 +193,7 @@ class Runtime:
         self.overrides_as_code = OverridesAsCode(
             store.config, self.live, self.previews, flow, self.metrics
         )
+        self.drift = Drift(store.audit, self.live, self.metrics)
         self.token_writes = TokenWrites(store.tokens, flow)
         # people sign in through the identity provider when one is configured
         self.relying_party = RelyingParty(settings) if settings.oidc_issuer else None

@@ -56,6 +56,9 @@ class OverridesFile(BaseModel):
     )
     overrides: dict[OverrideScope, OverrideSpec] = Field(
         default_factory=dict,
+        # pydantic writes the key pattern as patternProperties: without this a key
+        # that does not match it (and its value) would be left unconstrained
+        json_schema_extra={"additionalProperties": False},
         description="each scope's override (a cluster name, or * for the whole fleet), "
         "exactly as PUT /v1/overrides/{cluster} takes it",
     )

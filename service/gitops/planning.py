@@ -87,6 +87,12 @@ class OverridesAsCode:
                 expected=dict(etags),
                 actor=principal.actor,
                 note=f"overrides file rev {rev}",
+                applied_file={
+                    "revision": rev,
+                    "prune": prune,
+                    "scope": principal.clusters,
+                    "file": document.sent(),
+                },
             )
         except OutcomeUnknown as exc:
             return unknown(exc, None)

@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 
 RULES = "rules"
 NONE = '"none"'
+APPLY_ACTION = "overrides.apply"
+APPLY_TARGET = "overrides file"
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,13 @@ def apply_changes(
     expected: Mapping[str, str],
     actor: str,
     note: str,
+    applied_file: dict[str, Any],
 ) -> list[Applied] | Stale:
     """Write ``rules`` (None: leave them) and ``overrides`` when every resource named in
     ``expected`` (``rules`` or ``override:<scope>``) still has the ETag given there
-    (``'"none"'``: absent); otherwise change nothing and say which one moved."""
+    (``'"none"'``: absent); otherwise change nothing and say which one moved. The file
+    itself (``applied_file``) is kept as the audit entry ``overrides.apply``: what drift
+    is measured against."""
     try:
         with admin_write(engine) as (s, version):
             _check(s, expected)
@@ -69,6 +74,16 @@ def apply_changes(
                 done.append(_put_rules(s, rules, actor=actor, note=note, now=now))
             for write in overrides:
                 done.append(_write_override(s, write, version, actor=actor, note=note, now=now))
+            add_audit(
+                s,
+                actor=actor,
+                action=APPLY_ACTION,
+                target=APPLY_TARGET,
+                before=None,
+                after=applied_file,
+                note=note,
+                preview={"changes": len(done)},
+            )
     except Refused as refused:
         return refused.result  # type: ignore[no-any-return]
     return done

@@ -232,3 +232,29 @@ def test_the_plan_replays_every_change_together(api: httpx.Client) -> None:
     assert [c["target"] for c in both["changes"]] == ["*", cluster]
     rows = [c for c in both["preview"]["changes"] if c["cluster"] == cluster]
     assert [(c["from"], c["to"], c["pods"]) for c in rows] == [("FLASH_ATTN", "FLASHINFER", 2)]
+
+
+def test_drift_names_what_changed_by_hand_since_the_last_apply(api: httpx.Client) -> None:
+    a, b = fresh("prod"), fresh("prod")
+    doc = file({**everything(api), a: {"force": "CUDNN", "note": "a"},
+                b: {"force": "FLASH_ATTN", "note": "b"}})  # fmt: skip
+    assert apply(api, doc, plan(api, doc)["etags"], revision="rev-1").status_code == 200
+    clean = api.get("/v1/drift").json()
+    assert (clean["managed"], clean["drifted"], clean["file_revision"]) == (True, False, "rev-1")
+    assert clean["hand_changes"] == [] and clean["applied_by"] == "bootstrap-admin"
+    assert "switchboard_overrides_drift 0.0" in api.get("/metrics").text
+    assert (
+        api.put(f"/v1/overrides/{a}", json={"force": "FLASHINFER", "note": "hand"}).status_code
+        == 200
+    )
+    drift = api.get("/v1/drift").json()
+    assert drift["drifted"] is True
+    assert [(r["target"], r["action"]) for r in drift["resources"]] == [(a, "update")]
+    (hand,) = drift["hand_changes"]
+    assert (hand["target"], hand["action"], hand["actor"]) == (a, "override.put", "bootstrap-admin")
+    assert "switchboard_overrides_drift 1.0" in api.get("/metrics").text
+    # applying the file again is what drift said it would change
+    p = plan(api, doc)
+    assert [(c["target"], c["action"]) for c in p["changes"]] == [(a, "update")]
+    assert apply(api, doc, p["etags"], revision="rev-2").status_code == 200
+    assert api.get("/v1/drift").json()["drifted"] is False

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Response
-from mla_switchboard.core.schemas import error_responses
-from mla_switchboard.service.api.deps import AdminDep, OverridesAsCodeDep, ViewerDep
+from fastapi.responses import JSONResponse
+from mla_switchboard.core.schemas import StrictBool, error_responses
+from mla_switchboard.service.api.deps import AdminDep, DriftDep, OverridesAsCodeDep, ViewerDep
 from mla_switchboard.service.api.outcomes import respond
 from mla_switchboard.service.gitops.document import OverridesFile
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -27,7 +28,7 @@ class PlanBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     file: OverridesFile
-    prune: bool = Field(
+    prune: StrictBool = Field(
         default=False, description="remove the overrides (within your scope) the file omits"
     )
 
@@ -40,6 +41,7 @@ class ApplyBody(PlanBody):
     )
     etags: dict[ResourceName, ETag] = Field(
         max_length=10_000,
+        json_schema_extra={"additionalProperties": False},  # keys: the pattern's only
         description="the plan's etags: each resource must still have it, and every change "
         "apply makes must be named here (otherwise 412: plan again)",
     )
@@ -70,3 +72,11 @@ def apply(body: ApplyBody, service: OverridesAsCodeDep, principal: AdminDep) -> 
             principal, body.file, prune=body.prune, revision=body.revision, etags=body.etags
         )
     )
+
+
+@router.get("/drift", summary="How live state differs from the last applied overrides file")
+def drift(service: DriftDep, principal: ViewerDep) -> Response:
+    """The last file applied (revision, when, by whom), each resource that differs from
+    it now (what applying it again would change) and the hand changes since, of the
+    clusters you may see; ``managed`` false when no file was applied yet."""
+    return JSONResponse(service.report(principal))
