@@ -203,6 +203,20 @@ class Settings(BaseSettings):
         description="how long a reported failure counts; older ones expire by themselves "
         "(an admin can clear a situation's failures sooner)",
     )
+    overrides_file: str | None = Field(
+        default=None,
+        description="declarative mode: the overrides file (docs/gitops.md) this service "
+        "applies whenever its content changes, e.g. a mounted ConfigMap; console writes to "
+        "what it declares are refused",
+    )
+    overrides_file_prune: bool = Field(
+        default=False,
+        description="declarative mode: the file owns every override (the ones it omits are "
+        "removed, and console writes to any override refused)",
+    )
+    overrides_file_poll_s: float = Field(
+        default=1.0, gt=0, description="declarative mode: how often the file is read"
+    )
     rollout_check_s: float = Field(
         default=1.0,
         gt=0,

@@ -9,7 +9,7 @@ of overwriting it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +17,7 @@ from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.gitops.diff import Change, Diff, compare
 from mla_switchboard.service.gitops.document import OverridesFile, content_revision
+from mla_switchboard.service.gitops.managed import SYNC_ID, ManagedScopes
 from mla_switchboard.service.gitops.proposal import combined
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
@@ -38,6 +39,8 @@ class OverridesAsCode:
     previews: Previews
     flow: WriteFlow
     metrics: Metrics
+    managed: ManagedScopes = field(default_factory=ManagedScopes)
+    """What a file synced in declarative mode owns: no other apply may change it."""
 
     def plan(self, principal: Principal, document: OverridesFile, *, prune: bool) -> Outcome:
         """Every change of ``document`` and what they do together to the fleet."""
@@ -61,6 +64,9 @@ class OverridesAsCode:
         diff = self._diff(principal, document, prune=prune, fresh=True)
         if isinstance(diff, Problem):
             return diff
+        refused = self._owned_elsewhere(principal, diff)
+        if refused is not None:
+            return Problem(409, refused)
         unplanned = sorted(k for k in diff.etags() if k not in etags)
         if unplanned:
             return Problem(
@@ -127,6 +133,15 @@ class OverridesAsCode:
                     field=("body", "file", "overrides", c.target, "expires_at"),
                 )
         return found
+
+    def _owned_elsewhere(self, principal: Principal, diff: Diff) -> str | None:
+        if principal.id == SYNC_ID:
+            return None
+        for c in diff.changes:
+            why = self.managed.rules() if c.resource == "rules" else self.managed.override(c.target)
+            if why is not None:
+                return why
+        return None
 
     def _preview(self, principal: Principal, diff: Diff) -> Preview | None:
         if not diff.changes:
