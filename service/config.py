@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=64 * 1024, ge=1024, description="larger request bodies get 413"
     )
+    max_file_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="larger bodies of POST /v1/plan and /v1/apply (a whole overrides file: "
+        "about 200 bytes an override) get 413",
+    )
     flush_interval_s: float = Field(
         default=0.05, gt=0, description="how often recorded decisions are written"
     )

@@ -126,7 +126,10 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.add_exception_handler(OverBudget, _over_budget)  # type: ignore[arg-type]
     app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]
     app.add_middleware(
-        BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
+        BodyLimitAndMetrics,
+        max_body=runtime.settings.max_body_bytes,
+        metrics=runtime.metrics,
+        larger=dict.fromkeys(gitops.FILE_PATHS, runtime.settings.max_file_bytes),
     )
     app.select_handler = SelectHandler(
         runtime.decider,

@@ -258,3 +258,14 @@ def test_drift_names_what_changed_by_hand_since_the_last_apply(api: httpx.Client
     assert [(c["target"], c["action"]) for c in p["changes"]] == [(a, "update")]
     assert apply(api, doc, p["etags"], revision="rev-2").status_code == 200
     assert api.get("/v1/drift").json()["drifted"] is False
+
+
+def test_a_whole_file_may_be_larger_than_other_bodies(api: httpx.Client) -> None:
+    """A thousand overrides are ~200 KB: over the 64 KiB of other bodies, within the
+    file's own limit (SWITCHBOARD_MAX_FILE_BYTES)."""
+    many = {f"big-{i:04d}": {"deny": ["CUDNN"], "note": "x" * 150} for i in range(1000)}
+    r = api.post("/v1/plan", json={"file": file({**everything(api), **many})})
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["summary"]["create"] == 1000
+    r = api.put("/v1/overrides/big-0000", json={"deny": ["CUDNN"], "note": "x" * 70_000})
+    assert r.status_code == 413  # the other bodies keep their limit

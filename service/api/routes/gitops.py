@@ -14,6 +14,9 @@ from mla_switchboard.service.api.outcomes import respond
 from mla_switchboard.service.gitops.document import OverridesFile
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+FILE_PATHS = ("/v1/plan", "/v1/apply")
+"""Paths whose body is a whole file: their size limit is SWITCHBOARD_MAX_FILE_BYTES."""
+
 router = APIRouter(prefix="/v1", tags=["overrides as code"], responses=error_responses(401, 403))
 
 Revision = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/+-]{1,64}$")]
@@ -62,7 +65,7 @@ def plan(body: PlanBody, service: OverridesAsCodeDep, principal: ViewerDep) -> R
 @router.post(
     "/apply",
     summary="Apply a declarative overrides file, all or nothing",
-    responses=error_responses(412, 413, 503),
+    responses=error_responses(409, 412, 413, 503),
 )
 def apply(body: ApplyBody, service: OverridesAsCodeDep, principal: AdminDep) -> Response:
     """One transaction, one audit entry per change naming the file's revision and you;
