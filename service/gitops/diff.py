@@ -118,10 +118,18 @@ def _rules_change(
         return exc
     if proposed.rules_only() == live.rules_only():
         return None
-    before = FileRules.of(live).model_dump(mode="json")
-    after = FileRules.of(proposed).model_dump(mode="json")
+    before, after = _visible_rules(principal, live), _visible_rules(principal, proposed)
     etag = rules_etag(live.revision or 0)
     return Change("rules", RULES, "update", etag, before, after, rules=proposed)
+
+
+def _visible_rules(principal: Principal, rules: RulesDocument) -> dict[str, Any]:
+    """The rules as the caller may read them: a token limited to some clusters sees the
+    fleet lists and its clusters' rule sets only (as ``GET /v1/rules`` shows them)."""
+    shown = FileRules.of(rules).model_dump(mode="json")
+    if principal.restricted:
+        shown["clusters"] = {c: r for c, r in shown["clusters"].items() if principal.may_see(c)}
+    return shown
 
 
 def _out_of_scope(principal: Principal, cluster: str) -> str:

@@ -79,7 +79,9 @@ class Drift:
             return {"managed": False, "drifted": False, "resources": [], "hand_changes": []}
         diff = self._diff(applied)
         resources = [
-            c.shown() for c in diff.changes if c.resource == "rules" or principal.may_see(c.target)
+            _redacted(principal, c.shown())
+            for c in diff.changes
+            if c.resource == "rules" or principal.may_see(c.target)
         ]
         return {
             "managed": True,
@@ -137,3 +139,12 @@ class Drift:
             and not (r["note"] or "").startswith("overrides file rev ")
             and (r["target"] == "rules" or principal.may_see(r["target"]))
         ]
+
+
+def _redacted(principal: Principal, shown: dict[str, Any]) -> dict[str, Any]:
+    """A drifted resource as the caller may read it: the rules' contents name every
+    cluster's rule set, so a token limited to some clusters is told only that they
+    drifted (``GET /v1/rules`` shows it what it may read of them)."""
+    if shown["resource"] == "rules" and principal.restricted:
+        return {**shown, "before": None, "after": None}
+    return shown

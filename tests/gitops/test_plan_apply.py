@@ -269,3 +269,23 @@ def test_a_whole_file_may_be_larger_than_other_bodies(api: httpx.Client) -> None
     assert r.json()["summary"]["create"] == 1000
     r = api.put("/v1/overrides/big-0000", json={"deny": ["CUDNN"], "note": "x" * 70_000})
     assert r.status_code == 413  # the other bodies keep their limit
+
+
+def test_a_scoped_caller_sees_only_its_clusters_rule_sets_in_a_plan(api: httpx.Client) -> None:
+    rules = api.get("/v1/rules").json()
+    fleet = {k: rules[k] for k in ("default", "by_capability")}
+    other = {"dev-hidden": {"default": ["FLASH_ATTN"]}}
+    seeded = file(everything(api), {**fleet, "clusters": {**rules["clusters"], **other}})
+    assert apply(api, seeded, plan(api, seeded)["etags"]).status_code == 200
+    prod = token(api, "admin", ["prod-*"])
+    mine = {"prod-own": {"default": ["FLASHINFER"]}}
+    visible = {c: s for c, s in everything(api).items() if c.startswith("prod-") or c == "*"}
+    r = api.post("/v1/plan", json={"file": file(visible, {**fleet, "clusters": mine})},
+                 headers=prod)  # fmt: skip
+    assert r.status_code == 200, r.text
+    (change,) = [c for c in r.json()["changes"] if c["resource"] == "rules"]
+    assert "dev-hidden" not in str(change) and "prod-own" in change["after"]["clusters"]
+    # and the fleet lists are the unrestricted admin's
+    changed_fleet = {**fleet, "default": ["TORCH_SDPA"], "clusters": mine}
+    r = api.post("/v1/plan", json={"file": file(visible, changed_fleet)}, headers=prod)
+    assert r.status_code == 403 and "fleet lists" in r.json()["detail"]["message"]
