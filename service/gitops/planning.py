@@ -61,6 +61,9 @@ class OverridesAsCode:
     ) -> Outcome:
         """Apply ``document`` when every resource ``etags`` names (the plan's) is as the
         plan read it and the plan showed every change; otherwise 412 and nothing."""
+        hidden = _unseen(principal, etags)
+        if hidden is not None:  # its ETag would say whether it exists, and its revision
+            return Problem(403, principal.out_of_scope(hidden))
         diff = self._diff(principal, document, prune=prune, fresh=True)
         if isinstance(diff, Problem):
             return diff
@@ -149,6 +152,15 @@ class OverridesAsCode:
         return self.previews.preview(
             principal, combined(diff.changes, principal, datetime.now(UTC))
         )
+
+
+def _unseen(principal: Principal, etags: Mapping[str, str]) -> str | None:
+    """The first cluster an ETag is sent for that the caller may not see (None: none)."""
+    for name in sorted(etags):
+        cluster = name.removeprefix("override:")
+        if name != "rules" and not principal.may_see(cluster):
+            return cluster
+    return None
 
 
 def _plan_body(document: OverridesFile, diff: Diff, preview: Preview | None) -> dict[str, Any]:

@@ -196,6 +196,12 @@ def test_a_scoped_admin_plans_and_applies_only_within_its_clusters(api: httpx.Cl
         "/v1/apply", json={"file": doc, "etags": {"override:dev-a": '"none"'}}, headers=prod
     )
     assert r.status_code == 403 and "dev-a" not in live(api)
+    # an ETag of another cluster's override is not checked (it would say its revision)
+    assert api.put("/v1/overrides/dev-b", json={"force": "CUDNN", "note": "b"}).status_code == 200
+    r = api.post(
+        "/v1/apply", json={"file": file(visible), "etags": {"override:dev-b": '"x"'}}, headers=prod
+    )
+    assert r.status_code == 403 and "current_etag" not in r.json()["detail"]
     doc = file({**visible, mine: {"force": "CUDNN", "note": "mine"}})
     r = api.post("/v1/plan", json={"file": doc, "prune": True}, headers=prod)
     assert r.status_code == 200, r.text
