@@ -53,13 +53,23 @@ class Applied:
         )
 
 
+@dataclass(frozen=True)
+class _Look:
+    """What drift is at one configuration version (every change of an override or the
+    rules moves it, so it is kept until the version moves)."""
+
+    version: int
+    applied: Applied | None
+    diff: Diff
+    hand_changes: list[dict[str, Any]]
+
+
 @dataclass(eq=False)
 class Drift:
     audit: AuditStore
     live: LiveConfig
     metrics: Metrics
-    _kept: tuple[int, Applied | None, int] | None = field(default=None, init=False)
-    """(config version read at, the file, resources drifted) of the last look."""
+    _kept: _Look | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         gauge = Gauge(
@@ -74,14 +84,17 @@ class Drift:
         """What ``GET /v1/drift`` answers: the last file applied, the resources that
         differ from it now (what its apply would do again) and the hand changes since,
         of the clusters the caller may see."""
-        applied = self._applied()
+        look = self._look()
+        applied = look.applied
         if applied is None:
             return {"managed": False, "drifted": False, "resources": [], "hand_changes": []}
-        diff = self._diff(applied)
         resources = [
             _redacted(principal, c.shown())
-            for c in diff.changes
+            for c in look.diff.changes
             if c.resource == "rules" or principal.may_see(c.target)
+        ]
+        hands = [
+            h for h in look.hand_changes if h["target"] == "rules" or principal.may_see(h["target"])
         ]
         return {
             "managed": True,
@@ -90,28 +103,31 @@ class Drift:
             "applied_by": applied.actor,
             "drifted": bool(resources),
             "resources": resources,
-            "hand_changes": self._hand_changes(applied, principal),
+            "hand_changes": hands,
         }
 
     def _drifted(self) -> float:
         """The gauge's value at a scrape; a store that does not answer leaves the last
         value (a scrape must not fail for it)."""
         try:
-            return float(self._look()[1])
+            return float(len(self._look().diff.changes))
         except SQLAlchemyError:
-            return float(self._kept[2]) if self._kept is not None else 0.0
+            return float(len(self._kept.diff.changes)) if self._kept is not None else 0.0
 
-    def _look(self) -> tuple[Applied | None, int]:
-        """The last file and how many resources drifted, read again when the
-        configuration moved (a scrape between two changes is a lookup)."""
+    def _look(self) -> _Look:
+        """Drift now: read again (two store reads and a comparison) only when the
+        configuration moved; a scrape or a dashboard between two changes is a lookup."""
         version = self.live.current().version
         kept = self._kept
-        if kept is not None and kept[0] == version:
-            return kept[1], kept[2]
+        if kept is not None and kept.version == version:
+            return kept
         applied = self._applied()
-        drifted = 0 if applied is None else len(self._diff(applied).changes)
-        self._kept = (version, applied, drifted)
-        return applied, drifted
+        if applied is None:
+            look = _Look(version, None, Diff(), [])
+        else:
+            look = _Look(version, applied, self._diff(applied), self._hand_changes(applied))
+        self._kept = look
+        return look
 
     def _applied(self) -> Applied | None:
         rows = self.audit.list_audit(
@@ -127,7 +143,7 @@ class Drift:
         )
         return Diff() if isinstance(found, OutOfScope) else found
 
-    def _hand_changes(self, applied: Applied, principal: Principal) -> list[dict[str, Any]]:
+    def _hand_changes(self, applied: Applied) -> list[dict[str, Any]]:
         rows = self.audit.list_audit(
             action=None, target=None, actor=None, limit=HAND_SCAN, before_id=None
         )
@@ -137,7 +153,6 @@ class Drift:
             if r["id"] > applied.audit_id
             and r["action"] in HAND_ACTIONS
             and not (r["note"] or "").startswith("overrides file rev ")
-            and (r["target"] == "rules" or principal.may_see(r["target"]))
         ]
 
 
