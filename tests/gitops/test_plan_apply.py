@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,10 +18,19 @@ from tests.service.test_select_decisions import body
 HEADER = {"apiVersion": "switchboard/v1", "kind": "Overrides"}
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    db: Path = tmp_path_factory.mktemp("gitops") / "sb.db"
-    with make_inprocess_client(f"sqlite:///{db}") as c:  # type: ignore[attr-defined]
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def api(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[httpx.Client]:
+    """The app on a SQLite file, and on PostgreSQL (apply's row locks and one
+    transaction on both)."""
+    if request.param == "postgres":
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path_factory.mktemp('gitops') / 'sb.db'}"
+    with make_inprocess_client(url) as c:  # type: ignore[attr-defined]
         yield c
 
 
