@@ -1,4 +1,5 @@
-"""The service's subcommands of ``switchboard``: ``serve`` and ``token``.
+"""The service's subcommands of ``switchboard``: ``serve``, ``token``, ``health`` and
+``overrides`` (``service/gitops/cli.py``).
 
 The ``switchboard`` entry point itself is :func:`mla_switchboard.cli.main`, which a
 GPU pod's plain install (no server extra) can run; it hands ``serve`` and ``token`` to
