@@ -9,6 +9,7 @@ needed: a CI job runs it without the server's packages."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -74,6 +75,15 @@ def add_overrides(sub: Any) -> None:
         help="a saved `plan --format json`: apply only if nothing moved since it",
     )
     parser.set_defaults(func=run)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``switchboard overrides ...`` (``argv`` from ``overrides`` on), without the rest of
+    the service's parser: its ``serve`` help reads the server's settings, which a CI job
+    that only plans has not installed."""
+    parser = argparse.ArgumentParser(prog="switchboard")
+    add_overrides(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(list(argv)))
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
@@ -172,6 +182,7 @@ _COMMANDS = {
 
 def read(path: str) -> OverridesFile:
     """The file, or ``Failed`` with every mistake on its own line (``path:line:col:``)."""
+    _need_yaml()
     from mla_switchboard.service.gitops.lines import read_file
 
     try:
@@ -188,6 +199,7 @@ def export_text(overrides: Sequence[dict[str, Any]], rules: dict[str, Any] | Non
     """The live state as the file, in a stable order (a diff between two exports shows
     what changed): rules first, then overrides by scope, each field in the models'
     order and only where it is set."""
+    _need_yaml()
     import yaml
 
     document: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
@@ -201,6 +213,12 @@ def export_text(overrides: Sequence[dict[str, Any]], rules: dict[str, Any] | Non
     specs = {o["cluster"]: OverrideSpec.model_validate(spec_fields(o)) for o in overrides}
     document["overrides"] = {scope: file_form(spec) for scope, spec in sorted(specs.items())}
     return yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100)
+
+
+def _need_yaml() -> None:
+    """PyYAML is the one package of these commands the plain install lacks."""
+    if importlib.util.find_spec("yaml") is None:
+        raise Failed("reading and writing the file needs PyYAML: pip install pyyaml")
 
 
 def _token(args: argparse.Namespace) -> str | None:

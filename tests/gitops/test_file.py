@@ -287,3 +287,23 @@ def test_validate_names_the_line_and_exits_1(
     assert f"{path}:5:12: overrides.prod-east.force: unknown backend" in capsys.readouterr().err
     path.write_text(GOOD)
     assert service_main(["overrides", "validate", "-f", str(path)]) == 0
+
+
+def test_the_commands_run_without_the_servers_packages(tmp_path: Path) -> None:
+    """A CI job installs the plain package and PyYAML: ``switchboard overrides`` must not
+    import the server's packages (here made unimportable)."""
+    import subprocess
+    import sys
+
+    from mla_switchboard.cli import SERVER_MODULES
+
+    path = tmp_path / "overrides.yaml"
+    path.write_text(GOOD)
+    blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in SERVER_MODULES)
+    code = (
+        f"import sys; {blocked}; from mla_switchboard.cli import main; "
+        f"sys.exit(main(['overrides', 'validate', '-f', {str(path)!r}]))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "valid (3 overrides)" in r.stdout
