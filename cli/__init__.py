@@ -44,6 +44,14 @@ def _service() -> Runner:
     return lambda argv: int(service_main(list(argv)))
 
 
+def _overrides() -> Runner:
+    """``switchboard overrides``: the service's, but with httpx, pydantic and PyYAML only
+    (a CI job plans without the server extra); given the whole argv."""
+    from mla_switchboard.service.gitops.cli import main as overrides_main
+
+    return overrides_main
+
+
 @dataclass(frozen=True)
 class Command:
     """One ``switchboard`` command: its help line, how to load it, and whether it is the
@@ -67,6 +75,9 @@ COMMANDS: dict[str, Command] = {
     "token": Command("manage API tokens", _service, service=True, needs_server_extra=True),
     "session": Command(
         "list and revoke people's sign-in sessions", _service, service=True, needs_server_extra=True
+    ),
+    "overrides": Command(  # httpx, pydantic and PyYAML: a CI job needs no server extra
+        "overrides as code: export, plan and apply a declarative file", _overrides, service=True
     ),
     "health": Command(  # httpx only: it runs in the service's container, extra or not
         "exit 0 if the local service answers /readyz (container healthcheck)",

@@ -1,4 +1,5 @@
-"""The service's subcommands of ``switchboard``: ``serve`` and ``token``.
+"""The service's subcommands of ``switchboard``: ``serve``, ``token``, ``health`` and
+``overrides`` (``service/gitops/cli.py``).
 
 The ``switchboard`` entry point itself is :func:`mla_switchboard.cli.main`, which a
 GPU pod's plain install (no server extra) can run; it hands ``serve`` and ``token`` to
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mla_switchboard.core.version import PROGRAM
+from mla_switchboard.service.gitops.cli import add_overrides
 from mla_switchboard.service.messages import (
     first_line,
     install_exception_redaction,
@@ -396,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_health(sub)
+    add_overrides(sub)
     create = _add_token(sub)
     add_session(sub, _environment_help(["database_url", "oidc_role_mapping"]), _RAW, _people)
     parser.set_defaults(create_parser=create)

@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=64 * 1024, ge=1024, description="larger request bodies get 413"
     )
+    max_file_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="larger bodies of POST /v1/plan and /v1/apply (a whole overrides file: "
+        "about 200 bytes an override) get 413",
+    )
     flush_interval_s: float = Field(
         default=0.05, gt=0, description="how often recorded decisions are written"
     )
@@ -203,6 +209,20 @@ class Settings(BaseSettings):
         gt=0,
         description="how long a reported failure counts; older ones expire by themselves "
         "(an admin can clear a situation's failures sooner)",
+    )
+    overrides_file: str | None = Field(
+        default=None,
+        description="declarative mode: the overrides file (docs/gitops.md) this service "
+        "applies whenever its content changes, e.g. a mounted ConfigMap; console writes to "
+        "what it declares are refused",
+    )
+    overrides_file_prune: bool = Field(
+        default=False,
+        description="declarative mode: the file owns every override (the ones it omits are "
+        "removed, and console writes to any override refused)",
+    )
+    overrides_file_poll_s: float = Field(
+        default=1.0, gt=0, description="declarative mode: how often the file is read"
     )
     rollout_check_s: float = Field(
         default=1.0,

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 
 from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.auth_workload import WorkloadVerifier
@@ -26,6 +27,10 @@ from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.expiry import PodExpiry
 from mla_switchboard.service.fleet.groups import Fleet
 from mla_switchboard.service.fleet.reads import FleetReads, ReadSettings
+from mla_switchboard.service.gitops.drift import Drift
+from mla_switchboard.service.gitops.managed import ManagedScopes
+from mla_switchboard.service.gitops.planning import OverridesAsCode
+from mla_switchboard.service.gitops.sync import FileSync
 from mla_switchboard.service.guard_notes import GuardNotes, rollouts_active
 from mla_switchboard.service.inputs import InputsPublisher, index_factory
 from mla_switchboard.service.key_health import IssuerKeysHealth
@@ -206,10 +211,24 @@ class Runtime:
             self.recorder, store.decisions, store.measurements, self.reads
         )
         flow = WriteFlow(self.live, store.recall_idempotency)
+        managed = ManagedScopes()  # what a file synced in declarative mode owns
         self.override_writes = OverrideWrites(
-            store.config, self.live, self.previews, flow, self.metrics
+            store.config, self.live, self.previews, flow, self.metrics, managed
         )
-        self.rules_writes = RulesWrites(store.config, self.live, self.previews, flow)
+        self.rules_writes = RulesWrites(store.config, self.live, self.previews, flow, managed)
+        self.overrides_as_code = OverridesAsCode(
+            store.config, self.live, self.previews, flow, self.metrics, managed
+        )
+        self.drift = Drift(store.audit, self.live, self.metrics)
+        self.file_sync: FileSync | None = None
+        if settings.overrides_file:
+            self.file_sync = FileSync(
+                Path(settings.overrides_file),
+                settings.overrides_file_prune,
+                settings.overrides_file_poll_s,
+                self.overrides_as_code,
+                managed,
+            )
         self.token_writes = TokenWrites(store.tokens, flow)
         # people sign in through the identity provider when one is configured
         self.relying_party = RelyingParty(settings) if settings.oidc_issuer else None
@@ -250,6 +269,8 @@ class Runtime:
         self.rollouts.start()
         self.pod_expiry.start()
         self.refused_selects.start()
+        if self.file_sync is not None:
+            self.file_sync.start()  # the declarative mode's file, applied before any request
         self._unwatch_gc = self.metrics.watch_gc()
         if self.serving:
             self.collector.settle_at_start()  # service/collector.py
@@ -263,6 +284,8 @@ class Runtime:
         if self._unwatch_gc is not None:
             self._unwatch_gc()
             self._unwatch_gc = None
+        if self.file_sync is not None:
+            self.file_sync.stop()
         self.pod_expiry.stop()
         self.refused_selects.stop()
         self.rollouts.stop()

@@ -22,6 +22,7 @@ from mla_switchboard.service.api.routes import (
     backends,
     dashboard,
     events,
+    gitops,
     health,
     measurements,
     overrides,
@@ -114,6 +115,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         pods,
         rules,
         overrides,
+        gitops,
         measurements,
         backends,
         admin,
@@ -132,7 +134,10 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.add_exception_handler(OverBudget, _over_budget)  # type: ignore[arg-type]
     app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]
     app.add_middleware(
-        BodyLimitAndMetrics, max_body=runtime.settings.max_body_bytes, metrics=runtime.metrics
+        BodyLimitAndMetrics,
+        max_body=runtime.settings.max_body_bytes,
+        metrics=runtime.metrics,
+        larger=dict.fromkeys(gitops.FILE_PATHS, runtime.settings.max_file_bytes),
     )
     app.select_handler = SelectHandler(
         runtime.decider,

@@ -20,6 +20,8 @@ from mla_switchboard.service.auth_workload import (
 )
 from mla_switchboard.service.events import EventHub
 from mla_switchboard.service.fleet.reads import FleetReads
+from mla_switchboard.service.gitops.drift import Drift
+from mla_switchboard.service.gitops.planning import OverridesAsCode
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.oidc import RelyingParty
 from mla_switchboard.service.outcomes import Problem
@@ -81,6 +83,8 @@ RefusedDep = Annotated[RefusedSelects, Depends(get_refused)]
 ReportsDep = Annotated[Reports, Depends(_service(lambda r: r.reports))]
 OverrideWritesDep = Annotated[OverrideWrites, Depends(_service(lambda r: r.override_writes))]
 RulesWritesDep = Annotated[RulesWrites, Depends(_service(lambda r: r.rules_writes))]
+OverridesAsCodeDep = Annotated[OverridesAsCode, Depends(_service(lambda r: r.overrides_as_code))]
+DriftDep = Annotated[Drift, Depends(_service(lambda r: r.drift))]
 TokenWritesDep = Annotated[TokenWrites, Depends(_service(lambda r: r.token_writes))]
 EvidenceWritesDep = Annotated[EvidenceWrites, Depends(_service(lambda r: r.evidence_writes))]
 PeopleDep = Annotated[People, Depends(_service(lambda r: r.people))]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from mla_switchboard.service.metrics import Metrics
@@ -91,10 +92,18 @@ async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
 
 
 class BodyLimitAndMetrics:
-    def __init__(self, app: ASGIApp, *, max_body: int, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body: int,
+        metrics: Metrics,
+        larger: Mapping[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.max_body = max_body
         self.metrics = metrics
+        self.larger = dict(larger or {})  # paths whose bodies may be larger (a whole file)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -119,9 +128,10 @@ class BodyLimitAndMetrics:
                     send_wrapper, 404, {"detail": {"message": "no such path (it holds a NUL)"}}
                 )
                 return
+            limit = self.larger.get(scope["path"], self.max_body)
             length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-            if length is not None and (not length.isdigit() or int(length) > self.max_body):
-                await self._too_large(send_wrapper)
+            if length is not None and (not length.isdigit() or int(length) > limit):
+                await self._too_large(send_wrapper, limit)
                 return
             buffer = scope["path"] not in UNBUFFERED_PATHS and length != b"0"
             if scope["method"] in ("POST", "PUT", "PATCH", "DELETE") and (length is None or buffer):
@@ -140,8 +150,8 @@ class BodyLimitAndMetrics:
                         return
                     chunks.append(message.get("body", b""))
                     seen += len(chunks[-1])
-                    if seen > self.max_body:
-                        await self._too_large(send_wrapper)
+                    if seen > limit:
+                        await self._too_large(send_wrapper, limit)
                         return
                     if not message.get("more_body", False):
                         break
@@ -177,8 +187,8 @@ class BodyLimitAndMetrics:
                 end = first_byte
             self.metrics.latency_of(method, path, str(status)).observe(end - start)
 
-    async def _too_large(self, send: Send) -> None:
-        headers, body = too_large(self.max_body)
+    async def _too_large(self, send: Send, limit: int) -> None:
+        headers, body = too_large(limit)
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -528,7 +528,7 @@ function refreshAll() {
       ...(state.me ? [] : [loadMe()]),
     ]);
     const rest = await Promise.allSettled([loadSummary(), loadOverrides(), loadAudit(),
-      loadRefusals(), loadSituations(), refreshPods()]);
+      loadRefusals(), loadSituations(), refreshPods(), loadDrift()]);
     const results = [...first, ...rest];
     const failures = results.filter((r) => r.status === "rejected").map((r) => r.reason);
     for (const err of failures) {
@@ -1159,6 +1159,27 @@ async function loadOverrides() {
     return;
   }
   renderOverrides(data.items || []);
+}
+
+/** Drift from the last applied overrides file (docs/gitops.md), beside the overrides'
+ *  count: how many resources differ from it now, and (on hover) who changed what by
+ *  hand since. Hidden when nothing differs, no file was applied, or the server is older. */
+async function loadDrift() {
+  const el = $("overrides-drift");
+  if (!el) return;
+  const drift = await apiIfServed("/v1/drift");
+  if (!drift || !drift.managed || !drift.drifted) {
+    el.hidden = true;
+    el.replaceChildren();
+    return;
+  }
+  const n = drift.resources.length;
+  const hands = (drift.hand_changes || []).map(
+    (c) => `${c.actor}: ${c.action} ${c.target}${c.note ? ` (${c.note})` : ""}`);
+  el.replaceChildren(`${n} ${n === 1 ? "differs" : "differ"} from overrides file rev `,
+    h("code", {}, drift.file_revision));
+  el.title = hands.length ? `Changed by hand since it was applied:\n${hands.join("\n")}` : "";
+  el.hidden = false;
 }
 
 function renderOverrides(items) {

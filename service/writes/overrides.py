@@ -5,7 +5,7 @@ written with its audit entry in one transaction (``service/writes/flow.py``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +15,7 @@ from mla_switchboard.core.schemas import Override, OverrideSpec, Rollout
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.fleet.reads import Proposal
+from mla_switchboard.service.gitops.managed import ManagedScopes
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
@@ -37,6 +38,8 @@ class OverrideWrites:
     previews: Previews
     flow: WriteFlow
     metrics: Metrics
+    managed: ManagedScopes = field(default_factory=ManagedScopes)
+    """Scopes a file synced in declarative mode owns: their writes are refused."""
 
     def put_override(
         self,
@@ -50,6 +53,8 @@ class OverrideWrites:
     ) -> Outcome:
         if not principal.may_touch(cluster):
             return out_of_scope(principal, cluster)
+        if (owned := self.managed.override(cluster)) is not None:
+            return Problem(409, owned)
         now = datetime.now(UTC)
         if spec.expires_at is not None and spec.expires_at <= now:
             return Problem(422, "expires_at is in the past", field=("body", "expires_at"))
@@ -98,6 +103,8 @@ class OverrideWrites:
     ) -> Outcome:
         if not principal.may_touch(cluster):
             return out_of_scope(principal, cluster)
+        if (owned := self.managed.override(cluster)) is not None:
+            return Problem(409, owned)
         if not any(o.cluster == cluster for o in self.live.current().overrides):
             self.live.reload()  # it may have been written on another replica just now
             if not any(o.cluster == cluster for o in self.live.current().overrides):

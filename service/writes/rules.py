@@ -4,12 +4,13 @@ revision within the writer's cluster scope (``scoped_merge``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mla_switchboard.core.schemas import RulesDocument
 from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.fleet.reads import Proposal
+from mla_switchboard.service.gitops.managed import ManagedScopes
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.reads.previews import Previews
@@ -24,6 +25,8 @@ class RulesWrites:
     live: LiveConfig
     previews: Previews
     flow: WriteFlow
+    managed: ManagedScopes = field(default_factory=ManagedScopes)
+    """The rules are refused to the console while a synced file declares them."""
 
     def put_rules(
         self,
@@ -35,6 +38,8 @@ class RulesWrites:
         note: str | None,
         key: IdempotencyKey | None,
     ) -> Outcome:
+        if (owned := self.managed.rules()) is not None:
+            return Problem(409, owned)
         if if_match is None and document.revision is not None:
             # the document says which revision it was read from: a stale one is a 412,
             # as with If-Match (a replica that had not seen another admin's change

@@ -172,6 +172,10 @@ def api_schema(fuzz_service: ThreadServer) -> schemathesis.BaseSchema:
             _keep_override_rules(body)
         elif case.path == "/v1/preview" and isinstance(body.get("override"), dict):
             _keep_override_rules(body["override"])
+        elif case.path in ("/v1/plan", "/v1/apply") and isinstance(body.get("file"), dict):
+            for spec in (body["file"].get("overrides") or {}).values():
+                if isinstance(spec, dict):
+                    _keep_override_rules(spec)
         elif case.method.upper() == "POST" and case.path == "/v1/measurements":
             _keep_figures_physical(body)
         elif case.path.endswith("/rollout") and body.get("action") != "promote":

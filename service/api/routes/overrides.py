@@ -93,7 +93,7 @@ def get_override(
 @router.put(
     "/{cluster}",
     summary="Create or replace a scope's override",
-    responses=error_responses(412, 413, 503),
+    responses=error_responses(409, 412, 413, 503),
 )
 def put_override(
     cluster: Scope,
@@ -114,7 +114,7 @@ def put_override(
 @router.delete(
     "/{cluster}",
     summary="Remove a scope's override",
-    responses=error_responses(404, 412, 503),
+    responses=error_responses(404, 409, 412, 503),
 )
 def delete_override(
     cluster: Scope,

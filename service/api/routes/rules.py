@@ -41,7 +41,7 @@ def get_rules(
 @router.put(
     "",
     summary="Replace the priority rules (accepts what GET returns)",
-    responses=error_responses(412, 413, 503),
+    responses=error_responses(409, 412, 413, 503),
 )
 def put_rules(
     document: RulesDocument,
