@@ -28,7 +28,6 @@ from mla_switchboard.service.fleet.expiry import PodExpiry
 from mla_switchboard.service.fleet.groups import Fleet
 from mla_switchboard.service.fleet.reads import FleetReads, ReadSettings
 from mla_switchboard.service.gitops.drift import Drift
-from mla_switchboard.service.gitops.managed import ManagedScopes
 from mla_switchboard.service.gitops.planning import OverridesAsCode
 from mla_switchboard.service.gitops.sync import FileSync
 from mla_switchboard.service.guard_notes import GuardNotes, rollouts_active
@@ -56,6 +55,7 @@ from mla_switchboard.service.throttle import FailureThrottle
 from mla_switchboard.service.workload_keys import IssuerKeys
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.flow import WriteFlow
+from mla_switchboard.service.writes.managed import ManagedScopes
 from mla_switchboard.service.writes.overrides import OverrideWrites
 from mla_switchboard.service.writes.rules import RulesWrites
 from mla_switchboard.service.writes.tokens import TokenWrites

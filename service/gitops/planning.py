@@ -17,7 +17,6 @@ from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.gitops.diff import Change, Diff, compare
 from mla_switchboard.service.gitops.document import OverridesFile, content_revision
-from mla_switchboard.service.gitops.managed import SYNC_ID, ManagedScopes
 from mla_switchboard.service.gitops.proposal import combined
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
@@ -27,6 +26,7 @@ from mla_switchboard.service.store.base import OutcomeUnknown
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.config_apply import OverrideWrite, Stale, apply_changes
 from mla_switchboard.service.writes.flow import WriteFlow, unknown
+from mla_switchboard.service.writes.managed import SYNC_ID, ManagedScopes
 
 AUDIT_CHANGES = 20
 """Preview rows an audit entry keeps per change (as a console write's does)."""

@@ -17,12 +17,12 @@ from pathlib import Path
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.gitops.document import OverridesFile, content_revision
 from mla_switchboard.service.gitops.lines import read_file
-from mla_switchboard.service.gitops.managed import SYNC_ID, ManagedScopes
 from mla_switchboard.service.gitops.planning import OverridesAsCode
 from mla_switchboard.service.gitops.report import text
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.outcomes import Done
 from mla_switchboard.service.periodic import Periodic
+from mla_switchboard.service.writes.managed import SYNC_ID, ManagedScopes
 from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger("switchboard.gitops")
@@ -76,7 +76,13 @@ class FileSync:
 
     def apply(self, document: OverridesFile, digest: str) -> None:
         revision = content_revision(document)
-        self.managed.own(self.path.name, revision, document, prune=self.prune)
+        self.managed.own(
+            self.path.name,
+            revision,
+            document.overrides,
+            rules=document.rules is not None,
+            prune=self.prune,
+        )
         principal = self.principal
         plan = self.service.plan(principal, document, prune=self.prune)
         if not isinstance(plan, Done):

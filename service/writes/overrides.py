@@ -15,7 +15,6 @@ from mla_switchboard.core.schemas import Override, OverrideSpec, Rollout
 from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.fleet.reads import Proposal
-from mla_switchboard.service.gitops.managed import ManagedScopes
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
@@ -29,6 +28,7 @@ from mla_switchboard.service.writes.flow import (
     out_of_scope,
     with_etag,
 )
+from mla_switchboard.service.writes.managed import ManagedScopes
 
 
 @dataclass(eq=False)

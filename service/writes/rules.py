@@ -10,13 +10,13 @@ from typing import Any
 from mla_switchboard.core.schemas import RulesDocument
 from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.fleet.reads import Proposal
-from mla_switchboard.service.gitops.managed import ManagedScopes
 from mla_switchboard.service.live import LiveConfig
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.reads.previews import Previews
 from mla_switchboard.service.state import rules_etag
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.writes.flow import IdempotencyKey, WriteFlow, with_etag
+from mla_switchboard.service.writes.managed import ManagedScopes
 
 
 @dataclass(eq=False)

@@ -5,9 +5,8 @@ hand change cannot be silently reverted at the file's next sync."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-from mla_switchboard.service.gitops.document import OverridesFile
 
 SYNC_ID = "file-sync"
 """The principal id of the declarative mode's file sync (the one writer it lets in)."""
@@ -25,15 +24,18 @@ class Owned:
 @dataclass(eq=False)
 class ManagedScopes:
     """Set by the file sync when it reads a file (``service/gitops/sync.py``); empty
-    when the service runs without one."""
+    when the service runs without one. Kept with the writes it refuses, so the writes
+    never depend on the declarative mode's package."""
 
     _owned: Owned | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
-    def own(self, name: str, revision: str, document: OverridesFile, *, prune: bool) -> None:
-        owned = Owned(
-            name, revision, frozenset(document.overrides), prune, document.rules is not None
-        )
+    def own(
+        self, name: str, revision: str, scopes: Iterable[str], *, rules: bool, prune: bool
+    ) -> None:
+        """The file ``name`` at ``revision`` now owns ``scopes`` (every scope with
+        ``prune``) and, with ``rules``, the rule set."""
+        owned = Owned(name, revision, frozenset(scopes), prune, rules)
         with self._lock:
             self._owned = owned
 
