@@ -7,6 +7,7 @@ emptied entry by entry after it."""
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -83,10 +84,19 @@ def test_overlapping_blocks_of_two_threads_resume_only_when_both_end() -> None:
 def test_what_survives_a_job_is_frozen() -> None:
     collector = Collector(thaw_every_s=1e9)
     before = gc.get_freeze_count()
-    with collector.paused():
-        kept = [[i] for i in range(1000)]  # lists are always tracked
+    # No other thread of this process (a test runner's, an app's) may run between the
+    # freeze and the count: with a long switch interval this thread keeps the GIL, as
+    # it does no I/O in between.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        with collector.paused():
+            kept = [[i] for i in range(1000)]  # lists are always tracked
+        young = gc.get_count()[0]
+    finally:
+        sys.setswitchinterval(interval)
     assert gc.get_freeze_count() >= before + 1000
-    assert gc.get_count()[0] < 100  # nothing young left for the next collection
+    assert young < 100  # nothing young left for the next collection
     del kept
 
 
