@@ -128,7 +128,7 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(service: ThreadServer) 
            f"prod-east: {spec['note']}"]  # fmt: skip
     assert 0 < staged < 120 and expected["changes"] == [
         {"cluster": "prod-east", "from": "FLASH_ATTN", "to": "FLASHINFER", "pods": staged,
-         "reasons": [{"pods": staged, "why": why}]}
+         "reasons": [{"pods": staged, "why": why, "exclusions": {}}]}
     ], expected  # fmt: skip
 
     with sync_playwright() as p:

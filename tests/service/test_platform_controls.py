@@ -374,7 +374,7 @@ class TestPreview:
             ]
             assert p["changes"] == [
                 {"cluster": "west", "from": "TRTLLM_RAGGED", "to": "FLASHINFER", "pods": 400,
-                 "reasons": [{"pods": 400, "why": why}]}
+                 "reasons": [{"pods": 400, "why": why, "exclusions": {}}]}
             ]  # fmt: skip
             assert p["clusters_affected"] == ["west"]
 
@@ -392,7 +392,7 @@ class TestPreview:
             ]
             assert p["changes"] == [
                 {"cluster": "east", "from": "FLASH_ATTN", "to": "CUDNN", "pods": 600,
-                 "reasons": [{"pods": 600, "why": why}]}
+                 "reasons": [{"pods": 600, "why": why, "exclusions": {}}]}
             ]  # fmt: skip
             assert c.get("/v1/rules").json()["revision"] == doc["revision"]
             assert c.get("/v1/audit", params={"action": "rules.replace"}).json()["items"] == []
@@ -481,7 +481,7 @@ class TestPreview:
             ]
             assert p["changes"] == [
                 {"cluster": "east", "from": "TORCH_SDPA", "to": "FLASH_ATTN", "pods": 600,
-                 "reasons": [{"pods": 600, "why": why}]}
+                 "reasons": [{"pods": 600, "why": why, "exclusions": {}}]}
             ]  # fmt: skip
             c.delete("/v1/overrides/east")
 
