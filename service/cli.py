@@ -56,6 +56,7 @@ def _settings() -> Settings | None:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from mla_switchboard.service.address import listen_problem
     from mla_switchboard.service.api.app import create_app
     from mla_switchboard.service.api.conn_events import ConnectionEvents
     from mla_switchboard.service.api.server import server_options, with_limits
@@ -65,6 +66,12 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings()
     if settings is None:
         return 2
+    # before the database is created or a first token printed: neither is any use if
+    # this service cannot listen (one already runs there)
+    problem = listen_problem(args.host, args.port)
+    if problem is not None:
+        print(f"switchboard: {problem}", file=sys.stderr)
+        return 1
     _protect(settings)
     log_config = _log_config()
     logging.config.dictConfig(log_config)

@@ -119,6 +119,29 @@ def test_bad_database_url_is_a_clear_error(tmp_path: Path) -> None:
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
+def test_a_second_serve_on_a_busy_port_creates_nothing(tmp_path: Path) -> None:
+    """A service already listens on the port: a second ``serve`` (another directory,
+    another database) says so and what to do before it creates a database or prints a
+    token the running service would not know."""
+    import socket
+
+    db = tmp_path / "elsewhere" / "sb.db"
+    db.parent.mkdir()
+    with socket.socket() as running:
+        running.bind(("127.0.0.1", 0))
+        running.listen()
+        port = running.getsockname()[1]
+        r = cli("serve", "--port", str(port), env=env_for(db), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in r.stderr
+    assert "another port (--port or SWITCHBOARD_PORT)" in r.stderr
+    assert f"http://127.0.0.1:{port}/" in r.stderr
+    assert TOKEN_RE.findall(r.stdout + r.stderr) == []
+    assert "Sign in" not in r.stderr
+    assert not db.exists()
+    assert list(db.parent.iterdir()) == []
+
+
 def test_service_does_not_import_torch() -> None:
     code = (
         "import sys, mla_switchboard.service.api.app, mla_switchboard.service.cli, "
