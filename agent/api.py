@@ -38,13 +38,18 @@ from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_o
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.pod import ModelSource, PodDescription, PodSpec, describe_pod
 from mla_switchboard.agent.settings import (
+    CLUSTER,
     DEADLINE,
+    POD,
     TOKEN,
     TOKEN_FILE,
     URL,
     AgentSettings,
     BearerToken,
+    bearer_of,
+    token_source_problem,
 )
+from mla_switchboard.agent.workload_token import is_workload_token
 from mla_switchboard.core.evaluator import SEED_RULES, Refusal, decide_locally
 from mla_switchboard.core.schemas import Candidate, EngineInfo, SelectRequest, SelectResponse
 from mla_switchboard.core.specs import Backend
@@ -223,16 +228,33 @@ def _local_answer(request: SelectRequest, source: str = "local-fallback") -> _An
     return _Answer(response.model_copy(update={"source": source}), None)
 
 
-def token_problem(exc: ServiceRefused, *, failing: bool = False) -> str:
+def token_problem(exc: ServiceRefused, *, failing: bool = False, token: BearerToken = None) -> str:
     """What a refused token means and how to fix it, for the pod's log; ``failing``
     (``--fail-on-auth-error``): the command exits 3 instead of booting on a fallback,
-    and the message says that, not what it would have done otherwise."""
-    if exc.status == 401:
+    and the message says that, not what it would have done otherwise. ``token``: what
+    was sent; an unreadable token file, or a pod's own service-account token, calls
+    for other advice than a static token does."""
+    unreadable = token_source_problem(token)
+    if unreadable is not None:
+        fix = (
+            f"{unreadable}: fix the path ({TOKEN_FILE} or --token-file; in a pod, the "
+            "projected token volume's mountPath and path, docs/security.md)"
+        )
+    elif exc.status == 401:
         fix = (
             f"set {TOKEN} (or --token) to an agent token "
             "(`switchboard token create --role agent --name <fleet>` on the service), or, "
             f"in a cluster with a workload issuer, {TOKEN_FILE} (or --token-file) to the "
             "pod's projected service-account token (docs/security.md)"
+        )
+    elif is_workload_token(bearer_of(token)):
+        fix = (
+            "the pod presented its own service-account token, which proves which pod it "
+            "is and, through its issuer, which clusters it may speak for; the service's "
+            "reason names what does not match: the pod's name (leave --pod and "
+            f"{POD} unset, and the agent takes it from the token) or the cluster (--cluster "
+            f"or {CLUSTER} must be one of the issuer's clusters in the service's "
+            "SWITCHBOARD_WORKLOAD_ISSUERS) (docs/security.md)"
         )
     else:
         fix = (
@@ -297,7 +319,7 @@ def decide(
                     exc.message, _candidates_of(exc.candidates), kind=exc.kind
                 ) from None
             if exc.about_the_token:
-                problem = token_problem(exc, failing=fail_on_auth_error)
+                problem = token_problem(exc, failing=fail_on_auth_error, token=token)
                 if fail_on_auth_error:
                     raise TokenRefused(problem) from None
                 notes.error(problem)
@@ -402,6 +424,9 @@ def select_backend(
     notes = Notes()
     url_list = _url_list(urls, settings)
     token = token if token is not None else settings.bearer
+    unreadable = token_source_problem(token)
+    if unreadable is not None:
+        notes.warn(unreadable)
     deadline = _deadline(deadline, settings)
     pod_description = describe_pod(spec, settings, notes)
     request = pod_description.request

@@ -12,6 +12,7 @@ import copy
 import logging.config
 import os
 import re
+import socket
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -345,12 +346,32 @@ def _health(args: argparse.Namespace) -> int:
     except urllib.error.HTTPError as exc:
         status = exc.code
     except OSError as exc:
-        print(f"switchboard health: {url}: {exc}", file=sys.stderr)
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        print(f"switchboard health: {_unanswered(url, reason, args)}", file=sys.stderr)
         return 1
     if status != 200:
         print(f"switchboard health: {url} answered {status}", file=sys.stderr)
         return 1
     return 0
+
+
+def _unanswered(url: str, reason: object, args: argparse.Namespace) -> str:
+    """Why nothing answered at ``url``, in words, and where to look next (urllib's own
+    text is ``<urlopen error [Errno 111] Connection refused>``)."""
+    if isinstance(reason, ConnectionRefusedError):
+        return (
+            f"connection refused at {url}: is the service running, and on port {args.port}? "
+            "(`switchboard serve` starts it; --port or SWITCHBOARD_PORT names the port)"
+        )
+    if isinstance(reason, TimeoutError):
+        return (
+            f"no answer from {url} within {args.timeout:g} s (--timeout): the service is "
+            "running but busy or stuck, or something else listens on the port"
+        )
+    if isinstance(reason, socket.gaierror):
+        return f"cannot find the host {args.host!r} of {url}: {reason.strerror} (--host)"
+    text = getattr(reason, "strerror", None) or str(reason)
+    return f"cannot reach {url}: {text}"
 
 
 def _environment_help(names: Sequence[str] | None = None) -> str:

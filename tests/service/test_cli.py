@@ -345,6 +345,18 @@ def test_one_version_everywhere(tmp_path: Path) -> None:
 # ---------------------------------------------------- SWITCHBOARD_PORT and health
 
 
+def test_health_says_in_words_what_failed(tmp_path: Path) -> None:
+    """Nothing listens: "connection refused at URL: is the service running", never
+    urllib's ``<urlopen error [Errno 111] ...>``."""
+    port = free_port()
+    r = cli("health", "--port", str(port), env=env_for(tmp_path / "sb.db"))
+    assert r.returncode == 1
+    assert f"connection refused at http://127.0.0.1:{port}/readyz" in r.stderr
+    assert "is the service running" in r.stderr and "urlopen" not in r.stderr
+    r = cli("health", "--host", "no-such-host.invalid", env=env_for(tmp_path / "sb.db"))
+    assert r.returncode == 1 and "cannot find the host 'no-such-host.invalid'" in r.stderr
+
+
 def test_serve_and_health_follow_switchboard_port(tmp_path: Path) -> None:
     """The container sets SWITCHBOARD_PORT once; `serve` listens there and `health`
     (its HEALTHCHECK) asks there, so changing the port cannot break the check."""
