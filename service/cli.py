@@ -523,8 +523,10 @@ def _add_token(sub: _Subparsers) -> argparse.ArgumentParser:
         nargs="*",
         default=None,
         metavar="GLOB",
-        help="limit an admin token to these cluster globs, e.g. 'prod-*' (each "
-        f"{_glob_rule()}); default: every cluster",
+        help="limit the token to these cluster globs, e.g. 'prod-*' (each "
+        f"{_glob_rule()}): any role: an agent token then selects and reports only "
+        "for pods of those clusters, a viewer token sees only them, an admin token "
+        "changes only theirs; default: every cluster",
     )
     create.add_argument(
         "--create",

@@ -286,7 +286,11 @@ def test_help_texts_describe_each_command_and_its_environment(tmp_path: Path) ->
         r = cli(*sub, "--help", env=env)
         assert r.returncode == 0
         assert "SWITCHBOARD_DATABASE_URL" in r.stdout, sub
-    assert "--create" in cli("token", "create", "--help", env=env).stdout
+    create = " ".join(cli("token", "create", "--help", env=env).stdout.split())
+    assert "--create" in create
+    # --clusters is every role's, the agent's included, not the admin's alone
+    assert "admin token to these" not in create
+    assert "any role: an agent token then selects and reports only for pods" in create
     top = cli("--help", env=env)
     for name in ("serve", "token", "health", "select", "bench"):
         assert name in top.stdout
