@@ -93,7 +93,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 1
     if runtime.bootstrap_token is None and runtime.store.tokens.count_tokens() == 0:
-        token = _create_token(runtime.store, name="initial-admin", role="admin", clusters=None)
+        token = _create_token(
+            runtime.store, name="initial-admin", role="admin", clusters=None, actor="serve"
+        )
         url = f"http://{args.host}:{args.port}/"
         print(
             "switchboard: first start, no token configured. Created an admin token; it is "
@@ -127,7 +129,12 @@ def proxy_options(settings: Settings) -> dict[str, Any]:
     return {"proxy_headers": True, "forwarded_allow_ips": ips}
 
 
-def _create_token(store: Store, *, name: str, role: str, clusters: list[str] | None) -> str:
+def _create_token(
+    store: Store, *, name: str, role: str, clusters: list[str] | None, actor: str = "cli"
+) -> str:
+    """A new token, its creator recorded as ``actor``: the command that made it (the
+    token list and the audit say "by serve" for the first admin token, "by cli" for
+    ``token create``)."""
     from mla_switchboard.service.auth import new_token
 
     token_id, token, secret_hash = new_token()
@@ -137,7 +144,7 @@ def _create_token(store: Store, *, name: str, role: str, clusters: list[str] | N
         role=role,
         clusters=clusters,
         secret_hash=secret_hash,
-        actor="cli",
+        actor=actor,
     )
     return token
 

@@ -79,6 +79,10 @@ def test_first_start_prints_an_admin_token_once(tmp_path: Path) -> None:
             json={"name": "dash", "role": "viewer"},
         )
         assert r.status_code == 201
+        # the audit (the console's log) says `serve` made the first token, not `cli`
+        log_items = httpx.get(f"http://127.0.0.1:{port}/v1/audit", headers=headers).json()
+        first = [e for e in log_items["items"] if e["target"] == "initial-admin"]
+        assert [e["actor"] for e in first] == ["serve"], first
     finally:
         proc.terminate()
         proc.wait(20)
