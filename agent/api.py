@@ -228,27 +228,32 @@ def _local_answer(request: SelectRequest, source: str = "local-fallback") -> _An
     return _Answer(response.model_copy(update={"source": source}), None)
 
 
-def token_problem(exc: ServiceRefused, *, failing: bool = False, token: BearerToken = None) -> str:
-    """What a refused token means and how to fix it, for the pod's log; ``failing``
-    (``--fail-on-auth-error``): the command exits 3 instead of booting on a fallback,
-    and the message says that, not what it would have done otherwise. ``token``: what
-    was sent; an unreadable token file, or a pod's own service-account token, calls
-    for other advice than a static token does."""
+def _token_fix(exc: ServiceRefused, token: BearerToken) -> str:
+    """How to fix what the service refused, by what was sent: no readable token file,
+    the pod's own service-account token (workload identity) or a static token."""
     unreadable = token_source_problem(token)
     if unreadable is not None:
-        fix = (
+        return (
             f"{unreadable}: fix the path ({TOKEN_FILE} or --token-file; in a pod, the "
             "projected token volume's mountPath and path, docs/security.md)"
         )
-    elif exc.status == 401:
-        fix = (
+    workload = is_workload_token(bearer_of(token))
+    if exc.status == 401 and workload:
+        return (
+            "the service rejected the pod's own service-account token for the reason it "
+            "gives: the projected volume's audience must be the one the service expects "
+            "(its issuer's audience in SWITCHBOARD_WORKLOAD_ISSUERS), and the token's "
+            "issuer one the service is configured for (docs/security.md)"
+        )
+    if exc.status == 401:
+        return (
             f"set {TOKEN} (or --token) to an agent token "
             "(`switchboard token create --role agent --name <fleet>` on the service), or, "
             f"in a cluster with a workload issuer, {TOKEN_FILE} (or --token-file) to the "
             "pod's projected service-account token (docs/security.md)"
         )
-    elif is_workload_token(bearer_of(token)):
-        fix = (
+    if workload:
+        return (
             "the pod presented its own service-account token, which proves which pod it "
             "is and, through its issuer, which clusters it may speak for; the service's "
             "reason names what does not match: the pod's name (leave --pod and "
@@ -256,11 +261,19 @@ def token_problem(exc: ServiceRefused, *, failing: bool = False, token: BearerTo
             f"or {CLUSTER} must be one of the issuer's clusters in the service's "
             "SWITCHBOARD_WORKLOAD_ISSUERS) (docs/security.md)"
         )
-    else:
-        fix = (
-            "give the pod a token with the agent role whose clusters include this pod's "
-            "cluster (`switchboard token create --role agent --clusters <glob>`)"
-        )
+    return (
+        "give the pod a token with the agent role whose clusters include this pod's "
+        "cluster (`switchboard token create --role agent --clusters <glob>`)"
+    )
+
+
+def token_problem(exc: ServiceRefused, *, failing: bool = False, token: BearerToken = None) -> str:
+    """What a refused token means and how to fix it, for the pod's log; ``failing``
+    (``--fail-on-auth-error``): the command exits 3 instead of booting on a fallback,
+    and the message says that, not what it would have done otherwise. ``token``: what
+    was sent; an unreadable token file, or a pod's own service-account token, calls
+    for other advice than a static token does."""
+    fix = _token_fix(exc, token)
     if failing:
         then = (
             "Stopping with exit code 3 (--fail-on-auth-error): no backend is chosen and "

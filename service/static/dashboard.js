@@ -1804,7 +1804,7 @@ async function startSession() {
     link.href = session.provider.login_url;
     link.hidden = false;
     // one primary action: the provider's; the token form is the way for scripts' tokens
-    $("signin-form").querySelector("button[type=submit]").classList.replace("btn-primary", "btn");
+    $("signin-form").querySelector("button[type=submit]").classList.remove("btn-primary");
   }
   if (session && session.person) {
     state.token = SESSION;

@@ -124,6 +124,11 @@ def test_a_refused_workload_token_gets_workload_advice(tmp_path: Path) -> None:
     assert "token create" not in advice
     assert "own service-account token" in advice and "SWITCHBOARD_POD" in advice
     assert "token create --role agent --clusters" in token_problem(mismatch, token="sb_static")
+    rejected = ServiceRefused(
+        401, {"message": "workload token rejected: wrong audience"}, "http://switchboard"
+    )
+    advice = token_problem(rejected, token=TokenFile(str(path)))
+    assert "token create" not in advice and "audience" in advice
     missing = ServiceRefused(401, {"message": "missing bearer token"}, "http://switchboard")
     advice = token_problem(missing, token=TokenFile("/nonexistent/token"))
     assert "cannot read the token file /nonexistent/token" in advice
