@@ -38,13 +38,18 @@ from mla_switchboard.agent.instantiate import KernelShape, build_kernel, build_o
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.pod import ModelSource, PodDescription, PodSpec, describe_pod
 from mla_switchboard.agent.settings import (
+    CLUSTER,
     DEADLINE,
+    POD,
     TOKEN,
     TOKEN_FILE,
     URL,
     AgentSettings,
     BearerToken,
+    bearer_of,
+    token_source_problem,
 )
+from mla_switchboard.agent.workload_token import is_workload_token
 from mla_switchboard.core.evaluator import SEED_RULES, Refusal, decide_locally
 from mla_switchboard.core.schemas import Candidate, EngineInfo, SelectRequest, SelectResponse
 from mla_switchboard.core.specs import Backend
@@ -223,22 +228,52 @@ def _local_answer(request: SelectRequest, source: str = "local-fallback") -> _An
     return _Answer(response.model_copy(update={"source": source}), None)
 
 
-def token_problem(exc: ServiceRefused, *, failing: bool = False) -> str:
-    """What a refused token means and how to fix it, for the pod's log; ``failing``
-    (``--fail-on-auth-error``): the command exits 3 instead of booting on a fallback,
-    and the message says that, not what it would have done otherwise."""
+def _token_fix(exc: ServiceRefused, token: BearerToken) -> str:
+    """How to fix what the service refused, by what was sent: no readable token file,
+    the pod's own service-account token (workload identity) or a static token."""
+    unreadable = token_source_problem(token)
+    if unreadable is not None:
+        return (
+            f"{unreadable}: fix the path ({TOKEN_FILE} or --token-file; in a pod, the "
+            "projected token volume's mountPath and path, docs/security.md)"
+        )
+    workload = is_workload_token(bearer_of(token))
+    if exc.status == 401 and workload:
+        return (
+            "the service rejected the pod's own service-account token for the reason it "
+            "gives: the projected volume's audience must be the one the service expects "
+            "(its issuer's audience in SWITCHBOARD_WORKLOAD_ISSUERS), and the token's "
+            "issuer one the service is configured for (docs/security.md)"
+        )
     if exc.status == 401:
-        fix = (
+        return (
             f"set {TOKEN} (or --token) to an agent token "
             "(`switchboard token create --role agent --name <fleet>` on the service), or, "
             f"in a cluster with a workload issuer, {TOKEN_FILE} (or --token-file) to the "
             "pod's projected service-account token (docs/security.md)"
         )
-    else:
-        fix = (
-            "give the pod a token with the agent role whose clusters include this pod's "
-            "cluster (`switchboard token create --role agent --clusters <glob>`)"
+    if workload:
+        return (
+            "the pod presented its own service-account token, which proves which pod it "
+            "is and, through its issuer, which clusters it may speak for; the service's "
+            "reason names what does not match: the pod's name (leave --pod and "
+            f"{POD} unset, and the agent takes it from the token) or the cluster (--cluster "
+            f"or {CLUSTER} must be one of the issuer's clusters in the service's "
+            "SWITCHBOARD_WORKLOAD_ISSUERS) (docs/security.md)"
         )
+    return (
+        "give the pod a token with the agent role whose clusters include this pod's "
+        "cluster (`switchboard token create --role agent --clusters <glob>`)"
+    )
+
+
+def token_problem(exc: ServiceRefused, *, failing: bool = False, token: BearerToken = None) -> str:
+    """What a refused token means and how to fix it, for the pod's log; ``failing``
+    (``--fail-on-auth-error``): the command exits 3 instead of booting on a fallback,
+    and the message says that, not what it would have done otherwise. ``token``: what
+    was sent; an unreadable token file, or a pod's own service-account token, calls
+    for other advice than a static token does."""
+    fix = _token_fix(exc, token)
     if failing:
         then = (
             "Stopping with exit code 3 (--fail-on-auth-error): no backend is chosen and "
@@ -297,7 +332,7 @@ def decide(
                     exc.message, _candidates_of(exc.candidates), kind=exc.kind
                 ) from None
             if exc.about_the_token:
-                problem = token_problem(exc, failing=fail_on_auth_error)
+                problem = token_problem(exc, failing=fail_on_auth_error, token=token)
                 if fail_on_auth_error:
                     raise TokenRefused(problem) from None
                 notes.error(problem)
@@ -402,6 +437,9 @@ def select_backend(
     notes = Notes()
     url_list = _url_list(urls, settings)
     token = token if token is not None else settings.bearer
+    unreadable = token_source_problem(token)
+    if unreadable is not None:
+        notes.warn(unreadable)
     deadline = _deadline(deadline, settings)
     pod_description = describe_pod(spec, settings, notes)
     request = pod_description.request

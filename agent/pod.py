@@ -22,7 +22,8 @@ from mla_switchboard.agent.errors import BadInputError
 from mla_switchboard.agent.model_config import ModelDims, read_model
 from mla_switchboard.agent.notes import Notes
 from mla_switchboard.agent.probe import DeviceProbe, probe_device, probe_packages
-from mla_switchboard.agent.settings import CLUSTER, AgentSettings
+from mla_switchboard.agent.settings import CLUSTER, AgentSettings, TokenFile
+from mla_switchboard.agent.workload_token import pod_name_of
 from mla_switchboard.core.names import cluster_name_problem
 from mla_switchboard.core.schemas import DeviceInfo, EngineInfo, ModelInfo, SelectRequest
 from mla_switchboard.core.specs import Backend, Dtype, parse_backend
@@ -253,7 +254,7 @@ def describe_pod(
         request = SelectRequest(
             cluster=cluster,
             node=spec.node or settings.node,
-            pod=spec.pod or settings.pod or socket.gethostname() or None,
+            pod=spec.pod or settings.pod or _own_pod_name(settings) or socket.gethostname() or None,
             device=DeviceInfo(name=device.name, capability=device.capability),
             model=ModelInfo(**{f: getattr(dims, f) for f in ModelInfo.model_fields}),
             dtype=model_dtype,
@@ -265,3 +266,11 @@ def describe_pod(
     except ValidationError as exc:
         raise BadInputError(f"invalid pod description: {_validation_message(exc)}") from None
     return PodDescription(request=request, model=dims, device=device, pretend=spec.pretend)
+
+
+def _own_pod_name(settings: AgentSettings) -> str | None:
+    """The pod the token file's projected service-account token is bound to: the
+    name the service will hold this pod to, where the hostname may differ (a pod on the
+    host network has its node's). Read unverified, only to name itself."""
+    source = settings.bearer
+    return pod_name_of(source()) if isinstance(source, TokenFile) else None

@@ -57,7 +57,8 @@ ENVIRONMENT = {
     f"{TOKEN} when it cannot be read",
     CLUSTER: "cluster name (default of --cluster)",
     NODE: "node name (default of --node)",
-    POD: "pod name (default of --pod; else the hostname)",
+    POD: "pod name (default of --pod; else the pod the token file's service-account token "
+    "names, else the hostname)",
     ENGINE: "serving engine, as --engine (default: detected)",
     DEADLINE: f"seconds for the decision (select's default of --deadline: {DEFAULT_DEADLINE_S:g})",
     CACHE_DIR: "answer cache (default of --cache-dir)",
@@ -81,11 +82,37 @@ class TokenFile:
     fallback: str | None = None
 
     def __call__(self) -> str | None:
+        text, _ = self._read()
+        return text or self.fallback
+
+    def problem(self) -> str | None:
+        """Why the file gives no token now, which file, and what is sent instead; None
+        when it gives one. Said on the pod's log: a mistyped path would otherwise
+        surface only as the service's "missing bearer token"."""
+        text, why = self._read()
+        if text:
+            return None
+        instead = f"sending {TOKEN} (or --token) instead" if self.fallback else "sending no token"
+        return (
+            f"cannot read the token file {self.path} (--token-file or {TOKEN_FILE}): "
+            f"{why}; {instead}"
+        )
+
+    def _read(self) -> tuple[str, str]:
+        """(the file's token, or "" and why there is none)."""
         try:
             text = Path(self.path).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            return self.fallback
-        return text or self.fallback
+        except OSError as exc:
+            return "", exc.strerror or type(exc).__name__
+        except UnicodeDecodeError:
+            return "", "it is not UTF-8 text"
+        return (text, "") if text else ("", "it is empty")
+
+
+def token_source_problem(token: BearerToken) -> str | None:
+    """What is wrong with where the token comes from (an unreadable token file); None
+    for a static token or none at all."""
+    return token.problem() if isinstance(token, TokenFile) else None
 
 
 def bearer_of(token: BearerToken) -> str | None:

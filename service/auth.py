@@ -205,15 +205,19 @@ def identity_problem(
         scope = ", ".join(identity.clusters)
         return Problem(
             403,
-            f"cluster: the token of {principal.name} is issued for clusters {scope}; "
-            f"not {cluster!r}",
+            f"cluster: the service-account token of {principal.name} comes from an issuer "
+            f"configured for clusters {scope}, not {cluster!r}. Give the agent the pod's "
+            "own cluster (--cluster or SWITCHBOARD_CLUSTER), or, if this issuer does serve "
+            f"{cluster!r}, add it to the issuer's clusters in SWITCHBOARD_WORKLOAD_ISSUERS",
             extra={"field": "cluster"},
         )
     if pod is not None and pod != identity.pod:
         return Problem(
             403,
-            f"pod: the token is pod {identity.pod!r}'s; a pod reports only as itself, "
-            f"not as {pod!r}",
+            f"pod: the service-account token was issued to pod {identity.pod!r}, and a "
+            f"pod reports only as itself, not as {pod!r}. Leave --pod and SWITCHBOARD_POD "
+            "unset (the agent then takes the pod's name from its token), or set "
+            "SWITCHBOARD_POD from the pod's metadata.name (the downward API)",
             extra={"field": "pod"},
         )
     return None

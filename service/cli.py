@@ -13,6 +13,7 @@ import copy
 import logging.config
 import os
 import re
+import socket
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -58,6 +59,7 @@ def _settings() -> Settings | None:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from mla_switchboard.service.address import listen_problem
     from mla_switchboard.service.api.app import create_app
     from mla_switchboard.service.api.conn_events import ConnectionEvents
     from mla_switchboard.service.api.server import server_options, with_limits
@@ -67,6 +69,12 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings()
     if settings is None:
         return 2
+    # before the database is created or a first token printed: neither is any use if
+    # this service cannot listen (one already runs there)
+    problem = listen_problem(args.host, args.port)
+    if problem is not None:
+        print(f"switchboard: {problem}", file=sys.stderr)
+        return 1
     _protect(settings)
     log_config = _log_config()
     logging.config.dictConfig(log_config)
@@ -87,7 +95,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 1
     if runtime.bootstrap_token is None and runtime.store.tokens.count_tokens() == 0:
-        token = _create_token(runtime.store, name="initial-admin", role="admin", clusters=None)
+        token = _create_token(
+            runtime.store, name="initial-admin", role="admin", clusters=None, actor="serve"
+        )
         url = f"http://{args.host}:{args.port}/"
         print(
             "switchboard: first start, no token configured. Created an admin token; it is "
@@ -121,7 +131,12 @@ def proxy_options(settings: Settings) -> dict[str, Any]:
     return {"proxy_headers": True, "forwarded_allow_ips": ips}
 
 
-def _create_token(store: Store, *, name: str, role: str, clusters: list[str] | None) -> str:
+def _create_token(
+    store: Store, *, name: str, role: str, clusters: list[str] | None, actor: str = "cli"
+) -> str:
+    """A new token, its creator recorded as ``actor``: the command that made it (the
+    token list and the audit say "by serve" for the first admin token, "by cli" for
+    ``token create``)."""
     from mla_switchboard.service.auth import new_token
 
     token_id, token, secret_hash = new_token()
@@ -131,7 +146,7 @@ def _create_token(store: Store, *, name: str, role: str, clusters: list[str] | N
         role=role,
         clusters=clusters,
         secret_hash=secret_hash,
-        actor="cli",
+        actor=actor,
     )
     return token
 
@@ -340,12 +355,32 @@ def _health(args: argparse.Namespace) -> int:
     except urllib.error.HTTPError as exc:
         status = exc.code
     except OSError as exc:
-        print(f"switchboard health: {url}: {exc}", file=sys.stderr)
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        print(f"switchboard health: {_unanswered(url, reason, args)}", file=sys.stderr)
         return 1
     if status != 200:
         print(f"switchboard health: {url} answered {status}", file=sys.stderr)
         return 1
     return 0
+
+
+def _unanswered(url: str, reason: object, args: argparse.Namespace) -> str:
+    """Why nothing answered at ``url``, in words, and where to look next (urllib's own
+    text is ``<urlopen error [Errno 111] Connection refused>``)."""
+    if isinstance(reason, ConnectionRefusedError):
+        return (
+            f"connection refused at {url}: is the service running, and on port {args.port}? "
+            "(`switchboard serve` starts it; --port or SWITCHBOARD_PORT names the port)"
+        )
+    if isinstance(reason, TimeoutError):
+        return (
+            f"no answer from {url} within {args.timeout:g} s (--timeout): the service is "
+            "running but busy or stuck, or something else listens on the port"
+        )
+    if isinstance(reason, socket.gaierror):
+        return f"cannot find the host {args.host!r} of {url}: {reason.strerror} (--host)"
+    text = getattr(reason, "strerror", None) or str(reason)
+    return f"cannot reach {url}: {text}"
 
 
 def _environment_help(names: Sequence[str] | None = None) -> str:
@@ -498,8 +533,10 @@ def _add_token(sub: _Subparsers) -> argparse.ArgumentParser:
         nargs="*",
         default=None,
         metavar="GLOB",
-        help="limit an admin token to these cluster globs, e.g. 'prod-*' (each "
-        f"{_glob_rule()}); default: every cluster",
+        help="limit the token to these cluster globs, e.g. 'prod-*' (each "
+        f"{_glob_rule()}): any role: an agent token then selects and reports only "
+        "for pods of those clusters, a viewer token sees only them, an admin token "
+        "changes only theirs; default: every cluster",
     )
     create.add_argument(
         "--create",

@@ -17,7 +17,7 @@ from typing import Any
 from mla_switchboard.agent.bench.plan import BenchPlan
 from mla_switchboard.agent.bench.run import BenchOutcome
 from mla_switchboard.agent.notes import log
-from mla_switchboard.agent.settings import BearerToken
+from mla_switchboard.agent.settings import BearerToken, token_source_problem
 from mla_switchboard.core.schemas import MeasurementReport
 
 __all__ = [
@@ -131,6 +131,9 @@ def deliver(
         return ReportStatus(False, NOTHING_MEASURED)
     if no_report:
         return ReportStatus(False, NOT_REQUESTED)
+    unreadable = token_source_problem(token)
+    if unreadable is not None:
+        log.warning("bench: %s", unreadable)
     status = _post(report, urls, token, deadline_s)
     if status.posted:
         log.info(

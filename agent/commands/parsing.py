@@ -172,7 +172,11 @@ def add_pod_arguments(parser: argparse.ArgumentParser) -> None:
         what.add_argument(f"--{flag}", type=int, metavar="N", help="override the config")
     what.add_argument("--model-name", help="model name sent to the service (overrides match it)")
     what.add_argument("--node", help=f"node name (default: ${NODE})")
-    what.add_argument("--pod", help=f"pod name (default: ${POD}, else the hostname)")
+    what.add_argument(
+        "--pod",
+        help=f"pod name (default: ${POD}, else the pod the --token-file's service-account "
+        "token names, else the hostname)",
+    )
     what.add_argument("--engine", type=_engine, metavar="NAME[==VERSION]", help=_engine_help())
 
 

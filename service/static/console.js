@@ -211,7 +211,8 @@ function previewView(p, { staged = false, verb = "change backend" } = {}) {
     parts.push(h("div", { class: "table-wrap" }, h("table", { class: "table preview-table" },
       h("thead", {}, h("tr", {},
         h("th", { scope: "col" }, "Cluster"), h("th", { scope: "col" }, "From"),
-        h("th", { scope: "col", "aria-label": "to" }, ""), h("th", { scope: "col" }, "To"),
+        h("th", { scope: "col" }, h("span", { class: "sr-only" }, "to")),
+        h("th", { scope: "col" }, "To"),
         h("th", { scope: "col", class: "num" }, "Pods"))),
       h("tbody", {}, changes.map((c) => [
         h("tr", { class: "change", "data-cluster": c.cluster, "data-from": c.from,

@@ -415,7 +415,18 @@ function showSignin(message) {
   const input = $("token-input");
   input.value = "";
   input.setAttribute("aria-invalid", message ? "true" : "false");
-  input.focus();
+  // with an identity provider, signing in through it is the way most people take
+  const provider = $("oidc-signin");
+  (provider.hidden ? input : provider).focus();
+}
+
+/** After signing in, the form that held the focus is gone: the focus goes to the first
+ *  skip link, so that the next Tab starts at the top of the page (the skip links, then
+ *  the console) as after a reload, not on the page body past them. */
+function focusFirstStop() {
+  const first = document.querySelector(".skip-links a");
+  if (first) first.focus();
+  else $("app").focus();
 }
 
 function showApp() {
@@ -484,6 +495,7 @@ async function signIn(event) {
     await loadMe().catch(() => null); // no controls until the service says what it may do
     sessionStorage.setItem(TOKEN_KEY, token);
     start(summary);
+    focusFirstStop();
   } catch (err) {
     state.token = null;
     if (!handleAuthError(err)) {
@@ -1073,11 +1085,12 @@ function renderDecision(d) {
 
   const overrides = answer.overrides || [];
   if (overrides.length) {
+    const applied = overrides.filter((o) => o.effect !== "none");
     parts.push(
-      h("h3", {}, "Overrides that applied"),
+      h("h3", {}, applied.length === overrides.length ? "Overrides that applied" : "Overrides"),
       h("ul", { class: "messages", id: "decision-overrides" },
-        overrides.map((o) => h("li", {},
-          h("strong", {}, scopeText(o.cluster)), ": ", o.effect ?? "",
+        overrides.map((o) => h("li", { "data-applied": String(o.effect !== "none") },
+          h("strong", {}, scopeText(o.cluster)), ": ", overrideEffect(o),
           o.note ? h("span", { class: "muted" }, ` — “${o.note}”`) : null))),
     );
   }
@@ -1119,6 +1132,16 @@ function renderDecision(d) {
     );
   }
   return h("div", { class: "decision" }, parts);
+}
+
+/** What an override did to a decision, in words: its effect ("force X"), or, for one
+ *  that touched it without applying (the service's effect "none"), why not. */
+function overrideEffect(o) {
+  if (o.effect !== "none") return o.effect ?? "";
+  const r = o.rollout;
+  if (r && r.state === "halted") return "not applied: its rollout is halted";
+  if (r && r.in_stage === false) return `not applied: this pod is outside its ${r.percent} % stage`;
+  return "not applied to this pod";
 }
 
 /** A one-line text for an object of unknown shape (failures, audit before/after). */
@@ -1188,6 +1211,7 @@ function renderOverrides(items) {
   state.activeOverrides = active.length;
   state.overrides = items;
   renderRollouts(); // its rows name each override's effect
+  renderSituations(); // they cite the measured policy only while an override sets it
   if (state.summary) renderChart(); // its marks follow the overrides
   const kpi = $("kpi-overrides");
   if (kpi) kpi.textContent = fmtCount(active.length);
@@ -1598,6 +1622,7 @@ function situationText(g) {
 
 function renderSituations() {
   showExcludedCard();
+  renderExcludedLead();
   const groups = state.situations;
   if (!groups.length) {
     $("situations").replaceChildren();
@@ -1612,8 +1637,26 @@ function renderSituations() {
             ` ${plural(g.failures, "pod")} reported failures`),
           clearButton(g)), // console.js: unrestricted admins only
         h("p", { class: "situation-what small" }, situationText(g)),
-        g.excluded ? h("p", { class: "excluded-reason" }, g.excluded) : null))),
+        g.excluded ? h("p", { class: "excluded-reason" }, measuredCited(g.excluded)) : null))),
   );
+}
+
+/** Whether some override (a cluster's or the fleet's) sets the measured policy: only
+ *  there do failure reports rule a backend out. */
+function measuredInUse() {
+  return state.overrides.some((o) => o.policy === "measured" && !isExpired(o, Date.now()));
+}
+
+/** A situation's exclusion text, citing "(measured policy)" only while a cluster uses
+ *  it; the card's lead says which of the two it is. */
+function measuredCited(text) {
+  return measuredInUse() ? text : String(text).replace(" (measured policy)", "");
+}
+
+function renderExcludedLead() {
+  $("excluded-lead").textContent = measuredInUse()
+    ? "Per cluster: backends that reported failures rule out under the measured policy, and why."
+    : "Backends pods reported failures of, per situation. No cluster's policy rules them out now.";
 }
 
 // ---------------------------------------------------------------- refused selects
@@ -1781,6 +1824,8 @@ async function startSession() {
     link.textContent = `Sign in with ${session.provider.name}`;
     link.href = session.provider.login_url;
     link.hidden = false;
+    // one primary action: the provider's; the token form is the way for scripts' tokens
+    $("signin-form").querySelector("button[type=submit]").classList.remove("btn-primary");
   }
   if (session && session.person) {
     state.token = SESSION;

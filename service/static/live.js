@@ -35,6 +35,8 @@ const live = {
   debounce: null,
   again: false,
   notAnswering: false,
+  silentSince: null, // when the request the service has left unanswered was sent
+  silenceTimer: null, // counts the banner's "has not answered for N s" up
   lastFullRead: 0,
   countsAt: 0,
   parts: {}, // pending reads of one panel, by name
@@ -66,17 +68,36 @@ async function timedFetch(path, init, limitMs = READ_LIMIT_MS) {
   }
 }
 
-/** The banner's text for a request that timed out, with a Retry button. */
+/** The banner's text for a request that timed out, with a Retry button. How long the
+ *  service has been silent counts up each second (``tickSilence``); a screen reader,
+ *  to which the banner is a live region, hears "for a while" once instead of a number
+ *  every second. */
 function slowFailure(since) {
   const retry = h("button", { type: "button", class: "btn", id: "banner-retry" }, "Retry");
   retry.addEventListener("click", () => refreshAll());
-  return [`The service has not answered for ${SLOW_MS / 1000} s \u2014 retrying every ` +
-    `${REFRESH_MS / 1000} s.`, ...since, " ", retry];
+  return ["The service has not answered for ",
+    h("span", { id: "banner-silent", "aria-hidden": "true" }, `${silentSeconds()} s`),
+    h("span", { class: "sr-only" }, "a while"),
+    ` \u2014 retrying every ${REFRESH_MS / 1000} s.`, ...since, " ", retry];
+}
+
+/** Whole seconds since the request the service left unanswered was sent. */
+function silentSeconds() {
+  const since = live.silentSince ?? Date.now() - SLOW_MS;
+  return Math.max(SLOW_MS, Date.now() - since) / 1000 | 0;
+}
+
+function tickSilence() {
+  const el = document.getElementById("banner-silent");
+  if (el) el.textContent = `${silentSeconds()} s`;
 }
 
 function setAnswering(yes) {
   if (live.notAnswering === !yes) return;
   live.notAnswering = !yes;
+  clearInterval(live.silenceTimer);
+  live.silentSince = yes ? null : Date.now() - SLOW_MS;
+  if (!yes) live.silenceTimer = setInterval(tickSilence, 1000);
   if (!yes && state.token) showBanner(slowFailure(state.lastUpdated
     ? [" Showing data loaded ", timeEl(state.lastUpdated.toISOString()), "."] : []));
   renderUpdated();

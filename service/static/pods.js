@@ -257,7 +257,8 @@ function podTable(items) {
   return h("div", { class: "table-wrap pods-wrap" },
     h("table", { class: "table pods-table", id: "pods" },
       h("colgroup", {}, heads.map(([, c]) => h("col", { class: c }))),
-      h("thead", {}, h("tr", {}, heads.map(([t, c]) => h("th", { scope: "col", class: c }, t)))),
+      h("thead", {}, h("tr", {}, heads.map(([t, c]) => h("th", { scope: "col", class: c },
+        t || h("span", { class: "sr-only" }, "Actions"))))),
       h("tbody", {}, rows)));
 }
 

@@ -276,6 +276,23 @@ def test_a_refused_token_message_says_what_happens(
     assert "boots on" not in err
 
 
+def test_an_unreadable_token_file_is_named_not_sent_silently(
+    svc_args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--token-file`` with a mistyped path: stderr names the file and why it cannot
+    be read, before and in the service's refusal, not only "missing bearer token"."""
+    monkeypatch.delenv("SWITCHBOARD_TOKEN")
+    argv = ["--model", DSV3, *svc_args, *B200, "--no-cache", "--fail-on-auth-error"]
+    code, out, err = _run([*argv, "--token-file", "/nonexistent/token"], capsys)
+    assert (code, out) == (3, "")
+    said = (
+        "cannot read the token file /nonexistent/token (--token-file or "
+        "SWITCHBOARD_TOKEN_FILE): No such file or directory; sending no token"
+    )
+    assert err.count(said) == 2, err  # as a warning first, then as the refusal's cause
+    assert "fix the path" in err and "HTTP 401" in err
+
+
 def test_the_token_can_be_given_as_a_flag(
     svc_args: list[str],
     agent_service: Any,

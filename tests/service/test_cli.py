@@ -79,6 +79,10 @@ def test_first_start_prints_an_admin_token_once(tmp_path: Path) -> None:
             json={"name": "dash", "role": "viewer"},
         )
         assert r.status_code == 201
+        # the audit (the console's log) says `serve` made the first token, not `cli`
+        log_items = httpx.get(f"http://127.0.0.1:{port}/v1/audit", headers=headers).json()
+        first = [e for e in log_items["items"] if e["target"] == "initial-admin"]
+        assert [e["actor"] for e in first] == ["serve"], first
     finally:
         proc.terminate()
         proc.wait(20)
@@ -117,6 +121,29 @@ def test_bad_database_url_is_a_clear_error(tmp_path: Path) -> None:
     env["SWITCHBOARD_DATABASE_URL"] = f"sqlite:///{tmp_path}/missing/dir/sb.db"
     r = cli("serve", "--port", str(free_port()), env=env)
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_a_second_serve_on_a_busy_port_creates_nothing(tmp_path: Path) -> None:
+    """A service already listens on the port: a second ``serve`` (another directory,
+    another database) says so and what to do before it creates a database or prints a
+    token the running service would not know."""
+    import socket
+
+    db = tmp_path / "elsewhere" / "sb.db"
+    db.parent.mkdir()
+    with socket.socket() as running:
+        running.bind(("127.0.0.1", 0))
+        running.listen()
+        port = running.getsockname()[1]
+        r = cli("serve", "--port", str(port), env=env_for(db), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in r.stderr
+    assert "another port (--port or SWITCHBOARD_PORT)" in r.stderr
+    assert f"http://127.0.0.1:{port}/" in r.stderr
+    assert TOKEN_RE.findall(r.stdout + r.stderr) == []
+    assert "Sign in" not in r.stderr
+    assert not db.exists()
+    assert list(db.parent.iterdir()) == []
 
 
 def test_service_does_not_import_torch() -> None:
@@ -263,7 +290,11 @@ def test_help_texts_describe_each_command_and_its_environment(tmp_path: Path) ->
         r = cli(*sub, "--help", env=env)
         assert r.returncode == 0
         assert "SWITCHBOARD_DATABASE_URL" in r.stdout, sub
-    assert "--create" in cli("token", "create", "--help", env=env).stdout
+    create = " ".join(cli("token", "create", "--help", env=env).stdout.split())
+    assert "--create" in create
+    # --clusters is every role's, the agent's included, not the admin's alone
+    assert "admin token to these" not in create
+    assert "any role: an agent token then selects and reports only for pods" in create
     top = cli("--help", env=env)
     for name in ("serve", "token", "health", "select", "bench"):
         assert name in top.stdout
@@ -320,6 +351,18 @@ def test_one_version_everywhere(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------- SWITCHBOARD_PORT and health
+
+
+def test_health_says_in_words_what_failed(tmp_path: Path) -> None:
+    """Nothing listens: "connection refused at URL: is the service running", never
+    urllib's ``<urlopen error [Errno 111] ...>``."""
+    port = free_port()
+    r = cli("health", "--port", str(port), env=env_for(tmp_path / "sb.db"))
+    assert r.returncode == 1
+    assert f"connection refused at http://127.0.0.1:{port}/readyz" in r.stderr
+    assert "is the service running" in r.stderr and "urlopen" not in r.stderr
+    r = cli("health", "--host", "no-such-host.invalid", env=env_for(tmp_path / "sb.db"))
+    assert r.returncode == 1 and "cannot find the host 'no-such-host.invalid'" in r.stderr
 
 
 def test_serve_and_health_follow_switchboard_port(tmp_path: Path) -> None:

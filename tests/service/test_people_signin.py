@@ -238,6 +238,11 @@ def test_console_sign_in_in_chromium(service: ServiceProcess, provider: Provider
             page.goto(service.url + "/")
             link = page.locator("#oidc-signin")
             expect(link).to_have_text("Sign in with Mock IdP")
+            # the provider's is the one primary action, and it holds the focus
+            expect(link).to_be_focused()
+            expect(link).to_have_class("btn btn-primary")
+            submit = page.locator("#signin-form button[type=submit]")
+            expect(submit).not_to_have_class("btn btn-primary")
             link.click()
             page.locator('input[name="sub"]').first.fill("fay-sub")
             page.locator('input[name="sub"]').first.press("Enter")
@@ -258,6 +263,7 @@ def test_console_sign_in_in_chromium(service: ServiceProcess, provider: Provider
             expect(page.locator("#signin")).to_be_visible()
             page.reload()
             expect(page.locator("#oidc-signin")).to_be_visible()
+            expect(page.locator("#oidc-signin")).to_be_focused()
             expect(page.locator("#app")).to_be_hidden()
             # the provider's own page loads its CSS from a CDN this machine cannot reach
             assert [e for e in errors if provider.url not in e and "cdn." not in e] == []

@@ -119,6 +119,10 @@ def test_a_pod_claiming_another_pods_name_is_refused(
     r = select_door.post("/v1/select", json=select_body(pod="serve-2"), headers=bearer(token))
     assert r.status_code == 403, r.text
     assert r.json()["detail"]["field"] == "pod" and "serve-2" in r.json()["detail"]["message"]
+    # workload-identity advice, names quoted whole (no "'serve-1''s")
+    message = r.json()["detail"]["message"]
+    assert "issued to pod 'serve-1'" in message and "''" not in message
+    assert "SWITCHBOARD_POD" in message and "token create" not in message
     ok = select_door.post("/v1/select", json=select_body(pod="serve-1"), headers=bearer(token))
     assert ok.status_code == 200, ok.text
 
@@ -131,6 +135,9 @@ def test_a_pod_outside_its_issuers_clusters_is_refused(
     )
     assert r.status_code == 403, r.text
     assert r.json()["detail"]["field"] == "cluster"
+    message = r.json()["detail"]["message"]
+    assert "not 'dev-1'" in message and "SWITCHBOARD_WORKLOAD_ISSUERS" in message
+    assert "token create" not in message and "''" not in message
 
 
 def test_a_pod_of_an_unbound_service_account_is_403(
