@@ -5,7 +5,8 @@
 
 For each SGLang release that has ``--prefill-attention-backend`` (0.4.9.post5 is the
 first: ``pip download`` of 0.4.9.post4 and older shows no such flag), the wheel is
-downloaded once into ``~/.cache/switchboard-engines/sglang`` and its Python sources are
+downloaded once into ``~/.cache/switchboard-engines/sglang`` (``$SWITCHBOARD_ENGINE_CACHE``
+moves it) and its Python sources are
 extracted. Then, per release, in a subprocess (``_sglang_worker``) with torch, CUDA and
 the kernels stubbed:
 
@@ -74,8 +75,9 @@ from mla_switchboard.core.engine_rules.sglang import (
 from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS
 
 from tools.engine_profiles import TABLES
+from tools.engine_profiles.cache import cache_root, cache_summary
 
-CACHE = Path.home() / ".cache" / "switchboard-engines" / "sglang"
+CACHE = cache_root() / "sglang"
 FLASHINFER_CACHE = CACHE.parent / "flashinfer"
 BUILD_DEPS = CACHE.parent / "builddeps"
 """What ``pip download`` needs to read an old FlashInfer sdist's metadata (0.3 to 0.4
@@ -803,6 +805,7 @@ def main(argv: list[str] | None = None) -> int:
                 differ.append(version)
             continue
         path.write_text(dump(table))
+    print(cache_summary(), flush=True)
     return 1 if differ else 0
 
 
