@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 VLLM_PREFILL_FLAG = EngineFlag(option="--attention-config.mla_prefill_backend", joined=True)
-"""What releases 0.21.0 to 0.33.0 parse into ``AttentionConfig.mla_prefill_backend``: each
+"""What releases 0.21.0 to 0.34.0 parse into ``AttentionConfig.mla_prefill_backend``: each
 table records its own release's ``EngineArgs`` parser taking it (and 0.20.2's refusing
 it); no environment variable is read."""
 
@@ -151,7 +151,7 @@ VLLM_RANGES: tuple[VllmRange, ...] = (
     VllmRange(
         since=(0, 30, 0),
         until=None,
-        releases=("0.30.0", "0.31.0", "0.32.0", "0.33.0"),
+        releases=("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"),
         backends={
             Backend.FLASH_ATTN: VllmBackendRule(dims=_FA_DIMS_0_30),
             **_R1_ONLY_BACKENDS,

@@ -377,8 +377,10 @@ def test_each_range_resolves_from_its_first_to_its_last_release() -> None:
             assert profile.notes(version) == []
 
 
-@pytest.mark.parametrize("version", ["0.40.0", "1.0", "0.33.1"])
+@pytest.mark.parametrize("version", ["0.35.0", "0.40.0", "1.0", "0.33.1"])
 def test_an_unknown_newer_release_gets_the_newest_rules_and_is_told(version: str) -> None:
+    """A release newer than every table is answered, with the newest range's rules and
+    flags, and the answer says whose rules they are (a note, not a refusal)."""
     newest = VLLM_PROFILES[0]
     parsed = parse_version(version)
     if parsed is not None and parsed <= parse_version(newest.verified):  # type: ignore[operator]
@@ -391,6 +393,7 @@ def test_an_unknown_newer_release_gets_the_newest_rules_and_is_told(version: str
         f"({newest.verified}): its rules are assumed"
     )
     assert want in result.messages
+    assert result.engine_args == VLLM_RANGES[0].flag.args(result.backend.value)
     refusal = decide(request((9, 0), dtype="float32", engine=("vllm", version)), PRIORITY, now=NOW)
     assert isinstance(refusal, Refusal) and want in refusal.message
 
