@@ -124,7 +124,8 @@ class DeliberateRefusal:
 
     It covers ``backend`` for releases in ``[since, until)`` (None: open), on the
     capability ``majors`` listed (None: every one), and, when ``qk_head_dim_over`` is
-    set, only for MLA dims whose qk head dim (nope + rope) is larger than it.
+    set, only for MLA dims whose qk head dim (nope + rope) is larger than it; and when
+    ``head_dims_taken`` is set, only for those whose (qk, v) head dims it refuses.
     """
 
     backend: Backend
@@ -133,6 +134,8 @@ class DeliberateRefusal:
     reason: str
     majors: frozenset[int] | None = None
     qk_head_dim_over: int | None = None
+    head_dims_taken: Callable[[tuple[int, int]], bool] | None = None
+    """When set, only MLA dims whose (qk, v) head dims this refuses are covered."""
 
     def covers(self, backend: Backend, version: Version, ctx: SelectionContext) -> bool:
         if backend is not self.backend:
@@ -143,6 +146,9 @@ class DeliberateRefusal:
             return False
         cap = ctx.capability
         if self.majors is not None and (cap is None or cap.major not in self.majors):
+            return False
+        taken = self.head_dims_taken
+        if taken is not None and taken((ctx.dims.qk_head_dim, ctx.dims.v_head_dim)):
             return False
         over = self.qk_head_dim_over
         return over is None or ctx.dims.qk_head_dim > over

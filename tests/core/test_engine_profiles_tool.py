@@ -198,3 +198,66 @@ def test_a_new_table_is_compared_with_the_previous_release(tmp_path: Path) -> No
         in (wrong)
     )
     json.loads((tmp_path / "0.33.0.json").read_text())  # the comparison wrote nothing
+
+
+# SGLang 0.5.23's vendored FlashAttention 4 check, as its wheel ships it (abridged
+# messages): the FA4 reading runs this function itself.
+_FA4_CHECK = """
+def _validate_head_dims(
+    head_dim: int, head_dim_v: int, compute_capability: int, alignment: int
+) -> None:
+    is_deepseek_shape = head_dim == 192 and head_dim_v == 128
+    is_deepseek_mla_absorbed_shape = (
+        head_dim == 64 or head_dim == head_dim_v
+    ) and head_dim_v == 512
+    is_dedicate_kernel_shape = head_dim == 256 and head_dim_v == 256
+    is_standard_range = 8 <= head_dim <= 128 and 8 <= head_dim_v <= 128
+    is_sm90_range = (8 <= head_dim <= 256 and 8 <= head_dim_v <= 256) or (
+        head_dim == head_dim_v == 512
+    )
+    if compute_capability == 9:
+        assert is_sm90_range and head_dim % alignment == 0 and head_dim_v % alignment == 0
+    elif compute_capability in [10, 11]:
+        assert (
+            (
+                is_standard_range
+                or is_deepseek_shape
+                or is_deepseek_mla_absorbed_shape
+                or is_dedicate_kernel_shape
+            )
+            and head_dim % alignment == 0
+            and head_dim_v % alignment == 0
+        ), "not supported on SM100/SM110"
+"""
+
+
+def test_sglang_fa4_head_dims_are_run_from_the_vendored_check(tmp_path: Path) -> None:
+    from mla_switchboard.core.engine_rules.sglang import FA4_SM100
+
+    from tools.engine_profiles.sglang_fa4 import fa4_head_dims, fa4_reason
+
+    folder = tmp_path / "sglang" / "kernels" / "flash_attn" / "cute"
+    folder.mkdir(parents=True)
+    (folder / "interface.py").write_text("import torch\n" + _FA4_CHECK)
+    fact = fa4_head_dims(tmp_path, [(192, 128), (192, 256), (256, 128), (256, 256)])
+    assert fact["method"] == "run" and fact["where"].endswith("(_validate_head_dims)")
+    sm100 = fact["value"]["10"]
+    assert sm100["up_to"] == FA4_SM100.up_to
+    assert {tuple(p) for p in sm100["also"]} == FA4_SM100.also
+    assert sm100["grid"] == [[192, 128], [256, 256]]
+    assert fact["value"]["9"]["up_to"] == 256
+    # the issue's two: Kimi-like (128, 64, 256) and dots.llm3's (192, 64, 128)
+    for qk_v in ((192, 256), (256, 128)):
+        reason = fa4_reason(10, qk_v, fact)
+        assert reason is not None and f"refuses (qk, v) head dims {qk_v} on SM10x" in reason
+        assert not FA4_SM100.takes(qk_v)
+    assert fa4_reason(10, (192, 128), fact) is None
+    assert fa4_reason(8, (192, 256), fact) is None  # the check does not look at 8.x
+
+
+def test_a_release_without_vendored_fa4_is_said_unread(tmp_path: Path) -> None:
+    from tools.engine_profiles.sglang_fa4 import fa4_head_dims, fa4_reason
+
+    fact = fa4_head_dims(tmp_path, [(192, 128)])
+    assert fact["value"] is None and "not read" in fact["note"]
+    assert fa4_reason(10, (192, 256), fact) is None
