@@ -141,7 +141,13 @@ def choose(
     argv and environment; otherwise none, the engine keeps its own choice, and the
     answer says why (``untold``: a strict request cannot be honoured). The rules the
     answer rests on stay the newest release's, which the profile's notes say.
+
+    A model the engine builds with plain attention (vLLM's MiniCPM3) reads no MLA
+    prefill flag at all: no flag, and the answer says so (``untold``).
     """
+    plain = profile.without_mla(ctx, version)
+    if plain is not None:
+        return EngineChoice(note=f"No engine flags are given: {plain}.", untold=plain)
     chosen = profile.choice(backend, ctx, profile.label(version))
     profiles = ENGINES[profile.name]
     if parse_version(version) is not None or len(profiles) == 1:

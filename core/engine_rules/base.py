@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from mla_switchboard.core.specs import SPECS, Backend, SelectionContext
+from mla_switchboard.core.specs import SPECS, Backend, MLADims, SelectionContext
 
 __all__ = [
     "ENGINE_VERSION_MAX_LENGTH",
@@ -202,6 +202,10 @@ class EngineProfile:
     """Import names of the packages the engine itself depends on, so a pod running it
     always has them (SGLang installs flashinfer): a pod that did not report one must
     not be refused a backend for lacking it."""
+    plain_attention: Mapping[MLADims, str] = field(default_factory=dict)
+    """MLA dims of models the engine builds with plain attention, not MLA (the model
+    family, for the answer): it reads no MLA prefill flag for them, so it refuses no
+    backend and is told none."""
     releases: tuple[str, ...] = ()
     """The releases whose own tables these rules were read from (empty: rules not read
     per release, such as our own kernels' or those of releases without the flag). A
@@ -233,8 +237,23 @@ class EngineProfile:
     def label(self, version: str | None) -> str:
         return f"{self.display} {version or self.verified}"
 
+    def without_mla(self, ctx: SelectionContext, version: str | None) -> str | None:
+        """Why no MLA prefill backend applies to this model in the engine (None: one
+        does): the engine builds it with plain attention."""
+        model = self.plain_attention.get(ctx.dims)
+        if model is None:
+            return None
+        return (
+            f"{self.label(version)} builds {model} (MLA dims {ctx.dims}) with plain "
+            "attention, not an MLA prefill backend, so no MLA prefill flag is read: "
+            "no flag needed"
+        )
+
     def reasons(self, backend: Backend, ctx: SelectionContext, version: str | None) -> list[str]:
-        """Why this engine will not run ``backend`` for ``ctx`` (empty: it will)."""
+        """Why this engine will not run ``backend`` for ``ctx`` (empty: it will, or the
+        engine uses no MLA prefill backend for this model: it refuses none then)."""
+        if self.without_mla(ctx, version) is not None:
+            return []
         label = self.label(version)
         if backend not in self.accepts:
             names = ", ".join(b.value for b in Backend if b in self.accepts)

@@ -467,3 +467,24 @@ def test_the_newer_release_note_is_generic() -> None:
         )
         for older in profiles[1:]:
             assert older.notes(version) == []
+
+
+@pytest.mark.parametrize("version", ["0.20.2", "0.23.0", "0.26.0", "0.33.0", "0.34.0", None])
+@pytest.mark.parametrize("cap", [(9, 0), (10, 0)])
+def test_minicpm3_is_built_without_mla_so_no_flag_is_named(
+    version: str | None, cap: tuple[int, int]
+) -> None:
+    """vLLM builds MiniCPM3 (64, 32, 64) with plain Attention: no MLA prefill flag is
+    read, so the answer names none and says why, instead of refusing every backend."""
+    engine = ("vllm", version)
+    result = decide(request(cap, (64, 32, 64), engine=engine), PRIORITY, now=NOW)
+    assert isinstance(result, Decision), result
+    assert result.engine_args == () and result.engine_env == ()
+    assert any(
+        "builds MiniCPM3 (MLA dims" in m and "with plain attention" in m and "no flag needed" in m
+        for m in result.messages
+    ), result.messages
+    asked = request(cap, (64, 32, 64), engine=engine, requested_backend="FLASH_ATTN", strict=True)
+    refusal = decide(asked, PRIORITY, now=NOW)
+    assert isinstance(refusal, Refusal) and refusal.kind == "requested_invalid"
+    assert "cannot be passed to the engine" in refusal.message
