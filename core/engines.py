@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from mla_switchboard.core.engine_rules.base import (
     ENGINE_VERSION_MAX_LENGTH,
     ENGINE_VERSION_PATTERN,
+    ENGINE_VERSION_TEXT,
     EngineChoice,
     EngineFlag,
     EngineProfile,
@@ -48,6 +49,7 @@ __all__ = [
     "ENGINE_REGISTRY",
     "ENGINE_VERSION_MAX_LENGTH",
     "ENGINE_VERSION_PATTERN",
+    "ENGINE_VERSION_TEXT",
     "OWN_ENGINE",
     "SWITCHBOARD",
     "Engine",
@@ -182,7 +184,7 @@ def _untold(
     display = profile.display
     unknown = (
         f"no {display} version was given"
-        if not version
+        if version is None
         else f"the {display} version {version!r} cannot be read"
     )
     untold = f"{unknown}, and not every {display} release takes one flag for {backend}: {why}"

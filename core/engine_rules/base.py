@@ -16,6 +16,7 @@ from mla_switchboard.core.specs import SPECS, Backend, MLADims, SelectionContext
 __all__ = [
     "ENGINE_VERSION_MAX_LENGTH",
     "ENGINE_VERSION_PATTERN",
+    "ENGINE_VERSION_TEXT",
     "ChoiceFn",
     "DeliberateRefusal",
     "EngineChoice",
@@ -38,7 +39,14 @@ ENGINE_VERSION_PATTERN = rf"^{_RELEASE_NUMBERS}([.+-]?[0-9A-Za-z.+-]{{0,40}})?$"
 one suffix (``rc1``, ``.post5``, ``+cu128``). The profiles are chosen by the numbers at
 its start, which :func:`parse_version` reads with the same grammar."""
 ENGINE_VERSION_MAX_LENGTH = 64
+ENGINE_VERSION_TEXT = r"^[!-~]*$"
+"""What the wire contract accepts as an engine version: any printable text without
+spaces (at most ``ENGINE_VERSION_MAX_LENGTH``). A version the profiles cannot read
+(``main``, ``garbage``, ``""``, an epoch such as ``1!0.34.0``) is no bad input: the pod
+runs some release, so it gets the newest rules, a message that the version could not
+be read, and only the flags every release takes, the same as no version."""
 _NUMBERS = re.compile(_RELEASE_NUMBERS)
+_READABLE = re.compile(rf"{_RELEASE_NUMBERS}([.+-]?[0-9A-Za-z.+-]*)?")
 _POST = re.compile(r"\.post([0-9]+)")
 
 
@@ -52,7 +60,9 @@ def parse_version(text: str | None) -> Version | None:
     reads versions that the contract would refuse (too long, a tag), for their numbers."""
     if not text:
         return None
-    text = text.strip().removeprefix("v")
+    text = text.strip().removeprefix("v")  # a tag: PEP 440 reads v0.34.0 as 0.34.0
+    if _READABLE.fullmatch(text.split("+", 1)[0]) is None:
+        return None  # not release numbers and a suffix (an epoch, a branch, a word)
     m = _NUMBERS.match(text)
     if m is None:
         return None
@@ -235,7 +245,10 @@ class EngineProfile:
         )
 
     def label(self, version: str | None) -> str:
-        return f"{self.display} {version or self.verified}"
+        """The engine and release reasons name: the pod's release when it can be read,
+        else the one whose rules are assumed."""
+        shown = version if parse_version(version) is not None else self.verified
+        return f"{self.display} {shown}"
 
     def without_mla(self, ctx: SelectionContext, version: str | None) -> str | None:
         """Why no MLA prefill backend applies to this model in the engine (None: one
@@ -268,7 +281,7 @@ class EngineProfile:
         a pre-release) gets the range's. Each is told so."""
         parsed = parse_version(version)
         newest = parse_version(self.verified)
-        if not version:
+        if version is None:
             if self.until is None and self.releases:
                 return [
                     f"No {self.display} version was given: the rules of {self.display} "

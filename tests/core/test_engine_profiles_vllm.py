@@ -488,3 +488,34 @@ def test_minicpm3_is_built_without_mla_so_no_flag_is_named(
     refusal = decide(asked, PRIORITY, now=NOW)
     assert isinstance(refusal, Refusal) and refusal.kind == "requested_invalid"
     assert "cannot be passed to the engine" in refusal.message
+
+
+@pytest.mark.parametrize("version", ["garbage", "main", "", "1!0.34.0"])
+def test_an_unreadable_version_is_answered_as_documented(version: str) -> None:
+    """The wire contract carries it; the answer has the newest rules, says the version
+    could not be read, and gives only the flags every release takes (none today)."""
+    newest = VLLM_PROFILES[0]
+    assert resolve("vllm", version) is newest
+    result = decide(request((10, 0), engine=("vllm", version)), PRIORITY, now=NOW)
+    assert isinstance(result, Decision), result
+    assert result.engine_args == () and result.engine_env == ()
+    note = (
+        f"vLLM version {version!r} cannot be read: the rules of vLLM {newest.verified}, "
+        "the newest release read, are assumed"
+    )
+    assert note in result.messages
+    assert any(
+        m.startswith(f"No engine flags are given: the vLLM version {version!r} cannot be read")
+        for m in result.messages
+    ), result.messages
+    assert all("vLLM garbage" not in m and "vLLM main" not in m for m in result.messages)
+
+
+def test_a_tagged_version_is_that_release() -> None:
+    """``v0.34.0`` is how a git tag spells 0.34.0 (PEP 440 reads it so): its rules and
+    flags, no note."""
+    tagged = decide(request((10, 0), engine=("vllm", "v0.34.0")), PRIORITY, now=NOW)
+    plain = decide(request((10, 0), engine=("vllm", "0.34.0")), PRIORITY, now=NOW)
+    assert isinstance(tagged, Decision) and isinstance(plain, Decision)
+    assert tagged.engine_args == plain.engine_args != ()
+    assert tagged.messages == plain.messages
