@@ -526,3 +526,18 @@ def test_fa4_is_not_answered_for_head_dims_its_flash_attention_4_refuses(
     qk_v = (dims[0] + dims[1], dims[2])
     assert f"SGLang {release} runs FLASH_ATTN prefill on 10.x as fa4" in refusal.message
     assert f"(model: {qk_v}" in refusal.message
+
+
+def test_each_range_takes_the_fa4_head_dims_its_tables_read() -> None:
+    """A range holds fa4 to the FA4 its releases vendor (the tables' ``fa4_head_dims``,
+    run from ``_validate_head_dims``), or has none where they vendor none."""
+    for rng in SGLANG_RANGES:
+        for release in rng.releases:
+            fact = tables()[release]["facts"]["fa4_head_dims"]
+            if fact["value"] is None:
+                assert rng.fa4_head_dims is None, release
+                continue
+            sm100 = fact["value"]["10"]
+            assert rng.fa4_head_dims is not None, release
+            assert sm100["up_to"] == rng.fa4_head_dims.up_to, release
+            assert {tuple(p) for p in sm100["also"]} == rng.fa4_head_dims.also, release

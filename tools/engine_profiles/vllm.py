@@ -42,7 +42,12 @@ excluded; every patch release, not only the last of each minor):
 
 A reason that is not the release's own ``ValueError`` (a failure of the simulation,
 such as a stub that does not fit) stops the run for that release: a table must never
-record the harness's error as the release's rule.
+record the harness's error as the release's rule. The same holds for any module of the
+release that fails to import in the worker, even when the release catches the failure
+and makes a verdict of it (0.34.0's selector answers ``['ImportError']``): the worker
+records it and the run exits 1 naming the release, the module and the cause
+(``SimulationFailed``). A new table is compared with the previous release's
+(``compare_with_previous``), and the run ends with the cache's size.
 """
 
 from __future__ import annotations
