@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from mla_switchboard.core.engine_rules.base import (
     ENGINE_VERSION_MAX_LENGTH,
     ENGINE_VERSION_PATTERN,
+    ENGINE_VERSION_TEXT,
     EngineChoice,
     EngineFlag,
     EngineProfile,
@@ -48,6 +49,7 @@ __all__ = [
     "ENGINE_REGISTRY",
     "ENGINE_VERSION_MAX_LENGTH",
     "ENGINE_VERSION_PATTERN",
+    "ENGINE_VERSION_TEXT",
     "OWN_ENGINE",
     "SWITCHBOARD",
     "Engine",
@@ -141,7 +143,13 @@ def choose(
     argv and environment; otherwise none, the engine keeps its own choice, and the
     answer says why (``untold``: a strict request cannot be honoured). The rules the
     answer rests on stay the newest release's, which the profile's notes say.
+
+    A model the engine builds with plain attention (vLLM's MiniCPM3) reads no MLA
+    prefill flag at all: no flag, and the answer says so (``untold``).
     """
+    plain = profile.without_mla(ctx, version)
+    if plain is not None:
+        return EngineChoice(note=f"No engine flags are given: {plain}.", untold=plain)
     chosen = profile.choice(backend, ctx, profile.label(version))
     profiles = ENGINES[profile.name]
     if parse_version(version) is not None or len(profiles) == 1:
@@ -176,7 +184,7 @@ def _untold(
     display = profile.display
     unknown = (
         f"no {display} version was given"
-        if not version
+        if version is None
         else f"the {display} version {version!r} cannot be read"
     )
     untold = f"{unknown}, and not every {display} release takes one flag for {backend}: {why}"

@@ -21,7 +21,7 @@ from mla_switchboard.core.engine_rules.switchboard import SEED_DEFAULT, SEED_PRI
 from mla_switchboard.core.engines import (
     ENGINE_NAMES,
     ENGINE_VERSION_MAX_LENGTH,
-    ENGINE_VERSION_PATTERN,
+    ENGINE_VERSION_TEXT,
     OWN_ENGINE,
 )
 from mla_switchboard.core.hardware import UNKNOWN_PEAK_TFLOPS
@@ -178,8 +178,12 @@ EngineName = Literal[ENGINE_NAMES]  # type: ignore[valid-type]
 """The engines of the registry (``core/engines.py``), the only ones a request may name."""
 EngineVersion = Annotated[
     str,
-    StringConstraints(pattern=ENGINE_VERSION_PATTERN, max_length=ENGINE_VERSION_MAX_LENGTH),
-    Field(description="the engine's version, e.g. 0.33.0", examples=["0.33.0"]),
+    StringConstraints(pattern=ENGINE_VERSION_TEXT, max_length=ENGINE_VERSION_MAX_LENGTH),
+    Field(
+        description="the engine's version, e.g. 0.34.0; one that cannot be read gets the "
+        "newest rules, a message and only the flags every release takes",
+        examples=["0.34.0"],
+    ),
 ]
 
 

@@ -11,11 +11,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from mla_switchboard.core.specs import SPECS, Backend, SelectionContext
+from mla_switchboard.core.specs import SPECS, Backend, MLADims, SelectionContext
 
 __all__ = [
     "ENGINE_VERSION_MAX_LENGTH",
     "ENGINE_VERSION_PATTERN",
+    "ENGINE_VERSION_TEXT",
     "ChoiceFn",
     "DeliberateRefusal",
     "EngineChoice",
@@ -38,7 +39,14 @@ ENGINE_VERSION_PATTERN = rf"^{_RELEASE_NUMBERS}([.+-]?[0-9A-Za-z.+-]{{0,40}})?$"
 one suffix (``rc1``, ``.post5``, ``+cu128``). The profiles are chosen by the numbers at
 its start, which :func:`parse_version` reads with the same grammar."""
 ENGINE_VERSION_MAX_LENGTH = 64
+ENGINE_VERSION_TEXT = r"^[!-~]*$"
+"""What the wire contract accepts as an engine version: any printable text without
+spaces (at most ``ENGINE_VERSION_MAX_LENGTH``). A version the profiles cannot read
+(``main``, ``garbage``, ``""``, an epoch such as ``1!0.34.0``) is no bad input: the pod
+runs some release, so it gets the newest rules, a message that the version could not
+be read, and only the flags every release takes, the same as no version."""
 _NUMBERS = re.compile(_RELEASE_NUMBERS)
+_READABLE = re.compile(rf"{_RELEASE_NUMBERS}([.+-]?[0-9A-Za-z.+-]*)?")
 _POST = re.compile(r"\.post([0-9]+)")
 
 
@@ -52,7 +60,9 @@ def parse_version(text: str | None) -> Version | None:
     reads versions that the contract would refuse (too long, a tag), for their numbers."""
     if not text:
         return None
-    text = text.strip().removeprefix("v")
+    text = text.strip().removeprefix("v")  # a tag: PEP 440 reads v0.34.0 as 0.34.0
+    if _READABLE.fullmatch(text.split("+", 1)[0]) is None:
+        return None  # not release numbers and a suffix (an epoch, a branch, a word)
     m = _NUMBERS.match(text)
     if m is None:
         return None
@@ -124,7 +134,8 @@ class DeliberateRefusal:
 
     It covers ``backend`` for releases in ``[since, until)`` (None: open), on the
     capability ``majors`` listed (None: every one), and, when ``qk_head_dim_over`` is
-    set, only for MLA dims whose qk head dim (nope + rope) is larger than it.
+    set, only for MLA dims whose qk head dim (nope + rope) is larger than it; and when
+    ``head_dims_taken`` is set, only for those whose (qk, v) head dims it refuses.
     """
 
     backend: Backend
@@ -133,6 +144,8 @@ class DeliberateRefusal:
     reason: str
     majors: frozenset[int] | None = None
     qk_head_dim_over: int | None = None
+    head_dims_taken: Callable[[tuple[int, int]], bool] | None = None
+    """When set, only MLA dims whose (qk, v) head dims this refuses are covered."""
 
     def covers(self, backend: Backend, version: Version, ctx: SelectionContext) -> bool:
         if backend is not self.backend:
@@ -143,6 +156,9 @@ class DeliberateRefusal:
             return False
         cap = ctx.capability
         if self.majors is not None and (cap is None or cap.major not in self.majors):
+            return False
+        taken = self.head_dims_taken
+        if taken is not None and taken((ctx.dims.qk_head_dim, ctx.dims.v_head_dim)):
             return False
         over = self.qk_head_dim_over
         return over is None or ctx.dims.qk_head_dim > over
@@ -196,6 +212,10 @@ class EngineProfile:
     """Import names of the packages the engine itself depends on, so a pod running it
     always has them (SGLang installs flashinfer): a pod that did not report one must
     not be refused a backend for lacking it."""
+    plain_attention: Mapping[MLADims, str] = field(default_factory=dict)
+    """MLA dims of models the engine builds with plain attention, not MLA (the model
+    family, for the answer): it reads no MLA prefill flag for them, so it refuses no
+    backend and is told none."""
     releases: tuple[str, ...] = ()
     """The releases whose own tables these rules were read from (empty: rules not read
     per release, such as our own kernels' or those of releases without the flag). A
@@ -225,10 +245,28 @@ class EngineProfile:
         )
 
     def label(self, version: str | None) -> str:
-        return f"{self.display} {version or self.verified}"
+        """The engine and release reasons name: the pod's release when it can be read,
+        else the one whose rules are assumed."""
+        shown = version if parse_version(version) is not None else self.verified
+        return f"{self.display} {shown}"
+
+    def without_mla(self, ctx: SelectionContext, version: str | None) -> str | None:
+        """Why no MLA prefill backend applies to this model in the engine (None: one
+        does): the engine builds it with plain attention."""
+        model = self.plain_attention.get(ctx.dims)
+        if model is None:
+            return None
+        return (
+            f"{self.label(version)} builds {model} (MLA dims {ctx.dims}) with plain "
+            "attention, not an MLA prefill backend, so no MLA prefill flag is read: "
+            "no flag needed"
+        )
 
     def reasons(self, backend: Backend, ctx: SelectionContext, version: str | None) -> list[str]:
-        """Why this engine will not run ``backend`` for ``ctx`` (empty: it will)."""
+        """Why this engine will not run ``backend`` for ``ctx`` (empty: it will, or the
+        engine uses no MLA prefill backend for this model: it refuses none then)."""
+        if self.without_mla(ctx, version) is not None:
+            return []
         label = self.label(version)
         if backend not in self.accepts:
             names = ", ".join(b.value for b in Backend if b in self.accepts)
@@ -243,7 +281,7 @@ class EngineProfile:
         a pre-release) gets the range's. Each is told so."""
         parsed = parse_version(version)
         newest = parse_version(self.verified)
-        if not version:
+        if version is None:
             if self.until is None and self.releases:
                 return [
                     f"No {self.display} version was given: the rules of {self.display} "

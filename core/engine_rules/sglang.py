@@ -56,6 +56,7 @@ from mla_switchboard.core.specs import (
 )
 
 __all__ = [
+    "FA4_SM100",
     "SGLANG_DECODE_FLAG",
     "SGLANG_EXCEPTIONS",
     "SGLANG_FIRST",
@@ -64,6 +65,7 @@ __all__ = [
     "SGLANG_PROFILES",
     "SGLANG_RANGES",
     "SGLANG_UNVERIFIED",
+    "Fa4HeadDims",
     "SglangRange",
 ]
 
@@ -95,6 +97,33 @@ _RAGGED_SMALL: frozenset[HeadDims] = _RAGGED_DSR1 | {(128, 128)}
 _RAGGED_GLM5: frozenset[HeadDims] = FLASHINFER_TRTLLM_RAGGED_HEAD_DIMS
 """flashinfer-python 0.6.12 to 0.7.2 (SGLang 0.5.13 on): ``is_dsr1 or
 is_smaller_dimensions or is_glm5``, what core/specs.py's TRTLLM_RAGGED spec holds."""
+
+
+@dataclass(frozen=True)
+class Fa4HeadDims:
+    """The (qk, v) head dims FlashAttention 4's own check (``_validate_head_dims`` in
+    ``flash_attn/cute/interface.py``) takes on SM100/SM110: both at most ``up_to``, or
+    one of ``also``, each a multiple of 8 (16 bytes of a 16-bit dtype)."""
+
+    up_to: int
+    also: frozenset[HeadDims]
+
+    def takes(self, qk_v: HeadDims) -> bool:
+        qk, v = qk_v
+        if qk % 8 or v % 8:
+            return False
+        return max(qk, v) <= self.up_to or qk_v in self.also
+
+    @property
+    def text(self) -> str:
+        also = ", ".join(str(p) for p in sorted(self.also))
+        return f"both at most {self.up_to}, or {also}"
+
+
+FA4_SM100 = Fa4HeadDims(128, frozenset({(64, 512), (192, 128), (256, 256), (512, 512)}))
+"""What every vendored FlashAttention 4 read takes on 10.x (SGLang 0.5.16 to 0.5.23,
+run by ``tools/engine_profiles/sglang_fa4.py``, the tables' ``fa4_head_dims``)."""
+FA4_READ = "0.5.16 to 0.5.23"
 _RAGGED_KERNEL = "FlashInfer's trtllm-gen ragged DeepSeek kernel"
 _PARENT_KERNEL = (
     "its parent FlashInfer MLA backend's ragged prefill (trtllm_mla has none of its own), "
@@ -129,6 +158,10 @@ class SglangRange:
     """The (qk, v) head dims trtllm_mla prefill takes on 10.x: those of the kernel it
     runs, as its releases' tables read them (empty: trtllm_mla is no prefill choice)."""
     trtllm_kernel: str = _RAGGED_KERNEL  # the kernel trtllm_mla prefill runs, for reasons
+    fa4_head_dims: Fa4HeadDims | None = None
+    """What fa4 prefill takes on 10.x, read from these releases' vendored FlashAttention 4
+    (None: they vendor none, fa4 comes from sgl_kernel, unread: the rule then holds them
+    to what every FA4 read takes, ``FA4_SM100``, a deliberate refusal)."""
 
     @property
     def verified(self) -> str:
@@ -154,6 +187,7 @@ SGLANG_RANGES: tuple[SglangRange, ...] = (
         True,
         "tokenspeed_mla is a deprecated alias of cutedsl_mla, which only decodes",
         trtllm_head_dims=_RAGGED_GLM5,
+        fa4_head_dims=FA4_SM100,
     ),
     SglangRange(
         (0, 5, 20),
@@ -165,21 +199,24 @@ SGLANG_RANGES: tuple[SglangRange, ...] = (
         True,
         _NEEDS_FP8,
         trtllm_head_dims=_RAGGED_GLM5,
+        fa4_head_dims=FA4_SM100,
+    ),
+    SglangRange(
+        (0, 5, 16),
+        (0, 5, 20),
+        ("0.5.16", "0.5.17", "0.5.18", "0.5.19"),
+        _TS,
+        True,
+        False,
+        True,
+        _NEEDS_FP8,
+        trtllm_head_dims=_RAGGED_GLM5,
+        fa4_head_dims=FA4_SM100,
     ),
     SglangRange(
         (0, 5, 13),
-        (0, 5, 20),
-        (
-            "0.5.13",
-            "0.5.13.post1",
-            "0.5.14",
-            "0.5.15",
-            "0.5.15.post1",
-            "0.5.16",
-            "0.5.17",
-            "0.5.18",
-            "0.5.19",
-        ),
+        (0, 5, 16),
+        ("0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1"),
         _TS,
         True,
         False,
@@ -301,6 +338,8 @@ def _rule(r: SglangRange) -> RuleFn:
                 + (" or fa4 on 10.x" if r.fa4 else "")
                 + f" only: fa3 asserts 9.x for MLA models (this pod: {cap})"
             )
+        if backend is Backend.FLASH_ATTN and r.fa4 and cap.major == 10:
+            reasons.extend(_fa4_reasons(r, ctx, label))
         if backend is Backend.FLASHINFER:
             qk_v = (dims.qk_head_dim, dims.v_head_dim)
             if cap.major < 8:
@@ -325,6 +364,26 @@ def _rule(r: SglangRange) -> RuleFn:
         return reasons
 
     return rule
+
+
+def _fa4_reasons(r: SglangRange, ctx: SelectionContext, label: str) -> list[str]:
+    """Why fa4 prefill fails on 10.x for these head dims: its FlashAttention 4 asserts on
+    them at the first prefill (SGLang's own dispatch does not look)."""
+    qk_v = (ctx.dims.qk_head_dim, ctx.dims.v_head_dim)
+    dims = r.fa4_head_dims or FA4_SM100
+    if dims.takes(qk_v):
+        return []
+    model = f"(model: {qk_v}, MLA dims {ctx.dims})"
+    if r.fa4_head_dims is not None:
+        return [
+            f"{label} runs FLASH_ATTN prefill on 10.x as fa4, whose vendored FlashAttention 4 "
+            f"takes head dims (qk, v) {dims.text} only {model}"
+        ]
+    return [
+        f"{label} runs FLASH_ATTN prefill on 10.x as fa4, sgl_kernel's FlashAttention 4, "
+        f"whose head-dim check was not read; every FlashAttention 4 read (SGLang {FA4_READ}) "
+        f"takes head dims (qk, v) {dims.text} only {model}"
+    ]
 
 
 def _trtllm_reasons(r: SglangRange, ctx: SelectionContext, label: str) -> list[str]:
@@ -467,6 +526,18 @@ SGLANG_EXCEPTIONS: tuple[DeliberateRefusal, ...] = (
         "head dim over 256, which FlashAttention 3 is not built for (at most 256) nor "
         "FlashAttention 4 on 10.x (at most 128, or (192, 128), or (256, 256) in newer "
         "builds): the kernel fails at the first prefill. Our spec's limit of 256 stands.",
+    ),
+    DeliberateRefusal(
+        Backend.FLASH_ATTN,
+        since=(0, 5, 3),
+        until=(0, 5, 16),
+        majors=frozenset({10}),
+        head_dims_taken=FA4_SM100.takes,
+        reason="fa4 on 10.x for head dims no FlashAttention 4 read takes (0.5.3 to "
+        "0.5.15.post1): these releases run sgl_kernel's FlashAttention 4, outside the wheel, "
+        "whose head-dim check was not read; every one read (the vendored ones of SGLang "
+        f"{FA4_READ}, and vLLM 0.33.0's) asserts on them at the first prefill, so they are "
+        "refused here too although SGLang's own dispatch sends them to fa4.",
     ),
     DeliberateRefusal(
         Backend.TRTLLM_RAGGED,

@@ -51,6 +51,7 @@ from mla_switchboard.core.specs import (
 __all__ = [
     "VLLM_EXCEPTIONS",
     "VLLM_LEGACY",
+    "VLLM_PLAIN_ATTENTION",
     "VLLM_PREFILL_FLAG",
     "VLLM_PROFILES",
     "VLLM_RANGES",
@@ -59,11 +60,18 @@ __all__ = [
 ]
 
 VLLM_PREFILL_FLAG = EngineFlag(option="--attention-config.mla_prefill_backend", joined=True)
-"""What releases 0.21.0 to 0.33.0 parse into ``AttentionConfig.mla_prefill_backend``: each
+"""What releases 0.21.0 to 0.34.0 parse into ``AttentionConfig.mla_prefill_backend``: each
 table records its own release's ``EngineArgs`` parser taking it (and 0.20.2's refusing
 it); no environment variable is read."""
 
 _HALF = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})
+MINICPM3_DIMS = MLADims(64, 32, 64)
+VLLM_PLAIN_ATTENTION: dict[MLADims, str] = {MINICPM3_DIMS: "MiniCPM3"}
+"""MLA-shaped models vLLM builds with plain ``Attention``: MiniCPM3 (0.34.0's
+``model_executor/models/minicpm3.py``: ``MiniCPM3Attention`` wraps
+``layers.attention.Attention``, and its model type is none of those ``is_deepseek_mla``
+names), so ``--attention-config.mla_prefill_backend`` is never read for it. No MLA
+model vLLM builds with MLA has these dims."""
 SMALL_DIMS = MLADims(64, 64, 128)
 GLM5_NOPE_DIMS = MLADims(256, 0, 256)
 
@@ -151,7 +159,7 @@ VLLM_RANGES: tuple[VllmRange, ...] = (
     VllmRange(
         since=(0, 30, 0),
         until=None,
-        releases=("0.30.0", "0.31.0", "0.32.0", "0.33.0"),
+        releases=("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"),
         backends={
             Backend.FLASH_ATTN: VllmBackendRule(dims=_FA_DIMS_0_30),
             **_R1_ONLY_BACKENDS,
@@ -312,6 +320,7 @@ def _profile(vrange: VllmRange) -> EngineProfile:
         rule=_rule_for(vrange),
         default_order=_order_for(vrange),
         choice=_choice_for(vrange),
+        plain_attention=VLLM_PLAIN_ATTENTION,
         releases=vrange.releases,
     )
 
@@ -364,6 +373,7 @@ def _legacy(oldest: VllmRange) -> EngineProfile:
         rule=_rule_for(oldest),
         default_order=_order_for(oldest),
         choice=_legacy_choice_for(oldest),
+        plain_attention=VLLM_PLAIN_ATTENTION,
     )
 
 

@@ -90,7 +90,7 @@ def test_a_bare_engine_name_takes_the_installed_version(site: Path) -> None:
     [
         ("trtllm==1.0", "unknown engine"),
         ("vllm==", "no version"),
-        ("vllm==latest", "not a version"),
+        ("vllm==0.34 0", "not a version"),
         ("switchboard==1.0", "takes no version"),
     ],
 )
@@ -345,3 +345,10 @@ def test_vllm_args_name_only_what_vllm_runs(
     flag, _, backend = out.strip().partition("=")
     assert flag == "--attention-config.mla_prefill_backend" and "\n" not in out.strip()
     assert _vllm_runs(backend, capability, dims, dtype), out
+
+
+@pytest.mark.parametrize("version", ["garbage", "main", "latest", "v0.34.0", "1!0.34.0"])
+def test_an_unreadable_or_tagged_version_is_passed_on_as_given(version: str) -> None:
+    """The agent cleans what the contract cannot carry, and nothing else: the service
+    reads the version (``v0.34.0`` is 0.34.0) or says it could not, as for any caller."""
+    assert parse_engine(f"vllm=={version}") == EngineInfo(name="vllm", version=version)

@@ -207,7 +207,8 @@ def test_no_evaluator_answer_names_a_backend_the_release_rejects() -> None:
         ("0.5.10", "0.5.11", True),
         ("0.5.11", "0.5.11", True),
         ("0.5.12", "0.5.12.post1", True),
-        ("0.5.13", "0.5.19", True),
+        ("0.5.13", "0.5.15.post1", True),
+        ("0.5.16", "0.5.19", True),
         ("0.5.19", "0.5.19", True),
         ("0.5.20", "0.5.22", True),
         ("0.5.22", "0.5.22", True),
@@ -499,3 +500,44 @@ def test_releases_before_the_flag_get_no_flags_and_no_unread_note() -> None:
     for version in ("0.4.9.post4", "0.4.8"):
         assert resolve("sglang", version) is SGLANG_UNVERIFIED
         assert SGLANG_UNVERIFIED.notes(version) == []
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.16", "0.5.23"])
+@pytest.mark.parametrize("cap", [(10, 0), (10, 3)])
+@pytest.mark.parametrize("dims", [(128, 64, 256), (192, 64, 128)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fa4_is_not_answered_for_head_dims_its_flash_attention_4_refuses(
+    release: str, cap: tuple[int, int], dims: tuple[int, int, int], dtype: str
+) -> None:
+    """FlashAttention 4 on SM100 takes (qk, v) up to 128, (192, 128), (256, 256) (and
+    the absorbed 512 shapes): (192, 256) and dots.llm3's (256, 128) assert at the first
+    prefill, so fa4 is neither chosen nor honoured when asked for, and the reason says
+    why (read from the vendored FA4 from 0.5.16, held to it before)."""
+    engine = ("sglang", release)
+    chosen = decide(
+        request(cap, dims, dtype, engine=engine), DecisionInputs(rules=SEED_RULES), now=NOW
+    )
+    if isinstance(chosen, Decision):
+        assert chosen.backend is not Backend.FLASH_ATTN
+        assert "fa4" not in chosen.engine_args
+    asked = request(cap, dims, dtype, engine=engine, requested_backend="FLASH_ATTN", strict=True)
+    refusal = decide(asked, DecisionInputs(rules=SEED_RULES), now=NOW)
+    assert isinstance(refusal, Refusal) and refusal.kind == "requested_invalid"
+    qk_v = (dims[0] + dims[1], dims[2])
+    assert f"SGLang {release} runs FLASH_ATTN prefill on 10.x as fa4" in refusal.message
+    assert f"(model: {qk_v}" in refusal.message
+
+
+def test_each_range_takes_the_fa4_head_dims_its_tables_read() -> None:
+    """A range holds fa4 to the FA4 its releases vendor (the tables' ``fa4_head_dims``,
+    run from ``_validate_head_dims``), or has none where they vendor none."""
+    for rng in SGLANG_RANGES:
+        for release in rng.releases:
+            fact = tables()[release]["facts"]["fa4_head_dims"]
+            if fact["value"] is None:
+                assert rng.fa4_head_dims is None, release
+                continue
+            sm100 = fact["value"]["10"]
+            assert rng.fa4_head_dims is not None, release
+            assert sm100["up_to"] == rng.fa4_head_dims.up_to, release
+            assert {tuple(p) for p in sm100["also"]} == rng.fa4_head_dims.also, release

@@ -377,8 +377,10 @@ def test_each_range_resolves_from_its_first_to_its_last_release() -> None:
             assert profile.notes(version) == []
 
 
-@pytest.mark.parametrize("version", ["0.40.0", "1.0", "0.33.1"])
+@pytest.mark.parametrize("version", ["0.35.0", "0.40.0", "1.0", "0.33.1"])
 def test_an_unknown_newer_release_gets_the_newest_rules_and_is_told(version: str) -> None:
+    """A release newer than every table is answered, with the newest range's rules and
+    flags, and the answer says whose rules they are (a note, not a refusal)."""
     newest = VLLM_PROFILES[0]
     parsed = parse_version(version)
     if parsed is not None and parsed <= parse_version(newest.verified):  # type: ignore[operator]
@@ -391,6 +393,7 @@ def test_an_unknown_newer_release_gets_the_newest_rules_and_is_told(version: str
         f"({newest.verified}): its rules are assumed"
     )
     assert want in result.messages
+    assert result.engine_args == VLLM_RANGES[0].flag.args(result.backend.value)
     refusal = decide(request((9, 0), dtype="float32", engine=("vllm", version)), PRIORITY, now=NOW)
     assert isinstance(refusal, Refusal) and want in refusal.message
 
@@ -464,3 +467,55 @@ def test_the_newer_release_note_is_generic() -> None:
         )
         for older in profiles[1:]:
             assert older.notes(version) == []
+
+
+@pytest.mark.parametrize("version", ["0.20.2", "0.23.0", "0.26.0", "0.33.0", "0.34.0", None])
+@pytest.mark.parametrize("cap", [(9, 0), (10, 0)])
+def test_minicpm3_is_built_without_mla_so_no_flag_is_named(
+    version: str | None, cap: tuple[int, int]
+) -> None:
+    """vLLM builds MiniCPM3 (64, 32, 64) with plain Attention: no MLA prefill flag is
+    read, so the answer names none and says why, instead of refusing every backend."""
+    engine = ("vllm", version)
+    result = decide(request(cap, (64, 32, 64), engine=engine), PRIORITY, now=NOW)
+    assert isinstance(result, Decision), result
+    assert result.engine_args == () and result.engine_env == ()
+    assert any(
+        "builds MiniCPM3 (MLA dims" in m and "with plain attention" in m and "no flag needed" in m
+        for m in result.messages
+    ), result.messages
+    asked = request(cap, (64, 32, 64), engine=engine, requested_backend="FLASH_ATTN", strict=True)
+    refusal = decide(asked, PRIORITY, now=NOW)
+    assert isinstance(refusal, Refusal) and refusal.kind == "requested_invalid"
+    assert "cannot be passed to the engine" in refusal.message
+
+
+@pytest.mark.parametrize("version", ["garbage", "main", "", "1!0.34.0"])
+def test_an_unreadable_version_is_answered_as_documented(version: str) -> None:
+    """The wire contract carries it; the answer has the newest rules, says the version
+    could not be read, and gives only the flags every release takes (none today)."""
+    newest = VLLM_PROFILES[0]
+    assert resolve("vllm", version) is newest
+    result = decide(request((10, 0), engine=("vllm", version)), PRIORITY, now=NOW)
+    assert isinstance(result, Decision), result
+    assert result.engine_args == () and result.engine_env == ()
+    note = (
+        f"vLLM version {version!r} cannot be read: the rules of vLLM {newest.verified}, "
+        "the newest release read, are assumed"
+    )
+    assert note in result.messages
+    assert any(
+        m.startswith(f"No engine flags are given: the vLLM version {version!r} cannot be read")
+        for m in result.messages
+    ), result.messages
+    assert all("vLLM garbage" not in m and "vLLM main" not in m for m in result.messages)
+
+
+def test_a_tagged_version_is_that_release() -> None:
+    """``v0.34.0`` is how a git tag spells 0.34.0 (PEP 440 reads it so): its rules and
+    flags, no note."""
+    tagged = decide(request((10, 0), engine=("vllm", "v0.34.0")), PRIORITY, now=NOW)
+    plain = decide(request((10, 0), engine=("vllm", "0.34.0")), PRIORITY, now=NOW)
+    assert isinstance(tagged, Decision) and isinstance(plain, Decision)
+    assert tagged.engine_args == plain.engine_args != ()
+    assert tagged.messages == plain.messages

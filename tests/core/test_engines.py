@@ -462,7 +462,7 @@ def test_profiles_by_version() -> None:
     assert resolve("vllm", "0.21.0").verified == "0.23.0"
     # the legacy profile names the last release whose own parser refused the flag
     assert resolve("vllm", "0.20.9").verified == "0.20.2"
-    assert resolve("vllm", None).verified == "0.33.0"
+    assert resolve("vllm", None).verified == "0.34.0"
     # SGLang's prefill flag first ships in 0.4.9.post5 (the old boundary, 0.5.0, gave
     # 0.4.9.post5 to 0.4.10.post2 no flags although they take them).
     assert resolve("sglang", "0.4.9").until == (0, 4, 9, 5)

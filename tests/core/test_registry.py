@@ -299,14 +299,19 @@ def test_engine_names_agree_with_the_wire_contract_and_the_formats() -> None:
 
 
 def test_one_version_grammar() -> None:
-    """The wire contract's version pattern is the engine registry's, and the version the
-    profiles are chosen by is read with the same grammar."""
+    """The wire contract's version text is the engine registry's, and every version the
+    registry's grammar reads is one the contract carries; the profiles are chosen by
+    that grammar (an unreadable version is carried too, and gets the newest rules)."""
     from mla_switchboard.core import engines, schemas
 
-    assert schemas.ENGINE_VERSION_PATTERN is engines.ENGINE_VERSION_PATTERN
+    assert schemas.ENGINE_VERSION_TEXT is engines.ENGINE_VERSION_TEXT
     pattern = re.compile(engines.ENGINE_VERSION_PATTERN)
+    wire = re.compile(engines.ENGINE_VERSION_TEXT)
     for text in ("0.33.0", "0.4.9.post5", "0.33.1rc1", "0.11.0+cu128", "1", "0.10.1.1"):
         assert pattern.match(text) and engines.parse_version(text) is not None, text
+        assert wire.match(text), text
+    for text in ("garbage", "main", "", "1!0.34.0"):
+        assert wire.match(text) and engines.parse_version(text) is None, text
     literals = [
         (rel, line)
         for path in (ROOT / "core").rglob("*.py")

@@ -119,3 +119,27 @@ def test_no_token_401_wrong_role_403(api: httpx.Client) -> None:
     assert r.status_code == 401
     r = api.post("/v1/select", json=body(), headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401
+
+
+@pytest.mark.parametrize("version", ["garbage", "main", "", "v0.34.0", "1!0.34.0"])
+def test_an_unreadable_engine_version_is_answered_not_refused(
+    api: httpx.Client, version: str
+) -> None:
+    """docs/engines.md: a version the profiles cannot read gets the newest rules and a
+    message (v0.34.0 is 0.34.0), never a 422."""
+    r = api.post("/v1/select", json={**body(), "engine": {"name": "vllm", "version": version}})
+    assert r.status_code == 200, r.text
+    messages = r.json()["messages"]
+    if version == "v0.34.0":
+        assert r.json()["engine_args"], r.json()
+    else:
+        assert any(f"vLLM version {version!r} cannot be read" in m for m in messages), messages
+        assert r.json()["engine_args"] == []
+
+
+def test_an_engine_version_the_contract_cannot_carry_is_422(api: httpx.Client) -> None:
+    for version in ("0.34 0", "9" * 65):
+        found = problems(
+            api.post("/v1/select", json={**body(), "engine": {"name": "vllm", "version": version}})
+        )
+        assert any(loc.startswith("body.engine.version") for loc, _ in found), found

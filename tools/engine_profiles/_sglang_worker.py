@@ -24,12 +24,13 @@ from typing import Any
 from mla_switchboard.core.engine_rules.sglang import SGLANG_NAMES
 
 from tools.engine_profiles import _stubs
+from tools.engine_profiles.cache import cache_root
 from tools.engine_profiles.sglang import FLAGS
 
 # Small pure libraries a release's parser introspects for real (newer releases build
 # their fields from msgspec structs): installed by the tool into DEPS, outside the repo.
 REAL = ("msgspec",)
-DEPS = Path.home() / ".cache" / "switchboard-engines" / "pydeps"
+DEPS = cache_root() / "pydeps"  # where the tool installs them ($SWITCHBOARD_ENGINE_CACHE)
 
 NAMES = tuple(SGLANG_NAMES)  # the SGLang names the tool asks about, the core's map
 

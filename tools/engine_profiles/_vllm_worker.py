@@ -45,8 +45,8 @@ SIMULATED_PACKAGES = ("flashinfer", "tokenspeed_mla", "flash_attn")
 # Stubbed even when a real one is installed here: a real import would try to load
 # CUDA libraries or compile kernels on this CPU machine.
 # Left to fail as they do here: torch tests for them and a stub would mislead it.
-NEVER_STUB: tuple[str, ...] = ()
-ALWAYS_STUB = ("triton", "pynvml", "cupy", "deep_gemm", "aiter", "cutlass", "nvidia")
+NEVER_STUB: tuple[str, ...] = ("triton",)
+ALWAYS_STUB = ("pynvml", "cupy", "deep_gemm", "aiter", "cutlass", "nvidia")
 
 
 class _StubMeta(type):
@@ -195,6 +195,85 @@ def _patch_metadata(release: str, absent: set[str]) -> None:
     metadata.version = version
 
 
+FAILURES: list[dict[str, str]] = []
+"""Every module of the release that failed to import here, with the cause: the
+simulation failed, whatever the release made of it (0.34.0's selector turns the
+``ImportError`` of a backend module into the reason ``"ImportError"``; a module may
+wrap it in a ``ValueError`` of its own). The tool refuses to write a table then."""
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception and, innermost last, what caused it."""
+    return " <- ".join(f"{type(e).__name__}: {str(e).strip()[:300]}" for e in _chain(exc))
+
+
+class _RecordingLoader(importlib.abc.Loader):
+    """Runs a release module as its own loader would, and records a failure before it
+    propagates into code that might catch it."""
+
+    def __init__(self, loader: Any, absent: set[str]) -> None:
+        self.loader = loader
+        self.absent = absent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)  # get_code, get_resource_reader, ...
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        try:
+            self.loader.exec_module(module)
+        except BaseException as exc:
+            self._record(module.__name__, exc)
+            raise
+
+    def _record(self, name: str, exc: BaseException) -> None:
+        chain = _chain(exc)
+        if any(getattr(e, "_switchboard_recorded", False) for e in chain):
+            return  # an inner module of the release already said why
+        root = chain[-1]
+        missing = getattr(root, "name", None) or ""
+        if isinstance(root, ImportError) and missing.split(".")[0] in self.absent:
+            return  # a kernel package this package set leaves out: the release's case
+        for e in chain:
+            e._switchboard_recorded = True  # type: ignore[attr-defined]
+        failure = {"module": name, "cause": _describe(exc)}
+        if failure not in FAILURES:  # a second import of the module fails alike
+            FAILURES.append(failure)
+
+
+class _RecordingFinder(importlib.abc.MetaPathFinder):
+    """First on ``sys.meta_path``: finds the release's own modules with the finders
+    after it and wraps their loaders in a :class:`_RecordingLoader`."""
+
+    def __init__(self, absent: set[str]) -> None:
+        self.absent = absent
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname.split(".")[0] != "vllm":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is None:
+                continue
+            if isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+                spec.loader = _RecordingLoader(spec.loader, self.absent)
+            return spec
+        return None
+
+
 _CAPABILITY: tuple[int, int] | None = (9, 0)
 
 
@@ -213,13 +292,9 @@ def _install_platform() -> Any:
 
     placeholder = _Placeholder()
     platforms._current_platform = placeholder
-    try:
-        from vllm.platforms import cuda
+    from vllm.platforms import cuda  # a failure here is the simulation's: it propagates
 
-        base = getattr(cuda, "CudaPlatformBase", None) or cuda.CudaPlatform
-    except Exception as exc:  # the release's CUDA module needs what we cannot stub
-        warnings.warn(f"vllm.platforms.cuda did not import ({exc!r}); using Platform", stacklevel=1)
-        base = _Placeholder
+    base = getattr(cuda, "CudaPlatformBase", None) or cuda.CudaPlatform
 
     def get_device_capability(cls: Any, device_id: int = 0) -> Any:
         return None if _CAPABILITY is None else DeviceCapability(*_CAPABILITY)
@@ -325,11 +400,14 @@ def main() -> None:
         raise SystemExit(f"run this without {installed} installed: their presence is simulated")
     sys.meta_path.insert(0, _ForcedStubFinder(absent))
     sys.meta_path.append(_StubFinder(absent, request.get("extensions")))
+    sys.meta_path.insert(0, _RecordingFinder(absent))
     _patch_metadata(request.get("release", "0.0.0"), absent)
 
     platform = _install_platform()
     if request.get("mode") == "parser":
-        json.dump(_parse_flag(request["flag"], request["names"]), sys.stdout)
+        json.dump(
+            {**_parse_flag(request["flag"], request["names"]), "failures": FAILURES}, sys.stdout
+        )
         return
     selector = importlib.import_module("vllm.v1.attention.backends.mla.prefill.selector")
     from vllm.config.attention import AttentionConfig
@@ -375,6 +453,7 @@ def main() -> None:
             "rejected_names": rejected,
             "platform": type(platform).__mro__[1].__qualname__,
             "rows": rows,
+            "failures": FAILURES,
         },
         sys.stdout,
     )
@@ -410,4 +489,8 @@ def _auto(selector: Any, vllm_config: Any) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as exc:  # the release's code failed here: say where, for the tool
+        json.dump({"failures": FAILURES, "crashed": _describe(exc)}, sys.stdout)
+        raise SystemExit(3) from None

@@ -5,7 +5,8 @@
 
 For each SGLang release that has ``--prefill-attention-backend`` (0.4.9.post5 is the
 first: ``pip download`` of 0.4.9.post4 and older shows no such flag), the wheel is
-downloaded once into ``~/.cache/switchboard-engines/sglang`` and its Python sources are
+downloaded once into ``~/.cache/switchboard-engines/sglang`` (``$SWITCHBOARD_ENGINE_CACHE``
+moves it) and its Python sources are
 extracted. Then, per release, in a subprocess (``_sglang_worker``) with torch, CUDA and
 the kernels stubbed:
 
@@ -30,6 +31,9 @@ the kernels stubbed:
   without a GPU, or are a call's presence;
 - read, from FlashInfer rather than SGLang: what the kernels SGLang calls take
   (``KERNEL_FACTS``), and from each wheel's METADATA how it depends on flashinfer;
+- run, from the release's vendored FlashAttention 4 (``flash_attn/cute/interface.py``,
+  ``sglang_fa4``): its ``_validate_head_dims``, per capability major, for every (qk, v)
+  pair of multiples of 8 up to 512; fa4's verdict on a capability it checks is that;
 - run, on the FlashInfer release the SGLang release pins (``flashinfer_python==X`` in
   its METADATA; its wheel or sdist downloaded once into
   ``~/.cache/switchboard-engines/flashinfer``, ``flashinfer/prefill.py`` extracted):
@@ -74,8 +78,10 @@ from mla_switchboard.core.engine_rules.sglang import (
 from mla_switchboard.core.specs import FLASHINFER_CUTLASS_HEAD_DIMS
 
 from tools.engine_profiles import TABLES
+from tools.engine_profiles.cache import cache_root, cache_summary
+from tools.engine_profiles.sglang_fa4 import fa4_head_dims, fa4_reason
 
-CACHE = Path.home() / ".cache" / "switchboard-engines" / "sglang"
+CACHE = cache_root() / "sglang"
 FLASHINFER_CACHE = CACHE.parent / "flashinfer"
 BUILD_DEPS = CACHE.parent / "builddeps"
 """What ``pip download`` needs to read an old FlashInfer sdist's metadata (0.3 to 0.4
@@ -421,7 +427,7 @@ def situations(
                         + fa3.get("message", "")
                     )
             elif name == "fa4":
-                verdict.update(runs=True, kernel=f"FlashAttention 4 (flash_attn.cute), {method}")
+                verdict.update(fa4_verdict(major, (qk, v), facts, method))
             elif name == "flashinfer":
                 if major < 8:
                     verdict["reason"] = "FlashInfer's MLA kernels need compute capability 8.0+"
@@ -455,6 +461,17 @@ def situations(
         row["automatic"] = automatic(major, facts, defaults.get(cap))
         rows.append(row)
     return rows
+
+
+def fa4_verdict(
+    major: int, qk_v: tuple[int, int], facts: dict[str, Any], method: str
+) -> dict[str, Any]:
+    """fa4's prefill, its dispatch having sent it to FlashAttention 4's MHA path: what
+    the release's vendored FA4 check takes (``sglang_fa4``; unread: SGLang's answer)."""
+    reason = fa4_reason(major, qk_v, facts["fa4_head_dims"])
+    if reason is not None:
+        return {"reason": reason}
+    return {"runs": True, "kernel": f"FlashAttention 4 (flash_attn.cute), {method}"}
 
 
 def trtllm_verdict(major: int, qk_v: tuple[int, int], facts: dict[str, Any]) -> dict[str, Any]:
@@ -713,6 +730,7 @@ def extract(version: str) -> dict[str, Any]:
             "where": None,
             "note": f"this release's trtllm_mla prefill does not call {RAGGED_KERNEL}",
         }
+    facts["fa4_head_dims"] = fa4_head_dims(root, sorted({(n + r, v) for n, r, v in DIMS}))
     rows = situations(choices, fa3, handler["methods"], facts, ran["mla"])
     return {
         "engine": "sglang",
@@ -803,6 +821,7 @@ def main(argv: list[str] | None = None) -> int:
                 differ.append(version)
             continue
         path.write_text(dump(table))
+    print(cache_summary(), flush=True)
     return 1 if differ else 0
 
 

@@ -42,7 +42,12 @@ excluded; every patch release, not only the last of each minor):
 
 A reason that is not the release's own ``ValueError`` (a failure of the simulation,
 such as a stub that does not fit) stops the run for that release: a table must never
-record the harness's error as the release's rule.
+record the harness's error as the release's rule. The same holds for any module of the
+release that fails to import in the worker, even when the release catches the failure
+and makes a verdict of it (0.34.0's selector answers ``['ImportError']``): the worker
+records it and the run exits 1 naming the release, the module and the cause
+(``SimulationFailed``). A new table is compared with the previous release's
+(``compare_with_previous``), and the run ends with the cache's size.
 """
 
 from __future__ import annotations
@@ -51,7 +56,6 @@ import argparse
 import ast
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -65,6 +69,7 @@ from mla_switchboard.core.engine_rules.vllm import VLLM_LEGACY, VLLM_PREFILL_FLA
 from mla_switchboard.core.specs import Backend
 
 from tools.engine_profiles import TABLES
+from tools.engine_profiles.cache import cache_root, cache_summary
 
 __all__ = [
     "GRID",
@@ -80,9 +85,7 @@ __all__ = [
 FIRST = VLLM_LEGACY.until  # the first release with the flag (0.21.0): the core's claim
 FLAG = VLLM_PREFILL_FLAG.option  # the option the core's answers give (--opt=NAME)
 FLAG_FIELD = "AttentionConfig.mla_prefill_backend"
-CACHE = Path(
-    os.environ.get("SWITCHBOARD_ENGINE_CACHE", "~/.cache/switchboard-engines")
-).expanduser()
+CACHE = cache_root()
 DEPS = CACHE / "pydeps"  # real third-party modules the parser needs (regex)
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -282,9 +285,32 @@ def _run_worker(
         cwd=ROOT,
         timeout=900,
     )
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker failed for {tree.name}: {proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
+    where = mode.get("mode", "selection") + (f", packages {present}" if present else "")
+    try:
+        result = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise SimulationFailed(tree.name, where, [], proc.stderr[-3000:]) from None
+    if proc.returncode != 0 or result.get("failures"):
+        raise SimulationFailed(
+            tree.name, where, result.get("failures", []), result.get("crashed", "")
+        )
+    return result
+
+
+class SimulationFailed(RuntimeError):
+    """The release's code did not run as it would on a pod (a module of it failed to
+    import here, or a stand-in did not fit): no verdict of that run is the release's."""
+
+    def __init__(self, release: str, mode: str, failures: list[dict[str, str]], crash: str = ""):
+        self.release = release
+        self.failures = failures
+        parts = [f"module {f['module']} failed to import: {f['cause']}" for f in failures]
+        if crash:
+            parts.append(f"the worker stopped: {crash}")
+        super().__init__(
+            f"vLLM {release}: the simulation failed ({mode}), no table is written: "
+            + "; ".join(parts or ["the worker gave no output"])
+        )
 
 
 def _reasons(text: str | None, name: str) -> list[str] | str:
@@ -416,6 +442,77 @@ def dump(table: dict[str, Any]) -> str:
     return text[:-2] + ',\n "situations": [\n  ' + lines + "\n ]\n}\n"
 
 
+def load(text: str) -> dict[str, Any]:
+    """A table as :func:`dump` wrote it, each reason index replaced by its text."""
+    table = json.loads(text)
+    texts = table.pop("reasons", [])
+    for s in table["situations"]:
+        s["backends"] = {n: [texts[i] for i in idx] for n, idx in s["backends"].items()}
+    return table
+
+
+def previous(version: str, out: Path) -> Path | None:
+    """The committed table of the newest release older than ``version``, if any."""
+    key = _version_key(version) or ()
+    older = [
+        (k, p) for p in out.glob("*.json") if (k := _version_key(p.stem)) is not None and k < key
+    ]
+    return max(older)[1] if older else None
+
+
+def _situation_key(s: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (s["capability"], str(tuple(s["dims"])), s["dtype"], s["packages"])
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What ``new`` answers differently from ``old`` (both in :func:`load`'s form): the
+    names the config accepts, the flag's parse, and per situation each backend's
+    verdict and the automatic choice. Empty: the releases agree."""
+    out: list[str] = []
+    for field in ("accepted", "rejected"):
+        if old["names"][field] != new["names"][field]:
+            out.append(f"names {field}: {old['names'][field]} -> {new['names'][field]}")
+    if old["flag"]["spelling"] != new["flag"]["spelling"]:
+        out.append(f"flag: {old['flag']['spelling']} -> {new['flag']['spelling']}")
+    for name, parsed in new["flag"]["parsed"].items():
+        if old["flag"]["parsed"].get(name) != parsed:
+            out.append(f"flag {name}: {old['flag']['parsed'].get(name)} -> {parsed}")
+    before = {_situation_key(s): s for s in old["situations"]}
+    after = {_situation_key(s): s for s in new["situations"]}
+    for key in sorted(before.keys() ^ after.keys()):
+        out.append(f"{' '.join(key)}: only in {'the old' if key in before else 'the new'} grid")
+    for key in sorted(before.keys() & after.keys()):
+        a, b = before[key], after[key]
+        where = " ".join(key)
+        for name in sorted(a["backends"].keys() | b["backends"].keys()):
+            was, now = a["backends"].get(name), b["backends"].get(name)
+            if was != now:
+                out.append(f"{where}: {name} {_verdict(was)} -> {_verdict(now)}")
+        if a["auto"] != b["auto"]:
+            out.append(f"{where}: automatic {a['auto']} -> {b['auto']}")
+    return out
+
+
+def _verdict(reasons: list[str] | None) -> str:
+    if reasons is None:
+        return "not asked"
+    return "accepted" if not reasons else f"refused {reasons}"
+
+
+def compare_with_previous(table: dict[str, Any], out: Path, limit: int = 40) -> str:
+    """For review: how a release's new table differs from the previous release's."""
+    path = previous(table["release"], out)
+    if path is None:
+        return f"vLLM {table['release']}: no older table in {out} to compare with"
+    old = load(path.read_text())
+    diff = differences(old, load(dump(table)))
+    head = f"vLLM {table['release']} against {old['release']}: "
+    if not diff:
+        return head + "the same verdicts, automatic choices, names and flag"
+    more = f"\n  ... and {len(diff) - limit} more" if len(diff) > limit else ""
+    return head + f"{len(diff)} differences\n  " + "\n  ".join(diff[:limit]) + more
+
+
 def summary(table: dict[str, Any]) -> str:
     rows = table["situations"]
     accepted = sum(1 for s in rows for r in s["backends"].values() if not r)
@@ -462,6 +559,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         path.write_text(dump(table))
         print(summary(table), flush=True)
+        print(compare_with_previous(table, args.out), flush=True)
+    print(cache_summary(), flush=True)
     return 1 if failed else 0
 
 
