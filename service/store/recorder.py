@@ -249,7 +249,9 @@ class DecisionRecorder:
 
     def stop(self) -> None:
         """Store what the database takes within ``shutdown_flush_s``; the log keeps
-        the rest for the next start. Both threads end."""
+        the rest for the next start. Both threads end; refusals not yet told are
+        (the last line then carries the total)."""
+        self._log_refusals(force=True)
         if self._drainer.degraded is None:
             self.flush(self._shutdown_flush_s)
         self._stopping.set()
@@ -295,12 +297,12 @@ class DecisionRecorder:
                 log.exception("decision drainer: unexpected error (retrying)")
                 self._stopping.wait(0.1)
 
-    def _log_refusals(self) -> None:
-        """One line with the counts, at most every ``REFUSED_LOG_S``, never one per
-        decision."""
+    def _log_refusals(self, *, force: bool = False) -> None:
+        """One line with the counts, at most every ``REFUSED_LOG_S`` (``force``: now,
+        at stop), never one per decision."""
         new = self.refused - self._refused_logged
         now = time.monotonic()
-        if not new or now - self._refused_logged_at < REFUSED_LOG_S:
+        if not new or (not force and now - self._refused_logged_at < REFUSED_LOG_S):
             return
         self._refused_logged, self._refused_logged_at = self.refused, now
         log.error(
