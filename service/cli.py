@@ -137,7 +137,7 @@ def _create_token(
     """A new token, its creator recorded as ``actor``: the command that made it (the
     token list and the audit say "by serve" for the first admin token, "by cli" for
     ``token create``)."""
-    from mla_switchboard.service.auth import new_token
+    from mla_switchboard.service.identity.auth import new_token
 
     token_id, token, secret_hash = new_token()
     store.tokens.create_token(
@@ -171,7 +171,7 @@ def _people() -> Any:
     from datetime import timedelta
 
     from mla_switchboard.service.config import Settings
-    from mla_switchboard.service.people import People
+    from mla_switchboard.service.identity.people import People
 
     settings = Settings()
     _protect(settings)

@@ -38,7 +38,7 @@ ServiceAccountGlob = Annotated[
 
 class WorkloadIssuer(BaseModel):
     """One Kubernetes service-account token issuer, trusted for the clusters its
-    ``clusters`` globs name (see service/auth_workload.py and docs/security.md).
+    ``clusters`` globs name (see service/identity/workload.py and docs/security.md).
 
     Its keys come from ``jwks_file`` (an air-gapped cluster: the API server's
     ``/openid/v1/jwks`` saved to a file, re-read when it changes), else ``jwks_uri``,
@@ -327,7 +327,7 @@ class Settings(BaseSettings):
         "(key rotation) at most this often",
     )
 
-    # People sign in with OIDC (service/oidc.py, service/people.py, docs/security.md)
+    # People sign in with OIDC (service/identity/: oidc.py, people.py; docs/security.md)
     oidc_issuer: HttpUrl | None = Field(
         default=None,
         description="the identity provider's issuer URL (its discovery document lives at "

@@ -1,6 +1,6 @@
 """The one ``DecisionInputs`` every decision reads, rebuilt when what it holds changes.
 
-The configuration snapshot (``service/live.py``) and the trusted evidence
+The configuration snapshot (``service/live/poller.py``) and the trusted evidence
 (``service/evidence/trust.py``) change on their own threads; each change is
 published here as a whole new ``DecisionInputs``, so the hot path reads one
 attribute and never a half-applied change.

@@ -4,7 +4,7 @@ The service's housekeeping (promoting rollout steps, taking stale pods out of th
 live fleet, storing refused-select counts) all runs this way: in a daemon thread,
 never on the event loop, and a round that fails (the database is away) is logged in
 one line and simply tried again at the next one. So does the config poller
-(``service/live.py``), at the event loop's priority: replicas must see a write within
+(``service/live/poller.py``), at the event loop's priority: replicas must see a write within
 its interval.
 """
 

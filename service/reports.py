@@ -20,8 +20,8 @@ from mla_switchboard.core.evidence import failure_observation, observations_of_r
 from mla_switchboard.core.hardware import peak_bf16_tflops
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.service.auth import Principal, identity_problem
 from mla_switchboard.service.evidence.sync import EvidenceSync
+from mla_switchboard.service.identity.auth import Principal, identity_problem
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.rollouts import RolloutGuards
@@ -39,7 +39,7 @@ to pass the drainer's mark) before it is stored as not counted."""
 class Reports:
     """``evidence``: where this replica's own new evidence is applied at once;
     ``requires_identity``: whether a cluster's agents must present their pods' own
-    service-account tokens (service/auth_workload.py)."""
+    service-account tokens (service/identity/workload.py)."""
 
     measurement_store: MeasurementStore
     decisions: DecisionStore

@@ -65,7 +65,7 @@ from mla_switchboard.service.guard_notes import (
     failure_key,
     measurements_key,
 )
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.periodic import Periodic

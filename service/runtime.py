@@ -16,12 +16,10 @@ from functools import partial
 from pathlib import Path
 
 from mla_switchboard.core.version import PROGRAM
-from mla_switchboard.service.auth_workload import WorkloadVerifier
 from mla_switchboard.service.clusters import KnownClusters
 from mla_switchboard.service.collector import Collector
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.deciding import Decider
-from mla_switchboard.service.events import EventHub
 from mla_switchboard.service.evidence.sync import EvidenceSync
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.expiry import PodExpiry
@@ -31,13 +29,17 @@ from mla_switchboard.service.gitops.drift import Drift
 from mla_switchboard.service.gitops.planning import OverridesAsCode
 from mla_switchboard.service.gitops.sync import FileSync
 from mla_switchboard.service.guard_notes import GuardNotes, rollouts_active
+from mla_switchboard.service.identity.issuer_keys import IssuerKeys
+from mla_switchboard.service.identity.key_health import IssuerKeysHealth
+from mla_switchboard.service.identity.oidc import RelyingParty
+from mla_switchboard.service.identity.people import People
+from mla_switchboard.service.identity.throttle import FailureThrottle
+from mla_switchboard.service.identity.workload import WorkloadVerifier
 from mla_switchboard.service.inputs import InputsPublisher, index_factory
-from mla_switchboard.service.key_health import IssuerKeysHealth
-from mla_switchboard.service.live import LiveConfig, fan_out
+from mla_switchboard.service.live.events import EventHub
+from mla_switchboard.service.live.poller import LiveConfig, fan_out
 from mla_switchboard.service.messages import protect
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.oidc import RelyingParty
-from mla_switchboard.service.people import People
 from mla_switchboard.service.reads.audit import AuditReads
 from mla_switchboard.service.reads.health import Health
 from mla_switchboard.service.reads.pods import PodReads
@@ -51,8 +53,6 @@ from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, make_writer_engine, migrate
 from mla_switchboard.service.store.deadline import store_deadline
 from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
-from mla_switchboard.service.throttle import FailureThrottle
-from mla_switchboard.service.workload_keys import IssuerKeys
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.flow import WriteFlow
 from mla_switchboard.service.writes.managed import ManagedScopes
@@ -153,7 +153,7 @@ class Runtime:
             on_change=self.publisher.evidence_changed,
             collector=self.collector,
         )
-        # the consoles' change stream, fed by the same reads (service/events.py)
+        # the consoles' change stream, fed by the same reads (service/live/events.py)
         self.events = EventHub(
             settings.event_ring, settings.event_streams_max, settings.event_heartbeat_s
         )

@@ -70,7 +70,7 @@ class PodState:
 class Asker(NamedTuple):
     """Who asked for a decision, as it is recorded with it: the principal's id
     (``workload:<pod uid>`` for a verified pod, else the static token's id) and whether
-    the pod's identity was verified (service/auth_workload.py)."""
+    the pod's identity was verified (service/identity/workload.py)."""
 
     principal: str | None
     verified: bool

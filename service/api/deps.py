@@ -11,21 +11,22 @@ import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from mla_switchboard.core.schemas import SelectRequest
-from mla_switchboard.service.auth import Principal, Role, authenticate, identity_problem
-from mla_switchboard.service.auth_workload import (
+from mla_switchboard.service.fleet.reads import FleetReads
+from mla_switchboard.service.gitops.drift import Drift
+from mla_switchboard.service.gitops.planning import OverridesAsCode
+from mla_switchboard.service.identity.auth import Principal, Role, authenticate, identity_problem
+from mla_switchboard.service.identity.oidc import RelyingParty
+from mla_switchboard.service.identity.people import CSRF_HEADER, SESSION_COOKIE, People, csrf_ok
+from mla_switchboard.service.identity.throttle import FailureThrottle
+from mla_switchboard.service.identity.workload import (
     PodIdentity,
     Rejected,
     WorkloadVerifier,
     looks_like_jwt,
 )
-from mla_switchboard.service.events import EventHub
-from mla_switchboard.service.fleet.reads import FleetReads
-from mla_switchboard.service.gitops.drift import Drift
-from mla_switchboard.service.gitops.planning import OverridesAsCode
-from mla_switchboard.service.live import LiveConfig
-from mla_switchboard.service.oidc import RelyingParty
+from mla_switchboard.service.live.events import EventHub
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.outcomes import Problem
-from mla_switchboard.service.people import CSRF_HEADER, SESSION_COOKIE, People, csrf_ok
 from mla_switchboard.service.reads.audit import AuditReads
 from mla_switchboard.service.reads.health import Health
 from mla_switchboard.service.reads.pods import PodReads
@@ -35,7 +36,6 @@ from mla_switchboard.service.refused import RefusedSelects
 from mla_switchboard.service.reports import Reports
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.state import ConfigSnapshot
-from mla_switchboard.service.throttle import FailureThrottle
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.overrides import OverrideWrites
 from mla_switchboard.service.writes.rules import RulesWrites

@@ -18,7 +18,7 @@ compares this handler with, byte for byte. The same checks, in the same order:
    request, through the app's own validation-error encoder;
    (and for a ``dry_run`` query parameter that is not a boolean);
 3. 401/403 for the token and its role (429 for a wrong token from an address that sent
-   too many, service/throttle.py), 403 for a cluster outside its scope, 401/403 for a
+   too many, service/identity/throttle.py), 403 for a cluster outside its scope, 401/403 for a
    pod that is not the workload token's or a static token in a cluster with a workload
    issuer (``deps.act_as``), each counted per claimed cluster (``service/refused.py``:
    misconfigured pods show);
@@ -55,13 +55,13 @@ from mla_switchboard.service.api.routes.select import (
     parse_json_body,
     select_answer,
 )
-from mla_switchboard.service.auth import asker_of
-from mla_switchboard.service.auth_workload import WorkloadVerifier
 from mla_switchboard.service.deciding import Decider
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.identity.auth import asker_of
+from mla_switchboard.service.identity.throttle import FailureThrottle
+from mla_switchboard.service.identity.workload import WorkloadVerifier
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.refused import RefusedSelects
-from mla_switchboard.service.throttle import FailureThrottle
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 from mla_switchboard.core.schemas import OverrideSpec
+from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.gitops.document import (
     API_VERSION,
     KIND,
@@ -81,7 +82,7 @@ def main(argv: Sequence[str]) -> int:
     """``switchboard overrides ...`` (``argv`` from ``overrides`` on), without the rest of
     the service's parser: its ``serve`` help reads the server's settings, which a CI job
     that only plans has not installed."""
-    parser = argparse.ArgumentParser(prog="switchboard")
+    parser = argparse.ArgumentParser(prog=PROGRAM)
     add_overrides(parser.add_subparsers(dest="command", required=True))
     return run(parser.parse_args(list(argv)))
 

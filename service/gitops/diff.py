@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mla_switchboard.core.schemas import FLEET, Override, OverrideSpec, RulesDocument
-from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.gitops.document import FileRules, OverridesFile, file_form, spec_of
+from mla_switchboard.service.identity.auth import OutOfScope, Principal
 from mla_switchboard.service.state import override_etag, rules_etag
 from mla_switchboard.service.writes.rules import scoped_merge
 

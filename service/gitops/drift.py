@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.gitops.diff import Diff, compare
 from mla_switchboard.service.gitops.document import OverridesFile
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.identity.auth import OutOfScope, Principal
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store.audit import AuditStore
 from mla_switchboard.service.store.config_apply import APPLY_ACTION

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.gitops.diff import Change, Diff, compare
 from mla_switchboard.service.gitops.document import OverridesFile, content_revision
 from mla_switchboard.service.gitops.proposal import combined
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.identity.auth import OutOfScope, Principal
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.reads.previews import Previews

@@ -13,10 +13,10 @@ from datetime import datetime
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import Override
-from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import with_override
 from mla_switchboard.service.fleet.reads import Proposal
 from mla_switchboard.service.gitops.diff import Change
+from mla_switchboard.service.identity.auth import Principal
 
 
 @dataclass(frozen=True)

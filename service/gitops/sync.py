@@ -14,11 +14,11 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.gitops.document import OverridesFile, content_revision
 from mla_switchboard.service.gitops.lines import read_file
 from mla_switchboard.service.gitops.planning import OverridesAsCode
 from mla_switchboard.service.gitops.report import text
+from mla_switchboard.service.identity.auth import Principal
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.outcomes import Done
 from mla_switchboard.service.periodic import Periodic

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.identity.auth import Principal
 from mla_switchboard.service.reads import scope
 from mla_switchboard.service.store.audit import AuditStore
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mla_switchboard.service.evidence.sync import EvidenceSync
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.store.recorder import DecisionRecorder
 from prometheus_client import Gauge

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from mla_switchboard.core.schemas import Override
-from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.identity.auth import Principal
 from mla_switchboard.service.reads import scope
 
 

@@ -20,9 +20,9 @@ from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
 from mla_switchboard.core.names import cluster_matches, model_matches
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import bucket_in_stage, stage_buckets
-from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.groups import Fleet, FleetSnapshot
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.identity.auth import Principal
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.store.fleet import FleetStore, PodFilter
 from mla_switchboard.service.store.recorder import DecisionRecorder
 from mla_switchboard.service.store.rows import LivePod

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.fleet.reads import FleetReads, Proposal, Visible
+from mla_switchboard.service.identity.auth import Principal
 from mla_switchboard.service.reads import scope
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from mla_switchboard.core import cause_words as words
 from mla_switchboard.core import causes
-from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.identity.auth import Principal
 from pydantic import TypeAdapter, ValidationError
 
 OUTSIDE = words.OUTSIDE

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.reads import Answer, FleetReads
+from mla_switchboard.service.identity.auth import Principal
 from mla_switchboard.service.reads import scope
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store.decisions import DecisionStore

@@ -270,7 +270,7 @@ class MeasurementRow(Base):
 
 
 class PersonSessionRow(Base):
-    """A person's signed-in session (service/people.py). Keyed by the SHA-256 of the
+    """A person's signed-in session (service/identity/people.py). Keyed by the SHA-256 of the
     cookie's random id, so a copy of the table signs no one in; any replica finds it.
     ``groups`` are what the provider last said (the mapping is applied to them on every
     request); role and clusters what the mapping gave at sign-in (sessions from before

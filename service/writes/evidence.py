@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mla_switchboard.core.evidence import Situation
-from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.identity.auth import Principal
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.store.measurements import Cleared, MeasurementStore, SeenThrough
 from mla_switchboard.service.writes.flow import (

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mla_switchboard.service.auth import Principal
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.identity.auth import Principal
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.state import Conflict

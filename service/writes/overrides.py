@@ -12,10 +12,10 @@ from typing import Any
 from mla_switchboard.core import rollouts
 from mla_switchboard.core.rollouts import RolloutAction
 from mla_switchboard.core.schemas import Override, OverrideSpec, Rollout
-from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.fleet.preview import Preview
 from mla_switchboard.service.fleet.reads import Proposal
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.identity.auth import Principal
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.reads.overrides import shown

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mla_switchboard.core.schemas import RulesDocument
-from mla_switchboard.service.auth import OutOfScope, Principal
 from mla_switchboard.service.fleet.reads import Proposal
-from mla_switchboard.service.live import LiveConfig
+from mla_switchboard.service.identity.auth import OutOfScope, Principal
+from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.reads.previews import Previews
 from mla_switchboard.service.state import rules_etag

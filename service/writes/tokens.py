@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mla_switchboard.service.auth import Principal, new_token
+from mla_switchboard.service.identity.auth import Principal, new_token
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.rollouts import SERVICE_ACTOR

@@ -28,7 +28,7 @@ import pytest
 import yaml
 from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.service.config import Settings
-from mla_switchboard.service.workload_keys import parse_jwks
+from mla_switchboard.service.identity.issuer_keys import parse_jwks
 
 from tests.conftest import ADMIN, ROOT, free_port
 from tests.served import ThreadServer, serving

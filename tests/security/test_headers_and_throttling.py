@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.service.identity.throttle import FailureThrottle
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.throttle import FailureThrottle
 
 from tests.conftest import ADMIN, ServiceProcess, make_inprocess_client
 

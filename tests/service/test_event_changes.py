@@ -1,5 +1,5 @@
 """What the change stream says, from the snapshots a replica takes into force
-(``service/changes.py``, ``service/events.py``), without a server: a rollout's halt,
+(``service/live/changes.py``, ``service/live/events.py``), without a server: a rollout's halt,
 resume and step; an override that expires by the clock, told once; resuming from an
 id, and ``resync`` for one the ring no longer keeps."""
 
@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mla_switchboard.core.schemas import Override, RulesDocument
-from mla_switchboard.service.changes import config_changes
-from mla_switchboard.service.events import EventHub
+from mla_switchboard.service.live.changes import config_changes
+from mla_switchboard.service.live.events import EventHub
 from mla_switchboard.service.state import ConfigSnapshot
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 from mla_switchboard.service.config import Settings
-from mla_switchboard.service.oidc import Person, RelyingParty
+from mla_switchboard.service.identity.oidc import Person, RelyingParty
 from mla_switchboard.service.outcomes import Problem
 from pydantic import ValidationError
 from sqlalchemy import create_engine, text
@@ -502,7 +502,7 @@ def test_a_revoked_tokens_stream_ends(service: ServiceProcess) -> None:
 
 def test_a_mapping_change_applies_to_open_sessions_at_once(tmp_path: Path) -> None:
     from mla_switchboard.service.config import RoleMapping
-    from mla_switchboard.service.people import People
+    from mla_switchboard.service.identity.people import People
     from mla_switchboard.service.store.db import make_engine, migrate
     from mla_switchboard.service.store.sessions import SessionStore
 

@@ -17,7 +17,7 @@ from mla_switchboard.core.causes import (
     PodError,
     SlowdownHalt,
 )
-from mla_switchboard.service.auth import Principal
+from mla_switchboard.service.identity.auth import Principal
 from mla_switchboard.service.reads import scope
 
 PROD = Principal("prod", "viewer", ("prod-*",), "t1")

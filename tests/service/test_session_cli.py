@@ -10,8 +10,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from mla_switchboard.service.config import RoleMapping
-from mla_switchboard.service.oidc import Person
-from mla_switchboard.service.people import People
+from mla_switchboard.service.identity.oidc import Person
+from mla_switchboard.service.identity.people import People
 from mla_switchboard.service.store.db import make_engine, migrate
 from mla_switchboard.service.store.sessions import SessionStore
 

@@ -1,4 +1,4 @@
-"""The workload-token verifier on its own (service/auth_workload.py, workload_keys.py),
+"""The workload-token verifier on its own (service/identity/workload.py, workload_keys.py),
 against a test issuer serving OIDC discovery and a JWKS over real HTTP: what each
 kind of bad token is answered, key rotation, the JWKS-file variant, the cache, and
 what a bad ``SWITCHBOARD_WORKLOAD_ISSUERS`` says at start."""
@@ -16,14 +16,14 @@ from typing import Any
 
 import jwt
 import pytest
-from mla_switchboard.service.auth_workload import (
+from mla_switchboard.service.config import Settings, WorkloadIssuer
+from mla_switchboard.service.identity.issuer_keys import IssuerKeys, KeyProblem
+from mla_switchboard.service.identity.workload import (
     PodIdentity,
     Rejected,
     WorkloadVerifier,
     account_matches,
 )
-from mla_switchboard.service.config import Settings, WorkloadIssuer
-from mla_switchboard.service.workload_keys import IssuerKeys, KeyProblem
 from pydantic import ValidationError
 
 from tests.service.workload_issuer import AUDIENCE, TestIssuer

@@ -3,9 +3,9 @@
 ``GET /auth/login`` sends the browser to the identity provider, ``GET /auth/callback``
 takes it back and sets the session cookie, ``POST /auth/logout`` ends the session and
 ``GET /auth/session`` tells the console who is signed in (and the CSRF token its
-writes carry). What is checked lives in service/oidc.py and service/people.py; this
-module reads and writes cookies and answers a person with a page, not JSON, where
-their browser was sent.
+writes carry). What is checked lives in service/identity/oidc.py and
+service/identity/people.py; this module reads and writes cookies and answers a person
+with a page, not JSON, where their browser was sent.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from mla_switchboard.service.api.deps import PeopleDep, RelyingPartyDep, person_from
 from mla_switchboard.service.api.headers import SECURITY_HEADERS
 from mla_switchboard.service.api.outcomes import respond
-from mla_switchboard.service.oidc import Pending, RelyingParty
-from mla_switchboard.service.outcomes import Problem
-from mla_switchboard.service.people import (
+from mla_switchboard.service.identity.oidc import Pending, RelyingParty
+from mla_switchboard.service.identity.people import (
     CSRF_HEADER,
     LOGIN_COOKIE,
     SESSION_COOKIE,
     csrf_ok,
     csrf_token,
 )
+from mla_switchboard.service.outcomes import Problem
 from starlette.exceptions import HTTPException
 
 router = APIRouter(prefix="/auth", include_in_schema=False)

@@ -1,6 +1,6 @@
 """``GET /v1/events``: the changes a console shows, as server-sent events.
 
-One stream per open page. The hub (``service/events.py``) says what changed; this
+One stream per open page. The hub (``service/live/events.py``) says what changed; this
 route authenticates the caller as any read does (a bearer token, or a signed-in
 person's session cookie), bounds the streams a replica holds, and sends each event
 the caller's clusters allow, with a heartbeat while nothing happens.
@@ -9,12 +9,13 @@ the caller's clusters allow, with a heartbeat while nothing happens.
 from __future__ import annotations
 
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from mla_switchboard.core.schemas import error_responses
 from mla_switchboard.service.api.deps import EventsDep, ViewerDep, require
+from mla_switchboard.service.reads import scope
 from sse_starlette import EventSourceResponse
 
 router = APIRouter(prefix="/v1/events", tags=["events"], responses=error_responses(401, 403))
@@ -63,7 +64,7 @@ async def events(
             principal.may_see,
             last_event_id,
             STREAM_LIFETIME_S,
-            principal.restricted,
+            render=partial(_rendered, principal.may_see if principal.restricted else None),
             still_valid=partial(_still_valid, request),
         ),
         ping=hub.heartbeat_s,
@@ -82,3 +83,12 @@ async def _still_valid(request: Request) -> bool:
     except HTTPException:
         return False
     return True
+
+
+def _rendered(sees: scope.Sees, data: dict[str, Any]) -> dict[str, Any]:
+    """A change's data as the caller may read it: a rollout's halt told from its cause
+    in the words of the caller's clusters (``reads/scope.halted``)."""
+    if "halted_reason" not in data:
+        return data
+    reason, cause = scope.halted(sees, data["halted_reason"], data.get("halted_cause"))
+    return {**data, "halted_reason": reason, "halted_cause": cause}

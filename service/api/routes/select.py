@@ -31,8 +31,8 @@ from mla_switchboard.service.api.deps import (
     verify_workload,
 )
 from mla_switchboard.service.api.outcomes import respond
-from mla_switchboard.service.auth import Principal, asker_of
 from mla_switchboard.service.deciding import Decider
+from mla_switchboard.service.identity.auth import Principal, asker_of
 from mla_switchboard.service.reads import scope
 from mla_switchboard.service.selector import Rendered
 from mla_switchboard.service.state import UNKNOWN_ASKER, Asker

@@ -2,7 +2,7 @@
 
 The service already learns of every admin write the same way, whichever replica made
 it: this replica's own writes reload the snapshot at once, others' arrive through the
-config poller (``service/live.py``). So the changes are found by comparing the snapshot
+config poller (``service/live/poller.py``). So the changes are found by comparing the snapshot
 in force with the one before it, never by each write announcing itself: nothing a
 replica misses, and nothing another replica has to send.
 """

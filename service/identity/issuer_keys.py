@@ -1,6 +1,6 @@
 """The signing keys of one token issuer, kept and refreshed: a Kubernetes
 service-account issuer (``WorkloadIssuer``) or the OIDC provider people sign in with
-(service/oidc.py).
+(service/identity/oidc.py).
 
 Where the keys come from (``WorkloadIssuer``): a JWKS file (an air-gapped cluster; it
 is read again whenever its modification time changes), a JWKS URL, or the URL that

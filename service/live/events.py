@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from mla_switchboard.service.changes import Change, config_changes, expired_since
-from mla_switchboard.service.reads import scope
+from mla_switchboard.service.live.changes import Change, config_changes, expired_since
 from mla_switchboard.service.state import ConfigSnapshot
 
 # The store's versions whose moves the console answers by reading again.
@@ -163,7 +163,7 @@ class EventHub:
         may_see: Callable[[str], bool],
         last_id: str | None,
         lifetime_s: float = 600.0,
-        restricted: bool = False,
+        render: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         still_valid: Callable[[], Awaitable[bool]] | None = None,
         recheck_s: float = RECHECK_S,
     ) -> AsyncIterator[dict[str, str]]:
@@ -172,13 +172,13 @@ class EventHub:
         kept, then every event after that point this caller may see. Ends when the
         caller goes (the response stops iterating) or after ``lifetime_s``: the
         caller then comes back with ``Last-Event-ID`` and is authenticated again, so a
-        revoked token or an ended session hears no more than that. ``restricted``: the
-        caller may see only the clusters ``may_see`` accepts, so a rollout's halt is
-        told in its words (``reads/scope.halted``). ``still_valid`` asks every
+        revoked token or an ended session hears no more than that. ``render``: an
+        event's data as this caller may read it (a rollout's halt told in its words:
+        the route hands ``reads/scope``'s rendering in, so that live updates never
+        depend on the reads). ``still_valid`` asks every
         ``recheck_s`` whether the caller may still read (a session signed out or
         revoked, a token revoked): when not, an ``ended`` event closes the stream.
         ``sub`` is let go here."""
-        sees = may_see if restricted else None
         loop = asyncio.get_running_loop()
         ends = loop.time() + lifetime_s
         check_at = loop.time() + recheck_s
@@ -197,7 +197,7 @@ class EventHub:
                 for event in events:
                     seq = event.seq
                     if event.change.cluster is None or may_see(event.change.cluster):
-                        yield _wire(event, sees)
+                        yield _wire(event, render)
                 if still_valid is not None and loop.time() >= check_at:
                     check_at = loop.time() + recheck_s
                     if not await still_valid():
@@ -214,11 +214,12 @@ class EventHub:
             self.unsubscribe(sub)
 
 
-def _wire(event: Event, sees: scope.Sees = None) -> dict[str, str]:
+def _wire(
+    event: Event, render: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> dict[str, str]:
     data = dict(event.change.data)
-    if "halted_reason" in data:
-        reason, cause = scope.halted(sees, data["halted_reason"], data.get("halted_cause"))
-        data["halted_reason"], data["halted_cause"] = reason, cause
+    if render is not None:
+        data = render(data)
     if event.change.cluster is not None:
         data.setdefault("cluster", event.change.cluster)
     return {"event": event.change.kind, "id": event.id, "data": json.dumps(data)}

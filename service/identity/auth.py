@@ -4,7 +4,7 @@ A token reads ``sb_<id>_<secret>``: the id finds the row, and the secret is chec
 against its SHA-256 with ``hmac.compare_digest``, so the database never holds a usable
 token and the comparison leaks nothing through timing.
 
-A pod may instead present its Kubernetes service-account token (service/auth_workload.py);
+A pod may instead present its Kubernetes service-account token (service/identity/workload.py);
 its principal then carries the verified :class:`PodIdentity`, and :func:`identity_problem`
 holds it to acting as itself, in its own cluster.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mla_switchboard.core.names import cluster_matches
-from mla_switchboard.service.auth_workload import PodIdentity
+from mla_switchboard.service.identity.workload import PodIdentity
 from mla_switchboard.service.outcomes import Problem
 from mla_switchboard.service.state import Asker, TokenRecord
 

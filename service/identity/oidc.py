@@ -30,8 +30,8 @@ import jwt
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri, prepare_token_request
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from mla_switchboard.service.config import Settings
+from mla_switchboard.service.identity.issuer_keys import IssuerKeys, KeyProblem
 from mla_switchboard.service.outcomes import Problem
-from mla_switchboard.service.workload_keys import IssuerKeys, KeyProblem
 
 log = logging.getLogger("switchboard.oidc")
 

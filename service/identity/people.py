@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import anyio.to_thread
-from mla_switchboard.service.auth import Principal
 from mla_switchboard.service.config import RoleMapping
-from mla_switchboard.service.oidc import Gone, Person, Refreshed, RelyingParty
+from mla_switchboard.service.identity.auth import Principal
+from mla_switchboard.service.identity.oidc import Gone, Person, Refreshed, RelyingParty
 from mla_switchboard.service.outcomes import Problem
 from mla_switchboard.service.store.sessions import PersonSession, SessionStore, Tokens
 

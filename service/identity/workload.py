@@ -36,7 +36,7 @@ from typing import Any
 import jwt
 from mla_switchboard.core.names import cluster_matches
 from mla_switchboard.service.config import WorkloadIssuer
-from mla_switchboard.service.workload_keys import IssuerKeys, KeyProblem
+from mla_switchboard.service.identity.issuer_keys import IssuerKeys, KeyProblem
 
 ALGORITHMS = ("RS256", "ES256")
 CACHE_LIMIT = 100_000
@@ -100,7 +100,7 @@ class WorkloadVerifier:
         return self._keys[issuer]
 
     def all_keys(self) -> dict[str, IssuerKeys]:
-        """Every configured issuer's keys (their health: service/key_health.py)."""
+        """Every configured issuer's keys (their health: service/identity/key_health.py)."""
         return dict(self._keys)
 
     def requires_identity(self, cluster: str) -> bool:

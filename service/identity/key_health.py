@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from mla_switchboard.service.workload_keys import IssuerKeys
+from mla_switchboard.service.identity.issuer_keys import IssuerKeys
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
