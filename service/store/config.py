@@ -149,22 +149,8 @@ class ConfigStore:
                         )
                     )
                 now = datetime.now(UTC)
-                new = RulesRevision(
-                    revision=current.revision + 1,
-                    document=document.rules_only(),
-                    created_at=now,
-                    created_by=actor,
-                )
-                s.add(new)
-                add_audit(
-                    s,
-                    actor=actor,
-                    action="rules.replace",
-                    target="rules",
-                    before={**current.document, "revision": current.revision},
-                    after={**new.document, "revision": new.revision},
-                    note=note,
-                    preview=preview,
+                new = add_rules_revision(
+                    s, current, document, actor=actor, note=note, preview=preview, now=now
                 )
                 stored = RulesDocument.model_validate(
                     {**new.document, "revision": new.revision, "updated_at": now}
@@ -319,3 +305,35 @@ class ConfigStore:
         except Refused as refused:
             return refused.result
         return before
+
+
+def add_rules_revision(
+    s: Session,
+    current: RulesRevision,
+    document: RulesDocument,
+    *,
+    actor: str,
+    note: str | None,
+    preview: dict[str, Any] | None,
+    now: datetime,
+) -> RulesRevision:
+    """The rule set's next revision after ``current``, with its ``rules.replace`` audit
+    entry, in the caller's transaction (an admin's PUT, or a file's apply)."""
+    new = RulesRevision(
+        revision=current.revision + 1,
+        document=document.rules_only(),
+        created_at=now,
+        created_by=actor,
+    )
+    s.add(new)
+    add_audit(
+        s,
+        actor=actor,
+        action="rules.replace",
+        target="rules",
+        before={**current.document, "revision": current.revision},
+        after={**new.document, "revision": new.revision},
+        note=note,
+        preview=preview,
+    )
+    return new

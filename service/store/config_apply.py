@@ -14,7 +14,7 @@ from mla_switchboard.core.schemas import OverrideSpec, RulesDocument
 from mla_switchboard.service.state import override_etag, rules_etag
 from mla_switchboard.service.store.audit import add_audit
 from mla_switchboard.service.store.base import Refused, admin_write
-from mla_switchboard.service.store.config import _override
+from mla_switchboard.service.store.config import _override, add_rules_revision
 from mla_switchboard.service.store.models import OverrideRow, RulesRevision
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
@@ -110,23 +110,7 @@ def _put_rules(
     s: Session, rules: RulesDocument, *, actor: str, note: str, now: datetime
 ) -> Applied:
     current = _current_rules(s)
-    new = RulesRevision(
-        revision=current.revision + 1,
-        document=rules.rules_only(),
-        created_at=now,
-        created_by=actor,
-    )
-    s.add(new)
-    add_audit(
-        s,
-        actor=actor,
-        action="rules.replace",
-        target="rules",
-        before={**current.document, "revision": current.revision},
-        after={**new.document, "revision": new.revision},
-        note=note,
-        preview=None,
-    )
+    new = add_rules_revision(s, current, rules, actor=actor, note=note, preview=None, now=now)
     return Applied(RULES, "update", new.revision)
 
 
