@@ -75,6 +75,15 @@ def valid_bodies(c: Client) -> dict[tuple[str, str], list[tuple[str, dict[str, A
             }
         ],
     }
+    # an overrides file (overrides as code) holding the same staged override
+    overrides_file = {
+        "apiVersion": "switchboard/v1",
+        "kind": "Overrides",
+        "overrides": {CLUSTER: override},
+    }
+    planned = c.post("/v1/plan", json={"file": overrides_file})
+    assert planned.status_code == 200, planned.text
+    etags = planned.json()["etags"]
     clear = {
         "device": "NVIDIA H200",
         "capability": "9.0",
@@ -108,6 +117,8 @@ def valid_bodies(c: Client) -> dict[tuple[str, str], list[tuple[str, dict[str, A
         ("post", "/v1/selections/{decision_id}/failure"): [
             (f"/v1/selections/{decision}/failure", {"backend": "CUDNN", "error": "boom"})
         ],
+        ("post", "/v1/plan"): [("/v1/plan", {"file": overrides_file})],
+        ("post", "/v1/apply"): [("/v1/apply", {"file": overrides_file, "etags": etags})],
     }
 
 
