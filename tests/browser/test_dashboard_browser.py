@@ -237,8 +237,11 @@ def test_dashboard_in_chromium(service: ThreadServer, tmp_path: Path) -> None:
                 # its colour is its registry slot (from GET /v1/backends), as in the chart
                 slot = re.compile(rf"\bbc-{SPECS[backend].colour}\b")
                 expect(item.locator(".swatch")).to_have_class(slot)
-            colours = page.eval_on_selector_all(
-                "#legend .swatch", "els => els.map((e) => getComputedStyle(e).backgroundColor)"
+            # found and read in one task of the page: a live redraw between finding the
+            # swatches and reading them would leave detached elements (no style)
+            colours = page.evaluate(
+                """() => [...document.querySelectorAll("#legend .swatch")]
+                    .map((e) => getComputedStyle(e).backgroundColor)"""
             )
             assert len(set(colours)) == len(Backend), colours  # no two alike, none the fallback
             segment = page.locator("#fleet-chart rect.seg").first
