@@ -22,7 +22,8 @@ router = APIRouter(prefix="/v1/events", tags=["events"], responses=error_respons
 
 RETRY_AFTER_S = 30
 # A stream ends after this; the page reconnects at once with Last-Event-ID (nothing is
-# lost) and is authenticated again: a revoked token is heard for no longer than this.
+# lost) and is authenticated again. A revoked token or session is heard for much less:
+# the stream asks every few seconds whether its caller may still read (RECHECK_S).
 STREAM_LIFETIME_S = 600.0
 
 
