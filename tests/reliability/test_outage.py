@@ -202,7 +202,10 @@ def test_the_running_replica_stores_its_log_when_the_database_answers(
         load.wait_for(100)
         begin()
         wait_until(lambda: readyz(service)[1]["store"] == "degraded", 10, what="degraded")
-        time.sleep(3.0)
+        # a few hundred answers while the database is away (counted, not timed: a
+        # loaded machine answers fewer a second)
+        during = len(load.answers)
+        wait_until(lambda: len(load.answers) > during + 250, 60, what="answers meanwhile")
         on_disk = logged(spill)
         body = readyz(service)[1]
         end()
