@@ -165,28 +165,10 @@ def _open_store(settings: Settings) -> Store:
     return store
 
 
-def _people() -> Any:
-    """The service's ``People`` on its database, for ``switchboard session``; None (and
-    why, on stderr) when there is no such database."""
-    from datetime import timedelta
-
-    from mla_switchboard.service.config import Settings
-    from mla_switchboard.service.identity.people import People
-
-    settings = Settings()
-    _protect(settings)
-    print(f"switchboard: using database {shown_url(settings.database_url)}", file=sys.stderr)
-    problem = _store_problem(settings.database_url, create=False, command="session")
-    if problem is not None:
-        print(f"switchboard session: {problem}", file=sys.stderr)
-        return None
-    store = _open_store(settings)
-    return People(
-        store.sessions, settings.oidc_role_mapping, timedelta(hours=settings.session_hours)
-    )
-
-
-def _token(args: argparse.Namespace) -> int:
+def _local_store(command: str, subcommand: str, *, create: bool) -> tuple[Settings, Store] | None:
+    """The service's own database, for the commands that work on it directly (``token``,
+    ``session``): says which one it uses; None, with why on stderr, when it must not be
+    opened (``_store_problem``) or cannot be."""
     from mla_switchboard.service.config import Settings
     from mla_switchboard.service.store.db import StoreConfigError
 
@@ -195,15 +177,38 @@ def _token(args: argparse.Namespace) -> int:
     url = settings.database_url
     # stderr, so that `TOKEN=$(switchboard token create ...)` still captures the token only
     print(f"switchboard: using database {shown_url(url)}", file=sys.stderr)
-    problem = _store_problem(url, create=getattr(args, "create", False), command=args.token_command)
+    problem = _store_problem(url, create=create, command=subcommand)
     if problem is not None:
-        print(f"switchboard token: {problem}", file=sys.stderr)
-        return 2
+        print(f"switchboard {command}: {problem}", file=sys.stderr)
+        return None
     try:
-        store = _open_store(settings)
+        return settings, _open_store(settings)
     except StoreConfigError as exc:
-        print(f"switchboard token: {exc}", file=sys.stderr)
+        print(f"switchboard {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def _people() -> Any:
+    """The service's ``People`` on its database, for ``switchboard session``; None (and
+    why, on stderr) when there is no such database."""
+    from datetime import timedelta
+
+    from mla_switchboard.service.identity.people import People
+
+    opened = _local_store("session", "session", create=False)
+    if opened is None:
+        return None
+    settings, store = opened
+    return People(
+        store.sessions, settings.oidc_role_mapping, timedelta(hours=settings.session_hours)
+    )
+
+
+def _token(args: argparse.Namespace) -> int:
+    opened = _local_store("token", args.token_command, create=getattr(args, "create", False))
+    if opened is None:
         return 2
+    _, store = opened
     if args.token_command == "create":
         token = _create_token(store, name=args.name, role=args.role, clusters=args.clusters)
         print(token)
