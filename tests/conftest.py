@@ -209,8 +209,11 @@ class ServiceProcess:
         prefix: list[str] | None = None,
         preexec_fn: Callable[[], None] | None = None,
         bootstrap_token: str | None = ADMIN,
+        root: Path | None = None,
     ) -> None:
         self.database_url = database_url
+        # another checkout's code (its own .venv), for a benchmark beside an older version
+        self.root = root
         # None: no token configured, as a new user's first start (it prints one)
         self.bootstrap_token = bootstrap_token
         self.extra_env = env or {}
@@ -241,7 +244,7 @@ class ServiceProcess:
         self.proc = subprocess.Popen(
             [
                 *self.prefix,
-                sys.executable,
+                str(self.root / ".venv/bin/python") if self.root else sys.executable,
                 "-m",
                 "mla_switchboard.service.cli",
                 "serve",
@@ -250,7 +253,7 @@ class ServiceProcess:
                 "--log-level",
                 "warning",
             ],
-            cwd=ROOT,
+            cwd=self.root or ROOT,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

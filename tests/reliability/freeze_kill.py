@@ -50,12 +50,14 @@ def freeze_kill_rounds(
     seed: int = 0,
     env: dict[str, str] | None = None,
     freeze: bool = True,
+    root: Path | None = None,
 ) -> list[Round]:
     """``freeze`` False: the kill comes ``kill_after`` into the load with the database
-    up (the writer busy, not stalled)."""
+    up (the writer busy, not stalled). ``root``: the replicas run another checkout's
+    code (a benchmark beside an older version)."""
     rng = random.Random(seed)
     env = {"SWITCHBOARD_SPILL_PATH": str(tmp_path / "volume" / "spill.jsonl"), **(env or {})}
-    service = ServiceProcess(pg.url, env=env).start(tmp_path)
+    service = ServiceProcess(pg.url, env=env, root=root).start(tmp_path)
     out: list[Round] = []
     try:
         for i in range(rounds):
@@ -77,7 +79,7 @@ def freeze_kill_rounds(
                 load.stop()
                 pg.thaw()
             # the next replica's start replays what this one left, before it serves
-            service = ServiceProcess(pg.url, env=env).start(tmp_path)
+            service = ServiceProcess(pg.url, env=env, root=root).start(tmp_path)
             stored = stored_decision_ids(pg.url, cluster)
             pairs = zip(load.times, load.answers, strict=True)
             answered = [(t, d) for t, d in pairs if t <= killed]
