@@ -44,6 +44,11 @@ from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import EvidenceLoader, Observation, report_key
+from mla_switchboard.core.evidence.snapshot import (
+    SnapshotDamaged,
+    decode_snapshot,
+    encode_snapshot,
+)
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.collector import Collector, paused
 from mla_switchboard.service.evidence.trust import TrustedEvidence
@@ -51,6 +56,7 @@ from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.measurements import EvidenceRows, MeasurementStore
+from mla_switchboard.service.store.snapshots import SnapshotCover, SnapshotStore
 
 log = logging.getLogger("switchboard.evidence")
 
@@ -67,6 +73,24 @@ ADD_STEP = 1000
 RELOAD_PAGE = 1000
 """Rows per query of a full reload: the driver turns a page into rows in one call,
 holding the interpreter (about 1 us a row), so a page is a step of its own."""
+SNAPSHOT_ROWS = 20_000
+"""Rows read after a snapshot that make a new one worth writing (a start reads them)."""
+SNAPSHOT_EVERY_S = 600.0
+"""The least time between two snapshots a replica writes while it runs."""
+
+
+@dataclass
+class LoadNote:
+    """How the last full load went: from a snapshot (``snapshot_id``) plus the rows
+    after it, or from the window's rows (``fallback`` says why no snapshot was used).
+    ``rows_read``: measurement rows read (after the snapshot, or all of the window's),
+    ``wrong_rows_read``: the wrong results a snapshot covers, read again."""
+
+    snapshot_id: int | None = None
+    pods_restored: int = 0
+    rows_read: int = 0
+    wrong_rows_read: int = 0
+    fallback: str | None = None
 
 
 class RowCursor:
@@ -130,6 +154,9 @@ class EvidenceSync:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     collector: Collector | None = None
     """Paused while a full reload runs (``service/collector.py``); None: left alone."""
+    snapshots: SnapshotStore | None = None
+    """Where evidence snapshots are kept (``service/store/snapshots.py``); None: every
+    full load reads the window's rows and none is written."""
 
     def __post_init__(self) -> None:
         # prune at most this often: a pass costs what expired (nothing when nothing did)
@@ -152,6 +179,9 @@ class EvidenceSync:
         self._reloads: list[_Reload] = []  # full reloads asked for, done by the thread
         self._reloads_lock = threading.Lock()
         self.degraded: str | None = None
+        self.last_load = LoadNote()
+        self._unsaved: tuple[SnapshotCover, int, bytes] | None = None  # made by a load
+        self._snapshot_checked = time.monotonic()  # a start's own load writes one if due
 
     # ------------------------------------------------------------ lifecycle
 
@@ -234,6 +264,12 @@ class EvidenceSync:
             self.catch_up()
         if time.monotonic() - self._pruned_at >= self._prune_every_s:
             self.prune()
+        if self._unsaved is not None:
+            self.save_snapshot()
+        elif time.monotonic() - self._snapshot_checked >= SNAPSHOT_EVERY_S:
+            self._snapshot_checked = time.monotonic()
+            with paused(self.collector):
+                self.refresh_snapshot()
 
     # ---------------------------------------------------------------- writes
 
@@ -283,16 +319,13 @@ class EvidenceSync:
                 now = self.clock()
                 since = now - self.max_age
                 read_keys: dict[str, datetime | None] = {}
-                cursors = []
-                for failures in (False, True):
-                    start = self.measurement_store.first_id(failures, since) - 1
-                    cursor = RowCursor(start)
-                    if failures:
-                        seen = self._read_pages(failures, since, start, loader.add, read_keys)
-                        cursor.advance(seen, time.monotonic(), start=start, ordered=True)
-                    else:
-                        self._load_measurements(loader, since, now, cursor, read_keys)
-                    cursors.append(cursor)
+                cursor, note = self._read_into(loader, since, now, read_keys)
+                start = self.measurement_store.first_id(True, since) - 1
+                failures = RowCursor(start)
+                seen = self._read_pages(True, since, start, loader.add, read_keys)
+                failures.advance(seen, time.monotonic(), start=start, ordered=True)
+                if note.snapshot_id is None or note.rows_read >= SNAPSHOT_ROWS:
+                    self._unsaved = self._encode(loader, cursor)
                 fresh.load(loader, let_the_loop_in)
                 del loader
                 with self._apply_lock:
@@ -300,15 +333,128 @@ class EvidenceSync:
                     fresh.add(o for o in pending if not o.source or _key(o) not in read_keys)
                     replaced = self.trusted.swap(fresh)
                     self._met(read_keys)
-                    self._measurements, self._failures = cursors
+                    self._measurements, self._failures = cursor, failures
                     self._clears = RowCursor(clears)
-                    self.trusted.note_read_through(cursors[0].after, cursors[1].after)
+                    self.trusted.note_read_through(cursor.after, failures.after)
+                self.last_load = note
             finally:
                 with self._apply_lock:
                     self._pending = None
             self._applied = {k: versions.get(k, 0) for k in _KEYS}
         self.on_change()  # decisions use the new set from here on
         replaced.retire(let_the_loop_in)
+
+    # ------------------------------------------------------------- snapshots
+
+    def _read_into(
+        self,
+        loader: EvidenceLoader,
+        since: datetime,
+        now: datetime,
+        keys: dict[str, datetime | None],
+    ) -> tuple[RowCursor, LoadNote]:
+        """The window's measurements into ``loader``: the newest usable snapshot, the
+        wrong results it covers (read again) and the rows after it; or, without one,
+        every row of the window. The cursor of what was read, and how it went."""
+        start = self.measurement_store.first_id(False, since) - 1
+        note = LoadNote()
+        snapshot = self._restore(loader, since, note)
+        if snapshot is None:
+            cursor = RowCursor(start)
+            note.rows_read = self._load_measurements(loader, since, now, cursor, keys)
+            return cursor, note
+        through = snapshot.measurement_id
+        after = start
+        while after < through:  # the wrong results it covers, through their own index
+            page = self.measurement_store.wrong_rows(since, after=after, through=through)
+            loader.add(page.observations)
+            keys.update((_key(o), o.at) for o in page.observations if o.source)
+            note.wrong_rows_read += len(page.ids)
+            if not page.more:
+                break
+            after = page.ids[-1]
+            let_the_loop_in()
+        cursor = RowCursor(max(start, through))
+        gaps = [i for i in snapshot.gaps if i > start]
+        if gaps:  # rows below it that were not visible when it was made
+            again = self.measurement_store.measurement_rows(since, ids=gaps)
+            loader.add(again.observations)
+            note.rows_read += len(again.ids)
+            missing = set(gaps) - set(again.ids)
+            cursor.gaps = {i: time.monotonic() + GAP_TTL_S for i in sorted(missing)}
+        note.rows_read += self._load_measurements(loader, since, now, cursor, keys)
+        return cursor, note
+
+    def _restore(
+        self, loader: EvidenceLoader, since: datetime, note: LoadNote
+    ) -> SnapshotCover | None:
+        """The newest snapshot into ``loader`` (cut at ``since``) and what it covers;
+        None, and why in ``note.fallback`` (logged), when there is none that reads."""
+        if self.snapshots is None:
+            note.fallback = "no snapshot store"
+            return None
+        stored = self.snapshots.latest()
+        if stored is None:
+            note.fallback = "no snapshot yet"
+            return None
+        try:
+            groups = list(decode_snapshot(stored.payload, loader.per_pod, since.timestamp()))
+        except SnapshotDamaged as exc:
+            note.fallback = f"snapshot {stored.id} unusable: {exc}"
+            log.warning("evidence: %s; reading the whole window", note.fallback)
+            return None
+        note.snapshot_id = stored.id
+        note.pods_restored = loader.restore(groups)
+        return stored.cover
+
+    def _encode(
+        self, loader: EvidenceLoader, cursor: RowCursor
+    ) -> tuple[SnapshotCover, int, bytes] | None:
+        """A snapshot of what ``loader`` read through ``cursor``; None when it cannot
+        be kept (it is only a shortcut: the rows stay the truth)."""
+        groups = list(loader.groups())
+        try:
+            payload = encode_snapshot(loader.per_pod, groups)
+        except ValueError as exc:
+            log.warning("evidence snapshot not made: %s", exc)
+            return None
+        pods = sum(len(records) for _, _, records in groups)
+        return SnapshotCover(cursor.after, tuple(sorted(cursor.gaps))), pods, payload
+
+    def save_snapshot(self) -> int | None:
+        """Write the snapshot the last full load made, if any (off the start's path:
+        the background thread's first tick); its id."""
+        unsaved, self._unsaved = self._unsaved, None
+        if unsaved is None or self.snapshots is None:
+            return None
+        cover, pods, payload = unsaved
+        per_pod = self.trusted.all.per_pod
+        return self.snapshots.save(self.clock(), per_pod, cover, pods, payload)
+
+    def refresh_snapshot(self, *, force: bool = False) -> int | None:
+        """A new snapshot from the newest one and the rows after it (read from the
+        store, not from this replica's indexes, whose local reports may be ahead of
+        any cursor), when ``SNAPSHOT_EVERY_S`` passed and ``SNAPSHOT_ROWS`` came
+        since: so that the next start reads the recent rows only, whoever made the
+        last one. Its id, None when none was due."""
+        if self.snapshots is None:
+            return None
+        latest = self.snapshots.latest_made()
+        now = self.clock()
+        if not force and latest is not None:
+            made_at, through = latest
+            if (now - made_at).total_seconds() < SNAPSHOT_EVERY_S:
+                return None
+            if self.snapshots.rows_after(through) < SNAPSHOT_ROWS:
+                return None
+        loader = EvidenceLoader(self.trusted.all.per_pod)
+        cursor, _ = self._read_into(loader, now - self.max_age, now, {})
+        made = self._encode(loader, cursor)
+        del loader
+        if made is None:
+            return None
+        cover, pods, payload = made
+        return self.snapshots.save(now, self.trusted.all.per_pod, cover, pods, payload)
 
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
@@ -405,8 +551,8 @@ class EvidenceSync:
         now: datetime,
         cursor: RowCursor,
         keys: dict[str, datetime | None],
-    ) -> None:
-        """A full reload's measurement rows above ``cursor``'s, page by page into
+    ) -> int:
+        """A full reload's measurement rows above ``cursor``'s (how many), page by page into
         ``loader`` (lean rows: no observation each), each page's ids into ``cursor``
         (not all of them at the end: 650,000 ids held 23 MB). The report keys that
         ``_met`` and the pending reports need are noted for the few reports that can
@@ -414,6 +560,7 @@ class EvidenceSync:
         every report of the window: 100,000 of them held 20 MB and seconds of CPU)."""
         recent = (now - timedelta(seconds=RECENT_S)).timestamp()
         after = cursor.after
+        read = 0
         while True:
             page = self.measurement_store.measurement_rows(
                 since, after=after, limit=RELOAD_PAGE, lean=True
@@ -431,8 +578,9 @@ class EvidenceSync:
             loader.add(page.observations)
             keys.update((_key(o), o.at) for o in page.observations if o.source)
             cursor.advance(page.ids, time.monotonic(), start=after, ordered=True)
+            read += len(page.ids)
             if not page.more:
-                return
+                return read
             after = page.ids[-1]
 
     def _met(self, keys: Mapping[str, datetime | None]) -> None:
