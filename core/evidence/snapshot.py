@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from dataclasses import astuple
 from collections.abc import Iterable, Iterator
+from dataclasses import astuple
 
 from mla_switchboard.core.evidence.records import SAMPLE_SIZE, Record, split_expired
 from mla_switchboard.core.evidence.situations import Situation
