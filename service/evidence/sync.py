@@ -180,6 +180,8 @@ class EvidenceSync:
         self._reloads_lock = threading.Lock()
         self.degraded: str | None = None
         self.last_load = LoadNote()
+        self.rows_caught_up = 0  # measurement rows the last incremental read read
+        self._loaded = False  # whether the indexes hold a full load (a reload rereads)
         self._unsaved: tuple[SnapshotCover, int, bytes] | None = None  # made by a load
         self._snapshot_checked = time.monotonic()  # a start's own load writes one if due
 
@@ -228,7 +230,7 @@ class EvidenceSync:
         In the caller's thread when there is no background thread."""
         thread = self._thread
         if thread is None or not thread.is_alive() or thread is threading.current_thread():
-            self.full_reload()
+            self._reload()
             return True
         asked = _Reload()
         with self._reloads_lock:
@@ -250,7 +252,7 @@ class EvidenceSync:
             asked, self._reloads = self._reloads, []
         if asked:
             try:
-                self.full_reload()
+                self._reload()
             except Exception as exc:
                 for r in asked:
                     r.error = exc
@@ -259,7 +261,7 @@ class EvidenceSync:
                 for r in asked:
                     r.done.set()
         elif versions.get("evidence_epoch") != self._applied.get("evidence_epoch"):
-            self.full_reload()
+            self._reload()
         elif versions.get("evidence_version") != self._applied.get("evidence_version"):
             self.catch_up()
         if time.monotonic() - self._pruned_at >= self._prune_every_s:
@@ -294,6 +296,68 @@ class EvidenceSync:
         if changed:
             self.on_change()
         return changed
+
+    def _reload(self) -> None:
+        """A reload: in place once the indexes hold a load (``reread``), the first
+        full load otherwise."""
+        if self._loaded:
+            self.reread()
+        else:
+            self.full_reload()
+
+    def reread(self) -> None:
+        """A reload that touches what changed, in place: the rows after this replica's
+        cursors (an incremental read), and the failures of the window read again and
+        put in place of those held (the only evidence a store change other than a new
+        row alters: an admin's clear, also as an older release makes it, by moving
+        ``evidence_epoch``), then expiry to the window. No index is rebuilt: a reload
+        costs the failures and the new rows, not the window's pods.
+
+        A failure applied here while the failures are read is kept unless the read
+        has it, as a full load keeps one."""
+        with self._sync_lock:
+            versions = self.config.versions()
+            clears = self.measurement_store.last_clear_id()
+            with self._apply_lock:
+                self._pending = []
+            try:
+                changed = self._catch_up()  # the new rows, and this replica's own met
+                note = LoadNote(snapshot_id=self.last_load.snapshot_id)
+                note.rows_read = self.rows_caught_up
+                now = self.clock()
+                since = now - self.max_age
+                keys: dict[str, datetime | None] = {}
+                failures: list[Observation] = []
+                after = self.measurement_store.first_id(False, since) - 1
+                through = self._measurements.after
+                while after < through:  # wrong results already read, through their index
+                    page = self.measurement_store.wrong_rows(since, after=after, through=through)
+                    failures.extend(page.observations)
+                    note.wrong_rows_read += len(page.ids)
+                    if not page.more:
+                        break
+                    after = page.ids[-1]
+                    let_the_loop_in()
+                start = self.measurement_store.first_id(True, since) - 1
+                cursor = RowCursor(start)
+                seen = self._read_pages(True, since, start, failures.extend, keys)
+                cursor.advance(seen, time.monotonic(), start=start, ordered=True)
+                keys.update((_key(o), o.at) for o in failures if o.source)
+                with self._apply_lock:
+                    pending = [o for o in self._pending or [] if not o.ok]
+                    failures.extend(o for o in pending if not o.source or _key(o) not in keys)
+                    changed = self.trusted.replace_failures(failures) or changed
+                    self._failures = cursor
+                    self._clears = RowCursor(clears)
+                    self._met(keys)
+            finally:
+                with self._apply_lock:
+                    self._pending = None
+            self._applied["evidence_epoch"] = versions.get("evidence_epoch", 0)
+        self.last_load = note
+        changed = self.trusted.prune(now, self.max_age, let_the_loop_in) or changed
+        if changed:
+            self.on_change()
 
     def full_reload(self) -> None:
         """Rebuild every index from the store (the window only) and swap them in,
@@ -337,6 +401,7 @@ class EvidenceSync:
                     self._clears = RowCursor(clears)
                     self.trusted.note_read_through(cursor.after, failures.after)
                 self.last_load = note
+                self._loaded = True
             finally:
                 with self._apply_lock:
                     self._pending = None
@@ -459,33 +524,40 @@ class EvidenceSync:
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
         with self._sync_lock:
-            self._unread_local = False
-            versions = self.config.versions()
-            since = self.clock() - self.max_age
-            read: list[Observation] = []
-            for failures, cursor in ((False, self._measurements), (True, self._failures)):
-                now = time.monotonic()
-                seen = self._read_pages(failures, since, cursor.after, read.extend, {})
-                if cursor.gaps:
-                    again = self._read(failures)(since, ids=sorted(cursor.gaps))
-                    read.extend(again.observations)
-                    seen.extend(again.ids)
-                cursor.advance(seen, now)
-            with self._apply_lock:
-                new = [o for o in read if not o.source or _key(o) not in self._local]
-                self._met({_key(o): o.at for o in read if o.source})
-                changed = self.trusted.add(new)
-                self.trusted.note_read_through(self._measurements.after, self._failures.after)
-            # clears after the rows: a failure stored before a clear is read first,
-            # then forgotten; one noted after the clear's time stays. A failure whose
-            # commit overlaps the clear's (its time earlier, its row not yet visible to
-            # the store's update) is forgotten here but stays active in the store, until
-            # the next full reload: a window of one transaction plus the replicas'
-            # clock skew, which a clear by row ids would close.
-            changed = self._apply_clears() or changed
-            self._applied["evidence_version"] = versions.get("evidence_version", 0)
+            changed = self._catch_up()
         if changed:
             self.on_change()
+        return changed
+
+    def _catch_up(self) -> bool:
+        """``catch_up``, the caller holding the sync lock (no ``on_change``)."""
+        self._unread_local = False
+        versions = self.config.versions()
+        since = self.clock() - self.max_age
+        read: list[Observation] = []
+        for failures, cursor in ((False, self._measurements), (True, self._failures)):
+            now = time.monotonic()
+            seen = self._read_pages(failures, since, cursor.after, read.extend, {})
+            if cursor.gaps:
+                again = self._read(failures)(since, ids=sorted(cursor.gaps))
+                read.extend(again.observations)
+                seen.extend(again.ids)
+            if not failures:
+                self.rows_caught_up = len(seen)
+            cursor.advance(seen, now)
+        with self._apply_lock:
+            new = [o for o in read if not o.source or _key(o) not in self._local]
+            self._met({_key(o): o.at for o in read if o.source})
+            changed = self.trusted.add(new)
+            self.trusted.note_read_through(self._measurements.after, self._failures.after)
+        # clears after the rows: a failure stored before a clear is read first,
+        # then forgotten; one noted after the clear's time stays. A failure whose
+        # commit overlaps the clear's (its time earlier, its row not yet visible to
+        # the store's update) is forgotten here but stays active in the store, until
+        # the next full reload: a window of one transaction plus the replicas'
+        # clock skew, which a clear by row ids would close.
+        changed = self._apply_clears() or changed
+        self._applied["evidence_version"] = versions.get("evidence_version", 0)
         return changed
 
     def _apply_clears(self) -> bool:
