@@ -26,7 +26,13 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import astuple
 
-from mla_switchboard.core.evidence.records import SAMPLE_SIZE, Record, split_expired
+from mla_switchboard.core.evidence.records import (
+    IMPL_NAMES,
+    SAMPLE_SIZE,
+    Record,
+    impl_id_of,
+    split_expired,
+)
 from mla_switchboard.core.evidence.situations import Situation
 
 __all__ = ["MAGIC", "SnapshotDamaged", "SnapshotGroup", "decode_snapshot", "encode_snapshot"]
@@ -60,7 +66,8 @@ def encode_snapshot(per_pod: int, groups: Iterable[SnapshotGroup]) -> bytes:
              "keys": len(keys), "records": len(body)}
         )  # fmt: skip
         parts += (keys, counts, body)
-    head = json.dumps({"per_pod": per_pod, "groups": header}).encode()
+    # a record names its code paths by this process's numbers: the names go along
+    head = json.dumps({"per_pod": per_pod, "impls": IMPL_NAMES[1:], "groups": header}).encode()
     payload = b"".join([MAGIC, _LENGTH.pack(len(head)), head, *parts])
     return payload + _CRC.pack(zlib.crc32(payload))
 
@@ -86,6 +93,7 @@ def decode_snapshot(blob: bytes, per_pod: int, cutoff: float) -> Iterator[Snapsh
             for g in head["groups"]
         ]  # fmt: skip
         made_with = int(head["per_pod"])
+        impls = [0] + [impl_id_of(str(name)) for name in head["impls"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotDamaged(f"unreadable header: {exc}") from exc
     if made_with != per_pod:
@@ -94,7 +102,8 @@ def decode_snapshot(blob: bytes, per_pod: int, cutoff: float) -> Iterator[Snapsh
     laid_out = at + sum(pods + keys + body for _, _, pods, keys, body in groups) + _CRC.size
     if laid_out != len(blob):
         raise SnapshotDamaged("lengths do not add up")
-    return _groups(view, at, groups, cutoff)
+    renumber = None if impls == list(range(len(impls))) else impls
+    return _groups(view, at, groups, cutoff, renumber)
 
 
 def _groups(
@@ -102,6 +111,7 @@ def _groups(
     at: int,
     groups: list[tuple[Situation, str, int, int, int]],
     cutoff: float,
+    renumber: list[int] | None,
 ) -> Iterator[SnapshotGroup]:
     for situation, backend, pods, keys_len, body_len in groups:
         keys = bytes(view[at : at + keys_len]).decode().split("\n")
@@ -122,5 +132,19 @@ def _groups(
                 record = split_expired(record, cutoff)[0]
                 if not record:
                     continue
+            if renumber is not None:  # this process numbers the code paths otherwise
+                record = _renumbered(record, renumber)
             records[key] = record
         yield situation, backend, records
+
+
+_IMPL = struct.Struct("<H")
+_IMPL_AT = 16  # a sample's impl id after its time and TFLOP/s
+
+
+def _renumbered(record: Record, impls: list[int]) -> Record:
+    out = bytearray(record)
+    for offset in range(_IMPL_AT, len(out), SAMPLE_SIZE):
+        (old,) = _IMPL.unpack_from(out, offset)
+        _IMPL.pack_into(out, offset, impls[old] if old < len(impls) else 0)
+    return bytes(out)
