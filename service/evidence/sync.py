@@ -1,17 +1,26 @@
 """Keeping a replica's evidence indexes in step with the store, off the event loop.
 
-- **Full reload** (at start, and when the store's ``evidence_epoch`` moved, which only
-  a replica of an older release still does): a new set of indexes is built from the
-  store and swapped in at once. Only the window is read (from its first row, found
-  through the ``at`` index), in pages of plain driver rows, into a bulk loader that
-  keeps each pod's newest results as it reads (``core.evidence.EvidenceLoader``), and
-  the loader files every pod once into each index that trusts it: memory follows what
-  counts, CPU follows the rows of the window, and every step (a page, a thousand rows,
-  a few thousand pods) ends by letting the event loop in. The replaced set is emptied
-  in the same steps (``Indexes.retire``), not freed at once. The bound per pod is
-  applied as the rows stream, not in SQL: a window function (the newest rows per pod)
-  sorts every row of the window all the same, and took 4.5 s for 650,000 rows on
-  SQLite, three times reading them (1.2 s on PostgreSQL, which then sends as many).
+- **Start** (the first load): the newest *evidence snapshot* is restored
+  (``core/evidence/snapshot.py``: each pod's counted results per situation and backend,
+  as bytes, with the measurement id and gaps it covers; ``service/store/snapshots.py``),
+  cut at the window, then the wrong results it covers are read again through their own
+  index (an admin's clear changes them) and only the rows after it are read; the
+  result is exactly what reading the whole window gives, so a start costs the pods
+  that count plus the recent rows, not the window's history. Without a usable snapshot
+  (none yet, damaged, another ``per_pod``) the whole window is read, as
+  ``last_load.fallback`` and the log say. Either way the indexes are built from one
+  bulk loader (``core.evidence.EvidenceLoader``) in steps that let the event loop in.
+  Only the window is read (from its first row, found through the ``at`` index), in
+  pages of plain driver rows, each pod's newest results kept as they stream (the bound
+  is applied as the rows stream, not in SQL: a window function sorts every row of the
+  window all the same). A load that read many rows leaves a new snapshot, written by
+  the background thread; a running replica also makes one from the newest and the rows
+  after it every ``SNAPSHOT_EVERY_S`` when ``SNAPSHOT_ROWS`` came since, so the next
+  start, on any replica, reads the recent rows only.
+- **Reload** (asked for, or the store's ``evidence_epoch`` moved, which only a
+  replica of an older release still does): in place (``reread``), no index rebuilt:
+  the rows after the cursors, then the window's failures read again and put in place
+  of those held, then expiry. Its cost is the failures and the new rows.
 - **This replica's reports** are applied as they are accepted (``apply_local``).
 - **Other replicas' reports**: when ``evidence_version`` changes, only the rows this
   replica has not read yet are read (:class:`RowCursor`: every id up to a high-water
@@ -44,14 +53,17 @@ from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import EvidenceLoader, Observation, report_key
-from mla_switchboard.core.evidence.snapshot import (
-    SnapshotDamaged,
-    decode_snapshot,
-    encode_snapshot,
-)
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.collector import Collector, paused
 from mla_switchboard.service.evidence.trust import TrustedEvidence
+from mla_switchboard.service.evidence.window import (
+    RECENT_S,
+    SNAPSHOT_EVERY_S,
+    SNAPSHOT_ROWS,
+    LoadNote,
+    RowCursor,
+    WindowReader,
+)
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
 from mla_switchboard.service.store.config import ConfigStore
@@ -60,80 +72,8 @@ from mla_switchboard.service.store.snapshots import SnapshotCover, SnapshotStore
 
 log = logging.getLogger("switchboard.evidence")
 
-GAP_TTL_S = 60.0
-"""How long an id below the high-water mark is asked for again before it is forgotten."""
-MAX_GAPS = 1000
-"""Most gaps remembered per table (the highest ids are kept)."""
-RECENT_S = 120.0
-"""How long a report read from the store is remembered, for the route that stored it."""
 LOCAL_TTL_S = 3600.0
 """How long a report applied here waits for the store read to meet it."""
-ADD_STEP = 1000
-"""Rows a full reload files between two turns of the event loop (about a millisecond)."""
-RELOAD_PAGE = 1000
-"""Rows per query of a full reload: the driver turns a page into rows in one call,
-holding the interpreter (about 1 us a row), so a page is a step of its own."""
-SNAPSHOT_ROWS = 20_000
-"""Rows read after a snapshot that make a new one worth writing (a start reads them)."""
-SNAPSHOT_EVERY_S = 600.0
-"""The least time between two snapshots a replica writes while it runs."""
-
-
-@dataclass
-class LoadNote:
-    """How the last full load went: from a snapshot (``snapshot_id``) plus the rows
-    after it, or from the window's rows (``fallback`` says why no snapshot was used).
-    ``rows_read``: measurement rows read (after the snapshot, or all of the window's),
-    ``wrong_rows_read``: the wrong results a snapshot covers, read again."""
-
-    snapshot_id: int | None = None
-    pods_restored: int = 0
-    rows_read: int = 0
-    wrong_rows_read: int = 0
-    fallback: str | None = None
-
-
-class RowCursor:
-    """Which rows of one table this replica has read: every id up to ``after``, except
-    the ``gaps`` (id -> monotonic time it is forgotten)."""
-
-    def __init__(self, after: int = 0) -> None:
-        self.after = after
-        self.gaps: dict[int, float] = {}
-
-    def advance(
-        self, seen: Iterable[int], now: float, start: int | None = None, *, ordered: bool = False
-    ) -> None:
-        """Note the ids one read returned. Ids between ``start`` (default: the old
-        high-water mark) and the highest seen that were not returned become gaps.
-        ``ordered``: the ids come ascending, each once (a full read's pages): no sort of
-        hundreds of thousands in one call, which holds the interpreter for 50 ms."""
-        # a full read's list is used as it is (a copy of 650,000 ids: 8 ms in one call)
-        ids = seen if ordered and isinstance(seen, list) else sorted(set(seen))
-        if self.gaps:
-            for i in ids:
-                self.gaps.pop(i, None)
-        if ids and ids[-1] > self.after:
-            highest = ids[-1]
-            low = self.after if start is None else start
-            missing: list[int] = []
-            previous = low
-            if ordered and ids[0] == low + 1 and ids[-1] - ids[0] == len(ids) - 1:
-                ids = []  # every id from the start on: no gap (the usual full read)
-            for i in ids:
-                if i > previous + 1:
-                    missing.extend(range(max(previous + 1, i - MAX_GAPS), i))
-                    missing = missing[-MAX_GAPS:]
-                previous = max(previous, i)
-            for i in missing:
-                self.gaps.setdefault(i, now + GAP_TTL_S)
-            self.after = highest
-        for i, until in list(self.gaps.items()):
-            if until <= now:
-                del self.gaps[i]
-        if len(self.gaps) > MAX_GAPS:
-            for i in sorted(self.gaps)[: len(self.gaps) - MAX_GAPS]:
-                del self.gaps[i]
 
 
 @dataclass(eq=False)
@@ -306,15 +246,10 @@ class EvidenceSync:
             self.full_reload()
 
     def reread(self) -> None:
-        """A reload that touches what changed, in place: the rows after this replica's
-        cursors (an incremental read), and the failures of the window read again and
-        put in place of those held (the only evidence a store change other than a new
-        row alters: an admin's clear, also as an older release makes it, by moving
-        ``evidence_epoch``), then expiry to the window. No index is rebuilt: a reload
-        costs the failures and the new rows, not the window's pods.
-
-        A failure applied here while the failures are read is kept unless the read
-        has it, as a full load keeps one."""
+        """A reload in place (module docstring): the failures of the window are the
+        only evidence a store change other than a new row alters (an admin's clear,
+        also an older release's, which moves ``evidence_epoch``). A failure applied
+        here while they are read is kept unless the read has it."""
         with self._sync_lock:
             versions = self.config.versions()
             clears = self.measurement_store.last_clear_id()
@@ -328,16 +263,13 @@ class EvidenceSync:
                 since = now - self.max_age
                 keys: dict[str, datetime | None] = {}
                 failures: list[Observation] = []
-                after = self.measurement_store.first_id(False, since) - 1
-                through = self._measurements.after
-                while after < through:  # wrong results already read, through their index
-                    page = self.measurement_store.wrong_rows(since, after=after, through=through)
-                    failures.extend(page.observations)
-                    note.wrong_rows_read += len(page.ids)
-                    if not page.more:
-                        break
-                    after = page.ids[-1]
-                    let_the_loop_in()
+                note.wrong_rows_read = self._window().wrong_results(
+                    since,
+                    self.measurement_store.first_id(False, since) - 1,
+                    self._measurements.after,
+                    failures.extend,
+                    keys,
+                )
                 start = self.measurement_store.first_id(True, since) - 1
                 cursor = RowCursor(start)
                 seen = self._read_pages(True, since, start, failures.extend, keys)
@@ -383,13 +315,13 @@ class EvidenceSync:
                 now = self.clock()
                 since = now - self.max_age
                 read_keys: dict[str, datetime | None] = {}
-                cursor, note = self._read_into(loader, since, now, read_keys)
+                cursor, note = self._window().read_into(loader, since, now, read_keys)
                 start = self.measurement_store.first_id(True, since) - 1
                 failures = RowCursor(start)
                 seen = self._read_pages(True, since, start, loader.add, read_keys)
                 failures.advance(seen, time.monotonic(), start=start, ordered=True)
                 if note.snapshot_id is None or note.rows_read >= SNAPSHOT_ROWS:
-                    self._unsaved = self._encode(loader, cursor)
+                    self._unsaved = self._window().encode(loader, cursor)
                 fresh.load(loader, let_the_loop_in)
                 del loader
                 with self._apply_lock:
@@ -411,81 +343,6 @@ class EvidenceSync:
 
     # ------------------------------------------------------------- snapshots
 
-    def _read_into(
-        self,
-        loader: EvidenceLoader,
-        since: datetime,
-        now: datetime,
-        keys: dict[str, datetime | None],
-    ) -> tuple[RowCursor, LoadNote]:
-        """The window's measurements into ``loader``: the newest usable snapshot, the
-        wrong results it covers (read again) and the rows after it; or, without one,
-        every row of the window. The cursor of what was read, and how it went."""
-        start = self.measurement_store.first_id(False, since) - 1
-        note = LoadNote()
-        snapshot = self._restore(loader, since, note)
-        if snapshot is None:
-            cursor = RowCursor(start)
-            note.rows_read = self._load_measurements(loader, since, now, cursor, keys)
-            return cursor, note
-        through = snapshot.measurement_id
-        after = start
-        while after < through:  # the wrong results it covers, through their own index
-            page = self.measurement_store.wrong_rows(since, after=after, through=through)
-            loader.add(page.observations)
-            keys.update((_key(o), o.at) for o in page.observations if o.source)
-            note.wrong_rows_read += len(page.ids)
-            if not page.more:
-                break
-            after = page.ids[-1]
-            let_the_loop_in()
-        cursor = RowCursor(max(start, through))
-        gaps = [i for i in snapshot.gaps if i > start]
-        if gaps:  # rows below it that were not visible when it was made
-            again = self.measurement_store.measurement_rows(since, ids=gaps)
-            loader.add(again.observations)
-            note.rows_read += len(again.ids)
-            missing = set(gaps) - set(again.ids)
-            cursor.gaps = {i: time.monotonic() + GAP_TTL_S for i in sorted(missing)}
-        note.rows_read += self._load_measurements(loader, since, now, cursor, keys)
-        return cursor, note
-
-    def _restore(
-        self, loader: EvidenceLoader, since: datetime, note: LoadNote
-    ) -> SnapshotCover | None:
-        """The newest snapshot into ``loader`` (cut at ``since``) and what it covers;
-        None, and why in ``note.fallback`` (logged), when there is none that reads."""
-        if self.snapshots is None:
-            note.fallback = "no snapshot store"
-            return None
-        stored = self.snapshots.latest()
-        if stored is None:
-            note.fallback = "no snapshot yet"
-            return None
-        try:
-            groups = list(decode_snapshot(stored.payload, loader.per_pod, since.timestamp()))
-        except SnapshotDamaged as exc:
-            note.fallback = f"snapshot {stored.id} unusable: {exc}"
-            log.warning("evidence: %s; reading the whole window", note.fallback)
-            return None
-        note.snapshot_id = stored.id
-        note.pods_restored = loader.restore(groups)
-        return stored.cover
-
-    def _encode(
-        self, loader: EvidenceLoader, cursor: RowCursor
-    ) -> tuple[SnapshotCover, int, bytes] | None:
-        """A snapshot of what ``loader`` read through ``cursor``; None when it cannot
-        be kept (it is only a shortcut: the rows stay the truth)."""
-        groups = list(loader.groups())
-        try:
-            payload = encode_snapshot(loader.per_pod, groups)
-        except ValueError as exc:
-            log.warning("evidence snapshot not made: %s", exc)
-            return None
-        pods = sum(len(records) for _, _, records in groups)
-        return SnapshotCover(cursor.after, tuple(sorted(cursor.gaps))), pods, payload
-
     def save_snapshot(self) -> int | None:
         """Write the snapshot the last full load made, if any (off the start's path:
         the background thread's first tick); its id."""
@@ -497,29 +354,9 @@ class EvidenceSync:
         return self.snapshots.save(self.clock(), per_pod, cover, pods, payload)
 
     def refresh_snapshot(self, *, force: bool = False) -> int | None:
-        """A new snapshot from the newest one and the rows after it (read from the
-        store, not from this replica's indexes, whose local reports may be ahead of
-        any cursor), when ``SNAPSHOT_EVERY_S`` passed and ``SNAPSHOT_ROWS`` came
-        since: so that the next start reads the recent rows only, whoever made the
-        last one. Its id, None when none was due."""
-        if self.snapshots is None:
-            return None
-        latest = self.snapshots.latest_made()
+        """A new snapshot when one is due (``WindowReader.refresh``); its id."""
         now = self.clock()
-        if not force and latest is not None:
-            made_at, through = latest
-            if (now - made_at).total_seconds() < SNAPSHOT_EVERY_S:
-                return None
-            if self.snapshots.rows_after(through) < SNAPSHOT_ROWS:
-                return None
-        loader = EvidenceLoader(self.trusted.all.per_pod)
-        cursor, _ = self._read_into(loader, now - self.max_age, now, {})
-        made = self._encode(loader, cursor)
-        del loader
-        if made is None:
-            return None
-        cover, pods, payload = made
-        return self.snapshots.save(now, self.trusted.all.per_pod, cover, pods, payload)
+        return self._window().refresh(now, self.max_age, self.trusted.all.per_pod, force=force)
 
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
@@ -616,44 +453,12 @@ class EvidenceSync:
                 return seen
             after = page.ids[-1]
 
-    def _load_measurements(
-        self,
-        loader: EvidenceLoader,
-        since: datetime,
-        now: datetime,
-        cursor: RowCursor,
-        keys: dict[str, datetime | None],
-    ) -> int:
-        """A full reload's measurement rows above ``cursor``'s (how many), page by page into
-        ``loader`` (lean rows: no observation each), each page's ids into ``cursor``
-        (not all of them at the end: 650,000 ids held 23 MB). The report keys that
-        ``_met`` and the pending reports need are noted for the few reports that can
-        matter: stored in the last ``RECENT_S`` or applied here and not yet met (not
-        every report of the window: 100,000 of them held 20 MB and seconds of CPU)."""
-        recent = (now - timedelta(seconds=RECENT_S)).timestamp()
-        after = cursor.after
-        read = 0
-        while True:
-            page = self.measurement_store.measurement_rows(
-                since, after=after, limit=RELOAD_PAGE, lean=True
-            )
-            with self._apply_lock:
-                local = {k[2:] for k in self._local if k.startswith("m:")}
-            samples = page.samples
-            for i in range(0, len(samples), ADD_STEP):
-                step = samples[i : i + ADD_STEP]
-                loader.add_samples(step)
-                for s in step:
-                    if s[4] >= recent or s[7] in local:
-                        keys["m:" + s[7]] = datetime.fromtimestamp(s[4], UTC)
-                let_the_loop_in()
-            loader.add(page.observations)
-            keys.update((_key(o), o.at) for o in page.observations if o.source)
-            cursor.advance(page.ids, time.monotonic(), start=after, ordered=True)
-            read += len(page.ids)
-            if not page.more:
-                return read
-            after = page.ids[-1]
+    def _window(self) -> WindowReader:
+        return WindowReader(self.measurement_store, self.snapshots, self._local_reports)
+
+    def _local_reports(self) -> set[str]:
+        with self._apply_lock:
+            return {k[2:] for k in self._local if k.startswith("m:")}
 
     def _met(self, keys: Mapping[str, datetime | None]) -> None:
         """Reports a store read returned (report key -> stored at): no longer waiting

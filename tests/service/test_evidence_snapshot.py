@@ -247,3 +247,18 @@ def test_a_running_replica_refreshes_the_snapshot_from_the_store(
     with Session(snapshotted.engine) as s:
         s.execute(update(EvidenceSnapshotRow).values(made_at=datetime.now(UTC)))
     assert restored == full_read(url)
+
+
+def test_a_snapshot_names_its_code_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record numbers its code paths as the process that made it did; another
+    process reads the names and numbers them its own way."""
+    from mla_switchboard.core.evidence import records, snapshot
+
+    sample = records.RECORD.pack(datetime.now(UTC).timestamp(), 500.0, 2)
+    with monkeypatch.context() as m:
+        m.setattr(snapshot, "IMPL_NAMES", [None, "made-elsewhere-a", "made-elsewhere-b"])
+        blob = encode_snapshot(4, [(SITUATION, "FLASHINFER", {"c\0p": sample})])
+    records.impl_id_of("made-elsewhere-b")  # numbered here before the other name
+    ((_, _, read),) = decode_snapshot(blob, 4, 0.0)
+    (_, tflops, impl) = records.RECORD.unpack(read["c\0p"])
+    assert (tflops, records.IMPL_NAMES[impl]) == (500.0, "made-elsewhere-b")
