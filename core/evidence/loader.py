@@ -182,11 +182,23 @@ class EvidenceLoader:
             raise ValueError("a loader restores a snapshot before anything else")
         pods = 0
         for situation, backend, records in groups:
-            into = self._records_of(situation, backend)
-            if into is not None:
+            known = backend_of(backend)
+            if known is None:
+                continue
+            into = self._records.get((situation, known))
+            if into:
                 into.update(records)
-                pods += len(records)
+            else:  # adopted, not copied: a snapshot's dicts are the loader's own
+                self._records[(situation, known)] = records
+                self._known[(situation, backend)] = records
+            pods += len(records)
         return pods
+
+    def clear(self) -> None:
+        """Back to empty (a snapshot that turned out damaged halfway through)."""
+        self._records.clear()
+        self._known.clear()
+        self._failures.clear()
 
     def add_index(self, index: EvidenceIndex) -> None:
         """Everything ``index`` counts (its pods' records are shared, not copied)."""

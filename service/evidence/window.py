@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import EvidenceLoader, Observation, report_key
@@ -148,14 +148,18 @@ class WindowReader:
         if stored is None:
             note.fallback = "no snapshot yet"
             return None
-        try:
-            groups = list(decode_snapshot(stored.payload, loader.per_pod, since.timestamp()))
+        payload, stored = stored.payload, replace(stored, payload=b"")
+        try:  # a group at a time: never two copies of every record
+            groups = decode_snapshot(payload, loader.per_pod, since.timestamp())
+            del payload
+            note.pods_restored = loader.restore(groups)
         except SnapshotDamaged as exc:
+            loader.clear()
+            note.pods_restored = 0
             note.fallback = f"snapshot {stored.id} unusable: {exc}"
             log.warning("evidence: %s; reading the whole window", note.fallback)
             return None
         note.snapshot_id = stored.id
-        note.pods_restored = loader.restore(groups)
         return stored.cover
 
     def wrong_results(
