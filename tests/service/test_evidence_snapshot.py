@@ -30,7 +30,7 @@ PODS = 12
 
 def _row(cluster: str, pod: str, backend: str, tflops: float, at: datetime) -> MeasurementRow:
     return MeasurementRow(
-        report_id=f"r-{pod}-{backend}-{at.timestamp():.0f}", at=at, cluster=cluster, pod=pod,
+        report_id=f"{pod}-{backend[:2]}-{at.timestamp():.0f}"[:26], at=at, cluster=cluster, pod=pod,
         device_name=SITUATION.device, capability=SITUATION.capability, dims=SITUATION.dims,
         dtype=SITUATION.dtype, packages=SITUATION.packages, backend=backend, shape="{}",
         median_ms=1.0, tflops=tflops, correct=True, engine=SITUATION.engine, counted=True,
@@ -69,9 +69,11 @@ def runtime(url: str) -> Runtime:
     )
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'sb.db'}"
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sb.db'}"
+    return request.getfixturevalue("pg_url_factory")()  # type: ignore[no-any-return]
 
 
 def answers(rt: Runtime) -> dict[str, Any]:
