@@ -472,10 +472,25 @@ def one_reload(
     with service.client() as c:
         metrics = metric_diff(before, metric_lines(c, EVIDENCE_METRICS))
     out: dict[str, Any] = {"metrics": metrics, "rss_after": service.memory_mb()}
-    if burst is None:
-        out["seen"] = False
-        out["select_after_ask"] = during(result["samples"], asked, time.monotonic())
-        stage(f"{what}: reload {k + 1}: no background CPU seen after the epoch moved")
+    if burst is None:  # a reload too small for the 0.1 s sampler: the process, since the ask
+        ended = time.monotonic()
+        samples = sampler.snapshot()
+        at_ask = next(s for at, s in samples if at >= asked)
+        process = sum(c.cpu_s for c in samples[-1][1].values()) - sum(
+            c.cpu_s for c in at_ask.values()
+        )
+        out.update(
+            seen=False,
+            after_ask_s=round(ended - asked, 2),
+            process_cpu_s=round(process, 2),
+            process_cpu_less_idle_s=round(process - idle_cpu_rate * (ended - asked), 2),
+            select_after_ask=during(result["samples"], asked, ended),
+        )
+        stage(
+            f"{what}: reload {k + 1}: no background burst seen after the epoch moved; "
+            f"the process used {process:.2f} s CPU in the {ended - asked:.1f} s after "
+            f"({out['process_cpu_less_idle_s']:.2f} s over idle), select {out['select_after_ask']}"
+        )
         return out
     samples = sampler.snapshot()
     at_ask = next(s for at, s in samples if at >= asked)
@@ -545,6 +560,14 @@ def summarize_hot(out: dict[str, Any]) -> None:
         for key in ("wall_s", "thread_cpu_s", "process_cpu_s", "process_cpu_less_idle_s"):
             s[f"reload_{key}"] = round(statistics.median(r[key] for r in seen), 2)
         p99 = [r["select"].get("p99_ms") for r in seen if r["select"].get("p99_ms") is not None]
+        s["reload_select_p99_ms"] = max(p99) if p99 else None
+    unseen = [r for r in out.get("reloads", []) if r.get("seen") is False]
+    if unseen and not seen:  # reloads too small to be a burst: the process after each ask
+        s["reload_process_cpu_less_idle_s"] = round(
+            statistics.median(r["process_cpu_less_idle_s"] for r in unseen), 2
+        )
+        p99 = [r["select_after_ask"].get("p99_ms") for r in unseen]
+        p99 = [p for p in p99 if p is not None]
         s["reload_select_p99_ms"] = max(p99) if p99 else None
     prune = out.get("prune") or {}
     if prune.get("seen"):

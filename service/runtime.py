@@ -152,6 +152,7 @@ class Runtime:
             poll_s=settings.config_poll_s,
             on_change=self.publisher.evidence_changed,
             collector=self.collector,
+            snapshots=self.store.snapshots,
         )
         # the consoles' change stream, fed by the same reads (service/live/events.py)
         self.events = EventHub(

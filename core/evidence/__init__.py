@@ -60,7 +60,8 @@ reports, the failure policy), ``stats.py`` (the published summaries), ``records.
 (a pod's samples as bytes, the expiry heap's entries), ``values.py`` (the sorted
 TFLOP/s), ``tallies.py`` (one backend in one situation), ``published.py`` (the
 lock-free reads every decision makes), ``index.py`` (the writer, and the reads of the
-tallies), ``loader.py`` (a full read in bulk).
+tallies), ``loader.py`` (a full read in bulk), ``snapshot.py`` (what a bulk read
+counted, as bytes a later start restores before reading only the rows after it).
 """
 
 from mla_switchboard.core.evidence.index import EMPTY, PRUNE_STEP, EvidenceIndex

@@ -88,33 +88,65 @@ class EvidenceIndex(PublishedEvidence):
             raise TypeError("this evidence index is shared and read-only")
         with self._lock:
             touched: dict[Situation, set[Backend]] = {}
-            # a report's results share one situation and pod: find each once per call
-            found: dict[tuple[Situation, str], tuple[Backend, Tally] | None] = {}
-            buckets: dict[str, int | None] = {}
-            for o in observations:
-                key = (o.situation, o.backend)
-                target = found.get(key, _MISSING)
-                if target is _MISSING:
-                    backend = backend_of(o.backend)
-                    target = found[key] = (
-                        None if backend is None else (backend, self._tally(o.situation, backend))
-                    )
-                if target is None:
-                    continue
-                pod = pod_key(o.cluster, o.pod)
-                bucket = buckets.get(pod, _MISSING)
-                if bucket is _MISSING:
-                    bucket = buckets[pod] = stage_bucket_of_key(pod)
-                if self._apply(o, target[1], sys.intern(pod), bucket):  # type: ignore[arg-type]
-                    touched.setdefault(o.situation, set()).add(target[0])
-            for situation, backend_name in list(found):  # tallies made for nothing
-                target = found[(situation, backend_name)]
-                if target is not None and target[1].empty():
-                    self._tallies[situation].pop(target[0], None)
-                    if not self._tallies[situation]:
+            self._fold(observations, touched)
+            self._publish(touched)
+            return bool(touched)
+
+    def replace_failures(self, failures: Iterable[Observation]) -> bool:
+        """Every failure forgotten and ``failures`` noted instead, published at once (a
+        reload reads them again from the store, where an admin may have cleared some):
+        no reader sees the index between the two. Samples stay as they are."""
+        if self._frozen:
+            raise TypeError("this evidence index is shared and read-only")
+        with self._lock:
+            touched: dict[Situation, set[Backend]] = {}
+            cleared: list[tuple[Situation, Backend]] = []
+            for situation, tallies in self._tallies.items():
+                for backend, tally in tallies.items():
+                    if tally.clear_failures(math.inf):
+                        touched.setdefault(situation, set()).add(backend)
+                        cleared.append((situation, backend))
+            self._fold((o for o in failures if not o.ok), touched)
+            for situation, backend in cleared:  # tallies that held only failures
+                tallies = self._tallies.get(situation, {})
+                tally = tallies.get(backend)
+                if tally is not None and tally.empty():
+                    del tallies[backend]
+                    if not tallies:
                         del self._tallies[situation]
             self._publish(touched)
             return bool(touched)
+
+    def _fold(
+        self, observations: Iterable[Observation], touched: dict[Situation, set[Backend]]
+    ) -> None:
+        """``observations`` into the tallies (caller holds the lock), what changed
+        noted in ``touched``."""
+        # a report's results share one situation and pod: find each once per call
+        found: dict[tuple[Situation, str], tuple[Backend, Tally] | None] = {}
+        buckets: dict[str, int | None] = {}
+        for o in observations:
+            key = (o.situation, o.backend)
+            target = found.get(key, _MISSING)
+            if target is _MISSING:
+                backend = backend_of(o.backend)
+                target = found[key] = (
+                    None if backend is None else (backend, self._tally(o.situation, backend))
+                )
+            if target is None:
+                continue
+            pod = pod_key(o.cluster, o.pod)
+            bucket = buckets.get(pod, _MISSING)
+            if bucket is _MISSING:
+                bucket = buckets[pod] = stage_bucket_of_key(pod)
+            if self._apply(o, target[1], sys.intern(pod), bucket):  # type: ignore[arg-type]
+                touched.setdefault(o.situation, set()).add(target[0])
+        for situation, backend_name in list(found):  # tallies made for nothing
+            target = found[(situation, backend_name)]
+            if target is not None and target[1].empty():
+                self._tallies[situation].pop(target[0], None)
+                if not self._tallies[situation]:
+                    del self._tallies[situation]
 
     def _apply(self, o: Observation, tally: Tally, key: str, bucket: int | None) -> bool:
         if o.ok:

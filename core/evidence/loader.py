@@ -9,7 +9,7 @@ import math
 import sys
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mla_switchboard.core.evidence.index import EvidenceIndex
@@ -167,6 +167,38 @@ class EvidenceLoader:
             known = self._failures.get(slot)
             if known is None or failure_key(o.at) >= failure_key(known.at):
                 self._failures[slot] = o
+
+    def groups(self) -> Iterator[tuple[Situation, str, dict[str, Record]]]:
+        """What counts so far, per situation and backend (its registry name): the
+        pods' records by pod key, as a snapshot keeps them (``snapshot.py``)."""
+        for (situation, backend), records in self._records.items():
+            yield situation, backend.value, records
+
+    def restore(self, groups: Iterable[tuple[Situation, str, dict[str, Record]]]) -> int:
+        """Start from a snapshot's groups (before any row is added: the rows after the
+        snapshot then come on top, as they would have on a full read); the pods
+        restored. A backend this registry no longer knows is left out."""
+        if any(self._records.values()) or self._failures:
+            raise ValueError("a loader restores a snapshot before anything else")
+        pods = 0
+        for situation, backend, records in groups:
+            known = backend_of(backend)
+            if known is None:
+                continue
+            into = self._records.get((situation, known))
+            if into:
+                into.update(records)
+            else:  # adopted, not copied: a snapshot's dicts are the loader's own
+                self._records[(situation, known)] = records
+                self._known[(situation, backend)] = records
+            pods += len(records)
+        return pods
+
+    def clear(self) -> None:
+        """Back to empty (a snapshot that turned out damaged halfway through)."""
+        self._records.clear()
+        self._known.clear()
+        self._failures.clear()
 
     def add_index(self, index: EvidenceIndex) -> None:
         """Everything ``index`` counts (its pods' records are shared, not copied)."""

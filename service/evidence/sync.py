@@ -1,17 +1,26 @@
 """Keeping a replica's evidence indexes in step with the store, off the event loop.
 
-- **Full reload** (at start, and when the store's ``evidence_epoch`` moved, which only
-  a replica of an older release still does): a new set of indexes is built from the
-  store and swapped in at once. Only the window is read (from its first row, found
-  through the ``at`` index), in pages of plain driver rows, into a bulk loader that
-  keeps each pod's newest results as it reads (``core.evidence.EvidenceLoader``), and
-  the loader files every pod once into each index that trusts it: memory follows what
-  counts, CPU follows the rows of the window, and every step (a page, a thousand rows,
-  a few thousand pods) ends by letting the event loop in. The replaced set is emptied
-  in the same steps (``Indexes.retire``), not freed at once. The bound per pod is
-  applied as the rows stream, not in SQL: a window function (the newest rows per pod)
-  sorts every row of the window all the same, and took 4.5 s for 650,000 rows on
-  SQLite, three times reading them (1.2 s on PostgreSQL, which then sends as many).
+- **Start** (the first load): the newest *evidence snapshot* is restored
+  (``core/evidence/snapshot.py``: each pod's counted results per situation and backend,
+  as bytes, with the measurement id and gaps it covers; ``service/store/snapshots.py``),
+  cut at the window, then the wrong results it covers are read again through their own
+  index (an admin's clear changes them) and only the rows after it are read; the
+  result is exactly what reading the whole window gives, so a start costs the pods
+  that count plus the recent rows, not the window's history. Without a usable snapshot
+  (none yet, damaged, another ``per_pod``) the whole window is read, as
+  ``last_load.fallback`` and the log say. Either way the indexes are built from one
+  bulk loader (``core.evidence.EvidenceLoader``) in steps that let the event loop in.
+  Only the window is read (from its first row, found through the ``at`` index), in
+  pages of plain driver rows, each pod's newest results kept as they stream (the bound
+  is applied as the rows stream, not in SQL: a window function sorts every row of the
+  window all the same). A load that read many rows leaves a new snapshot, written by
+  the background thread; a running replica also makes one from the newest and the rows
+  after it every ``SNAPSHOT_EVERY_S`` when ``SNAPSHOT_ROWS`` came since, so the next
+  start, on any replica, reads the recent rows only.
+- **Reload** (asked for, or the store's ``evidence_epoch`` moved, which only a
+  replica of an older release still does): in place (``reread``), no index rebuilt:
+  the rows after the cursors, then the window's failures read again and put in place
+  of those held, then expiry. Its cost is the failures and the new rows.
 - **This replica's reports** are applied as they are accepted (``apply_local``).
 - **Other replicas' reports**: when ``evidence_version`` changes, only the rows this
   replica has not read yet are read (:class:`RowCursor`: every id up to a high-water
@@ -47,69 +56,24 @@ from mla_switchboard.core.evidence import EvidenceLoader, Observation, report_ke
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.collector import Collector, paused
 from mla_switchboard.service.evidence.trust import TrustedEvidence
+from mla_switchboard.service.evidence.window import (
+    RECENT_S,
+    SNAPSHOT_EVERY_S,
+    SNAPSHOT_ROWS,
+    LoadNote,
+    RowCursor,
+    WindowReader,
+)
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
 from mla_switchboard.service.store.config import ConfigStore
 from mla_switchboard.service.store.measurements import EvidenceRows, MeasurementStore
+from mla_switchboard.service.store.snapshots import SnapshotCover, SnapshotStore
 
 log = logging.getLogger("switchboard.evidence")
 
-GAP_TTL_S = 60.0
-"""How long an id below the high-water mark is asked for again before it is forgotten."""
-MAX_GAPS = 1000
-"""Most gaps remembered per table (the highest ids are kept)."""
-RECENT_S = 120.0
-"""How long a report read from the store is remembered, for the route that stored it."""
 LOCAL_TTL_S = 3600.0
 """How long a report applied here waits for the store read to meet it."""
-ADD_STEP = 1000
-"""Rows a full reload files between two turns of the event loop (about a millisecond)."""
-RELOAD_PAGE = 1000
-"""Rows per query of a full reload: the driver turns a page into rows in one call,
-holding the interpreter (about 1 us a row), so a page is a step of its own."""
-
-
-class RowCursor:
-    """Which rows of one table this replica has read: every id up to ``after``, except
-    the ``gaps`` (id -> monotonic time it is forgotten)."""
-
-    def __init__(self, after: int = 0) -> None:
-        self.after = after
-        self.gaps: dict[int, float] = {}
-
-    def advance(
-        self, seen: Iterable[int], now: float, start: int | None = None, *, ordered: bool = False
-    ) -> None:
-        """Note the ids one read returned. Ids between ``start`` (default: the old
-        high-water mark) and the highest seen that were not returned become gaps.
-        ``ordered``: the ids come ascending, each once (a full read's pages): no sort of
-        hundreds of thousands in one call, which holds the interpreter for 50 ms."""
-        # a full read's list is used as it is (a copy of 650,000 ids: 8 ms in one call)
-        ids = seen if ordered and isinstance(seen, list) else sorted(set(seen))
-        if self.gaps:
-            for i in ids:
-                self.gaps.pop(i, None)
-        if ids and ids[-1] > self.after:
-            highest = ids[-1]
-            low = self.after if start is None else start
-            missing: list[int] = []
-            previous = low
-            if ordered and ids[0] == low + 1 and ids[-1] - ids[0] == len(ids) - 1:
-                ids = []  # every id from the start on: no gap (the usual full read)
-            for i in ids:
-                if i > previous + 1:
-                    missing.extend(range(max(previous + 1, i - MAX_GAPS), i))
-                    missing = missing[-MAX_GAPS:]
-                previous = max(previous, i)
-            for i in missing:
-                self.gaps.setdefault(i, now + GAP_TTL_S)
-            self.after = highest
-        for i, until in list(self.gaps.items()):
-            if until <= now:
-                del self.gaps[i]
-        if len(self.gaps) > MAX_GAPS:
-            for i in sorted(self.gaps)[: len(self.gaps) - MAX_GAPS]:
-                del self.gaps[i]
 
 
 @dataclass(eq=False)
@@ -130,6 +94,9 @@ class EvidenceSync:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     collector: Collector | None = None
     """Paused while a full reload runs (``service/collector.py``); None: left alone."""
+    snapshots: SnapshotStore | None = None
+    """Where evidence snapshots are kept (``service/store/snapshots.py``); None: every
+    full load reads the window's rows and none is written."""
 
     def __post_init__(self) -> None:
         # prune at most this often: a pass costs what expired (nothing when nothing did)
@@ -152,6 +119,11 @@ class EvidenceSync:
         self._reloads: list[_Reload] = []  # full reloads asked for, done by the thread
         self._reloads_lock = threading.Lock()
         self.degraded: str | None = None
+        self.last_load = LoadNote()
+        self.rows_caught_up = 0  # measurement rows the last incremental read read
+        self._loaded = False  # whether the indexes hold a full load (a reload rereads)
+        self._unsaved: tuple[SnapshotCover, int, bytes] | None = None  # made by a load
+        self._snapshot_checked = time.monotonic()  # a start's own load writes one if due
 
     # ------------------------------------------------------------ lifecycle
 
@@ -198,7 +170,7 @@ class EvidenceSync:
         In the caller's thread when there is no background thread."""
         thread = self._thread
         if thread is None or not thread.is_alive() or thread is threading.current_thread():
-            self.full_reload()
+            self._reload()
             return True
         asked = _Reload()
         with self._reloads_lock:
@@ -220,7 +192,7 @@ class EvidenceSync:
             asked, self._reloads = self._reloads, []
         if asked:
             try:
-                self.full_reload()
+                self._reload()
             except Exception as exc:
                 for r in asked:
                     r.error = exc
@@ -229,11 +201,17 @@ class EvidenceSync:
                 for r in asked:
                     r.done.set()
         elif versions.get("evidence_epoch") != self._applied.get("evidence_epoch"):
-            self.full_reload()
+            self._reload()
         elif versions.get("evidence_version") != self._applied.get("evidence_version"):
             self.catch_up()
         if time.monotonic() - self._pruned_at >= self._prune_every_s:
             self.prune()
+        if self._unsaved is not None:
+            self.save_snapshot()
+        elif time.monotonic() - self._snapshot_checked >= SNAPSHOT_EVERY_S:
+            self._snapshot_checked = time.monotonic()
+            with paused(self.collector):
+                self.refresh_snapshot()
 
     # ---------------------------------------------------------------- writes
 
@@ -259,6 +237,60 @@ class EvidenceSync:
             self.on_change()
         return changed
 
+    def _reload(self) -> None:
+        """A reload: in place once the indexes hold a load (``reread``), the first
+        full load otherwise."""
+        if self._loaded:
+            self.reread()
+        else:
+            self.full_reload()
+
+    def reread(self) -> None:
+        """A reload in place (module docstring): the failures of the window are the
+        only evidence a store change other than a new row alters (an admin's clear,
+        also an older release's, which moves ``evidence_epoch``). A failure applied
+        here while they are read is kept unless the read has it."""
+        with self._sync_lock:
+            versions = self.config.versions()
+            clears = self.measurement_store.last_clear_id()
+            with self._apply_lock:
+                self._pending = []
+            try:
+                changed = self._catch_up()  # the new rows, and this replica's own met
+                note = LoadNote(snapshot_id=self.last_load.snapshot_id)
+                note.rows_read = self.rows_caught_up
+                now = self.clock()
+                since = now - self.max_age
+                keys: dict[str, datetime | None] = {}
+                failures: list[Observation] = []
+                note.wrong_rows_read = self._window().wrong_results(
+                    since,
+                    self.measurement_store.first_id(False, since) - 1,
+                    self._measurements.after,
+                    failures.extend,
+                    keys,
+                )
+                start = self.measurement_store.first_id(True, since) - 1
+                cursor = RowCursor(start)
+                seen = self._read_pages(True, since, start, failures.extend, keys)
+                cursor.advance(seen, time.monotonic(), start=start, ordered=True)
+                keys.update((_key(o), o.at) for o in failures if o.source)
+                with self._apply_lock:
+                    pending = [o for o in self._pending or [] if not o.ok]
+                    failures.extend(o for o in pending if not o.source or _key(o) not in keys)
+                    changed = self.trusted.replace_failures(failures) or changed
+                    self._failures = cursor
+                    self._clears = RowCursor(clears)
+                    self._met(keys)
+            finally:
+                with self._apply_lock:
+                    self._pending = None
+            self._applied["evidence_epoch"] = versions.get("evidence_epoch", 0)
+        self.last_load = note
+        changed = self.trusted.prune(now, self.max_age, let_the_loop_in) or changed
+        if changed:
+            self.on_change()
+
     def full_reload(self) -> None:
         """Rebuild every index from the store (the window only) and swap them in,
         with the cycle collector paused (``service/collector.py``): the build makes a
@@ -283,16 +315,13 @@ class EvidenceSync:
                 now = self.clock()
                 since = now - self.max_age
                 read_keys: dict[str, datetime | None] = {}
-                cursors = []
-                for failures in (False, True):
-                    start = self.measurement_store.first_id(failures, since) - 1
-                    cursor = RowCursor(start)
-                    if failures:
-                        seen = self._read_pages(failures, since, start, loader.add, read_keys)
-                        cursor.advance(seen, time.monotonic(), start=start, ordered=True)
-                    else:
-                        self._load_measurements(loader, since, now, cursor, read_keys)
-                    cursors.append(cursor)
+                cursor, note = self._window().read_into(loader, since, now, read_keys)
+                start = self.measurement_store.first_id(True, since) - 1
+                failures = RowCursor(start)
+                seen = self._read_pages(True, since, start, loader.add, read_keys)
+                failures.advance(seen, time.monotonic(), start=start, ordered=True)
+                if note.snapshot_id is None or note.rows_read >= SNAPSHOT_ROWS:
+                    self._unsaved = self._window().encode(loader, cursor)
                 fresh.load(loader, let_the_loop_in)
                 del loader
                 with self._apply_lock:
@@ -300,9 +329,11 @@ class EvidenceSync:
                     fresh.add(o for o in pending if not o.source or _key(o) not in read_keys)
                     replaced = self.trusted.swap(fresh)
                     self._met(read_keys)
-                    self._measurements, self._failures = cursors
+                    self._measurements, self._failures = cursor, failures
                     self._clears = RowCursor(clears)
-                    self.trusted.note_read_through(cursors[0].after, cursors[1].after)
+                    self.trusted.note_read_through(cursor.after, failures.after)
+                self.last_load = note
+                self._loaded = True
             finally:
                 with self._apply_lock:
                     self._pending = None
@@ -310,36 +341,60 @@ class EvidenceSync:
         self.on_change()  # decisions use the new set from here on
         replaced.retire(let_the_loop_in)
 
+    # ------------------------------------------------------------- snapshots
+
+    def save_snapshot(self) -> int | None:
+        """Write the snapshot the last full load made, if any (off the start's path:
+        the background thread's first tick); its id."""
+        unsaved, self._unsaved = self._unsaved, None
+        if unsaved is None or self.snapshots is None:
+            return None
+        cover, pods, payload = unsaved
+        per_pod = self.trusted.all.per_pod
+        return self.snapshots.save(self.clock(), per_pod, cover, pods, payload)
+
+    def refresh_snapshot(self, *, force: bool = False) -> int | None:
+        """A new snapshot when one is due (``WindowReader.refresh``); its id."""
+        now = self.clock()
+        return self._window().refresh(now, self.max_age, self.trusted.all.per_pod, force=force)
+
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
         with self._sync_lock:
-            self._unread_local = False
-            versions = self.config.versions()
-            since = self.clock() - self.max_age
-            read: list[Observation] = []
-            for failures, cursor in ((False, self._measurements), (True, self._failures)):
-                now = time.monotonic()
-                seen = self._read_pages(failures, since, cursor.after, read.extend, {})
-                if cursor.gaps:
-                    again = self._read(failures)(since, ids=sorted(cursor.gaps))
-                    read.extend(again.observations)
-                    seen.extend(again.ids)
-                cursor.advance(seen, now)
-            with self._apply_lock:
-                new = [o for o in read if not o.source or _key(o) not in self._local]
-                self._met({_key(o): o.at for o in read if o.source})
-                changed = self.trusted.add(new)
-                self.trusted.note_read_through(self._measurements.after, self._failures.after)
-            # clears after the rows: a failure stored before a clear is read first,
-            # then forgotten; one noted after the clear's time stays. A failure whose
-            # commit overlaps the clear's (its time earlier, its row not yet visible to
-            # the store's update) is forgotten here but stays active in the store, until
-            # the next full reload: a window of one transaction plus the replicas'
-            # clock skew, which a clear by row ids would close.
-            changed = self._apply_clears() or changed
-            self._applied["evidence_version"] = versions.get("evidence_version", 0)
+            changed = self._catch_up()
         if changed:
             self.on_change()
+        return changed
+
+    def _catch_up(self) -> bool:
+        """``catch_up``, the caller holding the sync lock (no ``on_change``)."""
+        self._unread_local = False
+        versions = self.config.versions()
+        since = self.clock() - self.max_age
+        read: list[Observation] = []
+        for failures, cursor in ((False, self._measurements), (True, self._failures)):
+            now = time.monotonic()
+            seen = self._read_pages(failures, since, cursor.after, read.extend, {})
+            if cursor.gaps:
+                again = self._read(failures)(since, ids=sorted(cursor.gaps))
+                read.extend(again.observations)
+                seen.extend(again.ids)
+            if not failures:
+                self.rows_caught_up = len(seen)
+            cursor.advance(seen, now)
+        with self._apply_lock:
+            new = [o for o in read if not o.source or _key(o) not in self._local]
+            self._met({_key(o): o.at for o in read if o.source})
+            changed = self.trusted.add(new)
+            self.trusted.note_read_through(self._measurements.after, self._failures.after)
+        # clears after the rows: a failure stored before a clear is read first,
+        # then forgotten; one noted after the clear's time stays. A failure whose
+        # commit overlaps the clear's (its time earlier, its row not yet visible to
+        # the store's update) is forgotten here but stays active in the store, until
+        # the next full reload: a window of one transaction plus the replicas'
+        # clock skew, which a clear by row ids would close.
+        changed = self._apply_clears() or changed
+        self._applied["evidence_version"] = versions.get("evidence_version", 0)
         return changed
 
     def _apply_clears(self) -> bool:
@@ -398,42 +453,12 @@ class EvidenceSync:
                 return seen
             after = page.ids[-1]
 
-    def _load_measurements(
-        self,
-        loader: EvidenceLoader,
-        since: datetime,
-        now: datetime,
-        cursor: RowCursor,
-        keys: dict[str, datetime | None],
-    ) -> None:
-        """A full reload's measurement rows above ``cursor``'s, page by page into
-        ``loader`` (lean rows: no observation each), each page's ids into ``cursor``
-        (not all of them at the end: 650,000 ids held 23 MB). The report keys that
-        ``_met`` and the pending reports need are noted for the few reports that can
-        matter: stored in the last ``RECENT_S`` or applied here and not yet met (not
-        every report of the window: 100,000 of them held 20 MB and seconds of CPU)."""
-        recent = (now - timedelta(seconds=RECENT_S)).timestamp()
-        after = cursor.after
-        while True:
-            page = self.measurement_store.measurement_rows(
-                since, after=after, limit=RELOAD_PAGE, lean=True
-            )
-            with self._apply_lock:
-                local = {k[2:] for k in self._local if k.startswith("m:")}
-            samples = page.samples
-            for i in range(0, len(samples), ADD_STEP):
-                step = samples[i : i + ADD_STEP]
-                loader.add_samples(step)
-                for s in step:
-                    if s[4] >= recent or s[7] in local:
-                        keys["m:" + s[7]] = datetime.fromtimestamp(s[4], UTC)
-                let_the_loop_in()
-            loader.add(page.observations)
-            keys.update((_key(o), o.at) for o in page.observations if o.source)
-            cursor.advance(page.ids, time.monotonic(), start=after, ordered=True)
-            if not page.more:
-                return
-            after = page.ids[-1]
+    def _window(self) -> WindowReader:
+        return WindowReader(self.measurement_store, self.snapshots, self._local_reports)
+
+    def _local_reports(self) -> set[str]:
+        with self._apply_lock:
+            return {k[2:] for k in self._local if k.startswith("m:")}
 
     def _met(self, keys: Mapping[str, datetime | None]) -> None:
         """Reports a store read returned (report key -> stored at): no longer waiting

@@ -129,6 +129,24 @@ class Indexes:
                     scoped.add(mine)
         return True
 
+    def replace_failures(self, failures: Iterable[Observation]) -> bool:
+        """Every index's failures replaced by those of ``failures`` its scope trusts."""
+        batch = [o for o in failures if not o.ok]
+        by_cluster: dict[str, list[Observation]] = {}
+        for o in batch:
+            by_cluster.setdefault(o.cluster, []).append(o)
+        for cluster in by_cluster:
+            if cluster not in self.clusters:
+                self.clusters[cluster] = self._make_index()
+                self.indexes_made += 1
+        changed = self.all.replace_failures(batch)
+        for cluster, index in self.clusters.items():
+            changed = index.replace_failures(by_cluster.get(cluster, ())) or changed
+        for globs, scoped in self.scopes.items():
+            mine = [o for o in batch if _trusts(globs, o.cluster)]
+            changed = scoped.replace_failures(mine) or changed
+        return changed
+
     def load(self, loader: EvidenceLoader, pause: Callable[[], None] = lambda: None) -> None:
         """Fill this set, still empty and not yet in force, from a bulk read: each pod
         filed once into every index that trusts its cluster (``EvidenceLoader.build``)."""
@@ -228,6 +246,11 @@ class TrustedEvidence:
         """New observations into every index that trusts them; True when any changed."""
         with self._lock:
             return self._current.add(observations)
+
+    def replace_failures(self, failures: Iterable[Observation]) -> bool:
+        """Every index's failures replaced by ``failures`` (a reload's read of them)."""
+        with self._lock:
+            return self._current.replace_failures(failures)
 
     def fresh(self) -> Indexes:
         """An empty set of indexes with the current scopes, for a full rebuild."""

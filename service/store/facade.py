@@ -14,6 +14,7 @@ from mla_switchboard.service.store.guard_pending import GuardPendingStore
 from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.refusals import RefusalStore
 from mla_switchboard.service.store.sessions import SessionStore
+from mla_switchboard.service.store.snapshots import SnapshotStore
 from mla_switchboard.service.store.tokens import TokenStore
 from sqlalchemy import Engine
 
@@ -47,6 +48,7 @@ class Store:
         self.refusals = bound(RefusalStore(engine))
         self.sessions = bound(SessionStore(engine))
         self.guard_pending = bound(GuardPendingStore(engine))
+        self.snapshots = bound(SnapshotStore(engine))
 
     def recall_idempotency(
         self, owner: str, key: str, request_hash: str | None = None

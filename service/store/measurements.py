@@ -48,7 +48,19 @@ from mla_switchboard.service.store.rows import (
     columns,
 )
 from mla_switchboard.service.store.shapes import request_from_shape, shape_situation
-from sqlalchemy import Connection, Engine, Float, bindparam, cast, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Float,
+    bindparam,
+    cast,
+    false,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 PAGE_ROWS = 5000
@@ -270,6 +282,31 @@ class MeasurementStore:
                     continue
                 out.observations.append(_observation(out, row, at))
         out.more = after is not None and len(out.ids) >= limit
+        return out
+
+    def wrong_rows(
+        self, since: datetime, *, after: int, through: int, limit: int = PAGE_ROWS
+    ) -> EvidenceRows:
+        """The wrong results with an id above ``after`` and up to ``through`` (ordered
+        by id, at most ``limit``), read through their own index, as
+        :meth:`measurement_rows` reads them: what a load from an evidence snapshot
+        reads again of the rows the snapshot covers (only correct results are kept in
+        one; an admin's clear changes the wrong ones)."""
+        m = MeasurementRow
+        q = _page(
+            select(*columns(m, MeasurementRead)).where(m.correct == false(), m.id <= through),
+            m.id, after, (), limit,
+        )  # fmt: skip
+        out = EvidenceRows()
+        with self.engine.connect() as conn:
+            for row in map(MeasurementRead._make, conn.execute(q)):
+                out.ids.append(row.id)
+                at = aware(row.at)
+                if not row.counted or row.cleared_at is not None or row.capability is None:
+                    continue
+                if at >= since:
+                    out.observations.append(_observation(out, row, at))
+        out.more = len(out.ids) >= limit
         return out
 
     def _samples(self, since: datetime, after: int, limit: int) -> EvidenceRows:

@@ -16,9 +16,11 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     false,
+    text,
     true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -267,6 +269,33 @@ class MeasurementRow(Base):
     # Counted as evidence: the reporting pod has a recorded decision in this cluster
     # for the same situation. Reports that do not are kept, not counted.
     counted: Mapped[bool] = mapped_column(Boolean, server_default=true())
+
+    # the wrong results alone (a fraction of a percent): a load that starts from an
+    # evidence snapshot reads them all again, and a clear finds them, without the rest
+    __table_args__ = (
+        Index(
+            "ix_measurements_wrong_id",
+            "id",
+            postgresql_where=text("correct = false"),
+            sqlite_where=text("correct = false"),
+        ),
+    )
+
+
+class EvidenceSnapshotRow(Base):
+    """What a replica's evidence counted from the measurement rows up to
+    ``measurement_id`` (except the ``gaps``: ids below it not visible then), as
+    ``core.evidence.snapshot`` encodes it: a start restores the newest one and reads
+    only the rows after it."""
+
+    __tablename__ = "evidence_snapshots"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    made_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    per_pod: Mapped[int] = mapped_column(Integer)
+    measurement_id: Mapped[int] = mapped_column(BigInteger)
+    gaps: Mapped[list[Any]] = mapped_column(JSON)
+    pods: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class PersonSessionRow(Base):

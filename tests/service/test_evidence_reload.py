@@ -249,7 +249,7 @@ def test_old_rows_outside_the_window_are_not_read(runtime: Runtime) -> None:
         s.execute(update(MeasurementRow).values(at=datetime.now(UTC) - timedelta(days=40)))
     store_and_apply(runtime, report("c1", "p2", 510.0, "report-0002"))
     assert runtime.store.measurements.first_id(False, since) == 2
-    runtime.evidence_sync.reload()
+    runtime.evidence_sync.full_reload()  # a full load (a start's): a reload rereads in place
     assert samples(runtime) == [510.0]
 
 
