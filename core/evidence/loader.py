@@ -31,10 +31,10 @@ from mla_switchboard.core.evidence.records import (
     with_sample,
 )
 from mla_switchboard.core.evidence.situations import Situation
-from mla_switchboard.core.evidence.tallies import LOAD_STEP
+from mla_switchboard.core.evidence.tallies import ALL, LOAD_STEP
 from mla_switchboard.core.evidence.values import PIECE, sorted_in_pieces
 from mla_switchboard.core.specs import Backend
-from mla_switchboard.core.stages import pod_key, stage_bucket_of_key
+from mla_switchboard.core.stages import pod_key
 
 __all__ = ["EvidenceLoader", "LoadedSample"]
 
@@ -71,6 +71,7 @@ class _Filling:
             pause()
         tally.impls.pop(0, None)
         tally.order(pause, newest)
+        tally.settle()
         if tally.expiry:
             self.index._earliest = min(self.index._earliest, expiry_time(tally.expiry[0]))
         self.values, self.impls, self.last = array("d"), array("H"), {}
@@ -81,6 +82,7 @@ class _Filling:
         tally, done = self.tally, source.tally
         for bucket, pods in done.buckets.items():
             tally.buckets[bucket] = dict(pods)
+        tally.split = done.split
         pause()
         tally.disordered = set(done.disordered)
         tally.expiry = list(done.expiry)
@@ -244,7 +246,6 @@ class EvidenceLoader:
             return found
 
         keys: dict[str, str] = {}  # a pod's key, interned: one string for its backends
-        buckets: dict[str, int | None] = {}
         filed = 0
         for (situation, backend), records in self._records.items():
             # An index that takes every cluster present here (all clusters, and a
@@ -262,12 +263,8 @@ class EvidenceLoader:
                 fills = by_cluster[key.partition("\0")[0]]
                 if not fills:
                     continue
-                bucket = buckets.get(key, _MISSING)  # once for all a pod's backends
-                if bucket is _MISSING:
-                    key = keys[key] = sys.intern(key)
-                    bucket = buckets[key] = stage_bucket_of_key(key)
-                else:
-                    key = keys[key]
+                known = keys.get(key)  # once for all a pod's backends
+                key = keys[key] = sys.intern(key) if known is None else known
                 n = len(record) // SAMPLE_SIZE
                 values, impls = VALUES_OF[n].unpack(record), IMPLS_OF[n].unpack(record)
                 newest = newest_of[key] = TIME.unpack_from(record, len(record) - SAMPLE_SIZE)[0]
@@ -276,14 +273,14 @@ class EvidenceLoader:
                     oldest = record_oldest_dated(record)
                 entry = expiry_entry(oldest, key) if oldest != math.inf else b""  # shared too
                 for fill in fills:
-                    tally = fill.tally
-                    pods = tally.buckets.get(bucket)
+                    tally = fill.tally  # filled as one dict: ``finish`` splits a big one
+                    pods = tally.buckets.get(ALL)
                     if pods is None:
-                        pods = tally.buckets[bucket] = {}
-                    if newest >= fill.last.get(bucket, -math.inf):
-                        fill.last[bucket] = newest
+                        pods = tally.buckets[ALL] = {}
+                    if newest >= fill.last.get(ALL, -math.inf):
+                        fill.last[ALL] = newest
                     else:
-                        tally.disordered.add(bucket)
+                        tally.disordered.add(ALL)
                     pods[key] = record
                     if entry:
                         heapq.heappush(tally.expiry, entry)

@@ -32,6 +32,15 @@ from sortedcontainers import SortedList
 LOAD_STEP = 2000
 """Pods a bulk load files between two pauses."""
 
+SPLIT_AT = 256
+"""Pods a tally holds in one dict before it keeps one per stage bucket. A cluster's
+index holds a tally per situation and backend: a hundred pods over a hundred bucket
+dicts cost more memory than the pods themselves, while a guard's read of one
+dict of a few hundred pods, filtered by bucket, costs a fraction of a millisecond."""
+
+ALL = -1
+"""The one dict's key while a tally is small (stage buckets are 0-99 or None)."""
+
 
 class Tally:
     """One backend in one situation, as the index's writer changes it.
@@ -45,7 +54,9 @@ class Tally:
     end back to the stage's start, and never walks (or hashes) the rest of the
     situation's history. A sample older than its bucket's newest (a late report) marks
     the bucket ``disordered``; the next read that walks it sorts it first (1% of the
-    situation's pods).
+    situation's pods). A tally of at most ``SPLIT_AT`` pods keeps them all in one dict
+    (``ALL``), in the same order, and filters by bucket as it reads: memory follows what
+    a cluster has, not the hundred buckets (``split`` once it grows past that).
 
     **Expiry** is a heap of (time key, pod) entries (``expiry_entry``: bytes that sort as
     the time): each pod with a dated sample has an entry no later than its oldest
@@ -69,6 +80,7 @@ class Tally:
         "failures",
         "impls",
         "pods",
+        "split",
         "values",
     )
 
@@ -77,6 +89,7 @@ class Tally:
         self.disordered: set[int | None] = set()
         self.expiry: list[bytes] = []  # a heap of expiry_entry(time, pod) entries
         self.pods = 0
+        self.split = False  # one dict per stage bucket (else all pods under ALL)
         self.values = SortedList()
         self.impls: Counter[int] = Counter()
         self.failures: dict[str, FailureNote] = {}
@@ -84,9 +97,28 @@ class Tally:
 
     # ------------------------------------------------------------- samples
 
+    def home(self, bucket: int | None) -> int | None:
+        """The key of the dict that holds a pod of ``bucket``."""
+        return bucket if self.split else ALL
+
     def record(self, key: str, bucket: int | None) -> Record | None:
-        pods = self.buckets.get(bucket)
+        pods = self.buckets.get(self.home(bucket))
         return None if pods is None else pods.get(key)
+
+    def settle(self) -> None:
+        """One dict per stage bucket once the tally has grown past ``SPLIT_AT`` pods
+        (each keeps the order it had in the one dict)."""
+        if self.split or self.pods <= SPLIT_AT:
+            return
+        pods = self._ordered(ALL) or {}
+        buckets: dict[int | None, dict[str, Record]] = {}
+        for key, record in pods.items():
+            bucket = stage_bucket_of_key(key)
+            into = buckets.get(bucket)
+            if into is None:
+                into = buckets[bucket] = {}
+            into[key] = record
+        self.buckets, self.split = buckets, True
 
     def records(self) -> Iterator[tuple[str, Record]]:
         for pods in self.buckets.values():
@@ -96,6 +128,7 @@ class Tally:
         self, key: str, bucket: int | None, at: float, value: float, impl: int, per_pod: int
     ) -> bool:
         sample = RECORD.pack(at, value, impl)
+        bucket = self.home(bucket)
         pods = self.buckets.get(bucket)
         if pods is None:
             pods = self.buckets[bucket] = {}
@@ -106,6 +139,8 @@ class Tally:
             self._count(value, impl)
             if at != -math.inf:
                 heapq.heappush(self.expiry, expiry_entry(at, key))
+            if self.pods > SPLIT_AT and not self.split:
+                self.settle()
             return True
         changed = with_sample(record, sample, at, per_pod)
         if changed is None:
@@ -159,7 +194,8 @@ class Tally:
     def in_buckets(self, buckets: Iterable[int | None], since: float) -> list[PodSample]:
         """The samples at or after ``since`` (a time key) of the pods in ``buckets``."""
         out: list[PodSample] = []
-        for bucket in buckets:
+        wanted = None if self.split else set(buckets)
+        for bucket in (ALL,) if wanted is not None else buckets:
             pods = self._ordered(bucket)
             if not pods:
                 continue
@@ -167,7 +203,8 @@ class Tally:
             for key, record in reversed(pods.items()):
                 if record_newest(record) < since:
                     break
-                recent.append((key, record))
+                if wanted is None or stage_bucket_of_key(key) in wanted:
+                    recent.append((key, record))
             for key, record in reversed(recent):
                 cluster, pod = split_key(key)
                 out.extend(
@@ -247,7 +284,7 @@ class Tally:
         while expiry and expiry[0] < due and used < budget:
             key = expiry_key(heapq.heappop(expiry))
             used += 1
-            bucket = stage_bucket_of_key(key)
+            bucket = self.home(stage_bucket_of_key(key))
             pods = self.buckets.get(bucket)
             record = None if pods is None else pods.get(key)
             if pods is None or record is None:

@@ -23,6 +23,7 @@ from mla_switchboard.core.evidence.records import expiry_key as _expiry_key
 from mla_switchboard.core.evidence.records import expiry_time as _expiry_time
 from mla_switchboard.core.evidence.records import split_expired as _split_expired
 from mla_switchboard.core.evidence.records import with_sample as _with_sample
+from mla_switchboard.core.evidence.tallies import ALL, SPLIT_AT
 from mla_switchboard.core.evidence.values import median, sorted_in_pieces
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket
@@ -221,8 +222,8 @@ def test_late_reports_keep_a_buckets_order_right() -> None:
         got = sorted(index.stage_samples(S, FI, buckets, since))
         assert got == brute_stage(observations, 3, buckets, since)
     for tally in index._tallies[S].values():  # each read bucket is in order again
-        for bucket in buckets:
-            pods = tally.buckets.get(bucket, {})
+        for home in {tally.home(bucket) for bucket in buckets}:
+            pods = tally.buckets.get(home, {})
             newest = [times(r)[-1][0] for r in pods.values()]
             assert newest == sorted(newest)
 
@@ -513,3 +514,25 @@ def test_a_record_is_18_bytes_a_sample() -> None:
     """What a counted sample costs in a pod's record (its TFLOP/s also sits, 8 bytes,
     in the sorted chunks): the bound on memory per sample the docs state."""
     assert struct.calcsize("<ddH") == _RECORD.size == 18
+
+
+def test_a_small_tally_keeps_one_dict_and_a_big_one_one_per_bucket() -> None:
+    """Memory follows what a cluster has: a tally of a few pods is one dict, not one
+    per stage bucket, and reads the same samples as a big one, split past SPLIT_AT."""
+    rng = random.Random(5)
+    small = [ok(f"p{i}", float(i), minutes(rng.randrange(100))) for i in range(40)]
+    index = EvidenceIndex(per_pod=3)
+    index.add(small)
+    (tally,) = index._tallies[S].values()
+    assert not tally.split and list(tally.buckets) == [ALL]
+    buckets = set(range(0, STAGE_BUCKETS, 2)) | {None}
+    for since in (minutes(0), minutes(50)):
+        got = sorted(index.stage_samples(S, FI, buckets, since))
+        assert got == brute_stage(small, 3, buckets, since)
+    big = small + [ok(f"q{i}", 1.0, minutes(100 + i)) for i in range(SPLIT_AT)]
+    index.add(big[len(small) :])
+    assert tally.split and ALL not in tally.buckets and len(tally.buckets) > 50
+    assert sum(len(p) for p in tally.buckets.values()) == tally.pods == len(big)
+    for since in (minutes(0), minutes(50), minutes(200)):
+        got = sorted(index.stage_samples(S, FI, buckets, since))
+        assert got == brute_stage(big, 3, buckets, since)
