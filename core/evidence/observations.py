@@ -57,9 +57,12 @@ class FailurePolicy:
     A backend is excluded for a situation while at least ``min_pods`` distinct pods
     reported a failure (failed build or wrong result) within the last ``window``.
     Older failures expire by themselves; an admin can clear a situation's failures.
+    Two pods by default: one pod's wrong result (a bad GPU, a flaky run) would
+    otherwise take the backend from every pod of the situation for the whole window.
+    Failures never leave a pod with no valid backend (``core/evaluator.py``).
     """
 
-    min_pods: int = 1
+    min_pods: int = 2
     window: timedelta = timedelta(hours=24)
 
     def describe(self) -> str:
