@@ -235,7 +235,8 @@ def run_tree(
 ) -> dict[str, Any]:
     schema = _schema(create=True)
     base = PG_DSN.split("://", 1)[1]
-    url = f"postgresql+psycopg://{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
+    joiner = "&" if "?" in base else "?"
+    url = f"postgresql+psycopg://{base}{joiner}options=-csearch_path%3D{schema}"
     logs = Path(tempfile.mkdtemp(prefix="sb-reports-"))
     print(f"\n{label} ({tree}) on schema {schema}", flush=True)
     proc, port = _start(tree, url, logs / "service.log")

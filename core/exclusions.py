@@ -9,8 +9,6 @@ reader's, since a cluster may trust other clusters' evidence.
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -49,7 +47,7 @@ def measured_failures(
             if found is not None:
                 out[backend] = found
                 continue
-            recent = recent_pods(policy, stats.failures, now)
+            recent = policy.recent(stats.failures, now)
             if recent:
                 below[backend] = FailuresBelowPolicy(
                     backend=backend.value,
@@ -60,19 +58,13 @@ def measured_failures(
     return out, below
 
 
-def recent_pods(policy: FailurePolicy, latest: Sequence[FailureNote], now: datetime) -> int:
-    """How many of ``latest`` (one note per pod, newest first) are within the window."""
-    since = -(now - policy.window).timestamp()
-    return bisect.bisect_right(latest, since, key=lambda f: -_age_key(f.at))
-
-
 def exclusion_of_latest(
     policy: FailurePolicy, latest: Sequence[FailureNote], now: datetime
 ) -> MeasuredExclusion | None:
     """Why ``latest`` (one note per pod, newest first) excludes its backend, or None:
     a binary search finds the pods within the window, so a decision never walks every
     failing pod."""
-    recent = recent_pods(policy, latest, now)
+    recent = policy.recent(latest, now)
     if recent == 0 or recent < policy.min_pods:
         return None
     kept = _kept.get(id(latest))
@@ -96,8 +88,3 @@ tuple replaced on every change, so one read of it gives the same exclusion while
 same pods are within the window: a fleet read deciding thousands of groups of one
 situation builds it once. Kept by the tuple itself (its id, checked by identity)."""
 _kept: dict[int, tuple[Sequence[FailureNote], tuple[int, FailurePolicy], MeasuredExclusion]] = {}
-
-
-def _age_key(at: datetime | None) -> float:
-    """A note without a time is the newest and never expires (as the index orders them)."""
-    return math.inf if at is None else at.timestamp()

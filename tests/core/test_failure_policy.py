@@ -85,9 +85,7 @@ def test_failures_outside_the_window_are_not_said() -> None:
 
 
 def every_valid(backends_pods: dict[str, int], req=H200) -> list[Observation]:  # type: ignore[no-untyped-def]
-    return [
-        failed(b, f"{b}-pod-{i}", req=req) for b, n in backends_pods.items() for i in range(n)
-    ]
+    return [failed(b, f"{b}-pod-{i}", req=req) for b, n in backends_pods.items() for i in range(n)]
 
 
 def test_failures_never_leave_a_pod_with_no_valid_backend() -> None:
