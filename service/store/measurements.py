@@ -149,7 +149,7 @@ class MeasurementStore:
             )
             for row in rows:
                 row["counted"] = counted
-            conn.execute(insert(MeasurementRow), rows)
+            conn.execute(_INSERT, rows)
             noted = counted and note is not None
             if noted:
                 assert note is not None
@@ -624,25 +624,37 @@ def _measurement_rows(
     ]
 
 
+# The report path's statements, built once: a statement built per call costs more of
+# the service's CPU (its expression and cache key) than the database takes to run it.
+_INSERT = insert(MeasurementRow)
+_HAS_REPORT = (
+    select(MeasurementRow.id).where(MeasurementRow.report_id == bindparam("report_id")).limit(1)
+)
+_POD_DECISIONS = (
+    select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
+    .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
+    .where(DecisionRow.cluster == bindparam("cluster"), DecisionRow.pod == bindparam("pod"))
+    .order_by(DecisionRow.id.desc())
+    .limit(20)
+)
+_POD_DECISIONS_OF = _POD_DECISIONS.where(
+    or_(DecisionRow.principal == bindparam("asker"), DecisionRow.principal.is_(None))
+)
+
+
 def _has_report(conn: Connection, report_id: str) -> bool:
-    q = select(MeasurementRow.id).where(MeasurementRow.report_id == report_id).limit(1)
-    return conn.execute(q).first() is not None
+    return conn.execute(_HAS_REPORT, {"report_id": report_id}).first() is not None
 
 
 def _decision_for(
     conn: Connection, cluster: str, pod: str, situation: Situation, asker: str | None
 ) -> bool:
     """``MeasurementStore.has_decision_for`` on an open connection."""
-    q = (
-        select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
-        .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
-        .where(DecisionRow.cluster == cluster, DecisionRow.pod == pod)
-        .order_by(DecisionRow.id.desc())
-        .limit(20)
-    )
+    params = {"cluster": cluster, "pod": pod}
+    q = _POD_DECISIONS
     if asker is not None:
-        q = q.where(or_(DecisionRow.principal == asker, DecisionRow.principal.is_(None)))
-    for row in conn.execute(q):
+        q, params["asker"] = _POD_DECISIONS_OF, asker
+    for row in conn.execute(q, params):
         if row.request is None and row.shape_json is not None:
             if shape_situation(row.shape_json) == situation:
                 return True

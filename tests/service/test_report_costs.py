@@ -34,15 +34,17 @@ def api(sqlite_url: str) -> Iterator[httpx.Client]:
 
 
 class NoteStatements:
-    """Statements on ``guard_pending`` run through the service's engine meanwhile."""
+    """Writes to ``guard_pending`` run through the service's engine meanwhile (the
+    periodic rollout check reads it on its own thread: its reads are not counted)."""
 
     def __init__(self, api: httpx.Client) -> None:
         self.engine = api.app.state.runtime.store.guard_pending.engine  # type: ignore[attr-defined]
         self.seen: list[str] = []
 
     def _count(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "guard_pending" in statement:
-            self.seen.append(statement.split(None, 1)[0].upper())
+        verb = statement.split(None, 1)[0].upper()
+        if "guard_pending" in statement and verb in ("INSERT", "DELETE", "UPDATE"):
+            self.seen.append(verb)
 
     def __enter__(self) -> NoteStatements:
         event.listen(self.engine, "before_cursor_execute", self._count)
