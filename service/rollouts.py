@@ -177,13 +177,16 @@ class RolloutGuards:
     def measurements_reported(
         self, report: MeasurementReport, report_id: str, *, noted: bool = True
     ) -> GuardOutcome:
-        """Run the speed guard for a counted measurement report the store holds already
-        (``noted``: as for ``failure_reported``)."""
+        """Run the speed guard for a counted measurement report the store holds already.
+        ``noted``: whether a guard counted it when it was stored (its note stored with
+        it); one no guard counted has nothing to evaluate (a rollout that starts later
+        reads its stage's samples whole at its next report)."""
+        if not noted:
+            return "checked"
 
         def run() -> None:
             self.on_measurements(report)
-            if noted:
-                self.notes.done(measurements_key(report_id))
+            self.notes.done(measurements_key(report_id))
 
         return self._evaluate(("measurements", report_id), run)
 
