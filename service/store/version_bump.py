@@ -29,6 +29,8 @@ class GroupBump:
     def __init__(self, engine: Engine, key: str) -> None:
         self._engine = engine
         self._key = key
+        # built once: building it per bump cost more CPU than the database took
+        self._stmt = update(Meta).where(Meta.key == key).values(value=Meta.value + 1)
         self._cond = threading.Condition()
         self._asked = 0  # tickets given
         self._done = 0  # every ticket up to this one is covered by a stored bump
@@ -58,10 +60,9 @@ class GroupBump:
                     self._cond.notify_all()
 
     def _bump(self) -> None:
-        stmt = update(Meta).where(Meta.key == self._key).values(value=Meta.value + 1)
         try:
             with self._engine.begin() as conn:
-                conn.execute(stmt)
+                conn.execute(self._stmt)
             self.bumps += 1
         except SQLAlchemyError as exc:
             log.warning("%s not bumped (%s): the next write bumps it", self._key, first_line(exc))
