@@ -384,7 +384,7 @@ class RolloutGuards:
                 o,
                 with_it.backend.value,
                 without.backend.value,
-                self._stage_samples(o, situation, read),
+                stage_samples(self.trusted, o, situation, read),
                 source,
             )
             if found is None:
@@ -422,38 +422,6 @@ class RolloutGuards:
             return rollouts.evidence_source(principal, verified, cluster, pod, self.static_sources)
 
         return read, source
-
-    def _stage_samples(
-        self,
-        o: Override,
-        situation: Situation,
-        read: Callable[[Sequence[PodSample]], None] = lambda samples: None,
-    ) -> Callable[[str], list[PodSample]]:
-        """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
-        stage's pods (their stored buckets), reported since the stage began, from
-        clusters ``guard_clusters`` allows; read from the override's own cluster's
-        index, or the all-clusters one for ``*``."""
-        r = o.rollout
-        assert r is not None
-        trusted = self.trusted
-        evidence = trusted.all if o.cluster == "*" else trusted.of_cluster(o.cluster)
-        buckets = stage_buckets(r)
-        allowed: dict[str, bool] = {}
-
-        def samples(backend: str) -> list[PodSample]:
-            found = evidence.stage_samples(situation, backend, buckets, r.stage_started_at)
-            out = []
-            for sample in found:
-                cluster = sample[0]
-                ok = allowed.get(cluster)
-                if ok is None:
-                    ok = allowed[cluster] = guards(r, cluster)
-                if ok:
-                    out.append(sample)
-            read(out)  # whose they are, before the guard counts their sources
-            return out
-
-        return samples
 
     # ------------------------------------------------------------------ steps
 
@@ -524,6 +492,38 @@ class RolloutGuards:
                 o.label,
                 first_line(exc),
             )
+
+
+def stage_samples(
+    trusted: TrustedEvidence,
+    o: Override,
+    situation: Situation,
+    read: Callable[[Sequence[PodSample]], None] = lambda samples: None,
+) -> Callable[[str], list[PodSample]]:
+    """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
+    stage's pods (their stored buckets), reported since the stage began, from
+    clusters ``guard_clusters`` allows; read from the override's own cluster's
+    index, or the all-clusters one for ``*``."""
+    r = o.rollout
+    assert r is not None
+    evidence = trusted.all if o.cluster == "*" else trusted.of_cluster(o.cluster)
+    buckets = stage_buckets(r)
+    allowed: dict[str, bool] = {}
+
+    def samples(backend: str) -> list[PodSample]:
+        found = evidence.stage_samples(situation, backend, buckets, r.stage_started_at)
+        out = []
+        for sample in found:
+            cluster = sample[0]
+            ok = allowed.get(cluster)
+            if ok is None:
+                ok = allowed[cluster] = guards(r, cluster)
+            if ok:
+                out.append(sample)
+        read(out)  # whose they are, before the guard counts their sources
+        return out
+
+    return samples
 
 
 def _sources(current: Rollout) -> list[str]:
