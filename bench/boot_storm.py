@@ -13,6 +13,10 @@ library, which matters because it shares this machine's CPUs with the replicas.
 
     python bench/boot_storm.py [--pods 10000] [--concurrency 128] [--replicas 1,2] [--rounds 3]
 
+With ``--reports`` it runs the reports storm instead (``bench/reports_storm.py``: each
+pod selects then reports its benchmarks, with 50 rollouts active, side by side with
+another checkout): ``python bench/boot_storm.py --reports --before ../base``.
+
 Rounds alternate between the replica counts so that the shared machine's noise
 (other work on it moves requests/s by 2x between runs) hits each alike; the
 figures reported are the medians over the rounds.
@@ -366,6 +370,10 @@ def machine() -> str:
 
 
 def main() -> int:
+    if "--reports" in sys.argv[1:]:  # the reports storm: bench/reports_storm.py
+        from bench.reports_storm import main as reports_main
+
+        return reports_main([a for a in sys.argv[1:] if a != "--reports"])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pods", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=128, help="requests in flight")

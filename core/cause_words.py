@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 
 from mla_switchboard.core.causes import (
+    ExclusionWaived,
     FailureHalt,
+    FailuresBelowPolicy,
     HaltCause,
     MeasuredExclusion,
     PersonHalt,
@@ -93,6 +95,27 @@ keeps it). Kept by the cause itself (its id, checked by identity)."""
 _words_kept: dict[int, tuple[MeasuredExclusion, str]] = {}
 
 
+def notice(cause: FailuresBelowPolicy | ExclusionWaived) -> str:
+    """What failures did to a backend that stays valid. It names no pod (counts only),
+    so every reader reads the same words."""
+    window = _hours(cause.window_h)
+    if isinstance(cause, FailuresBelowPolicy):
+        return (
+            f"{cause.pods} of {cause.needed} pods needed to exclude {cause.backend} for this "
+            f"situation reported it failing in the last {window} h: it stays valid "
+            "(SWITCHBOARD_FAILURE_MIN_PODS)"
+        )
+    return (
+        f"failures exclude every backend otherwise valid for this pod: {cause.backend}, the "
+        f"one with the fewest failing pods ({_count(cause.pods)} in the last {window} h), "
+        "is kept valid rather than none"
+    )
+
+
+def _hours(window_h: float) -> str:
+    return f"{window_h:.6g}" if window_h < 1e6 else f"{window_h:.0f}"
+
+
 def _exclusion(cause: MeasuredExclusion, sees: Sees) -> str:
     quoted = [q for q in cause.quoted if _may(sees, q.cluster)]
     parts = [_quote(q) for q in quoted]
@@ -101,7 +124,7 @@ def _exclusion(cause: MeasuredExclusion, sees: Sees) -> str:
         parts.append(f"and {_count(rest)} not named (some in clusters outside your scope)")
     elif rest:
         parts.append(f"and {rest} more")
-    window = f"{cause.window_h:.6g}" if cause.window_h < 1e6 else f"{cause.window_h:.0f}"
+    window = _hours(cause.window_h)
     return f"failed on {_count(cause.pods)} in the last {window} h (measured policy): " + "; ".join(
         parts
     )

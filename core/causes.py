@@ -100,3 +100,30 @@ class MeasuredExclusion(_Cause):
     pods: int
     window_h: float
     quoted: list[PodError]
+
+
+class FailuresBelowPolicy(_Cause):
+    """Failures were reported for a backend in a situation, from fewer distinct pods
+    than the failure policy needs to exclude it: it stays valid. One pod's wrong result
+    (a bad GPU, a flaky run) must not take a backend away from a whole deployment."""
+
+    kind: Literal["measured_failures_below_policy"] = "measured_failures_below_policy"
+    backend: str
+    pods: int
+    needed: int
+    window_h: float
+
+
+class ExclusionWaived(_Cause):
+    """Failures exclude every backend that would otherwise be valid for the pod: the
+    one with the fewest failing pods is kept valid, since a pod with no backend at all
+    is an outage, and one that failed on a few pods may still run on this one."""
+
+    kind: Literal["measured_exclusion_waived"] = "measured_exclusion_waived"
+    backend: str
+    pods: int
+    window_h: float
+
+
+FailureNotice = Annotated[FailuresBelowPolicy | ExclusionWaived, Field(discriminator="kind")]
+"""What reported failures did to a backend that stays valid (``Candidate.failures``)."""

@@ -28,10 +28,10 @@ from functools import cached_property
 from typing import Any, Literal
 
 from mla_switchboard.core import cause_words
-from mla_switchboard.core.causes import MeasuredExclusion
+from mla_switchboard.core.causes import ExclusionWaived, FailureNotice, MeasuredExclusion
 from mla_switchboard.core.engines import OWN_ENGINE, EngineChoice, EngineProfile, choose, resolve
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
-from mla_switchboard.core.exclusions import measured_exclusions
+from mla_switchboard.core.exclusions import measured_failures
 from mla_switchboard.core.names import model_matches
 from mla_switchboard.core.schemas import (
     FLEET,
@@ -389,6 +389,9 @@ class Assessment:
     # the measured-policy exclusions among ``reasons``, as data (their reason is
     # ``cause_words.exclusion`` of it)
     exclusions: dict[Backend, MeasuredExclusion] = field(default_factory=dict)
+    # what reported failures did to backends that stay valid (below the policy's pods,
+    # or kept as the last one left), each said in the answer
+    notices: dict[Backend, FailureNotice] = field(default_factory=dict)
 
     def valid(self) -> list[Backend]:
         return [b for b in _BACKENDS if not self.reasons[b]]
@@ -415,13 +418,41 @@ def assess(
             reasons[backend].append(f"denied by {o.label}: {o.note}")
     situation = situation_of(request)
     exclusions: dict[Backend, MeasuredExclusion] = {}
+    notices: dict[Backend, FailureNotice] = {}
     if policy == "measured":
-        exclusions = measured_exclusions(inputs.evidence, situation, now)
+        exclusions, below = measured_failures(inputs.evidence, situation, now)
+        notices.update(below)
         for backend, cause in exclusions.items():
             reasons[backend].append(cause_words.exclusion(cause))
+        kept = _kept_valid(reasons, exclusions)
+        if kept is not None:
+            cause = exclusions.pop(kept)
+            reasons[kept].remove(cause_words.exclusion(cause))
+            notices[kept] = ExclusionWaived(
+                backend=kept.value, pods=cause.pods, window_h=cause.window_h
+            )
     return Assessment(
-        tuple(active), staged, policy, engine, profile, situation, reasons, exclusions
+        tuple(active), staged, policy, engine, profile, situation, reasons, exclusions, notices
     )
+
+
+def _kept_valid(
+    reasons: dict[Backend, list[str]], exclusions: dict[Backend, MeasuredExclusion]
+) -> Backend | None:
+    """When failures exclude every backend that would otherwise be valid, the one with
+    the fewest failing pods (then the first in the registry's order): a pod is never
+    left with no backend by failures alone, which would turn a few pods' failures into
+    an outage of every pod of the situation. None when one is valid without it."""
+    if any(not why for why in reasons.values()):
+        return None
+    only_failures = [
+        b
+        for b in _BACKENDS
+        if b in exclusions and reasons[b] == [cause_words.exclusion(exclusions[b])]
+    ]
+    if not only_failures:
+        return None
+    return min(only_failures, key=lambda b: exclusions[b].pods)
 
 
 OWN_REASONS_KEPT = 4096
@@ -560,6 +591,9 @@ class _Deciding:
         self.ctx = context_of(request)
         self.trace = _Trace()
         self.trace.messages.extend(_stage_messages(a))
+        self.trace.messages.extend(
+            cause_words.notice(a.notices[b]) for b in _BACKENDS if b in a.notices
+        )
         self.notes = a.profile.notes(a.engine.version)
         self.trace.messages.extend(self.notes)
         # What the evidence was asked, reported with the outcome.
@@ -593,7 +627,7 @@ class _Deciding:
         return Decision(
             backend=backend,
             source=source,
-            candidates=_candidates(trace, self.reasons, self.a.exclusions),
+            candidates=_candidates(trace, self.reasons, self.a.exclusions, self.a.notices),
             messages=tuple(trace.messages),
             overrides=self.refs,
             evidence=evidence,
@@ -606,7 +640,7 @@ class _Deciding:
 
     def refuse(self, kind: str, message: str) -> Refusal:
         message = " ".join([message, *(f"{n}." for n in self.notes)])
-        candidates = _candidates(self.trace, self.reasons, self.a.exclusions)
+        candidates = _candidates(self.trace, self.reasons, self.a.exclusions, self.a.notices)
         return Refusal(kind, message, candidates, self.refs, self.a.engine, self.read)
 
     def forced(self) -> Decision | None:
@@ -774,6 +808,7 @@ def _candidates(
     trace: _Trace,
     reasons: dict[Backend, list[str]],
     exclusions: dict[Backend, MeasuredExclusion],
+    notices: dict[Backend, FailureNotice],
 ) -> tuple[Candidate, ...]:
     """Every backend, in the order the decision considered them, then the fallback chain
     (what a pod tries if its chosen kernel fails to build), then the rest."""
@@ -781,13 +816,16 @@ def _candidates(
         trace.consider(backend, "fallback")
     for backend in _BACKENDS:
         trace.consider(backend, "unlisted")
-    return tuple(_candidate(b, role, reasons[b], exclusions.get(b)) for b, role in trace.order)
+    return tuple(
+        _candidate(b, role, reasons[b], exclusions.get(b), notices.get(b))
+        for b, role in trace.order
+    )
 
 
 CANDIDATES_KEPT = 8192
 """How many distinct candidates ``_candidate`` keeps (a backend, its role and its
 reasons: a fleet has a few per description and override)."""
-_candidates_kept: dict[tuple[Backend, str, tuple[str, ...], str], Candidate] = {}
+_candidates_kept: dict[tuple[Backend, str, tuple[str, ...], str, str], Candidate] = {}
 
 
 def _candidate(
@@ -795,13 +833,20 @@ def _candidate(
     role: CandidateRole,
     reasons: list[str],
     exclusion: MeasuredExclusion | None = None,
+    notice: FailureNotice | None = None,
 ) -> Candidate:
     """The candidate entry of a decision, made once per distinct (backend, role,
     reasons) and shared by every decision that has it: building the model is most of a
     decision's cost, and a fleet read makes thousands of alike decisions. A decision's
     candidates are read, never changed (the answer is a serialisation of them)."""
     # an exclusion's words hold all of it but its failures' seconds: keyed by all of it
-    key = (backend, role, tuple(reasons), "" if exclusion is None else exclusion.model_dump_json())
+    key = (
+        backend,
+        role,
+        tuple(reasons),
+        "" if exclusion is None else exclusion.model_dump_json(),
+        "" if notice is None else notice.model_dump_json(),
+    )
     found = _candidates_kept.get(key)
     if found is None:
         found = Candidate(
@@ -810,6 +855,7 @@ def _candidate(
             reasons=list(reasons),
             role=role,
             exclusion=exclusion,
+            failures=notice,
         )
         if len(_candidates_kept) >= CANDIDATES_KEPT:
             _candidates_kept.clear()

@@ -9,12 +9,15 @@ reader's, since a cluster may trust other clusters' evidence.
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections.abc import Sequence
 from datetime import datetime
 
-from mla_switchboard.core.causes import MeasuredExclusion, PodError, first_line
+from mla_switchboard.core.causes import (
+    FailuresBelowPolicy,
+    MeasuredExclusion,
+    PodError,
+    first_line,
+)
 from mla_switchboard.core.evidence import EvidenceIndex, FailureNote, FailurePolicy, Situation
 from mla_switchboard.core.specs import Backend
 
@@ -26,13 +29,33 @@ def measured_exclusions(
     index: EvidenceIndex, situation: Situation | None, now: datetime
 ) -> dict[Backend, MeasuredExclusion]:
     """Backends the failure policy excludes in ``situation`` at ``now``, with why."""
+    return measured_failures(index, situation, now)[0]
+
+
+def measured_failures(
+    index: EvidenceIndex, situation: Situation | None, now: datetime
+) -> tuple[dict[Backend, MeasuredExclusion], dict[Backend, FailuresBelowPolicy]]:
+    """Backends the failure policy excludes in ``situation`` at ``now``, with why; and
+    those that failed on fewer pods within the window than the policy needs (valid
+    still, and the answer says how far from excluded they are)."""
     out: dict[Backend, MeasuredExclusion] = {}
+    below: dict[Backend, FailuresBelowPolicy] = {}
+    policy = index.failure_policy
     for backend, stats in index.group(situation).items():
         if stats.failures:
-            found = exclusion_of_latest(index.failure_policy, stats.failures, now)
+            found = exclusion_of_latest(policy, stats.failures, now)
             if found is not None:
                 out[backend] = found
-    return out
+                continue
+            recent = policy.recent(stats.failures, now)
+            if recent:
+                below[backend] = FailuresBelowPolicy(
+                    backend=backend.value,
+                    pods=recent,
+                    needed=policy.min_pods,
+                    window_h=policy.window.total_seconds() / 3600,
+                )
+    return out, below
 
 
 def exclusion_of_latest(
@@ -41,8 +64,7 @@ def exclusion_of_latest(
     """Why ``latest`` (one note per pod, newest first) excludes its backend, or None:
     a binary search finds the pods within the window, so a decision never walks every
     failing pod."""
-    since = -(now - policy.window).timestamp()
-    recent = bisect.bisect_right(latest, since, key=lambda f: -_age_key(f.at))
+    recent = policy.recent(latest, now)
     if recent == 0 or recent < policy.min_pods:
         return None
     kept = _kept.get(id(latest))
@@ -66,8 +88,3 @@ tuple replaced on every change, so one read of it gives the same exclusion while
 same pods are within the window: a fleet read deciding thousands of groups of one
 situation builds it once. Kept by the tuple itself (its id, checked by identity)."""
 _kept: dict[int, tuple[Sequence[FailureNote], tuple[int, FailurePolicy], MeasuredExclusion]] = {}
-
-
-def _age_key(at: datetime | None) -> float:
-    """A note without a time is the newest and never expires (as the index orders them)."""
-    return math.inf if at is None else at.timestamp()

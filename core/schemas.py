@@ -16,7 +16,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from mla_switchboard.core.causes import HaltCause, MeasuredExclusion
+from mla_switchboard.core.causes import FailureNotice, HaltCause, MeasuredExclusion
 from mla_switchboard.core.engine_rules.switchboard import SEED_DEFAULT, SEED_PRIORITIES
 from mla_switchboard.core.engines import (
     ENGINE_NAMES,
@@ -229,6 +229,13 @@ class Candidate(BaseModel):
         description="when failures exclude it under policy measured: how many pods, and "
         "the newest quoted (only those of clusters the reader may see); its reason says "
         "the same in words",
+    )
+    failures: FailureNotice | None = Field(
+        default=None,
+        description="when failures were reported for it but it stays valid: fewer pods "
+        "than the failure policy needs (kind measured_failures_below_policy), or kept as "
+        "the one with the fewest failing pods when failures exclude every other "
+        "(measured_exclusion_waived); the answer's messages say the same in words",
     )
 
 

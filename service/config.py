@@ -198,11 +198,12 @@ class Settings(BaseSettings):
     )
     # The failure policy (FailurePolicy, core/evidence/).
     failure_min_pods: int = Field(
-        default=1,
+        default=2,
         ge=1,
         description="under policy measured, a backend is left out for a situation while at "
         "least this many distinct pods reported it failing there (a build failure or a "
-        "wrong result) within SWITCHBOARD_FAILURE_WINDOW_HOURS",
+        "wrong result) within SWITCHBOARD_FAILURE_WINDOW_HOURS; fewer are said in the "
+        "answer and leave it valid (1: one pod's wrong result excludes it for every pod)",
     )
     failure_window_hours: float = Field(
         default=24.0,

@@ -4,22 +4,32 @@ Every replica's rollout step waits while a note exists, so another replica that 
 the database cannot promote past a halt this one could not write (it lost the database
 between storing the report and running the guard). A replica removes its note once the
 guard ran; one left past ``grace_s`` (its replica died, or lost the database for good)
-is run by whichever replica checks next. Notes are taken only while a rollout is active:
-otherwise there is nothing to guard, and reports cost no extra write.
+is run by whichever replica checks next. A note is taken only for a report some guard
+counts (``measurements_guarded``, ``failure_guarded``): in the stage of an active rollout
+whose guards take the report's cluster. Every other report, however many rollouts are
+active elsewhere, costs no extra write: its guard evaluation changes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from mla_switchboard.core.schemas import MeasurementReport, Override
+from mla_switchboard.core.evaluator import (
+    DecisionInputs,
+    applicable_overrides,
+    in_stage,
+)
+from mla_switchboard.core.evidence import situation_of
+from mla_switchboard.core.names import cluster_matches
+from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
 from mla_switchboard.service.messages import first_line
+from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store.base import OutcomeUnknown
-from mla_switchboard.service.store.guard_pending import GuardPendingStore
+from mla_switchboard.service.store.guard_pending import GuardPendingStore, Note
 from mla_switchboard.service.store.rows import PendingGuard
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
@@ -38,9 +48,55 @@ class Unknown:
 UNKNOWN = Unknown()
 
 
-def rollouts_active(overrides: Iterable[Override]) -> bool:
-    """Whether any of ``overrides`` has an active rollout (what notes are kept for)."""
-    return any(o.rollout is not None and o.rollout.state == "active" for o in overrides)
+def measurements_guarded(report: MeasurementReport, inputs: DecisionInputs, now: datetime) -> bool:
+    """Whether a measurement report feeds a speed guard: its pod is in the stage of an
+    active rollout of an override that applies to it, whose guards take its cluster
+    (what ``RolloutGuards.on_measurements`` evaluates). Only the fleet's and the
+    cluster's own overrides are read, so the cost does not grow with other clusters'."""
+    request = report_request(report)
+    if situation_of(request) is None:
+        return False
+    for o in applicable_overrides(request, inputs.override_set, now):
+        r = o.rollout
+        if r is None or r.state != "active":
+            continue
+        if cluster_matches(request.cluster, r.guard_clusters) and in_stage(request, o):
+            return True
+    return False
+
+
+def failure_guarded(record: DecisionRecord, backend: str) -> bool:
+    """Whether a failure report feeds a failure guard: the backend failed is the one the
+    decision gave, and its answer names a rollout that put the pod in its stage (what
+    ``RolloutGuards.on_failure`` counts; the rollout's state is read there)."""
+    return bool(staged_rollouts(record, backend))
+
+
+def staged_rollouts(record: DecisionRecord, backend: str) -> set[tuple[str, str]]:
+    """The (cluster, rollout id) of the rollouts whose stage the decision's answer put
+    its pod in, with an effect; empty when ``backend`` is not the one it gave."""
+    if record.answer_json is None or backend != record.backend:
+        return set()
+    refs = json.loads(record.answer_json).get("overrides") or []
+    return {
+        (r["cluster"], r["rollout"]["id"])
+        for r in refs
+        if r.get("rollout") and r["rollout"]["in_stage"] and r["effect"] != "none"
+    }
+
+
+def report_request(report: MeasurementReport) -> SelectRequest:
+    """The select request a report's pod made, as far as a guard reads it."""
+    return SelectRequest(
+        cluster=report.cluster,
+        pod=report.pod,
+        node=report.node,
+        device=report.device,
+        model=report.model,
+        dtype=report.dtype,
+        packages=report.packages,
+        engine=report.engine,
+    )
 
 
 def failure_key(decision_id: str, backend: str) -> str:
@@ -51,25 +107,26 @@ def measurements_key(report_id: str) -> str:
     return f"measurements:{report_id}"
 
 
+def measurements_note(report: MeasurementReport, report_id: str) -> Note:
+    """The note of a measurement report's evaluation (stored with the report itself:
+    ``MeasurementStore.store_report``)."""
+    payload = json.dumps({"report_id": report_id, "report": report.model_dump(mode="json")})
+    return Note(measurements_key(report_id), "measurements", payload)
+
+
 @dataclass(eq=False)
 class GuardNotes:
-    """The notes of one database. ``active``: whether any rollout is active now."""
+    """The notes of one database."""
 
     store: GuardPendingStore
-    active: Callable[[], bool]
     grace_s: float = 10.0
 
     def expect_failure(self, decision_id: str, backend: str, error: str) -> None:
         payload = json.dumps({"decision_id": decision_id, "backend": backend, "error": error})
         self._note(failure_key(decision_id, backend), "failure", payload)
 
-    def expect_measurements(self, report: MeasurementReport, report_id: str) -> None:
-        payload = json.dumps({"report_id": report_id, "report": report.model_dump(mode="json")})
-        self._note(measurements_key(report_id), "measurements", payload)
-
     def _note(self, key: str, kind: str, payload: str) -> None:
-        if self.active():
-            self.store.add(key, kind, payload, datetime.now(UTC))
+        self.store.add(key, kind, payload, datetime.now(UTC))
 
     def done(self, key: str) -> None:
         self.store.remove(key)

@@ -31,8 +31,9 @@ from mla_switchboard.service.store.recorder import DecisionRecorder
 from pydantic import ValidationError
 
 REPORT_WAIT_S = 10.0
-"""How long a measurement report waits for its pod's decision to be stored (its position
-to pass the drainer's mark) before it is stored as not counted."""
+"""How long a report waits for its decision to be stored (its position to pass the
+drainer's mark): a measurement report is then stored as not counted, a failure report
+answered 404 (its decision is not in the database)."""
 
 
 @dataclass(eq=False)
@@ -64,37 +65,39 @@ class Reports:
         if too_fast is not None:
             return too_fast
         report_id = report.report_id or new_id()
-        if report.report_id is not None and self.measurement_store.has_report(report_id):
+        observations = observations_of_report(report, datetime.now(UTC), report_id)
+        situation = None
+        if observations:
+            # The pod's decision may not be stored yet: wait for its own position to
+            # pass the mark (at once when it has none waiting).
+            position = self.recorder.position_of(report.cluster, report.pod)
+            if position is not None:
+                self.recorder.wait_stored(position, REPORT_WAIT_S)
+            situation = observations[0].situation
+        # a guard note is stored with the report only when some rollout's guard counts it
+        note = self.rollouts.measurements_note(report, report_id)
+        stored = self.measurement_store.store_report(
+            report, report_id, situation, principal.id, note
+        )
+        if stored is None:
             # the agent retried a report whose answer it never got: already stored (its
             # guard evaluation is run again: the first attempt's may never have run)
             guard = self.rollouts.measurements_retried(report, report_id)
             body = {"measurement_id": report_id, "results": len(report.results)}
             return Done({**body, "duplicate": True, "guard": guard}, status=200)
-        observations = observations_of_report(report, datetime.now(UTC), report_id)
         reason = None
-        if observations:
-            # The pod's decision may not be stored yet: wait for its own position to
-            # pass the mark (at once when it has none waiting), then look it up.
-            position = self.recorder.position_of(report.cluster, report.pod)
-            if position is not None:
-                self.recorder.wait_stored(position, REPORT_WAIT_S)
-            situation = observations[0].situation
-            if not self.measurement_store.has_decision_for(
-                report.cluster, report.pod, situation, principal.id
-            ):
-                reason = (
-                    f"pod {report.pod!r} has no decision recorded for this token in cluster "
-                    f"{report.cluster!r} for this device, capability, dims, dtype, packages "
-                    "and engine: stored, not counted as evidence (call /v1/select as this "
-                    "pod, with this token, first)"
-                )
-        if reason is None:
-            self.rollouts.expect_measurements(report, report_id)
-        count = self.measurement_store.add_measurements(report, report_id, counted=reason is None)
+        if not stored.counted:
+            reason = (
+                f"pod {report.pod!r} has no decision recorded for this token in cluster "
+                f"{report.cluster!r} for this device, capability, dims, dtype, packages "
+                "and engine: stored, not counted as evidence (call /v1/select as this "
+                "pod, with this token, first)"
+            )
+        count = stored.results
         guard = None
         if reason is None:
             self.evidence.apply_local(observations)
-            guard = self.rollouts.measurements_reported(report, report_id)
+            guard = self.rollouts.measurements_reported(report, report_id, noted=stored.noted)
         body: dict[str, Any] = {
             "measurement_id": report_id,
             "results": count,
@@ -114,9 +117,14 @@ class Reports:
         evidence against ``backend`` for pods in the same situation, under the failure
         policy (``core/evidence/``), and what a rollout's failure guard counts. A
         verified pod reports only its own decisions' failures."""
-        if self.recorder.pending:
-            self.recorder.flush()  # the decision may not be stored yet
+        # the decision may not be stored yet: wait for its own position (at once when
+        # it is stored already), not for every decision given before it
+        position = self.recorder.position_of_decision(decision_id)
+        if position is not None:
+            self.recorder.wait_stored(position, REPORT_WAIT_S)
         record = self.decisions.get_decision(decision_id)
+        if record is None and self.recorder.pending and self.recorder.flush():
+            record = self.decisions.get_decision(decision_id)  # a leftover of the log
         if record is None:
             return Problem(
                 404,
@@ -144,7 +152,7 @@ class Reports:
             )
         request = _stored_request(record.request_json)
         now = datetime.now(UTC)  # stored and in memory alike (a clear forgets by it)
-        self.rollouts.expect_failure(record, backend.value, error)
+        noted = self.rollouts.expect_failure(record, backend.value, error)
         self.measurement_store.record_failure(decision_id, backend.value, error, now)
         observation = None
         if request is not None:
@@ -153,7 +161,7 @@ class Reports:
             )
         if observation is not None:
             self.evidence.apply_local([observation])
-        guard = self.rollouts.failure_reported(record, backend.value, error)
+        guard = self.rollouts.failure_reported(record, backend.value, error, noted=noted)
         body = {
             "decision_id": decision_id,
             "backend": backend.value,

@@ -18,8 +18,9 @@ A guard runs after the report that triggers it is stored. When the database fail
 between (the guard's own write, or a read it needs), the report stays stored and is
 answered as such, with ``"guard": "pending"``: the evaluation is kept and tried again
 by this replica's periodic check before it promotes any step, so a halt is late rather
-than lost. While a rollout is active, each report's evaluation is also noted in the
-database before the report is stored (``guard_pending``) and removed once it ran:
+than lost. Each report a guard counts (in the stage of an active rollout whose guards
+take its cluster) has its evaluation also noted in the database before the report is
+stored (``guard_pending``) and removed once it ran:
 every replica's step waits while one is noted, and one left by its replica past
 ``GuardNotes.grace_s`` is run by whichever replica checks next, so another replica that
 reaches the database cannot promote past a halt this one could not write. An
@@ -53,7 +54,7 @@ from mla_switchboard.core.evaluator import (
 )
 from mla_switchboard.core.evidence import PodSample, Situation, situation_of
 from mla_switchboard.core.names import cluster_matches
-from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout, SelectRequest
+from mla_switchboard.core.schemas import MeasurementReport, Override, Rollout
 from mla_switchboard.core.stages import stage_buckets
 from mla_switchboard.core.version import PROGRAM
 from mla_switchboard.service.evidence.trust import TrustedEvidence
@@ -62,8 +63,13 @@ from mla_switchboard.service.guard_notes import (
     TRANSIENT_ERRORS,
     GuardNotes,
     Unknown,
+    failure_guarded,
     failure_key,
+    measurements_guarded,
     measurements_key,
+    measurements_note,
+    report_request,
+    staged_rollouts,
 )
 from mla_switchboard.service.live.poller import LiveConfig
 from mla_switchboard.service.messages import first_line
@@ -71,6 +77,7 @@ from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.periodic import Periodic
 from mla_switchboard.service.state import DecisionRecord
 from mla_switchboard.service.store.config import ConfigStore
+from mla_switchboard.service.store.guard_pending import Note
 from mla_switchboard.service.store.rows import PendingGuard
 from prometheus_client import Gauge
 from sqlalchemy.exc import SQLAlchemyError
@@ -137,28 +144,45 @@ class RolloutGuards:
 
     # ------------------------------------------------- reports, noted then stored
 
-    def expect_failure(self, record: DecisionRecord, backend: str, error: str) -> None:
+    def expect_failure(self, record: DecisionRecord, backend: str, error: str) -> bool:
         """Note in the database, before the failure is stored, that its guard is to run
-        (``service/guard_notes.py``)."""
+        (``service/guard_notes.py``), when a guard counts it; whether it was noted."""
+        if not failure_guarded(record, backend):
+            return False
         self.notes.expect_failure(record.id, backend, error)
+        return True
 
-    def expect_measurements(self, report: MeasurementReport, report_id: str) -> None:
-        """As ``expect_failure``, for a counted measurement report."""
-        self.notes.expect_measurements(report, report_id)
+    def measurements_note(self, report: MeasurementReport, report_id: str) -> Note | None:
+        """The note a measurement report's evaluation needs, stored with the report
+        when it counts; None when no guard counts it (nothing to note)."""
+        if not measurements_guarded(report, self.inputs(), datetime.now(UTC)):
+            return None
+        return measurements_note(report, report_id)
 
-    def failure_reported(self, record: DecisionRecord, backend: str, error: str) -> GuardOutcome:
+    def failure_reported(
+        self, record: DecisionRecord, backend: str, error: str, *, noted: bool = True
+    ) -> GuardOutcome:
         """Run the failure guard for a failure report the store holds already (made by
-        the decision's own asker: ``Reports.failure`` checks it)."""
+        the decision's own asker: ``Reports.failure`` checks it); ``noted``: whether
+        ``expect_failure`` noted it (only a note taken is removed)."""
         key = failure_key(record.id, backend)
 
         def run() -> None:
             self.on_failure(record, backend, error)
-            self.notes.done(key)
+            if noted:
+                self.notes.done(key)
 
         return self._evaluate(("failure", record.id, backend), run)
 
-    def measurements_reported(self, report: MeasurementReport, report_id: str) -> GuardOutcome:
-        """Run the speed guard for a counted measurement report the store holds already."""
+    def measurements_reported(
+        self, report: MeasurementReport, report_id: str, *, noted: bool = True
+    ) -> GuardOutcome:
+        """Run the speed guard for a counted measurement report the store holds already.
+        ``noted``: whether a guard counted it when it was stored (its note stored with
+        it); one no guard counted has nothing to evaluate (a rollout that starts later
+        reads its stage's samples whole at its next report)."""
+        if not noted:
+            return "checked"
 
         def run() -> None:
             self.on_measurements(report)
@@ -274,14 +298,9 @@ class RolloutGuards:
         per pod name it asked a decision for, or once with ``per_token``); at
         ``max_failures`` distinct sources the rollout halts. A source reporting again, or
         an old decision's failure, can never halt a rollout."""
-        if record.answer_json is None or backend != record.backend:
+        staged = staged_rollouts(record, backend)
+        if not staged:
             return
-        refs = json.loads(record.answer_json).get("overrides") or []
-        staged = {
-            (r["cluster"], r["rollout"]["id"])
-            for r in refs
-            if r.get("rollout") and r["rollout"]["in_stage"] and r["effect"] != "none"
-        }
         line = error_line(error)
         where = f"{record.cluster}/{record.pod or '?'}"
         source = rollouts.evidence_source(
@@ -334,16 +353,7 @@ class RolloutGuards:
         the stage pods' speed of what the override gives them with what they would run
         without it, from the samples reported since the stage began by pods of clusters
         that may halt it; beyond ``max_slowdown_pct`` the rollout halts."""
-        request = SelectRequest(
-            cluster=report.cluster,
-            pod=report.pod,
-            node=report.node,
-            device=report.device,
-            model=report.model,
-            dtype=report.dtype,
-            packages=report.packages,
-            engine=report.engine,
-        )
+        request = report_request(report)
         situation = situation_of(request)
         if situation is None:
             return
@@ -374,7 +384,7 @@ class RolloutGuards:
                 o,
                 with_it.backend.value,
                 without.backend.value,
-                self._stage_samples(o, situation, read),
+                stage_samples(self.trusted, o, situation, read),
                 source,
             )
             if found is None:
@@ -412,38 +422,6 @@ class RolloutGuards:
             return rollouts.evidence_source(principal, verified, cluster, pod, self.static_sources)
 
         return read, source
-
-    def _stage_samples(
-        self,
-        o: Override,
-        situation: Situation,
-        read: Callable[[Sequence[PodSample]], None] = lambda samples: None,
-    ) -> Callable[[str], list[PodSample]]:
-        """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
-        stage's pods (their stored buckets), reported since the stage began, from
-        clusters ``guard_clusters`` allows; read from the override's own cluster's
-        index, or the all-clusters one for ``*``."""
-        r = o.rollout
-        assert r is not None
-        trusted = self.trusted
-        evidence = trusted.all if o.cluster == "*" else trusted.of_cluster(o.cluster)
-        buckets = stage_buckets(r)
-        allowed: dict[str, bool] = {}
-
-        def samples(backend: str) -> list[PodSample]:
-            found = evidence.stage_samples(situation, backend, buckets, r.stage_started_at)
-            out = []
-            for sample in found:
-                cluster = sample[0]
-                ok = allowed.get(cluster)
-                if ok is None:
-                    ok = allowed[cluster] = guards(r, cluster)
-                if ok:
-                    out.append(sample)
-            read(out)  # whose they are, before the guard counts their sources
-            return out
-
-        return samples
 
     # ------------------------------------------------------------------ steps
 
@@ -514,6 +492,38 @@ class RolloutGuards:
                 o.label,
                 first_line(exc),
             )
+
+
+def stage_samples(
+    trusted: TrustedEvidence,
+    o: Override,
+    situation: Situation,
+    read: Callable[[Sequence[PodSample]], None] = lambda samples: None,
+) -> Callable[[str], list[PodSample]]:
+    """A backend's samples in ``situation`` that may halt ``o``'s rollout: of its
+    stage's pods (their stored buckets), reported since the stage began, from
+    clusters ``guard_clusters`` allows; read from the override's own cluster's
+    index, or the all-clusters one for ``*``."""
+    r = o.rollout
+    assert r is not None
+    evidence = trusted.all if o.cluster == "*" else trusted.of_cluster(o.cluster)
+    buckets = stage_buckets(r)
+    allowed: dict[str, bool] = {}
+
+    def samples(backend: str) -> list[PodSample]:
+        found = evidence.stage_samples(situation, backend, buckets, r.stage_started_at)
+        out = []
+        for sample in found:
+            cluster = sample[0]
+            ok = allowed.get(cluster)
+            if ok is None:
+                ok = allowed[cluster] = guards(r, cluster)
+            if ok:
+                out.append(sample)
+        read(out)  # whose they are, before the guard counts their sources
+        return out
+
+    return samples
 
 
 def _sources(current: Rollout) -> list[str]:

@@ -28,7 +28,7 @@ from mla_switchboard.service.fleet.reads import FleetReads, ReadSettings
 from mla_switchboard.service.gitops.drift import Drift
 from mla_switchboard.service.gitops.planning import OverridesAsCode
 from mla_switchboard.service.gitops.sync import FileSync
-from mla_switchboard.service.guard_notes import GuardNotes, rollouts_active
+from mla_switchboard.service.guard_notes import GuardNotes
 from mla_switchboard.service.identity.issuer_keys import IssuerKeys
 from mla_switchboard.service.identity.key_health import IssuerKeysHealth
 from mla_switchboard.service.identity.oidc import RelyingParty
@@ -186,7 +186,7 @@ class Runtime:
             current,
             self.evidence_sync.catch_up,
             self.metrics,
-            GuardNotes(store.guard_pending, lambda: rollouts_active(current().overrides)),
+            GuardNotes(store.guard_pending),
             check_s=settings.rollout_check_s,
             askers=store.decisions.askers,
             static_sources=settings.guard_static_sources,

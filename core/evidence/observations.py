@@ -57,15 +57,24 @@ class FailurePolicy:
     A backend is excluded for a situation while at least ``min_pods`` distinct pods
     reported a failure (failed build or wrong result) within the last ``window``.
     Older failures expire by themselves; an admin can clear a situation's failures.
+    Two pods by default: one pod's wrong result (a bad GPU, a flaky run) would
+    otherwise take the backend from every pod of the situation for the whole window.
+    Failures never leave a pod with no valid backend (``core/evaluator.py``).
     """
 
-    min_pods: int = 1
+    min_pods: int = 2
     window: timedelta = timedelta(hours=24)
 
     def describe(self) -> str:
         hours = self.window.total_seconds() / 3600
         pods = "1 pod" if self.min_pods == 1 else f"{self.min_pods} pods"
         return f"failures from at least {pods} within {hours:g} h exclude a backend"
+
+    def recent(self, latest: Sequence[FailureNote], now: datetime) -> int:
+        """How many of ``latest`` (one note per pod, newest first) are within the
+        window: a binary search, never a walk of every failing pod."""
+        since = -(now - self.window).timestamp()
+        return bisect.bisect_right(latest, since, key=lambda f: -failure_key(f.at))
 
     def exclusion(self, failures: Sequence[FailureNote], now: datetime) -> str | None:
         """The reason ``failures`` (any notes, several per pod allowed) exclude their
@@ -90,8 +99,7 @@ class FailurePolicy:
         whose pods the reader may see quoted; the others' pods are only counted (a
         reader limited to some clusters learns that a backend is excluded and by how
         many pods elsewhere, never their names or errors)."""
-        since = -(now - self.window).timestamp()
-        recent = bisect.bisect_right(latest, since, key=lambda f: -failure_key(f.at))
+        recent = self.recent(latest, now)
         if recent == 0 or recent < self.min_pods:
             return None
         hidden = 0

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from mla_switchboard.core.evidence.observations import FailurePolicy
+from mla_switchboard.core import cause_words
+from mla_switchboard.core.causes import FailuresBelowPolicy
+from mla_switchboard.core.evidence.observations import FailureNote, FailurePolicy
 from mla_switchboard.core.evidence.situations import Situation
 from mla_switchboard.core.evidence.stats import NO_GROUP, BackendStats, Group
 from mla_switchboard.core.schemas import Evidence
@@ -100,6 +102,23 @@ class PublishedEvidence:
             else round((best_tflops - runner_tflops) / runner_tflops, 4),
         )
 
+    def _below_policy(
+        self, backend: Backend, failures: Sequence[FailureNote], now: datetime
+    ) -> str | None:
+        """What failures from fewer pods than the policy needs do, in words (the
+        console shows it where exclusions are); None when none is within the window."""
+        policy = self.failure_policy
+        recent = policy.recent(failures, now)
+        if not recent:
+            return None
+        cause = FailuresBelowPolicy(
+            backend=backend.value,
+            pods=recent,
+            needed=policy.min_pods,
+            window_h=policy.window.total_seconds() / 3600,
+        )
+        return cause_words.notice(cause)
+
     def summary(
         self, now: datetime | None = None, shown: Callable[[str], bool] | None = None
     ) -> list[dict[str, Any]]:
@@ -127,6 +146,9 @@ class PublishedEvidence:
                         "pods": stats.pods,
                         "failures": len(stats.failures),
                         "excluded": excluded.get(backend),
+                        "not_excluded": None
+                        if backend in excluded or not stats.failures
+                        else self._below_policy(backend, stats.failures, now),
                         "median_tflops": None if median is None else round(median, 3),
                     }
                 )

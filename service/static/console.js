@@ -1025,6 +1025,7 @@ function openClear(g) {
     h("p", {}, `${plural(g.failures, "pod")} reported ${g.backend} failing in this situation:`),
     h("p", { class: "situation-what" }, situationText(g)),
     g.excluded ? h("p", { class: "excluded-reason" }, g.excluded) : null,
+    g.not_excluded ? h("p", { class: "not-excluded-reason" }, g.not_excluded) : null,
     h("p", { class: "action-what" }, "Clearing them (after a fix: a new driver, a patched " +
       "kernel) lets measured selection pick the backend again, on every replica within the " +
       "poll interval. Every cleared report stays in the store."),

@@ -1637,7 +1637,9 @@ function renderSituations() {
             ` ${plural(g.failures, "pod")} reported failures`),
           clearButton(g)), // console.js: unrestricted admins only
         h("p", { class: "situation-what small" }, situationText(g)),
-        g.excluded ? h("p", { class: "excluded-reason" }, measuredCited(g.excluded)) : null))),
+        g.excluded ? h("p", { class: "excluded-reason" }, measuredCited(g.excluded)) : null,
+        // fewer pods than the failure policy needs: said, and the backend stays valid
+        g.not_excluded ? h("p", { class: "not-excluded-reason small" }, g.not_excluded) : null))),
   );
 }
 

@@ -4,27 +4,42 @@ them: a step waits while one is left (service/rollouts.py)."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import NamedTuple
 
 from mla_switchboard.service.store.base import aware
 from mla_switchboard.service.store.models import GuardPendingRow
 from mla_switchboard.service.store.rows import PendingGuard
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, Insert, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
+
+
+class Note(NamedTuple):
+    """An evaluation to note: its key, its kind and what it is run from."""
+
+    key: str
+    kind: str
+    payload: str
+
+
+def note_statement(engine: Engine, note: Note, at: datetime) -> Insert:
+    """The insert of ``note`` (kept first when its key is noted already), for a store
+    that writes it in the transaction of the report it is about."""
+    insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+    stmt = insert(GuardPendingRow).values(
+        key=note.key, kind=note.kind, payload=note.payload, created_at=at
+    )
+    return stmt.on_conflict_do_nothing(index_elements=["key"])
 
 
 class GuardPendingStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
 
     def add(self, key: str, kind: str, payload: str, at: datetime) -> None:
         """Note an evaluation to run; the same key again keeps the first (a retried
         report is one evaluation)."""
-        stmt = self._insert(GuardPendingRow).values(
-            key=key, kind=kind, payload=payload, created_at=at
-        )
         with self.engine.begin() as conn:
-            conn.execute(stmt.on_conflict_do_nothing(index_elements=["key"]))
+            conn.execute(note_statement(self.engine, Note(key, kind, payload), at))
 
     def remove(self, key: str) -> None:
         with self.engine.begin() as conn:

@@ -33,6 +33,7 @@ from mla_switchboard.service.store.base import (
     aware,
     bump,
 )
+from mla_switchboard.service.store.guard_pending import Note, note_statement
 from mla_switchboard.service.store.models import (
     DecisionRow,
     EvidenceClearRow,
@@ -48,6 +49,7 @@ from mla_switchboard.service.store.rows import (
     columns,
 )
 from mla_switchboard.service.store.shapes import request_from_shape, shape_situation
+from mla_switchboard.service.store.version_bump import GroupBump
 from sqlalchemy import (
     Connection,
     Engine,
@@ -125,11 +127,47 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 @dataclass(eq=False)
 class MeasurementStore:
     engine: Engine
+    # reports move ``evidence_version`` once per group of concurrent writes, not each
+    # in its own transaction (``version_bump.py``)
+    _evidence_bump: GroupBump = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._evidence_bump = GroupBump(self.engine, "evidence_version")
 
     def has_report(self, report_id: str) -> bool:
-        with Session(self.engine) as s:
-            q = select(MeasurementRow.id).where(MeasurementRow.report_id == report_id).limit(1)
-            return s.scalar(q) is not None
+        with self.engine.connect() as conn:
+            return _has_report(conn, report_id)
+
+    def store_report(
+        self,
+        report: MeasurementReport,
+        report_id: str,
+        situation: Situation | None,
+        asker: str | None,
+        note: Note | None = None,
+    ) -> StoredReport | None:
+        """A measurement report in one transaction: None when ``report_id`` is stored
+        already (a retry: nothing added); else it is stored, counted when
+        ``situation`` is None (nothing to check) or the pod has a decision for it
+        (``has_decision_for``), and a counted report's guard ``note``
+        (``service/guard_notes.py``) is stored with it. One connection and one commit
+        for what took three, so that reports keep up with a boot storm."""
+        rows = _measurement_rows(report, report_id)
+        with self.engine.begin() as conn:
+            if report.report_id is not None and _has_report(conn, report_id):
+                return None
+            counted = situation is None or _decision_for(
+                conn, report.cluster, report.pod, situation, asker
+            )
+            for row in rows:
+                row["counted"] = counted
+            conn.execute(_INSERT, rows)
+            noted = counted and note is not None
+            if noted:
+                assert note is not None
+                conn.execute(note_statement(self.engine, note, datetime.now(UTC)))
+        self._evidence_bump.after_commit()
+        return StoredReport(counted=counted, results=len(rows), noted=noted)
 
     def has_decision_for(
         self, cluster: str, pod: str, situation: Situation, asker: str | None = None
@@ -141,64 +179,18 @@ class MeasurementStore:
         ``asker`` (a principal id) the decision must be one that principal asked for
         (or one recorded before askers were kept): a token reports only for pods it
         itself recorded, so it cannot borrow another caller's pods."""
-        q = (
-            select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
-            .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
-            .where(DecisionRow.cluster == cluster, DecisionRow.pod == pod)
-            .order_by(DecisionRow.id.desc())
-            .limit(20)
-        )
-        if asker is not None:
-            q = q.where(or_(DecisionRow.principal == asker, DecisionRow.principal.is_(None)))
         with self.engine.connect() as conn:
-            for row in conn.execute(q):
-                if row.request is None and row.shape_json is not None:
-                    if shape_situation(row.shape_json) == situation:
-                        return True
-                    continue
-                request = _request(row.request, row.shape_json, cluster, row.node, pod)
-                if request is not None and situation_of(request) == situation:
-                    return True
-        return False
+            return _decision_for(conn, cluster, pod, situation, asker)
 
     def add_measurements(
         self, report: MeasurementReport, report_id: str, *, counted: bool = True
     ) -> int:
-        cap = report.device.capability
-        m = report.model
-        now = datetime.now(UTC)
-        dims = dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
-        packages, engine = packages_key(report.packages), engine_key(report.engine)
-        rows = [
-            {
-                "report_id": report_id,
-                "at": now,
-                "cluster": report.cluster,
-                "node": report.node,
-                "pod": report.pod,
-                "device_name": report.device.name or "",
-                "capability": None if cap is None else format_capability(cap),
-                "dims": dims,
-                "num_heads": m.num_heads,
-                "dtype": report.dtype.value,
-                "packages": packages,
-                "backend": r.backend.value,
-                "impl": r.impl,
-                "shape": r.shape.model_dump_json(),
-                "median_ms": r.median_ms,
-                "tflops": r.tflops,
-                "correct": r.correct and r.error is None,
-                "error": r.error,
-                "engine": engine,
-                "counted": counted,
-            }
-            for r in report.results
-        ]
+        rows = _measurement_rows(report, report_id, counted)
         # one multi-row INSERT, not one ORM object per result: a report holds up to
         # 256 results and runs in a worker thread beside the event loop
         with Session(self.engine) as s, s.begin():
             s.execute(insert(MeasurementRow), rows)
-            bump(s, "evidence_version")
+        self._evidence_bump.after_commit()
         return len(rows)
 
     def record_failure(
@@ -209,7 +201,7 @@ class MeasurementStore:
         at = at or datetime.now(UTC)
         with Session(self.engine) as s, s.begin():
             s.add(FailureRow(at=at, decision_id=decision_id, backend=backend, error=error))
-            bump(s, "evidence_version")  # a build failure is evidence too
+        self._evidence_bump.after_commit()  # a build failure is evidence too
 
     def failures_for(self, decision_id: str) -> list[dict[str, Any]]:
         with Session(self.engine) as s:
@@ -631,3 +623,90 @@ def _failures_to_clear(
         ids.append(row.id)
         newest = max(newest, aware(row.at))
     return ids, newer, newest
+
+
+def _measurement_rows(
+    report: MeasurementReport, report_id: str, counted: bool = True
+) -> list[dict[str, Any]]:
+    """A report's rows, one per result."""
+    cap = report.device.capability
+    m = report.model
+    now = datetime.now(UTC)
+    dims = dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
+    packages, engine = packages_key(report.packages), engine_key(report.engine)
+    return [
+        {
+            "report_id": report_id,
+            "at": now,
+            "cluster": report.cluster,
+            "node": report.node,
+            "pod": report.pod,
+            "device_name": report.device.name or "",
+            "capability": None if cap is None else format_capability(cap),
+            "dims": dims,
+            "num_heads": m.num_heads,
+            "dtype": report.dtype.value,
+            "packages": packages,
+            "backend": r.backend.value,
+            "impl": r.impl,
+            "shape": r.shape.model_dump_json(),
+            "median_ms": r.median_ms,
+            "tflops": r.tflops,
+            "correct": r.correct and r.error is None,
+            "error": r.error,
+            "engine": engine,
+            "counted": counted,
+        }
+        for r in report.results
+    ]
+
+
+# The report path's statements, built once: a statement built per call costs more of
+# the service's CPU (its expression and cache key) than the database takes to run it.
+_INSERT = insert(MeasurementRow)
+_HAS_REPORT = (
+    select(MeasurementRow.id).where(MeasurementRow.report_id == bindparam("report_id")).limit(1)
+)
+_POD_DECISIONS = (
+    select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
+    .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
+    .where(DecisionRow.cluster == bindparam("cluster"), DecisionRow.pod == bindparam("pod"))
+    .order_by(DecisionRow.id.desc())
+    .limit(20)
+)
+_POD_DECISIONS_OF = _POD_DECISIONS.where(
+    or_(DecisionRow.principal == bindparam("asker"), DecisionRow.principal.is_(None))
+)
+
+
+def _has_report(conn: Connection, report_id: str) -> bool:
+    return conn.execute(_HAS_REPORT, {"report_id": report_id}).first() is not None
+
+
+def _decision_for(
+    conn: Connection, cluster: str, pod: str, situation: Situation, asker: str | None
+) -> bool:
+    """``MeasurementStore.has_decision_for`` on an open connection."""
+    params = {"cluster": cluster, "pod": pod}
+    q = _POD_DECISIONS
+    if asker is not None:
+        q, params["asker"] = _POD_DECISIONS_OF, asker
+    for row in conn.execute(q, params):
+        if row.request is None and row.shape_json is not None:
+            if shape_situation(row.shape_json) == situation:
+                return True
+            continue
+        request = _request(row.request, row.shape_json, cluster, row.node, pod)
+        if request is not None and situation_of(request) == situation:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    """What ``MeasurementStore.store_report`` stored: whether the report counts, how
+    many results, and whether its guard note was stored with it."""
+
+    counted: bool
+    results: int
+    noted: bool

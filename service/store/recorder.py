@@ -14,6 +14,8 @@ One design (docs/reliability.md, *Recording decisions*):
   found in the log are read back from the log.
 * "Is decision X stored?" is ``position <= mark`` (``wait_stored``): a report waits
   for its own decision's position to pass the mark, never for a flush and a query.
+  Each waiter is woken by the batch that stores its position (a wake-up keyed by
+  position), not by every batch nor at the drainer's interval.
 
 Past the memory budget a decision already on disk leaves memory; one that is not, and
 any decision while the log is over its size limit, is refused (its answer says
@@ -22,11 +24,12 @@ any decision while the log is over its size limit, is refused (its answer says
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
 from collections import deque
-from itertools import islice
+from itertools import count, islice
 from pathlib import Path
 
 from mla_switchboard.service.metrics import Metrics
@@ -87,6 +90,7 @@ class DecisionRecorder:
         self._lock = threading.Lock()  # positions, memory and the pods' index
         self._memory: deque[tuple[int, Row]] = deque()
         self._by_pod: dict[tuple[str, str], int] = {}
+        self._by_id: dict[str, int] = {}  # each decision not yet stored, by its id
         self._head = 0  # the newest position given
         self.mark = 0  # every position up to it is in the database
         self.stored = 0  # decisions this recorder stored
@@ -94,7 +98,12 @@ class DecisionRecorder:
         self._refused_logged = 0
         self._refused_logged_at = 0.0
         self._log_full = False
-        self._stored = threading.Condition()  # notified when the mark moves
+        self._stored = threading.Condition()  # notified when the mark moves (readers)
+        # (position, tie, event) of each writer waiting for a position: the batch that
+        # stores it sets its event (``_advance``), no other batch wakes it
+        self._waiters: list[tuple[int, int, threading.Event]] = []
+        self._waiters_lock = threading.Lock()
+        self._tie = count()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,6 +125,7 @@ class DecisionRecorder:
                 self._log_submit((seq, row))
             if row.pod:
                 self._by_pod[(row.cluster, row.pod)] = seq
+            self._by_id[row.id] = seq
         return True
 
     def _evict(self) -> bool:
@@ -151,6 +161,11 @@ class DecisionRecorder:
         none waiting (it is in the database, or there never was one)."""
         return self._by_pod.get((cluster, pod))
 
+    def position_of_decision(self, decision_id: str) -> int | None:
+        """The position of a decision this recorder gave and has not yet stored; None
+        when it is stored, or was given before this start (the log's leftovers)."""
+        return self._by_id.get(decision_id)
+
     def wait_stored(
         self, position: int, timeout_s: float, *, reader: bool = False, wake: bool = True
     ) -> bool:
@@ -162,6 +177,8 @@ class DecisionRecorder:
         a read costs no extra, smaller batches."""
         if position <= self.mark:
             return True
+        if not reader:
+            return self._wait_own(position, timeout_s, wake)
         deadline = time.monotonic() + timeout_s
         if wake:
             self._wake.set()
@@ -174,6 +191,25 @@ class DecisionRecorder:
                     return False
                 self._stored.wait(min(remaining, READER_POLL_S) if reader else remaining)
         return True
+
+    def _wait_own(self, position: int, timeout_s: float, wake: bool) -> bool:
+        """A writer's wait: woken by the batch that stores ``position``, however many
+        batches end before it."""
+        event = threading.Event()
+        entry = (position, next(self._tie), event)
+        with self._waiters_lock:
+            if position <= self.mark:  # ``_advance`` moves the mark before it wakes
+                return True
+            heapq.heappush(self._waiters, entry)
+        if wake:
+            self._wake.set()
+        if event.wait(timeout_s):
+            return True
+        with self._waiters_lock:
+            if not event.is_set():
+                self._waiters.remove(entry)
+                heapq.heapify(self._waiters)
+        return position <= self.mark
 
     def flush(self, timeout_s: float = 3.0, *, wake: bool = True, reader: bool = False) -> bool:
         """Wait until everything given a position before this call is stored (see
@@ -326,6 +362,11 @@ class DecisionRecorder:
                 self._stored.notify_all()  # readers look at ``degraded`` again
             return False
         self.stored += len(batch)
+        with self._lock:  # stored, whether memory or the log held it
+            by_id = self._by_id
+            for seq, row in batch:
+                if by_id.get(row.id) == seq:
+                    del by_id[row.id]
         self._advance(batch[-1][0])
         return True
 
@@ -351,6 +392,10 @@ class DecisionRecorder:
                 if row.pod and by_pod.get((row.cluster, row.pod)) == seq:
                     del by_pod[(row.cluster, row.pod)]
             self.mark = max(self.mark, mark)
+        with self._waiters_lock:
+            waiters = self._waiters
+            while waiters and waiters[0][0] <= self.mark:
+                heapq.heappop(waiters)[2].set()
         with self._stored:
             self._stored.notify_all()
         if self.log is not None:

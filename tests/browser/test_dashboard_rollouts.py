@@ -155,15 +155,17 @@ def seed(service: Server) -> dict[str, Any]:
             for _ in range(2):
                 _measure(api, "wave", pod, a["backend"], speed)
 
-        # guarded: measured policy; one pod's failure excludes its backend there.
+        # guarded: measured policy; two pods' failures exclude their backend there (the
+        # failure policy's default: SWITCHBOARD_FAILURE_MIN_PODS=2).
         r = api.put("/v1/overrides/guarded", json={"policy": "measured", "note": "x"})
         assert r.status_code in (200, 201), r.text
-        a = _select(api, "guarded", "g-0")
-        r = api.post(
-            f"/v1/selections/{a['decision_id']}/failure",
-            json={"backend": a["backend"], "error": "nvcc: exit 1"},
-        )
-        assert r.status_code == 202, r.text
+        for pod in ("g-0", "g-1"):
+            a = _select(api, "guarded", pod)
+            r = api.post(
+                f"/v1/selections/{a['decision_id']}/failure",
+                json={"backend": a["backend"], "error": "nvcc: exit 1"},
+            )
+            assert r.status_code == 202, r.text
 
         summary = api.get("/v1/selections/summary").json()
     return {"halted": halted, "summary": summary, "guarded_backend": a["backend"]}

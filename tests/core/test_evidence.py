@@ -74,19 +74,19 @@ def test_evidence_is_per_device_name_and_engine() -> None:
 
 
 class TestFailurePolicy:
-    def test_one_failure_excludes_by_default_and_says_who_when_and_what(self) -> None:
+    def test_two_pods_exclude_by_default_and_say_who_when_and_what(self) -> None:
         index = EvidenceIndex(
             measured("FLASHINFER", 600)
             + measured("FLASH_ATTN", 200)
-            + [failed("FLASHINFER", "pod-a")]
+            + [failed("FLASHINFER", "pod-a"), failed("FLASHINFER", "pod-b")]
         )
         result = decide(H200, DecisionInputs(SEED_RULES, MEASURED, index), now=NOW)
         assert isinstance(result, Decision) and result.backend is Backend.FLASH_ATTN
         fi = next(c for c in result.candidates if c.backend is Backend.FLASHINFER)
         assert not fi.valid
         assert fi.reasons == [
-            "failed on 1 pod in the last 24 h (measured policy): "
-            "staging/pod-a 2026-11-30 12:00 UTC: boom"
+            "failed on 2 pods in the last 24 h (measured policy): "
+            "staging/pod-a 2026-11-30 12:00 UTC: boom; staging/pod-b 2026-11-30 12:00 UTC: boom"
         ]
 
     def test_failures_expire_with_the_window(self) -> None:

@@ -111,7 +111,7 @@ def test_the_fast_exclusion_reads_as_the_general_one(min_pods: int) -> None:
 
 
 def test_prune_drops_what_left_the_window_and_says_so() -> None:
-    policy = FailurePolicy(window=timedelta(hours=1))
+    policy = FailurePolicy(min_pods=1, window=timedelta(hours=1))
     index = EvidenceIndex(
         [ok("p", 1.0, minutes(0)), ok("p", 2.0, minutes(60)), ok("q", 3.0, None),
          failed("r", minutes(0))],

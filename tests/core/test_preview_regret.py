@@ -122,7 +122,9 @@ def test_regret_skips_backends_failure_evidence_excludes() -> None:
         at=NOW,
         error="segfault",
     )
-    ev = evidence(FLASHINFER=600, FLASH_ATTN=200).with_observations([failed])
+    ev = evidence(FLASHINFER=600, FLASH_ATTN=200).with_observations(
+        [failed, replace(failed, pod="pod-y")]
+    )
     inputs = DecisionInputs(SEED_RULES, (override("*", policy="measured"),), ev)
     pods = fleet(2, H200, "west", inputs)
     assert {p.backend for p in pods} == {"FLASH_ATTN"}

@@ -204,7 +204,9 @@ def test_failures_a_cluster_trusts_are_counted_not_quoted(api: httpx.Client, oth
 
 
 def test_a_window_of_two_million_hours_is_still_redacted(sqlite_url: str) -> None:
-    with make_inprocess_client(sqlite_url, failure_window_hours=2_000_000) as api:  # type: ignore[attr-defined]
+    with make_inprocess_client(  # type: ignore[attr-defined]
+        sqlite_url, failure_window_hours=2_000_000, failure_min_pods=1
+    ) as api:
         api.headers["Authorization"] = f"Bearer {ADMIN}"
         _measured_failure(agent(api, ["dev-*"]), "dev-hidden", "secret-pod")
         trusting = {"policy": "measured", "trust_clusters": ["*"], "note": "data"}

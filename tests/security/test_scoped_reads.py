@@ -32,7 +32,8 @@ def _fail_secretly(c: httpx.Client, answer: dict[str, Any]) -> None:
 
 @pytest.fixture
 def api(sqlite_url: str) -> Iterator[httpx.Client]:
-    with make_inprocess_client(sqlite_url) as client:  # type: ignore[attr-defined]
+    # one pod's failure excludes: what is quoted of an exclusion is the subject here
+    with make_inprocess_client(sqlite_url, failure_min_pods=1) as client:  # type: ignore[attr-defined]
         client.headers["Authorization"] = f"Bearer {ADMIN}"
         yield client
 

@@ -97,7 +97,8 @@ def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def two_replicas(url: str) -> tuple[Runtime, Runtime]:
-    settings = Settings(database_url=url, config_poll_s=0.05)
+    # one pod's wrong result excludes: what a clear does to an exclusion is the subject
+    settings = Settings(database_url=url, config_poll_s=0.05, failure_min_pods=1)
     a, b = Runtime(settings), Runtime(settings)
     a.start()
     b.start()

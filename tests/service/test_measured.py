@@ -38,7 +38,9 @@ def own_situation() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessService]:
     d = tmp_path_factory.mktemp("measured")
-    with InProcessService(f"sqlite:///{d / 'sb.db'}") as service:
+    # one pod's failure excludes here: these tests are about what an exclusion does (the
+    # default of two pods: tests/core/test_failure_policy.py, test_report_costs.py)
+    with InProcessService(f"sqlite:///{d / 'sb.db'}", failure_min_pods=1) as service:
         yield service
 
 
