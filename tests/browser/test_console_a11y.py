@@ -211,6 +211,7 @@ def test_expiry_line_follows_the_choice(page: Any, service: Server) -> None:
 def test_skip_link_is_the_first_stop_and_reaches_new_override(page: Any) -> None:
     page.reload()  # signed in still (the tab's session), and nothing focused yet
     page.locator("#fleet-chart g.row").first.wait_for()
+    page.locator("#new-override").wait_for()  # drawn once the token's role is known
     page.keyboard.press("Tab")
     assert focused(page) == "Skip to main content"
     page.keyboard.press("Tab")
@@ -232,6 +233,7 @@ def test_signing_in_puts_the_focus_on_the_first_skip_link(browser: Any, service:
         pg.locator("#token-input").fill(ADMIN)
         pg.locator("#token-input").press("Enter")
         pg.locator("#fleet-chart g.row").first.wait_for()
+        pg.locator("#new-override").wait_for()  # drawn once the token's role is known
         assert focused(pg) == "Skip to main content"
         pg.keyboard.press("Tab")
         assert focused(pg) == "Skip to overrides"
