@@ -19,19 +19,28 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import TypeVar
 
-from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
+from mla_switchboard.core.evaluator import (
+    Assessment,
+    Decision,
+    DecisionInputs,
+    Refusal,
+    applicable_overrides,
+)
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
+from mla_switchboard.service.fleet.effects import (
+    Dependence,
+    assess_shared,
+    decide_shared,
+    dependence,
+)
 from mla_switchboard.service.priority import let_the_loop_in, release_later
 from mla_switchboard.service.state import PodState
 from mla_switchboard.service.store.decisions import DecisionStore, FleetChange
 from mla_switchboard.service.store.fleet import FleetStore
 from mla_switchboard.service.store.rows import FleetGroup
 from mla_switchboard.service.store.shapes import shape_of_json, shape_request
-
-T = TypeVar("T")
 
 __all__ = [
     "DecisionMemo",
@@ -40,7 +49,6 @@ __all__ = [
     "OverBudget",
     "PodGroup",
     "StageClass",
-    "cluster_dependence",
     "partial_rollouts",
     "stage_classes",
 ]
@@ -227,45 +235,72 @@ def stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
     return tuple(StageClass(members[0], frozenset(members)) for members in by_bits.values())
 
 
-def cluster_dependence(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> str:
-    """What a decision for ``request`` depends on besides its shape and stage bucket:
-    its cluster's name when the cluster has a rule set or an override of its own, or
-    when policy ``measured`` may decide on the cluster's own evidence (the default
-    trust scope); otherwise nothing (``""``), and every cluster of the fleet decides
-    this shape alike. A fleet read then decides such a shape once for all those
-    clusters: with 1,000 clusters that is the difference between O(clusters x
-    shapes) and O(shapes) evaluations."""
-    cluster = request.cluster
-    if cluster in inputs.rules.clusters:
-        return cluster
-    applicable = applicable_overrides(request, inputs.overrides, now)
-    if any(o.cluster == cluster for o in applicable):
-        return cluster
-    measured = any(o.policy == "measured" for o in applicable)
-    trusted = any(o.trust_clusters is not None for o in applicable)
-    return cluster if measured and not trusted else ""
-
-
 class DecisionMemo:
     """Decisions within one fleet read, shared by every group they hold for alike:
-    keyed by what they depend on (``cluster_dependence`` under each set of inputs
-    in play, the shape, the stage class)."""
+    keyed by the shape, which of the staged overrides that apply the pods are in the
+    stage of, and how the decision depends on the cluster (``effects.dependence``:
+    not at all, through the effect of the cluster's own override, or through the
+    cluster itself). Clusters whose overrides act alike on a shape share one
+    decision, made for a stand-in of their override; its words name each cluster's
+    own override once rendered (``effects.words``).
+
+    ``made`` counts the decisions and assessments made (what the growth tests count)."""
 
     def __init__(self, now: datetime) -> None:
         self._now = now
         # thousands of decisions: freed gradually after a fleet read (service/priority.py)
         self._found: dict[tuple[object, ...], object] = release_later({})
+        self.made = 0
 
-    def key(
-        self, request: SelectRequest, shape_id: str, stage: StageClass, *sides: DecisionInputs
-    ) -> tuple[object, ...]:
-        depends = tuple(cluster_dependence(request, side, self._now) for side in sides)
-        return (depends, shape_id, stage.buckets)
+    def depends(
+        self, request: SelectRequest, stage: StageClass, inputs: DecisionInputs, exact: bool
+    ) -> Dependence:
+        return dependence(request, inputs, self._now, stage.bucket, exact=exact)
 
-    def get(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
-        if key not in self._found:
-            self._found[key] = compute()
-        return self._found[key]  # type: ignore[return-value]
+    def decision(
+        self,
+        request: SelectRequest,
+        shape_id: str,
+        stage: StageClass,
+        inputs: DecisionInputs,
+        narrow: Callable[[], DecisionInputs],
+        *,
+        side: str = "",
+        exact: bool = False,
+    ) -> Decision | Refusal:
+        """The decision for the pods of ``shape_id`` in ``stage`` of ``request``'s
+        cluster under ``inputs`` (``narrow()``: with the evidence they trust);
+        ``side``: which inputs these are, when a read has several; ``exact``: never
+        shared through a stand-in (see ``effects.dependence``)."""
+        depends = self.depends(request, stage, inputs, exact)
+        key = ("decide", side, depends.key, depends.bits, shape_id)
+        found = self._found.get(key)
+        if found is None:
+            self.made += 1
+            found = self._found[key] = decide_shared(
+                request, narrow(), self._now, stage.bucket, depends
+            )
+        return found  # type: ignore[return-value]
+
+    def assessment(
+        self,
+        request: SelectRequest,
+        shape_id: str,
+        stage: StageClass,
+        inputs: DecisionInputs,
+        narrowed: DecisionInputs,
+    ) -> Assessment:
+        """``assess`` of the pods of ``shape_id`` in ``stage``, shared as
+        :meth:`decision` shares decisions."""
+        depends = self.depends(request, stage, inputs, False)
+        key = ("assess", depends.key, depends.bits, shape_id)
+        found = self._found.get(key)
+        if found is None:
+            self.made += 1
+            found = self._found[key] = assess_shared(
+                request, narrowed, self._now, stage.bucket, depends
+            )
+        return found  # type: ignore[return-value]
 
 
 class ClassCache:

@@ -40,9 +40,9 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from mla_switchboard.core.causes import MeasuredExclusion
-from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.evaluator import DecisionInputs, Refusal
 from mla_switchboard.core.evidence import EvidenceIndex
-from mla_switchboard.core.schemas import Override, RulesDocument
+from mla_switchboard.core.schemas import Override, RulesDocument, SelectRequest
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
@@ -362,12 +362,12 @@ class PartsRead:
             request = group.request
             if request is None:
                 continue
-            narrowed = inputs if narrow is None else narrow(request, inputs, now)
+
+            def narrowed(r: SelectRequest = request) -> DecisionInputs:
+                return inputs if narrow is None else narrow(r, inputs, now)
+
             for stage in self._classes.of(self._partials(group)):
-                decided: Decision | Refusal = memo.get(
-                    memo.key(request, group.shape_id, stage, inputs),
-                    lambda r=request, n=narrowed, b=stage.bucket: decide(r, n, now=now, bucket=b),
-                )
+                decided = memo.decision(request, group.shape_id, stage, inputs, narrowed)
                 backend = None if isinstance(decided, Refusal) else decided.backend.value
                 given[(group.shape_id, stage.buckets)] = backend
                 for row in group.rows:

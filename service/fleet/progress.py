@@ -14,11 +14,10 @@ from mla_switchboard.core.evaluator import (
     DecisionInputs,
     Refusal,
     applicable_overrides,
-    decide,
     in_stage,
 )
 from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
-from mla_switchboard.core.schemas import FLEET, Override
+from mla_switchboard.core.schemas import FLEET, Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_buckets
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
@@ -103,16 +102,14 @@ class ProgressWalk:
             if not any(x is o for x in applicable_overrides(request, (o,), now)):
                 continue
             tally.scoped += group.pods
-            narrowed = inputs if self.inputs_for is None else self.inputs_for(request, inputs, now)
+
+            def narrowed(r: SelectRequest = request) -> DecisionInputs:
+                return inputs if self.inputs_for is None else self.inputs_for(r, inputs, now)
+
             for stage in self.classes.of(partial_rollouts(request, inputs.overrides, now)):
                 inside = in_stage(request, o, stage.bucket)
                 given = (
-                    memo.get(
-                        memo.key(request, group.shape_id, stage, inputs),
-                        lambda r=request, n=narrowed, b=stage.bucket: decide(
-                            r, n, now=now, bucket=b
-                        ),
-                    )
+                    memo.decision(request, group.shape_id, stage, inputs, narrowed)
                     if inside
                     else None
                 )

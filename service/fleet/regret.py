@@ -25,7 +25,6 @@ from mla_switchboard.core.evaluator import (
     Assessment,
     DecisionInputs,
     applicable_overrides,
-    assess,
 )
 from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import SelectRequest
@@ -205,5 +204,4 @@ def _assessed(
 ) -> Assessment:
     """``assess`` of one group and stage class, shared through ``memo`` with every
     cluster that decides it alike (the regret and the exclusions ask the same)."""
-    key = ("assess", *memo.key(request, group.shape_id, stage, inputs))
-    return memo.get(key, lambda: assess(request, narrowed, now, stage.bucket))
+    return memo.assessment(request, group.shape_id, stage, inputs, narrowed)
