@@ -13,9 +13,10 @@ only in its own answer.
 
 Where a decision's words or its evidence depend on more than that, it is decided for
 the cluster itself (its name is the key): a rule set of the cluster's own, policy
-``measured`` (the evidence a pod trusts, and the pods an exclusion names, are its
-cluster's), a halted rollout of its own (the cause quoted names its pods), or more
-than one override of its own.
+``measured`` on evidence the cluster holds for the pods' situation (what it ranks, and
+the pods an exclusion names, are the cluster's; where it holds nothing, every such
+cluster decides alike), a halted rollout of its own (the cause quoted names its
+pods), or more than one override of its own.
 """
 
 from __future__ import annotations
@@ -73,45 +74,86 @@ def _plain(text: str) -> bool:
 
 @dataclass(frozen=True)
 class Dependence:
-    """What a decision of one group and stage class depends on besides its shape.
+    """What a decision of one cluster's pods of a shape depends on besides the shape's
+    description and the stage bucket.
 
-    ``key``: "" when every cluster decides it alike (only fleet overrides apply),
-    the cluster's name when it is decided for the cluster itself, else the effect of
-    the cluster's own override; ``bits``: whether the pods are in the stage of each
-    staged override that applies; ``own``: the override a stand-in stands for."""
+    ``key``: "" when every cluster decides it alike (only fleet overrides apply), the
+    cluster's name when it is decided for the cluster itself, else the effect of the
+    cluster's own override; ``fleet``: the fleet overrides that apply (by identity:
+    one set of inputs holds one object each); ``staged``: the staged overrides that
+    apply (the pods' stage bits: :meth:`bits`); ``own``: the override a stand-in
+    stands for; ``evidence``: whether the decision may read evidence (policy
+    ``measured``: then it depends on the shape's situation too)."""
 
     key: object
-    bits: tuple[bool, ...]
+    fleet: tuple[int, ...]
+    staged: tuple[Override, ...]
     own: Override | None = None
+    evidence: bool = False
+    unmeasured: Dependence | None = None
+    """How the decision is shared where the cluster's own evidence holds nothing for
+    the pods' situation (policy ``measured`` on the cluster's own evidence, none yet):
+    every such cluster decides it alike, on no evidence."""
+
+    def bits(self, request: SelectRequest, bucket: int | None) -> tuple[bool, ...]:
+        """Whether pods in ``bucket`` are in the stage of each staged override."""
+        return tuple(in_stage(request, o, bucket) for o in self.staged)
 
 
 def dependence(
-    request: SelectRequest,
-    inputs: DecisionInputs,
-    now: datetime,
-    bucket: int | None,
-    *,
-    exact: bool = False,
+    request: SelectRequest, inputs: DecisionInputs, now: datetime, *, exact: bool = False
 ) -> Dependence:
-    """How a decision of ``request`` (pods in stage ``bucket``) under ``inputs`` is
-    shared (module docstring). ``exact``: never through a stand-in (the cluster's own
-    override differs between the two sides of a preview: its words must not be
-    rendered from one of them)."""
+    """How a decision of ``request`` under ``inputs`` is shared (module docstring).
+    ``exact``: never through a stand-in (the cluster's own override differs between
+    the two sides of a preview: its words must not be rendered from one of them)."""
     cluster = request.cluster
     applicable = applicable_overrides(request, inputs.override_set, now)
-    bits = tuple(in_stage(request, o, bucket) for o in applicable if o.rollout is not None)
-    if cluster in inputs.rules.clusters:
-        return Dependence(cluster, bits)
-    own = [o for o in applicable if o.cluster == cluster]
+    fleet = tuple(id(o) for o in applicable if o.cluster == FLEET)
+    staged = tuple(o for o in applicable if o.rollout is not None)
     measured = any(o.policy == "measured" for o in applicable)
+    if cluster in inputs.rules.clusters:
+        return Dependence(cluster, fleet, staged, None, measured)
+    own = [o for o in applicable if o.cluster == cluster]
+    trusted = any(o.trust_clusters is not None for o in applicable)
     if not own:
-        trusted = any(o.trust_clusters is not None for o in applicable)
-        return Dependence(cluster if measured and not trusted else "", bits)
+        if not measured or trusted:
+            return Dependence("", fleet, staged, None, measured)
+        unmeasured = Dependence(UNMEASURED, fleet, staged, None, True)
+        return Dependence(cluster, fleet, staged, None, True, unmeasured)
     alone = len(inputs.override_set.own(cluster)) == 1  # the one :func:`words` renders
-    effect = effect_of(own[0]) if alone and not (exact or measured) else None
+    effect = effect_of(own[0]) if alone and not exact else None
     if effect is None:
-        return Dependence(cluster, bits)
-    return Dependence(("effect", effect), bits, own[0])
+        return Dependence(cluster, fleet, staged, None, measured)
+    if not measured:
+        return Dependence(("effect", effect), fleet, staged, own[0], False)
+    unmeasured = None
+    if not trusted:  # the cluster's own evidence: alike where it holds nothing
+        unmeasured = Dependence((UNMEASURED, effect), fleet, staged, own[0], True)
+    return Dependence(cluster, fleet, staged, None, True, unmeasured)
+
+
+UNMEASURED = "unmeasured"
+"""The key part of decisions on a cluster's own evidence where it holds nothing."""
+
+
+def description(request: SelectRequest) -> tuple[object, ...]:
+    """What a decision reads of a request besides its cluster, pod and overrides'
+    applicability (``core/evaluator.py``): the device's capability, the model's
+    dimensions, the dtype, packages, engine, and what it asks for. Shapes that differ
+    only in the GPU's or the model's name are decided alike unless evidence is read
+    (the situation names them)."""
+    m, e = request.model, request.engine
+    return (
+        request.device.capability,
+        m.qk_nope_head_dim,
+        m.qk_rope_head_dim,
+        m.v_head_dim,
+        request.dtype,
+        None if request.packages is None else tuple(sorted(request.packages.items())),
+        request.requested_backend,
+        request.strict,
+        None if e is None else (e.name, e.version),
+    )
 
 
 def _stand_in(

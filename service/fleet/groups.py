@@ -16,7 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cached_property
 
@@ -27,6 +27,7 @@ from mla_switchboard.core.evaluator import (
     Refusal,
     applicable_overrides,
 )
+from mla_switchboard.core.evidence import Situation, situation_of
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
 from mla_switchboard.service.fleet.effects import (
@@ -34,6 +35,7 @@ from mla_switchboard.service.fleet.effects import (
     assess_shared,
     decide_shared,
     dependence,
+    description,
 )
 from mla_switchboard.service.priority import let_the_loop_in, release_later
 from mla_switchboard.service.state import PodState
@@ -225,9 +227,26 @@ def partial_rollouts(
 
 
 def stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
-    """The buckets split by which of ``rollouts`` they are in the stage of."""
+    """The buckets split by which of ``rollouts`` they are in the stage of (found once
+    per set of stages: a fleet read asks for each cluster's, and a thousand clusters
+    each with its own rollout ask a thousand times per read)."""
     if not rollouts:
         return (EVERY_POD,)
+    key = tuple((r.id, r.state, r.percent) for o in rollouts if (r := o.rollout) is not None)
+    found = _classes_kept.get(key)
+    if found is None:
+        if len(_classes_kept) >= CLASSES_KEPT:
+            _classes_kept.clear()
+        found = _classes_kept[key] = _stage_classes(rollouts)
+    return found
+
+
+CLASSES_KEPT = 8192
+"""How many sets of stages ``stage_classes`` keeps (emptied when full)."""
+_classes_kept: dict[tuple[tuple[str, str, int], ...], tuple[StageClass, ...]] = {}
+
+
+def _stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
     stages = [stage_buckets(o.rollout) for o in rollouts if o.rollout is not None]
     by_bits: dict[tuple[bool, ...], list[int]] = defaultdict(list)
     for b in range(STAGE_BUCKETS):
@@ -237,12 +256,13 @@ def stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
 
 class DecisionMemo:
     """Decisions within one fleet read, shared by every group they hold for alike:
-    keyed by the shape, which of the staged overrides that apply the pods are in the
-    stage of, and how the decision depends on the cluster (``effects.dependence``:
-    not at all, through the effect of the cluster's own override, or through the
-    cluster itself). Clusters whose overrides act alike on a shape share one
-    decision, made for a stand-in of their override; its words name each cluster's
-    own override once rendered (``effects.words``).
+    keyed by what the evaluator reads of the shape (``effects.description``; the
+    shape itself when evidence is read), which fleet overrides apply, which of the
+    staged ones the pods are in the stage of, and how the decision depends on the
+    cluster (``effects.dependence``: not at all, through the effect of the cluster's
+    own override, or through the cluster itself). Clusters whose overrides act alike
+    on a shape share one decision, made for a stand-in of their override; its words
+    name each cluster's own override once rendered (``effects.words``).
 
     ``made`` counts the decisions and assessments made (what the growth tests count)."""
 
@@ -250,12 +270,50 @@ class DecisionMemo:
         self._now = now
         # thousands of decisions: freed gradually after a fleet read (service/priority.py)
         self._found: dict[tuple[object, ...], object] = release_later({})
+        self._depends: dict[tuple[object, ...], Dependence] = {}
+        self._described: dict[str, tuple[object, ...]] = {}
+        self._situations: dict[str, Situation | None] = {}
         self.made = 0
 
     def depends(
-        self, request: SelectRequest, stage: StageClass, inputs: DecisionInputs, exact: bool
+        self,
+        request: SelectRequest,
+        shape_id: str,
+        inputs: DecisionInputs,
+        narrow: Callable[[], DecisionInputs],
+        exact: bool,
     ) -> Dependence:
-        return dependence(request, inputs, self._now, stage.bucket, exact=exact)
+        """``effects.dependence``, found once per overrides, cluster and model in this
+        read (the inputs of one read are alive throughout it: their ids stay theirs);
+        on the cluster's own evidence, the one for no evidence where ``narrow()``'s
+        holds nothing for the shape's situation."""
+        key = (id(inputs.rules), id(inputs.overrides), request.cluster, request.model.name, exact)
+        found = self._depends.get(key)
+        if found is None:
+            found = self._depends[key] = dependence(request, inputs, self._now, exact=exact)
+        if found.unmeasured is not None:
+            if shape_id not in self._situations:
+                self._situations[shape_id] = situation_of(request)
+            if not narrow().evidence.group(self._situations[shape_id]):
+                return found.unmeasured
+        return found
+
+    def _key(
+        self,
+        kind: str,
+        request: SelectRequest,
+        shape_id: str,
+        stage: StageClass,
+        depends: Dependence,
+    ) -> tuple[object, ...]:
+        if depends.evidence:
+            shape: object = shape_id
+        else:
+            shape = self._described.get(shape_id)
+            if shape is None:
+                shape = self._described[shape_id] = description(request)
+        bits = depends.bits(request, stage.bucket) if depends.staged else ()
+        return (kind, depends.key, depends.fleet, bits, shape)
 
     def decision(
         self,
@@ -272,8 +330,8 @@ class DecisionMemo:
         cluster under ``inputs`` (``narrow()``: with the evidence they trust);
         ``side``: which inputs these are, when a read has several; ``exact``: never
         shared through a stand-in (see ``effects.dependence``)."""
-        depends = self.depends(request, stage, inputs, exact)
-        key = ("decide", side, depends.key, depends.bits, shape_id)
+        depends = self.depends(request, shape_id, inputs, narrow, exact)
+        key = (side, *self._key("decide", request, shape_id, stage, depends))
         found = self._found.get(key)
         if found is None:
             self.made += 1
@@ -291,9 +349,9 @@ class DecisionMemo:
         narrowed: DecisionInputs,
     ) -> Assessment:
         """``assess`` of the pods of ``shape_id`` in ``stage``, shared as
-        :meth:`decision` shares decisions."""
-        depends = self.depends(request, stage, inputs, False)
-        key = ("assess", depends.key, depends.bits, shape_id)
+        :meth:`decision` shares decisions, by shape: an assessment names the situation."""
+        depends = self.depends(request, shape_id, inputs, lambda: narrowed, False)
+        key = self._key("assess", request, shape_id, stage, replace(depends, evidence=True))
         found = self._found.get(key)
         if found is None:
             self.made += 1
