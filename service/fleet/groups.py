@@ -16,9 +16,11 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
+from operator import itemgetter
+from typing import Any
 
 from mla_switchboard.core.evaluator import (
     Assessment,
@@ -68,12 +70,20 @@ class StageClass:
 
     bucket: int | None
     buckets: frozenset[int] | None
+    _pick: Callable[[Sequence[int]], Any] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.buckets is not None and len(self.buckets) > 1:
+            object.__setattr__(self, "_pick", itemgetter(*sorted(self.buckets)))
 
     def count(self, group: FleetGroup) -> int:
+        """The pods of ``group`` in these buckets (the counts picked in C: a fleet read
+        counts every row of every staged group)."""
         if self.buckets is None:
             return group.pods
-        b = group.buckets
-        return sum(b[i] for i in self.buckets)
+        if self._pick is None:
+            return sum(group.buckets[i] for i in self.buckets)
+        return sum(self._pick(group.buckets))
 
 
 EVERY_POD = StageClass(None, None)
@@ -254,6 +264,23 @@ def _stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
     return tuple(StageClass(members[0], frozenset(members)) for members in by_bits.values())
 
 
+SITUATIONS_KEPT = 65536
+"""How many shapes' situations ``shape_situation`` keeps (emptied when full)."""
+_situations_kept: dict[str, Situation | None] = {}
+
+
+def shape_situation(shape_id: str, request: SelectRequest) -> Situation | None:
+    """The evidence situation of a shape's pods (``situation_of`` of its request, which
+    names no cluster), worked out once per shape: a fleet read asks for every group's
+    and a shape is in many clusters."""
+    found = _situations_kept.get(shape_id, _situations_kept)
+    if found is _situations_kept:
+        if len(_situations_kept) >= SITUATIONS_KEPT:
+            _situations_kept.clear()
+        found = _situations_kept[shape_id] = situation_of(request)
+    return found  # type: ignore[return-value]
+
+
 class DecisionMemo:
     """Decisions within one fleet read, shared by every group they hold for alike:
     keyed by what the evaluator reads of the shape (``effects.description``; the
@@ -272,7 +299,6 @@ class DecisionMemo:
         self._found: dict[tuple[object, ...], object] = release_later({})
         self._depends: dict[tuple[object, ...], Dependence] = {}
         self._described: dict[str, tuple[object, ...]] = {}
-        self._situations: dict[str, Situation | None] = {}
         self.made = 0
 
     def depends(
@@ -291,11 +317,11 @@ class DecisionMemo:
         found = self._depends.get(key)
         if found is None:
             found = self._depends[key] = dependence(request, inputs, self._now, exact=exact)
-        if found.unmeasured is not None:
-            if shape_id not in self._situations:
-                self._situations[shape_id] = situation_of(request)
-            if not narrow().evidence.group(self._situations[shape_id]):
-                return found.unmeasured
+        unmeasured = found.unmeasured
+        if unmeasured is not None and not narrow().evidence.group(
+            shape_situation(shape_id, request)
+        ):
+            return unmeasured
         return found
 
     def _key(
@@ -362,10 +388,34 @@ class DecisionMemo:
 
 
 class ClassCache:
-    """Stage classes per set of partial rollouts, within one fleet read."""
+    """Stage classes per set of partial rollouts, and the partial rollouts per
+    cluster and model, within one fleet read."""
 
     def __init__(self) -> None:
         self._found: dict[tuple[int, ...], tuple[StageClass, ...]] = {}
+        self._partials: dict[tuple[int, str, str], tuple[Override, ...]] = {}
+        self._applicable: dict[tuple[int, str, str], tuple[Override, ...]] = {}
+
+    def applicable(
+        self, request: SelectRequest, overrides: Sequence[Override], now: datetime
+    ) -> tuple[Override, ...]:
+        """``applicable_overrides``, once per set of overrides, cluster and model."""
+        key = (id(overrides), request.cluster, request.model.name)
+        found = self._applicable.get(key)
+        if found is None:
+            found = self._applicable[key] = tuple(applicable_overrides(request, overrides, now))
+        return found
+
+    def partials(
+        self, request: SelectRequest, overrides: Sequence[Override], now: datetime
+    ) -> tuple[Override, ...]:
+        """``partial_rollouts``, once per set of overrides, cluster and model (what
+        decides which apply: the model glob; the read's ``now`` is one)."""
+        key = (id(overrides), request.cluster, request.model.name)
+        found = self._partials.get(key)
+        if found is None:
+            found = self._partials[key] = partial_rollouts(request, overrides, now)
+        return found
 
     def of(self, rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
         key = tuple(id(o) for o in rollouts)

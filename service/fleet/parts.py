@@ -50,7 +50,6 @@ from mla_switchboard.service.fleet.groups import (
     FleetSnapshot,
     PodGroup,
     each_group,
-    partial_rollouts,
 )
 from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally
 from mla_switchboard.service.fleet.regret import cluster_exclusions, cluster_regret
@@ -350,7 +349,7 @@ class PartsRead:
 
     def _partials(self, group: PodGroup) -> tuple[Override, ...]:
         assert group.request is not None
-        return partial_rollouts(group.request, self.inputs.overrides, self.now)
+        return self._classes.partials(group.request, self.inputs.overrides, self.now)
 
     def _current(
         self, groups: Sequence[PodGroup]

@@ -37,7 +37,6 @@ from mla_switchboard.service.fleet.groups import (
     PodGroup,
     StageClass,
     each_group,
-    partial_rollouts,
 )
 from mla_switchboard.service.selector import InputsFor
 from pydantic import BaseModel, ConfigDict, Field
@@ -171,8 +170,8 @@ def replay(
                 unreadable += group.pods  # recorded under an older schema; cannot be replayed
                 continue
             staged = _union(
-                partial_rollouts(request, current.overrides, now),
-                partial_rollouts(request, proposed.overrides, now),
+                classes.partials(request, current.overrides, now),
+                classes.partials(request, proposed.overrides, now),
             )
             for stage in classes.of(staged):
                 after = under("to", proposed, request, group.shape_id, stage, exact)

@@ -13,10 +13,9 @@ from mla_switchboard.core.evaluator import (
     Decision,
     DecisionInputs,
     Refusal,
-    applicable_overrides,
     in_stage,
 )
-from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
+from mla_switchboard.core.evidence import EvidenceIndex, Situation
 from mla_switchboard.core.schemas import FLEET, Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_buckets
 from mla_switchboard.service.fleet.groups import (
@@ -27,7 +26,7 @@ from mla_switchboard.service.fleet.groups import (
     PodGroup,
     StageClass,
     each_group,
-    partial_rollouts,
+    shape_situation,
 )
 from mla_switchboard.service.selector import InputsFor
 
@@ -99,14 +98,14 @@ class ProgressWalk:
             request = group.request
             if o.cluster not in (FLEET, group.cluster) or request is None:
                 continue
-            if not any(x is o for x in applicable_overrides(request, (o,), now)):
+            if not any(x is o for x in self.classes.applicable(request, inputs.overrides, now)):
                 continue
             tally.scoped += group.pods
 
             def narrowed(r: SelectRequest = request) -> DecisionInputs:
                 return inputs if self.inputs_for is None else self.inputs_for(r, inputs, now)
 
-            for stage in self.classes.of(partial_rollouts(request, inputs.overrides, now)):
+            for stage in self.classes.of(self.classes.partials(request, inputs.overrides, now)):
                 inside = in_stage(request, o, stage.bucket)
                 given = (
                     memo.decision(request, group.shape_id, stage, inputs, narrowed)
@@ -114,7 +113,7 @@ class ProgressWalk:
                     else None
                 )
                 tally.count(group, stage, inside, given)
-            situation = situation_of(request)
+            situation = shape_situation(group.shape_id, request)
             if situation is not None:
                 tally.sample(group, situation, self.evidence_of)
         return tally
