@@ -150,7 +150,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 ops.reboot()  # a pod boots: the next summary is not a kept one
                 steady = _timed_cpu(pid, lambda: ok(c.get("/v1/selections/summary")))
-                put = _timed_cpu(pid, lambda b=body: ok(c.put("/v1/overrides/*", json=b)))
+                # another note: the write previews its own change, not the dry run's
+                written = {**body, "note": f"{body['note']} written"}
+                put = _timed_cpu(pid, lambda b=written: ok(c.put("/v1/overrides/*", json=b)))
                 after_put = _timed_cpu(pid, lambda: ok(c.get("/v1/selections/summary")))
                 delete = _timed_cpu(
                     pid, lambda r=r: ok(c.delete(f"/v1/overrides/*?note=bench+{r}"))

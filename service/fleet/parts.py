@@ -23,10 +23,12 @@ takes the others as kept, so a summary after one pod booted, a report of one clu
 or an override written on one cluster costs that cluster's groups plus a lookup per
 other cluster: O(clusters + overrides) lookups and the changed clusters' evaluations,
 however many clusters hold overrides. Within one read the decisions are shared by
-every cluster they hold for alike (``DecisionMemo``), as before.
+every cluster they hold for alike, and by every cluster whose overrides act alike
+(``DecisionMemo``, ``fleet/effects.py``).
 
-Only the configuration in force is kept (one part per cluster); a proposal is never
-kept. The parts are read and written by the replica's one fleet-read thread.
+Only the configuration in force is kept, with the part each cluster had before it (a
+change taken back finds it again); a proposal is never kept. The parts are read and
+written by the replica's one fleet-read thread.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class ClusterParts:
 
     def __init__(self) -> None:
         self._kept: dict[str, ClusterPart] = {}
+        self._before_parts: dict[str, ClusterPart] = {}  # the one each replaced
         self._lock = threading.Lock()
         self._texts = _Texts()
         self._rules: tuple[RulesDocument, str] | None = None
@@ -139,11 +142,19 @@ class ClusterParts:
 
     def kept(self, cluster: str, key: Hashable) -> ClusterPart:
         """The part of ``cluster`` under ``key``: the kept one while the key holds,
-        else a new, empty one (kept from now on)."""
+        else a new, empty one (kept from now on). The part it replaces is kept too,
+        one per cluster: a change taken back (a fleet-wide override put, then
+        deleted; the reload keeps the objects, and so the texts, of the overrides
+        that did not change) finds every cluster's figures as they were."""
         with self._lock:
             part = self._kept.get(cluster)
             if part is None or part.key != key:
-                part = self._kept[cluster] = ClusterPart(key)
+                before = self._before_parts.get(cluster)
+                if part is not None:
+                    self._before_parts[cluster] = part
+                taken_back = before is not None and before.key == key
+                part = before if taken_back and before is not None else ClusterPart(key)
+                self._kept[cluster] = part
             return part
 
     def forget_others(self, clusters: dict[str, Any]) -> None:
@@ -154,6 +165,7 @@ class ClusterParts:
                 return
             for cluster in [c for c in self._kept if c not in clusters]:
                 del self._kept[cluster]
+                self._before_parts.pop(cluster, None)
 
     def read_by(
         self, cluster: str, groups: Sequence[PodGroup], reading: PartsRead
