@@ -14,9 +14,9 @@ only in its own answer.
 Where a decision's words or its evidence depend on more than that, it is decided for
 the cluster itself (its name is the key): a rule set of the cluster's own, policy
 ``measured`` on evidence the cluster holds for the pods' situation (what it ranks, and
-the pods an exclusion names, are the cluster's; where it holds nothing, every such
-cluster decides alike), a halted rollout of its own (the cause quoted names its
-pods), or more than one override of its own.
+the pods an exclusion names, are the cluster's; where it is too thin to rank and
+holds no failure, every such cluster decides alike), a halted rollout of its own (the
+cause quoted names its pods), or more than one override of its own.
 """
 
 from __future__ import annotations
@@ -91,9 +91,10 @@ class Dependence:
     own: Override | None = None
     evidence: bool = False
     unmeasured: Dependence | None = None
-    """How the decision is shared where the cluster's own evidence holds nothing for
-    the pods' situation (policy ``measured`` on the cluster's own evidence, none yet):
-    every such cluster decides it alike, on no evidence."""
+    """How the decision is shared where the cluster's own evidence says nothing for
+    the pods' situation (policy ``measured`` on the cluster's own evidence, too thin to
+    rank and with no failure: ``groups.silent``): every such cluster decides it
+    alike, as on no evidence."""
 
     def bits(self, request: SelectRequest, bucket: int | None) -> tuple[bool, ...]:
         """Whether pods in ``bucket`` are in the stage of each staged override."""

@@ -29,7 +29,7 @@ from mla_switchboard.core.evaluator import (
     Refusal,
     applicable_overrides,
 )
-from mla_switchboard.core.evidence import Situation, situation_of
+from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
 from mla_switchboard.service.fleet.effects import (
@@ -281,6 +281,16 @@ def shape_situation(shape_id: str, request: SelectRequest) -> Situation | None:
     return found  # type: ignore[return-value]
 
 
+def silent(index: EvidenceIndex, situation: Situation | None) -> bool:
+    """Whether ``index`` says nothing a measured decision in ``situation`` would act on:
+    no backend with enough samples from enough pods to be ranked, and no failure that
+    could exclude one. A decision then reads as one on no evidence at all."""
+    return all(
+        not stats.failures and (stats.samples < index.min_samples or stats.pods < index.min_pods)
+        for stats in index.group(situation).values()
+    )
+
+
 class DecisionMemo:
     """Decisions within one fleet read, shared by every group they hold for alike:
     keyed by what the evaluator reads of the shape (``effects.description``; the
@@ -318,9 +328,7 @@ class DecisionMemo:
         if found is None:
             found = self._depends[key] = dependence(request, inputs, self._now, exact=exact)
         unmeasured = found.unmeasured
-        if unmeasured is not None and not narrow().evidence.group(
-            shape_situation(shape_id, request)
-        ):
+        if unmeasured is not None and silent(narrow().evidence, shape_situation(shape_id, request)):
             return unmeasured
         return found
 

@@ -148,3 +148,45 @@ def test_ten_times_the_overrides_cost_less_than_twice(
             f"{small[name]} with {SIZES[0]} (all: {costs})"
         )
         assert large[name] <= ONE_CLUSTER, f"{name}: {large[name]} evaluations (all: {costs})"
+
+
+def fleet_wide(client: httpx.Client, counted: Counted) -> Iterator[tuple[str, int]]:
+    """A fleet-wide change, warm: its dry run, the write, the summary right after it,
+    the delete and the summary right after that."""
+    seq = itertools.count()
+
+    def summary() -> None:
+        ok(client.get("/v1/selections/summary"))
+
+    def body() -> dict[str, Any]:
+        return {"deny": ["CUDNN"], "note": f"fleet-wide {next(seq)}"}
+
+    summary()
+    ok(client.put("/v1/overrides/*", params={"dry_run": "true"}, json=body()))
+    yield (
+        "dry run of *",
+        counted.of(
+            lambda: ok(client.put("/v1/overrides/*", params={"dry_run": "true"}, json=body()))
+        ),
+    )
+    yield "admin PUT of *", counted.of(lambda: ok(client.put("/v1/overrides/*", json=body())))
+    yield "summary after the PUT of *", counted.of(summary)
+    yield "admin DELETE of *", counted.of(lambda: ok(client.delete("/v1/overrides/*")))
+    yield "summary after the DELETE of *", counted.of(summary)
+
+
+def test_a_fleet_wide_change_costs_less_than_twice_with_ten_times_the_overrides(
+    fleets: dict[int, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clusters whose overrides act alike share their decisions
+    (``service/fleet/effects.py``): what a ``*`` change costs grows with the distinct
+    effects and the clusters' own evidence, not with the overrides."""
+    counted = Counted(monkeypatch)
+    costs: dict[int, dict[str, int]] = {}
+    for size, url in fleets.items():
+        with make_inprocess_client(url) as client:  # type: ignore[attr-defined]
+            costs[size] = dict(fleet_wide(client, counted))
+    small, large = (costs[s] for s in SIZES)
+    assert small["dry run of *"] > 0
+    for name in small:
+        assert large[name] < 2 * max(small[name], 1), f"{name}: {costs}"
