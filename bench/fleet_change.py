@@ -288,6 +288,11 @@ def growth(result: dict[str, Any], levels: list[str], trees: list[str]) -> dict[
     for tree in trees:
         a, b = low[tree]["operations"], high[tree]["operations"]
         out[tree] = {f: round(b[f]["median_s"] / a[f]["median_s"], 2) for f in FIGURES}
+        out[f"{tree} cpu"] = {
+            f: round(b[f]["cpu_median_s"] / a[f]["cpu_median_s"], 2)
+            for f in FIGURES
+            if a[f]["cpu_median_s"]
+        }
     return out
 
 
