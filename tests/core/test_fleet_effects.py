@@ -252,3 +252,52 @@ def test_ten_times_the_overrides_cost_less_than_twice(reads_over: Any, counted: 
     tenth = fleet_change_cost(80, reads_over, counted, every=10)
     everyone = fleet_change_cost(80, reads_over, counted)
     assert everyone < 2 * tenth
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"device": {"name": "NVIDIA H100", "capability": [9, 0]}},
+        {"num_heads": 128},
+        {"model_name": "moonshotai/Kimi-K2"},
+        {"cluster": "c001", "pod": "another-pod"},
+    ],
+)
+def test_what_a_shared_decision_leaves_out_of_its_key_changes_no_decision(
+    change: dict[str, Any],
+) -> None:
+    """``effects.description`` leaves out the GPU's and the model's names, the heads,
+    the cluster and the pod: a decision that reads no evidence is the same without
+    them (the shapes' situations, which name them, key the decisions that read it)."""
+    base = SHAPES[0].model_copy(update={"cluster": "c000", "pod": "p"})
+    body = base.model_dump()
+    if "device" in change:
+        body["device"] = change["device"]
+    if "num_heads" in change:
+        body["model"]["num_heads"] = change["num_heads"]
+    if "model_name" in change:
+        body["model"]["name"] = change["model_name"]
+    body.update({k: v for k, v in change.items() if k in ("cluster", "pod")})
+    other = type(base).model_validate(body)
+    assert effects.description(other) == effects.description(base)
+    overrides = (
+        override("*", deny=["CUDNN"], note="fleet"),
+        *(own(c, deny=["FLASHINFER"]) for c in ("c000", "c001")),
+    )
+    inputs = DecisionInputs(SEED_RULES, overrides)
+    # the decision ``base`` shares, in the words of ``other``'s cluster, is ``other``'s own
+    depends = effects.dependence(base, inputs, NOW)
+    assert depends.own is not None and not depends.evidence
+    shared = effects.decide_shared(base, inputs, NOW, None, depends)
+    alone = decide(other, inputs, now=NOW)
+    assert not isinstance(shared, Refusal) and not isinstance(alone, Refusal)
+    mine = inputs.override_set.own(other.cluster)
+    assert [effects.words(m, mine) for m in shared.messages] == list(alone.messages)
+    assert [
+        (c.backend, c.valid, [effects.words(r, mine) for r in c.reasons]) for c in shared.candidates
+    ] == [(c.backend, c.valid, list(c.reasons)) for c in alone.candidates]
+    assert (shared.backend, shared.source, shared.engine_args) == (
+        alone.backend,
+        alone.source,
+        alone.engine_args,
+    )
