@@ -84,9 +84,10 @@ class ClusterPart:
 class _Texts:
     """Each override's content as text, worked out once per override object: a reload
     keeps the objects of the overrides that did not change (``ConfigStore.load_config``),
-    and so their texts."""
+    and so their texts. ``exclude``: fields left out of the text."""
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: frozenset[str] = frozenset()) -> None:
+        self._exclude = set(exclude) or None
         self._set: Sequence[Override] | None = None
         self._text: dict[int, tuple[Override, str]] = {}  # the object is held: ids stay
 
@@ -97,12 +98,38 @@ class _Texts:
             self._set = overrides
         found = self._text.get(id(o))
         if found is None or found[0] is not o:
-            found = self._text[id(o)] = (o, o.model_dump_json())
+            found = self._text[id(o)] = (o, o.model_dump_json(exclude=self._exclude))
         return found[1]
 
 
 _Read = tuple[frozenset[str], list[EvidenceIndex], int]
 """A cluster's models, the evidence indexes its figures read, and their epoch."""
+
+_Given = dict[tuple[str, frozenset[int] | None], str | None]
+"""``ClusterPart.given``."""
+
+_WRITTEN = frozenset({"created_at", "created_by", "revision"})
+"""What the store sets of an override it writes: no decision reads them as a backend."""
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """A proposal's ``pending`` and ``given`` of one cluster (``ClusterParts.carry``),
+    with what they were worked out from: the cluster's groups, rules, overrides (less
+    ``_WRITTEN``), which of them had expired, and the evidence indexes (the very
+    objects) at their versions."""
+
+    key: Hashable
+    indexes: tuple[EvidenceIndex, ...]
+    pending: int
+    given: _Given
+
+    def holds(self, key: Hashable, indexes: Sequence[EvidenceIndex]) -> bool:
+        return (
+            len(indexes) == len(self.indexes)
+            and all(a is b for a, b in zip(indexes, self.indexes, strict=True))
+            and key == self.key
+        )
 
 
 class ClusterParts:
@@ -116,6 +143,8 @@ class ClusterParts:
         self._before_parts: dict[str, ClusterPart] = {}  # the one each replaced
         self._lock = threading.Lock()
         self._texts = _Texts()
+        self._carry_texts = _Texts(_WRITTEN)
+        self._carried: dict[str, _Carried] = {}
         self._rules: tuple[RulesDocument, str] | None = None
         self._stamp: tuple[Any, ...] = (None, None, None)
         self._read: dict[str, _Read] = {}
@@ -166,6 +195,8 @@ class ClusterParts:
             for cluster in [c for c in self._kept if c not in clusters]:
                 del self._kept[cluster]
                 self._before_parts.pop(cluster, None)
+            for cluster in [c for c in self._carried if c not in clusters]:
+                del self._carried[cluster]
 
     def read_by(
         self, cluster: str, groups: Sequence[PodGroup], reading: PartsRead
@@ -208,6 +239,21 @@ class ClusterParts:
 
     def override_text(self, overrides: Sequence[Override], o: Override) -> str:
         return self._texts.of(overrides, o)
+
+    def carry_text(self, overrides: Sequence[Override], o: Override) -> str:
+        """``o`` as text without what the store sets when it writes it (``_WRITTEN``):
+        a proposal's override and the one written of it read alike."""
+        return self._carry_texts.of(overrides, o)
+
+    def carry(self, cluster: str, carried: _Carried) -> None:
+        """Keep what a proposal gives ``cluster`` until the next one: once it is the
+        configuration in force, the next read takes it for the cluster's new part
+        instead of deciding every group again (``PartsRead.pending``)."""
+        with self._lock:
+            self._carried[cluster] = carried
+
+    def carried(self, cluster: str) -> _Carried | None:
+        return self._carried.get(cluster)
 
 
 class PartsRead:
@@ -258,12 +304,18 @@ class PartsRead:
         indexes, epoch = self._parts.read_by(cluster, groups, self)
         return (epoch, tuple(index.version for index in indexes))
 
-    def indexes_read(self, cluster: str, groups: Sequence[PodGroup]) -> list[EvidenceIndex]:
+    def indexes_read(
+        self,
+        cluster: str,
+        groups: Sequence[PodGroup],
+        inputs: DecisionInputs | None = None,
+    ) -> list[EvidenceIndex]:
         """The evidence indexes the figures of ``cluster`` read: for each model among
         its ``groups``, the one ``inputs_for`` gives its first request (a pod's trust
         scope is a function of its cluster and model: the overrides that apply), then
-        the cluster's own samples (``evidence_of``: rollout progress)."""
-        inputs = self.inputs
+        the cluster's own samples (``evidence_of``: rollout progress). ``inputs``: the
+        read's unless given (a proposal's)."""
+        inputs = inputs or self.inputs
         found: list[EvidenceIndex] = []
         if self._inputs_for is None:
             found.append(inputs.evidence)
@@ -342,9 +394,43 @@ class PartsRead:
         force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
         part = self.part(cluster)
         if part.pending is None or part.given is None:
-            self._parts.count("pending")
-            part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
+            carried = self._parts.carried(cluster)
+            if carried is not None and carried.holds(*self._carry_key(cluster, self.inputs)):
+                part.pending, part.given = carried.pending, carried.given
+            else:
+                self._parts.count("pending")
+                part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
         return part.pending
+
+    def _carry_key(
+        self, cluster: str, inputs: DecisionInputs
+    ) -> tuple[Hashable, list[EvidenceIndex]]:
+        """What ``pending`` and ``given`` of ``cluster`` under ``inputs`` are worked out
+        from (``_Carried``)."""
+        groups = self.fleet.of_cluster(cluster)
+        overrides = inputs.overrides_for(cluster)
+        parts, now = self._parts, self.now
+        indexes = self.indexes_read(cluster, groups, inputs)
+        key = (
+            tuple((g.shape_id, g.rows) for g in groups),
+            parts.rules_text(inputs.rules),
+            tuple(parts.carry_text(inputs.overrides, o) for o in overrides),
+            tuple(o.expires_at is not None and o.expires_at <= now for o in overrides),
+            inputs.evidence_generation,
+            tuple(index.version for index in indexes),
+        )
+        return key, indexes
+
+    def proposed(self, cluster: str, proposed: DecisionInputs, pending: int, given: _Given) -> None:
+        """What a preview's proposal gives the pods of ``cluster`` (``pending``: those
+        whose recorded backend it does not give; ``given``: per shape and stage class
+        of the proposal), kept for the read after the proposal is written
+        (``ClusterParts.carry``). A change of rules is not carried: its text is
+        worked out anew for every cluster."""
+        if proposed.rules is not self.inputs.rules:
+            return
+        key, indexes = self._carry_key(cluster, proposed)
+        self._parts.carry(cluster, _Carried(key, tuple(indexes), pending, given))
 
     def given(self, group: PodGroup, bucket: int | None) -> str | None:
         """The backend the configuration in force gives the pods of ``group`` in stage

@@ -108,6 +108,17 @@ class Settled(Protocol):
         bucket ``bucket`` (None: they are refused)."""
         ...
 
+    def proposed(
+        self,
+        cluster: str,
+        proposed: DecisionInputs,
+        pending: int,
+        given: dict[tuple[str, frozenset[int] | None], str | None],
+    ) -> None:
+        """What ``proposed`` gives the pods of ``cluster``, as ``pending`` and
+        ``given`` would say once it is in force: kept for the read after it is."""
+        ...
+
 
 def replay(
     fleet: FleetSnapshot,
@@ -163,18 +174,28 @@ def replay(
                     unreadable += group.pods
             tally.pending += settled.pending(cluster)
             continue
+        # what the proposal gives the cluster's pods, per its own stage classes
+        # (``Settled.proposed``)
+        given_after: dict[tuple[str, frozenset[int] | None], str | None] = {}
+        pending_after = 0
         for group in each_group(groups, deadline):
             total += group.pods
             request = group.request
             if request is None:
                 unreadable += group.pods  # recorded under an older schema; cannot be replayed
                 continue
-            staged = _union(
-                classes.partials(request, current.overrides, now),
-                classes.partials(request, proposed.overrides, now),
-            )
-            for stage in classes.of(staged):
+            partials = classes.partials(request, proposed.overrides, now)
+            staged = _union(classes.partials(request, current.overrides, now), partials)
+            stages = classes.of(staged)
+            given_to: list[tuple[StageClass, str | None]] = []
+            for stage in stages:
                 after = under("to", proposed, request, group.shape_id, stage, exact)
+                to = None if isinstance(after, Refusal) else after.backend.value
+                given_to.append((stage, to))
+                if to is not None:
+                    pending_after += sum(
+                        n for row in group.rows if row.backend != to and (n := stage.count(row))
+                    )
 
                 def before(
                     r: Any = request, g: PodGroup = group, st: StageClass = stage, x: bool = exact
@@ -190,6 +211,10 @@ def replay(
                     n = stage.count(row)
                     if n:
                         tally.add(group.cluster, row.backend, given, before, after, n, own)
+            if settled is not None:
+                _given(given_after, group.shape_id, given_to, classes.of(partials))
+        if settled is not None:
+            settled.proposed(cluster, proposed, pending_after, given_after)
     return tally.preview(total=total, unreadable=unreadable)
 
 
@@ -202,6 +227,24 @@ def untouched(current: DecisionInputs, proposed: DecisionInputs, cluster: str) -
     if proposed.evidence_generation != current.evidence_generation:
         return False
     return _same(current.overrides_for(cluster), proposed.overrides_for(cluster))
+
+
+def _given(
+    out: dict[tuple[str, frozenset[int] | None], str | None],
+    shape_id: str,
+    decided: Sequence[tuple[StageClass, str | None]],
+    classes: Sequence[StageClass],
+) -> None:
+    """What the proposal gives the pods of ``shape_id`` per its own stage ``classes``,
+    from the backends ``decided`` per the replay's: those split the buckets at least as
+    finely (the current and the proposed rollouts together), so the replay's class
+    holding a class's bucket lies within it and is decided alike."""
+    for own in classes:
+        out[(shape_id, own.buckets)] = next(
+            to
+            for stage, to in decided
+            if own.bucket is None or stage.buckets is None or own.bucket in stage.buckets
+        )
 
 
 def _same(mine: Sequence[Override], theirs: Sequence[Override]) -> bool:
