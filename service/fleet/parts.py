@@ -92,7 +92,10 @@ class _Texts:
         self._text: dict[int, tuple[Override, str]] = {}  # the object is held: ids stay
 
     def of(self, overrides: Sequence[Override], o: Override) -> str:
-        if overrides is not self._set:  # a new configuration: forget the overrides gone
+        """``o``'s text; ``overrides``: the set it is one of. The texts of overrides no
+        longer in it are forgotten once they are many: a preview asks for those of the
+        configuration in force and of the proposal in turn, cluster by cluster."""
+        if overrides is not self._set and len(self._text) > 2 * len(overrides) + 64:
             alive = {id(x): x for x in overrides}
             self._text = {i: v for i, v in self._text.items() if alive.get(i) is v[0]}
             self._set = overrides
