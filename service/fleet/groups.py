@@ -16,22 +16,35 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
-from typing import TypeVar
+from operator import itemgetter
+from typing import Any
 
-from mla_switchboard.core.evaluator import DecisionInputs, applicable_overrides
+from mla_switchboard.core.evaluator import (
+    Assessment,
+    Decision,
+    DecisionInputs,
+    Refusal,
+    applicable_overrides,
+)
+from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
 from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
+from mla_switchboard.service.fleet.effects import (
+    Dependence,
+    assess_shared,
+    decide_shared,
+    dependence,
+    description,
+)
 from mla_switchboard.service.priority import let_the_loop_in, release_later
 from mla_switchboard.service.state import PodState
 from mla_switchboard.service.store.decisions import DecisionStore, FleetChange
 from mla_switchboard.service.store.fleet import FleetStore
 from mla_switchboard.service.store.rows import FleetGroup
 from mla_switchboard.service.store.shapes import shape_of_json, shape_request
-
-T = TypeVar("T")
 
 __all__ = [
     "DecisionMemo",
@@ -40,7 +53,6 @@ __all__ = [
     "OverBudget",
     "PodGroup",
     "StageClass",
-    "cluster_dependence",
     "partial_rollouts",
     "stage_classes",
 ]
@@ -58,12 +70,20 @@ class StageClass:
 
     bucket: int | None
     buckets: frozenset[int] | None
+    _pick: Callable[[Sequence[int]], Any] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.buckets is not None and len(self.buckets) > 1:
+            object.__setattr__(self, "_pick", itemgetter(*sorted(self.buckets)))
 
     def count(self, group: FleetGroup) -> int:
+        """The pods of ``group`` in these buckets (the counts picked in C: a fleet read
+        counts every row of every staged group)."""
         if self.buckets is None:
             return group.pods
-        b = group.buckets
-        return sum(b[i] for i in self.buckets)
+        if self._pick is None:
+            return sum(group.buckets[i] for i in self.buckets)
+        return sum(self._pick(group.buckets))
 
 
 EVERY_POD = StageClass(None, None)
@@ -217,9 +237,26 @@ def partial_rollouts(
 
 
 def stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
-    """The buckets split by which of ``rollouts`` they are in the stage of."""
+    """The buckets split by which of ``rollouts`` they are in the stage of (found once
+    per set of stages: a fleet read asks for each cluster's, and a thousand clusters
+    each with its own rollout ask a thousand times per read)."""
     if not rollouts:
         return (EVERY_POD,)
+    key = tuple((r.id, r.state, r.percent) for o in rollouts if (r := o.rollout) is not None)
+    found = _classes_kept.get(key)
+    if found is None:
+        if len(_classes_kept) >= CLASSES_KEPT:
+            _classes_kept.clear()
+        found = _classes_kept[key] = _stage_classes(rollouts)
+    return found
+
+
+CLASSES_KEPT = 8192
+"""How many sets of stages ``stage_classes`` keeps (emptied when full)."""
+_classes_kept: dict[tuple[tuple[str, str, int], ...], tuple[StageClass, ...]] = {}
+
+
+def _stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
     stages = [stage_buckets(o.rollout) for o in rollouts if o.rollout is not None]
     by_bits: dict[tuple[bool, ...], list[int]] = defaultdict(list)
     for b in range(STAGE_BUCKETS):
@@ -227,52 +264,166 @@ def stage_classes(rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
     return tuple(StageClass(members[0], frozenset(members)) for members in by_bits.values())
 
 
-def cluster_dependence(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> str:
-    """What a decision for ``request`` depends on besides its shape and stage bucket:
-    its cluster's name when the cluster has a rule set or an override of its own, or
-    when policy ``measured`` may decide on the cluster's own evidence (the default
-    trust scope); otherwise nothing (``""``), and every cluster of the fleet decides
-    this shape alike. A fleet read then decides such a shape once for all those
-    clusters: with 1,000 clusters that is the difference between O(clusters x
-    shapes) and O(shapes) evaluations."""
-    cluster = request.cluster
-    if cluster in inputs.rules.clusters:
-        return cluster
-    applicable = applicable_overrides(request, inputs.overrides, now)
-    if any(o.cluster == cluster for o in applicable):
-        return cluster
-    measured = any(o.policy == "measured" for o in applicable)
-    trusted = any(o.trust_clusters is not None for o in applicable)
-    return cluster if measured and not trusted else ""
+SITUATIONS_KEPT = 65536
+"""How many shapes' situations ``shape_situation`` keeps (emptied when full)."""
+_situations_kept: dict[str, Situation | None] = {}
+
+
+def shape_situation(shape_id: str, request: SelectRequest) -> Situation | None:
+    """The evidence situation of a shape's pods (``situation_of`` of its request, which
+    names no cluster), worked out once per shape: a fleet read asks for every group's
+    and a shape is in many clusters."""
+    found = _situations_kept.get(shape_id, _situations_kept)
+    if found is _situations_kept:
+        if len(_situations_kept) >= SITUATIONS_KEPT:
+            _situations_kept.clear()
+        found = _situations_kept[shape_id] = situation_of(request)
+    return found  # type: ignore[return-value]
+
+
+def silent(index: EvidenceIndex, situation: Situation | None) -> bool:
+    """Whether ``index`` says nothing a measured decision in ``situation`` would act on:
+    no backend with enough samples from enough pods to be ranked, and no failure that
+    could exclude one. A decision then reads as one on no evidence at all."""
+    return all(
+        not stats.failures and (stats.samples < index.min_samples or stats.pods < index.min_pods)
+        for stats in index.group(situation).values()
+    )
 
 
 class DecisionMemo:
     """Decisions within one fleet read, shared by every group they hold for alike:
-    keyed by what they depend on (``cluster_dependence`` under each set of inputs
-    in play, the shape, the stage class)."""
+    keyed by what the evaluator reads of the shape (``effects.description``; the
+    shape itself when evidence is read), which fleet overrides apply, which of the
+    staged ones the pods are in the stage of, and how the decision depends on the
+    cluster (``effects.dependence``: not at all, through the effect of the cluster's
+    own override, or through the cluster itself). Clusters whose overrides act alike
+    on a shape share one decision, made for a stand-in of their override; its words
+    name each cluster's own override once rendered (``effects.words``).
+
+    ``made`` counts the decisions and assessments made (what the growth tests count)."""
 
     def __init__(self, now: datetime) -> None:
         self._now = now
         # thousands of decisions: freed gradually after a fleet read (service/priority.py)
         self._found: dict[tuple[object, ...], object] = release_later({})
+        self._depends: dict[tuple[object, ...], Dependence] = {}
+        self._described: dict[str, tuple[object, ...]] = {}
+        self.made = 0
 
-    def key(
-        self, request: SelectRequest, shape_id: str, stage: StageClass, *sides: DecisionInputs
+    def depends(
+        self,
+        request: SelectRequest,
+        shape_id: str,
+        inputs: DecisionInputs,
+        narrow: Callable[[], DecisionInputs],
+        exact: bool,
+    ) -> Dependence:
+        """``effects.dependence``, found once per overrides, cluster and model in this
+        read (the inputs of one read are alive throughout it: their ids stay theirs);
+        on the cluster's own evidence, the one for no evidence where ``narrow()``'s
+        holds nothing for the shape's situation."""
+        key = (id(inputs.rules), id(inputs.overrides), request.cluster, request.model.name, exact)
+        found = self._depends.get(key)
+        if found is None:
+            found = self._depends[key] = dependence(request, inputs, self._now, exact=exact)
+        unmeasured = found.unmeasured
+        if unmeasured is not None and silent(narrow().evidence, shape_situation(shape_id, request)):
+            return unmeasured
+        return found
+
+    def _key(
+        self,
+        kind: str,
+        request: SelectRequest,
+        shape_id: str,
+        stage: StageClass,
+        depends: Dependence,
     ) -> tuple[object, ...]:
-        depends = tuple(cluster_dependence(request, side, self._now) for side in sides)
-        return (depends, shape_id, stage.buckets)
+        if depends.evidence:
+            shape: object = shape_id
+        else:
+            shape = self._described.get(shape_id)
+            if shape is None:
+                shape = self._described[shape_id] = description(request)
+        bits = depends.bits(request, stage.bucket) if depends.staged else ()
+        return (kind, depends.key, depends.fleet, bits, shape)
 
-    def get(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
-        if key not in self._found:
-            self._found[key] = compute()
-        return self._found[key]  # type: ignore[return-value]
+    def decision(
+        self,
+        request: SelectRequest,
+        shape_id: str,
+        stage: StageClass,
+        inputs: DecisionInputs,
+        narrow: Callable[[], DecisionInputs],
+        *,
+        side: str = "",
+        exact: bool = False,
+    ) -> Decision | Refusal:
+        """The decision for the pods of ``shape_id`` in ``stage`` of ``request``'s
+        cluster under ``inputs`` (``narrow()``: with the evidence they trust);
+        ``side``: which inputs these are, when a read has several; ``exact``: never
+        shared through a stand-in (see ``effects.dependence``)."""
+        depends = self.depends(request, shape_id, inputs, narrow, exact)
+        key = (side, *self._key("decide", request, shape_id, stage, depends))
+        found = self._found.get(key)
+        if found is None:
+            self.made += 1
+            found = self._found[key] = decide_shared(
+                request, narrow(), self._now, stage.bucket, depends
+            )
+        return found  # type: ignore[return-value]
+
+    def assessment(
+        self,
+        request: SelectRequest,
+        shape_id: str,
+        stage: StageClass,
+        inputs: DecisionInputs,
+        narrowed: DecisionInputs,
+    ) -> Assessment:
+        """``assess`` of the pods of ``shape_id`` in ``stage``, shared as
+        :meth:`decision` shares decisions, by shape: an assessment names the situation."""
+        depends = self.depends(request, shape_id, inputs, lambda: narrowed, False)
+        key = self._key("assess", request, shape_id, stage, replace(depends, evidence=True))
+        found = self._found.get(key)
+        if found is None:
+            self.made += 1
+            found = self._found[key] = assess_shared(
+                request, narrowed, self._now, stage.bucket, depends
+            )
+        return found  # type: ignore[return-value]
 
 
 class ClassCache:
-    """Stage classes per set of partial rollouts, within one fleet read."""
+    """Stage classes per set of partial rollouts, and the partial rollouts per
+    cluster and model, within one fleet read."""
 
     def __init__(self) -> None:
         self._found: dict[tuple[int, ...], tuple[StageClass, ...]] = {}
+        self._partials: dict[tuple[int, str, str], tuple[Override, ...]] = {}
+        self._applicable: dict[tuple[int, str, str], tuple[Override, ...]] = {}
+
+    def applicable(
+        self, request: SelectRequest, overrides: Sequence[Override], now: datetime
+    ) -> tuple[Override, ...]:
+        """``applicable_overrides``, once per set of overrides, cluster and model."""
+        key = (id(overrides), request.cluster, request.model.name)
+        found = self._applicable.get(key)
+        if found is None:
+            found = self._applicable[key] = tuple(applicable_overrides(request, overrides, now))
+        return found
+
+    def partials(
+        self, request: SelectRequest, overrides: Sequence[Override], now: datetime
+    ) -> tuple[Override, ...]:
+        """``partial_rollouts``, once per set of overrides, cluster and model (what
+        decides which apply: the model glob; the read's ``now`` is one)."""
+        key = (id(overrides), request.cluster, request.model.name)
+        found = self._partials.get(key)
+        if found is None:
+            found = self._partials[key] = partial_rollouts(request, overrides, now)
+        return found
 
     def of(self, rollouts: Sequence[Override]) -> tuple[StageClass, ...]:
         key = tuple(id(o) for o in rollouts)

@@ -23,10 +23,12 @@ takes the others as kept, so a summary after one pod booted, a report of one clu
 or an override written on one cluster costs that cluster's groups plus a lookup per
 other cluster: O(clusters + overrides) lookups and the changed clusters' evaluations,
 however many clusters hold overrides. Within one read the decisions are shared by
-every cluster they hold for alike (``DecisionMemo``), as before.
+every cluster they hold for alike, and by every cluster whose overrides act alike
+(``DecisionMemo``, ``fleet/effects.py``).
 
-Only the configuration in force is kept (one part per cluster); a proposal is never
-kept. The parts are read and written by the replica's one fleet-read thread.
+Only the configuration in force is kept, with the part each cluster had before it (a
+change taken back finds it again); a proposal is never kept. The parts are read and
+written by the replica's one fleet-read thread.
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from mla_switchboard.core.causes import MeasuredExclusion
-from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.evaluator import DecisionInputs, Refusal
 from mla_switchboard.core.evidence import EvidenceIndex
-from mla_switchboard.core.schemas import Override, RulesDocument
+from mla_switchboard.core.schemas import Override, RulesDocument, SelectRequest
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
@@ -50,7 +52,6 @@ from mla_switchboard.service.fleet.groups import (
     FleetSnapshot,
     PodGroup,
     each_group,
-    partial_rollouts,
 )
 from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally
 from mla_switchboard.service.fleet.regret import cluster_exclusions, cluster_regret
@@ -83,25 +84,55 @@ class ClusterPart:
 class _Texts:
     """Each override's content as text, worked out once per override object: a reload
     keeps the objects of the overrides that did not change (``ConfigStore.load_config``),
-    and so their texts."""
+    and so their texts. ``exclude``: fields left out of the text."""
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: frozenset[str] = frozenset()) -> None:
+        self._exclude = set(exclude) or None
         self._set: Sequence[Override] | None = None
         self._text: dict[int, tuple[Override, str]] = {}  # the object is held: ids stay
 
     def of(self, overrides: Sequence[Override], o: Override) -> str:
-        if overrides is not self._set:  # a new configuration: forget the overrides gone
+        """``o``'s text; ``overrides``: the set it is one of. The texts of overrides no
+        longer in it are forgotten once they are many: a preview asks for those of the
+        configuration in force and of the proposal in turn, cluster by cluster."""
+        if overrides is not self._set and len(self._text) > 2 * len(overrides) + 64:
             alive = {id(x): x for x in overrides}
             self._text = {i: v for i, v in self._text.items() if alive.get(i) is v[0]}
             self._set = overrides
         found = self._text.get(id(o))
         if found is None or found[0] is not o:
-            found = self._text[id(o)] = (o, o.model_dump_json())
+            found = self._text[id(o)] = (o, o.model_dump_json(exclude=self._exclude))
         return found[1]
 
 
 _Read = tuple[frozenset[str], list[EvidenceIndex], int]
 """A cluster's models, the evidence indexes its figures read, and their epoch."""
+
+_Given = dict[tuple[str, frozenset[int] | None], str | None]
+"""``ClusterPart.given``."""
+
+_WRITTEN = frozenset({"created_at", "created_by", "revision"})
+"""What the store sets of an override it writes: no decision reads them as a backend."""
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """A proposal's ``pending`` and ``given`` of one cluster (``ClusterParts.carry``),
+    with what they were worked out from: the cluster's groups, rules, overrides (less
+    ``_WRITTEN``), which of them had expired, and the evidence indexes (the very
+    objects) at their versions."""
+
+    key: Hashable
+    indexes: tuple[EvidenceIndex, ...]
+    pending: int
+    given: _Given
+
+    def holds(self, key: Hashable, indexes: Sequence[EvidenceIndex]) -> bool:
+        return (
+            len(indexes) == len(self.indexes)
+            and all(a is b for a, b in zip(indexes, self.indexes, strict=True))
+            and key == self.key
+        )
 
 
 class ClusterParts:
@@ -112,8 +143,11 @@ class ClusterParts:
 
     def __init__(self) -> None:
         self._kept: dict[str, ClusterPart] = {}
+        self._before_parts: dict[str, ClusterPart] = {}  # the one each replaced
         self._lock = threading.Lock()
         self._texts = _Texts()
+        self._carry_texts = _Texts(_WRITTEN)
+        self._carried: dict[str, _Carried] = {}
         self._rules: tuple[RulesDocument, str] | None = None
         self._stamp: tuple[Any, ...] = (None, None, None)
         self._read: dict[str, _Read] = {}
@@ -140,11 +174,19 @@ class ClusterParts:
 
     def kept(self, cluster: str, key: Hashable) -> ClusterPart:
         """The part of ``cluster`` under ``key``: the kept one while the key holds,
-        else a new, empty one (kept from now on)."""
+        else a new, empty one (kept from now on). The part it replaces is kept too,
+        one per cluster: a change taken back (a fleet-wide override put, then
+        deleted; the reload keeps the objects, and so the texts, of the overrides
+        that did not change) finds every cluster's figures as they were."""
         with self._lock:
             part = self._kept.get(cluster)
             if part is None or part.key != key:
-                part = self._kept[cluster] = ClusterPart(key)
+                before = self._before_parts.get(cluster)
+                if part is not None:
+                    self._before_parts[cluster] = part
+                taken_back = before is not None and before.key == key
+                part = before if taken_back and before is not None else ClusterPart(key)
+                self._kept[cluster] = part
             return part
 
     def forget_others(self, clusters: dict[str, Any]) -> None:
@@ -155,6 +197,9 @@ class ClusterParts:
                 return
             for cluster in [c for c in self._kept if c not in clusters]:
                 del self._kept[cluster]
+                self._before_parts.pop(cluster, None)
+            for cluster in [c for c in self._carried if c not in clusters]:
+                del self._carried[cluster]
 
     def read_by(
         self, cluster: str, groups: Sequence[PodGroup], reading: PartsRead
@@ -197,6 +242,21 @@ class ClusterParts:
 
     def override_text(self, overrides: Sequence[Override], o: Override) -> str:
         return self._texts.of(overrides, o)
+
+    def carry_text(self, overrides: Sequence[Override], o: Override) -> str:
+        """``o`` as text without what the store sets when it writes it (``_WRITTEN``):
+        a proposal's override and the one written of it read alike."""
+        return self._carry_texts.of(overrides, o)
+
+    def carry(self, cluster: str, carried: _Carried) -> None:
+        """Keep what a proposal gives ``cluster`` until the next one: once it is the
+        configuration in force, the next read takes it for the cluster's new part
+        instead of deciding every group again (``PartsRead.pending``)."""
+        with self._lock:
+            self._carried[cluster] = carried
+
+    def carried(self, cluster: str) -> _Carried | None:
+        return self._carried.get(cluster)
 
 
 class PartsRead:
@@ -247,12 +307,18 @@ class PartsRead:
         indexes, epoch = self._parts.read_by(cluster, groups, self)
         return (epoch, tuple(index.version for index in indexes))
 
-    def indexes_read(self, cluster: str, groups: Sequence[PodGroup]) -> list[EvidenceIndex]:
+    def indexes_read(
+        self,
+        cluster: str,
+        groups: Sequence[PodGroup],
+        inputs: DecisionInputs | None = None,
+    ) -> list[EvidenceIndex]:
         """The evidence indexes the figures of ``cluster`` read: for each model among
         its ``groups``, the one ``inputs_for`` gives its first request (a pod's trust
         scope is a function of its cluster and model: the overrides that apply), then
-        the cluster's own samples (``evidence_of``: rollout progress)."""
-        inputs = self.inputs
+        the cluster's own samples (``evidence_of``: rollout progress). ``inputs``: the
+        read's unless given (a proposal's)."""
+        inputs = inputs or self.inputs
         found: list[EvidenceIndex] = []
         if self._inputs_for is None:
             found.append(inputs.evidence)
@@ -331,9 +397,43 @@ class PartsRead:
         force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
         part = self.part(cluster)
         if part.pending is None or part.given is None:
-            self._parts.count("pending")
-            part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
+            carried = self._parts.carried(cluster)
+            if carried is not None and carried.holds(*self._carry_key(cluster, self.inputs)):
+                part.pending, part.given = carried.pending, carried.given
+            else:
+                self._parts.count("pending")
+                part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
         return part.pending
+
+    def _carry_key(
+        self, cluster: str, inputs: DecisionInputs
+    ) -> tuple[Hashable, list[EvidenceIndex]]:
+        """What ``pending`` and ``given`` of ``cluster`` under ``inputs`` are worked out
+        from (``_Carried``)."""
+        groups = self.fleet.of_cluster(cluster)
+        overrides = inputs.overrides_for(cluster)
+        parts, now = self._parts, self.now
+        indexes = self.indexes_read(cluster, groups, inputs)
+        key = (
+            tuple((g.shape_id, g.rows) for g in groups),
+            parts.rules_text(inputs.rules),
+            tuple(parts.carry_text(inputs.overrides, o) for o in overrides),
+            tuple(o.expires_at is not None and o.expires_at <= now for o in overrides),
+            inputs.evidence_generation,
+            tuple(index.version for index in indexes),
+        )
+        return key, indexes
+
+    def proposed(self, cluster: str, proposed: DecisionInputs, pending: int, given: _Given) -> None:
+        """What a preview's proposal gives the pods of ``cluster`` (``pending``: those
+        whose recorded backend it does not give; ``given``: per shape and stage class
+        of the proposal), kept for the read after the proposal is written
+        (``ClusterParts.carry``). A change of rules is not carried: its text is
+        worked out anew for every cluster."""
+        if proposed.rules is not self.inputs.rules:
+            return
+        key, indexes = self._carry_key(cluster, proposed)
+        self._parts.carry(cluster, _Carried(key, tuple(indexes), pending, given))
 
     def given(self, group: PodGroup, bucket: int | None) -> str | None:
         """The backend the configuration in force gives the pods of ``group`` in stage
@@ -350,7 +450,7 @@ class PartsRead:
 
     def _partials(self, group: PodGroup) -> tuple[Override, ...]:
         assert group.request is not None
-        return partial_rollouts(group.request, self.inputs.overrides, self.now)
+        return self._classes.partials(group.request, self.inputs.overrides, self.now)
 
     def _current(
         self, groups: Sequence[PodGroup]
@@ -362,12 +462,12 @@ class PartsRead:
             request = group.request
             if request is None:
                 continue
-            narrowed = inputs if narrow is None else narrow(request, inputs, now)
+
+            def narrowed(r: SelectRequest = request) -> DecisionInputs:
+                return inputs if narrow is None else narrow(r, inputs, now)
+
             for stage in self._classes.of(self._partials(group)):
-                decided: Decision | Refusal = memo.get(
-                    memo.key(request, group.shape_id, stage, inputs),
-                    lambda r=request, n=narrowed, b=stage.bucket: decide(r, n, now=now, bucket=b),
-                )
+                decided = memo.decision(request, group.shape_id, stage, inputs, narrowed)
                 backend = None if isinstance(decided, Refusal) else decided.backend.value
                 given[(group.shape_id, stage.buckets)] = backend
                 for row in group.rows:

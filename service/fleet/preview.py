@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 from mla_switchboard.core import cause_words
 from mla_switchboard.core.causes import MeasuredExclusion
-from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal
 from mla_switchboard.core.schemas import Override, OverrideRef
+from mla_switchboard.service.fleet.effects import words
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
@@ -36,7 +37,6 @@ from mla_switchboard.service.fleet.groups import (
     PodGroup,
     StageClass,
     each_group,
-    partial_rollouts,
 )
 from mla_switchboard.service.selector import InputsFor
 from pydantic import BaseModel, ConfigDict, Field
@@ -108,6 +108,17 @@ class Settled(Protocol):
         bucket ``bucket`` (None: they are refused)."""
         ...
 
+    def proposed(
+        self,
+        cluster: str,
+        proposed: DecisionInputs,
+        pending: int,
+        given: dict[tuple[str, frozenset[int] | None], str | None],
+    ) -> None:
+        """What ``proposed`` gives the pods of ``cluster``, as ``pending`` and
+        ``given`` would say once it is in force: kept for the read after it is."""
+        ...
+
 
 def replay(
     fleet: FleetSnapshot,
@@ -140,15 +151,22 @@ def replay(
     memo = DecisionMemo(now)
 
     def under(
-        side: str, inputs: DecisionInputs, request: Any, shape_id: str, stage: StageClass
+        side: str,
+        inputs: DecisionInputs,
+        request: Any,
+        shape_id: str,
+        stage: StageClass,
+        exact: bool,
     ) -> Decision | Refusal:
-        def compute() -> Decision | Refusal:
-            narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-            return decide(request, narrowed, now=now, bucket=stage.bucket)
+        def narrow() -> DecisionInputs:
+            return inputs if inputs_for is None else inputs_for(request, inputs, now)
 
-        return memo.get((side, *memo.key(request, shape_id, stage, inputs)), compute)
+        return memo.decision(request, shape_id, stage, inputs, narrow, side=side, exact=exact)
 
     for cluster, groups in fleet.by_cluster.items():
+        own = current.override_set.own(cluster)
+        # the cluster's own override changes: its words are not rendered from a stand-in
+        exact = not _same(own, proposed.override_set.own(cluster))
         if settled is not None and untouched(current, proposed, cluster):
             for group in groups:
                 total += group.pods
@@ -156,21 +174,33 @@ def replay(
                     unreadable += group.pods
             tally.pending += settled.pending(cluster)
             continue
+        # what the proposal gives the cluster's pods, per its own stage classes
+        # (``Settled.proposed``)
+        given_after: dict[tuple[str, frozenset[int] | None], str | None] = {}
+        pending_after = 0
         for group in each_group(groups, deadline):
             total += group.pods
             request = group.request
             if request is None:
                 unreadable += group.pods  # recorded under an older schema; cannot be replayed
                 continue
-            staged = _union(
-                partial_rollouts(request, current.overrides, now),
-                partial_rollouts(request, proposed.overrides, now),
-            )
-            for stage in classes.of(staged):
-                after = under("to", proposed, request, group.shape_id, stage)
+            partials = classes.partials(request, proposed.overrides, now)
+            staged = _union(classes.partials(request, current.overrides, now), partials)
+            stages = classes.of(staged)
+            given_to: list[tuple[StageClass, str | None]] = []
+            for stage in stages:
+                after = under("to", proposed, request, group.shape_id, stage, exact)
+                to = None if isinstance(after, Refusal) else after.backend.value
+                given_to.append((stage, to))
+                if to is not None:
+                    pending_after += sum(
+                        n for row in group.rows if row.backend != to and (n := stage.count(row))
+                    )
 
-                def before(r: Any = request, g: PodGroup = group, st: StageClass = stage) -> Any:
-                    return under("from", current, r, g.shape_id, st)
+                def before(
+                    r: Any = request, g: PodGroup = group, st: StageClass = stage, x: bool = exact
+                ) -> Any:
+                    return under("from", current, r, g.shape_id, st, x)
 
                 if settled is not None:
                     given = settled.given(group, stage.bucket)
@@ -180,7 +210,11 @@ def replay(
                 for row in group.rows:
                     n = stage.count(row)
                     if n:
-                        tally.add(group.cluster, row.backend, given, before, after, n)
+                        tally.add(group.cluster, row.backend, given, before, after, n, own)
+            if settled is not None:
+                _given(given_after, group.shape_id, given_to, classes.of(partials))
+        if settled is not None:
+            settled.proposed(cluster, proposed, pending_after, given_after)
     return tally.preview(total=total, unreadable=unreadable)
 
 
@@ -192,7 +226,29 @@ def untouched(current: DecisionInputs, proposed: DecisionInputs, cluster: str) -
         return False
     if proposed.evidence_generation != current.evidence_generation:
         return False
-    mine, theirs = current.overrides_for(cluster), proposed.overrides_for(cluster)
+    return _same(current.overrides_for(cluster), proposed.overrides_for(cluster))
+
+
+def _given(
+    out: dict[tuple[str, frozenset[int] | None], str | None],
+    shape_id: str,
+    decided: Sequence[tuple[StageClass, str | None]],
+    classes: Sequence[StageClass],
+) -> None:
+    """What the proposal gives the pods of ``shape_id`` per its own stage ``classes``,
+    from the backends ``decided`` per the replay's: those split the buckets at least as
+    finely (the current and the proposed rollouts together), so the replay's class
+    holding a class's bucket lies within it and is decided alike."""
+    for own in classes:
+        out[(shape_id, own.buckets)] = next(
+            to
+            for stage, to in decided
+            if own.bucket is None or stage.buckets is None or own.bucket in stage.buckets
+        )
+
+
+def _same(mine: Sequence[Override], theirs: Sequence[Override]) -> bool:
+    """Whether two sequences of overrides are the very same objects."""
     return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs, strict=True))
 
 
@@ -203,8 +259,11 @@ class _Tally:
         self.changes: Counter[tuple[str, str, str]] = Counter()
         self.reasons: dict[tuple[str, str, str], Counter[tuple[str, ...]]] = {}
         self.invalid: Counter[tuple[str, str, str]] = Counter()
-        # why_moved per pair of decisions (memoised, so shared) and backend left
+        # why_moved per pair of decisions (memoised, so shared) and backend left, in
+        # the words of a stand-in when the decisions are shared (``fleet/effects.py``)
         self.explained: dict[tuple[int, int, str], tuple[str, ...]] = {}
+        # those words for one cluster's own override
+        self.rendered: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = {}
         # the exclusions a ``why`` quotes, by backend
         self.causes: dict[tuple[str, ...], dict[str, MeasuredExclusion]] = {}
         self.pending = 0
@@ -217,16 +276,18 @@ class _Tally:
         before: Callable[[], Decision | Refusal],
         after: Decision | Refusal,
         n: int,
+        own: Sequence[Override] = (),
     ) -> None:
         """``n`` pods of ``cluster`` that run ``recorded``, to which the configuration
         in force gives ``given`` (None: it refuses them; ``before()``: that decision,
-        asked only when they move) and the proposal ``after``."""
+        asked only when they move) and the proposal ``after``; ``own``: the cluster's
+        own override, whose words a shared decision's stand-in takes."""
         was = recorded if given is None else given
         if was != recorded:
             self.pending += n
         if isinstance(after, Refusal):
             if given is not None:
-                self.invalid[(cluster, was, after.message)] += n
+                self.invalid[(cluster, was, words(after.message, own))] += n
         elif after.backend.value != was:
             key = (cluster, was, after.backend.value)
             self.changes[key] += n
@@ -238,7 +299,20 @@ class _Tally:
                 cause = _exclusion_of(after, was)
                 if cause is not None and f"{was}: {cause_words.exclusion(cause)}" in found:
                     self.causes[found] = {was: cause}
-            self.reasons.setdefault(key, Counter())[found] += n
+            shown = self._rendered(found, own)
+            self.reasons.setdefault(key, Counter())[shown] += n
+
+    def _rendered(self, found: tuple[str, ...], own: Sequence[Override]) -> tuple[str, ...]:
+        """``found`` in the words of ``own`` (``effects.words``), once per override."""
+        if not own:
+            return found
+        key = (found, id(own[0]))
+        shown = self.rendered.get(key)
+        if shown is None:
+            shown = self.rendered[key] = tuple(words(w, own) for w in found)
+            if found in self.causes:
+                self.causes[shown] = self.causes[found]
+        return shown
 
     def preview(self, *, total: int, unreadable: int) -> Preview:
         changes, invalid, reasons = self.changes, self.invalid, self.reasons

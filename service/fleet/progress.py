@@ -13,12 +13,10 @@ from mla_switchboard.core.evaluator import (
     Decision,
     DecisionInputs,
     Refusal,
-    applicable_overrides,
-    decide,
     in_stage,
 )
-from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
-from mla_switchboard.core.schemas import FLEET, Override
+from mla_switchboard.core.evidence import EvidenceIndex, Situation
+from mla_switchboard.core.schemas import FLEET, Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_buckets
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
@@ -28,7 +26,7 @@ from mla_switchboard.service.fleet.groups import (
     PodGroup,
     StageClass,
     each_group,
-    partial_rollouts,
+    shape_situation,
 )
 from mla_switchboard.service.selector import InputsFor
 
@@ -100,24 +98,22 @@ class ProgressWalk:
             request = group.request
             if o.cluster not in (FLEET, group.cluster) or request is None:
                 continue
-            if not any(x is o for x in applicable_overrides(request, (o,), now)):
+            if not any(x is o for x in self.classes.applicable(request, inputs.overrides, now)):
                 continue
             tally.scoped += group.pods
-            narrowed = inputs if self.inputs_for is None else self.inputs_for(request, inputs, now)
-            for stage in self.classes.of(partial_rollouts(request, inputs.overrides, now)):
+
+            def narrowed(r: SelectRequest = request) -> DecisionInputs:
+                return inputs if self.inputs_for is None else self.inputs_for(r, inputs, now)
+
+            for stage in self.classes.of(self.classes.partials(request, inputs.overrides, now)):
                 inside = in_stage(request, o, stage.bucket)
                 given = (
-                    memo.get(
-                        memo.key(request, group.shape_id, stage, inputs),
-                        lambda r=request, n=narrowed, b=stage.bucket: decide(
-                            r, n, now=now, bucket=b
-                        ),
-                    )
+                    memo.decision(request, group.shape_id, stage, inputs, narrowed)
                     if inside
                     else None
                 )
                 tally.count(group, stage, inside, given)
-            situation = situation_of(request)
+            situation = shape_situation(group.shape_id, request)
             if situation is not None:
                 tally.sample(group, situation, self.evidence_of)
         return tally

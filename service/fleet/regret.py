@@ -24,10 +24,7 @@ from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import (
     Assessment,
     DecisionInputs,
-    applicable_overrides,
-    assess,
 )
-from mla_switchboard.core.evidence import situation_of
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.fleet.groups import (
@@ -38,8 +35,8 @@ from mla_switchboard.service.fleet.groups import (
     PodGroup,
     StageClass,
     each_group,
+    shape_situation,
 )
-from mla_switchboard.service.fleet.groups import partial_rollouts as _partials
 from mla_switchboard.service.selector import InputsFor
 
 
@@ -94,9 +91,9 @@ def cluster_regret(
             continue
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         evidence = narrowed.evidence
-        if not evidence.group(situation_of(request)):
+        if not evidence.group(shape_situation(group.shape_id, request)):
             continue  # nothing measured for these pods: no assessment needed
-        for stage in classes.of(_partials(request, inputs.overrides, now)):
+        for stage in classes.of(classes.partials(request, inputs.overrides, now)):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.situation is None:
                 break
@@ -178,11 +175,11 @@ def cluster_exclusions(
         request = group.request
         if request is None:
             continue
-        applicable = applicable_overrides(request, inputs.overrides, now)
+        applicable = classes.applicable(request, inputs.overrides, now)
         if not any(o.policy == "measured" for o in applicable):
             continue  # failure evidence excludes only under policy measured
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-        for stage in classes.of(_partials(request, inputs.overrides, now)):
+        for stage in classes.of(classes.partials(request, inputs.overrides, now)):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.policy != "measured" or assessed.situation is None:
                 continue
@@ -205,5 +202,4 @@ def _assessed(
 ) -> Assessment:
     """``assess`` of one group and stage class, shared through ``memo`` with every
     cluster that decides it alike (the regret and the exclusions ask the same)."""
-    key = ("assess", *memo.key(request, group.shape_id, stage, inputs))
-    return memo.get(key, lambda: assess(request, narrowed, now, stage.bucket))
+    return memo.assessment(request, group.shape_id, stage, inputs, narrowed)

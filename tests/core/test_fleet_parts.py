@@ -202,3 +202,38 @@ def test_a_preview_with_kept_pending_counts_is_the_full_replay(
         snapshots.snap, inputs, other.applied_to(inputs), now=NOW, inputs_for=evidence.inputs_for
     )
     assert reads._parts.computed == {"pending": len(CLUSTERS)}
+
+
+@pytest.mark.parametrize(
+    ("scope", "proposal"),
+    [
+        ("*", override("*", deny=["FLASHINFER"], note="fleet-wide")),
+        ("*", staged("*", 10, force="FLASHINFER")),
+        ("east", override("east", deny=["FLASH_ATTN"])),
+    ],
+)
+def test_what_a_preview_decided_is_the_next_configurations_kept_figures(
+    world: Any, scope: str, proposal: Override
+) -> None:
+    """A change's preview decides every group it touches under the proposal; once the
+    proposal is written (the override as the store holds it: a revision of its own),
+    the change back reads those as the figures in force instead of deciding again,
+    and still answers what a full replay does."""
+    snapshots, evidence, current, reads = world
+    put = Proposal(override_scope=scope, override=proposal)
+    reads.preview(put, None, None)
+    assert reads._parts.computed == {"pending": len(CLUSTERS)}
+
+    written = proposal.model_copy(update={"revision": 7})
+    applied = Proposal(override_scope=scope, override=written).applied_to(current["inputs"])
+    current["inputs"] = replace(applied, tag=(2, 2))
+    back = Proposal(override_scope=scope, override=None)
+    got = reads.preview(back, None, None)
+    assert got == replay(
+        snapshots.snap,
+        current["inputs"],
+        back.applied_to(current["inputs"]),
+        now=NOW,
+        inputs_for=evidence.inputs_for,
+    )
+    assert reads._parts.computed == {"pending": len(CLUSTERS)}  # none decided again

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from mla_switchboard.core import evaluator
 from mla_switchboard.core.schemas import OverrideSpec
-from mla_switchboard.service.fleet import regret
+from mla_switchboard.service.fleet import effects
 
 from bench.scale import cluster_names, fill_decisions, fill_evidence, make_fleet, open_store
 from tests.conftest import make_inprocess_client
@@ -59,9 +59,9 @@ class Counted:
             self.n += 1
             return real(*args, **kwargs)
 
-        # decide() calls the module's assess; the regret imports it by name
+        # decide() calls the module's assess; fleet reads' shared ones import it by name
         monkeypatch.setattr(evaluator, "assess", counting)
-        monkeypatch.setattr(regret, "assess", counting)
+        monkeypatch.setattr(effects, "assess", counting)
 
     def of(self, call: Callable[[], object]) -> int:
         self.n = 0
