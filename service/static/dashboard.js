@@ -559,6 +559,13 @@ function refreshAll() {
   return run;
 }
 
+/** A refresh that reads after now (the Refresh button): one in flight may have read
+ *  before the change its user expects to see, so wait for it and read again. */
+async function refreshAnew() {
+  if (state.inflight) await state.inflight.catch(() => null);
+  return refreshAll();
+}
+
 function renderUpdated() {
   const el = $("last-updated");
   if (state.lastUpdated) {
@@ -1237,22 +1244,47 @@ function renderOverrides(items) {
     const [eb, tb] = key(b);
     return ea - eb || ta - tb;
   });
-  // A redraw (a poll, a live change) replaces the buttons: one that held the keyboard's
-  // focus hands it to its redrawn copy rather than dropping it to the page body.
+  // A redraw (a poll, a live change) replaces the buttons of a changed override: one
+  // that held the keyboard's focus hands it to its redrawn copy rather than dropping it
+  // to the page body.
   const had = document.activeElement;
   const held =
     had && $("overrides").contains(had) && had.dataset.act
       ? { cluster: had.closest("li.override")?.dataset.cluster, act: had.dataset.act }
       : null;
-  $("overrides").replaceChildren(
-    h("ul", { class: "override-list" }, sorted.map((o) => overrideItem(o, now))),
-  );
+  keepUnchanged($("overrides"), "ul.override-list",
+    h("ul", { class: "override-list" }, sorted.map((o) => overrideItem(o, now))));
   if (held && held.cluster !== undefined) {
     const again = $("overrides").querySelector(
       `li.override[data-cluster="${CSS.escape(held.cluster)}"] button[data-act="${CSS.escape(held.act)}"]`,
     );
     if (again) again.focus();
   }
+}
+
+/** Put ``fresh`` (a list whose items carry ``data-cluster``) in ``holder``, keeping
+ *  each item already shown that would be drawn the same, in place: a click is a press
+ *  and a release on one element, so a redraw between the two (a live change, a poll)
+ *  that replaced an unchanged button would swallow the click. Its handlers act on the
+ *  override's scope, read anew, so a kept item acts as its redrawn copy would. */
+function keepUnchanged(holder, selector, fresh) {
+  const shown = holder.querySelector(selector);
+  if (!shown || holder.firstElementChild !== shown || holder.children.length !== 1) {
+    holder.replaceChildren(fresh);
+    return;
+  }
+  const byKey = new Map([...shown.children].map((el) => [el.dataset.cluster, el]));
+  const want = [...fresh.children].map((el) => {
+    const was = byKey.get(el.dataset.cluster);
+    if (!was || !was.isEqualNode(el)) return el;
+    byKey.delete(el.dataset.cluster); // kept once
+    return was;
+  });
+  const kept = new Set(want);
+  for (const el of [...shown.children]) if (!kept.has(el)) el.remove();
+  want.forEach((el, i) => {
+    if (shown.children[i] !== el) shown.insertBefore(el, shown.children[i] || null);
+  });
 }
 
 /** What an override does, as tags: force X, deny Y, policy Z. */
@@ -1777,7 +1809,7 @@ function prettyWithTimes(value) {
 function init() {
   $("signin-form").addEventListener("submit", signIn);
   $("lookup").addEventListener("submit", lookup);
-  $("refresh").addEventListener("click", () => refreshAll());
+  $("refresh").addEventListener("click", () => refreshAnew());
   $("fleet-filter").addEventListener("input", (ev) => {
     state.fleetFilter = ev.target.value;
     renderChart();
