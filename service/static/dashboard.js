@@ -1262,11 +1262,10 @@ function renderOverrides(items) {
   }
 }
 
-/** Put ``fresh`` (a list whose items carry ``data-cluster``) in ``holder``, keeping
- *  each item already shown that would be drawn the same, in place: a click is a press
- *  and a release on one element, so a redraw between the two (a live change, a poll)
- *  that replaced an unchanged button would swallow the click. Its handlers act on the
- *  override's scope, read anew, so a kept item acts as its redrawn copy would. */
+/** Put ``fresh`` (a list whose items carry ``data-cluster``) in ``holder``, drawn into
+ *  what is shown (``patched``): a click is a press and a release on one element, so a
+ *  redraw between the two (a live change, a poll) that replaced the button swallowed the
+ *  click. Only an item's changed parts are replaced; its times tick without a new node. */
 function keepUnchanged(holder, selector, fresh) {
   const shown = holder.querySelector(selector);
   if (!shown || holder.firstElementChild !== shown || holder.children.length !== 1) {
@@ -1276,14 +1275,44 @@ function keepUnchanged(holder, selector, fresh) {
   const byKey = new Map([...shown.children].map((el) => [el.dataset.cluster, el]));
   const want = [...fresh.children].map((el) => {
     const was = byKey.get(el.dataset.cluster);
-    if (!was || !was.isEqualNode(el)) return el;
-    byKey.delete(el.dataset.cluster); // kept once
-    return was;
+    byKey.delete(el.dataset.cluster); // drawn into once
+    return was ? patched(was, el) : el;
   });
-  const kept = new Set(want);
-  for (const el of [...shown.children]) if (!kept.has(el)) el.remove();
-  want.forEach((el, i) => {
-    if (shown.children[i] !== el) shown.insertBefore(el, shown.children[i] || null);
+  place(shown, want);
+}
+
+/** ``fresh`` drawn into ``old``: an element with the same tag and the same attributes is
+ *  kept, its children drawn into the same way and its text updated; any other node is
+ *  replaced by its fresh copy. An element's handlers act on what its attributes name
+ *  (data-act, the scope in its label), so a kept one does what its fresh copy would.
+ *  Returns the node to show. */
+function patched(old, fresh) {
+  if (old.nodeType !== fresh.nodeType || old.nodeName !== fresh.nodeName) return fresh;
+  if (old.nodeType === Node.TEXT_NODE) {
+    if (old.nodeValue !== fresh.nodeValue) old.nodeValue = fresh.nodeValue;
+    return old;
+  }
+  if (old.nodeType !== Node.ELEMENT_NODE || !sameAttributes(old, fresh)) return fresh;
+  const olds = [...old.childNodes];
+  place(old, [...fresh.childNodes].map((f, i) => (olds[i] ? patched(olds[i], f) : f)));
+  return old;
+}
+
+function sameAttributes(a, b) {
+  if (a.attributes.length !== b.attributes.length) return false;
+  for (const { name, value } of a.attributes) {
+    if (b.getAttribute(name) !== value) return false;
+  }
+  return true;
+}
+
+/** ``parent``'s children become ``nodes``; a kept child is never moved (taken out and
+ *  put back, it would lose a press on it), as ``nodes`` keeps their order. */
+function place(parent, nodes) {
+  const keep = new Set(nodes);
+  for (const child of [...parent.childNodes]) if (!keep.has(child)) child.remove();
+  nodes.forEach((node, i) => {
+    if (parent.childNodes[i] !== node) parent.insertBefore(node, parent.childNodes[i] || null);
   });
 }
 
