@@ -5,6 +5,7 @@ real headless Chromium against one real ``switchboard serve`` shared by the modu
 - the editor's expiry line follows the choice ("in 7 days" no longer says "in 23 h");
 - Resume after another admin removed the override drops the dry run, disables the
   action, says so and offers to reload;
+- a click outlives a redraw of the overrides between its press and its release;
 - editing a halted override says that applying resumes it (a PUT stores the rollout
   anew, active: checked against the API);
 - a skip link is the first stop of Tab, and reaches "New override" in three presses;
