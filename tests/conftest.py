@@ -12,6 +12,7 @@ Set ``SWITCHBOARD_TEST_STARTS_LOG`` to a file name to count the processes starte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -190,6 +191,46 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if os.environ.get(STARTS_LOG):
         started = _starts_logged() - config.stash.get(_STARTS_BEFORE, 0)
         terminalreporter.write_line(f"service processes started: {started}")
+
+
+# Files whose tests take long (a browser, process starts, a fuzzer, faults and their
+# recovery): the parallel pass schedules whole files (``--dist loadfile``), and a long
+# file taken last keeps one worker busy after the others ran out of work. Taken first,
+# the many short files fill in behind them and every worker ends at about the same time.
+# Files with a ``browser`` test count as long too.
+LONG_FILES = frozenset(
+    {
+        "fuzz/test_schemathesis.py",
+        "service/test_cli.py",
+        "security/test_secrets.py",
+        "reliability/test_faults.py",
+        "reliability/test_outage.py",
+        "reliability/test_write_outcomes.py",
+        "reliability/test_log_inprocess.py",
+        "reliability/test_durability.py",
+        "agent/test_agent_bench.py",
+        "service/test_session_cli.py",
+        "deploy/test_manifests.py",
+        "service/test_rollout_guards.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long files first, the rest in their order (a stable sort: each file's tests keep
+    theirs). With xdist's ``--no-loadscope-reorder`` (.ci/run) files go to the workers
+    in this order, longest first."""
+    tests_dir = Path(__file__).parent
+    long: dict[Path, bool] = {}
+    for item in items:
+        path = item.path
+        if path not in long:
+            long[path] = False
+            with contextlib.suppress(ValueError):
+                long[path] = path.relative_to(tests_dir).as_posix() in LONG_FILES
+        if item.get_closest_marker("browser"):
+            long[path] = True
+    items.sort(key=lambda item: not long[item.path])
 
 
 def free_port() -> int:

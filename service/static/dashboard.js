@@ -559,6 +559,13 @@ function refreshAll() {
   return run;
 }
 
+/** A refresh that reads after now (the Refresh button): one in flight may have read
+ *  before the change its user expects to see, so wait for it and read again. */
+async function refreshAnew() {
+  if (state.inflight) await state.inflight.catch(() => null);
+  return refreshAll();
+}
+
 function renderUpdated() {
   const el = $("last-updated");
   if (state.lastUpdated) {
@@ -1237,22 +1244,76 @@ function renderOverrides(items) {
     const [eb, tb] = key(b);
     return ea - eb || ta - tb;
   });
-  // A redraw (a poll, a live change) replaces the buttons: one that held the keyboard's
-  // focus hands it to its redrawn copy rather than dropping it to the page body.
+  // A redraw (a poll, a live change) replaces the buttons of a changed override: one
+  // that held the keyboard's focus hands it to its redrawn copy rather than dropping it
+  // to the page body.
   const had = document.activeElement;
   const held =
     had && $("overrides").contains(had) && had.dataset.act
       ? { cluster: had.closest("li.override")?.dataset.cluster, act: had.dataset.act }
       : null;
-  $("overrides").replaceChildren(
-    h("ul", { class: "override-list" }, sorted.map((o) => overrideItem(o, now))),
-  );
+  keepUnchanged($("overrides"), "ul.override-list",
+    h("ul", { class: "override-list" }, sorted.map((o) => overrideItem(o, now))));
   if (held && held.cluster !== undefined) {
     const again = $("overrides").querySelector(
       `li.override[data-cluster="${CSS.escape(held.cluster)}"] button[data-act="${CSS.escape(held.act)}"]`,
     );
     if (again) again.focus();
   }
+}
+
+/** Put ``fresh`` (a list whose items carry ``data-cluster``) in ``holder``, drawn into
+ *  what is shown (``patched``): a click is a press and a release on one element, so a
+ *  redraw between the two (a live change, a poll) that replaced the button swallowed the
+ *  click. Only an item's changed parts are replaced; its times tick without a new node. */
+function keepUnchanged(holder, selector, fresh) {
+  const shown = holder.querySelector(selector);
+  if (!shown || holder.firstElementChild !== shown || holder.children.length !== 1) {
+    holder.replaceChildren(fresh);
+    return;
+  }
+  const byKey = new Map([...shown.children].map((el) => [el.dataset.cluster, el]));
+  const want = [...fresh.children].map((el) => {
+    const was = byKey.get(el.dataset.cluster);
+    byKey.delete(el.dataset.cluster); // drawn into once
+    return was ? patched(was, el) : el;
+  });
+  place(shown, want);
+}
+
+/** ``fresh`` drawn into ``old``: an element with the same tag and the same attributes is
+ *  kept, its children drawn into the same way and its text updated; any other node is
+ *  replaced by its fresh copy. An element's handlers act on what its attributes name
+ *  (data-act, the scope in its label), so a kept one does what its fresh copy would.
+ *  Returns the node to show. */
+function patched(old, fresh) {
+  if (old.nodeType !== fresh.nodeType || old.nodeName !== fresh.nodeName) return fresh;
+  if (old.nodeType === Node.TEXT_NODE) {
+    if (old.nodeValue !== fresh.nodeValue) old.nodeValue = fresh.nodeValue;
+    return old;
+  }
+  if (old.nodeType !== Node.ELEMENT_NODE || !sameAttributes(old, fresh)) return fresh;
+  const olds = [...old.childNodes];
+  place(old, [...fresh.childNodes].map((f, i) => (olds[i] ? patched(olds[i], f) : f)));
+  return old;
+}
+
+function sameAttributes(a, b) {
+  if (a.attributes.length !== b.attributes.length) return false;
+  for (const { name, value } of a.attributes) {
+    if (b.getAttribute(name) !== value) return false;
+  }
+  return true;
+}
+
+/** ``parent``'s children become ``nodes``; a kept child is never moved (taken out and
+ *  put back, it would lose a press on it), as ``nodes`` keeps their order. */
+function place(parent, nodes) {
+  const keep = new Set(nodes);
+  for (const child of [...parent.childNodes]) if (!keep.has(child)) child.remove();
+  nodes.forEach((node, i) => {
+    if (parent.childNodes[i] !== node) parent.insertBefore(node, parent.childNodes[i] || null);
+  });
 }
 
 /** What an override does, as tags: force X, deny Y, policy Z. */
@@ -1779,7 +1840,7 @@ function prettyWithTimes(value) {
 function init() {
   $("signin-form").addEventListener("submit", signIn);
   $("lookup").addEventListener("submit", lookup);
-  $("refresh").addEventListener("click", () => refreshAll());
+  $("refresh").addEventListener("click", () => refreshAnew());
   $("fleet-filter").addEventListener("input", (ev) => {
     state.fleetFilter = ev.target.value;
     renderChart();

@@ -5,6 +5,7 @@ real headless Chromium against one real ``switchboard serve`` shared by the modu
 - the editor's expiry line follows the choice ("in 7 days" no longer says "in 23 h");
 - Resume after another admin removed the override drops the dry run, disables the
   action, says so and offers to reload;
+- a click outlives a redraw of the overrides between its press and its release;
 - editing a halted override says that applying resumes it (a PUT stores the rollout
   anew, active: checked against the API);
 - a skip link is the first stop of Tab, and reaches "New override" in three presses;
@@ -45,7 +46,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     _skip_if_missing()
     d: Path = tmp_path_factory.mktemp("a11y")
     with serving(f"sqlite:///{d / 'switchboard.db'}") as svc:
-        clusters = ["halt", "gone", "edit", "expiry", "focus", "skip", "scan", "tripped"]
+        clusters = ["halt", "gone", "press", "edit", "expiry", "focus", "skip", "scan"]
+        clusters += ["tripped"]
         boot(
             svc,
             [body(c, f"n-{i % 3}", f"{c}-{i}", [9, 0]) for c in clusters for i in range(8)]
@@ -160,6 +162,26 @@ def test_resume_after_removal_drops_the_dry_run_and_offers_a_reload(
     page.locator("#action-reload").click()
     expect(page.locator("#dialog")).to_be_hidden()
     expect(page.locator('#overrides li.override[data-cluster="gone"]')).to_have_count(0)
+
+
+def test_a_click_outlives_a_redraw_between_press_and_release(page: Any, service: Server) -> None:
+    """A live change or a poll redraws the overrides between a button's press and its
+    release (a person's click takes about 100 ms): the click still acts, also when a
+    second passed meanwhile and the item's relative times say so."""
+    from playwright.sync_api import expect
+
+    put(service, "press")
+    halt(service, "press")
+    resume = override_item(page, "press").locator('button[data-act="resume"]')
+    resume.scroll_into_view_if_needed()
+    box = resume.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.wait_for_timeout(1_100)  # "halted 1 s ago" becomes "2 s ago" in the redraw
+    page.evaluate("() => refreshAll()")  # the page's own redraw, awaited
+    page.mouse.up()
+    expect(page.locator("#ra-confirm")).to_be_enabled()
 
 
 def test_editing_a_halted_override_says_applying_resumes_it(page: Any, service: Server) -> None:
