@@ -349,6 +349,9 @@ class TestPreview:
                 )
             # a pod that booted twice counts once
             c.post("/v1/select", json=body(cluster="east", pod="e0", packages=ALL))
+        # every answer stored before the previews read: a read waits only while the
+        # store keeps up (on a busy machine a slow write makes it read what is stored)
+        assert service.runtime.recorder.flush(60), "the seeded decisions were not stored"
         yield service
         service.stop()
 
@@ -419,6 +422,7 @@ class TestPreview:
                         strict=True,
                     ),
                 )
+            assert fleet.runtime.recorder.flush(60), "the strict pods' decisions were not stored"
             p = c.post(
                 "/v1/preview",
                 json={"override": {"cluster": "west", "deny": ["TRTLLM_RAGGED"], "note": "x"}},
