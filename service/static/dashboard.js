@@ -436,11 +436,16 @@ function showApp() {
 }
 
 function signOut(message) {
+  let ended = Promise.resolve();
   if (state.token === SESSION) {
     // the row goes on the service (every replica), the cookie in this browser
     // with the CSRF header like any write: another site cannot sign a person out
     const headers = state.csrf ? { [state.csrf.header]: state.csrf.token } : {};
-    fetch("/auth/logout", { method: "POST", cache: "no-store", headers }).catch(() => null);
+    const logout = fetch("/auth/logout", { method: "POST", cache: "no-store", headers })
+      .catch(() => null);
+    // the sign-in card once the service has ended the session (at most 3 s): a reload
+    // before that would find the session still open and start the console on it
+    ended = Promise.race([logout, new Promise((done) => setTimeout(done, 3000))]);
   }
   state.csrf = null;
   sessionStorage.removeItem(TOKEN_KEY);
@@ -471,7 +476,9 @@ function signOut(message) {
   $("excluded-card").hidden = true;
   $("refused-card").hidden = true;
   renderUpdated();
-  showSignin(message);
+  ended.then(() => {
+    if (!state.token) showSignin(message);
+  });
 }
 
 async function signIn(event) {
