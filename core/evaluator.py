@@ -69,6 +69,7 @@ __all__ = [
     "effective_policy",
     "in_stage",
     "priority_list",
+    "request_traits",
 ]
 
 FALLBACK_CHAIN: tuple[Backend, ...] = (Backend.FLASH_ATTN, Backend.TORCH_SDPA)
@@ -461,6 +462,20 @@ few hundred: its deployments' GPUs, models, packages and engines)."""
 _own_reasons_kept: dict[tuple[Any, ...], dict[Backend, tuple[str, ...]]] = {}
 
 
+def request_traits(request: SelectRequest) -> tuple[Any, ...]:
+    """What our spec reads of a request: the device's capability, the model's
+    dimensions, the dtype and the packages (not its names, cluster or pod)."""
+    m = request.model
+    return (
+        request.device.capability,
+        m.qk_nope_head_dim,
+        m.qk_rope_head_dim,
+        m.v_head_dim,
+        request.dtype,
+        None if request.packages is None else tuple(sorted(request.packages.items())),
+    )
+
+
 def _own_reasons(
     request: SelectRequest, engine: EngineInfo, profile: EngineProfile
 ) -> dict[Backend, tuple[str, ...]]:
@@ -469,17 +484,7 @@ def _own_reasons(
     its cluster, pod, overrides or evidence), so a fleet read deciding thousands of
     groups of a few hundred descriptions works each description's out once. Kept in a
     bounded table (emptied when full); a race computes the same value twice."""
-    m = request.model
-    key = (
-        request.device.capability,
-        m.qk_nope_head_dim,
-        m.qk_rope_head_dim,
-        m.v_head_dim,
-        request.dtype,
-        None if request.packages is None else tuple(sorted(request.packages.items())),
-        engine.name,
-        engine.version,
-    )
+    key = (*request_traits(request), engine.name, engine.version)
     found = _own_reasons_kept.get(key)
     if found is None:
         ctx = context_of(request)

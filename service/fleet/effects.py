@@ -35,6 +35,7 @@ from mla_switchboard.core.evaluator import (
     assess,
     decide,
     in_stage,
+    request_traits,
 )
 from mla_switchboard.core.schemas import FLEET, Override, SelectRequest
 from mla_switchboard.core.stages import stage_bucket
@@ -143,14 +144,9 @@ def description(request: SelectRequest) -> tuple[object, ...]:
     dimensions, the dtype, packages, engine, and what it asks for. Shapes that differ
     only in the GPU's or the model's name are decided alike unless evidence is read
     (the situation names them)."""
-    m, e = request.model, request.engine
+    e = request.engine
     return (
-        request.device.capability,
-        m.qk_nope_head_dim,
-        m.qk_rope_head_dim,
-        m.v_head_dim,
-        request.dtype,
-        None if request.packages is None else tuple(sorted(request.packages.items())),
+        *request_traits(request),
         request.requested_backend,
         request.strict,
         None if e is None else (e.name, e.version),
