@@ -112,6 +112,7 @@ class Runtime:
             log_dir=settings.resolved_log_dir(),
             log_limit_bytes=int(settings.spill_limit_mb * MIB),
             shutdown_flush_s=settings.shutdown_flush_s,
+            read_wait_s=settings.store_deadline_s,
         )
         self.selector = Selector(inputs_for=self.trusted.inputs_for)
         self.decider = Decider(self.selector, self.publisher.current, self.recorder, self.metrics)

@@ -163,11 +163,11 @@ class FleetReads:
         """The inputs and the fleet as of now: this replica's own decisions so far are
         in it, so the caller sees the pods it just booted. It waits for the writer's
         next batch (at most the flush interval) rather than waking it: a client
-        looping on reads must not make the writer write smaller, more batches; and
-        not at all once the database is failing or stalled (its own reads are bounded
-        by the store deadline)."""
+        looping on reads must not make the writer write smaller, more batches. When
+        they cannot be stored within the store deadline the read answers 503
+        (``settle_for_read``), never a fleet without them."""
         if self.recorder.pending:
-            self.recorder.flush(wake=False, reader=True)
+            self.recorder.settle_for_read(wake=False)
         return self.inputs(), self.fleet.current(), datetime.now(UTC)
 
     def _kept_state(self) -> tuple[DecisionInputs, FleetSnapshot, datetime] | None:

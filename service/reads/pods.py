@@ -62,7 +62,7 @@ class PodReads:
         """The fleet with the caller's own pods in it: they are written by the writer's
         next batch, which this waits for rather than wakes."""
         if self.recorder.pending:
-            self.recorder.flush(wake=False, reader=True)
+            self.recorder.settle_for_read(wake=False)
         return self.fleet.current()
 
     def page(

@@ -46,7 +46,7 @@ class SelectionReads:
         cursor of the next page (None: the last)."""
         if cluster is not None and not principal.may_see(cluster):
             return [], None
-        self.recorder.flush(reader=True)
+        self.recorder.settle_for_read()
         if cluster is not None or not principal.restricted:
             rows = self.decisions.list_decisions(
                 cluster=cluster, backend=backend, pod=pod, limit=limit + 1, before_id=before
@@ -78,7 +78,7 @@ class SelectionReads:
     ) -> tuple[DecisionRecord, list[dict[str, Any]]] | None:
         """One decision and the failures reported of it; None when the caller may not
         see it (or there is none)."""
-        self.recorder.flush(reader=True)
+        self.recorder.settle_for_read()
         record = self.decisions.get_decision(decision_id)
         if record is None or not principal.may_see(record.cluster):
             return None

@@ -33,6 +33,7 @@ from itertools import count, islice
 from pathlib import Path
 
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.store.deadline import StoreTimeout
 from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.recording.drainer import Drainer
 from mla_switchboard.service.store.recording.log import SEGMENT_BYTES, DecisionLog
@@ -49,7 +50,24 @@ ROW_BYTES = 700
 slots; the shape and answer texts are shared): the budget in rows is the bytes over it."""
 START_REPLAY_S = 10.0  # how long a start stores what the log holds before it serves
 REFUSED_LOG_S = 5.0  # refused decisions are logged at most this often, as one line
-READER_POLL_S = 0.05  # a reader waiting for the mark looks at the store's state this often
+
+
+class DecisionsNotStored(StoreTimeout):
+    """A read found decisions this replica acknowledged not yet in the database and
+    could not wait for them: it answers 503 rather than leave them out."""
+
+    def __init__(self, waiting: int, why: str | None, waited_s: float | None) -> None:
+        """``why``: the drainer's state when it is failing or stalled; ``waited_s``:
+        how long the read waited (None: not at all, the database refuses writes)."""
+        state = f"store unavailable ({why})" if why else "store too slow"
+        waited = "" if waited_s is None else f" after {waited_s:g} s"
+        super().__init__(
+            f"{state}, nothing was read: {waiting:,} decisions this replica answered are "
+            f"not yet in the database{waited}, and an answer now would leave them out",
+            outcome_unknown=False,
+            retry_after_s=2,
+        )
+        self.waiting = waiting
 
 
 class DecisionRecorder:
@@ -67,10 +85,12 @@ class DecisionRecorder:
         shutdown_flush_s: float = 5.0,
         stall_s: float | None = None,
         segment_bytes: int = SEGMENT_BYTES,
+        read_wait_s: float = 4.0,
     ) -> None:
         """``log_dir`` None: no log (memory alone, as ``SWITCHBOARD_JOURNAL=0``);
-        ``stall_s``: the least time a database write may be in flight before readers
-        stop waiting for it (``Drainer.stall_bound``)."""
+        ``stall_s``: the least time a database write may be in flight before
+        ``degraded`` says it stalled (``Drainer.stall_bound``); ``read_wait_s``: how
+        long a read waits for the decisions answered before it (``settle_for_read``)."""
         self._metrics = metrics
         self._interval = interval_s
         self._batch = batch
@@ -79,6 +99,7 @@ class DecisionRecorder:
             self._max_rows = min(self._max_rows, limit)
         self._log_limit = log_limit_bytes
         self._shutdown_flush_s = shutdown_flush_s
+        self._read_wait_s = read_wait_s
         self.log = (
             DecisionLog(log_dir, metrics, segment_bytes=segment_bytes)
             if log_dir is not None
@@ -98,7 +119,6 @@ class DecisionRecorder:
         self._refused_logged = 0
         self._refused_logged_at = 0.0
         self._log_full = False
-        self._stored = threading.Condition()  # notified when the mark moves (readers)
         # (position, tie, event) of each writer waiting for a position: the batch that
         # stores it sets its event (``_advance``), no other batch wakes it
         self._waiters: list[tuple[int, int, threading.Event]] = []
@@ -166,35 +186,32 @@ class DecisionRecorder:
         when it is stored, or was given before this start (the log's leftovers)."""
         return self._by_id.get(decision_id)
 
-    def wait_stored(
-        self, position: int, timeout_s: float, *, reader: bool = False, wake: bool = True
-    ) -> bool:
+    def wait_stored(self, position: int, timeout_s: float, *, wake: bool = True) -> bool:
         """Wait until every decision up to ``position`` is in the database, at most
-        ``timeout_s``. ``reader``: a request about to read, which gives up as soon as
-        the database is failing or a write stalls (waiting cannot help it then, and
-        its own store calls are bounded by ``SWITCHBOARD_STORE_DEADLINE_S``).
-        ``wake=False``: leave the drainer to its interval, so that a client looping on
-        a read costs no extra, smaller batches."""
+        ``timeout_s``; woken by the batch that stores ``position``, however many
+        batches end before it. ``wake=False``: leave the drainer to its interval, so
+        that a client looping on a read costs no extra, smaller batches."""
         if position <= self.mark:
             return True
-        if not reader:
-            return self._wait_own(position, timeout_s, wake)
-        deadline = time.monotonic() + timeout_s
-        if wake:
-            self._wake.set()
-        with self._stored:
-            while self.mark < position:
-                if reader and self._drainer.degraded:
-                    return False
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._stored.wait(min(remaining, READER_POLL_S) if reader else remaining)
-        return True
+        return self._wait_own(position, timeout_s, wake)
+
+    def settle_for_read(self, *, wake: bool = True) -> None:
+        """Before a read of the database: wait until every decision answered before it
+        is stored, so the read holds them. A read never answers without decisions this
+        replica acknowledged: when the drainer's writes fail, or they are not stored
+        within ``read_wait_s`` (the request's store deadline: a frozen or overloaded
+        database), it raises ``DecisionsNotStored`` (503 with Retry-After) instead.
+        A slow write is waited for, not judged by the stall bound: on a busy machine a
+        healthy database's write can outlast it."""
+        position = self._head
+        if position <= self.mark:
+            return
+        if self._drainer.down is not None:
+            raise DecisionsNotStored(position - self.mark, self._drainer.down, None)
+        if not self.wait_stored(position, self._read_wait_s, wake=wake):
+            raise DecisionsNotStored(position - self.mark, self.degraded, self._read_wait_s)
 
     def _wait_own(self, position: int, timeout_s: float, wake: bool) -> bool:
-        """A writer's wait: woken by the batch that stores ``position``, however many
-        batches end before it."""
         event = threading.Event()
         entry = (position, next(self._tie), event)
         with self._waiters_lock:
@@ -211,10 +228,10 @@ class DecisionRecorder:
                 heapq.heapify(self._waiters)
         return position <= self.mark
 
-    def flush(self, timeout_s: float = 3.0, *, wake: bool = True, reader: bool = False) -> bool:
+    def flush(self, timeout_s: float = 3.0, *, wake: bool = True) -> bool:
         """Wait until everything given a position before this call is stored (see
         ``wait_stored``)."""
-        return self.wait_stored(self._head, timeout_s, reader=reader, wake=wake)
+        return self.wait_stored(self._head, timeout_s, wake=wake)
 
     @property
     def degraded(self) -> str | None:
@@ -358,8 +375,6 @@ class DecisionRecorder:
         if not batch:
             return False
         if not self._drainer.write([row for _, row in batch]):
-            with self._stored:
-                self._stored.notify_all()  # readers look at ``degraded`` again
             return False
         self.stored += len(batch)
         with self._lock:  # stored, whether memory or the log held it
@@ -396,7 +411,5 @@ class DecisionRecorder:
             waiters = self._waiters
             while waiters and waiters[0][0] <= self.mark:
                 heapq.heappop(waiters)[2].set()
-        with self._stored:
-            self._stored.notify_all()
         if self.log is not None:
             self.log.stored(self.mark)

@@ -1,6 +1,7 @@
 """The decision log through the in-process app: a report waits for its own decision's
-position (however slow the database), a read never waits on a stalled drain, and an
-app's threads end with it."""
+position (however slow the database), a read holds every decision answered before it
+or answers 503 at its deadline (never an answer without them), and an app's threads
+end with it."""
 
 from __future__ import annotations
 
@@ -77,13 +78,45 @@ def test_a_report_on_a_store_slower_than_the_stall_bound_is_counted(
     assert r.json()["counted"] is True, r.json()
 
 
+def test_reads_on_a_store_slower_than_the_stall_bound_hold_the_pods_just_booted(
+    tmp_path: Path,
+) -> None:
+    """A busy machine: each decision write takes 1 s, past the stall bound (0.2 s).
+    Before, a read stopped waiting once the write counted as stalled and answered from
+    a database without the pods booted just before it: a preview left their cluster
+    out, a listing missed them."""
+    with _client(tmp_path) as client:
+        runtime = client.app.state.runtime
+
+        def slow_commit(*_: Any) -> None:
+            time.sleep(1.0)
+
+        event.listen(runtime.writer_engine, "commit", slow_commit)
+        try:
+            for i in range(3):
+                r = client.post("/v1/select", json=select_body("busy", f"pod-{i}"))
+                assert r.status_code == 200 and r.json()["recorded"] is True, r.text
+            r = client.put(
+                "/v1/overrides/busy?dry_run=true", json={"force": "FLASHINFER", "note": "n"}
+            )
+            assert r.status_code == 200, r.text
+            rows = [c for c in r.json()["preview"]["changes"] if c["cluster"] == "busy"]
+            assert [(c["to"], c["pods"]) for c in rows] == [("FLASHINFER", 3)]
+            for i in range(3, 5):
+                client.post("/v1/select", json=select_body("busy", f"pod-{i}"))
+            r = client.get("/v1/selections", params={"cluster": "busy", "limit": 50})
+            assert r.status_code == 200 and len(r.json()["items"]) == 5, r.text
+        finally:
+            event.remove(runtime.writer_engine, "commit", slow_commit)
+
+
 def test_a_frozen_read_with_only_logged_decisions_gives_up_waiting_for_the_drain(
     tmp_path: Path,
 ) -> None:
     """With nothing in memory but 20 decisions logged and not stored, a listing in a
     frozen database waited 3 s for a drain that could not happen, then its own store
-    deadline. Now the read stops waiting as soon as the drain's write stalls: what
-    remains is the read's own store call, bounded by the deadline (503)."""
+    deadline. Now it waits for them at most its store deadline and then answers 503
+    rather than read a database without them."""
     with _client(tmp_path, store_deadline_s=1.0) as client:
         runtime = client.app.state.runtime
         frozen = threading.Event()

@@ -3,13 +3,14 @@ what a restart stores again, and what it says is missing."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from mla_switchboard.service.metrics import Metrics
 from mla_switchboard.service.reads.health import Health
-from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.store.recorder import DecisionRecorder, DecisionsNotStored
 from mla_switchboard.service.store.recording.segments import (
     Encoder,
     Reader,
@@ -186,23 +187,48 @@ def test_without_a_log_memory_past_its_budget_refuses_new_decisions(tmp_path: Pa
     rec.stop()
 
 
-def test_a_reader_gives_up_at_once_on_a_stalled_store_a_report_waits_for_its_position(
+def test_a_read_on_a_stalled_store_answers_503_at_its_deadline_a_report_waits_on(
     tmp_path: Path,
 ) -> None:
+    """A read never answers without the decisions acknowledged before it: on a store
+    that hangs it waits its deadline and refuses (``DecisionsNotStored``, a 503);
+    a report's wait for its own position goes on and ends once the store answers."""
     store = FlakyStore()
     store.up = True
     store.answering.clear()  # hangs
-    rec = recorder(store, tmp_path / "log", Metrics(), stall_s=0.05)
+    rec = recorder(store, tmp_path / "log", Metrics(), stall_s=0.05, read_wait_s=0.2)
     rec.open()
     rec.start()
     assert rec.submit(row(1, pod="p"))
     wait_until(lambda: rec.degraded is not None, 5, what="stalled")
-    assert not rec.flush(60, reader=True)  # not the 60 s: the store is stalled
+    with pytest.raises(DecisionsNotStored) as refused:
+        rec.settle_for_read()
+    assert refused.value.waiting == 1 and "StoreStalled" in refused.value.message
     position = rec.position_of("c", "p")
     assert position == 1
     store.answering.set()
     assert rec.wait_stored(position, 10)
+    rec.settle_for_read()  # stored: nothing to wait for
     assert rec.position_of("c", "p") is None  # stored: nothing waits for it any more
+    rec.stop()
+
+
+def test_a_read_on_a_slow_but_answering_store_waits_for_its_decisions(
+    tmp_path: Path,
+) -> None:
+    """A write slower than the stall bound (a busy machine) is waited for: the read
+    then holds the decision, rather than answering without it."""
+    store = FlakyStore()
+    store.up = True
+    store.answering.clear()
+    rec = recorder(store, tmp_path / "log", Metrics(), stall_s=0.05, read_wait_s=30)
+    rec.open()
+    rec.start()
+    assert rec.submit(row(1, pod="p"))
+    wait_until(lambda: rec.degraded is not None, 5, what="stalled")
+    threading.Timer(0.3, store.answering.set).start()
+    rec.settle_for_read()
+    assert rec.mark == 1 and len(store.rows) == 1
     rec.stop()
 
 
