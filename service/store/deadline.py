@@ -63,6 +63,13 @@ class _Serving:
     started: float
 
 
+def serving_a_write() -> bool:
+    """Whether the request being served may change anything (not GET or HEAD): what a
+    503 says it did not do."""
+    serving = _SERVING.get()
+    return serving is not None and serving.writes
+
+
 @dataclass(eq=False)
 class _Call:
     """One store call on a worker: ``abandoned`` once its caller stopped waiting (its

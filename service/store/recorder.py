@@ -33,7 +33,7 @@ from itertools import count, islice
 from pathlib import Path
 
 from mla_switchboard.service.metrics import Metrics
-from mla_switchboard.service.store.deadline import StoreTimeout
+from mla_switchboard.service.store.deadline import StoreTimeout, serving_a_write
 from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.recording.drainer import Drainer
 from mla_switchboard.service.store.recording.log import SEGMENT_BYTES, DecisionLog
@@ -59,11 +59,17 @@ class DecisionsNotStored(StoreTimeout):
     def __init__(self, waiting: int, why: str | None, waited_s: float | None) -> None:
         """``why``: the drainer's state when it is failing or stalled; ``waited_s``:
         how long the read waited (None: not at all, the database refuses writes)."""
-        state = f"store unavailable ({why})" if why else "store too slow"
-        waited = "" if waited_s is None else f" after {waited_s:g} s"
+        if waited_s is None:
+            state, detail = f"store unavailable ({why})", ""
+        else:
+            state, detail = (
+                f"store did not answer within {waited_s:g} s",
+                f" ({why})" if why else "",
+            )
+        undone = "nothing was changed" if serving_a_write() else "nothing was read"
         super().__init__(
-            f"{state}, nothing was read: {waiting:,} decisions this replica answered are "
-            f"not yet in the database{waited}, and an answer now would leave them out",
+            f"{state}, {undone}: {waiting:,} decisions this replica answered are "
+            f"not yet in the database{detail}, and an answer now would leave them out",
             outcome_unknown=False,
             retry_after_s=2,
         )
