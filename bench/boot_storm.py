@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import random
-import secrets
 import shutil
 import signal
 import statistics
@@ -50,9 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/boot_storm.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 
-from bench.common import free_port, raw_select  # noqa: E402
+from bench.common import raw_select  # noqa: E402
+from bench.scale_support import pg_schema, serve_until_ready  # noqa: E402
 
 TOKEN = "bench-admin-token"
 PG_DSN = os.environ.get("SWITCHBOARD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -219,38 +218,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_replica(url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
     env = {**os.environ, "SWITCHBOARD_DATABASE_URL": url, "SWITCHBOARD_ADMIN_TOKEN": TOKEN}
-    cmd = [sys.executable, "-m", "mla_switchboard.service.cli", "serve", "--port", str(port)]
-    with log.open("ab") as f:
-        proc = subprocess.Popen(
-            [*cmd, "--log-level", "warning"], cwd=ROOT, env=env, stdout=f, stderr=f
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"replica exited early:\n{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"replica not ready in 60 s:\n{log.read_text()[-2000:]}")
-
-
-def pg_schema(create: bool, name: str | None = None) -> str:
-    import psycopg
-
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        if create:
-            name = f"sb_bench_{secrets.token_hex(4)}"
-            conn.execute(f'CREATE SCHEMA "{name}"')
-        else:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    assert name is not None
-    return name
+    return serve_until_ready(sys.executable, ROOT, env, log, "replica")
 
 
 def store_counts(url: str) -> tuple[int, int]:
@@ -267,7 +236,7 @@ def store_counts(url: str) -> tuple[int, int]:
 
 
 def run(replicas: int, pods: list[dict[str, Any]], concurrency: int, logs: Path) -> dict:
-    schema = pg_schema(create=True)
+    schema = pg_schema(PG_DSN, "sb_bench")
     base = PG_DSN.split("://", 1)[1]
     url = f"postgresql+psycopg://{base}?options=-csearch_path%3D{schema}"
     print(f"\n{replicas} replica(s) on PostgreSQL schema {schema}: starting", flush=True)
@@ -300,7 +269,7 @@ def run(replicas: int, pods: list[dict[str, Any]], concurrency: int, logs: Path)
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        pg_schema(create=False, name=schema)
+        pg_schema(PG_DSN, "sb_bench", drop=schema)
     lat = sorted(out.latencies)
 
     def pct(q: float) -> float:

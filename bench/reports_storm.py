@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402
 
 from bench.boot_storm import TOKEN, cpu_seconds, fleet, machine, read_response  # noqa: E402
-from bench.common import free_port  # noqa: E402
+from bench.scale_support import pg_schema, serve_until_ready  # noqa: E402
 
 PG_DSN = os.environ.get(
     "SWITCHBOARD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/bench_reports"
@@ -134,19 +134,6 @@ def _pct(values: list[float], q: float) -> float:
     return round(s[min(len(s) - 1, int(q * len(s)))] * 1000, 2) if s else 0.0
 
 
-def _schema(create: bool, name: str | None = None) -> str:
-    import psycopg
-
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        if create:
-            name = f"sb_reports_{secrets.token_hex(4)}"
-            conn.execute(f'CREATE SCHEMA "{name}"')
-        else:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    assert name is not None
-    return name
-
-
 def _note_writes(schema: str) -> tuple[int, int]:
     """Rows inserted into and deleted from ``guard_pending`` so far (PostgreSQL's own
     per-table counters, read after the service stopped so its last ones are in)."""
@@ -192,32 +179,14 @@ def _db_cpu(before: dict[int, float]) -> float:
 
 
 def _start(tree: Path, url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
     env = {
         **os.environ,
         "SWITCHBOARD_DATABASE_URL": url,
         "SWITCHBOARD_ADMIN_TOKEN": TOKEN,
-        "SWITCHBOARD_SPILL_PATH": str(log.parent / f"spill-{port}"),
+        "SWITCHBOARD_SPILL_PATH": str(log.parent / f"spill-{secrets.token_hex(4)}"),
     }
     env.pop("PYTHONPATH", None)
-    python = tree / ".venv" / "bin" / "python"
-    cmd = [str(python), "-m", "mla_switchboard.service.cli", "serve", "--port", str(port)]
-    with log.open("ab") as f:
-        proc = subprocess.Popen(
-            [*cmd, "--log-level", "warning"], cwd=tree, env=env, stdout=f, stderr=f
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"service exited early:\n{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"service not ready in 60 s:\n{log.read_text()[-2000:]}")
+    return serve_until_ready(tree / ".venv" / "bin" / "python", tree, env, log)
 
 
 def _rollouts(port: int, clusters: list[str], n: int) -> None:
@@ -262,7 +231,7 @@ def _phase_figures(out: Phase, wall: float, cpu: float) -> dict[str, Any]:
 def run_tree(
     label: str, tree: Path, pods: list[dict[str, Any]], rollouts: int, concurrency: int
 ) -> dict[str, Any]:
-    schema = _schema(create=True)
+    schema = pg_schema(PG_DSN, "sb_reports")
     base = PG_DSN.split("://", 1)[1]
     joiner = "&" if "?" in base else "?"
     url = f"postgresql+psycopg://{base}{joiner}options=-csearch_path%3D{schema}"
@@ -302,7 +271,7 @@ def run_tree(
             proc.kill()
         time.sleep(0.6)  # the statistics collector's last flush
         inserted, deleted = _note_writes(schema)
-        _schema(create=False, name=schema)
+        pg_schema(PG_DSN, "sb_reports", drop=schema)
     result["guard_notes_inserted"] = inserted
     result["guard_notes_deleted"] = deleted
     print(f"  guard notes: {inserted} inserted, {deleted} deleted", flush=True)

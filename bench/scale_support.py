@@ -279,6 +279,49 @@ def migrate_to(engine: Any, revision: str) -> None:
         command.upgrade(cfg, revision)
 
 
+def serve_until_ready(
+    python: Path | str, cwd: Path, env: dict[str, str], log: Path, what: str = "service"
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``switchboard serve`` with ``python`` in ``cwd`` (a checkout: the service is
+    its code), on a free port, its output appended to ``log``; returned once
+    ``/readyz`` answers 200 (at most 60 s, else it is killed and this raises with the
+    log's tail)."""
+    from bench.common import free_port
+
+    port = free_port()
+    cmd = [str(python), "-m", "mla_switchboard.service.cli", "serve", "--port", str(port)]
+    with log.open("ab") as f:
+        proc = subprocess.Popen(
+            [*cmd, "--log-level", "warning"], cwd=cwd, env=env, stdout=f, stderr=f
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited early:\n{log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{what} not ready in 60 s:\n{log.read_text()[-2000:]}")
+
+
+def pg_schema(dsn: str, prefix: str, drop: str | None = None) -> str:
+    """A new schema named ``prefix`` plus random hex on the server ``dsn``; with
+    ``drop``, that schema dropped instead (and its name returned)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if drop is not None:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{drop}" CASCADE')
+            return drop
+        name = f"{prefix}_{secrets.token_hex(4)}"
+        conn.execute(f'CREATE SCHEMA "{name}"')
+    return name
+
+
 def pg_url(dsn: str, database: str) -> str:
     """``dsn`` (postgresql://...) pointed at ``database``, for SQLAlchemy and psycopg."""
     parts = urlsplit(dsn)
