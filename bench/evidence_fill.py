@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mla_switchboard.core.evidence import dims_key, engine_key, packages_key
 from mla_switchboard.core.schemas import MeasurementReport
-from mla_switchboard.core.specs import format_capability
+from mla_switchboard.service.store.measurements import measurement_rows
 
 from bench.scale import Pod, Progress, report_of
 
@@ -48,33 +47,7 @@ def report_rows(
     report: MeasurementReport, report_id: str, at: datetime, counted: bool
 ) -> list[dict[str, Any]]:
     """The rows ``Store.add_measurements`` writes for ``report``, sent at ``at``."""
-    cap = report.device.capability
-    m = report.model
-    return [
-        {
-            "report_id": report_id,
-            "at": at,
-            "cluster": report.cluster,
-            "node": report.node,
-            "pod": report.pod,
-            "device_name": report.device.name or "",
-            "capability": None if cap is None else format_capability(cap),
-            "dims": dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
-            "num_heads": m.num_heads,
-            "dtype": report.dtype.value,
-            "packages": packages_key(report.packages),
-            "backend": r.backend.value,
-            "impl": r.impl,
-            "shape": r.shape.model_dump_json(),
-            "median_ms": r.median_ms,
-            "tflops": r.tflops,
-            "correct": r.correct and r.error is None,
-            "error": r.error,
-            "engine": engine_key(report.engine),
-            "counted": counted,
-        }
-        for r in report.results
-    ]
+    return measurement_rows(report, report_id, counted, at)
 
 
 def report_id_at(at: datetime, rng: random.Random, seq: int) -> str:

@@ -152,7 +152,7 @@ class MeasurementStore:
         (``has_decision_for``), and a counted report's guard ``note``
         (``service/guard_notes.py``) is stored with it. One connection and one commit
         for what took three, so that reports keep up with a boot storm."""
-        rows = _measurement_rows(report, report_id)
+        rows = measurement_rows(report, report_id)
         with self.engine.begin() as conn:
             if report.report_id is not None and _has_report(conn, report_id):
                 return None
@@ -185,7 +185,7 @@ class MeasurementStore:
     def add_measurements(
         self, report: MeasurementReport, report_id: str, *, counted: bool = True
     ) -> int:
-        rows = _measurement_rows(report, report_id, counted)
+        rows = measurement_rows(report, report_id, counted)
         # one multi-row INSERT, not one ORM object per result: a report holds up to
         # 256 results and runs in a worker thread beside the event loop
         with Session(self.engine) as s, s.begin():
@@ -625,13 +625,13 @@ def _failures_to_clear(
     return ids, newer, newest
 
 
-def _measurement_rows(
-    report: MeasurementReport, report_id: str, counted: bool = True
+def measurement_rows(
+    report: MeasurementReport, report_id: str, counted: bool = True, at: datetime | None = None
 ) -> list[dict[str, Any]]:
-    """A report's rows, one per result."""
+    """A report's rows, one per result, received at ``at`` (now when None)."""
     cap = report.device.capability
     m = report.model
-    now = datetime.now(UTC)
+    now = datetime.now(UTC) if at is None else at
     dims = dims_key(m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
     packages, engine = packages_key(report.packages), engine_key(report.engine)
     return [

@@ -25,7 +25,7 @@ from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override
 from tests.core.test_fleet_parts import Quiet, Snapshots
-from tests.core.test_fleet_replay import SHAPES, one_by_one
+from tests.core.test_fleet_replay import SHAPES, assert_moves_as_one_by_one, one_by_one
 
 FLEET_READ_BUDGET_S = 600
 
@@ -136,12 +136,7 @@ def test_alike_overrides_share_decisions_and_each_answer_names_its_own(
 
     changes, _, pending, reasons = one_by_one(fleet, current, proposed)
     shown = got.model_dump()
-    assert {(c["cluster"], c["from"], c["to"]): c["pods"] for c in shown["changes"]} == changes
-    assert {
-        (c["cluster"], c["from"], c["to"], tuple(r["why"])): r["pods"]
-        for c in shown["changes"]
-        for r in c["reasons"]
-    } == reasons
+    assert_moves_as_one_by_one(shown, changes, reasons)
     assert Counter(
         {(i["cluster"], i["from"], i["reason"]): i["pods"] for i in shown["invalid"]}
     ) == (refusals(fleet, current, proposed))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal, decide, in_stage
@@ -85,6 +86,19 @@ def one_by_one(
     return changes, invalid, pending, reasons
 
 
+def assert_moves_as_one_by_one(
+    shown: dict[str, Any], changes: Counter[tuple[str, str, str]], reasons: Reasons
+) -> None:
+    """A replay's changes and each one's reasons are what deciding every pod alone
+    gives (``one_by_one``), under the group each pod was counted in."""
+    assert {(c["cluster"], c["from"], c["to"]): c["pods"] for c in shown["changes"]} == changes
+    assert {
+        (c["cluster"], c["from"], c["to"], tuple(r["why"])): r["pods"]
+        for c in shown["changes"]
+        for r in c["reasons"]
+    } == reasons
+
+
 CURRENT = [
     (),
     (staged("east", 30, force="FLASHINFER"),),
@@ -111,13 +125,7 @@ def test_the_preview_by_group_equals_the_replay_of_every_pod(
     shown = got.model_dump()
     assert got.pods_total == len(pods)
     assert got.pods_pending == pending
-    assert {(c["cluster"], c["from"], c["to"]): c["pods"] for c in shown["changes"]} == changes
-    # each pod's reason, as deciding it alone gives it, under the group it was counted in
-    assert {
-        (c["cluster"], c["from"], c["to"], tuple(r["why"])): r["pods"]
-        for c in shown["changes"]
-        for r in c["reasons"]
-    } == reasons
+    assert_moves_as_one_by_one(shown, changes, reasons)
     assert _summed(shown["invalid"]) == invalid
     assert got.pods_changed == sum(changes.values())
     if proposal is not None or any(o.cluster == scope for o in current_overrides):
