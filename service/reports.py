@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from mla_switchboard.core.evidence import failure_observation, observations_of_report
+from mla_switchboard.core.evidence import Situation, failure_observation, observations_of_report
 from mla_switchboard.core.hardware import peak_bf16_tflops
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
 from mla_switchboard.core.specs import Backend
@@ -28,6 +28,8 @@ from mla_switchboard.service.rollouts import RolloutGuards
 from mla_switchboard.service.store.decisions import DecisionStore
 from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.store.rows import Decision as Row
+from mla_switchboard.service.store.shapes import shape_situation
 from pydantic import ValidationError
 
 REPORT_WAIT_S = 10.0
@@ -67,17 +69,21 @@ class Reports:
         report_id = report.report_id or new_id()
         observations = observations_of_report(report, datetime.now(UTC), report_id)
         situation = None
+        decided = False
         if observations:
-            # The pod's decision may not be stored yet: wait for its own position to
-            # pass the mark (at once when it has none waiting).
-            position = self.recorder.position_of(report.cluster, report.pod)
-            if position is not None:
-                self.recorder.wait_stored(position, REPORT_WAIT_S)
             situation = observations[0].situation
+            # The pod's decision may not be stored yet: when it is in the log (and in
+            # memory) it counts as it is; else wait for its own position to pass the
+            # mark (at once when it has none waiting), and the store looks it up.
+            logged = self.recorder.logged_decision(report.cluster, report.pod)
+            decided = logged is not None and _decided_for(logged, situation, principal.id)
+            position = self.recorder.position_of(report.cluster, report.pod)
+            if not decided and position is not None:
+                self.recorder.wait_stored(position, REPORT_WAIT_S)
         # a guard note is stored with the report only when some rollout's guard counts it
         note = self.rollouts.measurements_note(report, report_id)
         stored = self.measurement_store.store_report(
-            report, report_id, situation, principal.id, note
+            report, report_id, situation, principal.id, note, decided=decided
         )
         if stored is None:
             # the agent retried a report whose answer it never got: already stored (its
@@ -195,3 +201,10 @@ def _above_peak(report: MeasurementReport) -> Problem | None:
                 field=("body", "results", i, "tflops"),
             )
     return None
+
+
+def _decided_for(logged: Row, situation: Situation, asker: str) -> bool:
+    """Whether a pod's decision in the log makes its report count: it is for the
+    report's situation and was asked for by the same caller (or by no known one), as
+    ``MeasurementStore.has_decision_for`` asks of stored decisions."""
+    return logged.principal in (None, asker) and shape_situation(logged.shape_json) == situation

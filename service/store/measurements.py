@@ -145,19 +145,24 @@ class MeasurementStore:
         situation: Situation | None,
         asker: str | None,
         note: Note | None = None,
+        *,
+        decided: bool = False,
     ) -> StoredReport | None:
         """A measurement report in one transaction: None when ``report_id`` is stored
         already (a retry: nothing added); else it is stored, counted when
-        ``situation`` is None (nothing to check) or the pod has a decision for it
-        (``has_decision_for``), and a counted report's guard ``note``
+        ``situation`` is None (nothing to check), ``decided`` (the caller found the
+        pod's decision for it in the decision log) or the pod has a stored decision for
+        it (``has_decision_for``), and a counted report's guard ``note``
         (``service/guard_notes.py``) is stored with it. One connection and one commit
         for what took three, so that reports keep up with a boot storm."""
         rows = measurement_rows(report, report_id)
         with self.engine.begin() as conn:
             if report.report_id is not None and _has_report(conn, report_id):
                 return None
-            counted = situation is None or _decision_for(
-                conn, report.cluster, report.pod, situation, asker
+            counted = (
+                situation is None
+                or decided
+                or _decision_for(conn, report.cluster, report.pod, situation, asker)
             )
             for row in rows:
                 row["counted"] = counted

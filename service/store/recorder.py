@@ -187,6 +187,21 @@ class DecisionRecorder:
         none waiting (it is in the database, or there never was one)."""
         return self._by_pod.get((cluster, pod))
 
+    def logged_decision(self, cluster: str, pod: str) -> Row | None:
+        """The pod's newest decision while it is not yet stored and memory still holds
+        it; None otherwise (stored, only in the log, or never made). It is in the log:
+        acknowledged, and what it says is final, so a report can be counted against it
+        without waiting for the database."""
+        with self._lock:
+            seq = self._by_pod.get((cluster, pod))
+            memory = self._memory
+            if seq is None or not memory:
+                return None
+            i = seq - memory[0][0]  # memory holds consecutive positions
+            if 0 <= i < len(memory) and memory[i][0] == seq:
+                return memory[i][1]
+        return None
+
     def position_of_decision(self, decision_id: str) -> int | None:
         """The position of a decision this recorder gave and has not yet stored; None
         when it is stored, or was given before this start (the log's leftovers)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,44 @@ def test_a_report_on_a_store_slower_than_the_stall_bound_is_counted(
     r = slow_store.post("/v1/measurements", json=_measurement("slow", "slow-pod"))
     assert r.status_code == 201, r.text
     assert r.json()["counted"] is True, r.json()
+
+
+@pytest.mark.postgres
+def test_a_report_counts_against_its_decision_in_the_log_without_waiting_for_the_database(
+    pg_url_factory: Callable[[], str],
+) -> None:
+    """A decision in the log is acknowledged: a report of its pod, for its situation and
+    from the caller that asked, counts while the decision's database write is still in
+    flight (held here); one from another caller waits for the stored decisions and is
+    not counted."""
+    with make_inprocess_client(pg_url_factory()) as client:  # type: ignore[attr-defined]
+        runtime = client.app.state.runtime
+        recorder = runtime.recorder
+        held = threading.Event()
+
+        def slow_commit(*_: Any) -> None:
+            held.wait(SLOW_WRITE_S)
+
+        event.listen(runtime.writer_engine, "commit", slow_commit)
+        try:
+            body = select_body("logged", "logged-pod")
+            body["packages"] = ALL
+            r = client.post("/v1/select", json=body)
+            assert r.status_code == 200 and r.json()["recorded"] is True, r.text
+            r = client.post("/v1/measurements", json=_measurement("logged", "logged-pod"))
+            assert r.status_code == 201 and r.json()["counted"] is True, r.json()
+            assert recorder.position_of("logged", "logged-pod") is not None  # not stored yet
+            held.set()
+
+            other = client.post("/v1/tokens", json={"name": "other", "role": "agent"})
+            token = {"Authorization": f"Bearer {other.json()['token']}"}
+            r = client.post(
+                "/v1/measurements", json=_measurement("logged", "logged-pod"), headers=token
+            )
+            assert r.status_code == 201 and r.json()["counted"] is False, r.json()
+        finally:
+            held.set()
+            event.remove(runtime.writer_engine, "commit", slow_commit)
 
 
 def test_reads_on_a_store_slower_than_the_stall_bound_hold_the_pods_just_booted(
