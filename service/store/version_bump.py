@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.store.models import Meta
@@ -21,6 +22,10 @@ from sqlalchemy import Engine, update
 from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger("switchboard.store")
+
+RETRY_S = (0.05, 0.25)
+"""The pauses before a refused bump is tried again: a write's answer waits for them, so
+they stay short."""
 
 
 class GroupBump:
@@ -39,8 +44,9 @@ class GroupBump:
 
     def after_commit(self) -> None:
         """Wait until a bump begun after this call is stored. A bump the database
-        refuses is logged and not retried: the rows are stored, and the next write's
-        bump tells other replicas of them too."""
+        refuses is tried again twice, after ``RETRY_S`` (a dropped connection, a lock
+        timeout); past that it is logged and the write returns: its rows are stored,
+        and the next write's bump tells other replicas of them too."""
         with self._cond:
             self._asked += 1
             ticket = self._asked
@@ -60,9 +66,16 @@ class GroupBump:
                     self._cond.notify_all()
 
     def _bump(self) -> None:
-        try:
-            with self._engine.begin() as conn:
-                conn.execute(self._stmt)
-            self.bumps += 1
-        except SQLAlchemyError as exc:
-            log.warning("%s not bumped (%s): the next write bumps it", self._key, first_line(exc))
+        for pause in (*RETRY_S, None):
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(self._stmt)
+                self.bumps += 1
+                return
+            except SQLAlchemyError as exc:
+                if pause is None:
+                    log.warning(
+                        "%s not bumped (%s): the next write bumps it", self._key, first_line(exc)
+                    )
+                    return
+                time.sleep(pause)
