@@ -29,7 +29,11 @@ Pod = tuple[str, dict[str, Any]]  # "cluster/pod" and the answer it got
 
 @pytest.fixture
 def api(sqlite_url: str) -> Iterator[httpx.Client]:
-    with make_inprocess_client(sqlite_url) as client:  # type: ignore[attr-defined]
+    """The app with its rollout checker left to the tests (``restart_stage`` runs it):
+    a step due 1 s after its stage began must not come while a loaded machine is still
+    setting up the stage before it."""
+    app = make_inprocess_client(sqlite_url, rollout_check_s=3600)
+    with app as client:  # type: ignore[attr-defined]
         client.headers["Authorization"] = f"Bearer {ADMIN}"
         yield client
 
@@ -253,8 +257,14 @@ def restart_stage(api: httpx.Client, how: str, spec: dict[str, Any]) -> None:
     elif how == "resume":
         r = api.post("/v1/overrides/*/rollout", json={"action": "resume", "note": "fixed"})
         assert r.status_code == 200, r.text
-    else:
-        wait_until(lambda: rollout(api)["percent"] == 50, 10, what="the automatic step")
+    else:  # due 1 s after the stage began: the checker's round promotes it then
+        rollouts = api.app.state.runtime.rollouts  # type: ignore[attr-defined]
+
+        def stepped() -> bool:
+            rollouts.check()
+            return bool(rollout(api)["percent"] == 50)
+
+        wait_until(stepped, 10, what="the automatic step")
     assert rollout(api)["state"] == "active"
 
 
