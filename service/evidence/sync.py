@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -122,7 +122,7 @@ class EvidenceSync:
         self.last_load = LoadNote()
         self.rows_caught_up = 0  # measurement rows the last incremental read read
         self._loaded = False  # whether the indexes hold a full load (a reload rereads)
-        self._unsaved: tuple[SnapshotCover, int, bytes] | None = None  # made by a load
+        self._unsaved: tuple[SnapshotCover, int, list[bytes]] | None = None  # made by a load
         self._snapshot_checked = time.monotonic()  # a start's own load writes one if due
 
     # ------------------------------------------------------------ lifecycle
@@ -349,9 +349,10 @@ class EvidenceSync:
         unsaved, self._unsaved = self._unsaved, None
         if unsaved is None or self.snapshots is None:
             return None
-        cover, pods, payload = unsaved
+        cover, pods, parts = unsaved
+        del unsaved
         per_pod = self.trusted.all.per_pod
-        return self.snapshots.save(self.clock(), per_pod, cover, pods, payload)
+        return self.snapshots.save(self.clock(), per_pod, cover, pods, _draining(parts))
 
     def refresh_snapshot(self, *, force: bool = False) -> int | None:
         """A new snapshot when one is due (``WindowReader.refresh``); its id."""
@@ -486,6 +487,14 @@ class _Reload:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.error: Exception | None = None
+
+
+def _draining(parts: list[bytes]) -> Iterator[bytes]:
+    """``parts`` in order, each let go of by the list as it is handed on: a part once
+    written is freed, not held until the last one is."""
+    parts.reverse()
+    while parts:
+        yield parts.pop()
 
 
 def _key(o: Observation) -> str:
