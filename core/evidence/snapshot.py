@@ -32,6 +32,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import astuple
+from sys import intern
 
 from mla_switchboard.core.evidence.records import (
     IMPL_NAMES,
@@ -187,7 +188,9 @@ def _groups(
     renumber: list[int] | None,
 ) -> Iterator[SnapshotGroup]:
     for situation, backend, pods, keys_len, body_len in groups:
-        keys = bytes(view[at : at + keys_len]).decode().split("\n")
+        # interned: one string per pod for all its situations and backends, as the
+        # indexes' build keeps them (each group's own copies cost 70 bytes a pod)
+        keys = [intern(k) for k in bytes(view[at : at + keys_len]).decode().split("\n")]
         at += keys_len
         counts = view[at : at + pods]
         at += pods

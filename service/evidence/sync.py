@@ -64,6 +64,7 @@ from mla_switchboard.service.evidence.window import (
     RowCursor,
     WindowReader,
 )
+from mla_switchboard.service.heap import trim_free_memory
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
 from mla_switchboard.service.store.config import ConfigStore
@@ -340,6 +341,7 @@ class EvidenceSync:
             self._applied = {k: versions.get(k, 0) for k in _KEYS}
         self.on_change()  # decisions use the new set from here on
         replaced.retire(let_the_loop_in)
+        trim_free_memory()  # what the load freed, back to the system (``service/heap.py``)
 
     # ------------------------------------------------------------- snapshots
 
@@ -352,12 +354,17 @@ class EvidenceSync:
         cover, pods, parts = unsaved
         del unsaved
         per_pod = self.trusted.all.per_pod
-        return self.snapshots.save(self.clock(), per_pod, cover, pods, _draining(parts))
+        made = self.snapshots.save(self.clock(), per_pod, cover, pods, _draining(parts))
+        trim_free_memory()  # the parts, held since the load, are freed now
+        return made
 
     def refresh_snapshot(self, *, force: bool = False) -> int | None:
         """A new snapshot when one is due (``WindowReader.refresh``); its id."""
         now = self.clock()
-        return self._window().refresh(now, self.max_age, self.trusted.all.per_pod, force=force)
+        made = self._window().refresh(now, self.max_age, self.trusted.all.per_pod, force=force)
+        if made is not None:
+            trim_free_memory()  # the loader it built and the parts it wrote, freed
+        return made
 
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
