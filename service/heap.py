@@ -35,7 +35,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def trim_free_memory() -> bool:
-    """Hand the C library's free pages back to the system; True when any was (or
-    could be: glibc does not say how much). False where there is no such call."""
+    """Hand the C library's free pages back to the system; True when glibc says it
+    released some (it does not say how much). False where there is no such call."""
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
