@@ -2,9 +2,10 @@
 
 - **Start** (the first load): the newest *evidence snapshot* is restored
   (``core/evidence/snapshot.py``: each pod's counted results per situation and backend,
-  as bytes, with the measurement id and gaps it covers; ``service/store/snapshots.py``),
-  cut at the window, then the wrong results it covers are read again through their own
-  index (an admin's clear changes them) and only the rows after it are read; the
+  as bytes, kept in parts of a few hundred KB and decoded one at a time, with the
+  measurement id and gaps it covers; ``service/store/snapshots.py``), cut at the
+  window, then the wrong results it covers are read again through their own index (an
+  admin's clear changes them) and only the rows after it are read; the
   result is exactly what reading the whole window gives, so a start costs the pods
   that count plus the recent rows, not the window's history. Without a usable snapshot
   (none yet, damaged, another ``per_pod``) the whole window is read, as
@@ -16,7 +17,8 @@
   window all the same). A load that read many rows leaves a new snapshot, written by
   the background thread; a running replica also makes one from the newest and the rows
   after it every ``SNAPSHOT_EVERY_S`` when ``SNAPSHOT_ROWS`` came since, so the next
-  start, on any replica, reads the recent rows only.
+  start, on any replica, reads the recent rows only. After a load, and after a
+  snapshot is written, the C library's free memory is handed back (``service/heap.py``).
 - **Reload** (asked for, or the store's ``evidence_epoch`` moved, which only a
   replica of an older release still does): in place (``reread``), no index rebuilt:
   the rows after the cursors, then the window's failures read again and put in place
