@@ -182,19 +182,22 @@ class EvidenceLoader:
         restored. A backend this registry no longer knows is left out."""
         if any(self._records.values()) or self._failures:
             raise ValueError("a loader restores a snapshot before anything else")
-        pods = 0
+        merges: list[tuple[dict[str, Record], dict[str, Record]]] = []
         for situation, backend, records in groups:
             known = backend_of(backend)
             if known is None:
                 continue
             into = self._records.get((situation, known))
-            if into:
-                into.update(records)
+            if into is not None:  # merged at the end, whole (see below)
+                merges.append((into, records))
             else:  # adopted, not copied: a snapshot's dicts are the loader's own
                 self._records[(situation, known)] = records
                 self._known[(situation, backend)] = records
-            pods += len(records)
-        return pods
+        # a group's dict may still be filled after it was handed over
+        # (``snapshot.decode_parts``): merged and counted once the groups are done
+        for into, records in merges:
+            into.update(records)
+        return sum(len(records) for records in self._records.values())
 
     def clear(self) -> None:
         """Back to empty (a snapshot that turned out damaged halfway through)."""

@@ -127,17 +127,20 @@ def decode_parts(
     parts: Iterable[bytes], count: int, per_pod: int, cutoff: float
 ) -> Iterator[SnapshotGroup]:
     """The groups of ``count`` parts (:func:`encode_parts`, in order), one part decoded
-    at a time as the groups are consumed, so a group may come once per part it spans.
-    A part that does not read back, or fewer or more parts than ``count``, raises
-    :class:`SnapshotDamaged` (after the groups of the parts before it: the caller
-    drops what it took of them)."""
+    at a time as the groups are consumed. A group is yielded once, with the first part
+    that holds it; its later parts' records go into that same dict as they are decoded
+    (the consumer holds it by then: each record is inserted once, not once into a
+    part's dict and again into the group's), so the groups are whole only when the
+    iteration ends. A part that does not read back, or fewer or more parts than
+    ``count``, raises :class:`SnapshotDamaged` (the caller drops what it took)."""
+    held: dict[tuple[Situation, str], dict[str, Record]] = {}
     seen = 0
     for part in parts:
         seen += 1
         if seen > count:
             raise SnapshotDamaged(f"more than its {count} parts")
         try:
-            groups = decode_snapshot(part, per_pod, cutoff)
+            groups = decode_snapshot(part, per_pod, cutoff, held)
         except SnapshotDamaged as exc:
             raise SnapshotDamaged(f"part {seen} of {count}: {exc}") from exc
         del part
@@ -146,11 +149,18 @@ def decode_parts(
         raise SnapshotDamaged(f"{seen} of its {count} parts found")
 
 
-def decode_snapshot(blob: bytes, per_pod: int, cutoff: float) -> Iterator[SnapshotGroup]:
+def decode_snapshot(
+    blob: bytes,
+    per_pod: int,
+    cutoff: float,
+    held: dict[tuple[Situation, str], dict[str, Record]] | None = None,
+) -> Iterator[SnapshotGroup]:
     """The groups of ``blob``, each record cut at ``cutoff`` (a time key: older dated
     samples are dropped, a pod left with none is dropped). Raises
     :class:`SnapshotDamaged` before yielding anything when the blob is not whole, or
-    was made with another ``per_pod`` (its records were bounded differently)."""
+    was made with another ``per_pod`` (its records were bounded differently). With
+    ``held`` (by situation and backend), a group found there is decoded into that
+    dict and not yielded; a new one is yielded and added to it."""
     view = memoryview(blob)
     if len(blob) < len(MAGIC) + _LENGTH.size + _CRC.size or not blob.startswith(MAGIC):
         raise SnapshotDamaged("not an evidence snapshot")
@@ -177,7 +187,7 @@ def decode_snapshot(blob: bytes, per_pod: int, cutoff: float) -> Iterator[Snapsh
     if laid_out != len(blob):
         raise SnapshotDamaged("lengths do not add up")
     renumber = None if impls == list(range(len(impls))) else impls
-    return _groups(view, at, groups, cutoff, renumber)
+    return _groups(view, at, groups, cutoff, renumber, held)
 
 
 def _groups(
@@ -186,6 +196,7 @@ def _groups(
     groups: list[tuple[Situation, str, int, int, int]],
     cutoff: float,
     renumber: list[int] | None,
+    held: dict[tuple[Situation, str], dict[str, Record]] | None,
 ) -> Iterator[SnapshotGroup]:
     for situation, backend, pods, keys_len, body_len in groups:
         # interned: one string per pod for all its situations and backends, as the
@@ -198,7 +209,8 @@ def _groups(
         at += body_len
         if len(keys) != pods or sum(counts) * SAMPLE_SIZE != body_len:
             raise SnapshotDamaged("a group's pods do not match its records")
-        records: dict[str, Record] = {}
+        known = None if held is None else held.get((situation, backend))
+        records: dict[str, Record] = {} if known is None else known
         offset = 0
         for key, n in zip(keys, counts, strict=True):
             end = offset + n * SAMPLE_SIZE
@@ -211,7 +223,10 @@ def _groups(
             if renumber is not None:  # this process numbers the code paths otherwise
                 record = _renumbered(record, renumber)
             records[key] = record
-        yield situation, backend, records
+        if known is None:
+            if held is not None:
+                held[(situation, backend)] = records
+            yield situation, backend, records
 
 
 _IMPL = struct.Struct("<H")

@@ -74,28 +74,28 @@ class SnapshotStore:
         return b"" if found is None else bytes(found)
 
     def parts_of(self, snapshot_id: int) -> Iterator[bytes]:
-        """A snapshot's parts in order, ``PARTS_PER_QUERY`` fetched at a time, so that
-        only those few are held while the caller decodes one."""
+        """A snapshot's parts in order, ``PARTS_PER_QUERY`` fetched at a time (on one
+        connection), so that only those few are held while the caller decodes one."""
         p = EvidenceSnapshotPartRow
         after = -1
-        while True:
-            q = (
-                select(p.seq, p.payload)
-                .where(p.snapshot_id == snapshot_id, p.seq > after)
-                .order_by(p.seq)
-                .limit(PARTS_PER_QUERY)
-            )
-            with self.engine.connect() as conn:
+        with self.engine.connect() as conn:
+            while True:
+                q = (
+                    select(p.seq, p.payload)
+                    .where(p.snapshot_id == snapshot_id, p.seq > after)
+                    .order_by(p.seq)
+                    .limit(PARTS_PER_QUERY)
+                )
                 rows = conn.execute(q).all()
-            if not rows:
-                return
-            after, last = int(rows[-1][0]), len(rows) < PARTS_PER_QUERY
-            page = [bytes(payload) for _, payload in rows]
-            del rows
-            while page:
-                yield page.pop(0)  # not held here once the caller moves on
-            if last:
-                return
+                if not rows:
+                    return
+                after, last = int(rows[-1][0]), len(rows) < PARTS_PER_QUERY
+                page = [bytes(payload) for _, payload in rows]
+                del rows
+                while page:
+                    yield page.pop(0)  # not held here once the caller moves on
+                if last:
+                    return
 
     def latest_made(self) -> tuple[datetime, int] | None:
         """When the newest snapshot was made and the id it covers, without its payload."""

@@ -361,7 +361,8 @@ def test_parts_read_back_as_the_whole_and_each_is_small() -> None:
     assert max(len(p) for p in parts) < 4096 + 1024  # a part's pods, its header, one pod
     read: dict[tuple[Situation, str], dict[str, bytes]] = {}
     for situation, backend, records in decode_parts(parts, len(parts), 4, 0.0):
-        read.setdefault((situation, backend), {}).update(records)
+        assert (situation, backend) not in read  # each group once, filled as parts come
+        read[(situation, backend)] = records
     assert read == whole
     assert [*decode_parts(list(encode_parts(4, [])), 1, 4, 0.0)] == []  # empty: one part
     with pytest.raises(SnapshotDamaged, match="of its"):
