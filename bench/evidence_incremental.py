@@ -66,9 +66,11 @@ except Exception as exc:  # an older checkout on a store a newer one migrated fu
 sync = rt.evidence_sync
 out = {"before_load": rss()}
 if mode == "clean" and getattr(rt.store, "snapshots", None) is not None:
-    from sqlalchemy import text
+    from sqlalchemy import inspect, text
     with rt.engine.begin() as conn:
         conn.execute(text("DELETE FROM evidence_snapshots"))
+        if inspect(conn).has_table("evidence_snapshot_parts"):
+            conn.execute(text("DELETE FROM evidence_snapshot_parts"))
 step("start", sync.full_reload, out)
 if mode == "clean" and hasattr(sync, "save_snapshot"):
     step("save_snapshot", sync.save_snapshot, out)
@@ -100,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", type=Path, default=ROOT, help="checkout of the code after")
     ap.add_argument("--url", required=True, help="a filled PostgreSQL store (SQLAlchemy URL)")
     ap.add_argument("--label", default="", help="what the store holds, for the record")
+    ap.add_argument(
+        "--snapshot-starts-of",
+        choices=("after", "both"),
+        default="after",
+        help="whose start from its own snapshot is run too (both: when the code before "
+        "keeps snapshots as well)",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     result: dict[str, Any] = {
@@ -113,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{side}: {tree}", file=sys.stderr, flush=True)
         result[side] = {"commit": commit_of(tree), "clean": run(tree, "clean", args.url)}
         print(json.dumps(result[side]["clean"]), file=sys.stderr, flush=True)
-    # the newer code's start from the snapshot its clean start left
-    result["after"]["start_from_snapshot"] = run(args.after.resolve(), "snapshot", args.url)
-    print(json.dumps(result["after"]["start_from_snapshot"]), file=sys.stderr, flush=True)
+        if args.snapshot_starts_of in (side, "both"):  # from the snapshot it just left
+            result[side]["start_from_snapshot"] = run(tree, "snapshot", args.url)
+            print(json.dumps(result[side]["start_from_snapshot"]), file=sys.stderr, flush=True)
     result["loadavg_end"] = os.getloadavg()
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

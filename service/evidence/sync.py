@@ -2,9 +2,10 @@
 
 - **Start** (the first load): the newest *evidence snapshot* is restored
   (``core/evidence/snapshot.py``: each pod's counted results per situation and backend,
-  as bytes, with the measurement id and gaps it covers; ``service/store/snapshots.py``),
-  cut at the window, then the wrong results it covers are read again through their own
-  index (an admin's clear changes them) and only the rows after it are read; the
+  as bytes, kept in parts of a few hundred KB and decoded one at a time, with the
+  measurement id and gaps it covers; ``service/store/snapshots.py``), cut at the
+  window, then the wrong results it covers are read again through their own index (an
+  admin's clear changes them) and only the rows after it are read; the
   result is exactly what reading the whole window gives, so a start costs the pods
   that count plus the recent rows, not the window's history. Without a usable snapshot
   (none yet, damaged, another ``per_pod``) the whole window is read, as
@@ -16,7 +17,8 @@
   window all the same). A load that read many rows leaves a new snapshot, written by
   the background thread; a running replica also makes one from the newest and the rows
   after it every ``SNAPSHOT_EVERY_S`` when ``SNAPSHOT_ROWS`` came since, so the next
-  start, on any replica, reads the recent rows only.
+  start, on any replica, reads the recent rows only. After a load, and after a
+  snapshot is written, the C library's free memory is handed back (``service/heap.py``).
 - **Reload** (asked for, or the store's ``evidence_epoch`` moved, which only a
   replica of an older release still does): in place (``reread``), no index rebuilt:
   the rows after the cursors, then the window's failures read again and put in place
@@ -48,7 +50,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -64,6 +66,7 @@ from mla_switchboard.service.evidence.window import (
     RowCursor,
     WindowReader,
 )
+from mla_switchboard.service.heap import trim_free_memory
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.priority import let_the_loop_in, lower_this_thread
 from mla_switchboard.service.store.config import ConfigStore
@@ -122,7 +125,7 @@ class EvidenceSync:
         self.last_load = LoadNote()
         self.rows_caught_up = 0  # measurement rows the last incremental read read
         self._loaded = False  # whether the indexes hold a full load (a reload rereads)
-        self._unsaved: tuple[SnapshotCover, int, bytes] | None = None  # made by a load
+        self._unsaved: tuple[SnapshotCover, int, list[bytes]] | None = None  # made by a load
         self._snapshot_checked = time.monotonic()  # a start's own load writes one if due
 
     # ------------------------------------------------------------ lifecycle
@@ -340,6 +343,7 @@ class EvidenceSync:
             self._applied = {k: versions.get(k, 0) for k in _KEYS}
         self.on_change()  # decisions use the new set from here on
         replaced.retire(let_the_loop_in)
+        trim_free_memory()  # what the load freed, back to the system (``service/heap.py``)
 
     # ------------------------------------------------------------- snapshots
 
@@ -349,14 +353,20 @@ class EvidenceSync:
         unsaved, self._unsaved = self._unsaved, None
         if unsaved is None or self.snapshots is None:
             return None
-        cover, pods, payload = unsaved
+        cover, pods, parts = unsaved
+        del unsaved
         per_pod = self.trusted.all.per_pod
-        return self.snapshots.save(self.clock(), per_pod, cover, pods, payload)
+        made = self.snapshots.save(self.clock(), per_pod, cover, pods, _draining(parts))
+        trim_free_memory()  # the parts, held since the load, are freed now
+        return made
 
     def refresh_snapshot(self, *, force: bool = False) -> int | None:
         """A new snapshot when one is due (``WindowReader.refresh``); its id."""
         now = self.clock()
-        return self._window().refresh(now, self.max_age, self.trusted.all.per_pod, force=force)
+        made = self._window().refresh(now, self.max_age, self.trusted.all.per_pod, force=force)
+        if made is not None:
+            trim_free_memory()  # the loader it built and the parts it wrote, freed
+        return made
 
     def catch_up(self) -> bool:
         """Read and apply only the rows this replica has not read (module docstring)."""
@@ -486,6 +496,14 @@ class _Reload:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.error: Exception | None = None
+
+
+def _draining(parts: list[bytes]) -> Iterator[bytes]:
+    """``parts`` in order, each let go of by the list as it is handed on: a part once
+    written is freed, not held until the last one is."""
+    parts.reverse()
+    while parts:
+        yield parts.pop()
 
 
 def _key(o: Observation) -> str:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from mla_switchboard.core.evidence import EvidenceLoader, Observation, report_key
 from mla_switchboard.core.evidence.snapshot import (
     SnapshotDamaged,
-    decode_snapshot,
-    encode_snapshot,
+    decode_parts,
+    encode_parts,
 )
 from mla_switchboard.service.priority import let_the_loop_in
 from mla_switchboard.service.store.measurements import MeasurementStore
@@ -148,10 +148,14 @@ class WindowReader:
         if stored is None:
             note.fallback = "no snapshot yet"
             return None
-        payload, stored = stored.payload, replace(stored, payload=b"")
-        try:  # a group at a time: never two copies of every record
-            groups = decode_snapshot(payload, loader.per_pod, since.timestamp())
-            del payload
+        if stored.parts:  # a part at a time, straight into the loader
+            parts: Iterable[bytes] = self.snapshots.parts_of(stored.id)
+            count = stored.parts
+        else:  # one payload, as snapshots were kept before parts
+            parts, count = [self.snapshots.payload(stored.id)], 1
+        try:
+            groups = decode_parts(parts, count, loader.per_pod, since.timestamp())
+            del parts
             note.pods_restored = loader.restore(groups)
         except SnapshotDamaged as exc:
             loader.clear()
@@ -187,17 +191,17 @@ class WindowReader:
 
     def encode(
         self, loader: EvidenceLoader, cursor: RowCursor
-    ) -> tuple[SnapshotCover, int, bytes] | None:
-        """A snapshot of what ``loader`` read through ``cursor``; None when it cannot
-        be kept (it is only a shortcut: the rows stay the truth)."""
+    ) -> tuple[SnapshotCover, int, list[bytes]] | None:
+        """A snapshot of what ``loader`` read through ``cursor``, in parts; None when
+        it cannot be kept (it is only a shortcut: the rows stay the truth)."""
         groups = list(loader.groups())
         try:
-            payload = encode_snapshot(loader.per_pod, groups)
+            parts = list(encode_parts(loader.per_pod, groups))
         except ValueError as exc:
             log.warning("evidence snapshot not made: %s", exc)
             return None
         pods = sum(len(records) for _, _, records in groups)
-        return SnapshotCover(cursor.after, tuple(sorted(cursor.gaps))), pods, payload
+        return SnapshotCover(cursor.after, tuple(sorted(cursor.gaps))), pods, parts
 
     def load_measurements(
         self,
@@ -260,8 +264,8 @@ class WindowReader:
         del loader
         if made is None:
             return None
-        cover, pods, payload = made
-        return self.snapshots.save(now, per_pod, cover, pods, payload)
+        cover, pods, parts = made
+        return self.snapshots.save(now, per_pod, cover, pods, parts)
 
 
 def _key(o: Observation) -> str:

@@ -295,6 +295,19 @@ class EvidenceSnapshotRow(Base):
     measurement_id: Mapped[int] = mapped_column(BigInteger)
     gaps: Mapped[list[Any]] = mapped_column(JSON)
     pods: Mapped[int] = mapped_column(Integer)
+    # empty when kept in ``parts`` rows (EvidenceSnapshotPartRow); 0 parts: all in here
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    parts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
+class EvidenceSnapshotPartRow(Base):
+    """One part of an evidence snapshot (``core.evidence.snapshot.encode_parts``): a
+    few hundred KB, read one at a time, so that no block the size of the whole
+    snapshot is ever allocated. Dropped with its snapshot by the store."""
+
+    __tablename__ = "evidence_snapshot_parts"
+    snapshot_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     payload: Mapped[bytes] = mapped_column(LargeBinary)
 
 

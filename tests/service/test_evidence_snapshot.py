@@ -14,14 +14,20 @@ import pytest
 from mla_switchboard.core.evidence import EvidenceLoader, Situation
 from mla_switchboard.core.evidence.snapshot import (
     SnapshotDamaged,
+    decode_parts,
     decode_snapshot,
+    encode_parts,
     encode_snapshot,
 )
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.runtime import Runtime
-from mla_switchboard.service.store.models import EvidenceSnapshotRow, MeasurementRow
-from sqlalchemy import select, update
+from mla_switchboard.service.store.models import (
+    EvidenceSnapshotPartRow,
+    EvidenceSnapshotRow,
+    MeasurementRow,
+)
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 SITUATION = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
@@ -166,20 +172,51 @@ def test_a_reload_after_new_reports_reads_only_them(url: str, snapshotted: Runti
     assert answers(snapshotted) == full_read(url)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "altered", "missing", "per_pod"])
+def resave_in_parts(rt: Runtime, part_bytes: int) -> int:
+    """The newest snapshot written again in parts of ``part_bytes`` (many, for these
+    few pods); how many."""
+    with Session(rt.engine) as s, s.begin():
+        row = s.scalars(select(EvidenceSnapshotRow)).one()
+        stored = b"".join(
+            s.scalars(
+                select(EvidenceSnapshotPartRow.payload)
+                .where(EvidenceSnapshotPartRow.snapshot_id == row.id)
+                .order_by(EvidenceSnapshotPartRow.seq)
+            )
+        )
+        assert row.parts == 1  # these few pods fit in one part
+        parts = list(encode_parts(4, decode_snapshot(stored, 4, 0.0), part_bytes))
+        s.execute(delete(EvidenceSnapshotPartRow))
+        s.add_all(
+            EvidenceSnapshotPartRow(snapshot_id=row.id, seq=i, payload=part)
+            for i, part in enumerate(parts)
+        )
+        row.parts = len(parts)
+    return len(parts)
+
+
+@pytest.mark.parametrize(
+    "damage", ["truncated", "altered", "missing", "per_pod", "part_missing", "part_altered"]
+)
 def test_a_damaged_or_missing_snapshot_means_a_full_read_and_says_so(
     url: str, snapshotted: Runtime, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    if damage.startswith("part_"):
+        assert resave_in_parts(snapshotted, 200) > 5
     with Session(snapshotted.engine) as s, s.begin():
         row = s.scalars(select(EvidenceSnapshotRow)).one()
+        parts = list(s.scalars(select(EvidenceSnapshotPartRow).order_by("seq")))
+        part = parts[len(parts) // 2]
         if damage == "truncated":
-            row.payload = row.payload[: len(row.payload) // 2]
-        elif damage == "altered":
-            payload = bytearray(row.payload)
+            part.payload = part.payload[: len(part.payload) // 2]
+        elif damage in ("altered", "part_altered"):
+            payload = bytearray(part.payload)
             payload[len(payload) // 2] ^= 0xFF
-            row.payload = bytes(payload)
+            part.payload = bytes(payload)
         elif damage == "per_pod":
-            row.payload = encode_snapshot(8, [])
+            part.payload = encode_snapshot(8, [])
+        elif damage == "part_missing":
+            s.delete(part)
         else:
             s.delete(row)
     store_rows(snapshotted, history(1, datetime.now(UTC), salt=0.3))
@@ -197,6 +234,8 @@ def test_a_damaged_or_missing_snapshot_means_a_full_read_and_says_so(
         "altered": "checksum mismatch",
         "per_pod": "made with 8 samples per pod, not 4",
         "missing": "no snapshot yet",
+        "part_missing": "parts found",
+        "part_altered": "checksum mismatch",
     }[damage]
     assert note.fallback is not None and expected in note.fallback
     if damage != "missing":
@@ -264,3 +303,72 @@ def test_a_snapshot_names_its_code_paths(monkeypatch: pytest.MonkeyPatch) -> Non
     ((_, _, read),) = decode_snapshot(blob, 4, 0.0)
     (_, tflops, impl) = records.RECORD.unpack(read["c\0p"])
     assert (tflops, records.IMPL_NAMES[impl]) == (500.0, "made-elsewhere-b")
+
+
+def test_a_snapshot_in_many_parts_restores_what_a_full_read_holds(
+    url: str, snapshotted: Runtime
+) -> None:
+    """Parts of a few pods each, a group spread over several: each is decoded in
+    turn into the same records as one part, and a start from them holds exactly what
+    a read of the whole window does."""
+    count = resave_in_parts(snapshotted, 300)
+    assert count > 5
+    store_rows(snapshotted, history(1, datetime.now(UTC), salt=0.4))
+    rt = runtime(url)
+    rt.start()
+    try:
+        note = rt.evidence_sync.last_load
+        assert note.snapshot_id is not None and note.fallback is None
+        assert note.pods_restored == snapshotted.store.snapshots.latest().pods  # type: ignore[union-attr]
+        restored = answers(rt)
+    finally:
+        rt.stop()
+    assert restored == full_read(url)
+
+
+def test_a_snapshot_of_the_one_payload_layout_still_loads(url: str, snapshotted: Runtime) -> None:
+    """A snapshot written before parts (its bytes in the row, ``parts`` 0) is read as
+    it is: a start from it holds what a full read does."""
+    with Session(snapshotted.engine) as s, s.begin():
+        row = s.scalars(select(EvidenceSnapshotRow)).one()
+        (payload,) = s.scalars(select(EvidenceSnapshotPartRow.payload))
+        s.execute(delete(EvidenceSnapshotPartRow))
+        row.payload, row.parts = payload, 0
+    rt = runtime(url)
+    rt.start()
+    try:
+        note = rt.evidence_sync.last_load
+        assert note.snapshot_id is not None and note.fallback is None
+        assert note.pods_restored > 0
+        restored = answers(rt)
+    finally:
+        rt.stop()
+    assert restored == full_read(url)
+
+
+def test_parts_read_back_as_the_whole_and_each_is_small() -> None:
+    loader = EvidenceLoader(4)
+    now = datetime.now(UTC).timestamp()
+    loader.add_samples(
+        (SITUATION, backend, f"c{p % 3}", f"p{p}", now - d, 400.0 + d, None, "r")
+        for backend in ("FLASHINFER", "CUDNN")
+        for p in range(500)
+        for d in range(4)
+    )  # fmt: skip
+    whole = {(s, b): r for s, b, r in loader.groups()}
+    parts = list(encode_parts(4, loader.groups(), 4096))
+    assert len(parts) > 10
+    assert max(len(p) for p in parts) < 4096 + 1024  # a part's pods, its header, one pod
+    read: dict[tuple[Situation, str], dict[str, bytes]] = {}
+    for situation, backend, records in decode_parts(parts, len(parts), 4, 0.0):
+        assert (situation, backend) not in read  # each group once, filled as parts come
+        read[(situation, backend)] = records
+    assert read == whole
+    assert [*decode_parts(list(encode_parts(4, [])), 1, 4, 0.0)] == []  # empty: one part
+    with pytest.raises(SnapshotDamaged, match="of its"):
+        list(decode_parts(parts[:-1], len(parts), 4, 0.0))
+    with pytest.raises(SnapshotDamaged, match="more than"):
+        list(decode_parts(parts, len(parts) - 1, 4, 0.0))
+    damaged = [*parts[:3], parts[3][:-1] + bytes([parts[3][-1] ^ 1]), *parts[4:]]
+    with pytest.raises(SnapshotDamaged, match=f"part 4 of {len(parts)}: checksum"):
+        list(decode_parts(damaged, len(parts), 4, 0.0))
