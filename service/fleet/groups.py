@@ -16,7 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from operator import itemgetter
@@ -309,6 +309,7 @@ class DecisionMemo:
         self._found: dict[tuple[object, ...], object] = release_later({})
         self._depends: dict[tuple[object, ...], Dependence] = {}
         self._described: dict[str, tuple[object, ...]] = {}
+        self._silent: dict[tuple[int, str], tuple[EvidenceIndex, bool]] = {}
         self.made = 0
 
     def depends(
@@ -328,9 +329,18 @@ class DecisionMemo:
         if found is None:
             found = self._depends[key] = dependence(request, inputs, self._now, exact=exact)
         unmeasured = found.unmeasured
-        if unmeasured is not None and silent(narrow().evidence, shape_situation(shape_id, request)):
+        if unmeasured is not None and self._says_nothing(narrow().evidence, shape_id, request):
             return unmeasured
         return found
+
+    def _says_nothing(self, index: EvidenceIndex, shape_id: str, request: SelectRequest) -> bool:
+        """:func:`silent` of ``index`` for the shape's situation, once per index and shape
+        in this read (the index is held with the answer: its id stays its own)."""
+        key = (id(index), shape_id)
+        found = self._silent.get(key)
+        if found is None or found[0] is not index:
+            found = self._silent[key] = (index, silent(index, shape_situation(shape_id, request)))
+        return found[1]
 
     def _key(
         self,
@@ -339,8 +349,10 @@ class DecisionMemo:
         shape_id: str,
         stage: StageClass,
         depends: Dependence,
+        by_shape: bool = False,
     ) -> tuple[object, ...]:
-        if depends.evidence:
+        """``by_shape``: keyed by the shape itself, as when evidence is read."""
+        if by_shape or depends.evidence:
             shape: object = shape_id
         else:
             shape = self._described.get(shape_id)
@@ -385,7 +397,7 @@ class DecisionMemo:
         """``assess`` of the pods of ``shape_id`` in ``stage``, shared as
         :meth:`decision` shares decisions, by shape: an assessment names the situation."""
         depends = self.depends(request, shape_id, inputs, lambda: narrowed, False)
-        key = self._key("assess", request, shape_id, stage, replace(depends, evidence=True))
+        key = self._key("assess", request, shape_id, stage, depends, by_shape=True)
         found = self._found.get(key)
         if found is None:
             self.made += 1

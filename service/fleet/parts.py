@@ -53,6 +53,7 @@ from mla_switchboard.service.fleet.groups import (
     PodGroup,
     each_group,
 )
+from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally
 from mla_switchboard.service.fleet.regret import cluster_exclusions, cluster_regret
 from mla_switchboard.service.selector import InputsFor
@@ -274,15 +275,20 @@ class PartsRead:
     ) -> None:
         self._parts = parts
         self.fleet, self.inputs, self.now = fleet, inputs, now
-        self._inputs_for = inputs_for
+        self._inputs_for = per_model(inputs_for)
         self._evidence_of = evidence_of
         self.deadline = deadline
         self._memo = DecisionMemo(now)
         self._classes = ClassCache()
         self._walk = ProgressWalk(
-            inputs, now, inputs_for, evidence_of, memo=self._memo, classes=self._classes
+            inputs, now, self._inputs_for, evidence_of, memo=self._memo, classes=self._classes
         )
         self._found: dict[str, ClusterPart] = {}
+
+    @property
+    def inputs_for(self) -> InputsFor | None:
+        """The read's ``inputs_for``, asked once per cluster and model (``narrowing``)."""
+        return self._inputs_for
 
     # ------------------------------------------------------------------ keys
 

@@ -38,6 +38,7 @@ from mla_switchboard.service.fleet.groups import (
     StageClass,
     each_group,
 )
+from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.selector import InputsFor
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -147,6 +148,7 @@ def replay(
     is decided under both."""
     tally = _Tally()
     unreadable = total = 0
+    inputs_for = per_model(inputs_for)
     classes = ClassCache()
     memo = DecisionMemo(now)
 

@@ -28,6 +28,7 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
     shape_situation,
 )
+from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.selector import InputsFor
 
 ALL_BUCKETS: frozenset[int | None] = frozenset([*range(STAGE_BUCKETS), None])
@@ -82,7 +83,7 @@ class ProgressWalk:
         memo: DecisionMemo | None = None,
         classes: ClassCache | None = None,
     ) -> None:
-        self.inputs, self.now, self.inputs_for = inputs, now, inputs_for
+        self.inputs, self.now, self.inputs_for = inputs, now, per_model(inputs_for)
         self.evidence_of = evidence_of or (lambda _: inputs.evidence)
         self.memo = memo or DecisionMemo(now)
         self.classes = classes or ClassCache()

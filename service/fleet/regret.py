@@ -37,6 +37,7 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
     shape_situation,
 )
+from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.selector import InputsFor
 
 
@@ -52,6 +53,7 @@ def regret_by_cluster(
     throughput lost and the best alternatives. Validity comes from the evaluator's
     ``assess`` (spec, engine, denies and, under policy measured, failure evidence)."""
     classes, memo = ClassCache(), DecisionMemo(now)
+    inputs_for = per_model(inputs_for)
     return {
         cluster: cluster_regret(
             groups,
@@ -81,6 +83,7 @@ def cluster_regret(
     every cluster that decides the group alike: ``DecisionMemo``)."""
     classes = classes or ClassCache()
     memo = memo or DecisionMemo(now)
+    inputs_for = per_model(inputs_for)
     pods = measured_pods = on_best = 0
     chosen_sum = best_sum = 0.0
     switch_to: dict[str, int] = defaultdict(int)
@@ -140,6 +143,7 @@ def exclusions_by_cluster(
     policy ``measured``, with why (who failed, when, with what), as data. The summary and
     the dashboard show it, so an exclusion is never a silent gap."""
     classes, memo = ClassCache(), DecisionMemo(now)
+    inputs_for = per_model(inputs_for)
     out = {}
     for cluster, groups in sorted(fleet.by_cluster.items()):
         found = cluster_exclusions(
@@ -169,6 +173,7 @@ def cluster_exclusions(
     """One cluster's exclusions (``exclusions_by_cluster``'s entry; empty: none)."""
     classes = classes or ClassCache()
     memo = memo or DecisionMemo(now)
+    inputs_for = per_model(inputs_for)
     out: dict[str, MeasuredExclusion] = {}
     seen: set[Any] = set()
     for group in each_group(groups, deadline):
