@@ -229,9 +229,14 @@ def partial_rollouts(
     request: SelectRequest, overrides: Sequence[Override], now: datetime
 ) -> tuple[Override, ...]:
     """The staged overrides in force for ``request`` whose stage is a part of the pods."""
+    return _partial(applicable_overrides(request, overrides, now))
+
+
+def _partial(applicable: Iterable[Override]) -> tuple[Override, ...]:
+    """Those of ``applicable`` whose stage is a part of the pods."""
     return tuple(
         o
-        for o in applicable_overrides(request, overrides, now)
+        for o in applicable
         if o.rollout is not None and o.rollout.state == "active" and o.rollout.percent < 100
     )
 
@@ -303,8 +308,11 @@ class DecisionMemo:
 
     ``made`` counts the decisions and assessments made (what the growth tests count)."""
 
-    def __init__(self, now: datetime) -> None:
+    def __init__(self, now: datetime, classes: ClassCache | None = None) -> None:
+        """``classes``: the read's, whose overrides that apply per cluster and model
+        ``effects.dependence`` reads too."""
         self._now = now
+        self._classes = classes or ClassCache()
         # thousands of decisions: freed gradually after a fleet read (service/priority.py)
         self._found: dict[tuple[object, ...], object] = release_later({})
         self._depends: dict[tuple[object, ...], Dependence] = {}
@@ -327,7 +335,10 @@ class DecisionMemo:
         key = (id(inputs.rules), id(inputs.overrides), request.cluster, request.model.name, exact)
         found = self._depends.get(key)
         if found is None:
-            found = self._depends[key] = dependence(request, inputs, self._now, exact=exact)
+            applicable = self._classes.applicable(request, inputs.overrides, self._now)
+            found = self._depends[key] = dependence(
+                request, inputs, self._now, exact=exact, applicable=applicable
+            )
         unmeasured = found.unmeasured
         if unmeasured is not None and self._says_nothing(narrow().evidence, shape_id, request):
             return unmeasured
@@ -434,7 +445,7 @@ class ClassCache:
         key = (id(overrides), request.cluster, request.model.name)
         found = self._partials.get(key)
         if found is None:
-            found = self._partials[key] = partial_rollouts(request, overrides, now)
+            found = self._partials[key] = _partial(self.applicable(request, overrides, now))
         return found
 
     def of(self, rollouts: Sequence[Override]) -> tuple[StageClass, ...]:

@@ -51,6 +51,7 @@ from mla_switchboard.service.fleet.groups import (
     DecisionMemo,
     FleetSnapshot,
     PodGroup,
+    StageClass,
     each_group,
 )
 from mla_switchboard.service.fleet.narrowing import per_model
@@ -278,12 +279,13 @@ class PartsRead:
         self._inputs_for = per_model(inputs_for)
         self._evidence_of = evidence_of
         self.deadline = deadline
-        self._memo = DecisionMemo(now)
         self._classes = ClassCache()
+        self._memo = DecisionMemo(now, self._classes)
         self._walk = ProgressWalk(
             inputs, now, self._inputs_for, evidence_of, memo=self._memo, classes=self._classes
         )
         self._found: dict[str, ClusterPart] = {}
+        self._given_in: dict[tuple[str, str], tuple[_Given, tuple[StageClass, ...]]] = {}
 
     @property
     def inputs_for(self) -> InputsFor | None:
@@ -446,10 +448,16 @@ class PartsRead:
         bucket ``bucket`` (None: refused): a preview's "from", kept with ``pending``.
         ``bucket`` is any bucket of a stage class of the preview's, which splits those
         of the configuration in force further (a proposal may add a staged rollout)."""
-        self.pending(group.cluster)
-        given = self.part(group.cluster).given
-        assert given is not None and group.request is not None
-        for stage in self._classes.of(self._partials(group)):
+        assert group.request is not None
+        at = (group.cluster, group.request.model.name)
+        found = self._given_in.get(at)
+        if found is None:  # the stage classes are a function of the cluster and model
+            self.pending(group.cluster)
+            given = self.part(group.cluster).given
+            assert given is not None
+            found = self._given_in[at] = (given, self._classes.of(self._partials(group)))
+        given, stages = found
+        for stage in stages:
             if stage.buckets is None or bucket in stage.buckets:
                 return given[(group.shape_id, stage.buckets)]
         raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")

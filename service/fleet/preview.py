@@ -150,7 +150,7 @@ def replay(
     unreadable = total = 0
     inputs_for = per_model(inputs_for)
     classes = ClassCache()
-    memo = DecisionMemo(now)
+    memo = DecisionMemo(now, classes)
 
     def under(
         side: str,
@@ -180,24 +180,29 @@ def replay(
         # (``Settled.proposed``)
         given_after: dict[tuple[str, frozenset[int] | None], str | None] = {}
         pending_after = 0
+        # per model: the replay's stage classes and the proposal's own (the staged
+        # overrides that apply are a function of the cluster and the model)
+        staging: dict[str, tuple[tuple[StageClass, ...], tuple[StageClass, ...]]] = {}
         for group in each_group(groups, deadline):
             total += group.pods
             request = group.request
             if request is None:
                 unreadable += group.pods  # recorded under an older schema; cannot be replayed
                 continue
-            partials = classes.partials(request, proposed.overrides, now)
-            staged = _union(classes.partials(request, current.overrides, now), partials)
-            stages = classes.of(staged)
+            found = staging.get(request.model.name)
+            if found is None:
+                partials = classes.partials(request, proposed.overrides, now)
+                staged = _union(classes.partials(request, current.overrides, now), partials)
+                found = staging[request.model.name] = (classes.of(staged), classes.of(partials))
+            stages, proposal_classes = found
             given_to: list[tuple[StageClass, str | None]] = []
             for stage in stages:
                 after = under("to", proposed, request, group.shape_id, stage, exact)
                 to = None if isinstance(after, Refusal) else after.backend.value
                 given_to.append((stage, to))
+                counted = [(row, n) for row in group.rows if (n := stage.count(row))]
                 if to is not None:
-                    pending_after += sum(
-                        n for row in group.rows if row.backend != to and (n := stage.count(row))
-                    )
+                    pending_after += sum(n for row, n in counted if row.backend != to)
 
                 def before(
                     r: Any = request, g: PodGroup = group, st: StageClass = stage, x: bool = exact
@@ -209,12 +214,10 @@ def replay(
                 else:
                     decided = before()
                     given = None if isinstance(decided, Refusal) else decided.backend.value
-                for row in group.rows:
-                    n = stage.count(row)
-                    if n:
-                        tally.add(group.cluster, row.backend, given, before, after, n, own)
+                for row, n in counted:
+                    tally.add(group.cluster, row.backend, given, before, after, n, own)
             if settled is not None:
-                _given(given_after, group.shape_id, given_to, classes.of(partials))
+                _given(given_after, group.shape_id, given_to, proposal_classes)
         if settled is not None:
             settled.proposed(cluster, proposed, pending_after, given_after)
     return tally.preview(total=total, unreadable=unreadable)

@@ -85,8 +85,8 @@ class ProgressWalk:
     ) -> None:
         self.inputs, self.now, self.inputs_for = inputs, now, per_model(inputs_for)
         self.evidence_of = evidence_of or (lambda _: inputs.evidence)
-        self.memo = memo or DecisionMemo(now)
         self.classes = classes or ClassCache()
+        self.memo = memo or DecisionMemo(now, self.classes)
 
     def cluster(
         self, o: Override, groups: Sequence[PodGroup], deadline: Deadline | None = None

@@ -52,7 +52,8 @@ def regret_by_cluster(
     """Per cluster: pods, pods measured, pods on their best backend, the share of
     throughput lost and the best alternatives. Validity comes from the evaluator's
     ``assess`` (spec, engine, denies and, under policy measured, failure evidence)."""
-    classes, memo = ClassCache(), DecisionMemo(now)
+    classes = ClassCache()
+    memo = DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
     return {
         cluster: cluster_regret(
@@ -82,7 +83,7 @@ def cluster_regret(
     ``classes``, ``memo``: shared by the clusters of one read (an assessment holds for
     every cluster that decides the group alike: ``DecisionMemo``)."""
     classes = classes or ClassCache()
-    memo = memo or DecisionMemo(now)
+    memo = memo or DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
     pods = measured_pods = on_best = 0
     chosen_sum = best_sum = 0.0
@@ -142,7 +143,8 @@ def exclusions_by_cluster(
     """Per cluster, the backends that failure evidence excludes for its pods under
     policy ``measured``, with why (who failed, when, with what), as data. The summary and
     the dashboard show it, so an exclusion is never a silent gap."""
-    classes, memo = ClassCache(), DecisionMemo(now)
+    classes = ClassCache()
+    memo = DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
     out = {}
     for cluster, groups in sorted(fleet.by_cluster.items()):
@@ -172,7 +174,7 @@ def cluster_exclusions(
 ) -> dict[str, MeasuredExclusion]:
     """One cluster's exclusions (``exclusions_by_cluster``'s entry; empty: none)."""
     classes = classes or ClassCache()
-    memo = memo or DecisionMemo(now)
+    memo = memo or DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
     out: dict[str, MeasuredExclusion] = {}
     seen: set[Any] = set()
