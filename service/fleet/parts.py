@@ -480,7 +480,7 @@ class PartsRead:
             def narrowed(r: SelectRequest = request) -> DecisionInputs:
                 return inputs if narrow is None else narrow(r, inputs, now)
 
-            for stage in self._classes.of(self._partials(group)):
+            for stage in self._classes.stages(request, inputs.overrides, now):
                 decided = memo.decision(request, group.shape_id, stage, inputs, narrowed)
                 backend = None if isinstance(decided, Refusal) else decided.backend.value
                 given[(group.shape_id, stage.buckets)] = backend

@@ -106,7 +106,7 @@ class ProgressWalk:
             def narrowed(r: SelectRequest = request) -> DecisionInputs:
                 return inputs if self.inputs_for is None else self.inputs_for(r, inputs, now)
 
-            for stage in self.classes.of(self.classes.partials(request, inputs.overrides, now)):
+            for stage in self.classes.stages(request, inputs.overrides, now):
                 inside = in_stage(request, o, stage.bucket)
                 given = (
                     memo.decision(request, group.shape_id, stage, inputs, narrowed)

@@ -97,7 +97,7 @@ def cluster_regret(
         evidence = narrowed.evidence
         if not evidence.group(shape_situation(group.shape_id, request)):
             continue  # nothing measured for these pods: no assessment needed
-        for stage in classes.of(classes.partials(request, inputs.overrides, now)):
+        for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.situation is None:
                 break
@@ -186,7 +186,7 @@ def cluster_exclusions(
         if not any(o.policy == "measured" for o in applicable):
             continue  # failure evidence excludes only under policy measured
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-        for stage in classes.of(classes.partials(request, inputs.overrides, now)):
+        for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.policy != "measured" or assessed.situation is None:
                 continue
