@@ -95,19 +95,25 @@ class ProgressWalk:
         :class:`RolloutTally` adds up, to be merged with the other clusters'."""
         inputs, now, memo = self.inputs, self.now, self.memo
         tally = RolloutTally.of(o)
+        # per model (what decides whether ``o`` applies, and the stage classes): the
+        # classes with whether each is in ``o``'s stage; None where ``o`` does not apply
+        staging: dict[str, tuple[tuple[StageClass, bool], ...] | None] = {}
         for group in each_group(groups, deadline):
             request = group.request
             if o.cluster not in (FLEET, group.cluster) or request is None:
                 continue
-            if not any(x is o for x in self.classes.applicable(request, inputs.overrides, now)):
+            model = request.model.name
+            stages = staging.get(model, ())
+            if stages == ():
+                stages = staging[model] = self._stages(o, request)
+            if stages is None:
                 continue
             tally.scoped += group.pods
 
             def narrowed(r: SelectRequest = request) -> DecisionInputs:
                 return inputs if self.inputs_for is None else self.inputs_for(r, inputs, now)
 
-            for stage in self.classes.stages(request, inputs.overrides, now):
-                inside = in_stage(request, o, stage.bucket)
+            for stage, inside in stages:
                 given = (
                     memo.decision(request, group.shape_id, stage, inputs, narrowed)
                     if inside
@@ -118,6 +124,17 @@ class ProgressWalk:
             if situation is not None:
                 tally.sample(group, situation, self.evidence_of)
         return tally
+
+    def _stages(
+        self, o: Override, request: SelectRequest
+    ) -> tuple[tuple[StageClass, bool], ...] | None:
+        """The stage classes of ``request``'s pods, each with whether it is in ``o``'s
+        stage; None when ``o`` does not apply to them."""
+        inputs, now = self.inputs, self.now
+        if not any(x is o for x in self.classes.applicable(request, inputs.overrides, now)):
+            return None
+        stages = self.classes.stages(request, inputs.overrides, now)
+        return tuple((stage, in_stage(request, o, stage.bucket)) for stage in stages)
 
 
 class RolloutTally:
