@@ -55,7 +55,7 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
 )
 from mla_switchboard.service.fleet.narrowing import per_model
-from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally
+from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally, StageSamples
 from mla_switchboard.service.fleet.regret import cluster_exclusions, cluster_regret
 from mla_switchboard.service.selector import InputsFor
 
@@ -155,6 +155,7 @@ class ClusterParts:
         self._read: dict[str, _Read] = {}
         self._before: dict[str, _Read] = {}
         self._epochs = itertools.count()
+        self.samples = StageSamples()  # a rollout's stage samples, by evidence version
         self.computed: dict[str, int] = {}
 
     def reading(
@@ -282,7 +283,13 @@ class PartsRead:
         self._classes = ClassCache()
         self._memo = DecisionMemo(now, self._classes)
         self._walk = ProgressWalk(
-            inputs, now, self._inputs_for, evidence_of, memo=self._memo, classes=self._classes
+            inputs,
+            now,
+            self._inputs_for,
+            evidence_of,
+            memo=self._memo,
+            classes=self._classes,
+            samples=parts.samples,
         )
         self._found: dict[str, ClusterPart] = {}
         self._given_in: dict[tuple[str, str], tuple[_Given, tuple[StageClass, ...]]] = {}
