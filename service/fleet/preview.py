@@ -215,6 +215,9 @@ def replay(
                     decided = before()
                     given = None if isinstance(decided, Refusal) else decided.backend.value
                 for row, n in counted:
+                    if given is not None and given == to:  # they stay: pending or not
+                        tally.pending += n if given != row.backend else 0
+                        continue
                     tally.add(group.cluster, row.backend, given, before, after, n, own)
             if settled is not None:
                 _given(given_after, group.shape_id, given_to, proposal_classes)
