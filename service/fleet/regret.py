@@ -25,6 +25,7 @@ from mla_switchboard.core.evaluator import (
     Assessment,
     DecisionInputs,
 )
+from mla_switchboard.core.evidence import EvidenceIndex, Situation
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.fleet.groups import (
@@ -95,8 +96,8 @@ def cluster_regret(
             continue
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         evidence = narrowed.evidence
-        if not evidence.group(shape_situation(group.shape_id, request)):
-            continue  # nothing measured for these pods: no assessment needed
+        if not _rankable(evidence, shape_situation(group.shape_id, request)):
+            continue  # nothing measured enough to rank for these pods: no assessment needed
         for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.situation is None:
@@ -130,6 +131,16 @@ def cluster_regret(
         "throughput_lost_pct": round(100.0 * lost, 2),
         "best_alternatives": dict(sorted(switch_to.items())),
     }
+
+
+def _rankable(evidence: EvidenceIndex, situation: Situation | None) -> bool:
+    """Whether some backend of ``situation`` has the samples and pods to be ranked
+    (``eligible``'s thresholds): else no valid set ranks any, and the pods' regret is
+    not measured whatever their assessment."""
+    return any(
+        stats.samples >= evidence.min_samples and stats.pods >= evidence.min_pods
+        for stats in evidence.group(situation).values()
+    )
 
 
 def exclusions_by_cluster(
