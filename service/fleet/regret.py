@@ -143,6 +143,12 @@ def _rankable(evidence: EvidenceIndex, situation: Situation | None) -> bool:
     )
 
 
+def _failing(evidence: EvidenceIndex, situation: Situation | None) -> bool:
+    """Whether some backend of ``situation`` has failures noted: an exclusion is only
+    ever of those (``measured_failures``)."""
+    return any(stats.failures for stats in evidence.group(situation).values())
+
+
 def exclusions_by_cluster(
     fleet: FleetSnapshot,
     inputs: DecisionInputs,
@@ -197,6 +203,8 @@ def cluster_exclusions(
         if not any(o.policy == "measured" for o in applicable):
             continue  # failure evidence excludes only under policy measured
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
+        if not _failing(narrowed.evidence, shape_situation(group.shape_id, request)):
+            continue  # no failure in the situation: nothing to exclude, no assessment needed
         for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.policy != "measured" or assessed.situation is None:

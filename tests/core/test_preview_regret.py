@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from mla_switchboard.core.evaluator import Decision, DecisionInputs, decide
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, assess, decide
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_of
 from mla_switchboard.core.schemas import SEED_RULES, SelectRequest
 from mla_switchboard.service.fleet.groups import DecisionMemo, FleetSnapshot
 from mla_switchboard.service.fleet.preview import replay, with_override
-from mla_switchboard.service.fleet.regret import cluster_regret, regret_by_cluster
+from mla_switchboard.service.fleet.regret import (
+    cluster_exclusions,
+    cluster_regret,
+    regret_by_cluster,
+)
 from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override, request
@@ -154,3 +158,29 @@ def test_evidence_too_thin_to_rank_measures_no_pod_and_assesses_none() -> None:
     memo = DecisionMemo(NOW)
     r = cluster_regret(FleetSnapshot.of_pods(pods).groups, enough, now=NOW, memo=memo)
     assert r["pods_measured"] == 3 and memo.made > 0
+
+
+def test_exclusions_are_the_assessments_and_need_none_without_failures() -> None:
+    situation = situation_of(H200)
+    assert situation is not None
+    failed = Observation(
+        situation, "FLASHINFER", "pod-x", None, ok=False, cluster="staging", at=NOW, error="oops"
+    )
+    measured = (override("*", policy="measured"),)
+    ev = evidence(FLASHINFER=600, FLASH_ATTN=200).with_observations(
+        [failed, replace(failed, pod="pod-y")]
+    )
+    inputs = DecisionInputs(SEED_RULES, measured, ev)
+    pods = fleet(2, H200, "west", inputs)
+    groups = FleetSnapshot.of_pods(pods).groups
+    found = cluster_exclusions(groups, inputs, now=NOW)
+    request = pods[0].request  # what a pod of the group asks
+    assert request is not None
+    assessed = assess(request, inputs, NOW)
+    assert found == {b.value: why for b, why in assessed.exclusions.items()}
+    assert set(found) == {"FLASHINFER"}
+
+    quiet = DecisionInputs(SEED_RULES, measured, evidence(FLASHINFER=600, FLASH_ATTN=200))
+    memo = DecisionMemo(NOW)
+    assert cluster_exclusions(groups, quiet, now=NOW, memo=memo) == {}
+    assert memo.made == 0  # no failure in the situation: nothing assessed
