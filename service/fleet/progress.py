@@ -117,11 +117,9 @@ class ProgressWalk:
                 return inputs if self.inputs_for is None else self.inputs_for(r, inputs, now)
 
             for stage, inside in stages:
-                given = (
-                    memo.decision(request, group.shape_id, stage, inputs, narrowed)
-                    if inside
-                    else None
-                )
+                if not inside:
+                    continue  # pods outside the stage add to neither count
+                given = memo.decision(request, group.shape_id, stage, inputs, narrowed)
                 tally.count(group, stage, inside, given)
             situation = shape_situation(group.shape_id, request)
             if situation is not None:
