@@ -21,6 +21,10 @@ from mla_switchboard.core.specs import Backend
 __all__ = ["PublishedEvidence"]
 
 
+_TABLE_ORDER = {b: i for i, b in enumerate(Backend)}
+"""Each backend's place in the table: how ties in speed are ranked."""
+
+
 class PublishedEvidence:
     """The published side of an :class:`~mla_switchboard.core.evidence.EvidenceIndex`:
     per situation, an immutable mapping of each backend's :class:`BackendStats`, and
@@ -71,7 +75,7 @@ class PublishedEvidence:
         """Valid backends with enough correct samples, fastest first (ties: table
         order). ``valid`` must already leave out what :meth:`exclusions` excludes."""
         group = self.group(situation)
-        order = {b: i for i, b in enumerate(Backend)}
+        order = _TABLE_ORDER
         ranked = [
             (b, group[b])
             for b in valid

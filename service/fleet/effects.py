@@ -103,13 +103,20 @@ class Dependence:
 
 
 def dependence(
-    request: SelectRequest, inputs: DecisionInputs, now: datetime, *, exact: bool = False
+    request: SelectRequest,
+    inputs: DecisionInputs,
+    now: datetime,
+    *,
+    exact: bool = False,
+    applicable: Sequence[Override] | None = None,
 ) -> Dependence:
     """How a decision of ``request`` under ``inputs`` is shared (module docstring).
     ``exact``: never through a stand-in (the cluster's own override differs between
-    the two sides of a preview: its words must not be rendered from one of them)."""
+    the two sides of a preview: its words must not be rendered from one of them).
+    ``applicable``: ``applicable_overrides`` of ``request`` when the caller has it."""
     cluster = request.cluster
-    applicable = applicable_overrides(request, inputs.override_set, now)
+    if applicable is None:
+        applicable = applicable_overrides(request, inputs.override_set, now)
     fleet = tuple(id(o) for o in applicable if o.cluster == FLEET)
     staged = tuple(o for o in applicable if o.rollout is not None)
     measured = any(o.policy == "measured" for o in applicable)

@@ -51,9 +51,11 @@ from mla_switchboard.service.fleet.groups import (
     DecisionMemo,
     FleetSnapshot,
     PodGroup,
+    StageClass,
     each_group,
 )
-from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally
+from mla_switchboard.service.fleet.narrowing import per_model
+from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally, StageSamples
 from mla_switchboard.service.fleet.regret import cluster_exclusions, cluster_regret
 from mla_switchboard.service.selector import InputsFor
 
@@ -153,6 +155,7 @@ class ClusterParts:
         self._read: dict[str, _Read] = {}
         self._before: dict[str, _Read] = {}
         self._epochs = itertools.count()
+        self.samples = StageSamples()  # a rollout's stage samples, by evidence version
         self.computed: dict[str, int] = {}
 
     def reading(
@@ -274,15 +277,27 @@ class PartsRead:
     ) -> None:
         self._parts = parts
         self.fleet, self.inputs, self.now = fleet, inputs, now
-        self._inputs_for = inputs_for
+        self._inputs_for = per_model(inputs_for)
         self._evidence_of = evidence_of
         self.deadline = deadline
-        self._memo = DecisionMemo(now)
         self._classes = ClassCache()
+        self._memo = DecisionMemo(now, self._classes)
         self._walk = ProgressWalk(
-            inputs, now, inputs_for, evidence_of, memo=self._memo, classes=self._classes
+            inputs,
+            now,
+            self._inputs_for,
+            evidence_of,
+            memo=self._memo,
+            classes=self._classes,
+            samples=parts.samples,
         )
         self._found: dict[str, ClusterPart] = {}
+        self._given_in: dict[tuple[str, str], tuple[_Given, tuple[StageClass, ...]]] = {}
+
+    @property
+    def inputs_for(self) -> InputsFor | None:
+        """The read's ``inputs_for``, asked once per cluster and model (``narrowing``)."""
+        return self._inputs_for
 
     # ------------------------------------------------------------------ keys
 
@@ -440,10 +455,16 @@ class PartsRead:
         bucket ``bucket`` (None: refused): a preview's "from", kept with ``pending``.
         ``bucket`` is any bucket of a stage class of the preview's, which splits those
         of the configuration in force further (a proposal may add a staged rollout)."""
-        self.pending(group.cluster)
-        given = self.part(group.cluster).given
-        assert given is not None and group.request is not None
-        for stage in self._classes.of(self._partials(group)):
+        assert group.request is not None
+        at = (group.cluster, group.request.model.name)
+        found = self._given_in.get(at)
+        if found is None:  # the stage classes are a function of the cluster and model
+            self.pending(group.cluster)
+            given = self.part(group.cluster).given
+            assert given is not None
+            found = self._given_in[at] = (given, self._classes.of(self._partials(group)))
+        given, stages = found
+        for stage in stages:
             if stage.buckets is None or bucket in stage.buckets:
                 return given[(group.shape_id, stage.buckets)]
         raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")
@@ -466,7 +487,7 @@ class PartsRead:
             def narrowed(r: SelectRequest = request) -> DecisionInputs:
                 return inputs if narrow is None else narrow(r, inputs, now)
 
-            for stage in self._classes.of(self._partials(group)):
+            for stage in self._classes.stages(request, inputs.overrides, now):
                 decided = memo.decision(request, group.shape_id, stage, inputs, narrowed)
                 backend = None if isinstance(decided, Refusal) else decided.backend.value
                 given[(group.shape_id, stage.buckets)] = backend

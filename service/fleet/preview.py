@@ -38,6 +38,7 @@ from mla_switchboard.service.fleet.groups import (
     StageClass,
     each_group,
 )
+from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.selector import InputsFor
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -147,8 +148,9 @@ def replay(
     is decided under both."""
     tally = _Tally()
     unreadable = total = 0
+    inputs_for = per_model(inputs_for)
     classes = ClassCache()
-    memo = DecisionMemo(now)
+    memo = DecisionMemo(now, classes)
 
     def under(
         side: str,
@@ -178,24 +180,29 @@ def replay(
         # (``Settled.proposed``)
         given_after: dict[tuple[str, frozenset[int] | None], str | None] = {}
         pending_after = 0
+        # per model: the replay's stage classes and the proposal's own (the staged
+        # overrides that apply are a function of the cluster and the model)
+        staging: dict[str, tuple[tuple[StageClass, ...], tuple[StageClass, ...]]] = {}
         for group in each_group(groups, deadline):
             total += group.pods
             request = group.request
             if request is None:
                 unreadable += group.pods  # recorded under an older schema; cannot be replayed
                 continue
-            partials = classes.partials(request, proposed.overrides, now)
-            staged = _union(classes.partials(request, current.overrides, now), partials)
-            stages = classes.of(staged)
+            found = staging.get(request.model.name)
+            if found is None:
+                partials = classes.partials(request, proposed.overrides, now)
+                staged = _union(classes.partials(request, current.overrides, now), partials)
+                found = staging[request.model.name] = (classes.of(staged), classes.of(partials))
+            stages, proposal_classes = found
             given_to: list[tuple[StageClass, str | None]] = []
             for stage in stages:
                 after = under("to", proposed, request, group.shape_id, stage, exact)
                 to = None if isinstance(after, Refusal) else after.backend.value
                 given_to.append((stage, to))
+                counted = [(row, n) for row in group.rows if (n := stage.count(row))]
                 if to is not None:
-                    pending_after += sum(
-                        n for row in group.rows if row.backend != to and (n := stage.count(row))
-                    )
+                    pending_after += sum(n for row, n in counted if row.backend != to)
 
                 def before(
                     r: Any = request, g: PodGroup = group, st: StageClass = stage, x: bool = exact
@@ -207,12 +214,13 @@ def replay(
                 else:
                     decided = before()
                     given = None if isinstance(decided, Refusal) else decided.backend.value
-                for row in group.rows:
-                    n = stage.count(row)
-                    if n:
-                        tally.add(group.cluster, row.backend, given, before, after, n, own)
+                for row, n in counted:
+                    if given is not None and given == to:  # they stay: pending or not
+                        tally.pending += n if given != row.backend else 0
+                        continue
+                    tally.add(group.cluster, row.backend, given, before, after, n, own)
             if settled is not None:
-                _given(given_after, group.shape_id, given_to, classes.of(partials))
+                _given(given_after, group.shape_id, given_to, proposal_classes)
         if settled is not None:
             settled.proposed(cluster, proposed, pending_after, given_after)
     return tally.preview(total=total, unreadable=unreadable)

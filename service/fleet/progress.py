@@ -28,6 +28,7 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
     shape_situation,
 )
+from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.selector import InputsFor
 
 ALL_BUCKETS: frozenset[int | None] = frozenset([*range(STAGE_BUCKETS), None])
@@ -81,11 +82,14 @@ class ProgressWalk:
         evidence_of: Callable[[str], EvidenceIndex] | None = None,
         memo: DecisionMemo | None = None,
         classes: ClassCache | None = None,
+        samples: StageSamples | None = None,
     ) -> None:
-        self.inputs, self.now, self.inputs_for = inputs, now, inputs_for
+        """``samples``: the stage samples kept across reads (None: read each time)."""
+        self.inputs, self.now, self.inputs_for = inputs, now, per_model(inputs_for)
+        self.samples = samples
         self.evidence_of = evidence_of or (lambda _: inputs.evidence)
-        self.memo = memo or DecisionMemo(now)
         self.classes = classes or ClassCache()
+        self.memo = memo or DecisionMemo(now, self.classes)
 
     def cluster(
         self, o: Override, groups: Sequence[PodGroup], deadline: Deadline | None = None
@@ -94,29 +98,44 @@ class ProgressWalk:
         :class:`RolloutTally` adds up, to be merged with the other clusters'."""
         inputs, now, memo = self.inputs, self.now, self.memo
         tally = RolloutTally.of(o)
+        # per model (what decides whether ``o`` applies, and the stage classes): the
+        # classes with whether each is in ``o``'s stage; None where ``o`` does not apply
+        staging: dict[str, tuple[tuple[StageClass, bool], ...] | None] = {}
         for group in each_group(groups, deadline):
             request = group.request
             if o.cluster not in (FLEET, group.cluster) or request is None:
                 continue
-            if not any(x is o for x in self.classes.applicable(request, inputs.overrides, now)):
+            model = request.model.name
+            stages = staging.get(model, ())
+            if stages == ():
+                stages = staging[model] = self._stages(o, request)
+            if stages is None:
                 continue
             tally.scoped += group.pods
 
             def narrowed(r: SelectRequest = request) -> DecisionInputs:
                 return inputs if self.inputs_for is None else self.inputs_for(r, inputs, now)
 
-            for stage in self.classes.of(self.classes.partials(request, inputs.overrides, now)):
-                inside = in_stage(request, o, stage.bucket)
-                given = (
-                    memo.decision(request, group.shape_id, stage, inputs, narrowed)
-                    if inside
-                    else None
-                )
+            for stage, inside in stages:
+                if not inside:
+                    continue  # pods outside the stage add to neither count
+                given = memo.decision(request, group.shape_id, stage, inputs, narrowed)
                 tally.count(group, stage, inside, given)
             situation = shape_situation(group.shape_id, request)
             if situation is not None:
-                tally.sample(group, situation, self.evidence_of)
+                tally.sample(group, situation, self.evidence_of, self.samples)
         return tally
+
+    def _stages(
+        self, o: Override, request: SelectRequest
+    ) -> tuple[tuple[StageClass, bool], ...] | None:
+        """The stage classes of ``request``'s pods, each with whether it is in ``o``'s
+        stage; None when ``o`` does not apply to them."""
+        inputs, now = self.inputs, self.now
+        if not any(x is o for x in self.classes.applicable(request, inputs.overrides, now)):
+            return None
+        stages = self.classes.stages(request, inputs.overrides, now)
+        return tuple((stage, in_stage(request, o, stage.bucket)) for stage in stages)
 
 
 class RolloutTally:
@@ -167,25 +186,34 @@ class RolloutTally:
         group: PodGroup,
         situation: Situation,
         evidence_of: Callable[[str], EvidenceIndex],
+        kept: StageSamples | None = None,
     ) -> None:
-        """The group's own samples, split by the stage buckets stored with them."""
+        """The group's own samples, split by the stage buckets stored with them;
+        ``kept``: those read before, while the cluster's index is at the same version."""
         for row in group.rows:
             key = (group.cluster, situation, row.backend)
             if key in self.sampled:
                 continue  # shapes that differ only in what the evidence ignores
             self.sampled.add(key)
             evidence = evidence_of(group.cluster)
-            for buckets, speeds in (
-                (self.inside_buckets, self.stage_speed),
-                (self.outside_buckets, self.rest_speed),
-            ):
-                speeds.extend(
-                    tflops
-                    for cluster, _, tflops in evidence.stage_samples(
-                        situation, row.backend, buckets
-                    )
-                    if cluster == group.cluster
-                )
+            if kept is None:
+                inside, outside = self.speeds(evidence, group.cluster, situation, row.backend)
+            else:
+                inside, outside = kept.of(self, evidence, group.cluster, situation, row.backend)
+            self.stage_speed.extend(inside)
+            self.rest_speed.extend(outside)
+
+    def speeds(
+        self, evidence: EvidenceIndex, cluster: str, situation: Situation, backend: str
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The TFLOP/s of ``cluster``'s samples of ``backend`` in ``situation``: those of
+        pods in the stage, and of the rest."""
+
+        def of(buckets: frozenset[int | None]) -> tuple[float, ...]:
+            samples = evidence.stage_samples(situation, backend, buckets)
+            return tuple(tflops for found, _, tflops in samples if found == cluster)
+
+        return of(self.inside_buckets), of(self.outside_buckets)
 
     def summary(self) -> dict[str, Any]:
         o, r = self.override, self.rollout
@@ -200,6 +228,41 @@ class RolloutTally:
             "stage_median_tflops": _median(self.stage_speed),
             "rest_median_tflops": _median(self.rest_speed),
         }
+
+
+class StageSamples:
+    """The samples a rollout's progress read of each cluster, situation and backend,
+    kept across reads while the cluster's evidence index is the same object at the
+    same version (its version moves with every change to what it counts): a change
+    of configuration moves every cluster's figures, not their evidence. Read and
+    written by the replica's one fleet-read thread; emptied when full."""
+
+    KEEP = 65536
+
+    def __init__(self) -> None:
+        self._kept: dict[
+            tuple[str, Situation, str, tuple[str, str, int]],
+            tuple[EvidenceIndex, int, tuple[tuple[float, ...], tuple[float, ...]]],
+        ] = {}
+
+    def of(
+        self,
+        tally: RolloutTally,
+        evidence: EvidenceIndex,
+        cluster: str,
+        situation: Situation,
+        backend: str,
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        r = tally.rollout
+        key = (cluster, situation, backend, (r.id, r.state, r.percent))
+        found = self._kept.get(key)
+        version = evidence.version
+        if found is None or found[0] is not evidence or found[1] != version:
+            if len(self._kept) >= self.KEEP:
+                self._kept.clear()
+            speeds = tally.speeds(evidence, cluster, situation, backend)
+            found = self._kept[key] = (evidence, version, speeds)
+        return found[2]
 
 
 def _median(values: list[float]) -> float | None:

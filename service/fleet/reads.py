@@ -272,7 +272,7 @@ class FleetReads:
             inputs,
             proposal.applied_to(inputs),
             now=now,
-            inputs_for=self.trusted.inputs_for,
+            inputs_for=parts.inputs_for,
             deadline=parts.deadline,
             settled=parts,
         )

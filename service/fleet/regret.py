@@ -25,6 +25,7 @@ from mla_switchboard.core.evaluator import (
     Assessment,
     DecisionInputs,
 )
+from mla_switchboard.core.evidence import EvidenceIndex, Situation
 from mla_switchboard.core.schemas import SelectRequest
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.fleet.groups import (
@@ -37,6 +38,7 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
     shape_situation,
 )
+from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.selector import InputsFor
 
 
@@ -51,7 +53,9 @@ def regret_by_cluster(
     """Per cluster: pods, pods measured, pods on their best backend, the share of
     throughput lost and the best alternatives. Validity comes from the evaluator's
     ``assess`` (spec, engine, denies and, under policy measured, failure evidence)."""
-    classes, memo = ClassCache(), DecisionMemo(now)
+    classes = ClassCache()
+    memo = DecisionMemo(now, classes)
+    inputs_for = per_model(inputs_for)
     return {
         cluster: cluster_regret(
             groups,
@@ -80,7 +84,8 @@ def cluster_regret(
     ``classes``, ``memo``: shared by the clusters of one read (an assessment holds for
     every cluster that decides the group alike: ``DecisionMemo``)."""
     classes = classes or ClassCache()
-    memo = memo or DecisionMemo(now)
+    memo = memo or DecisionMemo(now, classes)
+    inputs_for = per_model(inputs_for)
     pods = measured_pods = on_best = 0
     chosen_sum = best_sum = 0.0
     switch_to: dict[str, int] = defaultdict(int)
@@ -91,9 +96,9 @@ def cluster_regret(
             continue
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         evidence = narrowed.evidence
-        if not evidence.group(shape_situation(group.shape_id, request)):
-            continue  # nothing measured for these pods: no assessment needed
-        for stage in classes.of(classes.partials(request, inputs.overrides, now)):
+        if not _rankable(evidence, shape_situation(group.shape_id, request)):
+            continue  # nothing measured enough to rank for these pods: no assessment needed
+        for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.situation is None:
                 break
@@ -128,6 +133,22 @@ def cluster_regret(
     }
 
 
+def _rankable(evidence: EvidenceIndex, situation: Situation | None) -> bool:
+    """Whether some backend of ``situation`` has the samples and pods to be ranked
+    (``eligible``'s thresholds): else no valid set ranks any, and the pods' regret is
+    not measured whatever their assessment."""
+    return any(
+        stats.samples >= evidence.min_samples and stats.pods >= evidence.min_pods
+        for stats in evidence.group(situation).values()
+    )
+
+
+def _failing(evidence: EvidenceIndex, situation: Situation | None) -> bool:
+    """Whether some backend of ``situation`` has failures noted: an exclusion is only
+    ever of those (``measured_failures``)."""
+    return any(stats.failures for stats in evidence.group(situation).values())
+
+
 def exclusions_by_cluster(
     fleet: FleetSnapshot,
     inputs: DecisionInputs,
@@ -139,7 +160,9 @@ def exclusions_by_cluster(
     """Per cluster, the backends that failure evidence excludes for its pods under
     policy ``measured``, with why (who failed, when, with what), as data. The summary and
     the dashboard show it, so an exclusion is never a silent gap."""
-    classes, memo = ClassCache(), DecisionMemo(now)
+    classes = ClassCache()
+    memo = DecisionMemo(now, classes)
+    inputs_for = per_model(inputs_for)
     out = {}
     for cluster, groups in sorted(fleet.by_cluster.items()):
         found = cluster_exclusions(
@@ -168,7 +191,8 @@ def cluster_exclusions(
 ) -> dict[str, MeasuredExclusion]:
     """One cluster's exclusions (``exclusions_by_cluster``'s entry; empty: none)."""
     classes = classes or ClassCache()
-    memo = memo or DecisionMemo(now)
+    memo = memo or DecisionMemo(now, classes)
+    inputs_for = per_model(inputs_for)
     out: dict[str, MeasuredExclusion] = {}
     seen: set[Any] = set()
     for group in each_group(groups, deadline):
@@ -179,7 +203,9 @@ def cluster_exclusions(
         if not any(o.policy == "measured" for o in applicable):
             continue  # failure evidence excludes only under policy measured
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-        for stage in classes.of(classes.partials(request, inputs.overrides, now)):
+        if not _failing(narrowed.evidence, shape_situation(group.shape_id, request)):
+            continue  # no failure in the situation: nothing to exclude, no assessment needed
+        for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
             if assessed.policy != "measured" or assessed.situation is None:
                 continue

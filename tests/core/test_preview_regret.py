@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from mla_switchboard.core.evaluator import Decision, DecisionInputs, decide
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, assess, decide
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_of
 from mla_switchboard.core.schemas import SEED_RULES, SelectRequest
-from mla_switchboard.service.fleet.groups import FleetSnapshot
+from mla_switchboard.service.fleet.groups import DecisionMemo, FleetSnapshot
 from mla_switchboard.service.fleet.preview import replay, with_override
-from mla_switchboard.service.fleet.regret import regret_by_cluster
+from mla_switchboard.service.fleet.regret import (
+    cluster_exclusions,
+    cluster_regret,
+    regret_by_cluster,
+)
 from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override, request
@@ -130,3 +134,53 @@ def test_regret_skips_backends_failure_evidence_excludes() -> None:
     assert {p.backend for p in pods} == {"FLASH_ATTN"}
     r = regret_by_cluster(FleetSnapshot.of_pods(pods), inputs, now=NOW)["west"]
     assert (r["pods_on_best"], r["throughput_lost_pct"]) == (2, 0.0)
+
+
+def test_evidence_too_thin_to_rank_measures_no_pod_and_assesses_none() -> None:
+    situation = situation_of(H200)
+    assert situation is not None
+    thin = EvidenceIndex(  # one pod's samples: under min_pods (2) for every backend
+        [
+            Observation(situation, b, "bench-0", t, ok=True, cluster="bench", at=NOW)
+            for b, t in (("FLASHINFER", 600.0), ("FLASH_ATTN", 200.0))
+            for _ in range(3)
+        ]
+    )
+    inputs = DecisionInputs(SEED_RULES, (), thin)
+    pods = fleet(3, H200, "west", inputs)
+    memo = DecisionMemo(NOW)
+    r = cluster_regret(FleetSnapshot.of_pods(pods).groups, inputs, now=NOW, memo=memo)
+    assert (r["pods"], r["pods_measured"], r["pods_on_best"]) == (3, 0, 0)
+    assert r["throughput_lost_pct"] == 0.0 and r["best_alternatives"] == {}
+    assert memo.made == 0  # nothing could be ranked: no assessment was needed
+
+    enough = DecisionInputs(SEED_RULES, (), evidence(FLASHINFER=600, FLASH_ATTN=200))
+    memo = DecisionMemo(NOW)
+    r = cluster_regret(FleetSnapshot.of_pods(pods).groups, enough, now=NOW, memo=memo)
+    assert r["pods_measured"] == 3 and memo.made > 0
+
+
+def test_exclusions_are_the_assessments_and_need_none_without_failures() -> None:
+    situation = situation_of(H200)
+    assert situation is not None
+    failed = Observation(
+        situation, "FLASHINFER", "pod-x", None, ok=False, cluster="staging", at=NOW, error="oops"
+    )
+    measured = (override("*", policy="measured"),)
+    ev = evidence(FLASHINFER=600, FLASH_ATTN=200).with_observations(
+        [failed, replace(failed, pod="pod-y")]
+    )
+    inputs = DecisionInputs(SEED_RULES, measured, ev)
+    pods = fleet(2, H200, "west", inputs)
+    groups = FleetSnapshot.of_pods(pods).groups
+    found = cluster_exclusions(groups, inputs, now=NOW)
+    request = pods[0].request  # what a pod of the group asks
+    assert request is not None
+    assessed = assess(request, inputs, NOW)
+    assert found == {b.value: why for b, why in assessed.exclusions.items()}
+    assert set(found) == {"FLASHINFER"}
+
+    quiet = DecisionInputs(SEED_RULES, measured, evidence(FLASHINFER=600, FLASH_ATTN=200))
+    memo = DecisionMemo(NOW)
+    assert cluster_exclusions(groups, quiet, now=NOW, memo=memo) == {}
+    assert memo.made == 0  # no failure in the situation: nothing assessed
