@@ -30,7 +30,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/evidence_incremental.py` from anywhere
+    sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "evidence_incremental.json"
+
+from bench.side_by_side import commit_of  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time
@@ -88,12 +92,6 @@ def run(tree: Path, mode: str, url: str) -> dict[str, Any]:
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-def commit_of(tree: Path) -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/evidence_starts.py` from anywhere
+    sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "evidence_starts.json"
+
+from bench.side_by_side import commit_of  # noqa: E402
 
 CHILD = r"""
 import json, sys, tempfile
@@ -68,12 +72,6 @@ def run(tree: Path, template: str, reports: int, starts: int) -> dict[str, Any]:
     if done.returncode != 0:
         return {"error": f"exit {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-def commit_of(tree: Path) -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,15 +76,13 @@ class PublishedEvidence:
         order). ``valid`` must already leave out what :meth:`exclusions` excludes."""
         group = self.group(situation)
         order = _TABLE_ORDER
-        ranked = [
-            (b, group[b])
-            for b in valid
-            if b in group
-            and group[b].samples >= self.min_samples
-            and group[b].pods >= self.min_pods
-        ]
+        ranked = [(b, group[b]) for b in valid if b in group and self.rankable(group[b])]
         ranked.sort(key=lambda bs: (-(bs[1].median_tflops or 0.0), order[bs[0]]))
         return ranked
+
+    def rankable(self, stats: BackendStats) -> bool:
+        """Whether a backend's figures have the samples and pods to be ranked."""
+        return stats.samples >= self.min_samples and stats.pods >= self.min_pods
 
     def rank(self, situation: Situation | None, valid: Iterable[Backend]) -> Evidence | None:
         """The measured winner among ``valid``, or None when the evidence is too thin."""

@@ -216,7 +216,7 @@ def replay(
                     given = None if isinstance(decided, Refusal) else decided.backend.value
                 for row, n in counted:
                     if given is not None and given == to:  # they stay: pending or not
-                        tally.pending += n if given != row.backend else 0
+                        tally.settle(row.backend, given, n)
                         continue
                     tally.add(group.cluster, row.backend, given, before, after, n, own)
             if settled is not None:
@@ -276,6 +276,16 @@ class _Tally:
         self.causes: dict[tuple[str, ...], dict[str, MeasuredExclusion]] = {}
         self.pending = 0
 
+    def settle(self, recorded: str, given: str | None, n: int) -> str:
+        """The backend the configuration in force gives ``n`` pods that run
+        ``recorded`` (``recorded`` where it refuses them), counting them pending when
+        that is not what they run. All that :meth:`add` counts of pods the proposal
+        keeps where they are."""
+        was = recorded if given is None else given
+        if was != recorded:
+            self.pending += n
+        return was
+
     def add(
         self,
         cluster: str,
@@ -290,9 +300,7 @@ class _Tally:
         in force gives ``given`` (None: it refuses them; ``before()``: that decision,
         asked only when they move) and the proposal ``after``; ``own``: the cluster's
         own override, whose words a shared decision's stand-in takes."""
-        was = recorded if given is None else given
-        if was != recorded:
-            self.pending += n
+        was = self.settle(recorded, given, n)
         if isinstance(after, Refusal):
             if given is not None:
                 self.invalid[(cluster, was, words(after.message, own))] += n

@@ -135,12 +135,9 @@ def cluster_regret(
 
 def _rankable(evidence: EvidenceIndex, situation: Situation | None) -> bool:
     """Whether some backend of ``situation`` has the samples and pods to be ranked
-    (``eligible``'s thresholds): else no valid set ranks any, and the pods' regret is
-    not measured whatever their assessment."""
-    return any(
-        stats.samples >= evidence.min_samples and stats.pods >= evidence.min_pods
-        for stats in evidence.group(situation).values()
-    )
+    (``eligible``'s rule): else no valid set ranks any, and the pods' regret is not
+    measured whatever their assessment."""
+    return any(evidence.rankable(stats) for stats in evidence.group(situation).values())
 
 
 def _failing(evidence: EvidenceIndex, situation: Situation | None) -> bool:
