@@ -134,7 +134,7 @@ class StoreDeadline:
         context.run(_CALL.set, call)
         future: Future[T] = self._executor.submit(context.run, fn)
         try:
-            return future.result(wait_s)
+            return self._await(future, wait_s)
         except FutureTimeout:
             pass
         if future.cancel():
@@ -154,6 +154,12 @@ class StoreDeadline:
             self._outliving,
         )
         raise self._timeout(serving, started=True, committing=committing) from None
+
+    def _await(self, future: Future[T], wait_s: float) -> T:
+        """The one place a request waits for its store call: a test that must decide
+        which step outlives the deadline (the commit, not the statements before it)
+        starts this clock at that step."""
+        return future.result(wait_s)
 
     def _released(self, _: Future[Any]) -> None:
         with self._lock:
