@@ -54,12 +54,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 
-from mla_switchboard.core.evidence import EvidenceLoader, Observation, report_key
+from mla_switchboard.core.evidence import EvidenceLoader, Observation
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.collector import Collector, paused
+from mla_switchboard.service.evidence.ledger import ReportLedger, key_of
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.evidence.window import (
-    RECENT_S,
     SNAPSHOT_EVERY_S,
     SNAPSHOT_ROWS,
     LoadNote,
@@ -74,9 +74,6 @@ from mla_switchboard.service.store.measurements import EvidenceRows, Measurement
 from mla_switchboard.service.store.snapshots import SnapshotCover, SnapshotStore
 
 log = logging.getLogger("switchboard.evidence")
-
-LOCAL_TTL_S = 3600.0
-"""How long a report applied here waits for the store read to meet it."""
 
 
 @dataclass(eq=False)
@@ -107,8 +104,7 @@ class EvidenceSync:
         self._pruned_at = 0.0
         self._sync_lock = threading.Lock()  # one store read (full or incremental) at a time
         self._apply_lock = threading.Lock()  # dedupe and apply, atomically
-        self._local: dict[str, float] = {}  # report key -> when applied here
-        self._recent: dict[str, float] = {}  # report key -> when read from the store
+        self._ledger = ReportLedger(self.clock)  # guarded by the apply lock
         self._pending: list[Observation] | None = None  # applied here during a full read
         self._measurements = RowCursor()
         self._failures = RowCursor()
@@ -226,13 +222,9 @@ class EvidenceSync:
 
     def apply_local(self, observations: Iterable[Observation]) -> bool:
         """This replica's own new evidence (already stored), applied at once."""
-        now = time.monotonic()
         self._unread_local = True
         with self._apply_lock:
-            fresh = [o for o in observations if not o.source or _key(o) not in self._recent]
-            for o in fresh:
-                if o.source:
-                    self._local[_key(o)] = now
+            fresh = self._ledger.apply_here(observations)
             if self._pending is not None:
                 self._pending.extend(fresh)
             changed = self.trusted.add(fresh)
@@ -277,14 +269,14 @@ class EvidenceSync:
                 cursor = RowCursor(start)
                 seen = self._read_pages(True, since, start, failures.extend, keys)
                 cursor.advance(seen, time.monotonic(), start=start, ordered=True)
-                keys.update((_key(o), o.at) for o in failures if o.source)
+                keys.update((key_of(o), o.at) for o in failures if o.source)
                 with self._apply_lock:
                     pending = [o for o in self._pending or [] if not o.ok]
-                    failures.extend(o for o in pending if not o.source or _key(o) not in keys)
+                    failures.extend(o for o in pending if not o.source or key_of(o) not in keys)
                     changed = self.trusted.replace_failures(failures) or changed
                     self._failures = cursor
                     self._clears = RowCursor(clears)
-                    self._met(keys)
+                    self._ledger.met(keys)
             finally:
                 with self._apply_lock:
                     self._pending = None
@@ -329,9 +321,9 @@ class EvidenceSync:
                 del loader
                 with self._apply_lock:
                     pending = self._pending or []
-                    fresh.add(o for o in pending if not o.source or _key(o) not in read_keys)
+                    fresh.add(o for o in pending if not o.source or key_of(o) not in read_keys)
                     replaced = self.trusted.swap(fresh)
-                    self._met(read_keys)
+                    self._ledger.met(read_keys)
                     self._measurements, self._failures = cursor, failures
                     self._clears = RowCursor(clears)
                     self.trusted.note_read_through(cursor.after, failures.after)
@@ -393,8 +385,8 @@ class EvidenceSync:
                 self.rows_caught_up = len(seen)
             cursor.advance(seen, now)
         with self._apply_lock:
-            new = [o for o in read if not o.source or _key(o) not in self._local]
-            self._met({_key(o): o.at for o in read if o.source})
+            new = self._ledger.not_applied_here(read)
+            self._ledger.met({key_of(o): o.at for o in read if o.source})
             changed = self.trusted.add(new)
             self.trusted.note_read_through(self._measurements.after, self._failures.after)
         # clears after the rows: a failure stored before a clear is read first,
@@ -457,7 +449,7 @@ class EvidenceSync:
         while True:
             page = self._read(failures)(since, after=after)
             sink(page.observations)
-            keys.update((_key(o), o.at) for o in page.observations if o.source)
+            keys.update((key_of(o), o.at) for o in page.observations if o.source)
             seen.extend(page.ids)
             if not page.more:
                 return seen
@@ -468,23 +460,7 @@ class EvidenceSync:
 
     def _local_reports(self) -> set[str]:
         with self._apply_lock:
-            return {k[2:] for k in self._local if k.startswith("m:")}
-
-    def _met(self, keys: Mapping[str, datetime | None]) -> None:
-        """Reports a store read returned (report key -> stored at): no longer waiting
-        to be met, and the recent ones remembered for a while in case this replica's
-        route applies one late. Caller holds the apply lock."""
-        now = time.monotonic()
-        for key in [k for k in self._local if k in keys]:
-            del self._local[key]
-        recent = self.clock() - timedelta(seconds=RECENT_S)
-        for key, at in keys.items():
-            if at is None or at >= recent:
-                self._recent[key] = now
-        for table, ttl in ((self._recent, RECENT_S), (self._local, LOCAL_TTL_S)):
-            stale = [k for k, at in table.items() if now - at > ttl]
-            for k in stale:
-                del table[k]
+            return self._ledger.local_report_ids()
 
 
 _KEYS = ("evidence_version", "evidence_epoch")
@@ -504,10 +480,6 @@ def _draining(parts: list[bytes]) -> Iterator[bytes]:
     parts.reverse()
     while parts:
         yield parts.pop()
-
-
-def _key(o: Observation) -> str:
-    return report_key(o.source)
 
 
 def _backend(name: str | None) -> Backend | None:

@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from mla_switchboard.core.evidence import EvidenceLoader, Observation, report_key
+from mla_switchboard.core.evidence import EvidenceLoader, Observation
 from mla_switchboard.core.evidence.snapshot import (
     SnapshotDamaged,
     decode_parts,
     encode_parts,
 )
+from mla_switchboard.service.evidence.ledger import RECENT_S, key_of
 from mla_switchboard.service.priority import let_the_loop_in
 from mla_switchboard.service.store.measurements import MeasurementStore
 from mla_switchboard.service.store.snapshots import SnapshotCover, SnapshotStore
@@ -26,8 +27,6 @@ GAP_TTL_S = 60.0
 """How long an id below the high-water mark is asked for again before it is forgotten."""
 MAX_GAPS = 1000
 """Most gaps remembered per table (the highest ids are kept)."""
-RECENT_S = 120.0
-"""How long a report read from the store is remembered, for the route that stored it."""
 ADD_STEP = 1000
 """Rows a full reload files between two turns of the event loop (about a millisecond)."""
 RELOAD_PAGE = 1000
@@ -181,7 +180,7 @@ class WindowReader:
         while after < through:
             page = self.measurement_store.wrong_rows(since, after=after, through=through)
             sink(page.observations)
-            keys.update((_key(o), o.at) for o in page.observations if o.source)
+            keys.update((key_of(o), o.at) for o in page.observations if o.source)
             read += len(page.ids)
             if not page.more:
                 break
@@ -234,7 +233,7 @@ class WindowReader:
                         keys["m:" + s[7]] = datetime.fromtimestamp(s[4], UTC)
                 let_the_loop_in()
             loader.add(page.observations)
-            keys.update((_key(o), o.at) for o in page.observations if o.source)
+            keys.update((key_of(o), o.at) for o in page.observations if o.source)
             cursor.advance(page.ids, time.monotonic(), start=after, ordered=True)
             read += len(page.ids)
             if not page.more:
@@ -266,7 +265,3 @@ class WindowReader:
             return None
         cover, pods, parts = made
         return self.snapshots.save(now, per_pod, cover, pods, parts)
-
-
-def _key(o: Observation) -> str:
-    return report_key(o.source)
