@@ -432,3 +432,33 @@ def test_the_migration_check_sees_live_imports(source: str, allowed: bool) -> No
     module = "mla_switchboard.service.migrations.versions.0099_x"
     imported, named = _references(source, "service/migrations/versions/0099_x.py", module)
     assert (_migration_problems("0099_x.py", imported, named) == []) is allowed
+
+
+MOST_CLASS_LINES = 400
+"""A class longer than this holds more than one responsibility: split it by what it
+holds, not by trimming lines."""
+
+
+def _long_classes(source: str, path: str) -> list[str]:
+    return [
+        f"{path}: {node.name} is {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MOST_CLASS_LINES
+    ]
+
+
+def test_no_class_is_over_400_lines() -> None:
+    long = [
+        found
+        for part in PARTS.values()
+        for path in sorted((ROOT / part).rglob("*.py"))
+        for found in _long_classes(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert not long, long
+
+
+def test_the_size_check_sees_a_long_class() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MOST_CLASS_LINES))
+    assert _long_classes(f"class Big:\n{body}\n", "big.py") == ["big.py: Big is 401 lines"]
