@@ -29,6 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.chromium import SHARED as SHARED_CHROMIUM
+from tests.chromium import SharedChromium
+
 ADMIN = "test-admin-token"
 ROOT = Path(__file__).resolve().parent.parent
 # The PostgreSQL server the suite uses (.ci/run starts it): trust auth, database "test".
@@ -231,6 +234,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("browser"):
             long[path] = True
     items.sort(key=lambda item: not long[item.path])
+
+
+@pytest.fixture(scope="session")
+def chromium() -> SharedChromium:
+    """The worker's Chromium (tests/chromium.py): ``with chromium.contexts() as browser``
+    gives a test contexts of its own in it."""
+    return SHARED_CHROMIUM
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """The shared Chromium is stopped after the last of a run of tests that use it: its
+    Playwright loop would refuse the next test's ``asyncio.run`` (and another
+    Playwright), and an idle browser only takes memory."""
+    try:
+        return (yield)
+    finally:
+        if SHARED_CHROMIUM.running and (
+            nextitem is None or "chromium" not in getattr(nextitem, "fixturenames", ())
+        ):
+            SHARED_CHROMIUM.stop()
 
 
 def free_port() -> int:

@@ -10,9 +10,9 @@ from tests.browser.test_dashboard_browser import (
     ConsoleErrors,
     _skip_if_missing,
     body,
-    launch,
     sign_in,
 )
+from tests.chromium import SharedChromium
 from tests.conftest import ADMIN, ServiceProcess
 
 pytestmark = pytest.mark.browser
@@ -20,10 +20,10 @@ HEADER = {"apiVersion": "switchboard/v1", "kind": "Overrides"}
 
 
 def test_the_overrides_card_says_what_drifted(
-    service_factory: type[ServiceProcess], sqlite_url: str
+    chromium: SharedChromium, service_factory: type[ServiceProcess], sqlite_url: str
 ) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     service = service_factory(sqlite_url).start()
@@ -34,8 +34,7 @@ def test_the_overrides_card_says_what_drifted(
         r = api.post("/v1/apply", json={"file": doc, "etags": plan["etags"], "revision": "abc1234"})
         assert r.status_code == 200, r.text
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             console_errors = ConsoleErrors(page, set())
