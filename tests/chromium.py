@@ -7,10 +7,10 @@ incognito profile has), so tests that each open their own contexts share nothing
 through the browser they run in.
 
 Playwright's sync API keeps an event loop running on the thread that started it, and
-``asyncio.run`` refuses to run beside it: the browser is therefore stopped as soon as
-the next test is not one that asks for it (tests/conftest.py), and started again by
-the next that does. With the suite's long files first, the browser tests of a worker
-mostly run one after the other, on one Chromium.
+``asyncio.run`` refuses to run beside it: the browser is therefore stopped when the
+next test's file has no test that asks for it (tests/conftest.py), and started again
+by the next that does. Browser files go first (tests/conftest.py's order), so a
+worker's browser tests mostly run one after the other, on one Chromium.
 """
 
 from __future__ import annotations

@@ -219,6 +219,10 @@ LONG_FILES = frozenset(
 )
 
 
+# the test files with a test that uses the shared Chromium (``chromium``)
+_CHROMIUM_FILES = pytest.StashKey[set[Path]]()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long files first, the rest in their order (a stable sort: each file's tests keep
     theirs). With xdist's ``--no-loadscope-reorder`` (.ci/run) files go to the workers
@@ -234,6 +238,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("browser"):
             long[path] = True
     items.sort(key=lambda item: not long[item.path])
+    config.stash[_CHROMIUM_FILES] = {
+        i.path for i in items if "chromium" in getattr(i, "fixturenames", ())
+    }
 
 
 @pytest.fixture(scope="session")
@@ -245,15 +252,15 @@ def chromium() -> SharedChromium:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """The shared Chromium is stopped after the last of a run of tests that use it: its
-    Playwright loop would refuse the next test's ``asyncio.run`` (and another
-    Playwright), and an idle browser only takes memory."""
+    """The shared Chromium runs from the first test that asks for it to the end of the
+    last file in a row that has such tests (a module-scoped page outlives the tests in
+    between): Playwright's loop would refuse another file's ``asyncio.run`` (and
+    another Playwright), and an idle browser only takes memory."""
     try:
         return (yield)
     finally:
-        if SHARED_CHROMIUM.running and (
-            nextitem is None or "chromium" not in getattr(nextitem, "fixturenames", ())
-        ):
+        files = item.config.stash.get(_CHROMIUM_FILES, set())
+        if SHARED_CHROMIUM.running and (nextitem is None or nextitem.path not in files):
             SHARED_CHROMIUM.stop()
 
 

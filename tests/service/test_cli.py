@@ -383,7 +383,7 @@ def test_serve_and_health_follow_switchboard_port(tmp_path: Path) -> None:
     port = free_port()
     env["SWITCHBOARD_PORT"] = str(port)
     env["SWITCHBOARD_ADMIN_TOKEN"] = "t" * 24
-    assert real_cli("health", env=env).returncode == 1  # nothing listens yet
+    assert cli("health", env=env).returncode == 1  # nothing listens yet
     log = (tmp_path / "serve.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mla_switchboard.service.cli", "serve"],
