@@ -212,7 +212,6 @@ LONG_FILES = frozenset(
         "reliability/test_log_inprocess.py",
         "reliability/test_durability.py",
         "agent/test_agent_bench.py",
-        "service/test_session_cli.py",
         "deploy/test_manifests.py",
         "service/test_rollout_guards.py",
     }
