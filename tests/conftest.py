@@ -29,6 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.chromium import SHARED as SHARED_CHROMIUM
+from tests.chromium import SharedChromium
+
 ADMIN = "test-admin-token"
 ROOT = Path(__file__).resolve().parent.parent
 # The PostgreSQL server the suite uses (.ci/run starts it): trust auth, database "test".
@@ -209,11 +212,14 @@ LONG_FILES = frozenset(
         "reliability/test_log_inprocess.py",
         "reliability/test_durability.py",
         "agent/test_agent_bench.py",
-        "service/test_session_cli.py",
         "deploy/test_manifests.py",
         "service/test_rollout_guards.py",
     }
 )
+
+
+# the test files with a test that uses the shared Chromium (``chromium``)
+_CHROMIUM_FILES = pytest.StashKey[set[Path]]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -231,6 +237,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("browser"):
             long[path] = True
     items.sort(key=lambda item: not long[item.path])
+    config.stash[_CHROMIUM_FILES] = {
+        i.path for i in items if "chromium" in getattr(i, "fixturenames", ())
+    }
+
+
+@pytest.fixture(scope="session")
+def chromium() -> SharedChromium:
+    """The worker's Chromium (tests/chromium.py): ``with chromium.contexts() as browser``
+    gives a test contexts of its own in it."""
+    return SHARED_CHROMIUM
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """The shared Chromium runs from the first test that asks for it to the end of the
+    last file in a row that has such tests (a module-scoped page outlives the tests in
+    between): Playwright's loop would refuse another file's ``asyncio.run`` (and
+    another Playwright), and an idle browser only takes memory."""
+    try:
+        return (yield)
+    finally:
+        files = item.config.stash.get(_CHROMIUM_FILES, set())
+        if SHARED_CHROMIUM.running and (nextitem is None or nextitem.path not in files):
+            SHARED_CHROMIUM.stop()
 
 
 def free_port() -> int:

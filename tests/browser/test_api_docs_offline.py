@@ -22,8 +22,8 @@ from tests.browser.test_dashboard_browser import (
     TIMEOUT_MS,
     ConsoleErrors,
     _skip_if_missing,
-    launch,
 )
+from tests.chromium import SharedChromium
 from tests.served import Server
 
 pytestmark = pytest.mark.browser
@@ -54,9 +54,11 @@ def test_docs_pages_name_no_external_url(service: Server) -> None:
     assert httpx.get(service.url + "/docs-assets/..%2Fapp.py").status_code == 404
 
 
-def test_docs_render_offline_in_chromium(service: Server, tmp_path: Path) -> None:
+def test_docs_render_offline_in_chromium(
+    chromium: SharedChromium, service: Server, tmp_path: Path
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     operations = _operations(service)
@@ -71,8 +73,7 @@ def test_docs_render_offline_in_chromium(service: Server, tmp_path: Path) -> Non
             blocked.append(url)
             route.abort("internetdisconnected")  # type: ignore[attr-defined]
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             context = browser.new_context(viewport={"width": 1280, "height": 900})
             context.route("**/*", only_loopback)

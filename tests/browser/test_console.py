@@ -41,9 +41,9 @@ from tests.browser.test_dashboard_browser import (
     ConsoleErrors,
     _skip_if_missing,
     body,
-    launch,
     sign_in,
 )
+from tests.chromium import SharedChromium
 from tests.conftest import ADMIN, ROOT, post_all
 from tests.served import Server, ThreadServer
 
@@ -107,9 +107,11 @@ def west(i: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- the workflow
 
 
-def test_edit_preview_apply_conflict_and_steer_a_rollout(service: ThreadServer) -> None:
+def test_edit_preview_apply_conflict_and_steer_a_rollout(
+    chromium: SharedChromium, service: ThreadServer
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     other = token(service, "other-admin", "admin")
@@ -132,8 +134,7 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(service: ThreadServer) 
          "reasons": [{"pods": staged, "why": why, "exclusions": {}}]}
     ], expected  # fmt: skip
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             a = new_page(browser)
             # the conflicts (412) and the refused promote (409) below are provoked
@@ -397,9 +398,11 @@ def test_edit_preview_apply_conflict_and_steer_a_rollout(service: ThreadServer) 
 # ---------------------------------------------------------------- who sees which controls
 
 
-def test_controls_follow_the_token_refusals_and_times(service: ThreadServer) -> None:
+def test_controls_follow_the_token_refusals_and_times(
+    chromium: SharedChromium, service: ThreadServer
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     viewer = token(service, "ops-viewer", "viewer")
@@ -419,8 +422,7 @@ def test_controls_follow_the_token_refusals_and_times(service: ThreadServer) -> 
         r = httpx.post(service.url + "/v1/select", json=east(99), headers=headers)
         assert r.status_code == 401
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             # A viewer: everything to read, not one control.
             page = new_page(browser)
@@ -516,9 +518,11 @@ PODS = 2_000
 PAGE = 500
 
 
-def test_page_through_a_fleet_of_pods_and_filter_them(service: ThreadServer) -> None:
+def test_page_through_a_fleet_of_pods_and_filter_them(
+    chromium: SharedChromium, service: ThreadServer
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     started = time.monotonic()
@@ -543,8 +547,7 @@ def test_page_through_a_fleet_of_pods_and_filter_them(service: ThreadServer) -> 
     assert 0 < b200_vllm_r3 < 100
     trt = sum(a["backend"] == "TRTLLM_RAGGED" for a in answers)
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = new_page(browser)
             errors = ConsoleErrors(page, set())

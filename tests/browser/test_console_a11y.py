@@ -31,7 +31,8 @@ from typing import Any
 import pytest
 
 from tests.browser.test_console import boot, token
-from tests.browser.test_dashboard_browser import TIMEOUT_MS, _skip_if_missing, body, launch, sign_in
+from tests.browser.test_dashboard_browser import TIMEOUT_MS, _skip_if_missing, body, sign_in
+from tests.chromium import SharedChromium
 from tests.conftest import ADMIN
 from tests.served import Server, serving
 
@@ -57,12 +58,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def browser(service: Server) -> Iterator[Any]:
-    from playwright.sync_api import expect, sync_playwright
+def browser(chromium: SharedChromium, service: Server) -> Iterator[Any]:
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
-    with sync_playwright() as p:
-        b = launch(p)
+    with chromium.contexts() as b:
         yield b
         b.close()
 

@@ -35,9 +35,9 @@ from tests.browser.test_dashboard_browser import (
     ConsoleErrors,
     _skip_if_missing,
     body,
-    launch,
     sign_in,
 )
+from tests.chromium import SharedChromium
 from tests.conftest import ADMIN
 from tests.served import Server, ThreadServer
 
@@ -87,15 +87,16 @@ def visible_at_centre(page: Any, selector: str) -> bool:
     )
 
 
-def test_every_editor_field_is_stored_as_given_and_comes_back(service: ThreadServer) -> None:
+def test_every_editor_field_is_stored_as_given_and_comes_back(
+    chromium: SharedChromium, service: ThreadServer
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     boot(service, [east(i) for i in range(60)])
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = new_page(browser)
             errors = ConsoleErrors(page, set())
@@ -264,9 +265,11 @@ def test_every_editor_field_is_stored_as_given_and_comes_back(service: ThreadSer
     assert not errors, errors
 
 
-def test_an_expired_override_keeps_its_expiry_when_edited(service: ThreadServer) -> None:
+def test_an_expired_override_keeps_its_expiry_when_edited(
+    chromium: SharedChromium, service: ThreadServer
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     boot(service, [east(i) for i in range(5)])
@@ -281,8 +284,7 @@ def test_an_expired_override_keeps_its_expiry_when_edited(service: ThreadServer)
     while at(expires) > datetime.now(UTC) - timedelta(seconds=0.5):
         time.sleep(0.2)
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = new_page(browser)
             errors = ConsoleErrors(page, set())

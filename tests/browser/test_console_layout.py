@@ -27,9 +27,9 @@ from tests.browser.test_dashboard_browser import (
     TIMEOUT_MS,
     ConsoleErrors,
     _skip_if_missing,
-    launch,
     sign_in,
 )
+from tests.chromium import SharedChromium
 from tests.conftest import ADMIN
 from tests.served import Server, serving
 
@@ -45,12 +45,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, in
 
 
 @pytest.fixture(scope="module")
-def browser(fleet: tuple[Server, int]) -> Iterator[Any]:
-    from playwright.sync_api import expect, sync_playwright
+def browser(chromium: SharedChromium, fleet: tuple[Server, int]) -> Iterator[Any]:
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
-    with sync_playwright() as p:
-        b = launch(p)
+    with chromium.contexts() as b:
         try:
             yield b
         finally:

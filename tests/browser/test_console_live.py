@@ -24,9 +24,9 @@ import pytest
 from tests.browser.test_dashboard_browser import (
     TIMEOUT_MS,
     _skip_if_missing,
-    launch,
     sign_in,
 )
+from tests.chromium import SharedChromium
 from tests.served import Server, ThreadServer
 
 # the page on a replica that refused its stream polls this often (dashboard.js REFRESH_MS)
@@ -49,18 +49,18 @@ def opened(browser: Any, service: Server, token: str) -> Any:
 
 
 def test_changes_arrive_live_across_replicas_and_a_hung_service_says_so(
+    chromium: SharedChromium,
     served: Callable[..., ThreadServer],
 ) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     one = served()
     # the second replica, on the same store, takes no stream at all: its page polls
     two = served(one.database_url, event_streams_max=0)
     admin = one.bootstrap_token or ""
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = opened(browser, one, admin)
             polled = opened(browser, two, admin)

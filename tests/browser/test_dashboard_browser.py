@@ -24,12 +24,12 @@ import httpx
 import pytest
 from mla_switchboard.core.specs import SPECS, Backend
 
+from tests.chromium import ARGS, CHROMIUM, SharedChromium
 from tests.conftest import ADMIN, ROOT
 from tests.served import Server, ThreadServer
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 SCREENSHOT = ARTIFACTS / "dashboard.png"
 TIMEOUT_MS = 10_000
@@ -141,10 +141,8 @@ def make_token(service: Server, role: str) -> str | None:
 
 
 def launch(p: Any) -> Any:
-    return p.chromium.launch(
-        executable_path=CHROMIUM,
-        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-    )
+    """A Chromium of its own, for a test that must not share the worker's (timing)."""
+    return p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
 
 
 class ConsoleErrors(list[str]):
@@ -173,9 +171,11 @@ def sign_in(page: Any, token: str) -> None:
     page.locator("#signin-form button[type=submit]").click()
 
 
-def test_dashboard_in_chromium(service: ThreadServer, tmp_path: Path) -> None:
+def test_dashboard_in_chromium(
+    chromium: SharedChromium, service: ThreadServer, tmp_path: Path
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     expected = seed(service)
@@ -199,8 +199,7 @@ def test_dashboard_in_chromium(service: ThreadServer, tmp_path: Path) -> None:
     if not has_overrides or not has_audit:
         allowed_statuses.add(404)
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             context = browser.new_context(viewport={"width": 1280, "height": 800})
             # Fake timers (time still flows) so the 10 s auto-refresh can be fast-forwarded.
@@ -438,19 +437,20 @@ def test_dashboard_in_chromium(service: ThreadServer, tmp_path: Path) -> None:
     assert not console_errors, "console errors:\n" + "\n".join(console_errors)
 
 
-def test_dashboard_without_overrides_and_audit(service: ThreadServer) -> None:
+def test_dashboard_without_overrides_and_audit(
+    chromium: SharedChromium, service: ThreadServer
+) -> None:
     """A server without /v1/overrides and /v1/audit (404): those panels say so and the
     rest of the page works; no error banner, since nothing is broken."""
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     with service.client() as api:
         r = api.post("/v1/select", json=body("solo", "n-1", "p-0", [9, 0]))
         assert r.status_code == 200, r.text
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             console_errors = ConsoleErrors(page, {404})

@@ -14,10 +14,10 @@ from tests.browser.test_dashboard_browser import (
     ConsoleErrors,
     _skip_if_missing,
     body,
-    launch,
     make_token,
     sign_in,
 )
+from tests.chromium import SharedChromium
 from tests.served import ThreadServer
 
 pytestmark = pytest.mark.browser
@@ -51,9 +51,9 @@ def measurement(pod: str, speeds: dict[str, float]) -> dict[str, object]:
     }
 
 
-def test_regret_panel(service: ThreadServer) -> None:
+def test_regret_panel(chromium: SharedChromium, service: ThreadServer) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     with service.client() as api:
@@ -77,8 +77,7 @@ def test_regret_panel(service: ThreadServer) -> None:
     viewer = make_token(service, "viewer")
     assert viewer
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             errors = ConsoleErrors(page, set())

@@ -33,10 +33,10 @@ from tests.browser.test_dashboard_browser import (
     ConsoleErrors,
     _skip_if_missing,
     body,
-    launch,
     make_token,
     sign_in,
 )
+from tests.chromium import SharedChromium
 from tests.served import Server, ThreadServer
 
 pytestmark = pytest.mark.browser
@@ -171,9 +171,9 @@ def seed(service: Server) -> dict[str, Any]:
     return {"halted": halted, "summary": summary, "guarded_backend": a["backend"]}
 
 
-def test_rollouts_and_exclusions(service: ThreadServer) -> None:
+def test_rollouts_and_exclusions(chromium: SharedChromium, service: ThreadServer) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     viewer = make_token(service, "viewer")
@@ -181,8 +181,7 @@ def test_rollouts_and_exclusions(service: ThreadServer) -> None:
     with service.client() as api:
         _select(api, "quiet", "q-0")
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             # a zone far from UTC, so that a UTC time cannot pass for a local one
             context = browser.new_context(

@@ -25,9 +25,9 @@ from tests.browser.test_dashboard_browser import (
     ConsoleErrors,
     _skip_if_missing,
     body,
-    launch,
     sign_in,
 )
+from tests.chromium import SharedChromium
 from tests.conftest import ADMIN
 from tests.served import Server, ThreadServer
 
@@ -53,9 +53,11 @@ def _rows(page: Any) -> list[tuple[str, int]]:
     ]
 
 
-def test_failure_times_are_relative_with_utc_on_hover(service: ThreadServer) -> None:
+def test_failure_times_are_relative_with_utc_on_hover(
+    chromium: SharedChromium, service: ThreadServer
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     (answer,) = _select(service, body("prod-east", "h-1", "r1-0", [9, 0]))
@@ -67,8 +69,7 @@ def test_failure_times_are_relative_with_utc_on_hover(service: ThreadServer) -> 
         assert r.status_code == 202, r.text
         (failure,) = api.get(f"/v1/selections/{answer['decision_id']}").json()["failures"]
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             # a zone far from UTC, so that a UTC time cannot pass for a local one
             context = browser.new_context(locale="en-US", timezone_id="Pacific/Auckland")
@@ -96,9 +97,11 @@ def test_failure_times_are_relative_with_utc_on_hover(service: ThreadServer) -> 
     assert not console_errors, console_errors
 
 
-def test_fleet_chart_filters_and_sorts_many_clusters(service: ThreadServer) -> None:
+def test_fleet_chart_filters_and_sorts_many_clusters(
+    chromium: SharedChromium, service: ThreadServer
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     # 36 clusters, 1-6 pods each: prod-00..prod-17 and lab-00..lab-17
@@ -114,8 +117,7 @@ def test_fleet_chart_filters_and_sorts_many_clusters(service: ThreadServer) -> N
     by_name = sorted(pods.items())
     by_pods = sorted(pods.items(), key=lambda kv: (-kv[1], kv[0]))
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             console_errors = ConsoleErrors(page, set())
@@ -158,9 +160,11 @@ def test_fleet_chart_filters_and_sorts_many_clusters(service: ThreadServer) -> N
 
 
 @pytest.mark.parametrize("width", [360, 600])
-def test_narrow_pod_table_keeps_the_backend_column(service: ThreadServer, width: int) -> None:
+def test_narrow_pod_table_keeps_the_backend_column(
+    chromium: SharedChromium, service: ThreadServer, width: int
+) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     model = "deepseek-ai/DeepSeek-R1-0528-with-a-long-model-name"
@@ -176,8 +180,7 @@ def test_narrow_pod_table_keeps_the_backend_column(service: ThreadServer, width:
             for i in range(3)
         ],
     )
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = browser.new_page(viewport={"width": width, "height": 800})
             console_errors = ConsoleErrors(page, set())

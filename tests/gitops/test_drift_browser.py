@@ -10,23 +10,29 @@ from tests.browser.test_dashboard_browser import (
     ConsoleErrors,
     _skip_if_missing,
     body,
-    launch,
     sign_in,
 )
-from tests.conftest import ADMIN, ServiceProcess
+from tests.chromium import SharedChromium
+from tests.conftest import ADMIN
+from tests.served import ThreadServer, serving
 
 pytestmark = pytest.mark.browser
 HEADER = {"apiVersion": "switchboard/v1", "kind": "Overrides"}
 
 
-def test_the_overrides_card_says_what_drifted(
-    service_factory: type[ServiceProcess], sqlite_url: str
-) -> None:
+def test_the_overrides_card_says_what_drifted(chromium: SharedChromium, sqlite_url: str) -> None:
     _skip_if_missing()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
-    service = service_factory(sqlite_url).start()
+    with serving(sqlite_url) as service:
+        _drifted_card(chromium, service)
+
+
+def _drifted_card(chromium: SharedChromium, service: ThreadServer) -> None:
+    """The test against ``service``: uvicorn in a thread of this process (tests/served.py)."""
+    from playwright.sync_api import expect
+
     with service.client() as api:
         assert api.post("/v1/select", json=body("prod-a", "n-1", "p-0", [9, 0])).status_code == 200
         doc = {**HEADER, "overrides": {"prod-a": {"force": "FLASHINFER", "note": "from git"}}}
@@ -34,8 +40,7 @@ def test_the_overrides_card_says_what_drifted(
         r = api.post("/v1/apply", json={"file": doc, "etags": plan["etags"], "revision": "abc1234"})
         assert r.status_code == 200, r.text
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with chromium.contexts() as browser:
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             console_errors = ConsoleErrors(page, set())

@@ -34,6 +34,7 @@ from mla_switchboard.service.messages import (
 )
 
 from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port
+from tests.inprocess import run_main
 
 PASSWORD = "Sb-pw-7Qx4Zr9Lm2"
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
@@ -45,6 +46,7 @@ def _env(url: str, **extra: str) -> dict[str, str]:
 
 
 def _switchboard(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``switchboard ARGS`` as its own process: what a crash loop's supervisor collects."""
     return subprocess.run(
         [sys.executable, "-m", "mla_switchboard.service.cli", *args],
         cwd=ROOT,
@@ -55,6 +57,15 @@ def _switchboard(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
     )
 
 
+def _in_process(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``switchboard ARGS`` through the same ``main``, run in this process with none of
+    its registered secrets or log set-up (tests/inprocess.py): what it prints and
+    returns, without a process start."""
+    from mla_switchboard.service.cli import main
+
+    return run_main(main, args, env=env, cwd=ROOT)
+
+
 def _assert_hidden(text: str, where: str, password: str = PASSWORD) -> None:
     for form in {password, quote(password, safe="")}:
         assert form not in text, f"{where} shows the password:\n{text[-2000:]}"
@@ -63,10 +74,13 @@ def _assert_hidden(text: str, where: str, password: str = PASSWORD) -> None:
 # ------------------------------------------------------------ the command line
 
 
+PLAIN = f"postgresql+psycopg://switchboard:{PASSWORD}@127.0.0.1:{{port}}/switchboard"
+
+
 @pytest.mark.parametrize(
     "url",
     [
-        f"postgresql+psycopg://switchboard:{PASSWORD}@127.0.0.1:{{port}}/switchboard",
+        PLAIN,
         f"postgresql://switchboard:{quote('@' + PASSWORD, safe='')}@127.0.0.1:{{port}}/sb",
         f"postgresql+psycopg://switchboard@127.0.0.1:{{port}}/sb?password={PASSWORD}",
         f"postgresql+psycopg://switchboard:{PASSWORD}@127.0.0.1:notaport/sb",
@@ -75,6 +89,10 @@ def _assert_hidden(text: str, where: str, password: str = PASSWORD) -> None:
     ids=["plain", "percent-encoded", "query", "unparseable", "unknown-driver"],
 )
 def test_serve_and_token_never_print_the_password(url: str) -> None:
+    """The plain URL's commands run as processes (what the interpreter itself prints
+    counts too); the other forms of the password go through the same ``main`` in this
+    process."""
+    real = url == PLAIN
     url = url.format(port=free_port())  # nothing listens there: a database that is down
     env = _env(url)
     starts = 3 if "nosuchdriver" not in url and "notaport" not in url else 1
@@ -83,11 +101,14 @@ def test_serve_and_token_never_print_the_password(url: str) -> None:
         ["token", "create", "--role", "agent"],
         ["token", "revoke", "0123456789ab"],
     )
-    # a crash loop's starts (each says why, none the password) and the token commands,
-    # two at a time: each is a process start that mostly waits for its imports
+    # a crash loop's starts (each says why, none the password) and the token commands;
+    # processes two at a time: each is a process start that mostly waits for its imports
     commands = [["serve", "--port", str(free_port())] for _ in range(starts)] + list(tokens)
-    with ThreadPoolExecutor(2) as pool:
-        outs = list(pool.map(lambda args: _switchboard(*args, env=env), commands))
+    if real:
+        with ThreadPoolExecutor(2) as pool:
+            outs = list(pool.map(lambda args: _switchboard(*args, env=env), commands))
+    else:
+        outs = [_in_process(*args, env=env) for args in commands]
     for restart, serve in enumerate(outs[:starts]):
         assert serve.returncode in (1, 2), serve.stderr
         assert "switchboard:" in serve.stderr and MASK in serve.stderr, serve.stderr
@@ -101,7 +122,7 @@ def test_serve_and_token_never_print_the_password(url: str) -> None:
 def test_serve_says_what_failed_without_the_password() -> None:
     port = free_port()
     url = f"postgresql+psycopg://switchboard:{PASSWORD}@127.0.0.1:{port}/switchboard"
-    serve = _switchboard("serve", "--port", str(free_port()), env=_env(url))
+    serve = _in_process("serve", "--port", str(free_port()), env=_env(url))
     assert serve.returncode == 1
     expected = f"cannot open the store at postgresql+psycopg://switchboard:***@127.0.0.1:{port}/"
     assert expected in serve.stderr, serve.stderr
@@ -113,18 +134,18 @@ def test_token_revoke_never_prints_a_secret(tmp_path: Path) -> None:
     the bootstrap admin token is printed back."""
     admin_token = "Sb-admin-" + PASSWORD
     env = _env(f"sqlite:///{tmp_path / 'sb.db'}", SWITCHBOARD_ADMIN_TOKEN=admin_token)
-    created = _switchboard("token", "create", "--role", "agent", "--create", env=env)
+    created = _in_process("token", "create", "--role", "agent", "--create", env=env)
     assert created.returncode == 0, created.stderr
     token = created.stdout.strip()
     token_id, secret = token.split("_", 2)[1:]
-    revoked = _switchboard("token", "revoke", token, env=env)
+    revoked = _in_process("token", "revoke", token, env=env)
     assert revoked.returncode == 0, revoked.stderr
     assert f"revoked token {token_id}" in revoked.stderr
-    again = _switchboard("token", "revoke", token, env=env)
+    again = _in_process("token", "revoke", token, env=env)
     assert again.returncode == 1 and f"no active token with id {token_id}" in again.stderr
-    bootstrap = _switchboard("token", "revoke", admin_token, env=env)
+    bootstrap = _in_process("token", "revoke", admin_token, env=env)
     assert bootstrap.returncode == 2 and "is not a token id" in bootstrap.stderr
-    pasted = _switchboard("token", "revoke", f"Bearer {token}", env=env)  # a typo'd paste
+    pasted = _in_process("token", "revoke", f"Bearer {token}", env=env)  # a typo'd paste
     assert pasted.returncode == 2 and "is not a token id" in pasted.stderr
     for out in (revoked, again, bootstrap, pasted):
         _assert_hidden(out.stdout + out.stderr, "token revoke", secret)

@@ -16,7 +16,9 @@ import pytest
 from mla_switchboard.core.names import validate_cluster_globs
 from mla_switchboard.core.version import __version__
 
-from tests.conftest import ROOT, ServiceProcess, free_port
+from tests.conftest import ROOT, free_port
+from tests.inprocess import run_main
+from tests.served import serving
 
 TOKEN_RE = re.compile(r"sb_[0-9a-f]{12}_[A-Za-z0-9_-]+")
 
@@ -28,7 +30,17 @@ def env_for(db: Path) -> dict[str, str]:
 
 
 def cli(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """``switchboard ARGS`` through the real entry point (the agent's dispatcher)."""
+    """``switchboard ARGS`` through the real entry point (the agent's dispatcher), run in
+    this process (tests/inprocess.py): what it prints and returns, without a process
+    start for each command."""
+    from mla_switchboard.cli import main
+
+    return run_main(main, args, env=env, cwd=cwd)
+
+
+def real_cli(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """``switchboard ARGS`` as its own process: each command family (``token``,
+    ``health``, the dispatcher's ``--version``) keeps one test through it."""
     return subprocess.run(
         [
             sys.executable,
@@ -97,11 +109,13 @@ def test_first_start_prints_an_admin_token_once(tmp_path: Path) -> None:
 
 def test_token_create_list_revoke_locally(tmp_path: Path) -> None:
     env = env_for(tmp_path / "sb.db")
-    created = cli("token", "create", "--create", "--role", "viewer", "--name", "grafana", env=env)
+    created = real_cli(
+        "token", "create", "--create", "--role", "viewer", "--name", "grafana", env=env
+    )
     assert created.returncode == 0, created.stderr
     token = created.stdout.strip()
     assert TOKEN_RE.fullmatch(token)
-    listed = cli("token", "list", env=env).stdout
+    listed = real_cli("token", "list", env=env).stdout
     assert "grafana\tviewer\t*\tactive" in listed
     assert token not in listed
     token_id = token.split("_")[1]
@@ -188,8 +202,7 @@ def test_a_token_made_against_the_services_database_works(tmp_path: Path) -> Non
     """The database `serve` created is accepted without --create, and the token printed
     is one the running service honours."""
     db = tmp_path / "service.db"
-    service = ServiceProcess(f"sqlite:///{db}").start(tmp_path)
-    try:
+    with serving(f"sqlite:///{db}") as service:
         r = cli("token", "create", "--role", "viewer", env=env_for(db), cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert f"using database sqlite:///{db}" in r.stderr
@@ -203,8 +216,6 @@ def test_a_token_made_against_the_services_database_works(tmp_path: Path) -> Non
                 break
             time.sleep(0.1)
         assert got.status_code == 200, got.text
-    finally:
-        service.stop()
 
 
 @pytest.mark.postgres
@@ -341,7 +352,7 @@ def test_every_setting_is_described() -> None:
 def test_one_version_everywhere(tmp_path: Path) -> None:
     """`switchboard --version`, the OpenAPI document and the package metadata agree."""
     assert __version__ != "0+unknown"
-    r = cli("--version", env=env_for(tmp_path / "sb.db"))
+    r = real_cli("--version", env=env_for(tmp_path / "sb.db"))
     assert r.returncode == 0 and r.stdout.strip() == f"switchboard {__version__}"
     from mla_switchboard.service.api.app import create_app
     from mla_switchboard.service.config import Settings
@@ -388,7 +399,7 @@ def test_serve_and_health_follow_switchboard_port(tmp_path: Path) -> None:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        ok = cli("health", env=env)
+        ok = real_cli("health", env=env)
         assert ok.returncode == 0, ok.stderr
         # as the image's HEALTHCHECK runs it: through the module, without the agent
         module = subprocess.run(

@@ -15,19 +15,33 @@ from mla_switchboard.service.identity.people import People
 from mla_switchboard.service.store.db import make_engine, migrate
 from mla_switchboard.service.store.sessions import SessionStore
 
+from tests.inprocess import run_main
 
-def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+
+def _env(url: str) -> dict[str, str]:
     env = {**os.environ, "SWITCHBOARD_DATABASE_URL": url}
     env.pop("SWITCHBOARD_ADMIN_TOKEN", None)
     mapping = '[{"group": "ops", "role": "admin", "clusters": ["*"]}]'
     env["SWITCHBOARD_OIDC_ROLE_MAPPING"] = mapping
+    return env
+
+
+def _real_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``switchboard session ARGS`` as its own process (the first listing below)."""
     return subprocess.run(
         [sys.executable, "-m", "mla_switchboard.service.cli", "session", *args],
-        env=env,
+        env=_env(url),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The same command through ``main`` in this process (tests/inprocess.py)."""
+    from mla_switchboard.service.cli import main
+
+    return run_main(main, ["session", *args], env=_env(url), cwd=Path.cwd())
 
 
 def test_list_and_revoke_sessions(tmp_path: Path) -> None:
@@ -44,7 +58,7 @@ def test_list_and_revoke_sessions(tmp_path: Path) -> None:
         assert isinstance(made, tuple)
     engine.dispose()
 
-    listed = _cli(url, "list")
+    listed = _real_cli(url, "list")
     assert listed.returncode == 0, listed.stderr
     rows = [line.split("\t") for line in listed.stdout.splitlines()]
     assert sorted(r[1] for r in rows) == ["ann-sub", "ben-sub"]
