@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -82,34 +81,27 @@ def filled(url: str, pods: int) -> None:
 def fleets(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[int, Operations]]:
-    """A filled store and a service on it per size, with the bench's operations. The
-    stores are filled first, then their services start side by side (processes of
-    their own, each awaited by a thread here)."""
+    """A filled store and a service on it per size, with the bench's operations."""
     d: Path = tmp_path_factory.mktemp(f"scale-{request.param}")
-    starting: dict[int, Future[Service]] = {}
+    services: list[Service] = []
     ops: dict[int, Operations] = {}
-    with ThreadPoolExecutor(len(SIZES)) as pool:
-        try:
-            urls: dict[int, str] = {}
-            for pods in SIZES:
-                if request.param == "sqlite":
-                    urls[pods] = f"sqlite:///{d / f'{pods}.db'}"
-                else:
-                    urls[pods] = request.getfixturevalue("pg_schemas")()
-                filled(urls[pods], pods)
-            for pods, url in urls.items():
-                starting[pods] = pool.submit(start_service, url, d, timeout=60)
-            for pods, service in starting.items():
-                fleet = make_fleet(pods, CLUSTERS)
-                ops[pods] = Operations(service.result(), fleet, cluster_names(CLUSTERS))
-            yield ops
-        finally:
-            for o in ops.values():
-                o.close()
-            wait(starting.values())  # a start that failed stopped its own process
-            for future in starting.values():
-                if future.exception() is None:
-                    future.result().stop()
+    try:
+        for pods in SIZES:
+            if request.param == "sqlite":
+                url = f"sqlite:///{d / f'{pods}.db'}"
+            else:
+                url = request.getfixturevalue("pg_schemas")()
+            filled(url, pods)
+            services.append(start_service(url, d, timeout=60))
+            ops[pods] = Operations(
+                services[-1], make_fleet(pods, CLUSTERS), cluster_names(CLUSTERS)
+            )
+        yield ops
+    finally:
+        for o in ops.values():
+            o.close()
+        for s in services:
+            s.stop()
 
 
 @pytest.mark.parametrize("name", list(OPERATIONS))
