@@ -161,6 +161,19 @@ class SelectLoad:
     def wait_for(self, n: int, timeout: float = 20) -> None:
         wait_until(lambda: len(self.answers) >= n, timeout, what=f"{n} answers")
 
+    def answered_since(self, t: float) -> int:
+        """Answers that arrived after ``t`` (``time.monotonic()``)."""
+        with self._lock:
+            return sum(1 for at in self.times if at > t)
+
+    def wait_for_since(self, t: float, n: int, timeout: float = 30) -> float:
+        """Until more than ``n`` answers arrived after ``t``: a fault lasts as long as
+        its evidence needs (fewer answers a second on a busy machine: a longer fault),
+        not a fixed time. The seconds it took."""
+        return wait_until(
+            lambda: self.answered_since(t) > n, timeout, interval=0.01, what=f"{n} answers since"
+        )
+
     def _run(self, t: int) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
         with httpx.Client(headers=headers, timeout=10) as client:

@@ -21,7 +21,7 @@ import pytest
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.metrics import Metrics
 
-from tests.conftest import ADMIN, ServiceProcess
+from tests.conftest import ADMIN, ServiceProcess, start_together
 from tests.reliability.conftest import (
     FlakyStore,
     PrivatePostgres,
@@ -228,9 +228,11 @@ def test_outage_backoff_staleness_and_readyz_without_connection_details(
     pg = PrivatePostgres()
     try:
         pg.init().start()
-        plain = ServiceProcess(pg.url).start(tmp_path)
-        strict = ServiceProcess(pg.url, env={"SWITCHBOARD_MAX_CONFIG_STALENESS_S": "1"})
-        strict.start(tmp_path)
+        plain, strict = start_together(
+            tmp_path,
+            ServiceProcess(pg.url),
+            ServiceProcess(pg.url, env={"SWITCHBOARD_MAX_CONFIG_STALENESS_S": "1"}),
+        )
         try:
             assert readyz(plain)[1]["config_age_s"] < 2
             assert readyz(strict)[0] == 200

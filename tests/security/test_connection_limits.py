@@ -179,6 +179,31 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 5) -> None:
         time.sleep(0.01)
 
 
+def _answer_in_thread(
+    sock: socket.socket, request: bytes, timeout: float
+) -> Callable[[], tuple[bytes, float]]:
+    """Send ``request`` and read the answer in a thread while the caller does other
+    work; the returned call waits for it: what the server sent until it closed, and
+    how long after the request that was."""
+    out: list[tuple[bytes, float]] = []
+
+    def read() -> None:
+        answer = _read_answer(sock, timeout)
+        out.append((answer, time.monotonic() - start))
+
+    start = time.monotonic()
+    sock.sendall(request)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def result() -> tuple[bytes, float]:
+        reader.join(timeout + 5)
+        assert out, "the reading thread did not finish"
+        return out[0]
+
+    return result
+
+
 def _first_byte_of_a_long_body(toy: Toy, path: str) -> tuple[bytes, float]:
     """Headers for a 60,000-byte body and its first byte, then nothing: what the
     server answers before it closes, and how long that took."""
@@ -340,12 +365,13 @@ def _limit_descriptors() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (DESCRIPTORS, DESCRIPTORS))
 
 
-def slow_clients(port: int, n: int, stop: Any, stats: Any) -> None:
+def slow_clients(port: int, n: int, go: Any, stop: Any, stats: Any) -> None:
     """``n`` connections, each sending headers for a 60,000-byte body and then one
     byte every ``TRICKLE_S``; a connection the server closes is opened again 0.2 s
     later, so the server is held at ``n`` for as long as the test likes. In a process
     of its own, at a lower priority (its sending and receiving would otherwise take
-    the server's CPU on this machine, which a remote attacker's does not)."""
+    the server's CPU on this machine, which a remote attacker's does not). It connects
+    once ``go`` is set: the process starts (and imports) while the server does."""
     os.nice(10)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
@@ -353,6 +379,9 @@ def slow_clients(port: int, n: int, stop: Any, stats: Any) -> None:
     except (ValueError, OSError):
         stats[FAILED_SETUP] = 1
         return
+    while not go.wait(0.1):
+        if stop.is_set():
+            return
 
     async def client() -> None:
         while not stop.is_set():
@@ -503,30 +532,40 @@ def test_slow_body_clients_do_not_starve_selects(
         sqlite_url,
         env={"SWITCHBOARD_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)},
         preexec_fn=_limit_descriptors,
-    ).start()
-    assert service.proc is not None
-    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
-        start = time.monotonic()
-        sock.sendall(SLOW_REQUEST)  # and nothing more: the body's clock runs out
-        answer = _read_answer(sock, BODY_TIMEOUT_S + 5)
-        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
-        assert BODY_TIMEOUT_S - 0.5 < time.monotonic() - start < BODY_TIMEOUT_S + 2
-    _agent_selects(service, 30, "warm")
-    quiet = _agent_selects(service, 150, "quiet")
-
+    )
     ctx = multiprocessing.get_context("spawn")
-    stop, stats = ctx.Event(), ctx.Array("i", 7)
-    attacker = ctx.Process(target=slow_clients, args=(service.port, SLOW_CLIENTS, stop, stats))
+    go, stop, stats = ctx.Event(), ctx.Event(), ctx.Array("i", 7)
+    attacker = ctx.Process(target=slow_clients, args=(service.port, SLOW_CLIENTS, go, stop, stats))
     attacker.start()
-    watch = DescriptorWatch(service.proc.pid)
+    watch: DescriptorWatch | None = None
     try:
+        service.start()
+        assert service.proc is not None
+        with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
+            # one slow body alone, its 408 awaited while the quiet selects run
+            timed_out = _answer_in_thread(sock, SLOW_REQUEST, BODY_TIMEOUT_S + 5)
+            _agent_selects(service, 30, "warm")
+            quiet = _agent_selects(service, 150, "quiet")
+            answer, took = timed_out()
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert BODY_TIMEOUT_S - 0.5 < took < BODY_TIMEOUT_S + 2, took
+
+        watch = DescriptorWatch(service.proc.pid)
+        go.set()
         deadline = time.monotonic() + 30
         while stats[OPENED] < SLOW_CLIENTS and not stats[FAILED_SETUP]:
             assert time.monotonic() < deadline, f"slow clients not connected: {list(stats)}"
             time.sleep(0.1)
         if stats[FAILED_SETUP]:
             pytest.skip("the slow clients could not raise their descriptor limit")
-        time.sleep(BODY_TIMEOUT_S + 1)  # past the first body timeouts: in full swing
+        # in full swing: as many connections answered (408, or 503 when evicted) or cut
+        # as there are clients, each opened again after it; at the latest once the first
+        # body timeouts are past
+        swing = time.monotonic() + BODY_TIMEOUT_S + 1
+        while stats[ANSWERED_408] + stats[ANSWERED_503] + stats[CUT] < SLOW_CLIENTS:
+            if time.monotonic() > swing:
+                break
+            time.sleep(0.05)
         held = stats[OPEN]
         besieged = _agent_selects(service, SELECTS, "besieged", give_up_after=SELECTS // 100 + 1)
     finally:
@@ -534,7 +573,7 @@ def test_slow_body_clients_do_not_starve_selects(
         attacker.join(20)
         if attacker.is_alive():
             attacker.kill()
-        most_fds = watch.stop()
+        most_fds = watch.stop() if watch is not None else 0
 
     with capsys.disabled():
         print(

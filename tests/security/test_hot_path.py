@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import InProcessService, ServiceProcess
+from tests.conftest import InProcessService, ServiceProcess, post_all
 
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 HEADER_TIMEOUT_S = 1.0
@@ -264,12 +264,24 @@ def attacker(port: int, active: Any, stop: Any, counts: Any) -> None:
         t.join()
 
 
+def _attack_in_full_swing(active: Any, counts: Any, timeout: float = 15) -> None:
+    """Set ``active`` and wait until every attacker is at work: a 64 MB header sent
+    and a preview answered since, the 50 half-sent connections held (they are
+    always)."""
+    huge, held, previews = counts[0], counts[1], counts[2]
+    active.set()
+    deadline = time.monotonic() + timeout
+    while counts[0] <= huge or counts[2] <= previews or counts[1] < max(held, 50):
+        assert time.monotonic() < deadline, f"the attackers are not at work: {list(counts)}"
+        time.sleep(0.01)
+
+
 @pytest.mark.serial
 def test_select_p99_under_attack(service: ServiceProcess, capsys: pytest.CaptureFixture) -> None:
-    with service.client() as c:  # a fleet for the previews to replay
-        for i in range(2000):
-            cluster = f"fleet-{i % 20}"
-            assert c.post("/v1/select", json=select_body(cluster, f"pod-{i}")).status_code == 200
+    # a fleet for the previews to replay, its pods booting at once
+    fleet = (select_body(f"fleet-{i % 20}", f"pod-{i}") for i in range(2000))
+    codes = [code for code, _, _ in post_all(service.port, "/v1/select", fleet, conns=8)]
+    assert codes == [200] * 2000, sorted(set(codes))
     _select_latencies(service, 100, "warm")
     ctx = multiprocessing.get_context("spawn")
     active, stop, counts = ctx.Event(), ctx.Event(), ctx.Array("i", 3)
@@ -282,8 +294,7 @@ def test_select_p99_under_attack(service: ServiceProcess, capsys: pytest.Capture
         # shared cores) weighs on both alike
         for r in range(8):
             idle += _select_latencies(service, 150, f"idle-{r}")
-            active.set()
-            time.sleep(0.5)  # every attacker at work
+            _attack_in_full_swing(active, counts)
             busy += _select_latencies(service, 150, f"busy-{r}")
             active.clear()
             time.sleep(0.2)

@@ -5,6 +5,7 @@ percentage keeps every pod, guards halt the rollout on both replicas, steps prom
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServiceProcess, start_together
+from tests.conftest import ServiceProcess, post_all, start_together
 from tests.reliability.conftest import terminate_all, wait_until
 from tests.service.test_select_decisions import ALL, body
 
@@ -45,10 +46,15 @@ def pick(c: httpx.Client, cluster: str, pod: str, dev: dict[str, Any]) -> dict[s
     return r.json()
 
 
-def staged(c: httpx.Client, cluster: str, dev: dict[str, Any], backend: str) -> set[str]:
-    return {
-        f"r1-{i}" for i in range(PODS) if pick(c, cluster, f"r1-{i}", dev)["backend"] == backend
-    }
+def staged(service: ServiceProcess, cluster: str, dev: dict[str, Any], backend: str) -> set[str]:
+    """The fleet's pods that ``service`` answers ``backend``, all of them asking at
+    once (over a few keep-alive connections, as pods booting together do)."""
+    pods = [f"r1-{i}" for i in range(PODS)]
+    bodies = ({**body(cluster=cluster, pod=pod, packages=ALL), "device": dev} for pod in pods)
+    answers = post_all(service.port, "/v1/select", bodies, conns=8)
+    assert [code for code, _, _ in answers] == [200] * PODS, {a[0] for a in answers}
+    backends = [json.loads(content)["backend"] for _, _, content in answers]
+    return {pod for pod, got in zip(pods, backends, strict=True) if got == backend}
 
 
 def put(c: httpx.Client, cluster: str, *, dry_run: bool = False, **spec: Any) -> httpx.Response:
@@ -60,7 +66,7 @@ def test_stage_is_stable_across_replicas_and_percentages(replicas) -> None:  # t
     a, b = replicas
     cluster, dev = f"ro-{uuid.uuid4().hex[:6]}", device()
     with a.client() as ca, b.client() as cb:
-        assert staged(ca, cluster, dev, "FLASHINFER") == set()  # everyone on FLASH_ATTN
+        assert staged(a, cluster, dev, "FLASHINFER") == set()  # everyone on FLASH_ATTN
         dry = put(ca, cluster, force="FLASHINFER", rollout={"percent": 10}, dry_run=True)
         assert dry.status_code == 200, dry.text
         predicted = dry.json()["preview"]["pods_changed"]
@@ -69,8 +75,8 @@ def test_stage_is_stable_across_replicas_and_percentages(replicas) -> None:  # t
         rev = r.json()["override"]["revision"]
         assert r.json()["override"]["rollout"]["state"] == "active"
         wait_until(lambda: pick(cb, cluster, "probe", dev)["overrides"] != [], 3, what="B sees it")
-        ten_a = staged(ca, cluster, dev, "FLASHINFER")
-        ten_b = staged(cb, cluster, dev, "FLASHINFER")
+        ten_a = staged(a, cluster, dev, "FLASHINFER")
+        ten_b = staged(b, cluster, dev, "FLASHINFER")
         assert ten_a == ten_b
         assert 70 <= len(ten_a) <= 130, len(ten_a)
         assert predicted == len(ten_a)  # the dry run counted exactly the stage
@@ -105,7 +111,7 @@ def test_stage_is_stable_across_replicas_and_percentages(replicas) -> None:  # t
             3,
             what="B sees 50 %",
         )
-        fifty = staged(cb, cluster, dev, "FLASHINFER")
+        fifty = staged(b, cluster, dev, "FLASHINFER")
         assert ten_a <= fifty and 450 <= len(fifty) <= 550
 
 
