@@ -595,8 +595,9 @@ def timed(call: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-WRITER_SETTLE_S = 0.15
-"""Three of the service's default flush intervals (``SWITCHBOARD_FLUSH_INTERVAL_S``)."""
+WRITER_SETTLE_S = 2.0
+"""The most a reboot waits for its decision to be stored (the writer's interval is
+50 ms by default, ``SWITCHBOARD_FLUSH_INTERVAL_S``)."""
 
 
 class Operations:
@@ -629,14 +630,19 @@ class Operations:
         makes a kept summary stale. A pod that boots again in the same situation
         changes no count, and the kept answer would reply (a lookup, not the cost).
 
-        Then it waits for the writer to store it (three of its 50 ms intervals): a read
-        waits for the writer's next batch, and where in that cycle the timed read
-        arrived would otherwise add 0 to 50 ms of chance to the figure, not of cost."""
+        Then it waits until the writer stored it (``/readyz``: no decision waits for the
+        database): a read waits for the decisions answered before it, and where in the
+        writer's cycle the timed read arrived would otherwise add 0 to 50 ms of chance
+        to the figure, not of cost."""
         self.n += 1
         pod = self.rng.choice(self.fleet)
         request = {**pod.request, "pod": f"{pod.request['pod']}-new-{self.n}"}
         self.check(self.clients[0].post("/v1/select", json=request))
-        time.sleep(WRITER_SETTLE_S)
+        until = time.monotonic() + WRITER_SETTLE_S
+        while time.monotonic() < until:
+            if self.clients[0].get("/readyz").json().get("decisions_buffered") == 0:
+                return
+            time.sleep(0.005)
 
     def cold(self, response: httpx.Response, what: str) -> httpx.Response:
         """``response``, checked to be a new computation: its ETag differs from the
