@@ -456,22 +456,27 @@ class PartsRead:
         ``bucket`` is any bucket of a stage class of the preview's, which splits those
         of the configuration in force further (a proposal may add a staged rollout)."""
         assert group.request is not None
-        at = (group.cluster, group.request.model.name)
-        found = self._given_in.get(at)
-        if found is None:  # the stage classes are a function of the cluster and model
-            self.pending(group.cluster)
-            given = self.part(group.cluster).given
-            assert given is not None
-            found = self._given_in[at] = (given, self._classes.of(self._partials(group)))
-        given, stages = found
+        given, stages = self.given_in(group.request)
         for stage in stages:
             if stage.buckets is None or bucket in stage.buckets:
                 return given[(group.shape_id, stage.buckets)]
         raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")
 
-    def _partials(self, group: PodGroup) -> tuple[Override, ...]:
-        assert group.request is not None
-        return self._classes.partials(group.request, self.inputs.overrides, self.now)
+    def given_in(self, request: SelectRequest) -> tuple[_Given, tuple[StageClass, ...]]:
+        """What the configuration in force gives the pods of ``request``'s cluster and
+        model: the backend per (shape, stage class) (``given``), and those stage
+        classes (a function of the cluster and the model)."""
+        at = (request.cluster, request.model.name)
+        found = self._given_in.get(at)
+        if found is None:
+            self.pending(request.cluster)
+            given = self.part(request.cluster).given
+            assert given is not None
+            stages = self._classes.of(
+                self._classes.partials(request, self.inputs.overrides, self.now)
+            )
+            found = self._given_in[at] = (given, stages)
+        return found
 
     def _current(
         self, groups: Sequence[PodGroup]
