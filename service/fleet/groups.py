@@ -34,6 +34,7 @@ from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
 from mla_switchboard.service.fleet.effects import (
     Dependence,
+    StandIns,
     assess_shared,
     decide_shared,
     dependence,
@@ -319,6 +320,8 @@ class DecisionMemo:
         self._depends: dict[tuple[object, ...], Dependence] = {}
         self._described: dict[str, tuple[object, ...]] = {}
         self._silent: dict[tuple[int, str], tuple[EvidenceIndex, bool]] = {}
+        self._tested: dict[tuple[object, int, str], tuple[EvidenceIndex, bool]] = {}
+        self._stand_ins = StandIns()
         self.made = 0
 
     def depends(
@@ -350,6 +353,22 @@ class DecisionMemo:
                 request, inputs, self._now, exact=exact, applicable=applicable
             )
         return found
+
+    def of_situation(
+        self,
+        test: Callable[[EvidenceIndex, Situation | None], bool],
+        index: EvidenceIndex,
+        shape_id: str,
+        request: SelectRequest,
+    ) -> bool:
+        """``test(index, situation)`` of the shape's situation, once per test, index
+        and shape in this read (the index is held with the answer: its id stays its
+        own): the clusters that trust one index ask it of the same shapes."""
+        key = (test, id(index), shape_id)
+        found = self._tested.get(key)
+        if found is None or found[0] is not index:
+            found = self._tested[key] = (index, test(index, shape_situation(shape_id, request)))
+        return found[1]
 
     def _says_nothing(self, index: EvidenceIndex, shape_id: str, request: SelectRequest) -> bool:
         """:func:`silent` of ``index`` for the shape's situation, once per index and shape
@@ -395,16 +414,20 @@ class DecisionMemo:
         self,
         key: tuple[object, ...],
         request: SelectRequest,
+        shape_id: str,
         narrowed: DecisionInputs,
         bucket: int | None,
         depends: Dependence,
     ) -> Decision | Refusal:
         """The decision kept under ``key`` (as :meth:`decision` builds it), made now
-        when there is none."""
+        when there is none (with the shape's situation, worked out once per shape)."""
         found = self._found.get(key)
         if found is None:
             self.made += 1
-            found = self._found[key] = decide_shared(request, narrowed, self._now, bucket, depends)
+            situation = shape_situation(shape_id, request)
+            found = self._found[key] = decide_shared(
+                request, narrowed, self._now, bucket, depends, situation, self._stand_ins
+            )
         return found  # type: ignore[return-value]
 
     def decider(
@@ -440,7 +463,7 @@ class DecisionMemo:
         key = (side, *self._key("decide", request, shape_id, stage, depends))
         found = self._found.get(key)
         if found is None:
-            return self.made_for(key, request, narrow(), stage.bucket, depends)
+            return self.made_for(key, request, shape_id, narrow(), stage.bucket, depends)
         return found  # type: ignore[return-value]
 
     def assessment(
@@ -458,8 +481,9 @@ class DecisionMemo:
         found = self._found.get(key)
         if found is None:
             self.made += 1
+            situation = shape_situation(shape_id, request)
             found = self._found[key] = assess_shared(
-                request, narrowed, self._now, stage.bucket, depends
+                request, narrowed, self._now, stage.bucket, depends, situation, self._stand_ins
             )
         return found  # type: ignore[return-value]
 
@@ -540,7 +564,7 @@ class Decider:
         key = (self._side, "decide", depends.key, depends.fleet, bits, shape)
         decided = memo._found.get(key)
         if decided is None:
-            return memo.made_for(key, request, self.narrowed(), stage.bucket, depends)
+            return memo.made_for(key, request, shape_id, self.narrowed(), stage.bucket, depends)
         return decided  # type: ignore[return-value]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from mla_switchboard.core.evaluator import DecisionInputs, Refusal, decide
+from mla_switchboard.core.schemas import SEED_RULES
 from mla_switchboard.service.fleet.effects import words
 from mla_switchboard.service.fleet.groups import ClassCache, DecisionMemo, FleetSnapshot
 
@@ -89,3 +90,38 @@ def test_the_inputs_of_a_decider_are_asked_once() -> None:
             for stage in ClassCache().stages(group.request, current.overrides, NOW):
                 decider(group.request, group.shape_id, stage)
     assert len(asked) <= 1
+
+
+def test_a_kept_stand_in_is_the_one_made_each_time() -> None:
+    from mla_switchboard.service.fleet.effects import StandIns, _stand_in
+
+    from tests.core.conftest import override
+    from tests.core.test_fleet_replay import SHAPES
+
+    own = override("c001", deny=["CUDNN"], note="mine")
+    inputs = DecisionInputs(SEED_RULES, (override("*", deny=["FLASHINFER"], note="f"), own))
+    kept = StandIns()
+    for shape in SHAPES:
+        request = shape.model_copy(update={"cluster": "c001"})
+        made_request, made_inputs = _stand_in(request, inputs, own)
+        for _ in range(2):
+            kept_request, kept_inputs = kept.of(request, inputs, own)
+            assert kept_request == made_request
+            assert tuple(kept_inputs.overrides) == tuple(made_inputs.overrides)
+            assert kept_inputs.rules is made_inputs.rules
+            assert kept_inputs.evidence is made_inputs.evidence
+        assert kept.of(request, inputs, own)[1] is kept.of(request, inputs, own)[1]
+
+
+def test_a_situation_given_decides_as_the_one_worked_out() -> None:
+    from mla_switchboard.core.evidence import situation_of
+
+    from tests.core.conftest import override
+    from tests.core.test_fleet_replay import SHAPES
+
+    inputs = DecisionInputs(
+        SEED_RULES, (override("*", deny=["FLASHINFER"], note="f", policy="measured"),)
+    )
+    for shape in SHAPES:
+        given = decide(shape, inputs, now=NOW, situation=situation_of(shape))
+        assert given == decide(shape, inputs, now=NOW)
