@@ -116,12 +116,20 @@ _Given = dict[tuple[str, frozenset[int] | None], str | None]
 _WRITTEN = frozenset({"created_at", "created_by", "revision"})
 """What the store sets of an override it writes: no decision reads them as a backend."""
 
+_UNCARRIED = _WRITTEN | {"note"}
+"""What a carried figure (``_Carried``: backends and counts of pods) leaves out of an
+override's text. A note is only ever words: the evaluator quotes it in a reason or a
+message, and no backend depends on a reason's words (a backend is valid when it has
+no reason; the one kept valid against failures has the failure's reason alone, which
+begins otherwise than a deny's). So a change previewed with one note and written
+with another, or previewed again, carries what the first preview found."""
+
 
 @dataclass(frozen=True)
 class _Carried:
     """A proposal's ``pending`` and ``given`` of one cluster (``ClusterParts.carry``),
     with what they were worked out from: the cluster's groups, rules, overrides (less
-    ``_WRITTEN``), which of them had expired, and the evidence indexes (the very
+    ``_UNCARRIED``), which of them had expired, and the evidence indexes (the very
     objects) at their versions."""
 
     key: Hashable
@@ -148,7 +156,7 @@ class ClusterParts:
         self._before_parts: dict[str, ClusterPart] = {}  # the one each replaced
         self._lock = threading.Lock()
         self._texts = _Texts()
-        self._carry_texts = _Texts(_WRITTEN)
+        self._carry_texts = _Texts(_UNCARRIED)
         self._carried: dict[str, _Carried] = {}
         self._rules: tuple[RulesDocument, str] | None = None
         self._stamp: tuple[Any, ...] = (None, None, None)
@@ -235,6 +243,27 @@ class ClusterParts:
             found = self._read[cluster] = (models, indexes, epoch)
         return found[1], found[2]
 
+    def epoch_of(self, cluster: str, indexes: Sequence[EvidenceIndex]) -> int | None:
+        """The epoch ``read_by`` gave ``cluster`` for these very indexes (in this
+        configuration's mapping or the one before), None when it gave none."""
+        for found in (self._read.get(cluster), self._before.get(cluster)):
+            if (
+                found is not None
+                and len(found[1]) == len(indexes)
+                and all(a is b for a, b in zip(found[1], indexes, strict=True))
+            ):
+                return found[2]
+        return None
+
+    def peek(self, cluster: str, key: Hashable) -> ClusterPart | None:
+        """The part of ``cluster`` kept under ``key`` (the one in force or the one it
+        replaced), without keeping anything: None when neither has that key."""
+        with self._lock:
+            for part in (self._kept.get(cluster), self._before_parts.get(cluster)):
+                if part is not None and part.key == key:
+                    return part
+        return None
+
     def rules_text(self, rules: RulesDocument) -> str:
         kept = self._rules
         if kept is None or kept[0] is not rules:
@@ -247,8 +276,9 @@ class ClusterParts:
         return self._texts.of(overrides, o)
 
     def carry_text(self, overrides: Sequence[Override], o: Override) -> str:
-        """``o`` as text without what the store sets when it writes it (``_WRITTEN``):
-        a proposal's override and the one written of it read alike."""
+        """``o`` as text without what the store sets when it writes it and without its
+        note (``_UNCARRIED``): a proposal's override and the one written of it read
+        alike."""
         return self._carry_texts.of(overrides, o)
 
     def carry(self, cluster: str, carried: _Carried) -> None:
@@ -293,6 +323,9 @@ class PartsRead:
         )
         self._found: dict[str, ClusterPart] = {}
         self._given_in: dict[tuple[str, str], tuple[_Given, tuple[StageClass, ...]]] = {}
+        self._carry_keys: dict[
+            tuple[int, str], tuple[DecisionInputs, Hashable, list[EvidenceIndex]]
+        ] = {}
 
     @property
     def inputs_for(self) -> InputsFor | None:
@@ -303,17 +336,46 @@ class PartsRead:
 
     def key(self, cluster: str) -> tuple[Hashable, ...]:
         """What every figure of ``cluster`` depends on (module docstring)."""
-        inputs, now = self.inputs, self.now
+        groups = self.fleet.of_cluster(cluster)
+        return self._key_with(cluster, self.inputs, self._evidence_key(cluster, groups))
+
+    def _key_with(
+        self, cluster: str, inputs: DecisionInputs, evidence: Hashable
+    ) -> tuple[Hashable, ...]:
+        """:meth:`key` of ``cluster`` under ``inputs``, with ``evidence`` its evidence part."""
         groups = self.fleet.of_cluster(cluster)
         overrides = inputs.overrides_for(cluster)
-        texts = self._parts
+        texts, now = self._parts, self.now
         return (
             tuple((g.shape_id, g.rows) for g in groups),
             texts.rules_text(inputs.rules),
             tuple(texts.override_text(inputs.overrides, o) for o in overrides),
             tuple(o.expires_at is not None and o.expires_at <= now for o in overrides),
-            self._evidence_key(cluster, groups),
+            evidence,
         )
+
+    def kept_given(self, cluster: str, proposed: DecisionInputs) -> _Given | None:
+        """What ``proposed`` gives the pods of ``cluster`` (``ClusterPart.given``), when
+        a kept part holds it: the proposal is a configuration the parts were worked out
+        for, as when a change is taken back (a fleet-wide override deleted right after
+        it was put). Its key is the part's as a read under ``proposed`` would find it:
+        the same groups, rules, overrides (as text), expiries, and evidence indexes (the
+        very objects) at the same versions. Else what the last preview carried for the
+        cluster, when it was of the same change (``_Carried``: a dry run, then the
+        write). None when neither holds it."""
+        groups = self.fleet.of_cluster(cluster)
+        indexes = self.indexes_read(cluster, groups, proposed)
+        epoch = self._parts.epoch_of(cluster, indexes)
+        evidence = None if epoch is None else (epoch, tuple(i.version for i in indexes))
+        part = None
+        if evidence is not None:
+            part = self._parts.peek(cluster, self._key_with(cluster, proposed, evidence))
+        if part is not None and part.given is not None:
+            return part.given
+        carried = self._parts.carried(cluster)
+        if carried is not None and carried.holds(*self._carry_key(cluster, proposed)):
+            return carried.given
+        return None
 
     def _evidence_key(self, cluster: str, groups: Sequence[PodGroup]) -> Hashable:
         """The evidence the cluster's figures read: the indexes (``indexes_read``) and
@@ -424,7 +486,16 @@ class PartsRead:
         self, cluster: str, inputs: DecisionInputs
     ) -> tuple[Hashable, list[EvidenceIndex]]:
         """What ``pending`` and ``given`` of ``cluster`` under ``inputs`` are worked out
-        from (``_Carried``)."""
+        from (``_Carried``), once per inputs and cluster in this read."""
+        at = (id(inputs), cluster)
+        found = self._carry_keys.get(at)
+        if found is None or found[0] is not inputs:
+            found = self._carry_keys[at] = (inputs, *self._carry_key_of(cluster, inputs))
+        return found[1], found[2]
+
+    def _carry_key_of(
+        self, cluster: str, inputs: DecisionInputs
+    ) -> tuple[Hashable, list[EvidenceIndex]]:
         groups = self.fleet.of_cluster(cluster)
         overrides = inputs.overrides_for(cluster)
         parts, now = self._parts, self.now

@@ -119,6 +119,13 @@ class Settled(Protocol):
         the backend per (shape, stage class), and those stage classes."""
         ...
 
+    def kept_given(
+        self, cluster: str, proposed: DecisionInputs
+    ) -> Mapping[tuple[str, frozenset[int] | None], str | None] | None:
+        """What ``proposed`` gives the pods of ``cluster`` per (shape, stage class of
+        its own), when that is kept (a change taken back); else None."""
+        ...
+
     def proposed(
         self,
         cluster: str,
@@ -181,6 +188,9 @@ def replay(
         # the stage classes and how decisions are shared, are a function of the
         # cluster and the model)
         plans: dict[str, _ModelPlan] = {}
+        # what the proposal gives, when a kept part holds it: only the groups that
+        # move are then decided under it (their reasons need the decision)
+        kept = None if settled is None else settled.kept_given(cluster, proposed)
         for group in each_group(groups, deadline):
             total += group.pods
             request = group.request
@@ -196,8 +206,13 @@ def replay(
             to_of, before_of = plan.to, plan.before
             given_to: list[str | None] = []
             for i, stage in enumerate(plan.stages):
-                after = to_of(request, shape_id, stage)
-                to = None if isinstance(after, Refusal) else after.backend.value
+                after: Decision | Refusal | None = None
+                at = (shape_id, plan.proposal_buckets[i])
+                if kept is not None and at in kept:
+                    to = kept[at]
+                else:
+                    after = to_of(request, shape_id, stage)
+                    to = None if isinstance(after, Refusal) else after.backend.value
                 given_to.append(to)
                 if plan.given is not None:
                     given = plan.given.get((shape_id, plan.current_buckets[i]), _MISSING)
@@ -215,6 +230,8 @@ def replay(
                     if given is not None and given == to:  # they stay: pending or not
                         tally.settle(row.backend, given, n)
                         continue
+                    if after is None:
+                        after = to_of(request, shape_id, stage)
                     tally.add(
                         group.cluster,
                         row.backend,
@@ -246,6 +263,7 @@ class _ModelPlan:
 
     stages: tuple[StageClass, ...]
     current_buckets: tuple[frozenset[int] | None, ...]
+    proposal_buckets: tuple[frozenset[int] | None, ...]
     proposal_at: tuple[tuple[frozenset[int] | None, int], ...]
     to: Decider
     before: Decider
@@ -278,10 +296,12 @@ class _ModelPlan:
         if settled is not None:
             given, held = settled.given_in(request)
             current_buckets = tuple(_holding(held, stage.bucket) for stage in stages)
+        own_classes = classes.of(partials)
         return cls(
             stages,
             current_buckets,
-            tuple((own.buckets, _at(stages, own)) for own in classes.of(partials)),
+            tuple(_holding(own_classes, stage.bucket) for stage in stages),
+            tuple((own.buckets, _at(stages, own)) for own in own_classes),
             side("to", proposed),
             side("from", current),
             given,
