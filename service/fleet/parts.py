@@ -465,9 +465,21 @@ class PartsRead:
         if found is None:
             self._parts.count("progress")
             found = part.progress[position] = self._walk.cluster(
-                o, self.fleet.of_cluster(cluster), self.deadline
+                o, self.fleet.of_cluster(cluster), self.deadline, self._given_kept(cluster)
             )
         return found
+
+    def _given_kept(self, cluster: str) -> _Given | None:
+        """The part's ``given`` when it is worked out or a preview carried it (the
+        configuration in force was previewed before it was written), without deciding
+        it: None otherwise."""
+        part = self.part(cluster)
+        if part.given is None:
+            carried = self._parts.carried(cluster)
+            if carried is None or not carried.holds(*self._carry_key(cluster, self.inputs)):
+                return None
+            part.pending, part.given = carried.pending, carried.given
+        return part.given
 
     def pending(self, cluster: str) -> int:
         """Pods of ``cluster`` whose recorded backend is not what the configuration in

@@ -328,3 +328,22 @@ def test_a_change_previewed_with_another_note_carries_what_it_gives(
     finally:
         fresh.close()
     assert carried_to < made.sides["to"]
+
+
+def test_a_written_change_counts_its_rollouts_from_what_its_preview_gave(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary after a change is written counts each rollout's pods booted with it
+    from the backends the change's preview found (carried), deciding nothing again,
+    and reads what the whole fleet read again gives."""
+    snapshots, evidence, current, reads = world
+    proposal = override("*", deny=["FLASHINFER"], note="fleet-wide")
+    reads.preview(Proposal(override_scope="*", override=proposal), None, None)
+    written = proposal.model_copy(update={"revision": 3})
+    applied = Proposal(override_scope="*", override=written).applied_to(current["inputs"])
+    current["inputs"] = replace(applied, tag=(2, 2))
+    made = Made(monkeypatch)
+    body = reads.summary(None, None).body
+    assert made.sides.get("", 0) == 0
+    assert body["rollouts"]
+    assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
