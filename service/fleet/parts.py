@@ -116,13 +116,19 @@ _Given = dict[tuple[str, frozenset[int] | None], str | None]
 _WRITTEN = frozenset({"created_at", "created_by", "revision"})
 """What the store sets of an override it writes: no decision reads them as a backend."""
 
-_UNCARRIED = _WRITTEN | {"note"}
+_UNCARRIED = _WRITTEN | {"note", "expires_at"}
 """What a carried figure (``_Carried``: backends and counts of pods) leaves out of an
 override's text. A note is only ever words: the evaluator quotes it in a reason or a
 message, and no backend depends on a reason's words (a backend is valid when it has
 no reason; the one kept valid against failures has the failure's reason alone, which
-begins otherwise than a deny's). So a change previewed with one note and written
-with another, or previewed again, carries what the first preview found."""
+begins otherwise than a deny's). An expiry only decides whether the override applies
+at all, which the key holds apart (expired or not at the read's time). So a change
+previewed with one note and written with another, or previewed again, carries what
+the first preview found."""
+
+CARRIED_KEPT = 4
+"""How many carried figures are kept per cluster (the newest): a change previewed,
+written and taken back, then previewed again, finds each of them."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,7 @@ class ClusterParts:
         self._lock = threading.Lock()
         self._texts = _Texts()
         self._carry_texts = _Texts(_UNCARRIED)
-        self._carried: dict[str, _Carried] = {}
+        self._carried: dict[str, list[_Carried]] = {}  # per cluster, the newest last
         self._rules: tuple[RulesDocument, str] | None = None
         self._stamp: tuple[Any, ...] = (None, None, None)
         self._read: dict[str, _Read] = {}
@@ -282,14 +288,24 @@ class ClusterParts:
         return self._carry_texts.of(overrides, o)
 
     def carry(self, cluster: str, carried: _Carried) -> None:
-        """Keep what a proposal gives ``cluster`` until the next one: once it is the
-        configuration in force, the next read takes it for the cluster's new part
-        instead of deciding every group again (``PartsRead.pending``)."""
+        """Keep what a proposal (or the configuration in force) gives ``cluster``,
+        among the last ``CARRIED_KEPT``: once it is the configuration in force, the
+        next read takes it for the cluster's new part instead of deciding every group
+        again (``PartsRead.pending``), and a preview of it again takes its backends
+        (``PartsRead.kept_given``)."""
         with self._lock:
-            self._carried[cluster] = carried
+            kept = [c for c in self._carried.get(cluster, ()) if c.key != carried.key]
+            kept.append(carried)
+            self._carried[cluster] = kept[-CARRIED_KEPT:]
 
-    def carried(self, cluster: str) -> _Carried | None:
-        return self._carried.get(cluster)
+    def carried(
+        self, cluster: str, key: Hashable, indexes: Sequence[EvidenceIndex]
+    ) -> _Carried | None:
+        """The figures kept for ``cluster`` that were worked out from ``key`` and
+        ``indexes`` (``_Carried.holds``), None when none were."""
+        with self._lock:
+            kept = self._carried.get(cluster, ())
+            return next((c for c in reversed(kept) if c.holds(key, indexes)), None)
 
 
 class PartsRead:
@@ -372,10 +388,8 @@ class PartsRead:
             part = self._parts.peek(cluster, self._key_with(cluster, proposed, evidence))
         if part is not None and part.given is not None:
             return part.given
-        carried = self._parts.carried(cluster)
-        if carried is not None and carried.holds(*self._carry_key(cluster, proposed)):
-            return carried.given
-        return None
+        carried = self._parts.carried(cluster, *self._carry_key(cluster, proposed))
+        return None if carried is None else carried.given
 
     def _evidence_key(self, cluster: str, groups: Sequence[PodGroup]) -> Hashable:
         """The evidence the cluster's figures read: the indexes (``indexes_read``) and
@@ -475,8 +489,8 @@ class PartsRead:
         it: None otherwise."""
         part = self.part(cluster)
         if part.given is None:
-            carried = self._parts.carried(cluster)
-            if carried is None or not carried.holds(*self._carry_key(cluster, self.inputs)):
+            carried = self._parts.carried(cluster, *self._carry_key(cluster, self.inputs))
+            if carried is None:
                 return None
             part.pending, part.given = carried.pending, carried.given
         return part.given
@@ -486,12 +500,15 @@ class PartsRead:
         force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
         part = self.part(cluster)
         if part.pending is None or part.given is None:
-            carried = self._parts.carried(cluster)
-            if carried is not None and carried.holds(*self._carry_key(cluster, self.inputs)):
+            key, indexes = self._carry_key(cluster, self.inputs)
+            carried = self._parts.carried(cluster, key, indexes)
+            if carried is not None:
                 part.pending, part.given = carried.pending, carried.given
             else:
                 self._parts.count("pending")
                 part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
+                carried = _Carried(key, tuple(indexes), part.pending, part.given)
+                self._parts.carry(cluster, carried)  # a preview of it later finds it
         return part.pending
 
     def _carry_key(

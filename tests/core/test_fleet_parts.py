@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -347,3 +347,44 @@ def test_a_written_change_counts_its_rollouts_from_what_its_preview_gave(
     assert made.sides.get("", 0) == 0
     assert body["rollouts"]
     assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+
+
+def test_a_change_previewed_again_after_it_was_taken_back_finds_its_backends(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Put a fleet-wide change, delete it, then preview it again with another note and
+    expiry: the backends its first preview found are kept among the cluster's last
+    few, so only the groups that move are decided, and the answer is the full
+    replay's (in the new note's words)."""
+    snapshots, evidence, current, reads = world
+    without = [o for o in current["inputs"].overrides if o.cluster != "*"]
+    before = current["inputs"] = DecisionInputs(SEED_RULES, tuple(without), tag=(1, 2))
+
+    def change(note: str, hours: int) -> Override:
+        expires = NOW + timedelta(hours=hours)
+        return override("*", deny=["FLASHINFER"], note=note, expires_at=expires)
+
+    first = Proposal(override_scope="*", override=change("first", 2))
+    reads.preview(first, None, None)
+    written = first.override.model_copy(update={"revision": 4})  # type: ignore[union-attr]
+    applied = Proposal(override_scope="*", override=written).applied_to(before)
+    current["inputs"] = replace(applied, tag=(2, 2))
+    reads.summary(None, None)
+    reads.preview(Proposal(override_scope="*", override=None), None, None)
+    current["inputs"] = before
+    reads.summary(None, None)
+
+    made = Made(monkeypatch)
+    again = Proposal(override_scope="*", override=change("again", 3))
+    got = reads.preview(again, None, None)
+    again_to = made.sides.get("to", 0)
+    assert got == replay(
+        snapshots.snap, before, again.applied_to(before), now=NOW, inputs_for=evidence.inputs_for
+    )
+    made.sides.clear()
+    fresh = reads_of(snapshots, evidence, lambda: before)
+    try:
+        assert fresh.preview(again, None, None) == got
+    finally:
+        fresh.close()
+    assert again_to < made.sides["to"]
