@@ -42,6 +42,7 @@ from mla_switchboard.core.evaluator import (
 from mla_switchboard.core.evidence import Situation
 from mla_switchboard.core.schemas import FLEET, Override, SelectRequest
 from mla_switchboard.core.stages import stage_bucket
+from mla_switchboard.service.priority import release_later
 
 _TOKEN = secrets.token_hex(8)
 STAND_IN = f"stand-in-{_TOKEN}"
@@ -169,9 +170,13 @@ class StandIns:
     is only theirs while they are alive)."""
 
     def __init__(self) -> None:
-        self._overrides: dict[int, tuple[Override, Override]] = {}
-        self._inputs: dict[tuple[int, int], tuple[DecisionInputs, Override, DecisionInputs]] = {}
-        self._requests: dict[int, tuple[SelectRequest, SelectRequest]] = {}
+        # a stand-in request per group: freed gradually after a fleet read, like its
+        # decisions (service/priority.py), not in one go when the read returns
+        self._overrides: dict[int, tuple[Override, Override]] = release_later({})
+        self._inputs: dict[tuple[int, int], tuple[DecisionInputs, Override, DecisionInputs]] = (
+            release_later({})
+        )
+        self._requests: dict[int, tuple[SelectRequest, SelectRequest]] = release_later({})
 
     def of(
         self, request: SelectRequest, inputs: DecisionInputs, own: Override

@@ -320,7 +320,7 @@ class DecisionMemo:
         self._depends: dict[tuple[object, ...], Dependence] = {}
         self._described: dict[str, tuple[object, ...]] = {}
         self._silent: dict[tuple[int, str], tuple[EvidenceIndex, bool]] = {}
-        self._tested: dict[tuple[object, int, str], tuple[EvidenceIndex, bool]] = {}
+        self._tested: dict[tuple[object, int, str], tuple[EvidenceIndex, bool]] = release_later({})
         self._stand_ins = StandIns()
         self.made = 0
 

@@ -370,6 +370,14 @@ class PartsRead:
             evidence,
         )
 
+    def check_deadline(self) -> None:
+        """Check this read's deadline, which lets the event loop in now and then: the
+        work a cluster needs before its groups are read (its evidence, its key, what is
+        kept for it) is small, but across a thousand clusters without a check it held
+        the interpreter for milliseconds at a time."""
+        if self.deadline is not None:
+            self.deadline.check()
+
     def kept_given(self, cluster: str, proposed: DecisionInputs) -> _Given | None:
         """What ``proposed`` gives the pods of ``cluster`` (``ClusterPart.given``), when
         a kept part holds it: the proposal is a configuration the parts were worked out
@@ -386,6 +394,7 @@ class PartsRead:
         part = None
         if evidence is not None:
             part = self._parts.peek(cluster, self._key_with(cluster, proposed, evidence))
+            self.check_deadline()
         if part is not None and part.given is not None:
             return part.given
         carried = self._parts.carried(cluster, *self._carry_key(cluster, proposed))
@@ -421,6 +430,7 @@ class PartsRead:
                     continue
                 models.add(request.model.name)
                 found.append(self._inputs_for(request, inputs, self.now).evidence)
+                self.check_deadline()
         if self._evidence_of is not None:
             found.append(self._evidence_of(cluster))
         return found
@@ -537,6 +547,7 @@ class PartsRead:
             inputs.evidence_generation,
             tuple(index.version for index in indexes),
         )
+        self.check_deadline()
         return key, indexes
 
     def proposed(self, cluster: str, proposed: DecisionInputs, pending: int, given: _Given) -> None:

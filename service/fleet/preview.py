@@ -202,6 +202,8 @@ def replay(
                 plan = plans[request.model.name] = _ModelPlan.of(
                     request, current, proposed, now, inputs_for, classes, memo, exact, settled
                 )
+                if deadline is not None:  # a model's setup, like a group, lets the loop in
+                    deadline.check()
             shape_id = group.shape_id
             to_of, before_of = plan.to, plan.before
             given_to: list[str | None] = []
@@ -246,6 +248,8 @@ def replay(
                     given_after[(shape_id, buckets)] = given_to[at]
         if settled is not None:
             settled.proposed(cluster, proposed, pending_after, given_after)
+            if deadline is not None:
+                deadline.check()
     return tally.preview(total=total, unreadable=unreadable)
 
 
