@@ -398,12 +398,26 @@ class Assessment:
         return [b for b in _BACKENDS if not self.reasons[b]]
 
 
+class Unknown:
+    """The type of :data:`UNKNOWN`."""
+
+
+UNKNOWN = Unknown()
+"""A request's situation not known to the caller: ``assess`` works it out."""
+
+
 def assess(
-    request: SelectRequest, inputs: DecisionInputs, now: datetime, bucket: int | None = None
+    request: SelectRequest,
+    inputs: DecisionInputs,
+    now: datetime,
+    bucket: int | None = None,
+    situation: Situation | Unknown | None = UNKNOWN,
 ) -> Assessment:
     """Every backend's reasons for ``request`` under ``inputs``: the one place validity is
     decided (the decision, the preview and the regret all read it from here).
-    ``bucket``: the pod's stage bucket when the caller has it (see ``in_stage``)."""
+    ``bucket``: the pod's stage bucket when the caller has it (see ``in_stage``);
+    ``situation``: ``situation_of(request)`` when the caller has it (a fleet read
+    decides many requests of one shape, whose situation it works out once)."""
     matched = applicable_overrides(request, inputs.override_set, now)
     if bucket is None and any(o.rollout is not None for o in matched):
         bucket = stage_bucket(request.cluster, request.pod)
@@ -417,7 +431,8 @@ def assess(
     for o in active:
         for backend in o.deny:
             reasons[backend].append(f"denied by {o.label}: {o.note}")
-    situation = situation_of(request)
+    if isinstance(situation, Unknown):
+        situation = situation_of(request)
     exclusions: dict[Backend, MeasuredExclusion] = {}
     notices: dict[Backend, FailureNotice] = {}
     if policy == "measured":
@@ -565,12 +580,18 @@ def _effects(o: Override) -> list[str]:
 
 
 def decide(
-    request: SelectRequest, inputs: DecisionInputs, *, now: datetime, bucket: int | None = None
+    request: SelectRequest,
+    inputs: DecisionInputs,
+    *,
+    now: datetime,
+    bucket: int | None = None,
+    situation: Situation | Unknown | None = UNKNOWN,
 ) -> Decision | Refusal:
     """Choose a backend for ``request``; see the module docstring for precedence.
     ``bucket``: the pod's stage bucket when the caller has it (a replay of stored pods
-    by group); else it is computed from the request's cluster and pod name."""
-    deciding = _Deciding(request, inputs, assess(request, inputs, now, bucket))
+    by group); else it is computed from the request's cluster and pod name.
+    ``situation``: as for :func:`assess`."""
+    deciding = _Deciding(request, inputs, assess(request, inputs, now, bucket, situation))
     # The precedence, highest first: each step answers or leaves the pod to the next.
     for step in (deciding.forced, deciding.requested, deciding.automatic):
         outcome = step()

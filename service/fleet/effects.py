@@ -27,18 +27,22 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from mla_switchboard.core.evaluator import (
+    UNKNOWN,
     Assessment,
     Decision,
     DecisionInputs,
     Refusal,
+    Unknown,
     applicable_overrides,
     assess,
     decide,
     in_stage,
     request_traits,
 )
+from mla_switchboard.core.evidence import Situation
 from mla_switchboard.core.schemas import FLEET, Override, SelectRequest
 from mla_switchboard.core.stages import stage_bucket
+from mla_switchboard.service.priority import release_later
 
 _TOKEN = secrets.token_hex(8)
 STAND_IN = f"stand-in-{_TOKEN}"
@@ -160,16 +164,60 @@ def description(request: SelectRequest) -> tuple[object, ...]:
     )
 
 
+class StandIns:
+    """The stand-ins of one fleet read (:func:`_stand_in`), made once per override,
+    inputs and request: a read makes many decisions for each (held with them: an id
+    is only theirs while they are alive)."""
+
+    def __init__(self) -> None:
+        # a stand-in request per group: freed gradually after a fleet read, like its
+        # decisions (service/priority.py), not in one go when the read returns
+        self._overrides: dict[int, tuple[Override, Override]] = release_later({})
+        self._inputs: dict[tuple[int, int], tuple[DecisionInputs, Override, DecisionInputs]] = (
+            release_later({})
+        )
+        self._requests: dict[int, tuple[SelectRequest, SelectRequest]] = release_later({})
+
+    def of(
+        self, request: SelectRequest, inputs: DecisionInputs, own: Override
+    ) -> tuple[SelectRequest, DecisionInputs]:
+        """``_stand_in(request, inputs, own)``, each part made once."""
+        kept = self._requests.get(id(request))
+        if kept is None or kept[0] is not request:
+            kept = self._requests[id(request)] = (request, _stand_in_request(request))
+        found = self._inputs.get((id(inputs), id(own)))
+        if found is None or found[0] is not inputs or found[1] is not own:
+            made = self._overrides.get(id(own))
+            if made is None or made[0] is not own:
+                made = self._overrides[id(own)] = (own, _stand_in_override(own))
+            found = (inputs, own, _stand_in_inputs(inputs, made[1]))
+            self._inputs[(id(inputs), id(own))] = found
+        return kept[1], found[2]
+
+
+def _stand_in_override(own: Override) -> Override:
+    """``own`` (the cluster's override) in the stand-in's name."""
+    return own.model_copy(
+        update={"cluster": STAND_IN, "note": STAND_IN_NOTE, "revision": STAND_IN_REVISION}
+    )
+
+
+def _stand_in_request(request: SelectRequest) -> SelectRequest:
+    return request.model_copy(update={"cluster": STAND_IN})
+
+
+def _stand_in_inputs(inputs: DecisionInputs, stand: Override) -> DecisionInputs:
+    """``inputs`` with the fleet's overrides and the stand-in ``stand`` only."""
+    return replace(inputs, overrides=(*inputs.override_set.own(FLEET), stand))
+
+
 def _stand_in(
     request: SelectRequest, inputs: DecisionInputs, own: Override
 ) -> tuple[SelectRequest, DecisionInputs]:
     """``request`` and ``inputs`` with ``own`` (the cluster's override) in the
     stand-in's name: the fleet's overrides and the stand-in only."""
-    stand = own.model_copy(
-        update={"cluster": STAND_IN, "note": STAND_IN_NOTE, "revision": STAND_IN_REVISION}
-    )
-    overrides = (*inputs.override_set.own(FLEET), stand)
-    return request.model_copy(update={"cluster": STAND_IN}), replace(inputs, overrides=overrides)
+    stand = _stand_in_override(own)
+    return _stand_in_request(request), _stand_in_inputs(inputs, stand)
 
 
 def _pod_bucket(request: SelectRequest, bucket: int | None) -> int | None:
@@ -184,13 +232,23 @@ def decide_shared(
     now: datetime,
     bucket: int | None,
     depends: Dependence,
+    situation: Situation | Unknown | None = UNKNOWN,
+    stand_ins: StandIns | None = None,
 ) -> Decision | Refusal:
     """``decide`` of ``request`` as ``depends`` shares it: for the stand-in when
-    there is one (its words are the stand-in's: :func:`words`)."""
+    there is one (its words are the stand-in's: :func:`words`). ``situation``: the
+    request's, when the caller has it (a stand-in's is the same: a situation names
+    no cluster); ``stand_ins``: the read's, when it keeps them."""
     if depends.own is None:
-        return decide(request, narrowed, now=now, bucket=bucket)
-    stand_request, stand_inputs = _stand_in(request, narrowed, depends.own)
-    return decide(stand_request, stand_inputs, now=now, bucket=_pod_bucket(request, bucket))
+        return decide(request, narrowed, now=now, bucket=bucket, situation=situation)
+    stand_request, stand_inputs = (stand_ins or StandIns()).of(request, narrowed, depends.own)
+    return decide(
+        stand_request,
+        stand_inputs,
+        now=now,
+        bucket=_pod_bucket(request, bucket),
+        situation=situation,
+    )
 
 
 def assess_shared(
@@ -199,13 +257,15 @@ def assess_shared(
     now: datetime,
     bucket: int | None,
     depends: Dependence,
+    situation: Situation | Unknown | None = UNKNOWN,
+    stand_ins: StandIns | None = None,
 ) -> Assessment:
     """``assess`` as :func:`decide_shared` shares it (validity, policy, situation and
     exclusions are the same for the stand-in; only its override's words differ)."""
     if depends.own is None:
-        return assess(request, narrowed, now, bucket)
-    stand_request, stand_inputs = _stand_in(request, narrowed, depends.own)
-    return assess(stand_request, stand_inputs, now, _pod_bucket(request, bucket))
+        return assess(request, narrowed, now, bucket, situation)
+    stand_request, stand_inputs = (stand_ins or StandIns()).of(request, narrowed, depends.own)
+    return assess(stand_request, stand_inputs, now, _pod_bucket(request, bucket), situation)
 
 
 def words(text: str, own: Sequence[Override]) -> str:

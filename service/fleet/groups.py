@@ -34,6 +34,7 @@ from mla_switchboard.core.schemas import Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
 from mla_switchboard.service.fleet.effects import (
     Dependence,
+    StandIns,
     assess_shared,
     decide_shared,
     dependence,
@@ -47,6 +48,7 @@ from mla_switchboard.service.store.rows import FleetGroup
 from mla_switchboard.service.store.shapes import shape_of_json, shape_request
 
 __all__ = [
+    "Decider",
     "DecisionMemo",
     "Fleet",
     "FleetSnapshot",
@@ -318,6 +320,8 @@ class DecisionMemo:
         self._depends: dict[tuple[object, ...], Dependence] = {}
         self._described: dict[str, tuple[object, ...]] = {}
         self._silent: dict[tuple[int, str], tuple[EvidenceIndex, bool]] = {}
+        self._tested: dict[tuple[object, int, str], tuple[EvidenceIndex, bool]] = release_later({})
+        self._stand_ins = StandIns()
         self.made = 0
 
     def depends(
@@ -332,6 +336,15 @@ class DecisionMemo:
         read (the inputs of one read are alive throughout it: their ids stay theirs);
         on the cluster's own evidence, the one for no evidence where ``narrow()``'s
         holds nothing for the shape's situation."""
+        found = self.depends_of(request, inputs, exact)
+        unmeasured = found.unmeasured
+        if unmeasured is not None and self._says_nothing(narrow().evidence, shape_id, request):
+            return unmeasured
+        return found
+
+    def depends_of(self, request: SelectRequest, inputs: DecisionInputs, exact: bool) -> Dependence:
+        """:meth:`depends` before the shape's evidence is looked at: a function of the
+        inputs, the cluster and the model only."""
         key = (id(inputs.rules), id(inputs.overrides), request.cluster, request.model.name, exact)
         found = self._depends.get(key)
         if found is None:
@@ -339,10 +352,23 @@ class DecisionMemo:
             found = self._depends[key] = dependence(
                 request, inputs, self._now, exact=exact, applicable=applicable
             )
-        unmeasured = found.unmeasured
-        if unmeasured is not None and self._says_nothing(narrow().evidence, shape_id, request):
-            return unmeasured
         return found
+
+    def of_situation(
+        self,
+        test: Callable[[EvidenceIndex, Situation | None], bool],
+        index: EvidenceIndex,
+        shape_id: str,
+        request: SelectRequest,
+    ) -> bool:
+        """``test(index, situation)`` of the shape's situation, once per test, index
+        and shape in this read (the index is held with the answer: its id stays its
+        own): the clusters that trust one index ask it of the same shapes."""
+        key = (test, id(index), shape_id)
+        found = self._tested.get(key)
+        if found is None or found[0] is not index:
+            found = self._tested[key] = (index, test(index, shape_situation(shape_id, request)))
+        return found[1]
 
     def _says_nothing(self, index: EvidenceIndex, shape_id: str, request: SelectRequest) -> bool:
         """:func:`silent` of ``index`` for the shape's situation, once per index and shape
@@ -363,14 +389,60 @@ class DecisionMemo:
         by_shape: bool = False,
     ) -> tuple[object, ...]:
         """``by_shape``: keyed by the shape itself, as when evidence is read."""
-        if by_shape or depends.evidence:
-            shape: object = shape_id
-        else:
-            shape = self._described.get(shape_id)
-            if shape is None:
-                shape = self._described[shape_id] = description(request)
         bits = depends.bits(request, stage.bucket) if depends.staged else ()
-        return (kind, depends.key, depends.fleet, bits, shape)
+        return (
+            kind,
+            depends.key,
+            depends.fleet,
+            bits,
+            self.shape_part(request, shape_id, depends, by_shape),
+        )
+
+    def shape_part(
+        self, request: SelectRequest, shape_id: str, depends: Dependence, by_shape: bool = False
+    ) -> object:
+        """What a key holds of the shape: the shape itself when evidence is read (or
+        ``by_shape``), else what the evaluator reads of it (``effects.description``)."""
+        if by_shape or depends.evidence:
+            return shape_id
+        shape = self._described.get(shape_id)
+        if shape is None:
+            shape = self._described[shape_id] = description(request)
+        return shape
+
+    def made_for(
+        self,
+        key: tuple[object, ...],
+        request: SelectRequest,
+        shape_id: str,
+        narrowed: DecisionInputs,
+        bucket: int | None,
+        depends: Dependence,
+    ) -> Decision | Refusal:
+        """The decision kept under ``key`` (as :meth:`decision` builds it), made now
+        when there is none (with the shape's situation, worked out once per shape)."""
+        found = self._found.get(key)
+        if found is None:
+            self.made += 1
+            situation = shape_situation(shape_id, request)
+            found = self._found[key] = decide_shared(
+                request, narrowed, self._now, bucket, depends, situation, self._stand_ins
+            )
+        return found  # type: ignore[return-value]
+
+    def decider(
+        self,
+        request: SelectRequest,
+        inputs: DecisionInputs,
+        narrow: Callable[[], DecisionInputs],
+        *,
+        side: str = "",
+        exact: bool = False,
+    ) -> Decider:
+        """:meth:`decision` for the groups of one cluster and model under ``inputs``
+        (``request``: any of theirs; ``narrow()``: the evidence they trust), with what
+        those share found once: a fleet read asks per group and stage class."""
+        return Decider(self, request, inputs, narrow, side, exact)
 
     def decision(
         self,
@@ -391,10 +463,7 @@ class DecisionMemo:
         key = (side, *self._key("decide", request, shape_id, stage, depends))
         found = self._found.get(key)
         if found is None:
-            self.made += 1
-            found = self._found[key] = decide_shared(
-                request, narrow(), self._now, stage.bucket, depends
-            )
+            return self.made_for(key, request, shape_id, narrow(), stage.bucket, depends)
         return found  # type: ignore[return-value]
 
     def assessment(
@@ -412,10 +481,91 @@ class DecisionMemo:
         found = self._found.get(key)
         if found is None:
             self.made += 1
+            situation = shape_situation(shape_id, request)
             found = self._found[key] = assess_shared(
-                request, narrowed, self._now, stage.bucket, depends
+                request, narrowed, self._now, stage.bucket, depends, situation, self._stand_ins
             )
         return found  # type: ignore[return-value]
+
+
+class Decider:
+    """:meth:`DecisionMemo.decision` for the groups of one cluster and model: how their
+    decisions depend on the cluster (``effects.dependence``), the evidence they trust,
+    and the pods' stage bits per bucket are found once, so deciding a group is a key
+    and a lookup. Keys and decisions are the memo's own: a decision made here is the
+    one :meth:`DecisionMemo.decision` finds, and the other way round."""
+
+    __slots__ = (
+        "_base",
+        "_bits",
+        "_by_shape",
+        "_exact",
+        "_inputs",
+        "_memo",
+        "_narrow",
+        "_narrowed",
+        "_request",
+        "_side",
+    )
+
+    def __init__(
+        self,
+        memo: DecisionMemo,
+        request: SelectRequest,
+        inputs: DecisionInputs,
+        narrow: Callable[[], DecisionInputs],
+        side: str,
+        exact: bool,
+    ) -> None:
+        self._memo, self._request, self._inputs = memo, request, inputs
+        self._narrow, self._side, self._exact = narrow, side, exact
+        self._base: Dependence | None = None  # found on the first decision asked
+        self._narrowed: DecisionInputs | None = None
+        self._by_shape: dict[str, tuple[Dependence, object]] = {}
+        self._bits: dict[tuple[int, int], tuple[bool, ...]] = {}
+
+    def narrowed(self) -> DecisionInputs:
+        """``narrow()``, asked once."""
+        found = self._narrowed
+        if found is None:
+            found = self._narrowed = self._narrow()
+        return found
+
+    def __call__(
+        self, request: SelectRequest, shape_id: str, stage: StageClass
+    ) -> Decision | Refusal:
+        """The decision for the pods of ``shape_id`` in ``stage`` (``request``: the
+        group's, of this decider's cluster and model)."""
+        memo = self._memo
+        found = self._by_shape.get(shape_id)
+        if found is None:
+            depends = self._base
+            if depends is None:
+                depends = self._base = memo.depends_of(self._request, self._inputs, self._exact)
+            unmeasured = depends.unmeasured
+            if unmeasured is not None and memo._says_nothing(
+                self.narrowed().evidence, shape_id, request
+            ):
+                depends = unmeasured
+            found = self._by_shape[shape_id] = (
+                depends,
+                memo.shape_part(request, shape_id, depends),
+            )
+        depends, shape = found
+        if not depends.staged:
+            bits: tuple[bool, ...] = ()
+        elif stage.bucket is None:  # the pod's own bucket: the request's cluster and pod
+            bits = depends.bits(request, None)
+        else:
+            at = (id(depends), stage.bucket)
+            bits = self._bits.get(at)  # type: ignore[assignment]
+            if bits is None:
+                bits = self._bits[at] = depends.bits(request, stage.bucket)
+        key = (self._side, "decide", depends.key, depends.fleet, bits, shape)
+        decided = memo._found.get(key)
+        if decided is None:
+            return memo.made_for(key, request, shape_id, self.narrowed(), stage.bucket, depends)
+        return decided  # type: ignore[return-value]
 
 
 class ClassCache:

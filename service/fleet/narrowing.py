@@ -28,18 +28,20 @@ class PerModel:
 
     def __init__(self, inputs_for: InputsFor) -> None:
         self._inputs_for = inputs_for
+        # by the inputs' id, cluster and model: ``now`` is held with the answer and
+        # compared (one read asks with one ``now``; hashing it per ask costs more)
         self._found: dict[
-            tuple[int, str, str, datetime], tuple[DecisionInputs, DecisionInputs]
+            tuple[int, str, str], tuple[DecisionInputs, datetime, DecisionInputs]
         ] = {}
 
     def __call__(
         self, request: SelectRequest, inputs: DecisionInputs, now: datetime
     ) -> DecisionInputs:
-        key = (id(inputs), request.cluster, request.model.name, now)
+        key = (id(inputs), request.cluster, request.model.name)
         found = self._found.get(key)
-        if found is None or found[0] is not inputs:
-            found = self._found[key] = (inputs, self._inputs_for(request, inputs, now))
-        return found[1]
+        if found is None or found[0] is not inputs or (found[1] is not now and found[1] != now):
+            found = self._found[key] = (inputs, now, self._inputs_for(request, inputs, now))
+        return found[2]
 
 
 def per_model(inputs_for: InputsFor | None) -> InputsFor | None:

@@ -116,12 +116,26 @@ _Given = dict[tuple[str, frozenset[int] | None], str | None]
 _WRITTEN = frozenset({"created_at", "created_by", "revision"})
 """What the store sets of an override it writes: no decision reads them as a backend."""
 
+_UNCARRIED = _WRITTEN | {"note", "expires_at"}
+"""What a carried figure (``_Carried``: backends and counts of pods) leaves out of an
+override's text. A note is only ever words: the evaluator quotes it in a reason or a
+message, and no backend depends on a reason's words (a backend is valid when it has
+no reason; the one kept valid against failures has the failure's reason alone, which
+begins otherwise than a deny's). An expiry only decides whether the override applies
+at all, which the key holds apart (expired or not at the read's time). So a change
+previewed with one note and written with another, or previewed again, carries what
+the first preview found."""
+
+CARRIED_KEPT = 4
+"""How many carried figures are kept per cluster (the newest): a change previewed,
+written and taken back, then previewed again, finds each of them."""
+
 
 @dataclass(frozen=True)
 class _Carried:
     """A proposal's ``pending`` and ``given`` of one cluster (``ClusterParts.carry``),
     with what they were worked out from: the cluster's groups, rules, overrides (less
-    ``_WRITTEN``), which of them had expired, and the evidence indexes (the very
+    ``_UNCARRIED``), which of them had expired, and the evidence indexes (the very
     objects) at their versions."""
 
     key: Hashable
@@ -148,8 +162,8 @@ class ClusterParts:
         self._before_parts: dict[str, ClusterPart] = {}  # the one each replaced
         self._lock = threading.Lock()
         self._texts = _Texts()
-        self._carry_texts = _Texts(_WRITTEN)
-        self._carried: dict[str, _Carried] = {}
+        self._carry_texts = _Texts(_UNCARRIED)
+        self._carried: dict[str, list[_Carried]] = {}  # per cluster, the newest last
         self._rules: tuple[RulesDocument, str] | None = None
         self._stamp: tuple[Any, ...] = (None, None, None)
         self._read: dict[str, _Read] = {}
@@ -235,6 +249,27 @@ class ClusterParts:
             found = self._read[cluster] = (models, indexes, epoch)
         return found[1], found[2]
 
+    def epoch_of(self, cluster: str, indexes: Sequence[EvidenceIndex]) -> int | None:
+        """The epoch ``read_by`` gave ``cluster`` for these very indexes (in this
+        configuration's mapping or the one before), None when it gave none."""
+        for found in (self._read.get(cluster), self._before.get(cluster)):
+            if (
+                found is not None
+                and len(found[1]) == len(indexes)
+                and all(a is b for a, b in zip(found[1], indexes, strict=True))
+            ):
+                return found[2]
+        return None
+
+    def peek(self, cluster: str, key: Hashable) -> ClusterPart | None:
+        """The part of ``cluster`` kept under ``key`` (the one in force or the one it
+        replaced), without keeping anything: None when neither has that key."""
+        with self._lock:
+            for part in (self._kept.get(cluster), self._before_parts.get(cluster)):
+                if part is not None and part.key == key:
+                    return part
+        return None
+
     def rules_text(self, rules: RulesDocument) -> str:
         kept = self._rules
         if kept is None or kept[0] is not rules:
@@ -247,19 +282,30 @@ class ClusterParts:
         return self._texts.of(overrides, o)
 
     def carry_text(self, overrides: Sequence[Override], o: Override) -> str:
-        """``o`` as text without what the store sets when it writes it (``_WRITTEN``):
-        a proposal's override and the one written of it read alike."""
+        """``o`` as text without what the store sets when it writes it and without its
+        note (``_UNCARRIED``): a proposal's override and the one written of it read
+        alike."""
         return self._carry_texts.of(overrides, o)
 
     def carry(self, cluster: str, carried: _Carried) -> None:
-        """Keep what a proposal gives ``cluster`` until the next one: once it is the
-        configuration in force, the next read takes it for the cluster's new part
-        instead of deciding every group again (``PartsRead.pending``)."""
+        """Keep what a proposal (or the configuration in force) gives ``cluster``,
+        among the last ``CARRIED_KEPT``: once it is the configuration in force, the
+        next read takes it for the cluster's new part instead of deciding every group
+        again (``PartsRead.pending``), and a preview of it again takes its backends
+        (``PartsRead.kept_given``)."""
         with self._lock:
-            self._carried[cluster] = carried
+            kept = [c for c in self._carried.get(cluster, ()) if c.key != carried.key]
+            kept.append(carried)
+            self._carried[cluster] = kept[-CARRIED_KEPT:]
 
-    def carried(self, cluster: str) -> _Carried | None:
-        return self._carried.get(cluster)
+    def carried(
+        self, cluster: str, key: Hashable, indexes: Sequence[EvidenceIndex]
+    ) -> _Carried | None:
+        """The figures kept for ``cluster`` that were worked out from ``key`` and
+        ``indexes`` (``_Carried.holds``), None when none were."""
+        with self._lock:
+            kept = self._carried.get(cluster, ())
+            return next((c for c in reversed(kept) if c.holds(key, indexes)), None)
 
 
 class PartsRead:
@@ -293,6 +339,9 @@ class PartsRead:
         )
         self._found: dict[str, ClusterPart] = {}
         self._given_in: dict[tuple[str, str], tuple[_Given, tuple[StageClass, ...]]] = {}
+        self._carry_keys: dict[
+            tuple[int, str], tuple[DecisionInputs, Hashable, list[EvidenceIndex]]
+        ] = {}
 
     @property
     def inputs_for(self) -> InputsFor | None:
@@ -303,17 +352,53 @@ class PartsRead:
 
     def key(self, cluster: str) -> tuple[Hashable, ...]:
         """What every figure of ``cluster`` depends on (module docstring)."""
-        inputs, now = self.inputs, self.now
+        groups = self.fleet.of_cluster(cluster)
+        return self._key_with(cluster, self.inputs, self._evidence_key(cluster, groups))
+
+    def _key_with(
+        self, cluster: str, inputs: DecisionInputs, evidence: Hashable
+    ) -> tuple[Hashable, ...]:
+        """:meth:`key` of ``cluster`` under ``inputs``, with ``evidence`` its evidence part."""
         groups = self.fleet.of_cluster(cluster)
         overrides = inputs.overrides_for(cluster)
-        texts = self._parts
+        texts, now = self._parts, self.now
         return (
             tuple((g.shape_id, g.rows) for g in groups),
             texts.rules_text(inputs.rules),
             tuple(texts.override_text(inputs.overrides, o) for o in overrides),
             tuple(o.expires_at is not None and o.expires_at <= now for o in overrides),
-            self._evidence_key(cluster, groups),
+            evidence,
         )
+
+    def check_deadline(self) -> None:
+        """Check this read's deadline, which lets the event loop in now and then: the
+        work a cluster needs before its groups are read (its evidence, its key, what is
+        kept for it) is small, but across a thousand clusters without a check it held
+        the interpreter for milliseconds at a time."""
+        if self.deadline is not None:
+            self.deadline.check()
+
+    def kept_given(self, cluster: str, proposed: DecisionInputs) -> _Given | None:
+        """What ``proposed`` gives the pods of ``cluster`` (``ClusterPart.given``), when
+        a kept part holds it: the proposal is a configuration the parts were worked out
+        for, as when a change is taken back (a fleet-wide override deleted right after
+        it was put). Its key is the part's as a read under ``proposed`` would find it:
+        the same groups, rules, overrides (as text), expiries, and evidence indexes (the
+        very objects) at the same versions. Else what the last preview carried for the
+        cluster, when it was of the same change (``_Carried``: a dry run, then the
+        write). None when neither holds it."""
+        groups = self.fleet.of_cluster(cluster)
+        indexes = self.indexes_read(cluster, groups, proposed)
+        epoch = self._parts.epoch_of(cluster, indexes)
+        evidence = None if epoch is None else (epoch, tuple(i.version for i in indexes))
+        part = None
+        if evidence is not None:
+            part = self._parts.peek(cluster, self._key_with(cluster, proposed, evidence))
+            self.check_deadline()
+        if part is not None and part.given is not None:
+            return part.given
+        carried = self._parts.carried(cluster, *self._carry_key(cluster, proposed))
+        return None if carried is None else carried.given
 
     def _evidence_key(self, cluster: str, groups: Sequence[PodGroup]) -> Hashable:
         """The evidence the cluster's figures read: the indexes (``indexes_read``) and
@@ -345,6 +430,7 @@ class PartsRead:
                     continue
                 models.add(request.model.name)
                 found.append(self._inputs_for(request, inputs, self.now).evidence)
+                self.check_deadline()
         if self._evidence_of is not None:
             found.append(self._evidence_of(cluster))
         return found
@@ -403,28 +489,52 @@ class PartsRead:
         if found is None:
             self._parts.count("progress")
             found = part.progress[position] = self._walk.cluster(
-                o, self.fleet.of_cluster(cluster), self.deadline
+                o, self.fleet.of_cluster(cluster), self.deadline, self._given_kept(cluster)
             )
         return found
+
+    def _given_kept(self, cluster: str) -> _Given | None:
+        """The part's ``given`` when it is worked out or a preview carried it (the
+        configuration in force was previewed before it was written), without deciding
+        it: None otherwise."""
+        part = self.part(cluster)
+        if part.given is None:
+            carried = self._parts.carried(cluster, *self._carry_key(cluster, self.inputs))
+            if carried is None:
+                return None
+            part.pending, part.given = carried.pending, carried.given
+        return part.given
 
     def pending(self, cluster: str) -> int:
         """Pods of ``cluster`` whose recorded backend is not what the configuration in
         force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
         part = self.part(cluster)
         if part.pending is None or part.given is None:
-            carried = self._parts.carried(cluster)
-            if carried is not None and carried.holds(*self._carry_key(cluster, self.inputs)):
+            key, indexes = self._carry_key(cluster, self.inputs)
+            carried = self._parts.carried(cluster, key, indexes)
+            if carried is not None:
                 part.pending, part.given = carried.pending, carried.given
             else:
                 self._parts.count("pending")
                 part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
+                carried = _Carried(key, tuple(indexes), part.pending, part.given)
+                self._parts.carry(cluster, carried)  # a preview of it later finds it
         return part.pending
 
     def _carry_key(
         self, cluster: str, inputs: DecisionInputs
     ) -> tuple[Hashable, list[EvidenceIndex]]:
         """What ``pending`` and ``given`` of ``cluster`` under ``inputs`` are worked out
-        from (``_Carried``)."""
+        from (``_Carried``), once per inputs and cluster in this read."""
+        at = (id(inputs), cluster)
+        found = self._carry_keys.get(at)
+        if found is None or found[0] is not inputs:
+            found = self._carry_keys[at] = (inputs, *self._carry_key_of(cluster, inputs))
+        return found[1], found[2]
+
+    def _carry_key_of(
+        self, cluster: str, inputs: DecisionInputs
+    ) -> tuple[Hashable, list[EvidenceIndex]]:
         groups = self.fleet.of_cluster(cluster)
         overrides = inputs.overrides_for(cluster)
         parts, now = self._parts, self.now
@@ -437,6 +547,7 @@ class PartsRead:
             inputs.evidence_generation,
             tuple(index.version for index in indexes),
         )
+        self.check_deadline()
         return key, indexes
 
     def proposed(self, cluster: str, proposed: DecisionInputs, pending: int, given: _Given) -> None:
@@ -456,22 +567,27 @@ class PartsRead:
         ``bucket`` is any bucket of a stage class of the preview's, which splits those
         of the configuration in force further (a proposal may add a staged rollout)."""
         assert group.request is not None
-        at = (group.cluster, group.request.model.name)
-        found = self._given_in.get(at)
-        if found is None:  # the stage classes are a function of the cluster and model
-            self.pending(group.cluster)
-            given = self.part(group.cluster).given
-            assert given is not None
-            found = self._given_in[at] = (given, self._classes.of(self._partials(group)))
-        given, stages = found
+        given, stages = self.given_in(group.request)
         for stage in stages:
             if stage.buckets is None or bucket in stage.buckets:
                 return given[(group.shape_id, stage.buckets)]
         raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")
 
-    def _partials(self, group: PodGroup) -> tuple[Override, ...]:
-        assert group.request is not None
-        return self._classes.partials(group.request, self.inputs.overrides, self.now)
+    def given_in(self, request: SelectRequest) -> tuple[_Given, tuple[StageClass, ...]]:
+        """What the configuration in force gives the pods of ``request``'s cluster and
+        model: the backend per (shape, stage class) (``given``), and those stage
+        classes (a function of the cluster and the model)."""
+        at = (request.cluster, request.model.name)
+        found = self._given_in.get(at)
+        if found is None:
+            self.pending(request.cluster)
+            given = self.part(request.cluster).given
+            assert given is not None
+            stages = self._classes.of(
+                self._classes.partials(request, self.inputs.overrides, self.now)
+            )
+            found = self._given_in[at] = (given, stages)
+        return found
 
     def _current(
         self, groups: Sequence[PodGroup]

@@ -20,18 +20,21 @@ an override that no longer applies, and the evaluator's own reason for the new c
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from functools import partial
+from typing import Protocol
 
 from mla_switchboard.core import cause_words
 from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal
-from mla_switchboard.core.schemas import Override, OverrideRef
+from mla_switchboard.core.schemas import Override, OverrideRef, SelectRequest
 from mla_switchboard.service.fleet.effects import words
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
+    Decider,
     DecisionMemo,
     FleetSnapshot,
     PodGroup,
@@ -109,6 +112,20 @@ class Settled(Protocol):
         bucket ``bucket`` (None: they are refused)."""
         ...
 
+    def given_in(
+        self, request: SelectRequest
+    ) -> tuple[Mapping[tuple[str, frozenset[int] | None], str | None], tuple[StageClass, ...]]:
+        """What the config in force gives the pods of ``request``'s cluster and model:
+        the backend per (shape, stage class), and those stage classes."""
+        ...
+
+    def kept_given(
+        self, cluster: str, proposed: DecisionInputs
+    ) -> Mapping[tuple[str, frozenset[int] | None], str | None] | None:
+        """What ``proposed`` gives the pods of ``cluster`` per (shape, stage class of
+        its own), when that is kept (a change taken back); else None."""
+        ...
+
     def proposed(
         self,
         cluster: str,
@@ -152,19 +169,6 @@ def replay(
     classes = ClassCache()
     memo = DecisionMemo(now, classes)
 
-    def under(
-        side: str,
-        inputs: DecisionInputs,
-        request: Any,
-        shape_id: str,
-        stage: StageClass,
-        exact: bool,
-    ) -> Decision | Refusal:
-        def narrow() -> DecisionInputs:
-            return inputs if inputs_for is None else inputs_for(request, inputs, now)
-
-        return memo.decision(request, shape_id, stage, inputs, narrow, side=side, exact=exact)
-
     for cluster, groups in fleet.by_cluster.items():
         own = current.override_set.own(cluster)
         # the cluster's own override changes: its words are not rendered from a stand-in
@@ -180,50 +184,152 @@ def replay(
         # (``Settled.proposed``)
         given_after: dict[tuple[str, frozenset[int] | None], str | None] = {}
         pending_after = 0
-        # per model: the replay's stage classes and the proposal's own (the staged
-        # overrides that apply are a function of the cluster and the model)
-        staging: dict[str, tuple[tuple[StageClass, ...], tuple[StageClass, ...]]] = {}
+        # per model: what its groups share (the staged overrides that apply, and so
+        # the stage classes and how decisions are shared, are a function of the
+        # cluster and the model)
+        plans: dict[str, _ModelPlan] = {}
+        # what the proposal gives, when a kept part holds it: only the groups that
+        # move are then decided under it (their reasons need the decision)
+        kept = None if settled is None else settled.kept_given(cluster, proposed)
         for group in each_group(groups, deadline):
             total += group.pods
             request = group.request
             if request is None:
                 unreadable += group.pods  # recorded under an older schema; cannot be replayed
                 continue
-            found = staging.get(request.model.name)
-            if found is None:
-                partials = classes.partials(request, proposed.overrides, now)
-                staged = _union(classes.partials(request, current.overrides, now), partials)
-                found = staging[request.model.name] = (classes.of(staged), classes.of(partials))
-            stages, proposal_classes = found
-            given_to: list[tuple[StageClass, str | None]] = []
-            for stage in stages:
-                after = under("to", proposed, request, group.shape_id, stage, exact)
-                to = None if isinstance(after, Refusal) else after.backend.value
-                given_to.append((stage, to))
-                counted = [(row, n) for row in group.rows if (n := stage.count(row))]
-                if to is not None:
-                    pending_after += sum(n for row, n in counted if row.backend != to)
-
-                def before(
-                    r: Any = request, g: PodGroup = group, st: StageClass = stage, x: bool = exact
-                ) -> Any:
-                    return under("from", current, r, g.shape_id, st, x)
-
-                if settled is not None:
-                    given = settled.given(group, stage.bucket)
+            plan = plans.get(request.model.name)
+            if plan is None:
+                plan = plans[request.model.name] = _ModelPlan.of(
+                    request, current, proposed, now, inputs_for, classes, memo, exact, settled
+                )
+                if deadline is not None:  # a model's setup, like a group, lets the loop in
+                    deadline.check()
+            shape_id = group.shape_id
+            to_of, before_of = plan.to, plan.before
+            given_to: list[str | None] = []
+            for i, stage in enumerate(plan.stages):
+                after: Decision | Refusal | None = None
+                at = (shape_id, plan.proposal_buckets[i])
+                if kept is not None and at in kept:
+                    to = kept[at]
                 else:
-                    decided = before()
+                    after = to_of(request, shape_id, stage)
+                    to = None if isinstance(after, Refusal) else after.backend.value
+                given_to.append(to)
+                if plan.given is not None:
+                    given = plan.given.get((shape_id, plan.current_buckets[i]), _MISSING)
+                    if given is _MISSING:
+                        given = settled.given(group, stage.bucket)  # type: ignore[union-attr]
+                else:
+                    decided = before_of(request, shape_id, stage)
                     given = None if isinstance(decided, Refusal) else decided.backend.value
-                for row, n in counted:
+                for row in group.rows:
+                    n = stage.count(row)
+                    if not n:
+                        continue
+                    if to is not None and row.backend != to:
+                        pending_after += n
                     if given is not None and given == to:  # they stay: pending or not
                         tally.settle(row.backend, given, n)
                         continue
-                    tally.add(group.cluster, row.backend, given, before, after, n, own)
+                    if after is None:
+                        after = to_of(request, shape_id, stage)
+                    tally.add(
+                        group.cluster,
+                        row.backend,
+                        given,
+                        partial(before_of, request, shape_id, stage),
+                        after,
+                        n,
+                        own,
+                    )
             if settled is not None:
-                _given(given_after, group.shape_id, given_to, proposal_classes)
+                for buckets, at in plan.proposal_at:
+                    given_after[(shape_id, buckets)] = given_to[at]
         if settled is not None:
             settled.proposed(cluster, proposed, pending_after, given_after)
+            if deadline is not None:
+                deadline.check()
     return tally.preview(total=total, unreadable=unreadable)
+
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class _ModelPlan:
+    """What the replay of one cluster's groups of one model shares: the replay's stage
+    classes (the current and the proposed rollouts together), each with the class of
+    the configuration in force holding it (``current_buckets``), where each class of
+    the proposal's own takes its backend from (``proposal_at``), the two sides'
+    deciders, and what the configuration in force gives (``Settled.given_in``; None
+    without ``settled``: the "from" side is then decided)."""
+
+    stages: tuple[StageClass, ...]
+    current_buckets: tuple[frozenset[int] | None, ...]
+    proposal_buckets: tuple[frozenset[int] | None, ...]
+    proposal_at: tuple[tuple[frozenset[int] | None, int], ...]
+    to: Decider
+    before: Decider
+    given: Mapping[tuple[str, frozenset[int] | None], str | None] | None
+
+    @classmethod
+    def of(
+        cls,
+        request: SelectRequest,
+        current: DecisionInputs,
+        proposed: DecisionInputs,
+        now: datetime,
+        inputs_for: InputsFor | None,
+        classes: ClassCache,
+        memo: DecisionMemo,
+        exact: bool,
+        settled: Settled | None,
+    ) -> _ModelPlan:
+        partials = classes.partials(request, proposed.overrides, now)
+        stages = classes.of(_union(classes.partials(request, current.overrides, now), partials))
+
+        def side(name: str, inputs: DecisionInputs) -> Decider:
+            def narrow() -> DecisionInputs:
+                return inputs if inputs_for is None else inputs_for(request, inputs, now)
+
+            return memo.decider(request, inputs, narrow, side=name, exact=exact)
+
+        given = None
+        current_buckets: tuple[frozenset[int] | None, ...] = ()
+        if settled is not None:
+            given, held = settled.given_in(request)
+            current_buckets = tuple(_holding(held, stage.bucket) for stage in stages)
+        own_classes = classes.of(partials)
+        return cls(
+            stages,
+            current_buckets,
+            tuple(_holding(own_classes, stage.bucket) for stage in stages),
+            tuple((own.buckets, _at(stages, own)) for own in own_classes),
+            side("to", proposed),
+            side("from", current),
+            given,
+        )
+
+
+def _holding(classes: Sequence[StageClass], bucket: int | None) -> frozenset[int] | None:
+    """The buckets of the class of ``classes`` that holds ``bucket`` (a bucket of a
+    replay's class, which split the buckets at least as finely)."""
+    for stage in classes:
+        if stage.buckets is None or bucket in stage.buckets:
+            return stage.buckets
+    raise LookupError(f"no stage class holds {bucket}")
+
+
+def _at(stages: Sequence[StageClass], own: StageClass) -> int:
+    """Which of the replay's ``stages`` lies within the proposal's class ``own``: those
+    split the buckets at least as finely (the current and the proposed rollouts
+    together), so the one holding ``own``'s bucket is decided alike."""
+    return next(
+        i
+        for i, stage in enumerate(stages)
+        if own.bucket is None or stage.buckets is None or own.bucket in stage.buckets
+    )
 
 
 def untouched(current: DecisionInputs, proposed: DecisionInputs, cluster: str) -> bool:
@@ -235,24 +341,6 @@ def untouched(current: DecisionInputs, proposed: DecisionInputs, cluster: str) -
     if proposed.evidence_generation != current.evidence_generation:
         return False
     return _same(current.overrides_for(cluster), proposed.overrides_for(cluster))
-
-
-def _given(
-    out: dict[tuple[str, frozenset[int] | None], str | None],
-    shape_id: str,
-    decided: Sequence[tuple[StageClass, str | None]],
-    classes: Sequence[StageClass],
-) -> None:
-    """What the proposal gives the pods of ``shape_id`` per its own stage ``classes``,
-    from the backends ``decided`` per the replay's: those split the buckets at least as
-    finely (the current and the proposed rollouts together), so the replay's class
-    holding a class's bucket lies within it and is decided alike."""
-    for own in classes:
-        out[(shape_id, own.buckets)] = next(
-            to
-            for stage, to in decided
-            if own.bucket is None or stage.buckets is None or own.bucket in stage.buckets
-        )
 
 
 def _same(mine: Sequence[Override], theirs: Sequence[Override]) -> bool:

@@ -5,7 +5,7 @@ bucket (``service/fleet/groups.py``), never per pod."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ from mla_switchboard.core.stages import STAGE_BUCKETS, stage_buckets
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
+    Decider,
     DecisionMemo,
     FleetSnapshot,
     PodGroup,
@@ -92,39 +93,61 @@ class ProgressWalk:
         self.memo = memo or DecisionMemo(now, self.classes)
 
     def cluster(
-        self, o: Override, groups: Sequence[PodGroup], deadline: Deadline | None = None
+        self,
+        o: Override,
+        groups: Sequence[PodGroup],
+        deadline: Deadline | None = None,
+        given: Mapping[tuple[str, frozenset[int] | None], str | None] | None = None,
     ) -> RolloutTally:
         """``o``'s progress among ``groups`` (one cluster's): what
-        :class:`RolloutTally` adds up, to be merged with the other clusters'."""
-        inputs, now, memo = self.inputs, self.now, self.memo
+        :class:`RolloutTally` adds up, to be merged with the other clusters'.
+        ``given``: the backend the configuration gives the cluster's pods per (shape,
+        stage class), when the caller keeps it (``parts.ClusterPart.given``): a group
+        it holds is then not decided again (only its backend is counted)."""
         tally = RolloutTally.of(o)
         # per model (what decides whether ``o`` applies, and the stage classes): the
-        # classes with whether each is in ``o``'s stage; None where ``o`` does not apply
-        staging: dict[str, tuple[tuple[StageClass, bool], ...] | None] = {}
+        # classes with whether each is in ``o``'s stage, and the decisions of its
+        # groups; None where ``o`` does not apply
+        staging: dict[str, tuple[tuple[tuple[StageClass, bool], ...], Decider] | None] = {}
         for group in each_group(groups, deadline):
             request = group.request
             if o.cluster not in (FLEET, group.cluster) or request is None:
                 continue
             model = request.model.name
-            stages = staging.get(model, ())
-            if stages == ():
-                stages = staging[model] = self._stages(o, request)
-            if stages is None:
+            found = staging.get(model, ())
+            if found == ():
+                found = staging[model] = self._plan(o, request)
+            if found is None:
                 continue
+            stages, decided = found
             tally.scoped += group.pods
-
-            def narrowed(r: SelectRequest = request) -> DecisionInputs:
-                return inputs if self.inputs_for is None else self.inputs_for(r, inputs, now)
-
             for stage, inside in stages:
                 if not inside:
                     continue  # pods outside the stage add to neither count
-                given = memo.decision(request, group.shape_id, stage, inputs, narrowed)
-                tally.count(group, stage, inside, given)
+                at = (group.shape_id, stage.buckets)
+                if given is not None and at in given:
+                    tally.count_backend(group, stage, inside, given[at])
+                    continue
+                tally.count(group, stage, inside, decided(request, group.shape_id, stage))
             situation = shape_situation(group.shape_id, request)
             if situation is not None:
                 tally.sample(group, situation, self.evidence_of, self.samples)
         return tally
+
+    def _plan(
+        self, o: Override, request: SelectRequest
+    ) -> tuple[tuple[tuple[StageClass, bool], ...], Decider] | None:
+        """``_stages`` of ``request``'s cluster and model, with the decider of their
+        groups; None when ``o`` does not apply to them."""
+        stages = self._stages(o, request)
+        if stages is None:
+            return None
+        inputs, now, inputs_for = self.inputs, self.now, self.inputs_for
+
+        def narrowed() -> DecisionInputs:
+            return inputs if inputs_for is None else inputs_for(request, inputs, now)
+
+        return stages, self.memo.decider(request, inputs, narrowed)
 
     def _stages(
         self, o: Override, request: SelectRequest
@@ -173,12 +196,19 @@ class RolloutTally:
         self, group: PodGroup, stage: StageClass, inside: bool, given: Decision | Refusal | None
     ) -> None:
         """Pods of ``group`` in ``stage``: in the override's stage, and booted with it."""
+        backend = given.backend.value if isinstance(given, Decision) else None
+        self.count_backend(group, stage, inside, backend)
+
+    def count_backend(
+        self, group: PodGroup, stage: StageClass, inside: bool, backend: str | None
+    ) -> None:
+        """:meth:`count` of pods the configuration gives ``backend`` (None: refused)."""
         for row in group.rows:
             n = stage.count(row)
             if not n:
                 continue
             self.in_stage += n if inside else 0
-            if isinstance(given, Decision) and given.backend.value == row.backend:
+            if backend is not None and backend == row.backend:
                 self.booted += n
 
     def sample(

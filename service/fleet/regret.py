@@ -36,7 +36,6 @@ from mla_switchboard.service.fleet.groups import (
     PodGroup,
     StageClass,
     each_group,
-    shape_situation,
 )
 from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.selector import InputsFor
@@ -96,7 +95,7 @@ def cluster_regret(
             continue
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         evidence = narrowed.evidence
-        if not _rankable(evidence, shape_situation(group.shape_id, request)):
+        if not memo.of_situation(_rankable, evidence, group.shape_id, request):
             continue  # nothing measured enough to rank for these pods: no assessment needed
         for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
@@ -192,15 +191,20 @@ def cluster_exclusions(
     inputs_for = per_model(inputs_for)
     out: dict[str, MeasuredExclusion] = {}
     seen: set[Any] = set()
+    measured: dict[str, bool] = {}  # per model: whether policy measured may apply
     for group in each_group(groups, deadline):
         request = group.request
         if request is None:
             continue
-        applicable = classes.applicable(request, inputs.overrides, now)
-        if not any(o.policy == "measured" for o in applicable):
+        model = request.model.name
+        found = measured.get(model)
+        if found is None:
+            applicable = classes.applicable(request, inputs.overrides, now)
+            found = measured[model] = any(o.policy == "measured" for o in applicable)
+        if not found:
             continue  # failure evidence excludes only under policy measured
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-        if not _failing(narrowed.evidence, shape_situation(group.shape_id, request)):
+        if not memo.of_situation(_failing, narrowed.evidence, group.shape_id, request):
             continue  # no failure in the situation: nothing to exclude, no assessment needed
         for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -237,3 +237,154 @@ def test_what_a_preview_decided_is_the_next_configurations_kept_figures(
         inputs_for=evidence.inputs_for,
     )
     assert reads._parts.computed == {"pending": len(CLUSTERS)}  # none decided again
+
+
+class Made:
+    """How many decisions the fleet reads made under each side (``DecisionMemo``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from mla_switchboard.service.fleet import groups
+
+        self.sides: dict[str, int] = {}
+        real = groups.DecisionMemo.made_for
+
+        def counted(memo: Any, key: tuple[Any, ...], *args: Any) -> Any:
+            if key not in memo._found:
+                self.sides[key[0]] = self.sides.get(key[0], 0) + 1
+            return real(memo, key, *args)
+
+        monkeypatch.setattr(groups.DecisionMemo, "made_for", counted)
+
+
+@pytest.mark.parametrize(
+    "proposal",
+    [
+        override("*", deny=["FLASHINFER"], note="fleet-wide"),
+        staged("*", 10, force="FLASHINFER"),
+        override("east", deny=["FLASH_ATTN"]),
+    ],
+    ids=["deny", "staged force", "one cluster"],
+)
+def test_a_change_taken_back_reads_what_the_kept_parts_give(
+    world: Any, proposal: Override, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Put, then delete: what the deletion proposes is the configuration the parts
+    were worked out for, so the groups that stay are not decided under it, and the
+    answer is still the full replay's."""
+    snapshots, evidence, current, reads = world
+    scope = proposal.cluster
+    without = [o for o in current["inputs"].overrides if o.cluster != scope]
+    before = current["inputs"] = DecisionInputs(SEED_RULES, tuple(without), tag=(1, 2))
+    reads.summary(None, None)
+    reads.preview(Proposal(override_scope=scope, override=proposal), None, None)
+    written = proposal.model_copy(update={"revision": 7})
+    applied = Proposal(override_scope=scope, override=written).applied_to(before)
+    current["inputs"] = replace(applied, tag=(2, 2))
+    reads.summary(None, None)  # the parts of the new configuration; the old ones kept
+    made = Made(monkeypatch)
+    back = Proposal(override_scope=scope, override=None)
+    got = reads.preview(back, None, None)
+    kept_to = made.sides.get("to", 0)
+    assert got == replay(
+        snapshots.snap,
+        current["inputs"],
+        back.applied_to(current["inputs"]),
+        now=NOW,
+        inputs_for=evidence.inputs_for,
+    )
+    # the same preview without the kept parts decides every group under the proposal
+    made.sides.clear()
+    full = reads_of(snapshots, evidence, lambda: current["inputs"])
+    try:
+        assert full.preview(back, None, None) == got
+    finally:
+        full.close()
+    assert kept_to < made.sides["to"]
+
+
+def test_a_change_previewed_with_another_note_carries_what_it_gives(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dry run, then the write with another note: what the first found each group
+    given carries to the second (a note is words only), which decides only the groups
+    that move, and answers what the full replay answers, in its own note's words."""
+    snapshots, evidence, current, reads = world
+    inputs = current["inputs"]
+    dry = Proposal(override_scope="*", override=override("*", deny=["FLASHINFER"], note="dry"))
+    reads.preview(dry, None, None)
+    made = Made(monkeypatch)
+    put = Proposal(override_scope="*", override=override("*", deny=["FLASHINFER"], note="put"))
+    got = reads.preview(put, None, None)
+    carried_to = made.sides.get("to", 0)
+    full = replay(
+        snapshots.snap, inputs, put.applied_to(inputs), now=NOW, inputs_for=evidence.inputs_for
+    )
+    assert got == full
+    assert any("put" in w for c in got.changes for r in c.reasons for w in r.why) or not got.changes
+    made.sides.clear()
+    fresh = reads_of(snapshots, evidence, lambda: inputs)
+    try:
+        assert fresh.preview(put, None, None) == got
+    finally:
+        fresh.close()
+    assert carried_to < made.sides["to"]
+
+
+def test_a_written_change_counts_its_rollouts_from_what_its_preview_gave(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary after a change is written counts each rollout's pods booted with it
+    from the backends the change's preview found (carried), deciding nothing again,
+    and reads what the whole fleet read again gives."""
+    snapshots, evidence, current, reads = world
+    proposal = override("*", deny=["FLASHINFER"], note="fleet-wide")
+    reads.preview(Proposal(override_scope="*", override=proposal), None, None)
+    written = proposal.model_copy(update={"revision": 3})
+    applied = Proposal(override_scope="*", override=written).applied_to(current["inputs"])
+    current["inputs"] = replace(applied, tag=(2, 2))
+    made = Made(monkeypatch)
+    body = reads.summary(None, None).body
+    assert made.sides.get("", 0) == 0
+    assert body["rollouts"]
+    assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+
+
+def test_a_change_previewed_again_after_it_was_taken_back_finds_its_backends(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Put a fleet-wide change, delete it, then preview it again with another note and
+    expiry: the backends its first preview found are kept among the cluster's last
+    few, so only the groups that move are decided, and the answer is the full
+    replay's (in the new note's words)."""
+    snapshots, evidence, current, reads = world
+    without = [o for o in current["inputs"].overrides if o.cluster != "*"]
+    before = current["inputs"] = DecisionInputs(SEED_RULES, tuple(without), tag=(1, 2))
+
+    def change(note: str, hours: int) -> Override:
+        expires = NOW + timedelta(hours=hours)
+        return override("*", deny=["FLASHINFER"], note=note, expires_at=expires)
+
+    first = Proposal(override_scope="*", override=change("first", 2))
+    reads.preview(first, None, None)
+    written = first.override.model_copy(update={"revision": 4})  # type: ignore[union-attr]
+    applied = Proposal(override_scope="*", override=written).applied_to(before)
+    current["inputs"] = replace(applied, tag=(2, 2))
+    reads.summary(None, None)
+    reads.preview(Proposal(override_scope="*", override=None), None, None)
+    current["inputs"] = before
+    reads.summary(None, None)
+
+    made = Made(monkeypatch)
+    again = Proposal(override_scope="*", override=change("again", 3))
+    got = reads.preview(again, None, None)
+    again_to = made.sides.get("to", 0)
+    assert got == replay(
+        snapshots.snap, before, again.applied_to(before), now=NOW, inputs_for=evidence.inputs_for
+    )
+    made.sides.clear()
+    fresh = reads_of(snapshots, evidence, lambda: before)
+    try:
+        assert fresh.preview(again, None, None) == got
+    finally:
+        fresh.close()
+    assert again_to < made.sides["to"]
