@@ -492,21 +492,37 @@ def _loaded(observations: list[Observation]) -> object:
 def test_building_costs_grow_linearly_with_the_pods_of_one_situation(
     how: object, machine_load: MachineLoad
 ) -> None:
-    """Five times the pods in one situation cost about five times as much, and 10,000
-    pods in one situation about what the same pods spread over ten situations cost
-    (equal memory: the caches weigh the same). A copy of a stage bucket per pod made
-    1,000 -> 10,000 pods cost 13-15x and 10,000 -> 100,000 45x, and the second ratio
-    1.3-1.6x; now they are 10-11x (1,000 -> 10,000) and 1.1-1.4x."""
-    # 2,000 against 10,000 pods (5x): a 1,000-pod index fits in the processor's caches
-    # where 10,000 do not, which alone made 10x the pods cost 12.9-13.2x on this
-    # session's machine after another test file had grown the heap (10.5x alone)
+    """Five times the pods in one situation cost no more than five times the pods
+    spread over ten situations (the same memory at each size, so the processor's caches
+    weigh alike), and 10,000 pods in one situation about what the same pods over ten
+    situations cost. A copy of a stage bucket per pod made 1,000 -> 10,000 pods cost
+    13-15x and 10,000 -> 100,000 45x, and the second ratio 1.3-1.6x.
+
+    The growth is measured against the spread's, not against 5x: on this project's
+    2-core VM a 2,000-pod index fits in the caches where 10,000 do not, so ten
+    situations of the same pods also grow 5.5-6.6x (thread CPU, best of 5), which put
+    a bound of 6x on the one situation's growth inside the machine's noise."""
     small = _one_situation(2_000)
     large = _one_situation(10_000)
-    spread = [o for k in range(10) for o in _one_situation(1_000, replace(S, device=f"GPU {k}"))]
+    small_spread, spread = (
+        [o for k in range(10) for o in _one_situation(n, replace(S, device=f"GPU {k}"))]
+        for n in (200, 1_000)
+    )
     machine_load.restart()
-    small_s, large_s, spread_s = _cpu(how(small), how(large), how(spread), rounds=5)  # type: ignore[operator]
-    figures = f"2,000 pods {small_s:.3f} s, 10,000 {large_s:.3f} s, 10 x 1,000 {spread_s:.3f} s"
-    assert large_s < 6 * small_s, machine_load.says(figures)
+    small_s, large_s, small_spread_s, spread_s = _cpu(
+        how(small),  # type: ignore[operator]
+        how(large),  # type: ignore[operator]
+        how(small_spread),  # type: ignore[operator]
+        how(spread),  # type: ignore[operator]
+        rounds=5,
+    )
+    growth, spread_growth = large_s / small_s, spread_s / small_spread_s
+    figures = (
+        f"one situation 2,000 -> 10,000 pods {small_s:.3f} -> {large_s:.3f} s "
+        f"({growth:.2f}x), ten situations {small_spread_s:.3f} -> {spread_s:.3f} s "
+        f"({spread_growth:.2f}x)"
+    )
+    assert growth < 1.2 * spread_growth, machine_load.says(figures)
     assert large_s < 1.5 * spread_s, machine_load.says(figures)
 
 
