@@ -154,6 +154,17 @@ class ApiError extends Error {
 /** An answer to a request sent with a token that has since been signed out. */
 class StaleError extends Error {}
 
+/** The requests made with the page's current credentials, aborted when they end
+ *  (``signOut``): a request still on its way when the session is ended would be answered
+ *  401, which the browser reports as an error whatever the page does with it. */
+let sessionRequests = new AbortController();
+
+/** The signal of the current credentials' requests (a new one after a sign-out). */
+function sessionSignal() {
+  if (sessionRequests.signal.aborted) sessionRequests = new AbortController();
+  return sessionRequests.signal;
+}
+
 const state = {
   token: null, // a bearer token, or SESSION
   csrf: null, // {header, token}: what a session's writes carry (GET /auth/session)
@@ -196,14 +207,15 @@ function rejectedMessage() {
 
 async function api(path) {
   const token = state.token;
+  if (!token) throw new StaleError(); // signed out: a request now could only be refused
   const kept = etags.get(path);
   const headers = authHeaders(token, false);
   if (kept && kept.token === token) headers["If-None-Match"] = kept.etag;
   let res;
   try {
-    res = await timedFetch(path, { headers, cache: "no-store" }); // live.js
+    res = await timedFetch(path, { headers, cache: "no-store" }, READ_LIMIT_MS, sessionSignal()); // live.js
   } catch (err) {
-    if (err.timeout) throw err;
+    if (err.timeout || err instanceof StaleError) throw err;
     throw new ApiError(0, "the service cannot be reached", path);
   }
   // Signed out (or in as someone else) meanwhile: nothing from this answer may show.
@@ -262,6 +274,7 @@ function problemText(status, body) {
  *  session without the viewer role. */
 async function send(method, path, { body, ifMatch, key } = {}) {
   const token = state.token;
+  if (!token) throw new StaleError(); // signed out: a request now could only be refused
   const headers = authHeaders(token, true);
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (ifMatch) headers["If-Match"] = ifMatch;
@@ -271,9 +284,9 @@ async function send(method, path, { body, ifMatch, key } = {}) {
     res = await timedFetch(path, {
       method, headers, cache: "no-store",
       body: body === undefined ? undefined : JSON.stringify(body),
-    }, method === "GET" ? READ_LIMIT_MS : WRITE_LIMIT_MS); // live.js
+    }, method === "GET" ? READ_LIMIT_MS : WRITE_LIMIT_MS, sessionSignal()); // live.js
   } catch (err) {
-    if (err.timeout) throw err;
+    if (err.timeout || err instanceof StaleError) throw err;
     throw new ApiError(0, "the service cannot be reached", path);
   }
   if (state.token !== token) throw new StaleError();
@@ -436,6 +449,7 @@ function showApp() {
 }
 
 function signOut(message) {
+  sessionRequests.abort(); // before the session ends: none of them is answered 401
   let ended = Promise.resolve();
   if (state.token === SESSION) {
     // the row goes on the service (every replica), the cookie in this browser

@@ -46,8 +46,13 @@ const live = {
 
 /** fetch() with a time limit: past SLOW_MS the page says the service is not answering,
  *  past ``limitMs`` the request is given up (an ApiError with ``timeout`` set). */
-async function timedFetch(path, init, limitMs = READ_LIMIT_MS) {
+async function timedFetch(path, init, limitMs = READ_LIMIT_MS, session = null) {
+  // ``session``: aborted when the credentials the request carries end (dashboard.js's
+  // sessionSignal); the request is then dropped, as stale, not reported as a failure
+  if (session && session.aborted) throw new StaleError();
   const ctl = new AbortController();
+  const ended = () => ctl.abort();
+  if (session) session.addEventListener("abort", ended);
   const slow = setTimeout(() => setAnswering(false), SLOW_MS);
   const stop = setTimeout(() => ctl.abort(), limitMs);
   try {
@@ -55,6 +60,7 @@ async function timedFetch(path, init, limitMs = READ_LIMIT_MS) {
     setAnswering(true);
     return res;
   } catch (err) {
+    if (session && session.aborted) throw new StaleError();
     if (!ctl.signal.aborted) throw err;
     const write = init.method && init.method !== "GET";
     const e = new ApiError(0, `the service did not answer in ${limitMs / 1000} s` + (write
@@ -65,6 +71,7 @@ async function timedFetch(path, init, limitMs = READ_LIMIT_MS) {
   } finally {
     clearTimeout(slow);
     clearTimeout(stop);
+    if (session) session.removeEventListener("abort", ended);
   }
 }
 
