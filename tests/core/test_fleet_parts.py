@@ -72,6 +72,15 @@ def reads_of(snapshots: Snapshots, evidence: Evidence, inputs: Callable[[], Any]
     return FleetReads(snapshots, Quiet(), evidence, inputs, ReadSettings(600, 1, 1))  # type: ignore[arg-type]
 
 
+def preview_anew(snapshots: Snapshots, evidence: Evidence, inputs: Any, proposal: Proposal) -> Any:
+    """``proposal``'s preview from a new read of the fleet (nothing kept)."""
+    fresh = reads_of(snapshots, evidence, lambda: inputs)
+    try:
+        return fresh.preview(proposal, None, None)
+    finally:
+        fresh.close()
+
+
 def whole(snap: FleetSnapshot, inputs: DecisionInputs, evidence: Evidence) -> dict[str, Any]:
     """The summary's figures read from the whole fleet again."""
     kw: dict[str, Any] = {"now": NOW, "inputs_for": evidence.inputs_for}
@@ -294,11 +303,7 @@ def test_a_change_taken_back_reads_what_the_kept_parts_give(
     )
     # the same preview without the kept parts decides every group under the proposal
     made.sides.clear()
-    full = reads_of(snapshots, evidence, lambda: current["inputs"])
-    try:
-        assert full.preview(back, None, None) == got
-    finally:
-        full.close()
+    assert preview_anew(snapshots, evidence, current["inputs"], back) == got
     assert kept_to < made.sides["to"]
 
 
@@ -322,11 +327,7 @@ def test_a_change_previewed_with_another_note_carries_what_it_gives(
     assert got == full
     assert any("put" in w for c in got.changes for r in c.reasons for w in r.why) or not got.changes
     made.sides.clear()
-    fresh = reads_of(snapshots, evidence, lambda: inputs)
-    try:
-        assert fresh.preview(put, None, None) == got
-    finally:
-        fresh.close()
+    assert preview_anew(snapshots, evidence, inputs, put) == got
     assert carried_to < made.sides["to"]
 
 
@@ -382,9 +383,5 @@ def test_a_change_previewed_again_after_it_was_taken_back_finds_its_backends(
         snapshots.snap, before, again.applied_to(before), now=NOW, inputs_for=evidence.inputs_for
     )
     made.sides.clear()
-    fresh = reads_of(snapshots, evidence, lambda: before)
-    try:
-        assert fresh.preview(again, None, None) == got
-    finally:
-        fresh.close()
+    assert preview_anew(snapshots, evidence, before, again) == got
     assert again_to < made.sides["to"]
