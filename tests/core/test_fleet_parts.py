@@ -72,6 +72,13 @@ def reads_of(snapshots: Snapshots, evidence: Evidence, inputs: Callable[[], Any]
     return FleetReads(snapshots, Quiet(), evidence, inputs, ReadSettings(600, 1, 1))  # type: ignore[arg-type]
 
 
+def replayed(snapshots: Snapshots, evidence: Evidence, inputs: Any, proposal: Proposal) -> Any:
+    """``proposal``'s preview as the full replay counts it (every group decided)."""
+    return replay(
+        snapshots.snap, inputs, proposal.applied_to(inputs), now=NOW, inputs_for=evidence.inputs_for
+    )
+
+
 def preview_anew(snapshots: Snapshots, evidence: Evidence, inputs: Any, proposal: Proposal) -> Any:
     """``proposal``'s preview from a new read of the fleet (nothing kept)."""
     fresh = reads_of(snapshots, evidence, lambda: inputs)
@@ -193,13 +200,7 @@ def test_a_preview_with_kept_pending_counts_is_the_full_replay(
     inputs = current["inputs"]
     proposed = Proposal(override_scope=scope, override=proposal)
     got = reads.preview(proposed, None, None)
-    full = replay(
-        snapshots.snap,
-        inputs,
-        proposed.applied_to(inputs),
-        now=NOW,
-        inputs_for=evidence.inputs_for,
-    )
+    full = replayed(snapshots, evidence, inputs, proposed)
     assert got == full
     # each cluster's figures under the configuration in force: the pods pending of
     # those the proposal leaves alike, what it gives each group of those it touches
@@ -207,9 +208,7 @@ def test_a_preview_with_kept_pending_counts_is_the_full_replay(
 
     # the next preview of another change reads them as kept
     other = Proposal(override_scope=scope, override=override(scope, deny=["CUDNN"], note="2"))
-    assert reads.preview(other, None, None) == replay(
-        snapshots.snap, inputs, other.applied_to(inputs), now=NOW, inputs_for=evidence.inputs_for
-    )
+    assert reads.preview(other, None, None) == replayed(snapshots, evidence, inputs, other)
     assert reads._parts.computed == {"pending": len(CLUSTERS)}
 
 
@@ -238,13 +237,7 @@ def test_what_a_preview_decided_is_the_next_configurations_kept_figures(
     current["inputs"] = replace(applied, tag=(2, 2))
     back = Proposal(override_scope=scope, override=None)
     got = reads.preview(back, None, None)
-    assert got == replay(
-        snapshots.snap,
-        current["inputs"],
-        back.applied_to(current["inputs"]),
-        now=NOW,
-        inputs_for=evidence.inputs_for,
-    )
+    assert got == replayed(snapshots, evidence, current["inputs"], back)
     assert reads._parts.computed == {"pending": len(CLUSTERS)}  # none decided again
 
 
@@ -294,13 +287,7 @@ def test_a_change_taken_back_reads_what_the_kept_parts_give(
     back = Proposal(override_scope=scope, override=None)
     got = reads.preview(back, None, None)
     kept_to = made.sides.get("to", 0)
-    assert got == replay(
-        snapshots.snap,
-        current["inputs"],
-        back.applied_to(current["inputs"]),
-        now=NOW,
-        inputs_for=evidence.inputs_for,
-    )
+    assert got == replayed(snapshots, evidence, current["inputs"], back)
     # the same preview without the kept parts decides every group under the proposal
     made.sides.clear()
     assert preview_anew(snapshots, evidence, current["inputs"], back) == got
@@ -321,9 +308,7 @@ def test_a_change_previewed_with_another_note_carries_what_it_gives(
     put = Proposal(override_scope="*", override=override("*", deny=["FLASHINFER"], note="put"))
     got = reads.preview(put, None, None)
     carried_to = made.sides.get("to", 0)
-    full = replay(
-        snapshots.snap, inputs, put.applied_to(inputs), now=NOW, inputs_for=evidence.inputs_for
-    )
+    full = replayed(snapshots, evidence, inputs, put)
     assert got == full
     assert any("put" in w for c in got.changes for r in c.reasons for w in r.why) or not got.changes
     made.sides.clear()
@@ -379,9 +364,7 @@ def test_a_change_previewed_again_after_it_was_taken_back_finds_its_backends(
     again = Proposal(override_scope="*", override=change("again", 3))
     got = reads.preview(again, None, None)
     again_to = made.sides.get("to", 0)
-    assert got == replay(
-        snapshots.snap, before, again.applied_to(before), now=NOW, inputs_for=evidence.inputs_for
-    )
+    assert got == replayed(snapshots, evidence, before, again)
     made.sides.clear()
     assert preview_anew(snapshots, evidence, before, again) == got
     assert again_to < made.sides["to"]
