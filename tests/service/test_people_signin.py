@@ -218,8 +218,14 @@ def test_sign_out_and_expiry_end_the_session(
     )
 
 
-@pytest.mark.browser
-def test_console_sign_in_in_chromium(service: ServiceProcess, provider: Provider) -> None:
+@contextlib.contextmanager
+def console_page(
+    service: ServiceProcess, provider: Provider, person: tuple[str, str]
+) -> Iterator[tuple[Any, list[str]]]:
+    """The console's page in a Chromium of its own, opened on the service, with the
+    person (``sub``, ``email``, an admin) known to the provider; and the console errors
+    it logs, less what the provider's own page causes (its CSS comes from a CDN this
+    machine cannot reach)."""
     from tests.browser.test_dashboard_browser import (
         TIMEOUT_MS,
         ConsoleErrors,
@@ -231,46 +237,60 @@ def test_console_sign_in_in_chromium(service: ServiceProcess, provider: Provider
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
-    provider.person("fay-sub", "fay@example.com", ["platform-admins"])
+    provider.person(person[0], person[1], ["platform-admins"])
     with sync_playwright() as p:
         browser = launch(p)
         try:
             page = browser.new_page()
             errors = ConsoleErrors(page, allowed_statuses=set())
             page.goto(service.url + "/")
-            link = page.locator("#oidc-signin")
-            expect(link).to_have_text("Sign in with Mock IdP")
-            # the provider's is the one primary action, and it holds the focus
-            expect(link).to_be_focused()
-            expect(link).to_have_class("btn btn-primary")
-            submit = page.locator("#signin-form button[type=submit]")
-            expect(submit).not_to_have_class("btn btn-primary")
-            link.click()
-            page.locator('input[name="sub"]').first.fill("fay-sub")
-            page.locator('input[name="sub"]').first.press("Enter")
-            expect(page.locator("#whoami")).to_have_text("fay@example.com (admin)")
-            assert page.evaluate("sessionStorage.length") == 0  # no token in the page
-
-            # a write from the page: its CSRF header goes with the cookie
-            status = page.evaluate(
-                """async () => (await send("PUT", "/v1/overrides/lab-1", {
-                    body: {force: "FLASHINFER", note: "from the console"}, key: newKey(),
-                })).status"""
-            )
-            assert status == 200
-            page.locator("#refresh").click()
-            expect(page.locator("#audit")).to_contain_text("fay@example.com (sub fay-sub)")
-
-            page.locator("#sign-out").click()
-            expect(page.locator("#signin")).to_be_visible()
-            page.reload()
-            expect(page.locator("#oidc-signin")).to_be_visible()
-            expect(page.locator("#oidc-signin")).to_be_focused()
-            expect(page.locator("#app")).to_be_hidden()
-            # the provider's own page loads its CSS from a CDN this machine cannot reach
-            assert [e for e in errors if provider.url not in e and "cdn." not in e] == []
+            unexpected: list[str] = []
+            yield page, unexpected
+            unexpected += [e for e in errors if provider.url not in e and "cdn." not in e]
         finally:
             browser.close()
+
+
+def sign_in_at_the_provider(page: Any, sub: str) -> None:
+    """On the provider's page the sign-in link led to: sign in as ``sub``."""
+    page.locator('input[name="sub"]').first.fill(sub)
+    page.locator('input[name="sub"]').first.press("Enter")
+
+
+@pytest.mark.browser
+def test_console_sign_in_in_chromium(service: ServiceProcess, provider: Provider) -> None:
+    from playwright.sync_api import expect
+
+    with console_page(service, provider, ("fay-sub", "fay@example.com")) as (page, errors):
+        link = page.locator("#oidc-signin")
+        expect(link).to_have_text("Sign in with Mock IdP")
+        # the provider's is the one primary action, and it holds the focus
+        expect(link).to_be_focused()
+        expect(link).to_have_class("btn btn-primary")
+        submit = page.locator("#signin-form button[type=submit]")
+        expect(submit).not_to_have_class("btn btn-primary")
+        link.click()
+        sign_in_at_the_provider(page, "fay-sub")
+        expect(page.locator("#whoami")).to_have_text("fay@example.com (admin)")
+        assert page.evaluate("sessionStorage.length") == 0  # no token in the page
+
+        # a write from the page: its CSRF header goes with the cookie
+        status = page.evaluate(
+            """async () => (await send("PUT", "/v1/overrides/lab-1", {
+                body: {force: "FLASHINFER", note: "from the console"}, key: newKey(),
+            })).status"""
+        )
+        assert status == 200
+        page.locator("#refresh").click()
+        expect(page.locator("#audit")).to_contain_text("fay@example.com (sub fay-sub)")
+
+        page.locator("#sign-out").click()
+        expect(page.locator("#signin")).to_be_visible()
+        page.reload()
+        expect(page.locator("#oidc-signin")).to_be_visible()
+        expect(page.locator("#oidc-signin")).to_be_focused()
+        expect(page.locator("#app")).to_be_hidden()
+    assert errors == []
 
 
 def test_id_token_checks() -> None:
@@ -535,50 +555,32 @@ def test_a_read_in_flight_at_sign_out_is_dropped_not_refused(
     after the session ended and was answered 401, which Chromium reports as an error
     (seen under load with ``/v1/drift``). The page now aborts the session's requests
     before it ends the session. Held here by the browser until the sign-out is done."""
-    from tests.browser.test_dashboard_browser import (
-        TIMEOUT_MS,
-        ConsoleErrors,
-        _skip_if_missing,
-        launch,
-    )
+    from playwright.sync_api import Error, expect
 
-    _skip_if_missing()
-    from playwright.sync_api import Error, expect, sync_playwright
-
-    expect.set_options(timeout=TIMEOUT_MS)
-    provider.person("gus-sub", "gus@example.com", ["platform-admins"])
-    with sync_playwright() as p:
-        browser = launch(p)
-        try:
-            page = browser.new_page()
-            errors = ConsoleErrors(page, allowed_statuses=set())
-            page.goto(service.url + "/")
-            page.locator("#oidc-signin").click()
-            page.locator('input[name="sub"]').first.fill("gus-sub")
-            page.locator('input[name="sub"]').first.press("Enter")
-            expect(page.locator("#whoami")).to_have_text("gus@example.com (admin)")
-            held: list[Any] = []
-            ended: list[tuple[Any, str]] = []  # (request, "aborted" or its status)
-            page.route("**/v1/drift", lambda route: held.append(route))
-            page.on("requestfailed", lambda r: ended.append((r, "aborted")))
-            page.on("response", lambda r: ended.append((r.request, str(r.status))))
-            page.locator("#refresh").click()
-            until = time.monotonic() + 30
-            while not held and time.monotonic() < until:
-                page.wait_for_timeout(20)
-            assert held, "the refresh asked for no drift"
-            page.locator("#sign-out").click()
-            expect(page.locator("#signin")).to_be_visible()
-            for route in held:
-                with contextlib.suppress(Error):  # the page aborted it: nothing to let through
-                    route.continue_()
-            # a read sent before the route was set (an earlier poll) may end either way;
-            # the held one must end aborted, and none may be refused
-            request = held[0].request
-            while request not in [r for r, _ in ended] and time.monotonic() < until:
-                page.wait_for_timeout(20)
-            assert [how for r, how in ended if r == request] == ["aborted"], ended
-            assert not [how for _, how in ended if how == "401"], ended
-            assert [e for e in errors if provider.url not in e and "cdn." not in e] == []
-        finally:
-            browser.close()
+    with console_page(service, provider, ("gus-sub", "gus@example.com")) as (page, errors):
+        page.locator("#oidc-signin").click()
+        sign_in_at_the_provider(page, "gus-sub")
+        expect(page.locator("#whoami")).to_have_text("gus@example.com (admin)")
+        held: list[Any] = []
+        ended: list[tuple[Any, str]] = []  # (request, "aborted" or its status)
+        page.route("**/v1/drift", lambda route: held.append(route))
+        page.on("requestfailed", lambda r: ended.append((r, "aborted")))
+        page.on("response", lambda r: ended.append((r.request, str(r.status))))
+        page.locator("#refresh").click()
+        until = time.monotonic() + 30
+        while not held and time.monotonic() < until:
+            page.wait_for_timeout(20)
+        assert held, "the refresh asked for no drift"
+        page.locator("#sign-out").click()
+        expect(page.locator("#signin")).to_be_visible()
+        for route in held:
+            with contextlib.suppress(Error):  # the page aborted it: nothing to let through
+                route.continue_()
+        # a read sent before the route was set (an earlier poll) may end either way;
+        # the held one must end aborted, and none may be refused
+        request = held[0].request
+        while request not in [r for r, _ in ended] and time.monotonic() < until:
+            page.wait_for_timeout(20)
+        assert [how for r, how in ended if r == request] == ["aborted"], ended
+        assert not [how for _, how in ended if how == "401"], ended
+    assert errors == []
