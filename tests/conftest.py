@@ -167,11 +167,13 @@ STARTS_LOG = "SWITCHBOARD_TEST_STARTS_LOG"
 
 def count_start(what: str) -> None:
     """One line per service process started, in the file ``SWITCHBOARD_TEST_STARTS_LOG``
-    names (when set): how many the suite starts is what its run time mostly is."""
+    names (when set), with the test that started it: how many the suite starts is what
+    its run time mostly is."""
     path = os.environ.get(STARTS_LOG)
     if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
         with open(path, "a") as log:
-            log.write(f"{os.getpid()} {what}\n")
+            log.write(f"{os.getpid()} {what} {test}\n")
 
 
 def _starts_logged() -> int:

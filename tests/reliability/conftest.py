@@ -29,7 +29,7 @@ from mla_switchboard.service.store.recorder import DecisionRecorder
 from mla_switchboard.service.store.rows import Decision
 from sqlalchemy.exc import DataError
 
-from tests.conftest import ADMIN, ServiceProcess, free_port
+from tests.conftest import ADMIN, InProcessService, ServiceProcess, free_port
 
 SERVICE_SOURCES = {"priority", "requested", "fallback", "override", "measured"}
 """What ``source`` says when the service decided (``cache``/``local-fallback`` are the agent's)."""
@@ -71,9 +71,10 @@ def wait_until(
         time.sleep(interval)
 
 
-def metric(service: ServiceProcess, name: str) -> float:
+def metric(service: ServiceProcess | InProcessService, name: str) -> float:
     """The sum of a metric's samples in /metrics (0 when absent)."""
-    text = httpx.get(service.url + "/metrics", timeout=5).text
+    with service.client() as c:
+        text = c.get("/metrics", timeout=5).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):

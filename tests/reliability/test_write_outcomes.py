@@ -20,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import ADMIN, ServiceProcess
+from tests.conftest import ADMIN, InProcessService, ServiceProcess
 from tests.reliability.conftest import PrivatePostgres, metric, wait_until
 from tests.service.test_select_decisions import ALL
 
@@ -60,13 +60,16 @@ def db(private_postgres: PrivatePostgres) -> Database:
 
 
 @pytest.fixture
-def service(db: Database, tmp_path: Path) -> Iterator[ServiceProcess]:
-    s = ServiceProcess(db.url).start(tmp_path)
-    yield s
-    s.stop()
+def service(db: Database) -> Iterator[InProcessService]:
+    """The app in this process: what a write answers is tested, not the process (the
+    kill -9 below needs one)."""
+    with InProcessService(db.url) as s:
+        yield s
 
 
-def test_a_committed_write_is_answered_as_committed(db: Database, service: ServiceProcess) -> None:
+def test_a_committed_write_is_answered_as_committed(
+    db: Database, service: InProcessService
+) -> None:
     db.admin("REVOKE SELECT ON tokens FROM {role}")  # reloads fail from now on
     key = str(uuid.uuid4())
     with service.client() as c:
@@ -103,7 +106,7 @@ def test_a_committed_write_is_answered_as_committed(db: Database, service: Servi
         assert r.status_code == 200
 
 
-def test_racing_retries_with_one_key_apply_once(db: Database, service: ServiceProcess) -> None:
+def test_racing_retries_with_one_key_apply_once(db: Database, service: InProcessService) -> None:
     key = str(uuid.uuid4())
     answers: list[dict[str, Any]] = []
 
@@ -124,7 +127,7 @@ def test_racing_retries_with_one_key_apply_once(db: Database, service: ServicePr
 
 
 def test_a_token_whose_commit_fails_is_never_left_usable(
-    db: Database, service: ServiceProcess
+    db: Database, service: InProcessService
 ) -> None:
     db.admin(
         "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
@@ -143,7 +146,7 @@ def test_a_token_whose_commit_fails_is_never_left_usable(
     assert db.admin("SELECT count(*) FROM tokens WHERE revoked_at IS NULL") == [(0,)]
 
 
-def test_admin_writes_without_a_key_still_work(service: ServiceProcess) -> None:
+def test_admin_writes_without_a_key_still_work(service: InProcessService) -> None:
     with service.client(ADMIN) as c:
         r = c.put("/v1/overrides/prod-west", json={"deny": ["CUDNN"], "note": "x"})
         assert r.status_code == 200 and "reload_pending" not in r.json()
@@ -186,7 +189,7 @@ def rollout_state(c: httpx.Client, cluster: str) -> str:
 
 
 def test_a_stored_failure_report_is_answered_and_its_guard_retried(
-    db: Database, service: ServiceProcess
+    db: Database, service: InProcessService
 ) -> None:
     spec = {"force": "FLASHINFER", "note": "INC-9", "rollout": {"percent": 20, "max_failures": 1}}
     with service.client() as c:
