@@ -14,7 +14,9 @@ wall time:
   no kept preview answers it);
 - the real ``PUT /v1/overrides/*`` and the summary read right after it, then
   ``DELETE /v1/overrides/*`` and the summary right after that (medians of
-  ``--repeat``; the store is as it was afterwards);
+  ``--repeat``; the store is as it was afterwards). The warm-up round is kept apart
+  (``first_round``): its change is one the replica never saw, so nothing was carried
+  for it, where the measured rounds repeat its content with another note and expiry;
 - ``POST /v1/select`` p50/p99 at ``--rate``/s idle and while summaries and ``*`` dry
   runs run back to back (bench/scale.py's open-loop client).
 
@@ -158,6 +160,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     pid, lambda r=r: ok(c.delete(f"/v1/overrides/*?note=bench+{r}"))
                 )
                 after_delete = _timed_cpu(pid, lambda: ok(c.get("/v1/selections/summary")))
+                if not keep:  # a change never seen before: nothing carried for it yet
+                    out["first_round"] = {
+                        k: {"s": round(v[0], 4), "cpu_s": round(v[1], 4)}
+                        for k, v in (
+                            ("dry_run", dry),
+                            ("put", put),
+                            ("summary_after_put", after_put),
+                            ("delete", delete),
+                            ("summary_after_delete", after_delete),
+                        )
+                    }
                 if keep:
                     runs["dry_run"].append(dry)
                     runs["summary_steady"].append(steady)
