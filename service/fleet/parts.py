@@ -360,6 +360,12 @@ class PartsRead:
         self._figures: dict[str, ClusterPart] = {}  # per cluster: ``_carried_figures``
 
     @property
+    def classes(self) -> ClassCache:
+        """The read's stage classes and overrides that apply, per cluster and model: a
+        preview of this read shares them (``replay``'s ``classes``)."""
+        return self._classes
+
+    @property
     def inputs_for(self) -> InputsFor | None:
         """The read's ``inputs_for``, asked once per cluster and model (``narrowing``)."""
         return self._inputs_for
