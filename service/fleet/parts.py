@@ -32,9 +32,10 @@ change taken back finds it again). Besides, each cluster's figures are carried b
 content (``_Carried``: the key less what no figure reads, an override's note and what
 the store writes): a change's preview carries what its proposal gives each group, and
 each figure a read works out is carried too, so the read after a change is written
-takes them instead of walking the cluster's groups again when a configuration of the
-same content was previewed or read before (a change written after its dry run, taken
-back and written again, or its expiry moved). The parts are read and written by the
+takes them instead of walking the cluster's groups again: the backends and pending
+pods when its content was previewed before (a change written after its dry run), and
+every figure when it was in force before (taken back and written again, its note or
+expiry edited). The parts are read and written by the
 replica's one fleet-read thread.
 """
 
@@ -150,7 +151,7 @@ class _Carried:
     read that needs them. None of them reads an override's note or what the store
     writes (they are numbers, backends and failure causes), so every configuration of
     the same content shares them: a change written after its dry run, taken back and
-    written again, or its expiry moved, finds them all."""
+    written again, or its expiry moved, finds those worked out so far."""
 
     key: Hashable
     indexes: tuple[EvidenceIndex, ...]
