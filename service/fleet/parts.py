@@ -182,6 +182,10 @@ class ClusterParts:
         self._read: dict[str, _Read] = {}
         self._before: dict[str, _Read] = {}
         self._epochs = itertools.count()
+        # per cluster, the indexes its figures read by the content of its overrides,
+        # under one evidence generation and index of all (``indexes_by_content``)
+        self._by_content: dict[str, dict[Hashable, list[EvidenceIndex]]] = {}
+        self._content_stamp: tuple[Any, ...] = (None, None)
         self.samples = StageSamples()  # a rollout's stage samples, by evidence version
         self.computed: dict[str, int] = {}
 
@@ -232,7 +236,11 @@ class ClusterParts:
                 del self._carried[cluster]
 
     def read_by(
-        self, cluster: str, groups: Sequence[PodGroup], reading: PartsRead
+        self,
+        cluster: str,
+        groups: Sequence[PodGroup],
+        inputs: DecisionInputs,
+        find: Callable[[], list[EvidenceIndex]],
     ) -> tuple[list[EvidenceIndex], int]:
         """``reading.indexes_read`` of ``cluster``, and its epoch.
 
@@ -240,8 +248,8 @@ class ClusterParts:
         pods' trust scopes) and when an index is replaced or added (the evidence
         generation moves), so they are found again only then; a read in between asks
         each index's version. The epoch moves when the indexes found are other objects
-        than before: a version is only comparable within one index."""
-        inputs = reading.inputs
+        than before: a version is only comparable within one index. ``find()``: the
+        indexes, when they are to be found again (``PartsRead.indexes_by_content``)."""
         stamp = (inputs.overrides, inputs.evidence_generation, inputs.evidence)
         if any(a is not b for a, b in zip(self._stamp, stamp, strict=True)):
             # the previous mapping is kept until the next change: its indexes stay alive
@@ -251,7 +259,7 @@ class ClusterParts:
         models = frozenset(g.request.model.name for g in groups if g.request is not None)
         found = self._read.get(cluster)
         if found is None or found[0] != models:
-            indexes = reading.indexes_read(cluster, groups)
+            indexes = find()
             prior = found or self._before.get(cluster)
             same = (
                 prior is not None
@@ -261,6 +269,33 @@ class ClusterParts:
             epoch = prior[2] if same and prior is not None else next(self._epochs)
             found = self._read[cluster] = (models, indexes, epoch)
         return found[1], found[2]
+
+    def indexes_by_content(
+        self,
+        cluster: str,
+        content: Hashable,
+        inputs: DecisionInputs,
+        find: Callable[[], list[EvidenceIndex]],
+    ) -> list[EvidenceIndex]:
+        """The indexes the figures of ``cluster`` read (``PartsRead.indexes_read``)
+        under overrides of ``content`` (its models, its overrides as carried text and
+        which of them had expired: a trust scope is a function of the overrides that
+        apply), found by ``find()`` when this content was not met since the evidence
+        generation or the index of all last moved (an index replaced or added moves
+        them). A change of configuration leaves most clusters' trust scopes alike, and
+        a change taken back, or previewed and then written, returns to one met
+        before: their indexes are not asked of the evidence again, cluster by model."""
+        stamp = (inputs.evidence_generation, inputs.evidence)
+        kept = self._content_stamp
+        if kept[0] != stamp[0] or kept[1] is not stamp[1]:
+            self._content_stamp, self._by_content = stamp, {}
+        per = self._by_content.setdefault(cluster, {})
+        found = per.get(content)
+        if found is None:
+            if len(per) >= CARRIED_KEPT:
+                del per[next(iter(per))]  # the oldest met
+            found = per[content] = find()
+        return found
 
     def epoch_of(self, cluster: str, indexes: Sequence[EvidenceIndex]) -> int | None:
         """The epoch ``read_by`` gave ``cluster`` for these very indexes (in this
@@ -379,8 +414,9 @@ class PartsRead:
         indexes it reads (``ClusterParts.read_by``: their versions are only comparable
         while they are the same objects)."""
         groups = self.fleet.of_cluster(cluster)
-        epoch = self._parts.read_by(cluster, groups, self)[1]
-        return (self._carry_key(cluster, self.inputs)[0], epoch)
+        content, indexes = self._carry_key(cluster, self.inputs)
+        epoch = self._parts.read_by(cluster, groups, self.inputs, lambda: indexes)[1]
+        return (content, epoch)
 
     def check_deadline(self) -> None:
         """Check this read's deadline, which lets the event loop in now and then: the
@@ -558,15 +594,25 @@ class PartsRead:
         groups = self.fleet.of_cluster(cluster)
         overrides = inputs.overrides_for(cluster)
         parts, now = self._parts, self.now
+        texts = tuple(parts.carry_text(inputs.overrides, o) for o in overrides)
+        expired = tuple(o.expires_at is not None and o.expires_at <= now for o in overrides)
+        models = frozenset(g.request.model.name for g in groups if g.request is not None)
+
+        def find() -> list[EvidenceIndex]:
+            content = (models, texts, expired)
+            return parts.indexes_by_content(
+                cluster, content, inputs, lambda: self.indexes_read(cluster, groups, inputs)
+            )
+
         if inputs is self.inputs:  # found once per configuration (``read_by``)
-            indexes = parts.read_by(cluster, groups, self)[0]
+            indexes = parts.read_by(cluster, groups, inputs, find)[0]
         else:
-            indexes = self.indexes_read(cluster, groups, inputs)
+            indexes = find()
         key = (
             tuple((g.shape_id, g.rows) for g in groups),
             parts.rules_text(inputs.rules),
-            tuple(parts.carry_text(inputs.overrides, o) for o in overrides),
-            tuple(o.expires_at is not None and o.expires_at <= now for o in overrides),
+            texts,
+            expired,
             inputs.evidence_generation,
             tuple(index.version for index in indexes),
         )
