@@ -282,9 +282,9 @@ class ClusterParts:
         which of them had expired: a trust scope is a function of the overrides that
         apply), found by ``find()`` when this content was not met since the evidence
         generation or the index of all last moved (an index replaced or added moves
-        them). A change of configuration leaves most clusters' trust scopes alike, and
-        a change taken back, or previewed and then written, returns to one met
-        before: their indexes are not asked of the evidence again, cluster by model."""
+        them). A change taken back, or previewed and then written, returns every
+        cluster to overrides of a content met before: their indexes are not asked of
+        the evidence again, cluster by model."""
         stamp = (inputs.evidence_generation, inputs.evidence)
         kept = self._content_stamp
         if kept[0] != stamp[0] or kept[1] is not stamp[1]:

@@ -426,3 +426,41 @@ def test_a_summary_after_a_change_takes_what_its_preview_carried(world: Any) -> 
     assert put("note edited", 4, 3) == first
     reads.preview(Proposal(override_scope="*", override=None), None, None)
     assert parts.computed["pending"] == len(CLUSTERS)  # the change back: kept parts
+
+
+def test_a_change_taken_back_finds_each_clusters_evidence_without_asking_again(
+    world: Any,
+) -> None:
+    """The evidence a cluster's pods trust is a function of the content of the
+    overrides that apply to it: once a fleet-wide change was read, taking it back and
+    writing it again (another note and revision) asks the evidence for no cluster's
+    model again, and the summaries still read what the whole fleet gives."""
+    snapshots, evidence, current, reads = world
+    asked: list[str] = []
+    real = evidence.inputs_for
+
+    def counted(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> Any:
+        asked.append(request.cluster)
+        return real(request, inputs, now)
+
+    evidence.inputs_for = counted  # type: ignore[method-assign]
+    without = [o for o in current["inputs"].overrides if o.cluster != "*"]
+    before = DecisionInputs(SEED_RULES, tuple(without), tag=(1, 2))
+
+    def put(note: str, revision: int) -> DecisionInputs:
+        change = override("*", deny=["FLASHINFER"], note=note)
+        change = change.model_copy(update={"revision": revision})
+        return Proposal(override_scope="*", override=change).applied_to(before)
+
+    for inputs in (before, put("first", 3), replace(before, tag=(3, 2))):
+        current["inputs"] = inputs
+        reads.summary(None, None)
+    assert asked  # each configuration's first read found them
+    asked.clear()
+    for inputs in (put("again", 5), replace(before, tag=(5, 2))):
+        current["inputs"] = replace(inputs, tag=(inputs.tag[0] + 10, 2))
+        body = reads.summary(None, None).body
+        assert asked == []
+        evidence.inputs_for = real  # type: ignore[method-assign]
+        assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+        evidence.inputs_for = counted  # type: ignore[method-assign]
