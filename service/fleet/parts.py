@@ -12,7 +12,8 @@ these is a function of one cluster's:
 - groups (its pods' counts by shape, backend, source and stage bucket);
 - rules (the fleet's and the cluster's own rule set);
 - overrides (the fleet's ``*`` ones and its own: ``DecisionInputs.overrides_for``),
-  with which of them have expired;
+  as text less what no figure reads (``_UNCARRIED``: a note, an expiry, what the store
+  writes), with which of them have expired;
 - evidence: the indexes its pods' decisions read (the trust scope their overrides
   give them, found through ``inputs_for``) and its own samples (``evidence_of``), as
   their versions, under an epoch that moves when one of those indexes is replaced by
@@ -27,8 +28,15 @@ every cluster they hold for alike, and by every cluster whose overrides act alik
 (``DecisionMemo``, ``fleet/effects.py``).
 
 Only the configuration in force is kept, with the part each cluster had before it (a
-change taken back finds it again); a proposal is never kept. The parts are read and
-written by the replica's one fleet-read thread.
+change taken back finds it again). Besides, each cluster's figures are carried by
+content (``_Carried``: the key less what no figure reads, an override's note and what
+the store writes): a change's preview carries what its proposal gives each group, and
+each figure a read works out is carried too, so the read after a change is written
+takes them instead of walking the cluster's groups again: the backends and pending
+pods when its content was previewed before (a change written after its dry run), and
+every figure when it was in force before (taken back and written again, its note or
+expiry edited). The parts are read and written by the
+replica's one fleet-read thread.
 """
 
 from __future__ import annotations
@@ -117,11 +125,12 @@ _WRITTEN = frozenset({"created_at", "created_by", "revision"})
 """What the store sets of an override it writes: no decision reads them as a backend."""
 
 _UNCARRIED = _WRITTEN | {"note", "expires_at"}
-"""What a carried figure (``_Carried``: backends and counts of pods) leaves out of an
-override's text. A note is only ever words: the evaluator quotes it in a reason or a
-message, and no backend depends on a reason's words (a backend is valid when it has
-no reason; the one kept valid against failures has the failure's reason alone, which
-begins otherwise than a deny's). An expiry only decides whether the override applies
+"""What a carried figure (``_Carried``: backends, counts of pods, regret, exclusions,
+rollout progress) leaves out of an override's text. A note is only ever words: the
+evaluator quotes it in a reason or a message, and no backend depends on a reason's
+words (a backend is valid when it has no reason; the one kept valid against failures
+has the failure's reason alone, which begins otherwise than a deny's); a revision is
+named in messages only. An expiry only decides whether the override applies
 at all, which the key holds apart (expired or not at the read's time). So a change
 previewed with one note and written with another, or previewed again, carries what
 the first preview found."""
@@ -133,15 +142,20 @@ written and taken back, then previewed again, finds each of them."""
 
 @dataclass(frozen=True)
 class _Carried:
-    """A proposal's ``pending`` and ``given`` of one cluster (``ClusterParts.carry``),
+    """One cluster's figures under one configuration's content (``ClusterParts.carry``),
     with what they were worked out from: the cluster's groups, rules, overrides (less
     ``_UNCARRIED``), which of them had expired, and the evidence indexes (the very
-    objects) at their versions."""
+    objects) at their versions. ``figures``: a part whose figures fill in as reads work
+    them out under that content: a proposal's ``pending`` and ``given`` from its
+    preview, the summary's regret, exclusions and rollout progress from the first
+    read that needs them. None of them reads an override's note or what the store
+    writes (they are numbers, backends and failure causes), so every configuration of
+    the same content shares them: a change written after its dry run, taken back and
+    written again, or its expiry moved, finds those worked out so far."""
 
     key: Hashable
     indexes: tuple[EvidenceIndex, ...]
-    pending: int
-    given: _Given
+    figures: ClusterPart
 
     def holds(self, key: Hashable, indexes: Sequence[EvidenceIndex]) -> bool:
         return (
@@ -161,7 +175,6 @@ class ClusterParts:
         self._kept: dict[str, ClusterPart] = {}
         self._before_parts: dict[str, ClusterPart] = {}  # the one each replaced
         self._lock = threading.Lock()
-        self._texts = _Texts()
         self._carry_texts = _Texts(_UNCARRIED)
         self._carried: dict[str, list[_Carried]] = {}  # per cluster, the newest last
         self._rules: tuple[RulesDocument, str] | None = None
@@ -169,6 +182,10 @@ class ClusterParts:
         self._read: dict[str, _Read] = {}
         self._before: dict[str, _Read] = {}
         self._epochs = itertools.count()
+        # per cluster, the indexes its figures read by the content of its overrides,
+        # under one evidence generation and index of all (``indexes_by_content``)
+        self._by_content: dict[str, dict[Hashable, list[EvidenceIndex]]] = {}
+        self._content_stamp: tuple[Any, ...] = (None, None)
         self.samples = StageSamples()  # a rollout's stage samples, by evidence version
         self.computed: dict[str, int] = {}
 
@@ -219,7 +236,11 @@ class ClusterParts:
                 del self._carried[cluster]
 
     def read_by(
-        self, cluster: str, groups: Sequence[PodGroup], reading: PartsRead
+        self,
+        cluster: str,
+        groups: Sequence[PodGroup],
+        inputs: DecisionInputs,
+        find: Callable[[], list[EvidenceIndex]],
     ) -> tuple[list[EvidenceIndex], int]:
         """``reading.indexes_read`` of ``cluster``, and its epoch.
 
@@ -227,8 +248,8 @@ class ClusterParts:
         pods' trust scopes) and when an index is replaced or added (the evidence
         generation moves), so they are found again only then; a read in between asks
         each index's version. The epoch moves when the indexes found are other objects
-        than before: a version is only comparable within one index."""
-        inputs = reading.inputs
+        than before: a version is only comparable within one index. ``find()``: the
+        indexes, when they are to be found again (``PartsRead.indexes_by_content``)."""
         stamp = (inputs.overrides, inputs.evidence_generation, inputs.evidence)
         if any(a is not b for a, b in zip(self._stamp, stamp, strict=True)):
             # the previous mapping is kept until the next change: its indexes stay alive
@@ -238,7 +259,7 @@ class ClusterParts:
         models = frozenset(g.request.model.name for g in groups if g.request is not None)
         found = self._read.get(cluster)
         if found is None or found[0] != models:
-            indexes = reading.indexes_read(cluster, groups)
+            indexes = find()
             prior = found or self._before.get(cluster)
             same = (
                 prior is not None
@@ -248,6 +269,33 @@ class ClusterParts:
             epoch = prior[2] if same and prior is not None else next(self._epochs)
             found = self._read[cluster] = (models, indexes, epoch)
         return found[1], found[2]
+
+    def indexes_by_content(
+        self,
+        cluster: str,
+        content: Hashable,
+        inputs: DecisionInputs,
+        find: Callable[[], list[EvidenceIndex]],
+    ) -> list[EvidenceIndex]:
+        """The indexes the figures of ``cluster`` read (``PartsRead.indexes_read``)
+        under overrides of ``content`` (its models, its overrides as carried text and
+        which of them had expired: a trust scope is a function of the overrides that
+        apply), found by ``find()`` when this content was not met since the evidence
+        generation or the index of all last moved (an index replaced or added moves
+        them). A change taken back, or previewed and then written, returns every
+        cluster to overrides of a content met before: their indexes are not asked of
+        the evidence again, cluster by model."""
+        stamp = (inputs.evidence_generation, inputs.evidence)
+        kept = self._content_stamp
+        if kept[0] != stamp[0] or kept[1] is not stamp[1]:
+            self._content_stamp, self._by_content = stamp, {}
+        per = self._by_content.setdefault(cluster, {})
+        found = per.get(content)
+        if found is None:
+            if len(per) >= CARRIED_KEPT:
+                del per[next(iter(per))]  # the oldest met
+            found = per[content] = find()
+        return found
 
     def epoch_of(self, cluster: str, indexes: Sequence[EvidenceIndex]) -> int | None:
         """The epoch ``read_by`` gave ``cluster`` for these very indexes (in this
@@ -278,25 +326,28 @@ class ClusterParts:
             kept = self._rules = (rules, digest)
         return kept[1]
 
-    def override_text(self, overrides: Sequence[Override], o: Override) -> str:
-        return self._texts.of(overrides, o)
-
     def carry_text(self, overrides: Sequence[Override], o: Override) -> str:
         """``o`` as text without what the store sets when it writes it and without its
         note (``_UNCARRIED``): a proposal's override and the one written of it read
         alike."""
         return self._carry_texts.of(overrides, o)
 
-    def carry(self, cluster: str, carried: _Carried) -> None:
-        """Keep what a proposal (or the configuration in force) gives ``cluster``,
-        among the last ``CARRIED_KEPT``: once it is the configuration in force, the
-        next read takes it for the cluster's new part instead of deciding every group
-        again (``PartsRead.pending``), and a preview of it again takes its backends
-        (``PartsRead.kept_given``)."""
+    def carry(self, cluster: str, key: Hashable, indexes: Sequence[EvidenceIndex]) -> ClusterPart:
+        """The figures kept for ``cluster`` under the content ``key`` and ``indexes``
+        (``_Carried``), among the last ``CARRIED_KEPT``: made empty when none are, and
+        filled by whoever works one out. Once a configuration of that content is in
+        force, the next read takes them for the cluster's new part instead of walking
+        its groups again (``PartsRead.part``), and a preview of it again takes its
+        backends (``PartsRead.kept_given``)."""
         with self._lock:
-            kept = [c for c in self._carried.get(cluster, ()) if c.key != carried.key]
-            kept.append(carried)
+            kept = self._carried.get(cluster, [])
+            found = next((c for c in kept if c.holds(key, indexes)), None)
+            if found is None:
+                found = _Carried(key, tuple(indexes), ClusterPart(key))
+            kept = [c for c in kept if c is not found and c.key != key]
+            kept.append(found)
             self._carried[cluster] = kept[-CARRIED_KEPT:]
+            return found.figures
 
     def carried(
         self, cluster: str, key: Hashable, indexes: Sequence[EvidenceIndex]
@@ -342,6 +393,13 @@ class PartsRead:
         self._carry_keys: dict[
             tuple[int, str], tuple[DecisionInputs, Hashable, list[EvidenceIndex]]
         ] = {}
+        self._figures: dict[str, ClusterPart] = {}  # per cluster: ``_carried_figures``
+
+    @property
+    def classes(self) -> ClassCache:
+        """The read's stage classes and overrides that apply, per cluster and model: a
+        preview of this read shares them (``replay``'s ``classes``)."""
+        return self._classes
 
     @property
     def inputs_for(self) -> InputsFor | None:
@@ -351,24 +409,14 @@ class PartsRead:
     # ------------------------------------------------------------------ keys
 
     def key(self, cluster: str) -> tuple[Hashable, ...]:
-        """What every figure of ``cluster`` depends on (module docstring)."""
+        """What every figure of ``cluster`` depends on (module docstring): the content
+        its figures are carried under (``_carry_key``), and the epoch of the evidence
+        indexes it reads (``ClusterParts.read_by``: their versions are only comparable
+        while they are the same objects)."""
         groups = self.fleet.of_cluster(cluster)
-        return self._key_with(cluster, self.inputs, self._evidence_key(cluster, groups))
-
-    def _key_with(
-        self, cluster: str, inputs: DecisionInputs, evidence: Hashable
-    ) -> tuple[Hashable, ...]:
-        """:meth:`key` of ``cluster`` under ``inputs``, with ``evidence`` its evidence part."""
-        groups = self.fleet.of_cluster(cluster)
-        overrides = inputs.overrides_for(cluster)
-        texts, now = self._parts, self.now
-        return (
-            tuple((g.shape_id, g.rows) for g in groups),
-            texts.rules_text(inputs.rules),
-            tuple(texts.override_text(inputs.overrides, o) for o in overrides),
-            tuple(o.expires_at is not None and o.expires_at <= now for o in overrides),
-            evidence,
-        )
+        content, indexes = self._carry_key(cluster, self.inputs)
+        epoch = self._parts.read_by(cluster, groups, self.inputs, lambda: indexes)[1]
+        return (content, epoch)
 
     def check_deadline(self) -> None:
         """Check this read's deadline, which lets the event loop in now and then: the
@@ -387,25 +435,13 @@ class PartsRead:
         very objects) at the same versions. Else what the last preview carried for the
         cluster, when it was of the same change (``_Carried``: a dry run, then the
         write). None when neither holds it."""
-        groups = self.fleet.of_cluster(cluster)
-        indexes = self.indexes_read(cluster, groups, proposed)
+        content, indexes = self._carry_key(cluster, proposed)
         epoch = self._parts.epoch_of(cluster, indexes)
-        evidence = None if epoch is None else (epoch, tuple(i.version for i in indexes))
-        part = None
-        if evidence is not None:
-            part = self._parts.peek(cluster, self._key_with(cluster, proposed, evidence))
-            self.check_deadline()
+        part = None if epoch is None else self._parts.peek(cluster, (content, epoch))
         if part is not None and part.given is not None:
             return part.given
-        carried = self._parts.carried(cluster, *self._carry_key(cluster, proposed))
-        return None if carried is None else carried.given
-
-    def _evidence_key(self, cluster: str, groups: Sequence[PodGroup]) -> Hashable:
-        """The evidence the cluster's figures read: the indexes (``indexes_read``) and
-        their versions, under an epoch that moves when one of them is replaced by
-        another object (``ClusterParts.read_by``)."""
-        indexes, epoch = self._parts.read_by(cluster, groups, self)
-        return (epoch, tuple(index.version for index in indexes))
+        carried = self._parts.carried(cluster, content, indexes)
+        return None if carried is None else carried.figures.given
 
     def indexes_read(
         self,
@@ -457,16 +493,35 @@ class PartsRead:
     def regret(self, cluster: str) -> dict[str, Any]:
         part = self.part(cluster)
         if part.regret is None:
-            self._parts.count("regret")
-            part.regret = self._of_cluster(cluster_regret, cluster)
+            carried = self._carried_figures(cluster)
+            if carried.regret is None:
+                self._parts.count("regret")
+                carried.regret = self._of_cluster(cluster_regret, cluster)
+            part.regret = carried.regret
         return part.regret
 
     def excluded(self, cluster: str) -> dict[str, MeasuredExclusion]:
         part = self.part(cluster)
         if part.excluded is None:
-            self._parts.count("excluded")
-            part.excluded = self._of_cluster(cluster_exclusions, cluster)
+            carried = self._carried_figures(cluster)
+            if carried.excluded is None:
+                self._parts.count("excluded")
+                carried.excluded = self._of_cluster(cluster_exclusions, cluster)
+            part.excluded = carried.excluded
         return part.excluded
+
+    def _carried_figures(self, cluster: str) -> ClusterPart:
+        """The figures carried for ``cluster`` under the content of this read's
+        configuration (``ClusterParts.carry``: filled by the preview of a change, and
+        by every read that works one out), found once per read and cluster. A part
+        whose key moved takes what they hold rather than walking the cluster's groups
+        again, and what it works out goes there too, for the next configuration of
+        the same content."""
+        found = self._figures.get(cluster)
+        if found is None:
+            key, indexes = self._carry_key(cluster, self.inputs)
+            found = self._figures[cluster] = self._parts.carry(cluster, key, indexes)
+        return found
 
     def _of_cluster(self, figure: Callable[..., T], cluster: str) -> T:
         """``figure`` (``cluster_regret``, ``cluster_exclusions``) over ``cluster``'s
@@ -483,14 +538,19 @@ class PartsRead:
 
     def progress(self, cluster: str, position: int, o: Override) -> RolloutTally:
         """``o``'s progress among the pods of ``cluster``; ``position``: where ``o``
-        is in ``inputs.overrides_for(cluster)`` (the same in every part of one key)."""
+        is in ``inputs.overrides_for(cluster)`` (the same in every part of one key,
+        and of one carried content: ``_UNCARRIED`` leaves out no field a rollout reads)."""
         part = self.part(cluster)
         found = part.progress.get(position)
         if found is None:
-            self._parts.count("progress")
-            found = part.progress[position] = self._walk.cluster(
-                o, self.fleet.of_cluster(cluster), self.deadline, self._given_kept(cluster)
-            )
+            carried = self._carried_figures(cluster)
+            found = carried.progress.get(position)
+            if found is None:
+                self._parts.count("progress")
+                found = carried.progress[position] = self._walk.cluster(
+                    o, self.fleet.of_cluster(cluster), self.deadline, self._given_kept(cluster)
+                )
+            part.progress[position] = found
         return found
 
     def _given_kept(self, cluster: str) -> _Given | None:
@@ -499,8 +559,8 @@ class PartsRead:
         it: None otherwise."""
         part = self.part(cluster)
         if part.given is None:
-            carried = self._parts.carried(cluster, *self._carry_key(cluster, self.inputs))
-            if carried is None:
+            carried = self._carried_figures(cluster)
+            if carried.pending is None or carried.given is None:
                 return None
             part.pending, part.given = carried.pending, carried.given
         return part.given
@@ -510,15 +570,11 @@ class PartsRead:
         force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
         part = self.part(cluster)
         if part.pending is None or part.given is None:
-            key, indexes = self._carry_key(cluster, self.inputs)
-            carried = self._parts.carried(cluster, key, indexes)
-            if carried is not None:
-                part.pending, part.given = carried.pending, carried.given
-            else:
+            carried = self._carried_figures(cluster)  # a preview of it later finds them
+            if carried.pending is None or carried.given is None:
                 self._parts.count("pending")
-                part.pending, part.given = self._current(self.fleet.of_cluster(cluster))
-                carried = _Carried(key, tuple(indexes), part.pending, part.given)
-                self._parts.carry(cluster, carried)  # a preview of it later finds it
+                carried.pending, carried.given = self._current(self.fleet.of_cluster(cluster))
+            part.pending, part.given = carried.pending, carried.given
         return part.pending
 
     def _carry_key(
@@ -538,12 +594,25 @@ class PartsRead:
         groups = self.fleet.of_cluster(cluster)
         overrides = inputs.overrides_for(cluster)
         parts, now = self._parts, self.now
-        indexes = self.indexes_read(cluster, groups, inputs)
+        texts = tuple(parts.carry_text(inputs.overrides, o) for o in overrides)
+        expired = tuple(o.expires_at is not None and o.expires_at <= now for o in overrides)
+        models = frozenset(g.request.model.name for g in groups if g.request is not None)
+
+        def find() -> list[EvidenceIndex]:
+            content = (models, texts, expired)
+            return parts.indexes_by_content(
+                cluster, content, inputs, lambda: self.indexes_read(cluster, groups, inputs)
+            )
+
+        if inputs is self.inputs:  # found once per configuration (``read_by``)
+            indexes = parts.read_by(cluster, groups, inputs, find)[0]
+        else:
+            indexes = find()
         key = (
             tuple((g.shape_id, g.rows) for g in groups),
             parts.rules_text(inputs.rules),
-            tuple(parts.carry_text(inputs.overrides, o) for o in overrides),
-            tuple(o.expires_at is not None and o.expires_at <= now for o in overrides),
+            texts,
+            expired,
             inputs.evidence_generation,
             tuple(index.version for index in indexes),
         )
@@ -558,8 +627,8 @@ class PartsRead:
         worked out anew for every cluster."""
         if proposed.rules is not self.inputs.rules:
             return
-        key, indexes = self._carry_key(cluster, proposed)
-        self._parts.carry(cluster, _Carried(key, tuple(indexes), pending, given))
+        carried = self._parts.carry(cluster, *self._carry_key(cluster, proposed))
+        carried.pending, carried.given = pending, given
 
     def given(self, group: PodGroup, bucket: int | None) -> str | None:
         """The backend the configuration in force gives the pods of ``group`` in stage

@@ -147,6 +147,7 @@ def replay(
     inputs_for: InputsFor | None = None,
     deadline: Deadline | None = None,
     settled: Settled | None = None,
+    classes: ClassCache | None = None,
 ) -> Preview:
     """Count what changes from ``current`` to ``proposed`` for every pod of ``fleet``.
 
@@ -162,11 +163,13 @@ def replay(
     number of clusters. In a cluster it replays, the backend the configuration in force
     gives a group is ``settled.given``, and the decision itself is made only for groups
     that move (its reasons say why). Without ``settled`` every group of every cluster
-    is decided under both."""
+    is decided under both. ``classes``: the stage classes and overrides that apply per
+    cluster and model, shared with the read ``settled`` is of (its "from" side finds
+    those of the configuration in force too)."""
     tally = _Tally()
     unreadable = total = 0
     inputs_for = per_model(inputs_for)
-    classes = ClassCache()
+    classes = classes or ClassCache()
     memo = DecisionMemo(now, classes)
 
     for cluster, groups in fleet.by_cluster.items():

@@ -275,6 +275,7 @@ class FleetReads:
             inputs_for=parts.inputs_for,
             deadline=parts.deadline,
             settled=parts,
+            classes=parts.classes,
         )
 
     def kept_preview(self, proposal: Proposal, scope: tuple[str, ...] | None) -> Preview | None:

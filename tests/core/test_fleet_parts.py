@@ -368,3 +368,99 @@ def test_a_change_previewed_again_after_it_was_taken_back_finds_its_backends(
     made.sides.clear()
     assert preview_anew(snapshots, evidence, before, again) == got
     assert again_to < made.sides["to"]
+
+
+def test_a_change_written_again_reads_the_summary_figures_it_carried(world: Any) -> None:
+    """Put a fleet-wide change, take it back, then write it again with another note,
+    expiry and revision: the summary after it takes every cluster's regret,
+    exclusions and rollout progress from what the first one carried under the same
+    content (no figure reads a note or what the store writes), works none out again,
+    and reads what the whole fleet read again gives."""
+    snapshots, evidence, current, reads = world
+    parts = reads._parts
+    without = [o for o in current["inputs"].overrides if o.cluster != "*"]
+    before = current["inputs"] = DecisionInputs(SEED_RULES, tuple(without), tag=(1, 2))
+    reads.summary(None, None)
+
+    def written(note: str, hours: int, revision: int) -> DecisionInputs:
+        change = override(
+            "*", deny=["FLASHINFER"], note=note, expires_at=NOW + timedelta(hours=hours)
+        )
+        change = change.model_copy(update={"revision": revision})
+        return Proposal(override_scope="*", override=change).applied_to(before)
+
+    current["inputs"] = replace(written("first", 2, 4), tag=(2, 2))
+    reads.summary(None, None)
+    current["inputs"] = replace(before, tag=(3, 2))
+    reads.summary(None, None)
+    worked_out = dict(parts.computed)
+
+    current["inputs"] = replace(written("second", 5, 6), tag=(4, 2))
+    body = reads.summary(None, None).body
+    assert parts.computed == worked_out
+    assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+
+
+def test_a_summary_after_a_change_takes_what_its_preview_carried(world: Any) -> None:
+    """The summary after a change whose preview ran works out each cluster's regret,
+    exclusions and progress under it once; a second configuration of that content
+    (the note edited) reads them all from what the first carried, pending pods and
+    backends included, and both read what the whole fleet read again gives."""
+    snapshots, evidence, current, reads = world
+    parts = reads._parts
+    inputs = current["inputs"]
+    change = override("*", deny=["FLASHINFER"], note="dry run")
+    reads.preview(Proposal(override_scope="*", override=change), None, None)
+    assert parts.computed == {"pending": len(CLUSTERS)}
+
+    def put(note: str, revision: int, tag: int) -> dict[str, Any]:
+        written = change.model_copy(update={"note": note, "revision": revision})
+        applied = Proposal(override_scope="*", override=written).applied_to(inputs)
+        current["inputs"] = replace(applied, tag=(tag, 2))
+        body = reads.summary(None, None).body
+        assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+        return dict(parts.computed)
+
+    first = put("written", 3, 2)
+    assert first["pending"] == len(CLUSTERS)  # the preview's backends, not decided again
+    assert put("note edited", 4, 3) == first
+    reads.preview(Proposal(override_scope="*", override=None), None, None)
+    assert parts.computed["pending"] == len(CLUSTERS)  # the change back: kept parts
+
+
+def test_a_change_taken_back_finds_each_clusters_evidence_without_asking_again(
+    world: Any,
+) -> None:
+    """The evidence a cluster's pods trust is a function of the content of the
+    overrides that apply to it: once a fleet-wide change was read, taking it back and
+    writing it again (another note and revision) asks the evidence for no cluster's
+    model again, and the summaries still read what the whole fleet gives."""
+    snapshots, evidence, current, reads = world
+    asked: list[str] = []
+    real = evidence.inputs_for
+
+    def counted(request: SelectRequest, inputs: DecisionInputs, now: datetime) -> Any:
+        asked.append(request.cluster)
+        return real(request, inputs, now)
+
+    evidence.inputs_for = counted  # type: ignore[method-assign]
+    without = [o for o in current["inputs"].overrides if o.cluster != "*"]
+    before = DecisionInputs(SEED_RULES, tuple(without), tag=(1, 2))
+
+    def put(note: str, revision: int) -> DecisionInputs:
+        change = override("*", deny=["FLASHINFER"], note=note)
+        change = change.model_copy(update={"revision": revision})
+        return Proposal(override_scope="*", override=change).applied_to(before)
+
+    for inputs in (before, put("first", 3), replace(before, tag=(3, 2))):
+        current["inputs"] = inputs
+        reads.summary(None, None)
+    assert asked  # each configuration's first read found them
+    asked.clear()
+    for inputs in (put("again", 5), replace(before, tag=(5, 2))):
+        current["inputs"] = replace(inputs, tag=(inputs.tag[0] + 10, 2))
+        body = reads.summary(None, None).body
+        assert asked == []
+        evidence.inputs_for = real  # type: ignore[method-assign]
+        assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+        evidence.inputs_for = counted  # type: ignore[method-assign]
