@@ -39,6 +39,7 @@ from mla_switchboard.service.store.models import (
     EvidenceClearRow,
     FailureRow,
     MeasurementRow,
+    Meta,
     ShapeRow,
 )
 from mla_switchboard.service.store.rows import (
@@ -127,8 +128,9 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 @dataclass(eq=False)
 class MeasurementStore:
     engine: Engine
-    # reports move ``evidence_version`` once per group of concurrent writes, not each
-    # in its own transaction (``version_bump.py``)
+    # its own writes move ``evidence_version`` once per group of concurrent writes, not
+    # each in its own transaction (``version_bump.py``); the service's reports are
+    # stored in batches that move it in their own transaction (``store_reports``)
     _evidence_bump: GroupBump = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -137,42 +139,6 @@ class MeasurementStore:
     def has_report(self, report_id: str) -> bool:
         with self.engine.connect() as conn:
             return _has_report(conn, report_id)
-
-    def store_report(
-        self,
-        report: MeasurementReport,
-        report_id: str,
-        situation: Situation | None,
-        asker: str | None,
-        note: Note | None = None,
-        *,
-        decided: bool = False,
-    ) -> StoredReport | None:
-        """A measurement report in one transaction: None when ``report_id`` is stored
-        already (a retry: nothing added); else it is stored, counted when
-        ``situation`` is None (nothing to check), ``decided`` (the caller found the
-        pod's decision for it in the decision log) or the pod has a stored decision for
-        it (``has_decision_for``), and a counted report's guard ``note``
-        (``service/guard_notes.py``) is stored with it. One connection and one commit
-        for what took three, so that reports keep up with a boot storm."""
-        rows = measurement_rows(report, report_id)
-        with self.engine.begin() as conn:
-            if report.report_id is not None and _has_report(conn, report_id):
-                return None
-            counted = (
-                situation is None
-                or decided
-                or _decision_for(conn, report.cluster, report.pod, situation, asker)
-            )
-            for row in rows:
-                row["counted"] = counted
-            conn.execute(_INSERT, rows)
-            noted = counted and note is not None
-            if noted:
-                assert note is not None
-                conn.execute(note_statement(self.engine, note, datetime.now(UTC)))
-        self._evidence_bump.after_commit()
-        return StoredReport(counted=counted, results=len(rows), noted=noted)
 
     def has_decision_for(
         self, cluster: str, pod: str, situation: Situation, asker: str | None = None
@@ -672,6 +638,10 @@ _INSERT = insert(MeasurementRow)
 _HAS_REPORT = (
     select(MeasurementRow.id).where(MeasurementRow.report_id == bindparam("report_id")).limit(1)
 )
+_STORED_IDS = select(MeasurementRow.report_id).where(
+    MeasurementRow.report_id.in_(bindparam("ids", expanding=True))
+)
+_EVIDENCE_BUMP = update(Meta).where(Meta.key == "evidence_version").values(value=Meta.value + 1)
 _POD_DECISIONS = (
     select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
     .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
@@ -707,9 +677,65 @@ def _decision_for(
     return False
 
 
+@dataclass(eq=False)
+class PendingReport:
+    """A measurement report to store: ``situation`` None (nothing to check) or
+    ``decided`` (the pod's decision for it is in the decision log) make it count; else
+    the pod's stored decisions are looked up (``has_decision_for``). ``note``: its guard
+    note (``service/guard_notes.py``), stored with it when it counts. ``observations``:
+    the evidence it adds once stored (what the caller applies in memory)."""
+
+    report: MeasurementReport
+    report_id: str
+    situation: Situation | None
+    asker: str | None
+    note: Note | None = None
+    decided: bool = False
+    observations: list[Observation] = field(default_factory=list)
+
+
+def store_reports(conn: Connection, batch: list[PendingReport]) -> list[StoredReport | None]:
+    """Reports stored in the caller's transaction on ``conn``, each answered in order:
+    None for one whose ``report_id`` is stored already or comes earlier in ``batch`` (a
+    retry: nothing added). One duplicate check, one insert of every row and one move of
+    ``evidence_version`` for the whole batch: a group of reports costs the driver's
+    round trips and the commit of one."""
+    asked = [p.report_id for p in batch if p.report.report_id is not None]
+    seen = set(conn.scalars(_STORED_IDS, {"ids": asked})) if asked else set()
+    now = datetime.now(UTC)
+    rows: list[dict[str, Any]] = []
+    out: list[StoredReport | None] = []
+    for p in batch:
+        if p.report.report_id is not None:
+            if p.report_id in seen:
+                out.append(None)
+                continue
+            seen.add(p.report_id)
+        report = p.report
+        counted = (
+            p.situation is None
+            or p.decided
+            or _decision_for(conn, report.cluster, report.pod, p.situation, p.asker)
+        )
+        mine = measurement_rows(report, p.report_id, counted, now)
+        rows.extend(mine)
+        noted = counted and p.note is not None
+        if noted:
+            assert p.note is not None
+            conn.execute(note_statement(conn.engine, p.note, now))
+        out.append(StoredReport(counted=counted, results=len(mine), noted=noted))
+    if rows:
+        conn.execute(_INSERT, rows)
+    if any(o is not None for o in out):
+        # other replicas learn of the rows from this; in the batch's own transaction
+        # the row's lock is held across one commit per batch, not one per report
+        conn.execute(_EVIDENCE_BUMP)
+    return out
+
+
 @dataclass(frozen=True)
 class StoredReport:
-    """What ``MeasurementStore.store_report`` stored: whether the report counts, how
+    """What ``store_reports`` stored of a report: whether the report counts, how
     many results, and whether its guard note was stored with it."""
 
     counted: bool
