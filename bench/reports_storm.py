@@ -334,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rollouts} rollouts active, PostgreSQL store",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{MACHINE_NOTE}; {machine()}",
-        "store": "PostgreSQL 127.0.0.1:5432 (same machine), database bench_reports, "
-        "a fresh schema per run",
+        "store": f"PostgreSQL {PG_DSN.rsplit('@', 1)[-1]} (same machine), a fresh schema per run",
         "load": f"{len(pods)} pods over 20 clusters, {args.concurrency} clients, HTTP/1.1 "
         "keep-alive; one service process",
         "rounds": args.rounds,

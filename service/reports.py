@@ -62,26 +62,16 @@ class Reports:
     requires_identity: Callable[[str], bool] = lambda cluster: False
     deadline_s: float | None = None  # how long a report waits for its write (None: ever)
 
-    def measurements(self, principal: Principal, report: MeasurementReport) -> Outcome:
+    async def measurements(self, principal: Principal, report: MeasurementReport) -> Outcome:
         """Store a pod's benchmark results (201), once per ``report_id`` (a retry: 200,
         nothing added); they count as evidence only from a pod with a recorded decision
         in its cluster for the report's exact situation, and are kept otherwise, with
-        the reason they do not count. A verified pod reports only as itself."""
-        admitted = self._admit(principal, report)
-        if not isinstance(admitted, PendingReport):
-            return admitted
-        position = self._position(admitted)
-        if position is not None:
-            self.recorder.wait_stored(position, REPORT_WAIT_S)
-        stored = self.writer.store(admitted, self.deadline_s)
-        return self._answer(admitted, stored)
+        the reason they do not count. A verified pod reports only as itself.
 
-    async def measurements_async(self, principal: Principal, report: MeasurementReport) -> Outcome:
-        """``measurements`` on the event loop: the checks here, the write on the report
-        writer's thread, whose batch answers every report in it at once; no worker
-        thread of its own. A report that must wait for its decision to be stored, or
-        that a rollout's guard evaluates (a store read), runs as ``measurements`` on a
-        worker thread."""
+        Run on the event loop: the checks here, the write on the report writer's
+        thread, whose batch answers every report in it at once; no worker thread of its
+        own. A report that must wait for its decision to be stored, or that a
+        rollout's guard evaluates (a store read), goes on on a worker thread."""
         admitted = self._admit(principal, report)
         if not isinstance(admitted, PendingReport):
             return admitted
@@ -96,6 +86,7 @@ class Reports:
         return self._answer(admitted, stored)
 
     def _stored_and_answered(self, admitted: PendingReport) -> Outcome:
+        """The rest of ``measurements`` on a worker thread, for a report that waits."""
         position = self._position(admitted)
         if position is not None:
             self.recorder.wait_stored(position, REPORT_WAIT_S)

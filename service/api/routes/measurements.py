@@ -51,7 +51,7 @@ async def report(body: MeasurementReport, reports: ReportsDep, principal: AgentD
     and exact situation (see service/reports.py); others are stored with the reason.
     Async: the report waits for the report writer's batch on the event loop, not on a
     worker thread of its own."""
-    return respond(await reports.measurements_async(principal, body))
+    return respond(await reports.measurements(principal, body))
 
 
 @router.get(
