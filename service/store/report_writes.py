@@ -13,8 +13,10 @@ report whose wait ended before its batch committed is left out of it (the batch 
 rolled back and stored again without it), one whose commit was sent may or may not
 be stored (an agent's retry with the same ``report_id`` is answered as a duplicate).
 
-A batch the database refuses before its commit is tried again one report at a time,
-so one report that cannot be stored fails alone; a refused commit fails its batch.
+The writer keeps its connection between batches (a checkout pings the database, a
+round trip per batch); a batch refused on it is tried once more on a new one. A batch
+the database refuses before its commit is then tried again one report at a time, so
+one report that cannot be stored fails alone; a refused commit fails its batch.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from mla_switchboard.core.evidence import Observation
 from mla_switchboard.service.messages import first_line
 from mla_switchboard.service.store.deadline import StoreTimeout, write_timeout
 from mla_switchboard.service.store.measurements import PendingReport, StoredReport, store_reports
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger("switchboard.store")
@@ -108,7 +110,10 @@ class ReportTicket:
             callbacks, self._callbacks = self._callbacks, []
             self._done.set()
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception:  # a waiter gone (its loop closed): the others are answered
+                log.exception("a report's waiter could not be woken")
 
 
 class _Abandoned(Exception):
@@ -135,9 +140,13 @@ class ReportWriter:
         self.batch = batch
         self.inline = inline
         self._cond = threading.Condition()
+        self._inline = threading.Lock()
         self._queue: deque[ReportTicket] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # kept between batches (the writer's thread alone uses it): a checkout would
+        # cost a ping, a round trip, per batch
+        self._conn: Connection | None = None
         self.batches = 0  # transactions committed (the tests count them)
 
     def submit(self, pending: PendingReport) -> ReportTicket:
@@ -145,7 +154,9 @@ class ReportWriter:
         ticket = ReportTicket(pending, self)
         if self.inline:
             ticket._state = _State.TAKEN
-            self._write([ticket])
+            with self._inline:
+                self._write([ticket])
+                self._close()
             return ticket
         with self._cond:
             if self._stopping:
@@ -180,6 +191,7 @@ class ReportWriter:
                 while not self._queue and not self._stopping:
                     self._cond.wait()
                 if not self._queue:
+                    self._close()
                     return
                 taken: list[ReportTicket] = []
                 while self._queue and len(taken) < self.batch:
@@ -192,6 +204,7 @@ class ReportWriter:
 
     def _write(self, tickets: list[ReportTicket]) -> None:
         while tickets:
+            kept = self._conn is not None
             try:
                 results = self._transaction(tickets)
             except _Abandoned:
@@ -199,6 +212,11 @@ class ReportWriter:
                     tickets = [t for t in tickets if t._state is _State.TAKEN]
                 continue
             except SQLAlchemyError as exc:
+                self._close()
+                with self._cond:
+                    again = kept and all(t._state is _State.TAKEN for t in tickets)
+                if again:
+                    continue  # the kept connection may have died idle: once on a new one
                 self._refused(tickets, exc)
                 return
             except Exception as exc:  # a bug: each waiter is answered, the thread goes on
@@ -213,14 +231,24 @@ class ReportWriter:
             return
 
     def _transaction(self, tickets: list[ReportTicket]) -> list[StoredReport | None]:
-        with self.engine.begin() as conn:
-            results = store_reports(conn, [t.pending for t in tickets])
+        if self._conn is None:
+            self._conn = self.engine.connect()
+        with self._conn.begin():
+            results = store_reports(self._conn, [t.pending for t in tickets])
             with self._cond:
                 if any(t._state is not _State.TAKEN for t in tickets):
                     raise _Abandoned
                 for t in tickets:
                     t._state = _State.COMMITTING
         return results
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except SQLAlchemyError as exc:
+                log.debug("report writer's connection not closed cleanly: %s", exc)
 
     def _refused(self, tickets: list[ReportTicket], exc: SQLAlchemyError) -> None:
         """A batch the database refused: before its commit and of several reports,
