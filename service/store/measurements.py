@@ -62,6 +62,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.orm import Session
@@ -632,6 +633,10 @@ def measurement_rows(
     ]
 
 
+POD_DECISIONS_READ = 20
+"""A pod's newest decisions compared with its report's situation (a pod that changed
+packages has a newer one)."""
+
 # The report path's statements, built once: a statement built per call costs more of
 # the service's CPU (its expression and cache key) than the database takes to run it.
 _INSERT = insert(MeasurementRow)
@@ -647,7 +652,7 @@ _POD_DECISIONS = (
     .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
     .where(DecisionRow.cluster == bindparam("cluster"), DecisionRow.pod == bindparam("pod"))
     .order_by(DecisionRow.id.desc())
-    .limit(20)
+    .limit(POD_DECISIONS_READ)
 )
 _POD_DECISIONS_OF = _POD_DECISIONS.where(
     or_(DecisionRow.principal == bindparam("asker"), DecisionRow.principal.is_(None))
@@ -666,7 +671,13 @@ def _decision_for(
     q = _POD_DECISIONS
     if asker is not None:
         q, params["asker"] = _POD_DECISIONS_OF, asker
-    for row in conn.execute(q, params):
+    return _decided(list(conn.execute(q, params)), cluster, pod, situation)
+
+
+def _decided(rows: Collection[Any], cluster: str, pod: str, situation: Situation | None) -> bool:
+    """Whether one of a pod's decisions (``_POD_DECISIONS``' columns) is for
+    ``situation``."""
+    for row in rows:
         if row.request is None and row.shape_json is not None:
             if shape_situation(row.shape_json) == situation:
                 return True
@@ -675,6 +686,35 @@ def _decision_for(
         if request is not None and situation_of(request) == situation:
             return True
     return False
+
+
+def _newest_decisions(
+    conn: Connection, checked: list[PendingReport]
+) -> dict[tuple[str, str, str | None], list[Any]]:
+    """The newest decisions of every pod of ``checked`` (as ``_POD_DECISIONS`` reads
+    them: the newest ``POD_DECISIONS_READ`` of each, since a pod name reused for months
+    has many), keyed by (cluster, pod, asker): one statement for the batch, each pod's
+    bounded read a part of it, not one round trip per report."""
+    wanted = sorted({(p.report.cluster, p.report.pod, p.asker) for p in checked}, key=str)
+    if not wanted:
+        return {}
+    parts, params = [], {}
+    for i, (cluster, pod, asker) in enumerate(wanted):
+        params[f"c{i}"], params[f"p{i}"] = cluster, pod
+        mine = ""
+        if asker is not None:
+            params[f"a{i}"] = asker
+            mine = f" AND (d.principal = :a{i} OR d.principal IS NULL)"
+        parts.append(
+            f"SELECT * FROM (SELECT {i} AS n, d.request AS request, s.request AS shape_json, "
+            "d.node AS node FROM decisions d LEFT OUTER JOIN shapes s ON s.id = d.shape_id "
+            f"WHERE d.cluster = :c{i} AND d.pod = :p{i}{mine} "
+            f"ORDER BY d.id DESC LIMIT {POD_DECISIONS_READ}) q{i}"
+        )
+    out: dict[tuple[str, str, str | None], list[Any]] = {}
+    for row in conn.execute(text(" UNION ALL ".join(parts)), params):
+        out.setdefault(wanted[row.n], []).append(row)
+    return out
 
 
 @dataclass(eq=False)
@@ -693,6 +733,11 @@ class PendingReport:
     decided: bool = False
     observations: list[Observation] = field(default_factory=list)
 
+    @property
+    def checked(self) -> bool:
+        """Whether it counts only if the pod has a stored decision for its situation."""
+        return self.situation is not None and not self.decided
+
 
 def store_reports(conn: Connection, batch: list[PendingReport]) -> list[StoredReport | None]:
     """Reports stored in the caller's transaction on ``conn``, each answered in order:
@@ -703,19 +748,27 @@ def store_reports(conn: Connection, batch: list[PendingReport]) -> list[StoredRe
     asked = [p.report_id for p in batch if p.report.report_id is not None]
     seen = set(conn.scalars(_STORED_IDS, {"ids": asked})) if asked else set()
     now = datetime.now(UTC)
-    rows: list[dict[str, Any]] = []
-    out: list[StoredReport | None] = []
+    fresh: list[PendingReport | None] = []
     for p in batch:
         if p.report.report_id is not None:
             if p.report_id in seen:
-                out.append(None)
+                fresh.append(None)
                 continue
             seen.add(p.report_id)
+        fresh.append(p)
+    newest = _newest_decisions(conn, [p for p in fresh if p is not None and p.checked])
+    rows: list[dict[str, Any]] = []
+    out: list[StoredReport | None] = []
+    for p in fresh:
+        if p is None:
+            out.append(None)
+            continue
         report = p.report
-        counted = (
-            p.situation is None
-            or p.decided
-            or _decision_for(conn, report.cluster, report.pod, p.situation, p.asker)
+        counted = not p.checked or _decided(
+            newest.get((report.cluster, report.pod, p.asker), ()),
+            report.cluster,
+            report.pod,
+            p.situation,
         )
         mine = measurement_rows(report, p.report_id, counted, now)
         rows.extend(mine)
