@@ -213,11 +213,12 @@ class ReportWriter:
                 continue
             except SQLAlchemyError as exc:
                 self._close()
-                with self._cond:
-                    again = kept and all(t._state is _State.TAKEN for t in tickets)
-                if again:
+                with self._cond:  # a report given up meanwhile is no longer answered
+                    tickets = [t for t in tickets if t._state is not _State.ABANDONED]
+                    before_commit = all(t._state is _State.TAKEN for t in tickets)
+                if kept and before_commit:
                     continue  # the kept connection may have died idle: once on a new one
-                self._refused(tickets, exc)
+                self._refused(tickets, exc, before_commit=before_commit)
                 return
             except Exception as exc:  # a bug: each waiter is answered, the thread goes on
                 log.exception("a batch of %d reports failed", len(tickets))
@@ -250,11 +251,11 @@ class ReportWriter:
             except SQLAlchemyError as exc:
                 log.debug("report writer's connection not closed cleanly: %s", exc)
 
-    def _refused(self, tickets: list[ReportTicket], exc: SQLAlchemyError) -> None:
+    def _refused(
+        self, tickets: list[ReportTicket], exc: SQLAlchemyError, *, before_commit: bool
+    ) -> None:
         """A batch the database refused: before its commit and of several reports,
         each is tried again alone (one bad report fails alone); else each fails."""
-        with self._cond:
-            before_commit = all(t._state is _State.TAKEN for t in tickets)
         if before_commit and len(tickets) > 1:
             log.warning(
                 "a batch of %d reports was refused (%s): stored one at a time",
