@@ -149,21 +149,23 @@ def _note_writes(schema: str) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
-def _db_backends() -> dict[int, float]:
-    """CPU seconds of each PostgreSQL backend serving the benchmark's database now (the
-    database's share of a report; a backend that ends mid-phase takes its CPU along,
-    so the figure is a floor)."""
+def _db_backends(conn: Any = None) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend serving the benchmark's database now."""
     import psycopg
 
     dbname = PG_DSN.rsplit("/", 1)[1].split("?", 1)[0]
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+    own = conn or psycopg.connect(PG_DSN, autocommit=True)
+    try:
         pids = [
             int(r[0])
-            for r in conn.execute(
+            for r in own.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
                 (dbname,),
             )
         ]
+    finally:
+        if conn is None:
+            own.close()
     out = {}
     for pid in pids:
         try:
@@ -173,9 +175,33 @@ def _db_backends() -> dict[int, float]:
     return out
 
 
-def _db_cpu(before: dict[int, float]) -> float:
-    after = _db_backends()
-    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+class DatabaseCpu:
+    """The CPU the PostgreSQL backends serving the benchmark's database spend during a
+    phase: every backend's CPU is read every 0.1 s, so one that a pool closes
+    mid-phase (an overflow connection) is counted up to its last reading, not lost
+    (the figure is still a floor by at most 0.1 s of such a backend's work)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._before = _db_backends()
+        self._last = dict(self._before)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        import psycopg
+
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            while not self._stop.wait(0.1):
+                self._last.update(_db_backends(conn))
+
+    def seconds(self) -> float:
+        self._stop.set()
+        self._thread.join(10)
+        self._last.update(_db_backends())
+        return sum(cpu - self._before.get(pid, 0.0) for pid, cpu in self._last.items())
 
 
 def _start(tree: Path, url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -249,10 +275,10 @@ def run_tree(
         ]
         again = [[raw_post("/v1/measurements", report_of(p, 2), host)] for p in pods]
         for name, work in (("select_then_report", first), ("reports", again)):
-            cpu0, db0 = cpu_seconds(proc.pid), _db_backends()
+            cpu0, db0 = cpu_seconds(proc.pid), DatabaseCpu()
             out, wall = asyncio.run(_phase(port, work, concurrency))
             figures = _phase_figures(out, wall, cpu_seconds(proc.pid) - cpu0)
-            db = _db_cpu(db0)
+            db = db0.seconds()
             figures["database_cpu_ms_per_report"] = round(db / max(len(out.reports), 1) * 1e3, 3)
             result[name] = figures
             print(
@@ -334,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rollouts} rollouts active, PostgreSQL store",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{MACHINE_NOTE}; {machine()}",
-        "store": "PostgreSQL 127.0.0.1:5432 (same machine), database bench_reports, "
-        "a fresh schema per run",
+        "store": f"PostgreSQL {PG_DSN.rsplit('@', 1)[-1]} (same machine), a fresh schema per run",
         "load": f"{len(pods)} pods over 20 clusters, {args.concurrency} clients, HTTP/1.1 "
         "keep-alive; one service process",
         "rounds": args.rounds,

@@ -109,7 +109,7 @@ def measurements_key(report_id: str) -> str:
 
 def measurements_note(report: MeasurementReport, report_id: str) -> Note:
     """The note of a measurement report's evaluation (stored with the report itself:
-    ``MeasurementStore.store_report``)."""
+    ``store_reports``, store/measurements.py)."""
     payload = json.dumps({"report_id": report_id, "report": report.model_dump(mode="json")})
     return Note(measurements_key(report_id), "measurements", payload)
 

@@ -11,11 +11,13 @@ that is stored is answered as stored, whatever its guard's fate (``"guard"``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 from mla_switchboard.core.evidence import Situation, failure_observation, observations_of_report
 from mla_switchboard.core.hardware import peak_bf16_tflops
 from mla_switchboard.core.schemas import MeasurementReport, SelectRequest
@@ -26,8 +28,13 @@ from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.outcomes import Done, Outcome, Problem
 from mla_switchboard.service.rollouts import RolloutGuards
 from mla_switchboard.service.store.decisions import DecisionStore
-from mla_switchboard.service.store.measurements import MeasurementStore
+from mla_switchboard.service.store.measurements import (
+    MeasurementStore,
+    PendingReport,
+    StoredReport,
+)
 from mla_switchboard.service.store.recorder import DecisionRecorder
+from mla_switchboard.service.store.report_writes import ReportTicket, ReportWriter
 from mla_switchboard.service.store.rows import Decision as Row
 from mla_switchboard.service.store.shapes import shape_situation
 from pydantic import ValidationError
@@ -40,7 +47,9 @@ answered 404 (its decision is not in the database)."""
 
 @dataclass(eq=False)
 class Reports:
-    """``evidence``: where this replica's own new evidence is applied at once;
+    """``evidence``: where this replica's own new evidence is applied at once (the
+    ``writer``'s ``on_stored``, before a report is answered); ``writer``: where reports
+    are stored, in groups (``store/report_writes.py``);
     ``requires_identity``: whether a cluster's agents must present their pods' own
     service-account tokens (service/identity/workload.py)."""
 
@@ -49,13 +58,42 @@ class Reports:
     recorder: DecisionRecorder
     evidence: EvidenceSync
     rollouts: RolloutGuards
+    writer: ReportWriter
     requires_identity: Callable[[str], bool] = lambda cluster: False
+    deadline_s: float | None = None  # how long a report waits for its write (None: ever)
 
-    def measurements(self, principal: Principal, report: MeasurementReport) -> Outcome:
+    async def measurements(self, principal: Principal, report: MeasurementReport) -> Outcome:
         """Store a pod's benchmark results (201), once per ``report_id`` (a retry: 200,
         nothing added); they count as evidence only from a pod with a recorded decision
         in its cluster for the report's exact situation, and are kept otherwise, with
-        the reason they do not count. A verified pod reports only as itself."""
+        the reason they do not count. A verified pod reports only as itself.
+
+        Run on the event loop: the checks here, the write on the report writer's
+        thread, whose batch answers every report in it at once; no worker thread of its
+        own. A report that must wait for its decision to be stored, or that a
+        rollout's guard evaluates (a store read), goes on on a worker thread."""
+        admitted = self._admit(principal, report)
+        if not isinstance(admitted, PendingReport):
+            return admitted
+        if self._position(admitted) is not None or admitted.note is not None:
+            return await anyio.to_thread.run_sync(self._stored_and_answered, admitted)
+        ticket = self.writer.submit(admitted)
+        if not ticket.done:
+            await _done(ticket, self.deadline_s)
+        stored = ticket.outcome()
+        if stored is None:  # a retry: its guard is evaluated again (a store read)
+            return await anyio.to_thread.run_sync(self._answer, admitted, stored)
+        return self._answer(admitted, stored)
+
+    def _stored_and_answered(self, admitted: PendingReport) -> Outcome:
+        """The rest of ``measurements`` on a worker thread, for a report that waits."""
+        position = self._position(admitted)
+        if position is not None:
+            self.recorder.wait_stored(position, REPORT_WAIT_S)
+        return self._answer(admitted, self.writer.store(admitted, self.deadline_s))
+
+    def _admit(self, principal: Principal, report: MeasurementReport) -> PendingReport | Problem:
+        """The report as it is to be stored, or why it is refused."""
         problem = identity_problem(
             principal, report.cluster, report.pod, self.requires_identity(report.cluster)
         )
@@ -73,18 +111,28 @@ class Reports:
         if observations:
             situation = observations[0].situation
             # The pod's decision may not be stored yet: when it is in the log (and in
-            # memory) it counts as it is; else wait for its own position to pass the
-            # mark (at once when it has none waiting), and the store looks it up.
+            # memory) it counts as it is; else the report waits for its own position
+            # to pass the mark (``_position``), and the store looks it up.
             logged = self.recorder.logged_decision(report.cluster, report.pod)
             decided = logged is not None and _decided_for(logged, situation, principal.id)
-            position = self.recorder.position_of(report.cluster, report.pod)
-            if not decided and position is not None:
-                self.recorder.wait_stored(position, REPORT_WAIT_S)
         # a guard note is stored with the report only when some rollout's guard counts it
         note = self.rollouts.measurements_note(report, report_id)
-        stored = self.measurement_store.store_report(
-            report, report_id, situation, principal.id, note, decided=decided
+        return PendingReport(
+            report, report_id, situation, principal.id, note, decided, observations
         )
+
+    def _position(self, admitted: PendingReport) -> int | None:
+        """The position of the pod's decision to wait for before the store looks it up;
+        None when there is nothing to wait for (no situation, decided from the log, or
+        no decision of the pod waiting to be stored)."""
+        if admitted.situation is None or admitted.decided:
+            return None
+        return self.recorder.position_of(admitted.report.cluster, admitted.report.pod)
+
+    def _answer(self, admitted: PendingReport, stored: StoredReport | None) -> Outcome:
+        """The answer to a report the writer stored (its evidence applied here already,
+        ``ReportWriter.on_stored``), or found stored before (``stored`` None)."""
+        report, report_id = admitted.report, admitted.report_id
         if stored is None:
             # the agent retried a report whose answer it never got: already stored (its
             # guard evaluation is run again: the first attempt's may never have run)
@@ -99,19 +147,17 @@ class Reports:
                 "and engine: stored, not counted as evidence (call /v1/select as this "
                 "pod, with this token, first)"
             )
-        count = stored.results
         guard = None
         if reason is None:
-            self.evidence.apply_local(observations)
             guard = self.rollouts.measurements_reported(report, report_id, noted=stored.noted)
         body: dict[str, Any] = {
             "measurement_id": report_id,
-            "results": count,
+            "results": stored.results,
             "duplicate": False,
             "guard": guard,
-            "counted": reason is None and bool(observations),
+            "counted": reason is None and bool(admitted.observations),
             "not_counted_reason": reason
-            if reason is not None or observations
+            if reason is not None or admitted.observations
             else "no GPU capability in the report: nothing to compare",
         }
         return Done(body, status=201)
@@ -208,3 +254,20 @@ def _decided_for(logged: Row, situation: Situation, asker: str) -> bool:
     report's situation and was asked for by the same caller (or by no known one), as
     ``MeasurementStore.has_decision_for`` asks of stored decisions."""
     return logged.principal in (None, asker) and shape_situation(logged.shape_json) == situation
+
+
+async def _done(ticket: ReportTicket, timeout_s: float | None) -> None:
+    """Wait on the event loop until the writer is done with ``ticket``; past
+    ``timeout_s`` the ticket is given up (``StoreTimeout``, saying what was stored)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    ticket.on_done(lambda: loop.call_soon_threadsafe(wake))
+    try:
+        await asyncio.wait_for(done, timeout_s)
+    except TimeoutError:
+        ticket.give_up(timeout_s or 0.0)

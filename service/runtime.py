@@ -53,6 +53,7 @@ from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.db import make_engine, make_writer_engine, migrate
 from mla_switchboard.service.store.deadline import store_deadline
 from mla_switchboard.service.store.recorder import MIB, DecisionRecorder
+from mla_switchboard.service.store.report_writes import ReportWriter
 from mla_switchboard.service.writes.evidence import EvidenceWrites
 from mla_switchboard.service.writes.flow import WriteFlow
 from mla_switchboard.service.writes.managed import ManagedScopes
@@ -241,13 +242,20 @@ class Runtime:
             refresh_every=timedelta(seconds=settings.oidc_groups_refresh_s),
         )
         self.evidence_writes = EvidenceWrites(store.measurements, self.evidence_sync.catch_up, flow)
+        # reports are stored in groups by one thread; an in-memory SQLite database is
+        # written where it was opened (its one connection is that thread's)
+        self.report_writer = ReportWriter(
+            self.engine, self.evidence_sync.apply_local, inline=self.store_deadline is None
+        )
         self.reports = Reports(
             store.measurements,
             store.decisions,
             self.recorder,
             self.evidence_sync,
             self.rollouts,
+            self.report_writer,
             requires_identity=self.workload.requires_identity,
+            deadline_s=None if self.store_deadline is None else settings.store_deadline_s,
         )
 
     def prepare_store(self) -> None:
@@ -292,6 +300,7 @@ class Runtime:
         self.refused_selects.stop()
         self.rollouts.stop()
         self.recorder.stop()
+        self.report_writer.stop()
         self.reads.close()
         self.evidence_sync.stop()
         self.live.stop()

@@ -173,29 +173,14 @@ class StoreDeadline:
         committing: bool = False,
         waiting: bool = False,
     ) -> StoreTimeout:
-        s = f"{self.deadline_s:g}"
         why = (
             f"{self._outliving} earlier calls are still waiting for it"
             if waiting
-            else f"the store did not answer within {s} s"
+            else f"the store did not answer within {self.deadline_s:g} s"
         )
-        retry = max(1, round(self.deadline_s))
-        if not serving.writes:
-            message = f"{why} (database frozen, overloaded or unreachable); retry shortly"
-            return StoreTimeout(message, outcome_unknown=False, retry_after_s=retry)
-        if committing:
-            message = (
-                f"{why} while committing: the change may or may not have been applied; "
-                "reload to check (or retry with the same Idempotency-Key, which answers "
-                "what happened)"
-            )
-            return StoreTimeout(message, outcome_unknown=True, retry_after_s=retry)
-        done = "it was abandoned before committing" if started else "it never started"
-        message = (
-            f"{why} (database frozen, overloaded or unreachable): nothing was changed "
-            f"({done}); retry shortly"
+        return _timeout(
+            why, self.deadline_s, writes=serving.writes, started=started, committing=committing
         )
-        return StoreTimeout(message, outcome_unknown=False, retry_after_s=retry)
 
     def watch(self, engine: Engine) -> None:
         """Refuse the statements and the commit of an abandoned call on ``engine``, and
@@ -210,6 +195,36 @@ class StoreDeadline:
     def close(self) -> None:
         """Stop taking calls; abandoned ones are left to end (or not) by themselves."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def write_timeout(deadline_s: float, *, started: bool, committing: bool) -> StoreTimeout:
+    """What a write's request is answered when it stopped waiting for the store after
+    ``deadline_s``: nothing changed (``started``: it was abandoned before committing),
+    or, once its commit was sent, an outcome not known."""
+    why = f"the store did not answer within {deadline_s:g} s"
+    return _timeout(why, deadline_s, writes=True, started=started, committing=committing)
+
+
+def _timeout(
+    why: str, deadline_s: float, *, writes: bool, started: bool, committing: bool
+) -> StoreTimeout:
+    retry = max(1, round(deadline_s))
+    if not writes:
+        message = f"{why} (database frozen, overloaded or unreachable); retry shortly"
+        return StoreTimeout(message, outcome_unknown=False, retry_after_s=retry)
+    if committing:
+        message = (
+            f"{why} while committing: the change may or may not have been applied; "
+            "reload to check (or retry with the same Idempotency-Key, which answers "
+            "what happened)"
+        )
+        return StoreTimeout(message, outcome_unknown=True, retry_after_s=retry)
+    done = "it was abandoned before committing" if started else "it never started"
+    message = (
+        f"{why} (database frozen, overloaded or unreachable): nothing was changed "
+        f"({done}); retry shortly"
+    )
+    return StoreTimeout(message, outcome_unknown=False, retry_after_s=retry)
 
 
 def _refuse_if_abandoned(*_: Any) -> None:

@@ -39,6 +39,7 @@ from mla_switchboard.service.store.models import (
     EvidenceClearRow,
     FailureRow,
     MeasurementRow,
+    Meta,
     ShapeRow,
 )
 from mla_switchboard.service.store.rows import (
@@ -61,6 +62,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.orm import Session
@@ -127,8 +129,9 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 @dataclass(eq=False)
 class MeasurementStore:
     engine: Engine
-    # reports move ``evidence_version`` once per group of concurrent writes, not each
-    # in its own transaction (``version_bump.py``)
+    # its own writes move ``evidence_version`` once per group of concurrent writes, not
+    # each in its own transaction (``version_bump.py``); the service's reports are
+    # stored in batches that move it in their own transaction (``store_reports``)
     _evidence_bump: GroupBump = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -137,42 +140,6 @@ class MeasurementStore:
     def has_report(self, report_id: str) -> bool:
         with self.engine.connect() as conn:
             return _has_report(conn, report_id)
-
-    def store_report(
-        self,
-        report: MeasurementReport,
-        report_id: str,
-        situation: Situation | None,
-        asker: str | None,
-        note: Note | None = None,
-        *,
-        decided: bool = False,
-    ) -> StoredReport | None:
-        """A measurement report in one transaction: None when ``report_id`` is stored
-        already (a retry: nothing added); else it is stored, counted when
-        ``situation`` is None (nothing to check), ``decided`` (the caller found the
-        pod's decision for it in the decision log) or the pod has a stored decision for
-        it (``has_decision_for``), and a counted report's guard ``note``
-        (``service/guard_notes.py``) is stored with it. One connection and one commit
-        for what took three, so that reports keep up with a boot storm."""
-        rows = measurement_rows(report, report_id)
-        with self.engine.begin() as conn:
-            if report.report_id is not None and _has_report(conn, report_id):
-                return None
-            counted = (
-                situation is None
-                or decided
-                or _decision_for(conn, report.cluster, report.pod, situation, asker)
-            )
-            for row in rows:
-                row["counted"] = counted
-            conn.execute(_INSERT, rows)
-            noted = counted and note is not None
-            if noted:
-                assert note is not None
-                conn.execute(note_statement(self.engine, note, datetime.now(UTC)))
-        self._evidence_bump.after_commit()
-        return StoredReport(counted=counted, results=len(rows), noted=noted)
 
     def has_decision_for(
         self, cluster: str, pod: str, situation: Situation, asker: str | None = None
@@ -666,18 +633,26 @@ def measurement_rows(
     ]
 
 
+POD_DECISIONS_READ = 20
+"""A pod's newest decisions compared with its report's situation (a pod that changed
+packages has a newer one)."""
+
 # The report path's statements, built once: a statement built per call costs more of
 # the service's CPU (its expression and cache key) than the database takes to run it.
 _INSERT = insert(MeasurementRow)
 _HAS_REPORT = (
     select(MeasurementRow.id).where(MeasurementRow.report_id == bindparam("report_id")).limit(1)
 )
+_STORED_IDS = select(MeasurementRow.report_id).where(
+    MeasurementRow.report_id.in_(bindparam("ids", expanding=True))
+)
+_EVIDENCE_BUMP = update(Meta).where(Meta.key == "evidence_version").values(value=Meta.value + 1)
 _POD_DECISIONS = (
     select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
     .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
     .where(DecisionRow.cluster == bindparam("cluster"), DecisionRow.pod == bindparam("pod"))
     .order_by(DecisionRow.id.desc())
-    .limit(20)
+    .limit(POD_DECISIONS_READ)
 )
 _POD_DECISIONS_OF = _POD_DECISIONS.where(
     or_(DecisionRow.principal == bindparam("asker"), DecisionRow.principal.is_(None))
@@ -696,7 +671,13 @@ def _decision_for(
     q = _POD_DECISIONS
     if asker is not None:
         q, params["asker"] = _POD_DECISIONS_OF, asker
-    for row in conn.execute(q, params):
+    return _decided(list(conn.execute(q, params)), cluster, pod, situation)
+
+
+def _decided(rows: Collection[Any], cluster: str, pod: str, situation: Situation | None) -> bool:
+    """Whether one of a pod's decisions (``_POD_DECISIONS``' columns) is for
+    ``situation``."""
+    for row in rows:
         if row.request is None and row.shape_json is not None:
             if shape_situation(row.shape_json) == situation:
                 return True
@@ -707,9 +688,107 @@ def _decision_for(
     return False
 
 
+def _newest_decisions(
+    conn: Connection, checked: list[PendingReport]
+) -> dict[tuple[str, str, str | None], list[Any]]:
+    """The newest decisions of every pod of ``checked`` (as ``_POD_DECISIONS`` reads
+    them: the newest ``POD_DECISIONS_READ`` of each, since a pod name reused for months
+    has many), keyed by (cluster, pod, asker): one statement for the batch, each pod's
+    bounded read a part of it, not one round trip per report."""
+    wanted = sorted({(p.report.cluster, p.report.pod, p.asker) for p in checked}, key=str)
+    if not wanted:
+        return {}
+    parts, params = [], {}
+    for i, (cluster, pod, asker) in enumerate(wanted):
+        params[f"c{i}"], params[f"p{i}"] = cluster, pod
+        mine = ""
+        if asker is not None:
+            params[f"a{i}"] = asker
+            mine = f" AND (d.principal = :a{i} OR d.principal IS NULL)"
+        parts.append(
+            f"SELECT * FROM (SELECT {i} AS n, d.request AS request, s.request AS shape_json, "
+            "d.node AS node FROM decisions d LEFT OUTER JOIN shapes s ON s.id = d.shape_id "
+            f"WHERE d.cluster = :c{i} AND d.pod = :p{i}{mine} "
+            f"ORDER BY d.id DESC LIMIT {POD_DECISIONS_READ}) q{i}"
+        )
+    out: dict[tuple[str, str, str | None], list[Any]] = {}
+    for row in conn.execute(text(" UNION ALL ".join(parts)), params):
+        out.setdefault(wanted[row.n], []).append(row)
+    return out
+
+
+@dataclass(eq=False)
+class PendingReport:
+    """A measurement report to store: ``situation`` None (nothing to check) or
+    ``decided`` (the pod's decision for it is in the decision log) make it count; else
+    the pod's stored decisions are looked up (``has_decision_for``). ``note``: its guard
+    note (``service/guard_notes.py``), stored with it when it counts. ``observations``:
+    the evidence it adds once stored (what the caller applies in memory)."""
+
+    report: MeasurementReport
+    report_id: str
+    situation: Situation | None
+    asker: str | None
+    note: Note | None = None
+    decided: bool = False
+    observations: list[Observation] = field(default_factory=list)
+
+    @property
+    def checked(self) -> bool:
+        """Whether it counts only if the pod has a stored decision for its situation."""
+        return self.situation is not None and not self.decided
+
+
+def store_reports(conn: Connection, batch: list[PendingReport]) -> list[StoredReport | None]:
+    """Reports stored in the caller's transaction on ``conn``, each answered in order:
+    None for one whose ``report_id`` is stored already or comes earlier in ``batch`` (a
+    retry: nothing added). One duplicate check, one insert of every row and one move of
+    ``evidence_version`` for the whole batch: a group of reports costs the driver's
+    round trips and the commit of one."""
+    asked = [p.report_id for p in batch if p.report.report_id is not None]
+    seen = set(conn.scalars(_STORED_IDS, {"ids": asked})) if asked else set()
+    now = datetime.now(UTC)
+    fresh: list[PendingReport | None] = []
+    for p in batch:
+        if p.report.report_id is not None:
+            if p.report_id in seen:
+                fresh.append(None)
+                continue
+            seen.add(p.report_id)
+        fresh.append(p)
+    newest = _newest_decisions(conn, [p for p in fresh if p is not None and p.checked])
+    rows: list[dict[str, Any]] = []
+    out: list[StoredReport | None] = []
+    for p in fresh:
+        if p is None:
+            out.append(None)
+            continue
+        report = p.report
+        counted = not p.checked or _decided(
+            newest.get((report.cluster, report.pod, p.asker), ()),
+            report.cluster,
+            report.pod,
+            p.situation,
+        )
+        mine = measurement_rows(report, p.report_id, counted, now)
+        rows.extend(mine)
+        noted = counted and p.note is not None
+        if noted:
+            assert p.note is not None
+            conn.execute(note_statement(conn.engine, p.note, now))
+        out.append(StoredReport(counted=counted, results=len(mine), noted=noted))
+    if rows:
+        conn.execute(_INSERT, rows)
+    if any(o is not None for o in out):
+        # other replicas learn of the rows from this; in the batch's own transaction
+        # the row's lock is held across one commit per batch, not one per report
+        conn.execute(_EVIDENCE_BUMP)
+    return out
+
+
 @dataclass(frozen=True)
 class StoredReport:
-    """What ``MeasurementStore.store_report`` stored: whether the report counts, how
+    """What ``store_reports`` stored of a report: whether the report counts, how
     many results, and whether its guard note was stored with it."""
 
     counted: bool

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from mla_switchboard.core.evidence import observations_of_report
+from mla_switchboard.core.schemas import MeasurementReport
+from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.metrics import Metrics
+from mla_switchboard.service.store.measurements import PendingReport
 from sqlalchemy import event
 
 from tests.conftest import ADMIN, make_inprocess_client
@@ -204,3 +209,71 @@ def test_failures_never_leave_a_pod_with_no_valid_backend(api: httpx.Client) -> 
     assert candidate(answer, "FLASH_ATTN")["failures"]["kind"] == "measured_exclusion_waived"
     assert not candidate(answer, "TORCH_SDPA")["valid"]
     assert any("the one with the fewest failing pods (2 pods" in m for m in answer["messages"])
+
+
+# ------------------------------------------------------------ reports in one batch
+
+
+def measurement(pod: str, packages: dict[str, str]) -> MeasurementReport:
+    return MeasurementReport.model_validate(
+        {
+            "cluster": "prod-east",
+            "pod": pod,
+            "device": DEVICE,
+            "model": body()["model"],
+            "dtype": "bfloat16",
+            "packages": packages,
+            "results": [
+                {"backend": "FLASH_ATTN", "shape": {"seqlens": [4096], "num_heads": 128},
+                 "median_ms": 1.0, "tflops": 600.0, "correct": True}
+            ],
+        }
+    )  # fmt: skip
+
+
+def test_a_batch_looks_up_its_pods_stored_decisions_in_one_statement(
+    api: httpx.Client,
+) -> None:
+    """Reports whose decisions are stored (no longer in the log's memory) share one
+    read of their pods' newest decisions, and each counts as alone it would: only for
+    its own pod's decision, in its situation, asked for with its token."""
+    runtime = api.app.state.runtime  # type: ignore[attr-defined]
+    answer = measured_select(api, "pod-a", ALL)
+    runtime.recorder.settle_for_read()
+    asker = runtime.store.decisions.get_decision(answer["decision_id"]).principal
+    assert runtime.recorder.logged_decision("prod-east", "pod-a") is None  # stored
+    other = {**ALL, "torch": "2.10.0"}
+    cases = [
+        (measurement("pod-a", ALL), asker, True),
+        (measurement("pod-a", other), asker, False),  # another situation
+        (measurement("pod-b", ALL), asker, False),  # a pod never decided for
+        (measurement("pod-a", ALL), "token:someone-else", False),  # another token
+    ]
+    reads: list[str] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def watch(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO MEASUREMENTS"):
+            entered.set()
+            assert release.wait(60)
+        elif "FROM decisions" in statement:  # one read, whatever its parts
+            reads.append(statement)
+
+    writer = runtime.report_writer
+    event.listen(runtime.engine, "before_cursor_execute", watch)
+    try:
+        opener = writer.submit(PendingReport(measurement("pod-z", ALL), new_id(), None, asker))
+        assert entered.wait(60)
+        reads.clear()
+        tickets = []
+        for report, who, _ in cases:
+            situation = observations_of_report(report, datetime.now(UTC), "r")[0].situation
+            tickets.append(writer.submit(PendingReport(report, new_id(), situation, who)))
+        release.set()
+        opener.wait(60)
+        stored = [t.wait(60) for t in tickets]
+    finally:
+        release.set()
+        event.remove(runtime.engine, "before_cursor_execute", watch)
+    assert [s is not None and s.counted for s in stored] == [c for *_, c in cases]
+    assert len(reads) == 1

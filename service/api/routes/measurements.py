@@ -46,10 +46,12 @@ router = APIRouter(
     },
     summary="Report a pod's kernel benchmark results",
 )
-def report(body: MeasurementReport, reports: ReportsDep, principal: AgentDep) -> Response:
+async def report(body: MeasurementReport, reports: ReportsDep, principal: AgentDep) -> Response:
     """Results count as evidence only from a pod the service decided for, in its cluster
-    and exact situation (see service/reports.py); others are stored with the reason."""
-    return respond(reports.measurements(principal, body))
+    and exact situation (see service/reports.py); others are stored with the reason.
+    Async: the report waits for the report writer's batch on the event loop, not on a
+    worker thread of its own."""
+    return respond(await reports.measurements(principal, body))
 
 
 @router.get(
