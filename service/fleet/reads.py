@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from mla_switchboard.core import cause_words
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import FLEET, Override, RulesDocument
+from mla_switchboard.service import json_bytes
 from mla_switchboard.service.collector import Collector, paused
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.computed import Computed
@@ -64,9 +65,7 @@ class Answer:
 
     @classmethod
     def of(cls, body: dict[str, Any], etag: str) -> Answer:
-        # as Starlette's JSONResponse encodes it
-        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        return cls(body, etag, text.encode())
+        return cls(body, etag, json_bytes.encode(body))
 
 
 @dataclass(frozen=True)
