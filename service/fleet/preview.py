@@ -42,6 +42,7 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
 )
 from mla_switchboard.service.fleet.narrowing import per_model
+from mla_switchboard.service.priority import let_go_later
 from mla_switchboard.service.selector import InputsFor
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -163,11 +164,12 @@ def replay(
     gives a group is ``settled.given``, and the decision itself is made only for groups
     that move (its reasons say why). Without ``settled`` every group of every cluster
     is decided under both."""
-    tally = _Tally()
+    # what the replay builds is let go of a piece at a time once the read ends
+    tally = let_go_later(_Tally())
     unreadable = total = 0
     inputs_for = per_model(inputs_for)
-    classes = ClassCache()
-    memo = DecisionMemo(now, classes)
+    classes = let_go_later(ClassCache())
+    memo = let_go_later(DecisionMemo(now, classes))
 
     for cluster, groups in fleet.by_cluster.items():
         own = current.override_set.own(cluster)
