@@ -20,6 +20,11 @@ wall time:
 - ``POST /v1/select`` p50/p99 at ``--rate``/s idle and while summaries and ``*`` dry
   runs run back to back (bench/scale.py's open-loop client).
 
+``--interleave N`` measures only the select load, in ``N`` rounds that alternate the
+checkouts (base, new, then new, base, ...), a fresh replica of each per round, so
+that a shared machine's noise falls on both alike; each tree's figure is the median
+over rounds, idle and busy from the same round.
+
 Growth is the ratio of a figure at the top level to the same at the first (100 -> 1,000
 overrides). Each checkout's replica is started by its own python running this file
 (``measure``), so the service is that checkout's and the bench the same code for both.
@@ -27,6 +32,8 @@ overrides). Each checkout's replica is started by its own python running this fi
     python bench/fleet_change.py --trees base=/work/base,new=.            # the target
     python bench/fleet_change.py --pods 2000 --clusters 40 --repeat 1 \\
         --load-seconds 2 --trees new=.                                      # a small run
+    python bench/fleet_change.py --levels all --interleave 5 \\
+        --trees base=/work/base,new=.                                      # select p99 only
 
 Writes ``bench/results/fleet_change.json`` and prints the table.
 """
@@ -83,6 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--load-seconds", type=float, default=8.0)
     ap.add_argument("--load-rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--interleave", type=int, default=0, help="select load only, N alternating rounds"
+    )
+    ap.add_argument("--load-only", action="store_true", help=argparse.SUPPRESS)  # measure
     ap.add_argument("--trees", default=f"new={ROOT}", help="NAME=PATH,... (each has .venv)")
     ap.add_argument("--pg", default=PG_DSN, help="PostgreSQL database (default %(default)s)")
     ap.add_argument("--out", default=str(RESULTS))
@@ -137,6 +148,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             out["cpu_s_at_ready"] = round(process_cpu_s(pid), 2)
             t, cpu = _timed_cpu(pid, lambda: ok(c.get("/v1/selections/summary")))
             out["first_summary"] = {"s": round(t, 4), "cpu_s": round(cpu, 4)}
+            if args.load_only:
+                ok(c.put("/v1/overrides/*?dry_run=true", json=_fleet_body(0)))  # warm
+                out["select"] = _select_load(service, fleet, args, pid)
+                return out
             runs: dict[str, list[tuple[float, float]]] = {
                 k: []
                 for k in (
@@ -188,27 +203,39 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     f"{after_delete[0]:.3f} s"
                 )
             out["operations"] = {k: _median(v) for k, v in runs.items()}
-            load = measure_load(
-                service,
-                fleet,
-                rate=args.rate,
-                seconds=args.load_seconds,
-                rounds=args.load_rounds,
-                report_rate=1.0,
-                scenarios={"idle": [], "summaries+previews": ["summaries", "previews"]},
-            )
-            out["select"] = {
-                k: {x: v[x] for x in ("p50_ms", "p99_ms", "max_ms", "errors")}
-                for k, v in load.items()
-            }
-            idle = load["idle"]["p99_ms"]
-            busy = load["summaries+previews"]["p99_ms"]
-            out["select"]["p99_busy_over_idle"] = round(busy / idle, 2) if idle else None
+            out["select"] = _select_load(service, fleet, args, pid)
             out["rss_mb"] = service.memory_mb()
             return out
         finally:
             ops.close()
             service.stop()
+
+
+def _select_load(service: Any, fleet: Any, args: argparse.Namespace, pid: int) -> dict[str, Any]:
+    """Select p50/p99 idle and while summaries and ``*`` dry runs run back to back, with
+    the reads completed meanwhile and the replica's CPU over the whole load."""
+    cpu0 = process_cpu_s(pid)
+    load = measure_load(
+        service,
+        fleet,
+        rate=args.rate,
+        seconds=args.load_seconds,
+        rounds=args.load_rounds,
+        report_rate=1.0,
+        scenarios={"idle": [], "summaries+previews": ["summaries", "previews"]},
+    )
+    out: dict[str, Any] = {
+        k: {
+            **{x: v[x] for x in ("p50_ms", "p99_ms", "max_ms", "errors")},
+            "completed": [r["background"]["completed"] for r in v["rounds"]],
+        }
+        for k, v in load.items()
+    }
+    idle = load["idle"]["p99_ms"]
+    busy = load["summaries+previews"]["p99_ms"]
+    out["p99_busy_over_idle"] = round(busy / idle, 2) if idle else None
+    out["cpu_s"] = round(process_cpu_s(pid) - cpu0, 2)
+    return out
 
 
 # ------------------------------------------------------------------ the run
@@ -268,24 +295,74 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             staged = sum(1 for i in done if (i // 2) % 2)
             entry: dict[str, Any] = {"overrides": overrides, "staged": staged, "trees": {}}
             result["levels"][level] = entry
+            if args.interleave:
+                _interleaved(args, url, trees, entry, result)
+                continue
             for name, path in trees.items():
                 stage(f"{level}: {overrides} overrides ({staged} staged), {name}")
-                with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                    cmd = [
-                        str(Path(path) / ".venv" / "bin" / "python"),
-                        str(Path(__file__).resolve()),
-                        "measure",
-                        "--url",
-                        url,
-                        "--out",
-                        f.name,
-                        *_passed(args),
-                    ]
-                    subprocess.run(cmd, cwd=path, check=True)
-                    entry["trees"][name] = json.loads(Path(f.name).read_text())
+                entry["trees"][name] = _measure_in(path, url, args)
                 write_json(Path(args.out), result)
     result["growth"] = growth(result, levels, list(trees))
     return result
+
+
+def _measure_in(path: str, url: str, args: argparse.Namespace, *extra: str) -> dict[str, Any]:
+    """``measure`` run by the checkout at ``path`` (its own python) on ``url``."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [
+            str(Path(path) / ".venv" / "bin" / "python"),
+            str(Path(__file__).resolve()),
+            "measure",
+            "--url",
+            url,
+            "--out",
+            f.name,
+            *_passed(args),
+            *extra,
+        ]
+        subprocess.run(cmd, cwd=path, check=True)
+        return json.loads(Path(f.name).read_text())
+
+
+def _interleaved(
+    args: argparse.Namespace,
+    url: str,
+    trees: dict[str, str],
+    entry: dict[str, Any],
+    result: dict[str, Any],
+) -> None:
+    """``--interleave``: one select-load round per checkout at a time, the order
+    alternating, then each checkout's medians over its rounds."""
+    names = list(trees)
+    entry["rounds"] = []
+    for r in range(args.interleave):
+        order = names if r % 2 == 0 else names[::-1]
+        done: dict[str, Any] = {}
+        for name in order:
+            stage(f"round {r + 1}/{args.interleave}: {name}")
+            one = _measure_in(trees[name], url, args, "--load-only", "--load-rounds", "1")
+            done[name] = one["select"]
+        entry["rounds"].append(done)
+        write_json(Path(args.out), result)
+    for name in names:
+        rounds = [r[name] for r in entry["rounds"]]
+        entry["trees"][name] = {
+            "select": {
+                "idle_p99_ms": [x["idle"]["p99_ms"] for x in rounds],
+                "busy_p99_ms": [x["summaries+previews"]["p99_ms"] for x in rounds],
+                "p99_busy_over_idle": [x["p99_busy_over_idle"] for x in rounds],
+                "idle_p99_median_ms": _med(x["idle"]["p99_ms"] for x in rounds),
+                "busy_p99_median_ms": _med(x["summaries+previews"]["p99_ms"] for x in rounds),
+                "ratio_median": _med(
+                    x["p99_busy_over_idle"] for x in rounds if x["p99_busy_over_idle"]
+                ),
+                "cpu_s": [x["cpu_s"] for x in rounds],
+            }
+        }
+
+
+def _med(values: Any) -> float:
+    return round(statistics.median(values), 2)
 
 
 def _passed(args: argparse.Namespace) -> list[str]:
@@ -332,6 +409,12 @@ def table(result: dict[str, Any]) -> str:
         cells = []
         for t in trees:
             s = entry["trees"].get(t, {}).get("select", {})
+            if "ratio_median" in s:  # --interleave: medians over rounds
+                cells.append(
+                    f"idle {s['idle_p99_median_ms']} ms, busy {s['busy_p99_median_ms']} ms "
+                    f"({s['ratio_median']}x; rounds {s['p99_busy_over_idle']})"
+                )
+                continue
             cells.append(
                 f"idle {s.get('idle', {}).get('p99_ms')} ms, busy "
                 f"{s.get('summaries+previews', {}).get('p99_ms')} ms "

@@ -4,8 +4,9 @@ field as FastAPI's validation errors do)."""
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from mla_switchboard.service.api.deps import fail, invalid
+from mla_switchboard.service.api.json_response import EncodedJSONResponse
 from mla_switchboard.service.outcomes import Done, Outcome
 
 
@@ -22,4 +23,4 @@ def respond(outcome: Outcome) -> Response:
         headers["Idempotent-Replayed"] = "true"
     if outcome.status == 204:
         return Response(status_code=204, headers=headers)
-    return JSONResponse(outcome.body, status_code=outcome.status, headers=headers)
+    return EncodedJSONResponse(outcome.body, status_code=outcome.status, headers=headers)

@@ -42,6 +42,7 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
 )
 from mla_switchboard.service.fleet.narrowing import per_model
+from mla_switchboard.service.priority import let_go_later
 from mla_switchboard.service.selector import InputsFor
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -166,11 +167,12 @@ def replay(
     is decided under both. ``classes``: the stage classes and overrides that apply per
     cluster and model, shared with the read ``settled`` is of (its "from" side finds
     those of the configuration in force too)."""
-    tally = _Tally()
+    # what the replay builds is let go of a piece at a time once the read ends
+    tally = let_go_later(_Tally())
     unreadable = total = 0
     inputs_for = per_model(inputs_for)
-    classes = classes or ClassCache()
-    memo = DecisionMemo(now, classes)
+    classes = let_go_later(ClassCache()) if classes is None else classes
+    memo = let_go_later(DecisionMemo(now, classes))
 
     for cluster, groups in fleet.by_cluster.items():
         own = current.override_set.own(cluster)

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from mla_switchboard.core import cause_words
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import FLEET, Override, RulesDocument
+from mla_switchboard.service import json_bytes
 from mla_switchboard.service.collector import Collector, paused
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.computed import Computed
@@ -40,7 +41,11 @@ from mla_switchboard.service.fleet.groups import Deadline, Fleet, FleetSnapshot,
 from mla_switchboard.service.fleet.parts import ClusterParts, PartsRead
 from mla_switchboard.service.fleet.preview import Preview, replay, with_override
 from mla_switchboard.service.fleet.progress import RolloutTally
-from mla_switchboard.service.priority import lower_this_thread, releasing_gradually
+from mla_switchboard.service.priority import (
+    let_go_later,
+    lower_this_thread,
+    releasing_gradually,
+)
 from mla_switchboard.service.store.recorder import DecisionRecorder
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -64,9 +69,7 @@ class Answer:
 
     @classmethod
     def of(cls, body: dict[str, Any], etag: str) -> Answer:
-        # as Starlette's JSONResponse encodes it
-        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        return cls(body, etag, text.encode())
+        return cls(body, etag, json_bytes.encode(body))
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ class FleetReads:
         worked out again."""
         self._parts.forget_others(fleet.by_cluster)
         fleet = fleet.visible(visible)
-        parts = self._parts_of(fleet, inputs, now)
+        parts = let_go_later(self._parts_of(fleet, inputs, now))  # the read's memos
         clusters = sorted(fleet.by_cluster)
         excluded = {c: found for c in clusters if (found := parts.excluded(c))}
         body: dict[str, Any] = {
@@ -266,7 +269,7 @@ class FleetReads:
     ) -> Preview:
         """The clusters the proposal touches are replayed; every other one's pending pods
         are a kept per-cluster figure (``replay``'s ``settled``)."""
-        parts = self._parts_of(fleet, inputs, now)
+        parts = let_go_later(self._parts_of(fleet, inputs, now))  # the read's memos
         return replay(
             fleet,
             inputs,
