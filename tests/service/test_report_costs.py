@@ -145,23 +145,28 @@ def measured_select(api: httpx.Client, pod: str, packages: dict[str, str]) -> di
     return r.json()
 
 
+def report_body(
+    pod: str, packages: dict[str, str], results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A measurement report of ``pod`` in prod-east on the H200 of these tests."""
+    return {
+        "cluster": "prod-east",
+        "pod": pod,
+        "device": DEVICE,
+        "model": body()["model"],
+        "dtype": "bfloat16",
+        "packages": packages,
+        "results": results,
+    }
+
+
 def wrong(api: httpx.Client, pod: str, packages: dict[str, str], backends: list[str]) -> None:
     measured_select(api, pod, packages)
-    r = api.post(
-        "/v1/measurements",
-        json={
-            "cluster": "prod-east",
-            "pod": pod,
-            "device": DEVICE,
-            "model": body()["model"],
-            "dtype": "bfloat16",
-            "packages": packages,
-            "results": [
-                {"backend": b, "shape": {"seqlens": [4096], "num_heads": 128}, "correct": False}
-                for b in backends
-            ],
-        },
-    )
+    results = [
+        {"backend": b, "shape": {"seqlens": [4096], "num_heads": 128}, "correct": False}
+        for b in backends
+    ]
+    r = api.post("/v1/measurements", json=report_body(pod, packages, results))
     assert r.status_code == 201 and r.json()["counted"], r.text
 
 
@@ -215,20 +220,9 @@ def test_failures_never_leave_a_pod_with_no_valid_backend(api: httpx.Client) -> 
 
 
 def measurement(pod: str, packages: dict[str, str]) -> MeasurementReport:
-    return MeasurementReport.model_validate(
-        {
-            "cluster": "prod-east",
-            "pod": pod,
-            "device": DEVICE,
-            "model": body()["model"],
-            "dtype": "bfloat16",
-            "packages": packages,
-            "results": [
-                {"backend": "FLASH_ATTN", "shape": {"seqlens": [4096], "num_heads": 128},
-                 "median_ms": 1.0, "tflops": 600.0, "correct": True}
-            ],
-        }
-    )  # fmt: skip
+    result = {"backend": "FLASH_ATTN", "shape": {"seqlens": [4096], "num_heads": 128},
+              "median_ms": 1.0, "tflops": 600.0, "correct": True}  # fmt: skip
+    return MeasurementReport.model_validate(report_body(pod, packages, [result]))
 
 
 def test_a_batch_looks_up_its_pods_stored_decisions_in_one_statement(
