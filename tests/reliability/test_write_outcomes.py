@@ -109,7 +109,8 @@ def test_a_committed_write_is_answered_as_committed(
 
 def test_racing_retries_with_one_key_apply_once(db: Database) -> None:
     """Six clients at once: a real HTTP server in this process (the test client's
-    transport takes one request at a time)."""
+    transport is not made for requests from several threads at once: one of six
+    failed with ClosedResourceError)."""
     key = str(uuid.uuid4())
     answers: list[dict[str, Any]] = []
 
