@@ -41,7 +41,6 @@ Writes ``bench/results/fleet_change.json`` and prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -69,7 +68,7 @@ from bench.scale import (  # noqa: E402
     start_service,
 )
 from bench.scale_overrides import LEVELS, override_body  # noqa: E402
-from bench.scale_support import process_cpu_s, stage, write_json  # noqa: E402
+from bench.scale_support import measure_in, process_cpu_s, stage, write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "fleet_change.json"
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/bench_effects"
@@ -308,20 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _measure_in(path: str, url: str, args: argparse.Namespace, *extra: str) -> dict[str, Any]:
     """``measure`` run by the checkout at ``path`` (its own python) on ``url``."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [
-            str(Path(path) / ".venv" / "bin" / "python"),
-            str(Path(__file__).resolve()),
-            "measure",
-            "--url",
-            url,
-            "--out",
-            f.name,
-            *_passed(args),
-            *extra,
-        ]
-        subprocess.run(cmd, cwd=path, check=True)
-        return json.loads(Path(f.name).read_text())
+    return measure_in(path, __file__, url, *_passed(args), *extra)
 
 
 def _interleaved(

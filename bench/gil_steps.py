@@ -43,7 +43,7 @@ from bench.scale import (  # noqa: E402
     open_store,
     start_service,
 )
-from bench.scale_support import stage, write_json  # noqa: E402
+from bench.scale_support import measure_in, stage, write_json  # noqa: E402
 
 HOOK = Path(__file__).resolve().parent / "gil_steps"
 BOUNDS_MS = (1, 2, 5, 10)
@@ -143,20 +143,13 @@ def _rounds(
         done = {}
         for name in names if r % 2 == 0 else names[::-1]:
             stage(f"round {r + 1}/{args.rounds}: {name}")
-            with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                cmd = [
-                    str(Path(trees[name]) / ".venv" / "bin" / "python"),
-                    str(Path(__file__).resolve()),
-                    "measure",
-                    "--url",
-                    url,
-                    "--out",
-                    f.name,
-                    *(f"--pods={args.pods}", f"--clusters={args.clusters}"),
-                    *(f"--reads={args.reads}", f"--seed={args.seed}"),
-                ]
-                subprocess.run(cmd, cwd=trees[name], check=True)
-                done[name] = json.loads(Path(f.name).read_text())
+            done[name] = measure_in(
+                trees[name],
+                __file__,
+                url,
+                *(f"--pods={args.pods}", f"--clusters={args.clusters}"),
+                *(f"--reads={args.reads}", f"--seed={args.seed}"),
+            )
         result["rounds"].append(done)
         write_json(Path(args.out), result)
 

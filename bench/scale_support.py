@@ -70,6 +70,21 @@ def write_json(path: Path, result: dict[str, Any]) -> None:
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def measure_in(tree: str | Path, script: str | Path, url: str, *args: str) -> dict[str, Any]:
+    """``script``'s ``measure`` mode run by the checkout at ``tree`` (its own ``.venv``,
+    its own code) against the service at ``url``, and the JSON it wrote: how the
+    side-by-side benchmarks measure each checkout with the same client."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [
+            str(Path(tree) / ".venv" / "bin" / "python"),
+            str(Path(script).resolve()),
+            *("measure", "--url", url, "--out", f.name),
+            *args,
+        ]
+        subprocess.run(cmd, cwd=tree, check=True)
+        return json.loads(Path(f.name).read_text())
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (every thread), from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
