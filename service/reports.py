@@ -252,7 +252,7 @@ def _above_peak(report: MeasurementReport) -> Problem | None:
 def _decided_for(logged: Row, situation: Situation, asker: str) -> bool:
     """Whether a pod's decision in the log makes its report count: it is for the
     report's situation and was asked for by the same caller (or by no known one), as
-    ``MeasurementStore.has_decision_for`` asks of stored decisions."""
+    ``store_reports`` asks of stored decisions."""
     return logged.principal in (None, asker) and shape_situation(logged.shape_json) == situation
 
 

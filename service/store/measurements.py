@@ -60,7 +60,6 @@ from sqlalchemy import (
     false,
     func,
     insert,
-    or_,
     select,
     text,
     update,
@@ -136,23 +135,6 @@ class MeasurementStore:
 
     def __post_init__(self) -> None:
         self._evidence_bump = GroupBump(self.engine, "evidence_version")
-
-    def has_report(self, report_id: str) -> bool:
-        with self.engine.connect() as conn:
-            return _has_report(conn, report_id)
-
-    def has_decision_for(
-        self, cluster: str, pod: str, situation: Situation, asker: str | None = None
-    ) -> bool:
-        """Whether ``pod`` of ``cluster`` has a recorded decision for ``situation``:
-        what makes its benchmark report count as evidence. The pod's newest
-        decisions are compared (a pod that changed packages has a newer one). A
-        decision's situation is its shape's, worked out once per shape. With
-        ``asker`` (a principal id) the decision must be one that principal asked for
-        (or one recorded before askers were kept): a token reports only for pods it
-        itself recorded, so it cannot borrow another caller's pods."""
-        with self.engine.connect() as conn:
-            return _decision_for(conn, cluster, pod, situation, asker)
 
     def add_measurements(
         self, report: MeasurementReport, report_id: str, *, counted: bool = True
@@ -640,43 +622,15 @@ packages has a newer one)."""
 # The report path's statements, built once: a statement built per call costs more of
 # the service's CPU (its expression and cache key) than the database takes to run it.
 _INSERT = insert(MeasurementRow)
-_HAS_REPORT = (
-    select(MeasurementRow.id).where(MeasurementRow.report_id == bindparam("report_id")).limit(1)
-)
 _STORED_IDS = select(MeasurementRow.report_id).where(
     MeasurementRow.report_id.in_(bindparam("ids", expanding=True))
 )
 _EVIDENCE_BUMP = update(Meta).where(Meta.key == "evidence_version").values(value=Meta.value + 1)
-_POD_DECISIONS = (
-    select(DecisionRow.request, ShapeRow.request.label("shape_json"), DecisionRow.node)
-    .outerjoin(ShapeRow, ShapeRow.id == DecisionRow.shape_id)
-    .where(DecisionRow.cluster == bindparam("cluster"), DecisionRow.pod == bindparam("pod"))
-    .order_by(DecisionRow.id.desc())
-    .limit(POD_DECISIONS_READ)
-)
-_POD_DECISIONS_OF = _POD_DECISIONS.where(
-    or_(DecisionRow.principal == bindparam("asker"), DecisionRow.principal.is_(None))
-)
-
-
-def _has_report(conn: Connection, report_id: str) -> bool:
-    return conn.execute(_HAS_REPORT, {"report_id": report_id}).first() is not None
-
-
-def _decision_for(
-    conn: Connection, cluster: str, pod: str, situation: Situation, asker: str | None
-) -> bool:
-    """``MeasurementStore.has_decision_for`` on an open connection."""
-    params = {"cluster": cluster, "pod": pod}
-    q = _POD_DECISIONS
-    if asker is not None:
-        q, params["asker"] = _POD_DECISIONS_OF, asker
-    return _decided(list(conn.execute(q, params)), cluster, pod, situation)
 
 
 def _decided(rows: Collection[Any], cluster: str, pod: str, situation: Situation | None) -> bool:
-    """Whether one of a pod's decisions (``_POD_DECISIONS``' columns) is for
-    ``situation``."""
+    """Whether one of a pod's decisions (rows of its ``request``, ``shape_json`` and
+    ``node``, as ``_newest_decisions`` reads them) is for ``situation``."""
     for row in rows:
         if row.request is None and row.shape_json is not None:
             if shape_situation(row.shape_json) == situation:
@@ -691,9 +645,10 @@ def _decided(rows: Collection[Any], cluster: str, pod: str, situation: Situation
 def _newest_decisions(
     conn: Connection, checked: list[PendingReport]
 ) -> dict[tuple[str, str, str | None], list[Any]]:
-    """The newest decisions of every pod of ``checked`` (as ``_POD_DECISIONS`` reads
-    them: the newest ``POD_DECISIONS_READ`` of each, since a pod name reused for months
-    has many), keyed by (cluster, pod, asker): one statement for the batch, each pod's
+    """The newest decisions of every pod of ``checked`` (the newest
+    ``POD_DECISIONS_READ`` of each, since a pod name reused for months has many; with an
+    asker, only those it asked for or recorded before askers were kept), keyed by
+    (cluster, pod, asker): one statement for the batch, each pod's
     bounded read a part of it, not one round trip per report."""
     wanted = sorted({(p.report.cluster, p.report.pod, p.asker) for p in checked}, key=str)
     if not wanted:
@@ -721,7 +676,7 @@ def _newest_decisions(
 class PendingReport:
     """A measurement report to store: ``situation`` None (nothing to check) or
     ``decided`` (the pod's decision for it is in the decision log) make it count; else
-    the pod's stored decisions are looked up (``has_decision_for``). ``note``: its guard
+    the pod's stored decisions are looked up (``store_reports``). ``note``: its guard
     note (``service/guard_notes.py``), stored with it when it counts. ``observations``:
     the evidence it adds once stored (what the caller applies in memory)."""
 

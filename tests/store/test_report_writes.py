@@ -41,7 +41,8 @@ def pending(report_id: str | None = None, pod: str = "pod-1") -> PendingReport:
             ],
         }
     )  # fmt: skip
-    # no situation to check: the report counts (the lookup is has_decision_for's test)
+    # no situation to check: the report counts (the stored decisions' lookup is tested
+    # in tests/service/test_report_costs.py)
     return PendingReport(report, report_id or new_id(), None, "agent")
 
 
