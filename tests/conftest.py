@@ -24,13 +24,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from tests.chromium import SHARED as SHARED_CHROMIUM
 from tests.chromium import SharedChromium
+
+if TYPE_CHECKING:
+    from tests.forked_serve import ForkedProcess
 
 ADMIN = "test-admin-token"
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,6 +226,22 @@ LONG_FILES = frozenset(
 # the test files with a test that uses the shared Chromium (``chromium``)
 _CHROMIUM_FILES = pytest.StashKey[set[Path]]()
 
+# How a test file marks a timing test: the timing pass reads only files that say it.
+SERIAL_MARK = "mark.serial"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The timing pass (``-m serial``) imports only the files that mark a timing test:
+    importing the other 150 files (torch, schemathesis, playwright among them) to
+    deselect every test in them costs the pass about 6 s of CPU. The behaviour pass
+    checks that every timing test's file says ``mark.serial`` (see below), so no timing
+    test is skipped by this."""
+    if config.getoption("markexpr", "") != "serial" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return SERIAL_MARK not in collection_path.read_text(errors="replace")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long files first, the rest in their order (a stable sort: each file's tests keep
@@ -239,6 +258,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("browser"):
             long[path] = True
     items.sort(key=lambda item: not long[item.path])
+    timed = {i.path for i in items if i.get_closest_marker("serial")}
+    unmarked = sorted(str(p) for p in timed if SERIAL_MARK not in p.read_text())
+    if unmarked:
+        raise pytest.UsageError(
+            f"timing tests in files that never say {SERIAL_MARK!r}, which the timing pass "
+            f"would not read: {', '.join(unmarked)}"
+        )
     config.stash[_CHROMIUM_FILES] = {
         i.path for i in items if "chromium" in getattr(i, "fixturenames", ())
     }
@@ -294,7 +320,7 @@ class ServiceProcess:
         self.preexec_fn = preexec_fn  # run in the child before exec (e.g. a descriptor limit)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.log_path: Path | None = None
 
     def start(self, log_dir: Path, timeout: float = 30.0) -> ServiceProcess:
@@ -313,25 +339,27 @@ class ServiceProcess:
             env["SWITCHBOARD_ADMIN_TOKEN"] = self.bootstrap_token
         env.update(self.extra_env)
         self.log_path = log_dir / f"service-{self.port}.log"
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                *self.prefix,
-                str(self.root / ".venv/bin/python") if self.root else sys.executable,
-                "-m",
-                "mla_switchboard.service.cli",
-                "serve",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-            cwd=self.root or ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=self.preexec_fn,
-        )
+        argv = ["serve", "--port", str(self.port), "--log-level", "warning"]
+        if self.root is None and not self.prefix and self.preexec_fn is None:
+            from tests.forked_serve import fork_serve
+
+            self.proc = fork_serve(argv, env=env, cwd=ROOT, log_path=self.log_path)
+        else:  # another checkout, a prefix or a preexec_fn: a fresh interpreter
+            with self.log_path.open("ab") as log:
+                self.proc = subprocess.Popen(
+                    [
+                        *self.prefix,
+                        str(self.root / ".venv/bin/python") if self.root else sys.executable,
+                        "-m",
+                        "mla_switchboard.service.cli",
+                        *argv,
+                    ],
+                    cwd=self.root or ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=self.preexec_fn,
+                )
         count_start(self.url)
         return self
 
