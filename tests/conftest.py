@@ -31,6 +31,7 @@ import pytest
 
 from tests.chromium import SHARED as SHARED_CHROMIUM
 from tests.chromium import SharedChromium
+from tests.spill_paths import default_spill_path
 
 if TYPE_CHECKING:
     from tests.forked_serve import ForkedProcess
@@ -338,6 +339,9 @@ class ServiceProcess:
         if self.bootstrap_token is not None:
             env["SWITCHBOARD_ADMIN_TOKEN"] = self.bootstrap_token
         env.update(self.extra_env)
+        spill = default_spill_path(self.database_url)
+        if spill is not None and "SWITCHBOARD_SPILL_PATH" not in env:
+            env["SWITCHBOARD_SPILL_PATH"] = spill
         self.log_path = log_dir / f"service-{self.port}.log"
         argv = ["serve", "--port", str(self.port), "--log-level", "warning"]
         if self.root is None and not self.prefix and self.preexec_fn is None:
@@ -468,6 +472,9 @@ def make_inprocess_client(database_url: str, **settings: object) -> object:
     from mla_switchboard.service.api.app import create_app
     from mla_switchboard.service.config import Settings
 
+    spill = default_spill_path(database_url)
+    if spill is not None and "SWITCHBOARD_SPILL_PATH" not in os.environ:
+        settings.setdefault("spill_path", spill)
     app = create_app(Settings(database_url=database_url, admin_token=ADMIN, **settings))
     return TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"})
 
@@ -509,6 +516,9 @@ class InProcessService:
             os.environ.pop("SWITCHBOARD_ADMIN_TOKEN", None)
             os.environ.update(self.extra_env)
             fields: dict[str, object] = {"database_url": self.database_url, **self.settings}
+            spill = default_spill_path(self.database_url)
+            if spill is not None and "SWITCHBOARD_SPILL_PATH" not in os.environ:
+                fields.setdefault("spill_path", spill)
             if self.bootstrap_token is not None:
                 fields["admin_token"] = self.bootstrap_token
             return Settings(**fields)  # type: ignore[arg-type]
