@@ -190,9 +190,19 @@ def _starts_logged() -> int:
 _STARTS_BEFORE = pytest.StashKey[int]()
 
 
+_LEFT_BEFORE = pytest.StashKey[set[str]]()
+
+
+def _left_in_checkout() -> set[str]:
+    """What a service writes beside its working directory when no test said where:
+    spill files and decision logs (tests/spill_paths.py)."""
+    return {p.name for p in ROOT.glob("switchboard-spill-*")}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(STARTS_LOG):
         config.stash[_STARTS_BEFORE] = _starts_logged()
+    config.stash[_LEFT_BEFORE] = _left_in_checkout()
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -200,6 +210,22 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if os.environ.get(STARTS_LOG):
         started = _starts_logged() - config.stash.get(_STARTS_BEFORE, 0)
         terminalreporter.write_line(f"service processes started: {started}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run that left a service's spill file or decision log in the checkout fails: a
+    later run on the same database URL would take that log over (tests/spill_paths.py)."""
+    if hasattr(session.config, "workerinput"):
+        return  # the controller looks once every worker is done
+    left = _left_in_checkout() - session.config.stash.get(_LEFT_BEFORE, set())
+    if left:
+        print(
+            f"\nerror: the run left {len(left)} service spill files or decision logs in "
+            f"{ROOT} (a test's service named no spill path; tests/spill_paths.py): "
+            f"{', '.join(sorted(left)[:5])}",
+            file=sys.stderr,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # Files whose tests take long (a browser, process starts, a fuzzer, faults and their

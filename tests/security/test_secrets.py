@@ -35,6 +35,7 @@ from mla_switchboard.service.messages import (
 
 from tests.conftest import ADMIN, ROOT, ServiceProcess, free_port
 from tests.inprocess import run_main
+from tests.spill_paths import default_spill_path
 
 PASSWORD = "Sb-pw-7Qx4Zr9Lm2"
 R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
@@ -42,6 +43,9 @@ R1 = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 
 def _env(url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    spill = default_spill_path(url)
+    if spill is not None:
+        env["SWITCHBOARD_SPILL_PATH"] = spill
     return {**env, "SWITCHBOARD_DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **extra}
 
 

@@ -22,6 +22,8 @@ from mla_switchboard.service.store.models import MeasurementRow, Meta
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
+from tests.spill_paths import default_spill_path
+
 SITUATION = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
 
 
@@ -98,7 +100,12 @@ def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 def two_replicas(url: str) -> tuple[Runtime, Runtime]:
     # one pod's wrong result excludes: what a clear does to an exclusion is the subject
-    settings = Settings(database_url=url, config_poll_s=0.05, failure_min_pods=1)
+    settings = Settings(
+        database_url=url,
+        spill_path=default_spill_path(url),
+        config_poll_s=0.05,
+        failure_min_pods=1,
+    )
     a, b = Runtime(settings), Runtime(settings)
     a.start()
     b.start()
@@ -316,7 +323,12 @@ def test_a_start_reads_only_the_window_and_keeps_each_pods_newest(tmp_path: Path
     of the 30-day window and no older one, in pages, and holds each pod's newest few
     results (what counts), whatever the history."""
     url = f"sqlite:///{tmp_path / 'sb.db'}"
-    settings = Settings(database_url=url, measured_samples_per_pod=4, measured_min_pods=1)
+    settings = Settings(
+        database_url=url,
+        spill_path=default_spill_path(url),
+        measured_samples_per_pod=4,
+        measured_min_pods=1,
+    )
     rt = Runtime(settings)
     rt.prepare_store()
     now = datetime.now(UTC)
@@ -368,7 +380,7 @@ def test_a_full_reloads_lean_rows_read_as_observations_do(
         if backend == "sqlite"
         else request.getfixturevalue("pg_url_factory")()
     )
-    rt = Runtime(Settings(database_url=url))
+    rt = Runtime(Settings(database_url=url, spill_path=default_spill_path(url)))
     rt.prepare_store()
     now = datetime.now(UTC)
     rows = [_row("c1", f"p{i}", 400.0 + i, f"report-{i:04d}") for i in range(40)]

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from tests.conftest import make_inprocess_client
 from tests.service.test_select_decisions import ALL, body
+from tests.spill_paths import default_spill_path
 
 pytestmark = pytest.mark.serial
 
@@ -62,7 +63,7 @@ def _row(i: int, cluster: str, at: datetime, report_id: str) -> dict[str, Any]:
 def _history(url: str) -> None:
     """64,000 counted results of one situation from 2,000 pods of prod-east, over 30
     days, as reports of 32 results."""
-    runtime = Runtime(Settings(database_url=url))
+    runtime = Runtime(Settings(database_url=url, spill_path=default_spill_path(url)))
     runtime.prepare_store()
     start = datetime.now(UTC) - timedelta(days=29)
     rows = [

@@ -30,6 +30,8 @@ from mla_switchboard.service.store.models import (
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from tests.spill_paths import default_spill_path
+
 SITUATION = Situation("NVIDIA H200", "9.0", "128,64,128", "bfloat16", "{}", "switchboard")
 PODS = 12
 
@@ -68,6 +70,7 @@ def runtime(url: str) -> Runtime:
     return Runtime(
         Settings(
             database_url=url,
+            spill_path=default_spill_path(url),
             measured_samples_per_pod=4,
             measured_min_pods=1,
             config_poll_s=3600.0,  # the background thread stays out of these tests' way

@@ -21,6 +21,7 @@ from bench.scale import (
     open_store,
     scenario_overrides,
 )
+from tests.spill_paths import default_spill_path
 
 
 def _collections(metrics: Metrics, generation: str) -> float:
@@ -72,7 +73,7 @@ def test_fleet_reads_set_off_few_collections(tmp_path: Path) -> None:
     fleet = make_fleet(300, 10)
     fill_decisions(store, fleet, 2)
     store.engine.dispose()
-    runtime = Runtime(Settings(database_url=url))
+    runtime = Runtime(Settings(database_url=url, spill_path=default_spill_path(url)))
     runtime.start()
     counted = [0]
 
