@@ -55,13 +55,16 @@ from sqlalchemy import (
     Connection,
     Engine,
     Float,
+    Integer,
     bindparam,
     cast,
     false,
     func,
     insert,
+    literal,
+    or_,
     select,
-    text,
+    union_all,
     update,
 )
 from sqlalchemy.orm import Session
@@ -653,21 +656,28 @@ def _newest_decisions(
     wanted = sorted({(p.report.cluster, p.report.pod, p.asker) for p in checked}, key=str)
     if not wanted:
         return {}
-    parts, params = [], {}
+    d, s = DecisionRow, ShapeRow
+    parts = []
     for i, (cluster, pod, asker) in enumerate(wanted):
-        params[f"c{i}"], params[f"p{i}"] = cluster, pod
-        mine = ""
-        if asker is not None:
-            params[f"a{i}"] = asker
-            mine = f" AND (d.principal = :a{i} OR d.principal IS NULL)"
-        parts.append(
-            f"SELECT * FROM (SELECT {i} AS n, d.request AS request, s.request AS shape_json, "
-            "d.node AS node FROM decisions d LEFT OUTER JOIN shapes s ON s.id = d.shape_id "
-            f"WHERE d.cluster = :c{i} AND d.pod = :p{i}{mine} "
-            f"ORDER BY d.id DESC LIMIT {POD_DECISIONS_READ}) q{i}"
+        newest = (
+            select(
+                literal(i, Integer).label("n"),
+                d.request.label("request"),
+                s.request.label("shape_json"),
+                d.node.label("node"),
+            )
+            .outerjoin(s, s.id == d.shape_id)
+            .where(d.cluster == cluster, d.pod == pod)
+            .order_by(d.id.desc())
+            .limit(POD_DECISIONS_READ)
         )
+        if asker is not None:
+            newest = newest.where(or_(d.principal == asker, d.principal.is_(None)))
+        # each part's ORDER BY and LIMIT inside a subquery of its own: SQLite takes them
+        # on a UNION ALL's parts only there
+        parts.append(select(newest.subquery(f"q{i}")))
     out: dict[tuple[str, str, str | None], list[Any]] = {}
-    for row in conn.execute(text(" UNION ALL ".join(parts)), params):
+    for row in conn.execute(union_all(*parts)):
         out.setdefault(wanted[row.n], []).append(row)
     return out
 
