@@ -52,10 +52,11 @@ from typing import Any, TypeVar
 from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import DecisionInputs, Refusal
 from mla_switchboard.core.evidence import EvidenceIndex
-from mla_switchboard.core.schemas import Override, RulesDocument, SelectRequest
+from mla_switchboard.core.schemas import FLEET, Override, RulesDocument, SelectRequest
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
+    Decider,
     DecisionMemo,
     FleetSnapshot,
     PodGroup,
@@ -163,6 +164,24 @@ class _Carried:
             and all(a is b for a, b in zip(indexes, self.indexes, strict=True))
             and key == self.key
         )
+
+
+def trust_content(
+    overrides: Sequence[Override], expired: Sequence[bool]
+) -> tuple[tuple[bool, str, tuple[str, ...], bool], ...]:
+    """What the evidence a cluster's pods trust is a function of, of ``overrides`` (the
+    fleet's and the cluster's own, ``DecisionInputs.overrides_for``; ``expired``:
+    whether each had expired at the read's time): a pod trusts the scope of the last
+    override that applies to it and names one (``trust_scope``: the fleet's first),
+    and whether one applies is its scope (fleet or own), model glob and expiry. An
+    override that names no scope changes nothing a cluster trusts, so a change of
+    what it denies, forces or notes (a fleet-wide deny never seen before) finds the
+    indexes kept for the content before it."""
+    return tuple(
+        (o.cluster == FLEET, o.model, tuple(o.trust_clusters), gone)
+        for o, gone in zip(overrides, expired, strict=True)
+        if o.trust_clusters is not None
+    )
 
 
 class ClusterParts:
@@ -278,13 +297,13 @@ class ClusterParts:
         find: Callable[[], list[EvidenceIndex]],
     ) -> list[EvidenceIndex]:
         """The indexes the figures of ``cluster`` read (``PartsRead.indexes_read``)
-        under overrides of ``content`` (its models, its overrides as carried text and
-        which of them had expired: a trust scope is a function of the overrides that
-        apply), found by ``find()`` when this content was not met since the evidence
-        generation or the index of all last moved (an index replaced or added moves
-        them). A change taken back, or previewed and then written, returns every
-        cluster to overrides of a content met before: their indexes are not asked of
-        the evidence again, cluster by model."""
+        under overrides of ``content`` (its models, and what of its overrides decides
+        the scopes its pods trust: ``trust_content``), found by ``find()`` when this
+        content was not met since the evidence generation or the index of all last
+        moved (an index replaced or added moves them). A change taken back, previewed
+        and then written, or one that names no trust scope (a fleet-wide deny) returns
+        every cluster to a content met before: their indexes are not asked of the
+        evidence again, cluster by model."""
         stamp = (inputs.evidence_generation, inputs.evidence)
         kept = self._content_stamp
         if kept[0] != stamp[0] or kept[1] is not stamp[1]:
@@ -400,6 +419,13 @@ class PartsRead:
         """The read's stage classes and overrides that apply, per cluster and model: a
         preview of this read shares them (``replay``'s ``classes``)."""
         return self._classes
+
+    @property
+    def memo(self) -> DecisionMemo:
+        """The read's decisions: those of its side "" are under ``inputs`` (the
+        configuration in force), so a preview of this read takes its "from" side
+        from them (``replay``'s ``memo``) rather than deciding those groups again."""
+        return self._memo
 
     @property
     def inputs_for(self) -> InputsFor | None:
@@ -599,7 +625,7 @@ class PartsRead:
         models = frozenset(g.request.model.name for g in groups if g.request is not None)
 
         def find() -> list[EvidenceIndex]:
-            content = (models, texts, expired)
+            content = (models, trust_content(overrides, expired))
             return parts.indexes_by_content(
                 cluster, content, inputs, lambda: self.indexes_read(cluster, groups, inputs)
             )
@@ -661,19 +687,33 @@ class PartsRead:
     def _current(
         self, groups: Sequence[PodGroup]
     ) -> tuple[int, dict[tuple[str, frozenset[int] | None], str | None]]:
+        """What the configuration in force gives each group of one cluster, and its
+        pods pending. Decided through one ``Decider`` per model (how the decisions
+        depend on the cluster, the evidence they trust and the stage bits are a
+        function of the cluster and the model: found once, not per group), with the
+        read's memo, whose decisions a preview of this read shares for its "from"
+        side (``memo``)."""
         inputs, now, memo, narrow = self.inputs, self.now, self._memo, self._inputs_for
         pending = 0
         given: dict[tuple[str, frozenset[int] | None], str | None] = {}
+        deciders: dict[str, tuple[Decider, tuple[StageClass, ...]]] = {}
         for group in each_group(groups, self.deadline):
             request = group.request
             if request is None:
                 continue
+            found = deciders.get(request.model.name)
+            if found is None:
 
-            def narrowed(r: SelectRequest = request) -> DecisionInputs:
-                return inputs if narrow is None else narrow(r, inputs, now)
+                def narrowed(r: SelectRequest = request) -> DecisionInputs:
+                    return inputs if narrow is None else narrow(r, inputs, now)
 
-            for stage in self._classes.stages(request, inputs.overrides, now):
-                decided = memo.decision(request, group.shape_id, stage, inputs, narrowed)
+                found = deciders[request.model.name] = (
+                    memo.decider(request, inputs, narrowed),
+                    self._classes.stages(request, inputs.overrides, now),
+                )
+            decider, stages = found
+            for stage in stages:
+                decided = decider(request, group.shape_id, stage)
                 backend = None if isinstance(decided, Refusal) else decided.backend.value
                 given[(group.shape_id, stage.buckets)] = backend
                 for row in group.rows:

@@ -149,6 +149,7 @@ def replay(
     deadline: Deadline | None = None,
     settled: Settled | None = None,
     classes: ClassCache | None = None,
+    memo: DecisionMemo | None = None,
 ) -> Preview:
     """Count what changes from ``current`` to ``proposed`` for every pod of ``fleet``.
 
@@ -166,13 +167,18 @@ def replay(
     that move (its reasons say why). Without ``settled`` every group of every cluster
     is decided under both. ``classes``: the stage classes and overrides that apply per
     cluster and model, shared with the read ``settled`` is of (its "from" side finds
-    those of the configuration in force too)."""
+    those of the configuration in force too). ``memo``: that read's decisions, whose
+    side "" is ``current`` (``PartsRead.memo``): the "from" side of the groups that
+    move is then taken from what the read decided for ``settled.given`` instead of
+    being decided again, and the proposal's decisions join them."""
     # what the replay builds is let go of a piece at a time once the read ends
     tally = let_go_later(_Tally())
     unreadable = total = 0
     inputs_for = per_model(inputs_for)
     classes = let_go_later(ClassCache()) if classes is None else classes
-    memo = let_go_later(DecisionMemo(now, classes))
+    # the "from" side: the read's own decisions when they are under ``current``
+    from_side = "from" if memo is None else ""
+    memo = let_go_later(DecisionMemo(now, classes)) if memo is None else memo
 
     for cluster, groups in fleet.by_cluster.items():
         own = current.override_set.own(cluster)
@@ -205,7 +211,16 @@ def replay(
             plan = plans.get(request.model.name)
             if plan is None:
                 plan = plans[request.model.name] = _ModelPlan.of(
-                    request, current, proposed, now, inputs_for, classes, memo, exact, settled
+                    request,
+                    current,
+                    proposed,
+                    now,
+                    inputs_for,
+                    classes,
+                    memo,
+                    exact,
+                    settled,
+                    from_side,
                 )
                 if deadline is not None:  # a model's setup, like a group, lets the loop in
                     deadline.check()
@@ -290,6 +305,7 @@ class _ModelPlan:
         memo: DecisionMemo,
         exact: bool,
         settled: Settled | None,
+        from_side: str = "from",
     ) -> _ModelPlan:
         partials = classes.partials(request, proposed.overrides, now)
         stages = classes.of(_union(classes.partials(request, current.overrides, now), partials))
@@ -312,7 +328,7 @@ class _ModelPlan:
             tuple(_holding(own_classes, stage.bucket) for stage in stages),
             tuple((own.buckets, _at(stages, own)) for own in own_classes),
             side("to", proposed),
-            side("from", current),
+            side(from_side, current),
             given,
         )
 
