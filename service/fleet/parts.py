@@ -668,6 +668,32 @@ class PartsRead:
                 return given[(group.shape_id, stage.buckets)]
         raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")
 
+    def given_kept_in(self, request: SelectRequest) -> tuple[_Given, tuple[StageClass, ...]] | None:
+        """``given_in`` when the cluster's ``given`` is worked out or carried (nothing
+        is decided); None otherwise: a preview then decides it while it walks the
+        cluster's groups for its "from" side, and hands it to :meth:`worked_out`,
+        instead of a walk of the cluster's groups for it first."""
+        found = self._given_in.get((request.cluster, request.model.name))
+        if found is not None:
+            return found
+        part = self.part(request.cluster)
+        if part.pending is None or part.given is None:
+            carried = self._carried_figures(request.cluster)
+            if carried.pending is None or carried.given is None:
+                return None
+            part.pending, part.given = carried.pending, carried.given
+        return self.given_in(request)
+
+    def worked_out(self, cluster: str, pending: int, given: _Given) -> None:
+        """What the configuration in force gives the pods of ``cluster``, decided by a
+        preview's replay as :meth:`pending` would (the same decisions: the read's
+        memo), kept and carried as its figures are."""
+        self._parts.count("pending")
+        carried = self._carried_figures(cluster)
+        carried.pending, carried.given = pending, given
+        part = self.part(cluster)
+        part.pending, part.given = pending, given
+
     def given_in(self, request: SelectRequest) -> tuple[_Given, tuple[StageClass, ...]]:
         """What the configuration in force gives the pods of ``request``'s cluster and
         model: the backend per (shape, stage class) (``given``), and those stage

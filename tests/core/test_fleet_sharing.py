@@ -175,3 +175,51 @@ def test_an_expired_trust_scope_is_another_content() -> None:
     assert trust_content(trusting, [False]) != trust_content(trusting, [True])
     denying = (override("east", deny=["CUDNN"], expires_at=LATER),)
     assert trust_content(denying, [False]) == trust_content(denying, [True]) == ()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        override("*", deny=["FLASH_ATTN"], note="never seen"),
+        staged("*", 30, deny=["FLASH_ATTN"]),
+        override("c1", force="CUDNN", note="one cluster"),
+    ],
+    ids=["fleet deny", "fleet staged", "one cluster"],
+)
+def test_what_a_preview_decides_of_the_config_in_force_is_what_a_read_works_out(
+    change: Override,
+) -> None:
+    """A preview on a replica that has not worked out what the configuration in force
+    gives a cluster decides it while it walks the cluster's groups; kept, it equals
+    what a read of its own works out (pending pods, and the backend per shape and
+    stage class)."""
+    clusters = [f"c{i}" for i in range(4)]
+    inputs = DecisionInputs(
+        SEED_RULES, tuple(own_override(i, c) for i, c in enumerate(clusters)), tag=(1, 1)
+    )
+    snapshots = Snapshots(fleet_of(clusters, inputs))
+    evidence = OwnEvidence()
+
+    def reads() -> FleetReads:
+        return FleetReads(
+            snapshots,  # type: ignore[arg-type]
+            Quiet(),  # type: ignore[arg-type]
+            evidence,  # type: ignore[arg-type]
+            lambda: inputs,
+            ReadSettings(600, 1, 1),
+        )
+
+    previewed, alone = reads(), reads()
+    try:
+        previewed.preview(Proposal(override_scope=change.cluster, override=change), None, None)
+        now = datetime.now(UTC)
+        mine = previewed._parts_of(snapshots.snap, inputs, now)
+        theirs = alone._parts_of(snapshots.snap, inputs, now)
+        for cluster in clusters:
+            assert mine.pending(cluster) == theirs.pending(cluster)
+            assert mine.part(cluster).given == theirs.part(cluster).given
+        # every cluster's worked out once, by the preview (none by the read after it)
+        assert previewed._parts.computed == {"pending": len(clusters)}
+    finally:
+        previewed.close()
+        alone.close()
