@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from mla_switchboard.core.evaluator import DecisionInputs
-from mla_switchboard.core.evidence import EvidenceIndex
+from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_of
 from mla_switchboard.core.schemas import SEED_RULES, Override, SelectRequest
 from mla_switchboard.service.fleet.groups import FleetSnapshot
 from mla_switchboard.service.fleet.parts import trust_content
@@ -27,8 +27,17 @@ from mla_switchboard.service.fleet.reads import FleetReads, Proposal, ReadSettin
 from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override
-from tests.core.test_fleet_parts import Made, Quiet, Snapshots
-from tests.core.test_fleet_replay import SHAPES, staged
+from tests.core.test_fleet_parts import (
+    OVERRIDES,
+    Evidence,
+    Made,
+    Quiet,
+    Snapshots,
+    reads_of,
+    shown,
+    whole,
+)
+from tests.core.test_fleet_replay import SHAPES, fleet, staged
 
 
 class OwnEvidence:
@@ -223,3 +232,53 @@ def test_what_a_preview_decides_of_the_config_in_force_is_what_a_read_works_out(
     finally:
         previewed.close()
         alone.close()
+
+
+def test_the_summary_after_a_never_seen_change_reads_the_groups_that_tell() -> None:
+    """Which groups the regret and the exclusions read is found from the evidence once
+    (``parts.Telling``); a fleet-wide deny never seen before works out every cluster's
+    regret and exclusions again from those groups only, and the summary is what the
+    whole fleet read again gives. A report moves the cluster's evidence: its groups
+    are found again."""
+    evidence = Evidence()
+    for cluster in ("east", "west"):
+        evidence.report(cluster, "FLASHINFER", 600)
+        evidence.report(cluster, "FLASH_ATTN", 200)
+    situation = situation_of(SHAPES[0])
+    assert situation is not None
+    evidence.indexes["canary"].add(
+        [Observation(situation, "CUDNN", "canary-9", None, ok=False, cluster="canary", at=NOW)]
+    )
+    current = {"inputs": DecisionInputs(SEED_RULES, OVERRIDES, tag=(1, 1))}
+    snapshots = Snapshots(FleetSnapshot.of_pods(fleet(3, current["inputs"]), version=1))
+    reads = reads_of(snapshots, evidence, lambda: current["inputs"])
+    try:
+        reads.summary(None, None)
+        parts = reads._parts
+        found = dict(parts.telling)
+        assert {c: len(t.rankable) > 0 for c, t in found.items()} == {
+            "east": True,
+            "west": True,
+            "canary": False,
+        }
+        assert [c for c, t in found.items() if t.failing] == ["canary"]
+        worked_out = dict(parts.computed)
+
+        change = override("*", deny=["FLASHINFER"], note="never seen")
+        current["inputs"] = replace(
+            Proposal(override_scope="*", override=change).applied_to(current["inputs"]),
+            tag=(2, 1),
+        )
+        body = reads.summary(None, None).body
+        assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+        assert parts.computed["regret"] == worked_out["regret"] + 3
+        assert all(parts.telling[c] is t for c, t in found.items())  # not found again
+
+        evidence.report("west", "CUDNN", 900)
+        current["inputs"] = replace(current["inputs"], tag=(2, 2))
+        body = reads.summary(None, None).body
+        assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+        assert parts.telling["west"] is not found["west"]
+        assert parts.telling["east"] is found["east"]
+    finally:
+        reads.close()
