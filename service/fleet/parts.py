@@ -212,6 +212,33 @@ class Telling:
             and key == self.key
         )
 
+    @classmethod
+    def find(
+        cls,
+        key: Hashable,
+        indexes: Sequence[EvidenceIndex],
+        groups: Sequence[PodGroup],
+        inputs: DecisionInputs,
+        now: datetime,
+        narrow: InputsFor | None,
+        memo: DecisionMemo,
+        deadline: Deadline | None,
+    ) -> Telling:
+        """Those of ``groups`` (one cluster's, under ``inputs``) that tell, asked of
+        the evidence their pods trust (``narrow``: the read's ``inputs_for``)."""
+        rankable: list[PodGroup] = []
+        failing: list[PodGroup] = []
+        for group in each_group(groups, deadline):
+            request = group.request
+            if request is None:
+                continue
+            evidence = (inputs if narrow is None else narrow(request, inputs, now)).evidence
+            if memo.of_situation(situation_rankable, evidence, group.shape_id, request):
+                rankable.append(group)
+            if memo.of_situation(situation_failing, evidence, group.shape_id, request):
+                failing.append(group)
+        return cls(key, tuple(indexes), tuple(rankable), tuple(failing))
+
 
 class ClusterParts:
     """The parts of the configuration in force, one per cluster (module docstring).
@@ -445,6 +472,7 @@ class PartsRead:
             tuple[int, str], tuple[DecisionInputs, Hashable, list[EvidenceIndex]]
         ] = {}
         self._figures: dict[str, ClusterPart] = {}  # per cluster: ``_carried_figures``
+        self._telling_found: dict[str, Telling] = {}  # per cluster: ``_telling``
 
     @property
     def classes(self) -> ClassCache:
@@ -565,7 +593,7 @@ class PartsRead:
             carried = self._carried_figures(cluster)
             if carried.excluded is None:
                 self._parts.count("excluded")
-                failing = self._telling(cluster).failing
+                failing = self._telling(cluster).failing  # none: nothing read
                 carried.excluded = self._of_cluster(cluster_exclusions, cluster, failing=failing)
             part.excluded = carried.excluded
         return part.excluded
@@ -602,6 +630,9 @@ class PartsRead:
         """Which of ``cluster``'s groups the regret and the exclusions read
         (``Telling``): kept per cluster while its groups, its indexes (the very
         objects) and their versions are the same, else found again from the evidence."""
+        found = self._telling_found.get(cluster)
+        if found is not None:
+            return found
         indexes = self._carry_key(cluster, self.inputs)[1]
         groups = self.fleet.of_cluster(cluster)
         key = (
@@ -611,21 +642,12 @@ class PartsRead:
         )
         kept = self._parts.telling.get(cluster)
         if kept is not None and kept.holds(key, indexes):
+            self._telling_found[cluster] = kept
             return kept
-        inputs, now, narrow, memo = self.inputs, self.now, self._inputs_for, self._memo
-        rankable: list[PodGroup] = []
-        failing: list[PodGroup] = []
-        for group in each_group(groups, self.deadline):
-            request = group.request
-            if request is None:
-                continue
-            evidence = (inputs if narrow is None else narrow(request, inputs, now)).evidence
-            if memo.of_situation(situation_rankable, evidence, group.shape_id, request):
-                rankable.append(group)
-            if memo.of_situation(situation_failing, evidence, group.shape_id, request):
-                failing.append(group)
-        found = Telling(key, tuple(indexes), tuple(rankable), tuple(failing))
-        self._parts.telling[cluster] = found
+        found = Telling.find(
+            key, indexes, groups, self.inputs, self.now, self._inputs_for, self._memo, self.deadline
+        )
+        self._parts.telling[cluster] = self._telling_found[cluster] = found
         return found
 
     def progress(self, cluster: str, position: int, o: Override) -> RolloutTally:
@@ -735,10 +757,8 @@ class PartsRead:
         raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")
 
     def given_kept_in(self, request: SelectRequest) -> tuple[_Given, tuple[StageClass, ...]] | None:
-        """``given_in`` when the cluster's ``given`` is worked out or carried (nothing
-        is decided); None otherwise: a preview then decides it while it walks the
-        cluster's groups for its "from" side, and hands it to :meth:`worked_out`,
-        instead of a walk of the cluster's groups for it first."""
+        """``given_in`` when the cluster's ``given`` is worked out or carried; None
+        otherwise (a preview then decides it as it walks the groups: ``worked_out``)."""
         found = self._given_in.get((request.cluster, request.model.name))
         if found is not None:
             return found
@@ -751,9 +771,8 @@ class PartsRead:
         return self.given_in(request)
 
     def worked_out(self, cluster: str, pending: int, given: _Given) -> None:
-        """What the configuration in force gives the pods of ``cluster``, decided by a
-        preview's replay as :meth:`pending` would (the same decisions: the read's
-        memo), kept and carried as its figures are."""
+        """What the config in force gives the pods of ``cluster``, decided by a
+        preview as :meth:`pending` would (the read's memo), kept as its figures are."""
         self._parts.count("pending")
         carried = self._carried_figures(cluster)
         carried.pending, carried.given = pending, given
