@@ -52,10 +52,11 @@ from typing import Any, TypeVar
 from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import DecisionInputs, Refusal
 from mla_switchboard.core.evidence import EvidenceIndex
-from mla_switchboard.core.schemas import Override, RulesDocument, SelectRequest
+from mla_switchboard.core.schemas import FLEET, Override, RulesDocument, SelectRequest
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
+    Decider,
     DecisionMemo,
     FleetSnapshot,
     PodGroup,
@@ -64,7 +65,12 @@ from mla_switchboard.service.fleet.groups import (
 )
 from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally, StageSamples
-from mla_switchboard.service.fleet.regret import cluster_exclusions, cluster_regret
+from mla_switchboard.service.fleet.regret import (
+    cluster_exclusions,
+    cluster_regret,
+    situation_failing,
+    situation_rankable,
+)
 from mla_switchboard.service.selector import InputsFor
 
 T = TypeVar("T")
@@ -165,6 +171,75 @@ class _Carried:
         )
 
 
+def trust_content(
+    overrides: Sequence[Override], expired: Sequence[bool]
+) -> tuple[tuple[bool, str, tuple[str, ...], bool], ...]:
+    """What the evidence a cluster's pods trust is a function of, of ``overrides`` (the
+    fleet's and the cluster's own, ``DecisionInputs.overrides_for``; ``expired``:
+    whether each had expired at the read's time): a pod trusts the scope of the last
+    override that applies to it and names one (``trust_scope``: the fleet's first),
+    and whether one applies is its scope (fleet or own), model glob and expiry. An
+    override that names no scope changes nothing a cluster trusts, so a change of
+    what it denies, forces or notes (a fleet-wide deny never seen before) finds the
+    indexes kept for the content before it."""
+    return tuple(
+        (o.cluster == FLEET, o.model, tuple(o.trust_clusters), gone)
+        for o, gone in zip(overrides, expired, strict=True)
+        if o.trust_clusters is not None
+    )
+
+
+@dataclass(frozen=True)
+class Telling:
+    """Which of a cluster's groups the regret and the exclusions read, from the
+    evidence alone: those whose situation the index their pods trust could rank
+    (``regret.situation_rankable``), and those whose situation has failures noted in it
+    (``regret.situation_failing``); in the groups' order. Neither reads an override but
+    through the trust scope, so they hold for every configuration whose indexes for
+    the cluster are the same objects at the same versions: a fleet-wide deny never
+    seen before reads the few groups that tell (a tenth of a fleet's, and failing far
+    fewer), not every group of every cluster."""
+
+    key: Hashable
+    indexes: tuple[EvidenceIndex, ...]
+    rankable: tuple[PodGroup, ...]
+    failing: tuple[PodGroup, ...]
+
+    def holds(self, key: Hashable, indexes: Sequence[EvidenceIndex]) -> bool:
+        return (
+            len(indexes) == len(self.indexes)
+            and all(a is b for a, b in zip(indexes, self.indexes, strict=True))
+            and key == self.key
+        )
+
+    @classmethod
+    def find(
+        cls,
+        key: Hashable,
+        indexes: Sequence[EvidenceIndex],
+        groups: Sequence[PodGroup],
+        inputs: DecisionInputs,
+        now: datetime,
+        narrow: InputsFor | None,
+        memo: DecisionMemo,
+        deadline: Deadline | None,
+    ) -> Telling:
+        """Those of ``groups`` (one cluster's, under ``inputs``) that tell, asked of
+        the evidence their pods trust (``narrow``: the read's ``inputs_for``)."""
+        rankable: list[PodGroup] = []
+        failing: list[PodGroup] = []
+        for group in each_group(groups, deadline):
+            request = group.request
+            if request is None:
+                continue
+            evidence = (inputs if narrow is None else narrow(request, inputs, now)).evidence
+            if memo.of_situation(situation_rankable, evidence, group.shape_id, request):
+                rankable.append(group)
+            if memo.of_situation(situation_failing, evidence, group.shape_id, request):
+                failing.append(group)
+        return cls(key, tuple(indexes), tuple(rankable), tuple(failing))
+
+
 class ClusterParts:
     """The parts of the configuration in force, one per cluster (module docstring).
 
@@ -187,6 +262,7 @@ class ClusterParts:
         self._by_content: dict[str, dict[Hashable, list[EvidenceIndex]]] = {}
         self._content_stamp: tuple[Any, ...] = (None, None)
         self.samples = StageSamples()  # a rollout's stage samples, by evidence version
+        self.telling: dict[str, Telling] = {}  # per cluster, the latest (``Telling``)
         self.computed: dict[str, int] = {}
 
     def reading(
@@ -234,6 +310,8 @@ class ClusterParts:
                 self._before_parts.pop(cluster, None)
             for cluster in [c for c in self._carried if c not in clusters]:
                 del self._carried[cluster]
+            for cluster in [c for c in self.telling if c not in clusters]:
+                del self.telling[cluster]
 
     def read_by(
         self,
@@ -278,13 +356,13 @@ class ClusterParts:
         find: Callable[[], list[EvidenceIndex]],
     ) -> list[EvidenceIndex]:
         """The indexes the figures of ``cluster`` read (``PartsRead.indexes_read``)
-        under overrides of ``content`` (its models, its overrides as carried text and
-        which of them had expired: a trust scope is a function of the overrides that
-        apply), found by ``find()`` when this content was not met since the evidence
-        generation or the index of all last moved (an index replaced or added moves
-        them). A change taken back, or previewed and then written, returns every
-        cluster to overrides of a content met before: their indexes are not asked of
-        the evidence again, cluster by model."""
+        under overrides of ``content`` (its models, and what of its overrides decides
+        the scopes its pods trust: ``trust_content``), found by ``find()`` when this
+        content was not met since the evidence generation or the index of all last
+        moved (an index replaced or added moves them). A change taken back, previewed
+        and then written, or one that names no trust scope (a fleet-wide deny) returns
+        every cluster to a content met before: their indexes are not asked of the
+        evidence again, cluster by model."""
         stamp = (inputs.evidence_generation, inputs.evidence)
         kept = self._content_stamp
         if kept[0] != stamp[0] or kept[1] is not stamp[1]:
@@ -394,12 +472,20 @@ class PartsRead:
             tuple[int, str], tuple[DecisionInputs, Hashable, list[EvidenceIndex]]
         ] = {}
         self._figures: dict[str, ClusterPart] = {}  # per cluster: ``_carried_figures``
+        self._telling_found: dict[str, Telling] = {}  # per cluster: ``_telling``
 
     @property
     def classes(self) -> ClassCache:
         """The read's stage classes and overrides that apply, per cluster and model: a
         preview of this read shares them (``replay``'s ``classes``)."""
         return self._classes
+
+    @property
+    def memo(self) -> DecisionMemo:
+        """The read's decisions: those of its side "" are under ``inputs`` (the
+        configuration in force), so a preview of this read takes its "from" side
+        from them (``replay``'s ``memo``) rather than deciding those groups again."""
+        return self._memo
 
     @property
     def inputs_for(self) -> InputsFor | None:
@@ -496,7 +582,8 @@ class PartsRead:
             carried = self._carried_figures(cluster)
             if carried.regret is None:
                 self._parts.count("regret")
-                carried.regret = self._of_cluster(cluster_regret, cluster)
+                rankable = self._telling(cluster).rankable
+                carried.regret = self._of_cluster(cluster_regret, cluster, rankable=rankable)
             part.regret = carried.regret
         return part.regret
 
@@ -506,7 +593,8 @@ class PartsRead:
             carried = self._carried_figures(cluster)
             if carried.excluded is None:
                 self._parts.count("excluded")
-                carried.excluded = self._of_cluster(cluster_exclusions, cluster)
+                failing = self._telling(cluster).failing  # none: nothing read
+                carried.excluded = self._of_cluster(cluster_exclusions, cluster, failing=failing)
             part.excluded = carried.excluded
         return part.excluded
 
@@ -523,9 +611,10 @@ class PartsRead:
             found = self._figures[cluster] = self._parts.carry(cluster, key, indexes)
         return found
 
-    def _of_cluster(self, figure: Callable[..., T], cluster: str) -> T:
+    def _of_cluster(self, figure: Callable[..., T], cluster: str, **telling: Any) -> T:
         """``figure`` (``cluster_regret``, ``cluster_exclusions``) over ``cluster``'s
-        groups, with this read's deadline and the class cache and memo its clusters share."""
+        groups, with this read's deadline and the class cache and memo its clusters
+        share; ``telling``: the groups it reads, when kept (``Telling``)."""
         return figure(
             self.fleet.of_cluster(cluster),
             self.inputs,
@@ -534,7 +623,32 @@ class PartsRead:
             deadline=self.deadline,
             classes=self._classes,
             memo=self._memo,
+            **telling,
         )
+
+    def _telling(self, cluster: str) -> Telling:
+        """Which of ``cluster``'s groups the regret and the exclusions read
+        (``Telling``): kept per cluster while its groups, its indexes (the very
+        objects) and their versions are the same, else found again from the evidence."""
+        found = self._telling_found.get(cluster)
+        if found is not None:
+            return found
+        indexes = self._carry_key(cluster, self.inputs)[1]
+        groups = self.fleet.of_cluster(cluster)
+        key = (
+            tuple((g.shape_id, g.rows) for g in groups),
+            self.inputs.evidence_generation,
+            tuple(index.version for index in indexes),
+        )
+        kept = self._parts.telling.get(cluster)
+        if kept is not None and kept.holds(key, indexes):
+            self._telling_found[cluster] = kept
+            return kept
+        found = Telling.find(
+            key, indexes, groups, self.inputs, self.now, self._inputs_for, self._memo, self.deadline
+        )
+        self._parts.telling[cluster] = self._telling_found[cluster] = found
+        return found
 
     def progress(self, cluster: str, position: int, o: Override) -> RolloutTally:
         """``o``'s progress among the pods of ``cluster``; ``position``: where ``o``
@@ -599,7 +713,7 @@ class PartsRead:
         models = frozenset(g.request.model.name for g in groups if g.request is not None)
 
         def find() -> list[EvidenceIndex]:
-            content = (models, texts, expired)
+            content = (models, trust_content(overrides, expired))
             return parts.indexes_by_content(
                 cluster, content, inputs, lambda: self.indexes_read(cluster, groups, inputs)
             )
@@ -642,6 +756,29 @@ class PartsRead:
                 return given[(group.shape_id, stage.buckets)]
         raise LookupError(f"no stage class of {group.cluster}/{group.shape_id} holds {bucket}")
 
+    def given_kept_in(self, request: SelectRequest) -> tuple[_Given, tuple[StageClass, ...]] | None:
+        """``given_in`` when the cluster's ``given`` is worked out or carried; None
+        otherwise (a preview then decides it as it walks the groups: ``worked_out``)."""
+        found = self._given_in.get((request.cluster, request.model.name))
+        if found is not None:
+            return found
+        part = self.part(request.cluster)
+        if part.pending is None or part.given is None:
+            carried = self._carried_figures(request.cluster)
+            if carried.pending is None or carried.given is None:
+                return None
+            part.pending, part.given = carried.pending, carried.given
+        return self.given_in(request)
+
+    def worked_out(self, cluster: str, pending: int, given: _Given) -> None:
+        """What the config in force gives the pods of ``cluster``, decided by a
+        preview as :meth:`pending` would (the read's memo), kept as its figures are."""
+        self._parts.count("pending")
+        carried = self._carried_figures(cluster)
+        carried.pending, carried.given = pending, given
+        part = self.part(cluster)
+        part.pending, part.given = pending, given
+
     def given_in(self, request: SelectRequest) -> tuple[_Given, tuple[StageClass, ...]]:
         """What the configuration in force gives the pods of ``request``'s cluster and
         model: the backend per (shape, stage class) (``given``), and those stage
@@ -661,19 +798,33 @@ class PartsRead:
     def _current(
         self, groups: Sequence[PodGroup]
     ) -> tuple[int, dict[tuple[str, frozenset[int] | None], str | None]]:
+        """What the configuration in force gives each group of one cluster, and its
+        pods pending. Decided through one ``Decider`` per model (how the decisions
+        depend on the cluster, the evidence they trust and the stage bits are a
+        function of the cluster and the model: found once, not per group), with the
+        read's memo, whose decisions a preview of this read shares for its "from"
+        side (``memo``)."""
         inputs, now, memo, narrow = self.inputs, self.now, self._memo, self._inputs_for
         pending = 0
         given: dict[tuple[str, frozenset[int] | None], str | None] = {}
+        deciders: dict[str, tuple[Decider, tuple[StageClass, ...]]] = {}
         for group in each_group(groups, self.deadline):
             request = group.request
             if request is None:
                 continue
+            found = deciders.get(request.model.name)
+            if found is None:
 
-            def narrowed(r: SelectRequest = request) -> DecisionInputs:
-                return inputs if narrow is None else narrow(r, inputs, now)
+                def narrowed(r: SelectRequest = request) -> DecisionInputs:
+                    return inputs if narrow is None else narrow(r, inputs, now)
 
-            for stage in self._classes.stages(request, inputs.overrides, now):
-                decided = memo.decision(request, group.shape_id, stage, inputs, narrowed)
+                found = deciders[request.model.name] = (
+                    memo.decider(request, inputs, narrowed),
+                    self._classes.stages(request, inputs.overrides, now),
+                )
+            decider, stages = found
+            for stage in stages:
+                decided = decider(request, group.shape_id, stage)
                 backend = None if isinstance(decided, Refusal) else decided.backend.value
                 given[(group.shape_id, stage.buckets)] = backend
                 for row in group.rows:

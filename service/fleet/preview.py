@@ -120,6 +120,28 @@ class Settled(Protocol):
         the backend per (shape, stage class), and those stage classes."""
         ...
 
+    def given_kept_in(
+        self, request: SelectRequest
+    ) -> (
+        tuple[Mapping[tuple[str, frozenset[int] | None], str | None], tuple[StageClass, ...]] | None
+    ):
+        """``given_in`` when what the config in force gives ``request``'s cluster is
+        worked out or carried already; None when it would have to be decided (the
+        replay then decides it as it walks the groups, and hands it to
+        ``worked_out``)."""
+        ...
+
+    def worked_out(
+        self,
+        cluster: str,
+        pending: int,
+        given: dict[tuple[str, frozenset[int] | None], str | None],
+    ) -> None:
+        """What the config in force gives the pods of ``cluster`` (``pending``,
+        ``given`` as ``given_in`` would hold them), decided by a replay: kept as if
+        ``pending`` had worked it out."""
+        ...
+
     def kept_given(
         self, cluster: str, proposed: DecisionInputs
     ) -> Mapping[tuple[str, frozenset[int] | None], str | None] | None:
@@ -149,6 +171,7 @@ def replay(
     deadline: Deadline | None = None,
     settled: Settled | None = None,
     classes: ClassCache | None = None,
+    memo: DecisionMemo | None = None,
 ) -> Preview:
     """Count what changes from ``current`` to ``proposed`` for every pod of ``fleet``.
 
@@ -166,13 +189,18 @@ def replay(
     that move (its reasons say why). Without ``settled`` every group of every cluster
     is decided under both. ``classes``: the stage classes and overrides that apply per
     cluster and model, shared with the read ``settled`` is of (its "from" side finds
-    those of the configuration in force too)."""
+    those of the configuration in force too). ``memo``: that read's decisions, whose
+    side "" is ``current`` (``PartsRead.memo``): the "from" side of the groups that
+    move is then taken from what the read decided for ``settled.given`` instead of
+    being decided again, and the proposal's decisions join them."""
     # what the replay builds is let go of a piece at a time once the read ends
     tally = let_go_later(_Tally())
     unreadable = total = 0
     inputs_for = per_model(inputs_for)
     classes = let_go_later(ClassCache()) if classes is None else classes
-    memo = let_go_later(DecisionMemo(now, classes))
+    # the "from" side: the read's own decisions when they are under ``current``
+    from_side = "from" if memo is None else ""
+    memo = let_go_later(DecisionMemo(now, classes)) if memo is None else memo
 
     for cluster, groups in fleet.by_cluster.items():
         own = current.override_set.own(cluster)
@@ -196,6 +224,11 @@ def replay(
         # what the proposal gives, when a kept part holds it: only the groups that
         # move are then decided under it (their reasons need the decision)
         kept = None if settled is None else settled.kept_given(cluster, proposed)
+        # what the configuration in force gives the cluster's pods, when no kept
+        # figure holds it: decided here as the groups are walked ("from"), not in a
+        # walk of its own first (``Settled.worked_out``)
+        given_now: dict[tuple[str, frozenset[int] | None], str | None] | None = None
+        pending_now = 0
         for group in each_group(groups, deadline):
             total += group.pods
             request = group.request
@@ -205,10 +238,21 @@ def replay(
             plan = plans.get(request.model.name)
             if plan is None:
                 plan = plans[request.model.name] = _ModelPlan.of(
-                    request, current, proposed, now, inputs_for, classes, memo, exact, settled
+                    request,
+                    current,
+                    proposed,
+                    now,
+                    inputs_for,
+                    classes,
+                    memo,
+                    exact,
+                    settled,
+                    from_side,
                 )
                 if deadline is not None:  # a model's setup, like a group, lets the loop in
                     deadline.check()
+                if settled is not None and plan.given is None and given_now is None:
+                    given_now = {}
             shape_id = group.shape_id
             to_of, before_of = plan.to, plan.before
             given_to: list[str | None] = []
@@ -228,10 +272,14 @@ def replay(
                 else:
                     decided = before_of(request, shape_id, stage)
                     given = None if isinstance(decided, Refusal) else decided.backend.value
+                    if given_now is not None:
+                        given_now[(shape_id, plan.current_buckets[i])] = given
                 for row in group.rows:
                     n = stage.count(row)
                     if not n:
                         continue
+                    if given_now is not None and given is not None and row.backend != given:
+                        pending_now += n
                     if to is not None and row.backend != to:
                         pending_after += n
                     if given is not None and given == to:  # they stay: pending or not
@@ -252,6 +300,8 @@ def replay(
                 for buckets, at in plan.proposal_at:
                     given_after[(shape_id, buckets)] = given_to[at]
         if settled is not None:
+            if given_now is not None:
+                settled.worked_out(cluster, pending_now, given_now)
             settled.proposed(cluster, proposed, pending_after, given_after)
             if deadline is not None:
                 deadline.check()
@@ -290,6 +340,7 @@ class _ModelPlan:
         memo: DecisionMemo,
         exact: bool,
         settled: Settled | None,
+        from_side: str = "from",
     ) -> _ModelPlan:
         partials = classes.partials(request, proposed.overrides, now)
         stages = classes.of(_union(classes.partials(request, current.overrides, now), partials))
@@ -303,7 +354,11 @@ class _ModelPlan:
         given = None
         current_buckets: tuple[frozenset[int] | None, ...] = ()
         if settled is not None:
-            given, held = settled.given_in(request)
+            found = settled.given_kept_in(request)
+            if found is None:  # decided by the replay (its "from" side), as it walks
+                held = classes.of(classes.partials(request, current.overrides, now))
+            else:
+                given, held = found
             current_buckets = tuple(_holding(held, stage.bucket) for stage in stages)
         own_classes = classes.of(partials)
         return cls(
@@ -312,7 +367,7 @@ class _ModelPlan:
             tuple(_holding(own_classes, stage.bucket) for stage in stages),
             tuple((own.buckets, _at(stages, own)) for own in own_classes),
             side("to", proposed),
-            side("from", current),
+            side(from_side, current),
             given,
         )
 

@@ -279,6 +279,7 @@ class FleetReads:
             deadline=parts.deadline,
             settled=parts,
             classes=parts.classes,
+            memo=parts.memo,
         )
 
     def kept_preview(self, proposal: Proposal, scope: tuple[str, ...] | None) -> Preview | None:

@@ -78,24 +78,31 @@ def cluster_regret(
     deadline: Deadline | None = None,
     classes: ClassCache | None = None,
     memo: DecisionMemo | None = None,
+    rankable: Sequence[PodGroup] | None = None,
 ) -> dict[str, Any]:
     """One cluster's regret (``regret_by_cluster``'s entry), from its ``groups``.
     ``classes``, ``memo``: shared by the clusters of one read (an assessment holds for
-    every cluster that decides the group alike: ``DecisionMemo``)."""
+    every cluster that decides the group alike: ``DecisionMemo``). ``rankable``: those
+    of ``groups`` (in their order) whose situation the evidence they trust could rank,
+    when the caller keeps them (``parts.Telling``): the others add their pods only, so
+    only these are read."""
     classes = classes or ClassCache()
     memo = memo or DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
     pods = measured_pods = on_best = 0
     chosen_sum = best_sum = 0.0
     switch_to: dict[str, int] = defaultdict(int)
-    for group in each_group(groups, deadline):
-        pods += group.pods
+    if rankable is not None:
+        pods = sum(g.pods for g in groups)
+    for group in each_group(groups if rankable is None else rankable, deadline):
+        if rankable is None:
+            pods += group.pods
         request = group.request
         if request is None:
             continue
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
         evidence = narrowed.evidence
-        if not memo.of_situation(_rankable, evidence, group.shape_id, request):
+        if not memo.of_situation(situation_rankable, evidence, group.shape_id, request):
             continue  # nothing measured enough to rank for these pods: no assessment needed
         for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
@@ -132,14 +139,14 @@ def cluster_regret(
     }
 
 
-def _rankable(evidence: EvidenceIndex, situation: Situation | None) -> bool:
+def situation_rankable(evidence: EvidenceIndex, situation: Situation | None) -> bool:
     """Whether some backend of ``situation`` has the samples and pods to be ranked
     (``eligible``'s rule): else no valid set ranks any, and the pods' regret is not
     measured whatever their assessment."""
     return any(evidence.rankable(stats) for stats in evidence.group(situation).values())
 
 
-def _failing(evidence: EvidenceIndex, situation: Situation | None) -> bool:
+def situation_failing(evidence: EvidenceIndex, situation: Situation | None) -> bool:
     """Whether some backend of ``situation`` has failures noted: an exclusion is only
     ever of those (``measured_failures``)."""
     return any(stats.failures for stats in evidence.group(situation).values())
@@ -184,15 +191,19 @@ def cluster_exclusions(
     deadline: Deadline | None = None,
     classes: ClassCache | None = None,
     memo: DecisionMemo | None = None,
+    failing: Sequence[PodGroup] | None = None,
 ) -> dict[str, MeasuredExclusion]:
-    """One cluster's exclusions (``exclusions_by_cluster``'s entry; empty: none)."""
+    """One cluster's exclusions (``exclusions_by_cluster``'s entry; empty: none).
+    ``failing``: those of ``groups`` (in their order) whose situation has failures
+    noted in the evidence they trust, when the caller keeps them (``parts.Telling``):
+    an exclusion is only ever of those, so only these are read."""
     classes = classes or ClassCache()
     memo = memo or DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
     out: dict[str, MeasuredExclusion] = {}
     seen: set[Any] = set()
     measured: dict[str, bool] = {}  # per model: whether policy measured may apply
-    for group in each_group(groups, deadline):
+    for group in each_group(groups if failing is None else failing, deadline):
         request = group.request
         if request is None:
             continue
@@ -204,7 +215,7 @@ def cluster_exclusions(
         if not found:
             continue  # failure evidence excludes only under policy measured
         narrowed = inputs if inputs_for is None else inputs_for(request, inputs, now)
-        if not memo.of_situation(_failing, narrowed.evidence, group.shape_id, request):
+        if not memo.of_situation(situation_failing, narrowed.evidence, group.shape_id, request):
             continue  # no failure in the situation: nothing to exclude, no assessment needed
         for stage in classes.stages(request, inputs.overrides, now):
             assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
