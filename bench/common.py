@@ -3,9 +3,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
+from pathlib import Path
 from typing import Any
+
+
+def spill_path_in(log_dir: Path, database_url: str) -> str:
+    """Where a bench's service keeps its spill file and decision log: beside its log,
+    named after the database as the service's default is (a restart of the same
+    database finds it again). The default for a PostgreSQL URL is the working
+    directory, the checkout: a bench database dropped and made again under the same
+    URL would have a later run take over a log left there and store its decisions."""
+    digest = hashlib.sha256(database_url.encode()).hexdigest()[:12]
+    return str(log_dir / f"switchboard-spill-{digest}.jsonl")
 
 
 def free_port() -> int:

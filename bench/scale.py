@@ -106,7 +106,7 @@ from mla_switchboard.service.state import DecisionRecord  # noqa: E402
 from mla_switchboard.service.store import Store  # noqa: E402
 from mla_switchboard.service.store.db import make_engine, migrate  # noqa: E402
 
-from bench.common import free_port, raw_select  # noqa: E402
+from bench.common import free_port, raw_select, spill_path_in  # noqa: E402
 from bench.scale_support import product_root  # noqa: E402
 
 TOKEN = "bench-scale-admin-token"
@@ -555,6 +555,8 @@ def start_service(url: str, log_dir: Path, timeout: float = 600.0, **env: str) -
         "SWITCHBOARD_DATABASE_URL": url,
         "SWITCHBOARD_ADMIN_TOKEN": TOKEN,
         "PYTHONUNBUFFERED": "1",
+        "SWITCHBOARD_SPILL_PATH": os.environ.get("SWITCHBOARD_SPILL_PATH")
+        or spill_path_in(log_dir, url),
         **env,
     }
     cmd = [sys.executable, "-m", "mla_switchboard.service.cli", "serve", "--port", str(port)]

@@ -301,9 +301,14 @@ def serve_until_ready(
     its code), on a free port, its output appended to ``log``; returned once
     ``/readyz`` answers 200 (at most 60 s, else it is killed and this raises with the
     log's tail)."""
-    from bench.common import free_port
+    from bench.common import free_port, spill_path_in
 
     port = free_port()
+    if "SWITCHBOARD_SPILL_PATH" not in env and "SWITCHBOARD_DATABASE_URL" in env:
+        env = {
+            **env,
+            "SWITCHBOARD_SPILL_PATH": spill_path_in(log.parent, env["SWITCHBOARD_DATABASE_URL"]),
+        }
     cmd = [str(python), "-m", "mla_switchboard.service.cli", "serve", "--port", str(port)]
     with log.open("ab") as f:
         proc = subprocess.Popen(
