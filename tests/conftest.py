@@ -31,7 +31,7 @@ import pytest
 
 from tests.chromium import SHARED as SHARED_CHROMIUM
 from tests.chromium import SharedChromium
-from tests.spill_paths import default_spill_path
+from tests.spill_paths import default_spill_path, spill_setting
 
 if TYPE_CHECKING:
     from tests.forked_serve import ForkedProcess
@@ -498,9 +498,7 @@ def make_inprocess_client(database_url: str, **settings: object) -> object:
     from mla_switchboard.service.api.app import create_app
     from mla_switchboard.service.config import Settings
 
-    spill = default_spill_path(database_url)
-    if spill is not None and "SWITCHBOARD_SPILL_PATH" not in os.environ:
-        settings.setdefault("spill_path", spill)
+    settings = {**spill_setting(database_url), **settings}
     app = create_app(Settings(database_url=database_url, admin_token=ADMIN, **settings))
     return TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"})
 
@@ -542,9 +540,7 @@ class InProcessService:
             os.environ.pop("SWITCHBOARD_ADMIN_TOKEN", None)
             os.environ.update(self.extra_env)
             fields: dict[str, object] = {"database_url": self.database_url, **self.settings}
-            spill = default_spill_path(self.database_url)
-            if spill is not None and "SWITCHBOARD_SPILL_PATH" not in os.environ:
-                fields.setdefault("spill_path", spill)
+            fields = {**spill_setting(self.database_url), **fields}
             if self.bootstrap_token is not None:
                 fields["admin_token"] = self.bootstrap_token
             return Settings(**fields)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import ADMIN, ServiceProcess
-from tests.spill_paths import default_spill_path
+from tests.spill_paths import spill_setting
 
 READY_TIMEOUT_S = 60.0
 
@@ -59,10 +59,7 @@ class ThreadServer:
         from mla_switchboard.service.runtime import Runtime
 
         try:
-            fields = dict(self.settings)
-            spill = default_spill_path(self.database_url)
-            if spill is not None and "SWITCHBOARD_SPILL_PATH" not in os.environ:
-                fields.setdefault("spill_path", spill)
+            fields = {**spill_setting(self.database_url), **self.settings}
             settings = Settings(
                 database_url=self.database_url, admin_token=self.bootstrap_token, **fields
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,3 +37,12 @@ def default_spill_path(database_url: str) -> str | None:
         return None
     digest = hashlib.sha256(database_url.encode()).hexdigest()[:12]
     return str(_root() / f"switchboard-spill-{digest}.jsonl")
+
+
+def spill_setting(database_url: str) -> dict[str, str]:
+    """``Settings`` fields for a service on ``database_url`` made in this process:
+    ``default_spill_path`` unless the environment names a spill path already."""
+    spill = default_spill_path(database_url)
+    if spill is None or "SWITCHBOARD_SPILL_PATH" in os.environ:
+        return {}
+    return {"spill_path": spill}

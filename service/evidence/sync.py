@@ -108,7 +108,13 @@ class EvidenceSync:
         self._pending: list[Observation] | None = None  # applied here during a full read
         self._measurements = RowCursor()
         self._failures = RowCursor()
-        self._unread_local = False  # reports applied here that no read has met yet
+        # Reports applied here (a count), and how many of them a finished read had
+        # committed before it began (so it met their rows): ``read_back`` reads again
+        # while the second is behind. A flag cleared when a read begins was wrong: a
+        # summary arriving while that read ran found it cleared and skipped the read
+        # its own reports needed, answering from before them.
+        self._local_applied = 0
+        self._local_read = 0
         self._clears = RowCursor()
         self._versions: dict[str, int] = {}  # the latest the poller saw
         self._applied: dict[str, int] = {}  # the versions the indexes reflect
@@ -217,13 +223,13 @@ class EvidenceSync:
     def read_back(self) -> None:
         """``catch_up`` when this replica applied reports of its own since the last one
         (their rows are in memory, not yet in what was read: ``read_through``)."""
-        if self._unread_local:
+        if self._local_read < self._local_applied:
             self.catch_up()
 
     def apply_local(self, observations: Iterable[Observation]) -> bool:
         """This replica's own new evidence (already stored), applied at once."""
-        self._unread_local = True
         with self._apply_lock:
+            self._local_applied += 1
             fresh = self._ledger.apply_here(observations)
             if self._pending is not None:
                 self._pending.extend(fresh)
@@ -370,7 +376,7 @@ class EvidenceSync:
 
     def _catch_up(self) -> bool:
         """``catch_up``, the caller holding the sync lock (no ``on_change``)."""
-        self._unread_local = False
+        covered = self._local_applied  # their rows were committed before this read
         versions = self.config.versions()
         since = self.clock() - self.max_age
         read: list[Observation] = []
@@ -389,6 +395,7 @@ class EvidenceSync:
             self._ledger.met({key_of(o): o.at for o in read if o.source})
             changed = self.trusted.add(new)
             self.trusted.note_read_through(self._measurements.after, self._failures.after)
+            self._local_read = max(self._local_read, covered)
         # clears after the rows: a failure stored before a clear is read first,
         # then forgotten; one noted after the clear's time stays. A failure whose
         # commit overlaps the clear's (its time earlier, its row not yet visible to

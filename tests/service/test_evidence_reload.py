@@ -5,6 +5,7 @@ background prune."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -422,3 +423,48 @@ def test_a_full_reads_cursor_finds_the_same_gaps_without_sorting() -> None:
         plain.advance(seen, now=0.0, start=99)
         ordered.advance(seen, now=0.0, start=99, ordered=True)
         assert (ordered.after, ordered.gaps) == (plain.after, plain.gaps)
+
+
+def test_a_read_back_during_a_running_catch_up_meets_the_reports_before_it(
+    runtime: Runtime,
+) -> None:
+    """A read of this replica's own reports (``read_back``, as the measurements summary
+    does) while an incremental read is running waits for that read, then reads what it
+    may have missed: it answers with its reports in what was read. Before: the running
+    read had cleared a "reports not yet read" flag as it began, so a read back arriving
+    meanwhile skipped reading and answered from before them."""
+    sync = runtime.evidence_sync
+    read = runtime.store.measurements.measurement_rows
+    inside, go_on = threading.Event(), threading.Event()
+
+    def held(*args: Any, **kw: Any) -> Any:
+        if threading.current_thread().name == "running-catch-up":
+            inside.set()
+            go_on.wait(30)
+        return read(*args, **kw)
+
+    runtime.store.measurements.measurement_rows = held  # type: ignore[method-assign]
+    try:
+        store_and_apply(runtime, report("c", "pod-a", 600.0, "report-a"))
+        running = threading.Thread(target=sync.catch_up, name="running-catch-up")
+        running.start()
+        assert inside.wait(30)
+        # the running read began after the report: it will meet it, but has not yet
+        seen: list[int] = []
+
+        def read_back() -> None:
+            sync.read_back()
+            seen.append(sync.trusted.read_through["measurement_id"])
+
+        reader = threading.Thread(target=read_back)
+        reader.start()
+        reader.join(1.0)  # a read back that does not wait has answered by now
+        go_on.set()
+        running.join(30)
+        reader.join(30)
+    finally:
+        go_on.set()
+        runtime.store.measurements.measurement_rows = read  # type: ignore[method-assign]
+    with runtime.engine.connect() as conn:
+        newest = conn.exec_driver_sql("SELECT max(id) FROM measurements").scalar_one()
+    assert seen == [newest], (seen, newest)
