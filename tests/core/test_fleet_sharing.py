@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.evidence import EvidenceIndex, Observation, situation_of
-from mla_switchboard.core.schemas import SEED_RULES, Override, SelectRequest
+from mla_switchboard.core.schemas import SEED_RULES, Override
 from mla_switchboard.service.fleet.groups import FleetSnapshot
 from mla_switchboard.service.fleet.parts import trust_content
 from mla_switchboard.service.fleet.preview import replay
@@ -40,21 +40,11 @@ from tests.core.test_fleet_parts import (
 from tests.core.test_fleet_replay import SHAPES, fleet, staged
 
 
-class OwnEvidence:
-    """Each cluster's own (empty) index, the default trust scope."""
+class OwnEvidence(Evidence):
+    """Each cluster's own (empty) index, the default trust scope, for any cluster."""
 
     def __init__(self) -> None:
-        self.indexes: dict[str, EvidenceIndex] = defaultdict(
-            lambda: EvidenceIndex(min_samples=1, min_pods=1)
-        )
-
-    def inputs_for(
-        self, request: SelectRequest, inputs: DecisionInputs, now: datetime
-    ) -> DecisionInputs:
-        return replace(inputs, evidence=self.indexes[request.cluster])
-
-    def of_cluster(self, cluster: str) -> EvidenceIndex:
-        return self.indexes[cluster]
+        self.indexes = defaultdict(lambda: EvidenceIndex(min_samples=1, min_pods=1))
 
 
 def own_override(i: int, cluster: str) -> Override:
