@@ -2,9 +2,10 @@
 
 The service's default is the working directory for a database that is not an SQLite
 file (``Settings.resolved_spill_path``): for a test run from the checkout that left a
-decision log directory per PostgreSQL database in the checkout, and a later run on the
-same database URL (the shared ``test`` database) took over a log a killed service of an
-earlier run had left, and stored its decisions into that run's database. A test that
+decision log directory per PostgreSQL database in the checkout (245 of them after a few
+runs), and a later run on the same database URL (the shared ``test`` database) would
+take over a log a killed service of an earlier run had left and store its decisions
+into that run's database. A test that
 names no spill path gets one in a directory of this test process's own instead, named
 after the database URL as the default is: a restart of the same database in the same
 test finds its log again, and nothing outlives the process.
