@@ -110,9 +110,9 @@ class EvidenceSync:
         self._failures = RowCursor()
         # Reports applied here (a count), and how many of them a finished read had
         # committed before it began (so it met their rows): ``read_back`` reads again
-        # while the second is behind. A flag cleared when a read begins was wrong: a
-        # summary arriving while that read ran found it cleared and skipped the read
-        # its own reports needed, answering from before them.
+        # while the second is behind. Counted rather than flagged: a read back that
+        # arrives while a read runs must wait for it and read again, which a flag
+        # cleared as that read began cannot tell it.
         self._local_applied = 0
         self._local_read = 0
         self._clears = RowCursor()
