@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mla_switchboard.service.store.models import IdempotencyRow, Meta
-from sqlalchemy import Engine, Select, delete, select, update
+from sqlalchemy import Engine, Select, Update, delete, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -48,8 +48,14 @@ def newest_first(
     return q
 
 
+def bump_statement(key: str) -> Update:
+    """The statement that moves version ``key`` of the ``meta`` table by one: how every
+    writer tells the other replicas (they poll these rows) that something changed."""
+    return update(Meta).where(Meta.key == key).values(value=Meta.value + 1)
+
+
 def bump(s: Session, key: str = "config_version") -> int:
-    s.execute(update(Meta).where(Meta.key == key).values(value=Meta.value + 1))
+    s.execute(bump_statement(key))
     return s.scalar(select(Meta.value).where(Meta.key == key)) or 0
 
 

@@ -32,6 +32,7 @@ from mla_switchboard.service.store.base import (
     admin_write,
     aware,
     bump,
+    bump_statement,
 )
 from mla_switchboard.service.store.guard_pending import Note, note_statement
 from mla_switchboard.service.store.models import (
@@ -39,7 +40,6 @@ from mla_switchboard.service.store.models import (
     EvidenceClearRow,
     FailureRow,
     MeasurementRow,
-    Meta,
     ShapeRow,
 )
 from mla_switchboard.service.store.rows import (
@@ -628,7 +628,7 @@ _INSERT = insert(MeasurementRow)
 _STORED_IDS = select(MeasurementRow.report_id).where(
     MeasurementRow.report_id.in_(bindparam("ids", expanding=True))
 )
-_EVIDENCE_BUMP = update(Meta).where(Meta.key == "evidence_version").values(value=Meta.value + 1)
+_EVIDENCE_BUMP = bump_statement("evidence_version")
 
 
 def _decided(rows: Collection[Any], cluster: str, pod: str, situation: Situation | None) -> bool:

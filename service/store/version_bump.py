@@ -17,8 +17,8 @@ import threading
 import time
 
 from mla_switchboard.service.messages import first_line
-from mla_switchboard.service.store.models import Meta
-from sqlalchemy import Engine, update
+from mla_switchboard.service.store.base import bump_statement
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger("switchboard.store")
@@ -35,7 +35,7 @@ class GroupBump:
         self._engine = engine
         self._key = key
         # built once: building it per bump cost more CPU than the database took
-        self._stmt = update(Meta).where(Meta.key == key).values(value=Meta.value + 1)
+        self._stmt = bump_statement(key)
         self._cond = threading.Condition()
         self._asked = 0  # tickets given
         self._done = 0  # every ticket up to this one is covered by a stored bump
