@@ -147,7 +147,24 @@ written and taken back, then previewed again, finds each of them."""
 
 
 @dataclass(frozen=True)
-class _Carried:
+class _KeptFor:
+    """What a kept thing was worked out from: ``key``, and the evidence indexes (the
+    very objects, whose versions ``key`` holds). It holds for a read whose key is equal
+    and whose indexes are those objects: a version is only comparable within one."""
+
+    key: Hashable
+    indexes: tuple[EvidenceIndex, ...]
+
+    def holds(self, key: Hashable, indexes: Sequence[EvidenceIndex]) -> bool:
+        return (
+            len(indexes) == len(self.indexes)
+            and all(a is b for a, b in zip(indexes, self.indexes, strict=True))
+            and key == self.key
+        )
+
+
+@dataclass(frozen=True)
+class _Carried(_KeptFor):
     """One cluster's figures under one configuration's content (``ClusterParts.carry``),
     with what they were worked out from: the cluster's groups, rules, overrides (less
     ``_UNCARRIED``), which of them had expired, and the evidence indexes (the very
@@ -159,16 +176,7 @@ class _Carried:
     the same content shares them: a change written after its dry run, taken back and
     written again, or its expiry moved, finds those worked out so far."""
 
-    key: Hashable
-    indexes: tuple[EvidenceIndex, ...]
     figures: ClusterPart
-
-    def holds(self, key: Hashable, indexes: Sequence[EvidenceIndex]) -> bool:
-        return (
-            len(indexes) == len(self.indexes)
-            and all(a is b for a, b in zip(indexes, self.indexes, strict=True))
-            and key == self.key
-        )
 
 
 def trust_content(
@@ -190,7 +198,7 @@ def trust_content(
 
 
 @dataclass(frozen=True)
-class Telling:
+class Telling(_KeptFor):
     """Which of a cluster's groups the regret and the exclusions read, from the
     evidence alone: those whose situation the index their pods trust could rank
     (``regret.situation_rankable``), and those whose situation has failures noted in it
@@ -200,17 +208,8 @@ class Telling:
     seen before reads the few groups that tell (a tenth of a fleet's, and failing far
     fewer), not every group of every cluster."""
 
-    key: Hashable
-    indexes: tuple[EvidenceIndex, ...]
     rankable: tuple[PodGroup, ...]
     failing: tuple[PodGroup, ...]
-
-    def holds(self, key: Hashable, indexes: Sequence[EvidenceIndex]) -> bool:
-        return (
-            len(indexes) == len(self.indexes)
-            and all(a is b for a, b in zip(indexes, self.indexes, strict=True))
-            and key == self.key
-        )
 
     @classmethod
     def find(
@@ -762,13 +761,7 @@ class PartsRead:
         found = self._given_in.get((request.cluster, request.model.name))
         if found is not None:
             return found
-        part = self.part(request.cluster)
-        if part.pending is None or part.given is None:
-            carried = self._carried_figures(request.cluster)
-            if carried.pending is None or carried.given is None:
-                return None
-            part.pending, part.given = carried.pending, carried.given
-        return self.given_in(request)
+        return None if self._given_kept(request.cluster) is None else self.given_in(request)
 
     def worked_out(self, cluster: str, pending: int, given: _Given) -> None:
         """What the config in force gives the pods of ``cluster``, decided by a

@@ -89,14 +89,11 @@ def cluster_regret(
     classes = classes or ClassCache()
     memo = memo or DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
-    pods = measured_pods = on_best = 0
+    measured_pods = on_best = 0
     chosen_sum = best_sum = 0.0
     switch_to: dict[str, int] = defaultdict(int)
-    if rankable is not None:
-        pods = sum(g.pods for g in groups)
+    pods = sum(g.pods for g in groups)
     for group in each_group(groups if rankable is None else rankable, deadline):
-        if rankable is None:
-            pods += group.pods
         request = group.request
         if request is None:
             continue
