@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from mla_switchboard.core.schemas import MeasurementReport
 from mla_switchboard.service.ids import new_id
 from mla_switchboard.service.store import Store
 from mla_switchboard.service.store.deadline import StoreTimeout
@@ -23,24 +22,11 @@ from sqlalchemy import event, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from tests.service.test_evidence_reload import report as evidence_report
+
 
 def pending(report_id: str | None = None, pod: str = "pod-1") -> PendingReport:
-    report = MeasurementReport.model_validate(
-        {
-            "report_id": report_id,
-            "cluster": "prod",
-            "pod": pod,
-            "device": {"name": "NVIDIA H200", "capability": [9, 0]},
-            "model": {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
-            "dtype": "bfloat16",
-            "packages": {},
-            "results": [
-                {"backend": b, "shape": {"seqlens": [4096], "num_heads": 128},
-                 "median_ms": 1.0, "tflops": 500.0, "correct": True}
-                for b in ("FLASHINFER", "FLASH_ATTN")
-            ],
-        }
-    )  # fmt: skip
+    report = evidence_report("prod", pod, 500.0, report_id, ("FLASHINFER", "FLASH_ATTN"))
     # no situation to check: the report counts (the stored decisions' lookup is tested
     # in tests/service/test_report_costs.py)
     return PendingReport(report, report_id or new_id(), None, "agent")
