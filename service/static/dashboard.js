@@ -187,7 +187,10 @@ const state = {
 
 // The last answer and ETag of each polled path: a poll sends If-None-Match, and a
 // 304 (nothing changed) reuses the body without the service recomputing anything.
+// ``seq`` orders the requests: two reads of one path overlap (the live counts' read
+// and a refresh), and an answer to an earlier one may arrive after a later one's.
 const etags = new Map();
+let requestSeq = 0;
 
 /** A token goes as a Bearer header; a session's cookie goes by itself, and its writes
  *  carry the CSRF token (a cross-site page can neither read it nor set the header). */
@@ -208,9 +211,10 @@ function rejectedMessage() {
 async function api(path) {
   const token = state.token;
   if (!token) throw new StaleError(); // signed out: a request now could only be refused
+  const seq = ++requestSeq;
   const kept = etags.get(path);
   const headers = authHeaders(token, false);
-  if (kept && kept.token === token) headers["If-None-Match"] = kept.etag;
+  if (kept && kept.token === token && kept.etag) headers["If-None-Match"] = kept.etag;
   let res;
   try {
     res = await timedFetch(path, { headers, cache: "no-store" }, READ_LIMIT_MS, sessionSignal()); // live.js
@@ -220,13 +224,13 @@ async function api(path) {
   }
   // Signed out (or in as someone else) meanwhile: nothing from this answer may show.
   if (state.token !== token) throw new StaleError();
-  if (res.status === 304 && kept) return kept.body;
+  if (res.status === 304 && kept) return newestAnswer(path, token, seq, kept.body);
   if (res.ok) {
     const body = await res.json();
     if (state.token !== token) throw new StaleError();
-    const etag = res.headers.get("ETag");
-    if (etag) etags.set(path, { etag, body, token });
-    return body;
+    const newest = newestAnswer(path, token, seq, body);
+    if (newest === body) etags.set(path, { etag: res.headers.get("ETag"), body, token, seq });
+    return newest;
   }
   let message = `${res.status} ${res.statusText}`;
   try {
@@ -238,6 +242,14 @@ async function api(path) {
     // not JSON: keep the status line
   }
   throw new ApiError(res.status, message, path);
+}
+
+/** ``body``, the answer to request ``seq`` of ``path``, unless a later request's answer
+ *  came in first: then that one, so an older answer never replaces what a newer one
+ *  showed (a page that drew the booted pods must not go back to before they booted). */
+function newestAnswer(path, token, seq, body) {
+  const newest = etags.get(path);
+  return newest && newest.token === token && newest.seq > seq ? newest.body : body;
 }
 
 /** ``path``'s answer, or null when this server does not have the endpoint (it answers

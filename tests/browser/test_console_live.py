@@ -16,14 +16,17 @@ that it does, through Playwright's waiting.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from tests.browser.test_console import boot
 from tests.browser.test_dashboard_browser import (
     TIMEOUT_MS,
     _skip_if_missing,
+    body,
     sign_in,
 )
 from tests.chromium import SharedChromium
@@ -111,3 +114,50 @@ def test_changes_arrive_live_across_replicas_and_a_hung_service_says_so(
             expect(polled.locator("#last-updated")).to_have_attribute("data-live", "polling")
         finally:
             browser.close()
+
+
+def test_an_answer_that_comes_late_never_replaces_a_newer_one(
+    chromium: SharedChromium,
+    served: Callable[..., ThreadServer],
+) -> None:
+    """Two reads of the summary overlap (the live counts' read and a refresh); the
+    older one's answer, arriving last, must not take the page back to before the pods
+    the newer one showed: here it is held at the browser until the newer has shown."""
+    _skip_if_missing()
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    one = served()
+    boot(one, [body("prod-east", "n-0", "p-0", [9, 0])])
+    held: list[tuple[Any, Any]] = []
+
+    def hold_one(route: Any) -> None:
+        if held or not holding:
+            route.continue_()
+            return
+        held.append((route, route.fetch()))  # the answer as of now, shown only later
+
+    holding = False
+    with chromium.contexts() as browser:
+        try:
+            page = opened(browser, one, one.bootstrap_token or "")
+            pods = page.locator("#kpi-pods")
+            expect(pods).to_have_text("1")
+            page.route("**/v1/selections/summary", hold_one)
+            holding = True
+            boot(one, [body("prod-east", "n-0", "p-1", [9, 0])])  # the counts' read, held
+            while not held:
+                page.wait_for_timeout(50)
+            boot(one, [body("prod-east", "n-0", "p-2", [9, 0])])
+            page.locator("#refresh").click()  # a later read, answered at once
+            expect(pods).to_have_text("3")
+            route, late = held[0]
+            with page.expect_event("requestfinished", lambda r: r is route.request):
+                route.fulfill(response=late)  # the first read's answer: two pods
+            # the page has read that answer once a task queued after it has run
+            page.evaluate("() => new Promise((done) => setTimeout(done, 0))")
+            assert pods.inner_text() == "3"
+        finally:
+            for route, _ in held:
+                with contextlib.suppress(Exception):
+                    route.abort()
