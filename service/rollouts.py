@@ -475,20 +475,23 @@ class RolloutGuards:
             note=note,
             cause=None if cause is None else cause.model_dump(mode="json"),
         )
-        if not isinstance(updated, Override) or updated.rollout is None:
-            return
-        state = updated.rollout.state
-        if state == "halted" and o.rollout.state != "halted":
-            self.metrics.rollout_changes.labels("halt").inc()
-            log.warning("rollout of %s halted: %s", o.label, updated.rollout.halted_reason)
-        elif action == "rollout.promote":
-            self.metrics.rollout_changes.labels("promote").inc()
-            log.info("rollout of %s: %s", o.label, note)
+        if isinstance(updated, Override) and updated.rollout is not None:
+            state = updated.rollout.state
+            if state == "halted" and o.rollout.state != "halted":
+                self.metrics.rollout_changes.labels("halt").inc()
+                log.warning("rollout of %s halted: %s", o.label, updated.rollout.halted_reason)
+            elif action == "rollout.promote":
+                self.metrics.rollout_changes.labels("promote").inc()
+                log.info("rollout of %s: %s", o.label, note)
+        # Also when nothing changed: the store then holds what this replica has not read
+        # yet (another replica's guard halted it first, its reload perhaps still to
+        # come). The answer this evaluation gives ("checked") must be what the replica's
+        # reads say from then on, not what its next poll would bring.
         try:
             self.live.reload()
         except SQLAlchemyError as exc:  # stored and audited: the next poll applies it
             log.warning(
-                "rollout of %s changed; this replica applies it at its next poll (%s)",
+                "rollout of %s: this replica applies what is stored at its next poll (%s)",
                 o.label,
                 first_line(exc),
             )

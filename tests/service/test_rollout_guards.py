@@ -335,6 +335,67 @@ def test_a_slowdown_halt_names_its_pods_and_clusters_in_the_audit_log(api: httpx
     assert entry["after"]["rollout"]["halted_reason"] == reason
 
 
+def test_a_halt_another_replica_stored_first_shows_in_this_replicas_reads_at_once(
+    sqlite_url: str,
+) -> None:
+    """Two replicas' guards call for the same halt (one runs a report the other noted
+    and left): the one that finds the halt already stored must show it in its own
+    reads from then on, not only after its next poll of the configuration (an hour
+    away here). The evaluation runs as a retried report's does once it has read the
+    stored reports: the other replica's halt is stored in between."""
+    from mla_switchboard.core.schemas import Rollout
+    from mla_switchboard.service.store.config import ConfigStore
+    from sqlalchemy import create_engine
+
+    spec = {**SLOW, "rollout": {"percent": 20, "max_slowdown_pct": 5}}
+    settings = {"rollout_check_s": 3600, "config_poll_s": 3600}
+    with make_inprocess_client(sqlite_url, **settings) as api:  # type: ignore[attr-defined]
+        api.headers["Authorization"] = f"Bearer {ADMIN}"
+        assert api.put("/v1/overrides/*", json=spec).status_code == 200
+        east = measured_stage_pods(api, "prod-east", 1)[0][0]
+        west = measured_stage_pods(api, "prod-west", 1)[0][0]
+        report(own_source(api, f"prod-east/{east}", measured=True)[0], "prod-east", east)
+        assert rollout(api)["state"] == "active"  # one pod's figures do not halt it
+        runtime: Runtime = api.app.state.runtime
+        payload = {**body(cluster="prod-west", pod=west, packages=ALL), "device": DEVICE}
+        situation = situation_of(SelectRequest.model_validate(payload))
+        assert situation is not None
+        now = datetime.now(UTC)
+        runtime.evidence_sync.apply_local(
+            [
+                Observation(situation, b, west, t + k, ok=True, cluster="prod-west", at=now)
+                for b, t in (("CUDNN", 400.0), ("FLASH_ATTN", 600.0))
+                for k in range(2)
+            ]
+        )
+
+        def halted(current: Rollout) -> Rollout:
+            return current.model_copy(update={"state": "halted", "halted_reason": "elsewhere"})
+
+        other = create_engine(sqlite_url)  # the other replica's writer, on the same store
+        try:
+            stored = ConfigStore(other).update_rollout(
+                "*", rollout(api)["id"], halted, actor="switchboard", action="rollout.slowdown",
+                note="halted by the other replica",
+            )  # fmt: skip
+        finally:
+            other.dispose()
+        assert stored is not None and rollout(api)["state"] == "active"  # not polled yet
+        west_report = MeasurementReport.model_validate(
+            {
+                **{k: payload[k] for k in ("cluster", "pod", "device", "model", "dtype")},
+                "packages": ALL,
+                "results": [
+                    {"backend": "CUDNN", "shape": {"seqlens": [4096], "num_heads": 128},
+                     "median_ms": 1.0, "tflops": 400.0, "correct": True}
+                ],
+            }
+        )  # fmt: skip
+        runtime.rollouts.on_measurements(west_report)  # calls for the halt: already stored
+        state = rollout(api)
+        assert (state["state"], state["halted_reason"]) == ("halted", "elsewhere")
+
+
 # ------------------------------------------------------------------ growth
 
 
