@@ -53,6 +53,7 @@ from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import DecisionInputs, Refusal
 from mla_switchboard.core.evidence import EvidenceIndex
 from mla_switchboard.core.schemas import FLEET, Override, RulesDocument, SelectRequest
+from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
@@ -95,6 +96,10 @@ class ClusterPart:
     given: dict[tuple[str, frozenset[int] | None], str | None] | None = None
     """per (shape, stage class) of the configuration in force: the backend it gives
     those pods (None: refused); worked out with ``pending``"""
+    valid: _Valid | None = None
+    """per (shape, stage class): the backends valid for those pods (None: not known,
+    a refusal), read off the decisions of a preview of this content; the regret reads
+    them instead of assessing those groups again"""
 
 
 class _Texts:
@@ -126,6 +131,9 @@ _Read = tuple[frozenset[str], list[EvidenceIndex], int]
 
 _Given = dict[tuple[str, frozenset[int] | None], str | None]
 """``ClusterPart.given``."""
+
+_Valid = dict[tuple[str, frozenset[int] | None], tuple[Backend, ...] | None]
+"""``ClusterPart.valid``."""
 
 _WRITTEN = frozenset({"created_at", "created_by", "revision"})
 """What the store sets of an override it writes: no decision reads them as a backend."""
@@ -582,7 +590,9 @@ class PartsRead:
             if carried.regret is None:
                 self._parts.count("regret")
                 rankable = self._telling(cluster).rankable
-                carried.regret = self._of_cluster(cluster_regret, cluster, rankable=rankable)
+                carried.regret = self._of_cluster(
+                    cluster_regret, cluster, rankable=rankable, valid=carried.valid
+                )
             part.regret = carried.regret
         return part.regret
 
@@ -732,16 +742,26 @@ class PartsRead:
         self.check_deadline()
         return key, indexes
 
-    def proposed(self, cluster: str, proposed: DecisionInputs, pending: int, given: _Given) -> None:
+    def proposed(
+        self,
+        cluster: str,
+        proposed: DecisionInputs,
+        pending: int,
+        given: _Given,
+        valid: _Valid | None = None,
+    ) -> None:
         """What a preview's proposal gives the pods of ``cluster`` (``pending``: those
         whose recorded backend it does not give; ``given``: per shape and stage class
-        of the proposal), kept for the read after the proposal is written
+        of the proposal; ``valid``: the backends valid there, when every group was
+        decided), kept for the read after the proposal is written
         (``ClusterParts.carry``). A change of rules is not carried: its text is
         worked out anew for every cluster."""
         if proposed.rules is not self.inputs.rules:
             return
         carried = self._parts.carry(cluster, *self._carry_key(cluster, proposed))
         carried.pending, carried.given = pending, given
+        if valid is not None:
+            carried.valid = valid
 
     def given(self, group: PodGroup, bucket: int | None) -> str | None:
         """The backend the configuration in force gives the pods of ``group`` in stage

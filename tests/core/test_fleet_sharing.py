@@ -272,3 +272,55 @@ def test_the_summary_after_a_never_seen_change_reads_the_groups_that_tell() -> N
         assert parts.telling["east"] is found["east"]
     finally:
         reads.close()
+
+
+def test_the_summary_after_a_previewed_change_assesses_no_group_its_preview_decided(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The regret of a change never seen before reads, per group and stage class, the
+    backends valid under it: its preview decided every group under it, and the
+    candidates of those decisions say which are valid. Carried with the backends it
+    gives (``ClusterPart.valid``), the summary after the change is written assesses
+    none of those groups again, and is what the whole fleet read again gives; without
+    the preview, it assesses them."""
+    from mla_switchboard.service.fleet import groups
+
+    evidence = Evidence()
+    for cluster in ("east", "west"):
+        evidence.report(cluster, "FLASHINFER", 600)
+        evidence.report(cluster, "FLASH_ATTN", 200)
+    first = DecisionInputs(SEED_RULES, OVERRIDES, tag=(1, 1))
+    snapshots = Snapshots(FleetSnapshot.of_pods(fleet(3, first), version=1))
+    change = override("*", deny=["FLASHINFER"], note="never seen")
+    # as the store writes it: another revision, the same content
+    written = change.model_copy(update={"revision": change.revision + 7})
+    assessed: list[int] = []
+    real = groups.DecisionMemo.assessment
+
+    def counted(memo: Any, *args: Any) -> Any:
+        assessed.append(1)
+        return real(memo, *args)
+
+    monkeypatch.setattr(groups.DecisionMemo, "assessment", counted)
+
+    def assessments_after(previewed: bool) -> int:
+        current = {"inputs": first}
+        reads = reads_of(snapshots, evidence, lambda: current["inputs"])
+        try:
+            reads.summary(None, None)
+            if previewed:
+                reads.preview(Proposal(override_scope="*", override=change), None, None)
+            current["inputs"] = replace(
+                Proposal(override_scope="*", override=written).applied_to(first), tag=(2, 1)
+            )
+            assessed.clear()
+            body = reads.summary(None, None).body
+            made = len(assessed)
+            assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+            assert any(r["pods_measured"] for r in body["regret"].values())
+            return made
+        finally:
+            reads.close()
+
+    assert assessments_after(previewed=False) > 0
+    assert assessments_after(previewed=True) == 0
