@@ -65,7 +65,12 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
 )
 from mla_switchboard.service.fleet.narrowing import per_model
-from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally, StageSamples
+from mla_switchboard.service.fleet.progress import (
+    Counted,
+    ProgressWalk,
+    RolloutTally,
+    StageSamples,
+)
 from mla_switchboard.service.fleet.regret import (
     cluster_exclusions,
     cluster_regret,
@@ -270,6 +275,9 @@ class ClusterParts:
         self._content_stamp: tuple[Any, ...] = (None, None)
         self.samples = StageSamples()  # a rollout's stage samples, by evidence version
         self.telling: dict[str, Telling] = {}  # per cluster, the latest (``Telling``)
+        # per (cluster, scope of a staged override): its progress there but
+        # ``booted``, the newest few (``progress.Counted``)
+        self.counted: dict[tuple[str, str], list[Counted]] = {}
         self.computed: dict[str, int] = {}
 
     def reading(
@@ -319,6 +327,8 @@ class ClusterParts:
                 del self._carried[cluster]
             for cluster in [c for c in self.telling if c not in clusters]:
                 del self.telling[cluster]
+            # the latest per cluster and override alive: others' are dropped
+            self.counted = {k: v for k, v in self.counted.items() if k[0] in clusters}
 
     def read_by(
         self,
@@ -670,10 +680,37 @@ class PartsRead:
             found = carried.progress.get(position)
             if found is None:
                 self._parts.count("progress")
-                found = carried.progress[position] = self._walk.cluster(
-                    o, self.fleet.of_cluster(cluster), self.deadline, self._given_kept(cluster)
-                )
+                found = carried.progress[position] = self._progress_of(cluster, o)
             part.progress[position] = found
+        return found
+
+    def _progress_of(self, cluster: str, o: Override) -> RolloutTally:
+        """``o``'s progress among the pods of ``cluster`` under this read's
+        configuration: all but ``booted`` as kept for an earlier one when it holds
+        (``progress.Counted``: the same override, groups, partial rollouts and
+        evidence), ``booted`` recounted from the backends kept for this one; else the
+        cluster's groups walked (and kept as that)."""
+        groups = self.fleet.of_cluster(cluster)
+        given = self._given_kept(cluster)
+        now = self.now
+        # the override itself (whether it applies), then the partial rollouts (the
+        # stage classes), each with whether it has expired
+        staged = tuple(
+            (x, x.expires_at is not None and x.expires_at <= now)
+            for x in (o, *self.inputs.staged_for(cluster))
+        )
+        evidence = self._walk.evidence_of(cluster)
+        kept = self._parts.counted.setdefault((cluster, o.cluster), [])
+        if given is not None:
+            for counted in kept:
+                if counted.holds(o, groups, staged, evidence):
+                    found = counted.recounted(given)
+                    if found is not None:
+                        return found
+        cells: list[tuple[PodGroup, StageClass]] = []
+        found = self._walk.cluster(o, groups, self.deadline, given, cells)
+        kept.append(Counted(o, groups, staged, evidence, evidence.version, found, tuple(cells)))
+        del kept[:-CARRIED_KEPT]  # the newest few: a scope holds few staged overrides
         return found
 
     def _given_kept(self, cluster: str) -> _Given | None:

@@ -324,3 +324,69 @@ def test_the_summary_after_a_previewed_change_assesses_no_group_its_preview_deci
 
     assert assessments_after(previewed=False) > 0
     assert assessments_after(previewed=True) == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "walked_again"),
+    [
+        (override("*", deny=["FLASH_ATTN"], note="never seen"), False),
+        (staged("*", 40, deny=["TRTLLM_RAGGED"]), True),
+    ],
+    ids=["fleet deny", "fleet staged"],
+)
+def test_a_rollouts_progress_after_a_change_recounts_only_the_pods_booted_with_it(
+    change: Override, walked_again: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of a rollout's progress in a cluster, only the pods booted with it depend on the
+    configuration (whether it applies, the stage classes, the pods in its stage and
+    its stage samples do not, while the cluster's partial rollouts are the same): the
+    summary after a fleet-wide deny recounts those from the backends its preview
+    carried and walks no cluster's groups for it; a staged change of the fleet's
+    splits the stage classes again, and they are walked. Either way the summary is
+    the whole fleet read again."""
+    from mla_switchboard.service.fleet import progress
+
+    clusters = [f"c{i}" for i in range(6)]
+    first = DecisionInputs(
+        SEED_RULES, tuple(own_override(i, c) for i, c in enumerate(clusters)), tag=(1, 1)
+    )
+    snapshots = Snapshots(fleet_of(clusters, first))
+    evidence = OwnEvidence()
+    walked: list[str] = []
+    real = progress.ProgressWalk.cluster
+
+    def counted(walk: Any, o: Override, groups: Any, *args: Any) -> Any:
+        walked.append(groups[0].cluster)
+        return real(walk, o, groups, *args)
+
+    monkeypatch.setattr(progress.ProgressWalk, "cluster", counted)
+    current = {"inputs": first}
+    reads = FleetReads(
+        snapshots,  # type: ignore[arg-type]
+        Quiet(),  # type: ignore[arg-type]
+        evidence,  # type: ignore[arg-type]
+        lambda: current["inputs"],
+        ReadSettings(600, 1, 1),
+    )
+    try:
+        before = reads.summary(None, None).body["rollouts"]
+        assert sorted(walked) == clusters[1::2]  # the staged ones
+        assert any(r["pods_booted_with_it"] for r in before)
+        reads.preview(Proposal(override_scope="*", override=change), None, None)
+        walked.clear()
+        current["inputs"] = replace(
+            Proposal(override_scope="*", override=change).applied_to(first), tag=(2, 1)
+        )
+        body = reads.summary(None, None).body
+        assert bool(walked) == walked_again, walked
+        assert body["rollouts"] == progress.progress(
+            snapshots.snap,
+            current["inputs"],
+            now=datetime.now(UTC),
+            inputs_for=evidence.inputs_for,
+            evidence_of=evidence.of_cluster,
+        )
+        assert any(r["pods_in_stage"] for r in body["rollouts"])
+        assert body["rollouts"] != before  # the change moved what they count
+    finally:
+        reads.close()
