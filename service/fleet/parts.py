@@ -278,6 +278,8 @@ class ClusterParts:
         # per (cluster, scope of a staged override): its progress there but
         # ``booted``, the newest few (``progress.Counted``)
         self.counted: dict[tuple[str, str], list[Counted]] = {}
+        # per cluster: its groups (the snapshot's tuple), as the keys read them
+        self._shaped: dict[str, tuple[tuple[PodGroup, ...], tuple[Any, ...], frozenset[str]]] = {}
         self.computed: dict[str, int] = {}
 
     def reading(
@@ -329,6 +331,22 @@ class ClusterParts:
                 del self.telling[cluster]
             # the latest per cluster and override alive: others' are dropped
             self.counted = {k: v for k, v in self.counted.items() if k[0] in clusters}
+            for cluster in [c for c in self._shaped if c not in clusters]:
+                del self._shaped[cluster]
+
+    def shaped(
+        self, cluster: str, groups: tuple[PodGroup, ...]
+    ) -> tuple[tuple[tuple[str, Any], ...], frozenset[str]]:
+        """What the keys read of ``cluster``'s ``groups`` (one snapshot's tuple of them):
+        each group's shape and rows, and the cluster's models; found once per snapshot
+        and cluster, not per read and configuration (a preview asks for the two it
+        compares, a summary for its key and its telling groups)."""
+        found = self._shaped.get(cluster)
+        if found is None or found[0] is not groups:
+            models = frozenset(g.request.model.name for g in groups if g.request is not None)
+            found = (groups, tuple((g.shape_id, g.rows) for g in groups), models)
+            self._shaped[cluster] = found
+        return found[1], found[2]
 
     def read_by(
         self,
@@ -351,7 +369,7 @@ class ClusterParts:
             # meanwhile, so "the same object" below is never a new one at a reused
             # address (a replaced index is released at the change after)
             self._stamp, self._before, self._read = stamp, self._read, {}
-        models = frozenset(g.request.model.name for g in groups if g.request is not None)
+        models = self.shaped(cluster, tuple(groups))[1]
         found = self._read.get(cluster)
         if found is None or found[0] != models:
             indexes = find()
@@ -601,7 +619,11 @@ class PartsRead:
                 self._parts.count("regret")
                 rankable = self._telling(cluster).rankable
                 carried.regret = self._of_cluster(
-                    cluster_regret, cluster, rankable=rankable, valid=carried.valid
+                    cluster_regret,
+                    cluster,
+                    rankable=rankable,
+                    valid=carried.valid,
+                    pods=sum(self.counts(cluster).values()),
                 )
             part.regret = carried.regret
         return part.regret
@@ -655,7 +677,7 @@ class PartsRead:
         indexes = self._carry_key(cluster, self.inputs)[1]
         groups = self.fleet.of_cluster(cluster)
         key = (
-            tuple((g.shape_id, g.rows) for g in groups),
+            self._parts.shaped(cluster, groups)[0],
             self.inputs.evidence_generation,
             tuple(index.version for index in indexes),
         )
@@ -756,7 +778,7 @@ class PartsRead:
         parts, now = self._parts, self.now
         texts = tuple(parts.carry_text(inputs.overrides, o) for o in overrides)
         expired = tuple(o.expires_at is not None and o.expires_at <= now for o in overrides)
-        models = frozenset(g.request.model.name for g in groups if g.request is not None)
+        shapes, models = parts.shaped(cluster, groups)
 
         def find() -> list[EvidenceIndex]:
             content = (models, trust_content(overrides, expired))
@@ -769,7 +791,7 @@ class PartsRead:
         else:
             indexes = find()
         key = (
-            tuple((g.shape_id, g.rows) for g in groups),
+            shapes,
             parts.rules_text(inputs.rules),
             texts,
             expired,

@@ -81,6 +81,7 @@ def cluster_regret(
     memo: DecisionMemo | None = None,
     rankable: Sequence[PodGroup] | None = None,
     valid: Mapping[tuple[str, frozenset[int] | None], tuple[Backend, ...] | None] | None = None,
+    pods: int | None = None,
 ) -> dict[str, Any]:
     """One cluster's regret (``regret_by_cluster``'s entry), from its ``groups``.
     ``classes``, ``memo``: shared by the clusters of one read (an assessment holds for
@@ -90,14 +91,16 @@ def cluster_regret(
     only these are read. ``valid``: the backends valid per (shape, stage class) under
     ``inputs``, where the caller has them from decisions already made (a preview of
     this configuration, ``parts.ClusterPart.valid``): those groups are not assessed
-    again (an assessment's situation is the shape's: ``shape_situation``)."""
+    again (an assessment's situation is the shape's: ``shape_situation``). ``pods``:
+    the pods of ``groups``, when the caller has counted them."""
     classes = classes or ClassCache()
     memo = memo or DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
     measured_pods = on_best = 0
     chosen_sum = best_sum = 0.0
     switch_to: dict[str, int] = defaultdict(int)
-    pods = sum(g.pods for g in groups)
+    if pods is None:
+        pods = sum(g.pods for g in groups)
     for group in each_group(groups if rankable is None else rankable, deadline):
         request = group.request
         if request is None:
