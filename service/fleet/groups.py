@@ -344,14 +344,20 @@ class DecisionMemo:
 
     def depends_of(self, request: SelectRequest, inputs: DecisionInputs, exact: bool) -> Dependence:
         """:meth:`depends` before the shape's evidence is looked at: a function of the
-        inputs, the cluster and the model only."""
+        inputs, the cluster and the overrides that apply (``effects.dependence`` reads
+        no more of the request), so found once for the cluster's models that the same
+        overrides apply to: a cluster has a few models and most overrides name none."""
         key = (id(inputs.rules), id(inputs.overrides), request.cluster, request.model.name, exact)
         found = self._depends.get(key)
         if found is None:
             applicable = self._classes.applicable(request, inputs.overrides, self._now)
-            found = self._depends[key] = dependence(
-                request, inputs, self._now, exact=exact, applicable=applicable
-            )
+            alike = (key[0], key[1], key[2], exact, *map(id, applicable))
+            found = self._depends.get(alike)
+            if found is None:
+                found = self._depends[alike] = dependence(
+                    request, inputs, self._now, exact=exact, applicable=applicable
+                )
+            self._depends[key] = found
         return found
 
     def of_situation(
