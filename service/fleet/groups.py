@@ -26,11 +26,12 @@ from mla_switchboard.core.evaluator import (
     Assessment,
     Decision,
     DecisionInputs,
+    OverrideSet,
     Refusal,
     applicable_overrides,
 )
 from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
-from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.core.schemas import FLEET, Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
 from mla_switchboard.service.fleet.effects import (
     Dependence,
@@ -587,11 +588,19 @@ class ClassCache:
     def applicable(
         self, request: SelectRequest, overrides: Sequence[Override], now: datetime
     ) -> tuple[Override, ...]:
-        """``applicable_overrides``, once per set of overrides, cluster and model."""
+        """``applicable_overrides``, once per set of overrides, cluster and model; once
+        per set and cluster when none of those that may apply names a model (then
+        every model of the cluster has the same apply: most clusters' case)."""
         key = (id(overrides), request.cluster, request.model.name)
         found = self._applicable.get(key)
         if found is None:
-            found = self._applicable[key] = tuple(applicable_overrides(request, overrides, now))
+            every = (id(overrides), request.cluster)
+            found = self._applicable.get(every)
+            if found is None:
+                found = tuple(applicable_overrides(request, overrides, now))
+                if all(o.model is None for o in _may_apply(overrides, request.cluster)):
+                    self._applicable[every] = found
+            self._applicable[key] = found
         return found
 
     def partials(
@@ -622,6 +631,13 @@ class ClassCache:
         if found is None:
             found = self._found[key] = stage_classes(rollouts)
         return found
+
+
+def _may_apply(overrides: Sequence[Override], cluster: str) -> Sequence[Override]:
+    """The overrides ``applicable_overrides`` reads for a pod of ``cluster``."""
+    if isinstance(overrides, OverrideSet):
+        return overrides.for_cluster(cluster)
+    return [o for o in overrides if o.cluster in (FLEET, cluster)]
 
 
 YIELD_EVERY_S = 0.0005
