@@ -390,3 +390,48 @@ def test_a_rollouts_progress_after_a_change_recounts_only_the_pods_booted_with_i
         assert body["rollouts"] != before  # the change moved what they count
     finally:
         reads.close()
+
+
+@pytest.mark.parametrize(
+    ("own", "per_model"),
+    [
+        (override("east", deny=["CUDNN"], note="every model"), False),
+        (override("east", deny=["CUDNN"], model="moonshotai/*", note="one family"), True),
+    ],
+    ids=["no model named", "a model named"],
+)
+def test_a_clusters_models_share_what_applies_and_how_it_is_decided(
+    own: Override, per_model: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which overrides apply to a pod, and so how its decisions are shared
+    (``effects.dependence``), are functions of its cluster and model only through the
+    overrides' model globs: where no override that may apply to a cluster names a
+    model, the cluster's models are worked out once; where one does, per model."""
+    from mla_switchboard.service.fleet import groups
+
+    calls = {"applicable": 0, "dependence": 0}
+    real_applicable, real_dependence = groups.applicable_overrides, groups.dependence
+
+    def applicable(*args: Any) -> Any:
+        calls["applicable"] += 1
+        return real_applicable(*args)
+
+    def dependence(*args: Any, **kw: Any) -> Any:
+        calls["dependence"] += 1
+        return real_dependence(*args, **kw)
+
+    monkeypatch.setattr(groups, "applicable_overrides", applicable)
+    monkeypatch.setattr(groups, "dependence", dependence)
+    inputs = DecisionInputs(
+        SEED_RULES, (override("*", deny=["FLASHINFER"], note="fleet"), own), tag=(1, 1)
+    )
+    memo = groups.DecisionMemo(NOW, groups.ClassCache())
+    first, other = (s.model_copy(update={"cluster": "east"}) for s in (SHAPES[0], SHAPES[4]))
+    assert first.model.name != other.model.name
+    a, b = (memo.depends_of(r, inputs, False) for r in (first, other))
+    assert (a is b) != per_model
+    assert calls == (
+        {"applicable": 2, "dependence": 2} if per_model else {"applicable": 1, "dependence": 1}
+    )
+    assert a == real_dependence(first, inputs, NOW)
+    assert b == real_dependence(other, inputs, NOW)
