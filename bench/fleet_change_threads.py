@@ -13,8 +13,9 @@ summary after it, the ``DELETE`` (its preview), and the summary after that. The 
 round's change is one those reads never saw (``first_round``); the later rounds
 repeat its content with other notes and expiries (``repeated``). Each figure is
 ``time.thread_time`` of the fleet-read thread around the read; minimum and median
-over trials. The checkouts alternate (base, new, then new, base, ...) ``--rounds-of``
-times, so that the machine's load falls on both alike.
+over trials, with the read's wall time in that thread beside it (``wall_*``). The
+checkouts alternate (base, new, then new, base, ...) ``--rounds-of`` times, so that
+the machine's load falls on both alike.
 
     python bench/fleet_change_threads.py --url 'postgresql+psycopg://...' \\
         --trees base=/work/base,new=.
@@ -72,6 +73,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         base = runtime.publisher.current()
         fleet = runtime.fleet.current()
         cpu: dict[str, list[float]] = defaultdict(list)
+        wall: dict[str, list[float]] = defaultdict(list)
 
         def change(note: str, hours: int) -> Override:
             now = datetime.now(UTC)
@@ -97,7 +99,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 runtime.collector,  # paused during a read, as the replica's are
             )
             inputs = replace(base, tag=(10_000 * (t + 1), base.tag[1]))
-            _timed(cpu, reads, "first_summary", partial(_summary, reads, ("s",), inputs, fleet))
+            first = partial(_summary, reads, ("s",), inputs, fleet)
+            _timed((cpu, wall), reads, "first_summary", first)
             for r in range(args.rounds):
                 kind = "first_round" if r == 0 else "repeated"
                 dry = Proposal(override_scope="*", override=change(f"dry {t} {r}", 2 + r))
@@ -116,16 +119,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     ("delete", partial(reads._preview, back, after, fleet)),
                 )
                 for name, step in steps:
-                    _timed(cpu, reads, f"{kind}.{name}", step)
+                    _timed((cpu, wall), reads, f"{kind}.{name}", step)
                 inputs = replace(inputs, tag=(inputs.tag[0] + 2, inputs.tag[1]))
                 step = partial(_summary, reads, ("d", r), inputs, fleet)
-                _timed(cpu, reads, f"{kind}.summary_after_delete", step)
+                _timed((cpu, wall), reads, f"{kind}.summary_after_delete", step)
             reads.close()
         return {
             name: {
                 "min_s": round(min(v), 4),
                 "median_s": round(statistics.median(v), 4),
                 "runs_s": [round(x, 4) for x in v],
+                "wall_median_s": round(statistics.median(wall[name]), 4),
+                "wall_runs_s": [round(x, 4) for x in wall[name]],
             }
             for name, v in cpu.items()
         }
@@ -138,18 +143,25 @@ def _summary(reads: Any, key: tuple[Any, ...], inputs: Any, fleet: Any, now: dat
     return reads._summary(key, inputs, fleet, now, None)
 
 
-def _timed(cpu: dict[str, list[float]], reads: Any, name: str, read: Callable[..., object]) -> None:
-    """``read(now)`` on the fleet-read thread of ``reads``, its thread CPU added to
-    ``cpu[name]``."""
-    took: list[float] = []
+def _timed(
+    into: tuple[dict[str, list[float]], dict[str, list[float]]],
+    reads: Any,
+    name: str,
+    read: Callable[..., object],
+) -> None:
+    """``read(now)`` on the fleet-read thread of ``reads``: its thread CPU added to
+    ``into[0][name]``, its wall time there (the yields to the event loop included) to
+    ``into[1][name]``."""
+    took: list[tuple[float, float]] = []
 
     def run() -> None:
-        t0 = time.thread_time()
+        t0, w0 = time.thread_time(), time.perf_counter()
         read(datetime.now(UTC))
-        took.append(time.thread_time() - t0)
+        took.append((time.thread_time() - t0, time.perf_counter() - w0))
 
     reads._serially(run)
-    cpu[name].append(took[0])
+    into[0][name].append(took[0][0])
+    into[1][name].append(took[0][1])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -174,6 +186,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         name: {
             f: round(
                 statistics.median(x for rd in result["rounds"] for x in rd[name][f]["runs_s"]), 4
+            )
+            for f in figures
+        }
+        for name in names
+    }
+    result["wall_medians"] = {
+        name: {
+            f: round(
+                statistics.median(
+                    x for rd in result["rounds"] for x in rd[name][f].get("wall_runs_s", [])
+                ),
+                4,
             )
             for f in figures
         }

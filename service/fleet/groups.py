@@ -26,11 +26,12 @@ from mla_switchboard.core.evaluator import (
     Assessment,
     Decision,
     DecisionInputs,
+    OverrideSet,
     Refusal,
     applicable_overrides,
 )
 from mla_switchboard.core.evidence import EvidenceIndex, Situation, situation_of
-from mla_switchboard.core.schemas import Override, SelectRequest
+from mla_switchboard.core.schemas import FLEET, Override, SelectRequest
 from mla_switchboard.core.stages import STAGE_BUCKETS, stage_bucket, stage_buckets
 from mla_switchboard.service.fleet.effects import (
     Dependence,
@@ -344,14 +345,20 @@ class DecisionMemo:
 
     def depends_of(self, request: SelectRequest, inputs: DecisionInputs, exact: bool) -> Dependence:
         """:meth:`depends` before the shape's evidence is looked at: a function of the
-        inputs, the cluster and the model only."""
+        inputs, the cluster and the overrides that apply (``effects.dependence`` reads
+        no more of the request), so found once for the cluster's models that the same
+        overrides apply to: a cluster has a few models and most overrides name none."""
         key = (id(inputs.rules), id(inputs.overrides), request.cluster, request.model.name, exact)
         found = self._depends.get(key)
         if found is None:
             applicable = self._classes.applicable(request, inputs.overrides, self._now)
-            found = self._depends[key] = dependence(
-                request, inputs, self._now, exact=exact, applicable=applicable
-            )
+            alike = (key[0], key[1], key[2], exact, *map(id, applicable))
+            found = self._depends.get(alike)
+            if found is None:
+                found = self._depends[alike] = dependence(
+                    request, inputs, self._now, exact=exact, applicable=applicable
+                )
+            self._depends[key] = found
         return found
 
     def of_situation(
@@ -581,11 +588,19 @@ class ClassCache:
     def applicable(
         self, request: SelectRequest, overrides: Sequence[Override], now: datetime
     ) -> tuple[Override, ...]:
-        """``applicable_overrides``, once per set of overrides, cluster and model."""
+        """``applicable_overrides``, once per set of overrides, cluster and model; once
+        per set and cluster when none of those that may apply names a model (then
+        every model of the cluster has the same apply: most clusters' case)."""
         key = (id(overrides), request.cluster, request.model.name)
         found = self._applicable.get(key)
         if found is None:
-            found = self._applicable[key] = tuple(applicable_overrides(request, overrides, now))
+            every = (id(overrides), request.cluster)
+            found = self._applicable.get(every)
+            if found is None:
+                found = tuple(applicable_overrides(request, overrides, now))
+                if all(o.model is None for o in _may_apply(overrides, request.cluster)):
+                    self._applicable[every] = found
+            self._applicable[key] = found
         return found
 
     def partials(
@@ -616,6 +631,13 @@ class ClassCache:
         if found is None:
             found = self._found[key] = stage_classes(rollouts)
         return found
+
+
+def _may_apply(overrides: Sequence[Override], cluster: str) -> Sequence[Override]:
+    """The overrides ``applicable_overrides`` reads for a pod of ``cluster``."""
+    if isinstance(overrides, OverrideSet):
+        return overrides.for_cluster(cluster)
+    return [o for o in overrides if o.cluster in (FLEET, cluster)]
 
 
 YIELD_EVERY_S = 0.0005

@@ -53,6 +53,7 @@ from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import DecisionInputs, Refusal
 from mla_switchboard.core.evidence import EvidenceIndex
 from mla_switchboard.core.schemas import FLEET, Override, RulesDocument, SelectRequest
+from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
     Deadline,
@@ -64,7 +65,12 @@ from mla_switchboard.service.fleet.groups import (
     each_group,
 )
 from mla_switchboard.service.fleet.narrowing import per_model
-from mla_switchboard.service.fleet.progress import ProgressWalk, RolloutTally, StageSamples
+from mla_switchboard.service.fleet.progress import (
+    Counted,
+    ProgressWalk,
+    RolloutTally,
+    StageSamples,
+)
 from mla_switchboard.service.fleet.regret import (
     cluster_exclusions,
     cluster_regret,
@@ -95,6 +101,10 @@ class ClusterPart:
     given: dict[tuple[str, frozenset[int] | None], str | None] | None = None
     """per (shape, stage class) of the configuration in force: the backend it gives
     those pods (None: refused); worked out with ``pending``"""
+    valid: _Valid | None = None
+    """per (shape, stage class): the backends valid for those pods (None: not known,
+    a refusal), read off the decisions of a preview of this content; the regret reads
+    them instead of assessing those groups again"""
 
 
 class _Texts:
@@ -126,6 +136,9 @@ _Read = tuple[frozenset[str], list[EvidenceIndex], int]
 
 _Given = dict[tuple[str, frozenset[int] | None], str | None]
 """``ClusterPart.given``."""
+
+_Valid = dict[tuple[str, frozenset[int] | None], tuple[Backend, ...] | None]
+"""``ClusterPart.valid``."""
 
 _WRITTEN = frozenset({"created_at", "created_by", "revision"})
 """What the store sets of an override it writes: no decision reads them as a backend."""
@@ -262,6 +275,11 @@ class ClusterParts:
         self._content_stamp: tuple[Any, ...] = (None, None)
         self.samples = StageSamples()  # a rollout's stage samples, by evidence version
         self.telling: dict[str, Telling] = {}  # per cluster, the latest (``Telling``)
+        # per (cluster, scope of a staged override): its progress there but
+        # ``booted``, the newest few (``progress.Counted``)
+        self.counted: dict[tuple[str, str], list[Counted]] = {}
+        # per cluster: its groups (the snapshot's tuple), as the keys read them
+        self._shaped: dict[str, tuple[tuple[PodGroup, ...], tuple[Any, ...], frozenset[str]]] = {}
         self.computed: dict[str, int] = {}
 
     def reading(
@@ -311,6 +329,24 @@ class ClusterParts:
                 del self._carried[cluster]
             for cluster in [c for c in self.telling if c not in clusters]:
                 del self.telling[cluster]
+            # the latest per cluster and override alive: others' are dropped
+            self.counted = {k: v for k, v in self.counted.items() if k[0] in clusters}
+            for cluster in [c for c in self._shaped if c not in clusters]:
+                del self._shaped[cluster]
+
+    def shaped(
+        self, cluster: str, groups: tuple[PodGroup, ...]
+    ) -> tuple[tuple[tuple[str, Any], ...], frozenset[str]]:
+        """What the keys read of ``cluster``'s ``groups`` (one snapshot's tuple of them):
+        each group's shape and rows, and the cluster's models; found once per snapshot
+        and cluster, not per read and configuration (a preview asks for the two it
+        compares, a summary for its key and its telling groups)."""
+        found = self._shaped.get(cluster)
+        if found is None or found[0] is not groups:
+            models = frozenset(g.request.model.name for g in groups if g.request is not None)
+            found = (groups, tuple((g.shape_id, g.rows) for g in groups), models)
+            self._shaped[cluster] = found
+        return found[1], found[2]
 
     def read_by(
         self,
@@ -333,7 +369,7 @@ class ClusterParts:
             # meanwhile, so "the same object" below is never a new one at a reused
             # address (a replaced index is released at the change after)
             self._stamp, self._before, self._read = stamp, self._read, {}
-        models = frozenset(g.request.model.name for g in groups if g.request is not None)
+        models = self.shaped(cluster, tuple(groups))[1]
         found = self._read.get(cluster)
         if found is None or found[0] != models:
             indexes = find()
@@ -582,7 +618,13 @@ class PartsRead:
             if carried.regret is None:
                 self._parts.count("regret")
                 rankable = self._telling(cluster).rankable
-                carried.regret = self._of_cluster(cluster_regret, cluster, rankable=rankable)
+                carried.regret = self._of_cluster(
+                    cluster_regret,
+                    cluster,
+                    rankable=rankable,
+                    valid=carried.valid,
+                    pods=sum(self.counts(cluster).values()),
+                )
             part.regret = carried.regret
         return part.regret
 
@@ -635,7 +677,7 @@ class PartsRead:
         indexes = self._carry_key(cluster, self.inputs)[1]
         groups = self.fleet.of_cluster(cluster)
         key = (
-            tuple((g.shape_id, g.rows) for g in groups),
+            self._parts.shaped(cluster, groups)[0],
             self.inputs.evidence_generation,
             tuple(index.version for index in indexes),
         )
@@ -660,10 +702,37 @@ class PartsRead:
             found = carried.progress.get(position)
             if found is None:
                 self._parts.count("progress")
-                found = carried.progress[position] = self._walk.cluster(
-                    o, self.fleet.of_cluster(cluster), self.deadline, self._given_kept(cluster)
-                )
+                found = carried.progress[position] = self._progress_of(cluster, o)
             part.progress[position] = found
+        return found
+
+    def _progress_of(self, cluster: str, o: Override) -> RolloutTally:
+        """``o``'s progress among the pods of ``cluster`` under this read's
+        configuration: all but ``booted`` as kept for an earlier one when it holds
+        (``progress.Counted``: the same override, groups, partial rollouts and
+        evidence), ``booted`` recounted from the backends kept for this one; else the
+        cluster's groups walked (and kept as that)."""
+        groups = self.fleet.of_cluster(cluster)
+        given = self._given_kept(cluster)
+        now = self.now
+        # the override itself (whether it applies), then the partial rollouts (the
+        # stage classes), each with whether it has expired
+        staged = tuple(
+            (x, x.expires_at is not None and x.expires_at <= now)
+            for x in (o, *self.inputs.staged_for(cluster))
+        )
+        evidence = self._walk.evidence_of(cluster)
+        kept = self._parts.counted.setdefault((cluster, o.cluster), [])
+        if given is not None:
+            for counted in kept:
+                if counted.holds(o, groups, staged, evidence):
+                    found = counted.recounted(given)
+                    if found is not None:
+                        return found
+        cells: list[tuple[PodGroup, StageClass]] = []
+        found = self._walk.cluster(o, groups, self.deadline, given, cells)
+        kept.append(Counted(o, groups, staged, evidence, evidence.version, found, tuple(cells)))
+        del kept[:-CARRIED_KEPT]  # the newest few: a scope holds few staged overrides
         return found
 
     def _given_kept(self, cluster: str) -> _Given | None:
@@ -709,7 +778,7 @@ class PartsRead:
         parts, now = self._parts, self.now
         texts = tuple(parts.carry_text(inputs.overrides, o) for o in overrides)
         expired = tuple(o.expires_at is not None and o.expires_at <= now for o in overrides)
-        models = frozenset(g.request.model.name for g in groups if g.request is not None)
+        shapes, models = parts.shaped(cluster, groups)
 
         def find() -> list[EvidenceIndex]:
             content = (models, trust_content(overrides, expired))
@@ -722,7 +791,7 @@ class PartsRead:
         else:
             indexes = find()
         key = (
-            tuple((g.shape_id, g.rows) for g in groups),
+            shapes,
             parts.rules_text(inputs.rules),
             texts,
             expired,
@@ -732,16 +801,26 @@ class PartsRead:
         self.check_deadline()
         return key, indexes
 
-    def proposed(self, cluster: str, proposed: DecisionInputs, pending: int, given: _Given) -> None:
+    def proposed(
+        self,
+        cluster: str,
+        proposed: DecisionInputs,
+        pending: int,
+        given: _Given,
+        valid: _Valid | None = None,
+    ) -> None:
         """What a preview's proposal gives the pods of ``cluster`` (``pending``: those
         whose recorded backend it does not give; ``given``: per shape and stage class
-        of the proposal), kept for the read after the proposal is written
+        of the proposal; ``valid``: the backends valid there, when every group was
+        decided), kept for the read after the proposal is written
         (``ClusterParts.carry``). A change of rules is not carried: its text is
         worked out anew for every cluster."""
         if proposed.rules is not self.inputs.rules:
             return
         carried = self._parts.carry(cluster, *self._carry_key(cluster, proposed))
         carried.pending, carried.given = pending, given
+        if valid is not None:
+            carried.valid = valid
 
     def given(self, group: PodGroup, bucket: int | None) -> str | None:
         """The backend the configuration in force gives the pods of ``group`` in stage

@@ -30,6 +30,7 @@ from mla_switchboard.core import cause_words
 from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import Decision, DecisionInputs, Refusal
 from mla_switchboard.core.schemas import Override, OverrideRef, SelectRequest
+from mla_switchboard.core.specs import Backend
 from mla_switchboard.service.fleet.effects import words
 from mla_switchboard.service.fleet.groups import (
     ClassCache,
@@ -155,9 +156,12 @@ class Settled(Protocol):
         proposed: DecisionInputs,
         pending: int,
         given: dict[tuple[str, frozenset[int] | None], str | None],
+        valid: dict[tuple[str, frozenset[int] | None], tuple[Backend, ...] | None] | None = None,
     ) -> None:
         """What ``proposed`` gives the pods of ``cluster``, as ``pending`` and
-        ``given`` would say once it is in force: kept for the read after it is."""
+        ``given`` would say once it is in force, and ``valid``: the backends valid for
+        them per (shape, stage class), read off the decisions (None where refused, or
+        when not every group was decided): kept for the read after it is."""
         ...
 
 
@@ -216,6 +220,9 @@ def replay(
         # what the proposal gives the cluster's pods, per its own stage classes
         # (``Settled.proposed``)
         given_after: dict[tuple[str, frozenset[int] | None], str | None] = {}
+        # and the backends valid for them, where the proposal's decision was made
+        # (the regret of the read after it is written reads those, not assessments)
+        valid_after: dict[tuple[str, frozenset[int] | None], tuple[Backend, ...] | None] = {}
         pending_after = 0
         # per model: what its groups share (the staged overrides that apply, and so
         # the stage classes and how decisions are shared, are a function of the
@@ -256,6 +263,7 @@ def replay(
             shape_id = group.shape_id
             to_of, before_of = plan.to, plan.before
             given_to: list[str | None] = []
+            valid_to: list[tuple[Backend, ...] | None] = []
             for i, stage in enumerate(plan.stages):
                 after: Decision | Refusal | None = None
                 at = (shape_id, plan.proposal_buckets[i])
@@ -265,6 +273,7 @@ def replay(
                     after = to_of(request, shape_id, stage)
                     to = None if isinstance(after, Refusal) else after.backend.value
                 given_to.append(to)
+                valid_to.append(None if after is None else tally.valid(after))
                 if plan.given is not None:
                     given = plan.given.get((shape_id, plan.current_buckets[i]), _MISSING)
                     if given is _MISSING:
@@ -299,10 +308,13 @@ def replay(
             if settled is not None:
                 for buckets, at in plan.proposal_at:
                     given_after[(shape_id, buckets)] = given_to[at]
+                    valid_after[(shape_id, buckets)] = valid_to[at]
         if settled is not None:
             if given_now is not None:
                 settled.worked_out(cluster, pending_now, given_now)
-            settled.proposed(cluster, proposed, pending_after, given_after)
+            # with a kept part, the groups that stay were not decided: no valid sets
+            valid = valid_after if kept is None else None
+            settled.proposed(cluster, proposed, pending_after, given_after, valid)
             if deadline is not None:
                 deadline.check()
     return tally.preview(total=total, unreadable=unreadable)
@@ -422,7 +434,23 @@ class _Tally:
         self.rendered: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = {}
         # the exclusions a ``why`` quotes, by backend
         self.causes: dict[tuple[str, ...], dict[str, MeasuredExclusion]] = {}
+        # the backends valid per decision (memoised, so shared): ``valid``
+        self.valid_of: dict[int, tuple[Decision | Refusal, tuple[Backend, ...] | None]] = {}
         self.pending = 0
+
+    def valid(self, outcome: Decision | Refusal) -> tuple[Backend, ...] | None:
+        """The backends ``outcome``'s candidates say are valid: what ``assess`` gives
+        (a decision's candidates carry its assessment's reasons as they are). None for
+        a refusal, whose strict request may have had a reason added while deciding."""
+        found = self.valid_of.get(id(outcome))
+        if found is None or found[0] is not outcome:
+            backends = (
+                None
+                if isinstance(outcome, Refusal)
+                else tuple(c.backend for c in outcome.candidates if c.valid)
+            )
+            found = self.valid_of[id(outcome)] = (outcome, backends)
+        return found[1]
 
     def settle(self, recorded: str, given: str | None, n: int) -> str:
         """The backend the configuration in force gives ``n`` pods that run

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -98,12 +99,15 @@ class ProgressWalk:
         groups: Sequence[PodGroup],
         deadline: Deadline | None = None,
         given: Mapping[tuple[str, frozenset[int] | None], str | None] | None = None,
+        cells: list[tuple[PodGroup, StageClass]] | None = None,
     ) -> RolloutTally:
         """``o``'s progress among ``groups`` (one cluster's): what
         :class:`RolloutTally` adds up, to be merged with the other clusters'.
         ``given``: the backend the configuration gives the cluster's pods per (shape,
         stage class), when the caller keeps it (``parts.ClusterPart.given``): a group
-        it holds is then not decided again (only its backend is counted)."""
+        it holds is then not decided again (only its backend is counted). ``cells``:
+        appended each (group, stage class) in ``o``'s stage, whose pods ``booted``
+        counts (``Counted``)."""
         tally = RolloutTally.of(o)
         # per model (what decides whether ``o`` applies, and the stage classes): the
         # classes with whether each is in ``o``'s stage, and the decisions of its
@@ -124,6 +128,8 @@ class ProgressWalk:
             for stage, inside in stages:
                 if not inside:
                     continue  # pods outside the stage add to neither count
+                if cells is not None:
+                    cells.append((group, stage))
                 at = (group.shape_id, stage.buckets)
                 if given is not None and at in given:
                     tally.count_backend(group, stage, inside, given[at])
@@ -159,6 +165,75 @@ class ProgressWalk:
             return None
         stages = self.classes.stages(request, inputs.overrides, now)
         return tuple((stage, in_stage(request, o, stage.bucket)) for stage in stages)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """One cluster's progress of one staged override, with what all of it but
+    ``booted`` was worked out from. Whether the override applies to a group, the stage
+    classes and which are in its stage are functions of the override itself, the
+    cluster's groups and its partial rollouts (``DecisionInputs.staged_for``, and
+    which have expired); the stage samples of its evidence index, at its version. A
+    configuration that changes none of them (a fleet-wide deny, a note) moves only
+    ``booted``: pods in the stage that run what the configuration gives them,
+    recounted from the backends it gives (``recounted``) over the groups and stage
+    classes in the stage (``cells``), not by walking the cluster's groups again."""
+
+    override: Override
+    groups: tuple[PodGroup, ...]
+    staged: tuple[tuple[Override, bool], ...]
+    evidence: EvidenceIndex
+    version: int
+    tally: RolloutTally
+    cells: tuple[tuple[PodGroup, StageClass], ...]
+
+    def holds(
+        self,
+        override: Override,
+        groups: Sequence[PodGroup],
+        staged: Sequence[tuple[Override, bool]],
+        evidence: EvidenceIndex,
+    ) -> bool:
+        """Whether the figures but ``booted`` hold for ``override`` among ``groups``
+        with these partial rollouts (and their expiry) and this evidence index: the
+        very objects, at the same version."""
+        return (
+            override is self.override
+            and groups is self.groups
+            and evidence is self.evidence
+            and evidence.version == self.version
+            and len(staged) == len(self.staged)
+            and all(a[0] is b[0] and a[1] == b[1] for a, b in zip(staged, self.staged, strict=True))
+        )
+
+    def recounted(
+        self, given: Mapping[tuple[str, frozenset[int] | None], str | None]
+    ) -> RolloutTally | None:
+        """The tally with ``booted`` counted again from ``given`` (backends per shape and
+        stage class); None when ``given`` lacks one of the cells."""
+        booted = 0
+        for group, stage in self.cells:
+            backend = given.get((group.shape_id, stage.buckets), _ABSENT)
+            if backend is _ABSENT:
+                return None
+            if backend is None:
+                continue
+            for row in group.rows:
+                if row.backend == backend:
+                    booted += stage.count(row)
+        was = self.tally
+        tally = RolloutTally.of(was.override)
+        tally.scoped, tally.in_stage, tally.booted = was.scoped, was.in_stage, booted
+        # read, never changed: a merge extends the merged tally's own lists and set
+        tally.stage_speed, tally.rest_speed, tally.sampled = (
+            was.stage_speed,
+            was.rest_speed,
+            was.sampled,
+        )
+        return tally
+
+
+_ABSENT = object()
 
 
 class RolloutTally:

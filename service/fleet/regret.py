@@ -16,7 +16,7 @@ on changes (``service/fleet/parts.py``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -36,6 +36,7 @@ from mla_switchboard.service.fleet.groups import (
     PodGroup,
     StageClass,
     each_group,
+    shape_situation,
 )
 from mla_switchboard.service.fleet.narrowing import per_model
 from mla_switchboard.service.selector import InputsFor
@@ -79,20 +80,27 @@ def cluster_regret(
     classes: ClassCache | None = None,
     memo: DecisionMemo | None = None,
     rankable: Sequence[PodGroup] | None = None,
+    valid: Mapping[tuple[str, frozenset[int] | None], tuple[Backend, ...] | None] | None = None,
+    pods: int | None = None,
 ) -> dict[str, Any]:
     """One cluster's regret (``regret_by_cluster``'s entry), from its ``groups``.
     ``classes``, ``memo``: shared by the clusters of one read (an assessment holds for
     every cluster that decides the group alike: ``DecisionMemo``). ``rankable``: those
     of ``groups`` (in their order) whose situation the evidence they trust could rank,
     when the caller keeps them (``parts.Telling``): the others add their pods only, so
-    only these are read."""
+    only these are read. ``valid``: the backends valid per (shape, stage class) under
+    ``inputs``, where the caller has them from decisions already made (a preview of
+    this configuration, ``parts.ClusterPart.valid``): those groups are not assessed
+    again (an assessment's situation is the shape's: ``shape_situation``). ``pods``:
+    the pods of ``groups``, when the caller has counted them."""
     classes = classes or ClassCache()
     memo = memo or DecisionMemo(now, classes)
     inputs_for = per_model(inputs_for)
     measured_pods = on_best = 0
     chosen_sum = best_sum = 0.0
     switch_to: dict[str, int] = defaultdict(int)
-    pods = sum(g.pods for g in groups)
+    if pods is None:
+        pods = sum(g.pods for g in groups)
     for group in each_group(groups if rankable is None else rankable, deadline):
         request = group.request
         if request is None:
@@ -102,11 +110,16 @@ def cluster_regret(
         if not memo.of_situation(situation_rankable, evidence, group.shape_id, request):
             continue  # nothing measured enough to rank for these pods: no assessment needed
         for stage in classes.stages(request, inputs.overrides, now):
-            assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
-            if assessed.situation is None:
+            known = None if valid is None else valid.get((group.shape_id, stage.buckets))
+            if known is None:
+                assessed = _assessed(memo, request, group, stage, inputs, narrowed, now)
+                situation, backends = assessed.situation, assessed.valid()
+            else:
+                situation, backends = shape_situation(group.shape_id, request), known
+            if situation is None:
                 break
-            measured = evidence.group(assessed.situation)
-            ranked = evidence.eligible(assessed.situation, assessed.valid())
+            measured = evidence.group(situation)
+            ranked = evidence.eligible(situation, backends)
             if not ranked:
                 continue
             best_backend, best = ranked[0]

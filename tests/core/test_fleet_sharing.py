@@ -272,3 +272,166 @@ def test_the_summary_after_a_never_seen_change_reads_the_groups_that_tell() -> N
         assert parts.telling["east"] is found["east"]
     finally:
         reads.close()
+
+
+def test_the_summary_after_a_previewed_change_assesses_no_group_its_preview_decided(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The regret of a change never seen before reads, per group and stage class, the
+    backends valid under it: its preview decided every group under it, and the
+    candidates of those decisions say which are valid. Carried with the backends it
+    gives (``ClusterPart.valid``), the summary after the change is written assesses
+    none of those groups again, and is what the whole fleet read again gives; without
+    the preview, it assesses them."""
+    from mla_switchboard.service.fleet import groups
+
+    evidence = Evidence()
+    for cluster in ("east", "west"):
+        evidence.report(cluster, "FLASHINFER", 600)
+        evidence.report(cluster, "FLASH_ATTN", 200)
+    first = DecisionInputs(SEED_RULES, OVERRIDES, tag=(1, 1))
+    snapshots = Snapshots(FleetSnapshot.of_pods(fleet(3, first), version=1))
+    change = override("*", deny=["FLASHINFER"], note="never seen")
+    # as the store writes it: another revision, the same content
+    written = change.model_copy(update={"revision": change.revision + 7})
+    assessed: list[int] = []
+    real = groups.DecisionMemo.assessment
+
+    def counted(memo: Any, *args: Any) -> Any:
+        assessed.append(1)
+        return real(memo, *args)
+
+    monkeypatch.setattr(groups.DecisionMemo, "assessment", counted)
+
+    def assessments_after(previewed: bool) -> int:
+        current = {"inputs": first}
+        reads = reads_of(snapshots, evidence, lambda: current["inputs"])
+        try:
+            reads.summary(None, None)
+            if previewed:
+                reads.preview(Proposal(override_scope="*", override=change), None, None)
+            current["inputs"] = replace(
+                Proposal(override_scope="*", override=written).applied_to(first), tag=(2, 1)
+            )
+            assessed.clear()
+            body = reads.summary(None, None).body
+            made = len(assessed)
+            assert shown(body) == whole(snapshots.snap, current["inputs"], evidence)
+            assert any(r["pods_measured"] for r in body["regret"].values())
+            return made
+        finally:
+            reads.close()
+
+    assert assessments_after(previewed=False) > 0
+    assert assessments_after(previewed=True) == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "walked_again"),
+    [
+        (override("*", deny=["FLASH_ATTN"], note="never seen"), False),
+        (staged("*", 40, deny=["TRTLLM_RAGGED"]), True),
+    ],
+    ids=["fleet deny", "fleet staged"],
+)
+def test_a_rollouts_progress_after_a_change_recounts_only_the_pods_booted_with_it(
+    change: Override, walked_again: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of a rollout's progress in a cluster, only the pods booted with it depend on the
+    configuration (whether it applies, the stage classes, the pods in its stage and
+    its stage samples do not, while the cluster's partial rollouts are the same): the
+    summary after a fleet-wide deny recounts those from the backends its preview
+    carried and walks no cluster's groups for it; a staged change of the fleet's
+    splits the stage classes again, and they are walked. Either way the summary is
+    the whole fleet read again."""
+    from mla_switchboard.service.fleet import progress
+
+    clusters = [f"c{i}" for i in range(6)]
+    first = DecisionInputs(
+        SEED_RULES, tuple(own_override(i, c) for i, c in enumerate(clusters)), tag=(1, 1)
+    )
+    snapshots = Snapshots(fleet_of(clusters, first))
+    evidence = OwnEvidence()
+    walked: list[str] = []
+    real = progress.ProgressWalk.cluster
+
+    def counted(walk: Any, o: Override, groups: Any, *args: Any) -> Any:
+        walked.append(groups[0].cluster)
+        return real(walk, o, groups, *args)
+
+    monkeypatch.setattr(progress.ProgressWalk, "cluster", counted)
+    current = {"inputs": first}
+    reads = FleetReads(
+        snapshots,  # type: ignore[arg-type]
+        Quiet(),  # type: ignore[arg-type]
+        evidence,  # type: ignore[arg-type]
+        lambda: current["inputs"],
+        ReadSettings(600, 1, 1),
+    )
+    try:
+        before = reads.summary(None, None).body["rollouts"]
+        assert sorted(walked) == clusters[1::2]  # the staged ones
+        assert any(r["pods_booted_with_it"] for r in before)
+        reads.preview(Proposal(override_scope="*", override=change), None, None)
+        walked.clear()
+        current["inputs"] = replace(
+            Proposal(override_scope="*", override=change).applied_to(first), tag=(2, 1)
+        )
+        body = reads.summary(None, None).body
+        assert bool(walked) == walked_again, walked
+        assert body["rollouts"] == progress.progress(
+            snapshots.snap,
+            current["inputs"],
+            now=datetime.now(UTC),
+            inputs_for=evidence.inputs_for,
+            evidence_of=evidence.of_cluster,
+        )
+        assert any(r["pods_in_stage"] for r in body["rollouts"])
+        assert body["rollouts"] != before  # the change moved what they count
+    finally:
+        reads.close()
+
+
+@pytest.mark.parametrize(
+    ("own", "per_model"),
+    [
+        (override("east", deny=["CUDNN"], note="every model"), False),
+        (override("east", deny=["CUDNN"], model="moonshotai/*", note="one family"), True),
+    ],
+    ids=["no model named", "a model named"],
+)
+def test_a_clusters_models_share_what_applies_and_how_it_is_decided(
+    own: Override, per_model: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which overrides apply to a pod, and so how its decisions are shared
+    (``effects.dependence``), are functions of its cluster and model only through the
+    overrides' model globs: where no override that may apply to a cluster names a
+    model, the cluster's models are worked out once; where one does, per model."""
+    from mla_switchboard.service.fleet import groups
+
+    calls = {"applicable": 0, "dependence": 0}
+    real_applicable, real_dependence = groups.applicable_overrides, groups.dependence
+
+    def applicable(*args: Any) -> Any:
+        calls["applicable"] += 1
+        return real_applicable(*args)
+
+    def dependence(*args: Any, **kw: Any) -> Any:
+        calls["dependence"] += 1
+        return real_dependence(*args, **kw)
+
+    monkeypatch.setattr(groups, "applicable_overrides", applicable)
+    monkeypatch.setattr(groups, "dependence", dependence)
+    inputs = DecisionInputs(
+        SEED_RULES, (override("*", deny=["FLASHINFER"], note="fleet"), own), tag=(1, 1)
+    )
+    memo = groups.DecisionMemo(NOW, groups.ClassCache())
+    first, other = (s.model_copy(update={"cluster": "east"}) for s in (SHAPES[0], SHAPES[4]))
+    assert first.model.name != other.model.name
+    a, b = (memo.depends_of(r, inputs, False) for r in (first, other))
+    assert (a is b) != per_model
+    assert calls == (
+        {"applicable": 2, "dependence": 2} if per_model else {"applicable": 1, "dependence": 1}
+    )
+    assert a == real_dependence(first, inputs, NOW)
+    assert b == real_dependence(other, inputs, NOW)
