@@ -47,7 +47,7 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from mla_switchboard.core.causes import MeasuredExclusion
 from mla_switchboard.core.evaluator import DecisionInputs, Refusal
@@ -72,14 +72,10 @@ from mla_switchboard.service.fleet.progress import (
     StageSamples,
 )
 from mla_switchboard.service.fleet.regret import (
-    cluster_exclusions,
-    cluster_regret,
     situation_failing,
     situation_rankable,
 )
 from mla_switchboard.service.selector import InputsFor
-
-T = TypeVar("T")
 
 __all__ = ["ClusterPart", "ClusterParts", "PartsRead"]
 
@@ -506,8 +502,7 @@ class PartsRead:
         self._carry_keys: dict[
             tuple[int, str], tuple[DecisionInputs, Hashable, list[EvidenceIndex]]
         ] = {}
-        self._figures: dict[str, ClusterPart] = {}  # per cluster: ``_carried_figures``
-        self._telling_found: dict[str, Telling] = {}  # per cluster: ``_telling``
+        self._figures: dict[str, ClusterPart] = {}  # per cluster: ``carried_figures``
 
     @property
     def classes(self) -> ClassCache:
@@ -523,6 +518,17 @@ class PartsRead:
         return self._memo
 
     @property
+    def parts(self) -> ClusterParts:
+        """What is kept across reads, as this read found it."""
+        return self._parts
+
+    @property
+    def walk(self) -> ProgressWalk:
+        """The read's walk of rollouts' progress (its stage samples, decisions and
+        stage classes shared with the read's other figures)."""
+        return self._walk
+
+    @property
     def inputs_for(self) -> InputsFor | None:
         """The read's ``inputs_for``, asked once per cluster and model (``narrowing``)."""
         return self._inputs_for
@@ -531,11 +537,11 @@ class PartsRead:
 
     def key(self, cluster: str) -> tuple[Hashable, ...]:
         """What every figure of ``cluster`` depends on (module docstring): the content
-        its figures are carried under (``_carry_key``), and the epoch of the evidence
+        its figures are carried under (``carry_key``), and the epoch of the evidence
         indexes it reads (``ClusterParts.read_by``: their versions are only comparable
         while they are the same objects)."""
         groups = self.fleet.of_cluster(cluster)
-        content, indexes = self._carry_key(cluster, self.inputs)
+        content, indexes = self.carry_key(cluster, self.inputs)
         epoch = self._parts.read_by(cluster, groups, self.inputs, lambda: indexes)[1]
         return (content, epoch)
 
@@ -556,7 +562,7 @@ class PartsRead:
         very objects) at the same versions. Else what the last preview carried for the
         cluster, when it was of the same change (``_Carried``: a dry run, then the
         write). None when neither holds it."""
-        content, indexes = self._carry_key(cluster, proposed)
+        content, indexes = self.carry_key(cluster, proposed)
         epoch = self._parts.epoch_of(cluster, indexes)
         part = None if epoch is None else self._parts.peek(cluster, (content, epoch))
         if part is not None and part.given is not None:
@@ -598,48 +604,7 @@ class PartsRead:
             part = self._found[cluster] = self._parts.kept(cluster, self.key(cluster))
         return part
 
-    # --------------------------------------------------------------- figures
-
-    def counts(self, cluster: str) -> dict[str, int]:
-        """Pods per backend they run now."""
-        part = self.part(cluster)
-        if part.counts is None:
-            counts: dict[str, int] = {}
-            for g in self.fleet.of_cluster(cluster):
-                for row in g.rows:
-                    counts[row.backend] = counts.get(row.backend, 0) + row.pods
-            part.counts = dict(sorted(counts.items()))
-        return part.counts
-
-    def regret(self, cluster: str) -> dict[str, Any]:
-        part = self.part(cluster)
-        if part.regret is None:
-            carried = self._carried_figures(cluster)
-            if carried.regret is None:
-                self._parts.count("regret")
-                rankable = self._telling(cluster).rankable
-                carried.regret = self._of_cluster(
-                    cluster_regret,
-                    cluster,
-                    rankable=rankable,
-                    valid=carried.valid,
-                    pods=sum(self.counts(cluster).values()),
-                )
-            part.regret = carried.regret
-        return part.regret
-
-    def excluded(self, cluster: str) -> dict[str, MeasuredExclusion]:
-        part = self.part(cluster)
-        if part.excluded is None:
-            carried = self._carried_figures(cluster)
-            if carried.excluded is None:
-                self._parts.count("excluded")
-                failing = self._telling(cluster).failing  # none: nothing read
-                carried.excluded = self._of_cluster(cluster_exclusions, cluster, failing=failing)
-            part.excluded = carried.excluded
-        return part.excluded
-
-    def _carried_figures(self, cluster: str) -> ClusterPart:
+    def carried_figures(self, cluster: str) -> ClusterPart:
         """The figures carried for ``cluster`` under the content of this read's
         configuration (``ClusterParts.carry``: filled by the preview of a change, and
         by every read that works one out), found once per read and cluster. A part
@@ -648,100 +613,17 @@ class PartsRead:
         the same content."""
         found = self._figures.get(cluster)
         if found is None:
-            key, indexes = self._carry_key(cluster, self.inputs)
+            key, indexes = self.carry_key(cluster, self.inputs)
             found = self._figures[cluster] = self._parts.carry(cluster, key, indexes)
         return found
 
-    def _of_cluster(self, figure: Callable[..., T], cluster: str, **telling: Any) -> T:
-        """``figure`` (``cluster_regret``, ``cluster_exclusions``) over ``cluster``'s
-        groups, with this read's deadline and the class cache and memo its clusters
-        share; ``telling``: the groups it reads, when kept (``Telling``)."""
-        return figure(
-            self.fleet.of_cluster(cluster),
-            self.inputs,
-            now=self.now,
-            inputs_for=self._inputs_for,
-            deadline=self.deadline,
-            classes=self._classes,
-            memo=self._memo,
-            **telling,
-        )
-
-    def _telling(self, cluster: str) -> Telling:
-        """Which of ``cluster``'s groups the regret and the exclusions read
-        (``Telling``): kept per cluster while its groups, its indexes (the very
-        objects) and their versions are the same, else found again from the evidence."""
-        found = self._telling_found.get(cluster)
-        if found is not None:
-            return found
-        indexes = self._carry_key(cluster, self.inputs)[1]
-        groups = self.fleet.of_cluster(cluster)
-        key = (
-            self._parts.shaped(cluster, groups)[0],
-            self.inputs.evidence_generation,
-            tuple(index.version for index in indexes),
-        )
-        kept = self._parts.telling.get(cluster)
-        if kept is not None and kept.holds(key, indexes):
-            self._telling_found[cluster] = kept
-            return kept
-        found = Telling.find(
-            key, indexes, groups, self.inputs, self.now, self._inputs_for, self._memo, self.deadline
-        )
-        self._parts.telling[cluster] = self._telling_found[cluster] = found
-        return found
-
-    def progress(self, cluster: str, position: int, o: Override) -> RolloutTally:
-        """``o``'s progress among the pods of ``cluster``; ``position``: where ``o``
-        is in ``inputs.overrides_for(cluster)`` (the same in every part of one key,
-        and of one carried content: ``_UNCARRIED`` leaves out no field a rollout reads)."""
-        part = self.part(cluster)
-        found = part.progress.get(position)
-        if found is None:
-            carried = self._carried_figures(cluster)
-            found = carried.progress.get(position)
-            if found is None:
-                self._parts.count("progress")
-                found = carried.progress[position] = self._progress_of(cluster, o)
-            part.progress[position] = found
-        return found
-
-    def _progress_of(self, cluster: str, o: Override) -> RolloutTally:
-        """``o``'s progress among the pods of ``cluster`` under this read's
-        configuration: all but ``booted`` as kept for an earlier one when it holds
-        (``progress.Counted``: the same override, groups, partial rollouts and
-        evidence), ``booted`` recounted from the backends kept for this one; else the
-        cluster's groups walked (and kept as that)."""
-        groups = self.fleet.of_cluster(cluster)
-        given = self._given_kept(cluster)
-        now = self.now
-        # the override itself (whether it applies), then the partial rollouts (the
-        # stage classes), each with whether it has expired
-        staged = tuple(
-            (x, x.expires_at is not None and x.expires_at <= now)
-            for x in (o, *self.inputs.staged_for(cluster))
-        )
-        evidence = self._walk.evidence_of(cluster)
-        kept = self._parts.counted.setdefault((cluster, o.cluster), [])
-        if given is not None:
-            for counted in kept:
-                if counted.holds(o, groups, staged, evidence):
-                    found = counted.recounted(given)
-                    if found is not None:
-                        return found
-        cells: list[tuple[PodGroup, StageClass]] = []
-        found = self._walk.cluster(o, groups, self.deadline, given, cells)
-        kept.append(Counted(o, groups, staged, evidence, evidence.version, found, tuple(cells)))
-        del kept[:-CARRIED_KEPT]  # the newest few: a scope holds few staged overrides
-        return found
-
-    def _given_kept(self, cluster: str) -> _Given | None:
+    def given_kept(self, cluster: str) -> _Given | None:
         """The part's ``given`` when it is worked out or a preview carried it (the
         configuration in force was previewed before it was written), without deciding
         it: None otherwise."""
         part = self.part(cluster)
         if part.given is None:
-            carried = self._carried_figures(cluster)
+            carried = self.carried_figures(cluster)
             if carried.pending is None or carried.given is None:
                 return None
             part.pending, part.given = carried.pending, carried.given
@@ -752,14 +634,14 @@ class PartsRead:
         force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
         part = self.part(cluster)
         if part.pending is None or part.given is None:
-            carried = self._carried_figures(cluster)  # a preview of it later finds them
+            carried = self.carried_figures(cluster)  # a preview of it later finds them
             if carried.pending is None or carried.given is None:
                 self._parts.count("pending")
                 carried.pending, carried.given = self._current(self.fleet.of_cluster(cluster))
             part.pending, part.given = carried.pending, carried.given
         return part.pending
 
-    def _carry_key(
+    def carry_key(
         self, cluster: str, inputs: DecisionInputs
     ) -> tuple[Hashable, list[EvidenceIndex]]:
         """What ``pending`` and ``given`` of ``cluster`` under ``inputs`` are worked out
@@ -817,7 +699,7 @@ class PartsRead:
         worked out anew for every cluster."""
         if proposed.rules is not self.inputs.rules:
             return
-        carried = self._parts.carry(cluster, *self._carry_key(cluster, proposed))
+        carried = self._parts.carry(cluster, *self.carry_key(cluster, proposed))
         carried.pending, carried.given = pending, given
         if valid is not None:
             carried.valid = valid
@@ -840,13 +722,13 @@ class PartsRead:
         found = self._given_in.get((request.cluster, request.model.name))
         if found is not None:
             return found
-        return None if self._given_kept(request.cluster) is None else self.given_in(request)
+        return None if self.given_kept(request.cluster) is None else self.given_in(request)
 
     def worked_out(self, cluster: str, pending: int, given: _Given) -> None:
         """What the config in force gives the pods of ``cluster``, decided by a
         preview as :meth:`pending` would (the read's memo), kept as its figures are."""
         self._parts.count("pending")
-        carried = self._carried_figures(cluster)
+        carried = self.carried_figures(cluster)
         carried.pending, carried.given = pending, given
         part = self.part(cluster)
         part.pending, part.given = pending, given

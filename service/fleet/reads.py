@@ -37,6 +37,7 @@ from mla_switchboard.service import json_bytes
 from mla_switchboard.service.collector import Collector, paused
 from mla_switchboard.service.evidence.trust import TrustedEvidence
 from mla_switchboard.service.fleet.computed import Computed
+from mla_switchboard.service.fleet.figures import SummaryFigures
 from mla_switchboard.service.fleet.groups import Deadline, Fleet, FleetSnapshot, OverBudget
 from mla_switchboard.service.fleet.parts import ClusterParts, PartsRead
 from mla_switchboard.service.fleet.preview import Preview, replay, with_override
@@ -220,11 +221,12 @@ class FleetReads:
         self._parts.forget_others(fleet.by_cluster)
         fleet = fleet.visible(visible)
         parts = let_go_later(self._parts_of(fleet, inputs, now))  # the read's memos
+        figures = SummaryFigures(parts)
         clusters = sorted(fleet.by_cluster)
-        excluded = {c: found for c in clusters if (found := parts.excluded(c))}
+        excluded = {c: found for c in clusters if (found := figures.excluded(c))}
         body: dict[str, Any] = {
-            "clusters": {c: parts.counts(c) for c in clusters},
-            "regret": {c: parts.regret(c) for c in clusters},
+            "clusters": {c: figures.counts(c) for c in clusters},
+            "regret": {c: figures.regret(c) for c in clusters},
             "excluded": {
                 c: {b: cause_words.exclusion(why) for b, why in found.items()}
                 for c, found in excluded.items()
@@ -235,7 +237,7 @@ class FleetReads:
             },
             "rollouts": [
                 r
-                for r in _progress(parts, inputs, clusters)
+                for r in _progress(figures, inputs, clusters)
                 if visible is None or visible(r["cluster"])
             ],
         }
@@ -331,7 +333,7 @@ class FleetReads:
 
 
 def _progress(
-    parts: PartsRead, inputs: DecisionInputs, clusters: list[str]
+    figures: SummaryFigures, inputs: DecisionInputs, clusters: list[str]
 ) -> list[dict[str, Any]]:
     """Each staged override's progress (``fleet/progress.py``), added up from the parts
     of the clusters it covers: its own cluster's, or every cluster's for ``*``."""
@@ -346,10 +348,10 @@ def _progress(
         if o.cluster == FLEET:
             position = _position(fleet_wide, o)
             for cluster in clusters:
-                tally.merge(parts.progress(cluster, position, o))
+                tally.merge(figures.progress(cluster, position, o))
         elif o.cluster in shown:
             position = len(fleet_wide) + _position(overrides.own(o.cluster), o)
-            tally.merge(parts.progress(o.cluster, position, o))
+            tally.merge(figures.progress(o.cluster, position, o))
         out.append(tally.summary())
     return out
 
