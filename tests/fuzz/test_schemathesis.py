@@ -31,7 +31,7 @@ from tests.conftest import ADMIN
 from tests.served import ThreadServer, serving
 
 # Bounded: deterministic, at most this many generated cases per operation and phase
-# (the coverage phase's boundary cases come on top). The whole module takes about 40 s
+# (the coverage phase's boundary cases come on top). The whole module takes about 25 s
 # on a 2-core machine.
 MAX_EXAMPLES = 12
 
