@@ -143,11 +143,18 @@ def test_an_answer_that_comes_late_never_replaces_a_newer_one(
             page = opened(browser, one, one.bootstrap_token or "")
             pods = page.locator("#kpi-pods")
             expect(pods).to_have_text("1")
+            # the stream tells the counts; the refresh its start asks for is over, so the
+            # next read of the summary is the counts' own
+            expect(page.locator("#last-updated")).to_have_attribute("data-live", "live")
+            page.wait_for_function("() => !state.inflight")
             page.route("**/v1/selections/summary", hold_one)
             holding = True
             boot(one, [body("prod-east", "n-0", "p-1", [9, 0])])  # the counts' read, held
-            while not held:
+            for _ in range(TIMEOUT_MS // 50):
+                if held:
+                    break
                 page.wait_for_timeout(50)
+            assert held, "the page never read the summary after a pod booted"
             boot(one, [body("prod-east", "n-0", "p-2", [9, 0])])
             page.locator("#refresh").click()  # a later read, answered at once
             expect(pods).to_have_text("3")
