@@ -87,6 +87,23 @@ def visible_at_centre(page: Any, selector: str) -> bool:
     )
 
 
+def drawn(page: Any, bar: str) -> Any:
+    """What the page drew the stage bar from, for a failure's message: the rollout's
+    counts as drawn, the bar's rects and box, and the summary the page holds."""
+    return page.evaluate(
+        """bar => { const svg = document.querySelector(bar);
+            const li = svg && svg.closest("li.rollout");
+            return {
+                item: li && Object.assign({}, li.dataset),
+                rects: svg && [...svg.querySelectorAll("rect")].map(
+                    (r) => [r.getAttribute("class"), r.getAttribute("width")]),
+                box: svg && svg.getBoundingClientRect().toJSON(),
+                rollouts: state.summary && state.summary.rollouts,
+            }; }""",
+        bar,
+    )
+
+
 def test_every_editor_field_is_stored_as_given_and_comes_back(
     chromium: SharedChromium, service: ThreadServer
 ) -> None:
@@ -176,7 +193,10 @@ def test_every_editor_field_is_stored_as_given_and_comes_back(
                 f"{bar} rect.in-stage, {bar} rect.booted",
                 "rs => rs.map(r => r.getBoundingClientRect().width)",
             )
-            assert widths[0] == pytest.approx(widths[1], abs=0.5) and widths[0] > 0
+            assert widths[0] == pytest.approx(widths[1], abs=0.5) and widths[0] > 0, (
+                widths,
+                drawn(page, bar),
+            )
 
             # 4. The confirmations say why pods move.
             progress.locator('button[data-act="promote"]').click()
