@@ -611,7 +611,11 @@ class ClassCache:
         key = (id(overrides), request.cluster, request.model.name)
         found = self._partials.get(key)
         if found is None:
-            found = self._partials[key] = _partial(self.applicable(request, overrides, now))
+            if isinstance(overrides, OverrideSet) and not overrides.staged_for(request.cluster):
+                found = ()  # none that may apply is partial: which apply is not asked
+            else:
+                found = _partial(self.applicable(request, overrides, now))
+            self._partials[key] = found
         return found
 
     def stages(
