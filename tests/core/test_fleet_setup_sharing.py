@@ -1,0 +1,145 @@
+"""What a fleet-wide change's replay sets up per cluster and model is shared by the
+clusters it holds for alike, and a decision's parts that only its description reads
+are worked out once per description.
+
+Counted, never timed: the stage layouts a replay works out (one per distinct pair of
+rollout sets, not one per cluster and model), the overrides that apply asked where no
+rollout may be partial (never), the narrowed inputs of clusters that trust one index
+(one object), and the engine choices of decisions of one description (one per
+backend). Every answer is still what deciding each alone gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import pytest
+from mla_switchboard.core import evaluator
+from mla_switchboard.core.evaluator import Decision, DecisionInputs, decide
+from mla_switchboard.core.evidence import EvidenceIndex
+from mla_switchboard.core.schemas import SEED_RULES, SelectRequest
+from mla_switchboard.service.fleet import groups, preview
+from mla_switchboard.service.fleet.narrowing import PerModel
+from mla_switchboard.service.fleet.preview import replay
+
+from tests.core.conftest import NOW, override, request
+from tests.core.test_fleet_replay import SHAPES, staged
+from tests.core.test_fleet_sharing import fleet_of
+
+
+def layouts_of(n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, Any]:
+    """The stage layouts a replay of a never-seen fleet-wide deny works out over ``n``
+    clusters, every second one with a staged rollout of its own, and its preview."""
+    made = {"layouts": 0}
+    real = preview._Layout.of.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, *args: Any) -> Any:
+        made["layouts"] += 1
+        return real(cls, *args)
+
+    monkeypatch.setattr(preview._Layout, "of", classmethod(counted))
+    clusters = [f"c{i}" for i in range(n)]
+    own = tuple(
+        staged(c, 10, deny=["CUDNN"]) if i % 2 else override(c, deny=["CUDNN"])
+        for i, c in enumerate(clusters)
+    )
+    inputs = DecisionInputs(SEED_RULES, own, tag=(1, 1))
+    proposed = replace(inputs, overrides=(*own, override("*", deny=["FLASH_ATTN"])))
+    got = replay(fleet_of(clusters, inputs), inputs, proposed, now=NOW)
+    return made["layouts"], got
+
+
+def test_a_replays_stage_layouts_are_one_per_pair_of_rollout_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    models = len({s.model.name for s in SHAPES})
+    assert models > 1  # else sharing between a cluster's models shows nothing
+    for n in (2, 6, 20):
+        layouts, got = layouts_of(n, monkeypatch)
+        assert got.pods_changed
+        # one for every cluster without a staged rollout, one per staged cluster (its
+        # rollout is its own), whatever the number of models each cluster has
+        assert layouts == 1 + n // 2, (n, layouts)
+
+
+def test_partial_rollouts_ask_nothing_of_what_applies_where_none_may_be_partial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = {"applicable": 0}
+    real = groups.applicable_overrides
+
+    def applicable(*args: Any) -> Any:
+        asked["applicable"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(groups, "applicable_overrides", applicable)
+    inputs = DecisionInputs(
+        SEED_RULES,
+        (
+            override("*", deny=["FLASHINFER"]),
+            override("east", deny=["CUDNN"]),
+            staged("west", 10, deny=["TRTLLM_RAGGED"]),
+        ),
+    )
+    classes = groups.ClassCache()
+    east_request = SHAPES[0].model_copy(update={"cluster": "east"})
+    west_request = SHAPES[0].model_copy(update={"cluster": "west"})
+    assert classes.partials(east_request, inputs.overrides, NOW) == ()
+    assert asked["applicable"] == 0
+    assert classes.partials(west_request, inputs.overrides, NOW) == groups.partial_rollouts(
+        west_request, inputs.overrides, NOW
+    )
+    assert asked["applicable"] == 2  # the cache's own ask, and the check's
+
+
+def test_clusters_that_trust_one_index_share_one_narrowed_inputs() -> None:
+    one, other = EvidenceIndex(), EvidenceIndex()
+    inputs = DecisionInputs(SEED_RULES, (override("*", deny=["CUDNN"]),))
+    trusted = {"east": one, "west": one, "north": other}
+
+    def inputs_for(r: SelectRequest, given: DecisionInputs, now: datetime) -> DecisionInputs:
+        return replace(given, evidence=trusted[r.cluster])
+
+    narrow = PerModel(inputs_for)
+    east, west, north = (
+        narrow(SHAPES[0].model_copy(update={"cluster": c}), inputs, NOW)
+        for c in ("east", "west", "north")
+    )
+    assert east is west and east.evidence is one
+    assert north is not east and north.evidence is other
+    assert east == replace(inputs, evidence=one)  # what each would be given alone
+
+    def renamed(r: SelectRequest, given: DecisionInputs, now: datetime) -> DecisionInputs:
+        return replace(given, evidence=one, tag=(len(r.cluster), 0))
+
+    narrow = PerModel(renamed)
+    a, b = (narrow(SHAPES[0].model_copy(update={"cluster": c}), inputs, NOW) for c in "ab")
+    assert a is not b  # a field besides the evidence is the answer's own: not shared
+
+
+def test_decisions_of_one_description_choose_each_backends_flags_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = {"choose": 0}
+    real = evaluator.choose
+
+    def choose(*args: Any) -> Any:
+        asked["choose"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(evaluator, "choose", choose)
+    monkeypatch.setattr(evaluator, "_described_kept", {})
+    monkeypatch.setattr(evaluator, "_refs_kept", {})
+    inputs = DecisionInputs(SEED_RULES, (override("*", deny=["CUDNN"], note="fleet"),))
+    pods = [request((9, 0), cluster=f"c{i}", pod=f"p{i}", engine=("vllm", None)) for i in range(8)]
+    made = [decide(r, inputs, now=NOW) for r in pods]
+    assert all(isinstance(d, Decision) for d in made)
+    assert asked["choose"] == 1  # one description, one backend chosen
+    assert len({id(d.overrides[0]) for d in made}) == 1  # one reference, shared
+    # what a decision with nothing kept gives
+    monkeypatch.setattr(evaluator, "_described_kept", {})
+    monkeypatch.setattr(evaluator, "_refs_kept", {})
+    alone = decide(pods[-1], inputs, now=NOW)
+    assert alone == made[-1]
