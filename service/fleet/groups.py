@@ -399,7 +399,7 @@ class DecisionMemo:
         bits = depends.bits(request, stage.bucket) if depends.staged else ()
         return (
             kind,
-            depends.key,
+            depends.decided_as(bits) if kind == "decide" else depends.key,
             depends.fleet,
             bits,
             self.shape_part(request, shape_id, depends, by_shape),
@@ -568,7 +568,7 @@ class Decider:
             bits = self._bits.get(at)  # type: ignore[assignment]
             if bits is None:
                 bits = self._bits[at] = depends.bits(request, stage.bucket)
-        key = (self._side, "decide", depends.key, depends.fleet, bits, shape)
+        key = (self._side, "decide", depends.decided_as(bits), depends.fleet, bits, shape)
         decided = memo._found.get(key)
         if decided is None:
             return memo.made_for(key, request, shape_id, self.narrowed(), stage.bucket, depends)

@@ -21,11 +21,18 @@ from mla_switchboard.core.evaluator import Decision, DecisionInputs, decide
 from mla_switchboard.core.evidence import EvidenceIndex
 from mla_switchboard.core.schemas import SEED_RULES, SelectRequest
 from mla_switchboard.service.fleet import groups, preview
+from mla_switchboard.service.fleet.groups import FleetSnapshot
 from mla_switchboard.service.fleet.narrowing import PerModel
 from mla_switchboard.service.fleet.preview import replay
+from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override, request
-from tests.core.test_fleet_replay import SHAPES, staged
+from tests.core.test_fleet_replay import (
+    SHAPES,
+    assert_moves_as_one_by_one,
+    one_by_one,
+    staged,
+)
 from tests.core.test_fleet_sharing import fleet_of
 
 
@@ -143,3 +150,62 @@ def test_decisions_of_one_description_choose_each_backends_flags_once(
     monkeypatch.setattr(evaluator, "_refs_kept", {})
     alone = decide(pods[-1], inputs, now=NOW)
     assert alone == made[-1]
+
+
+def _staged_pods(clusters: list[str]) -> list[PodState]:
+    """Every shape in every cluster, a few pods each, all on FLASH_ATTN."""
+    return [
+        PodState(
+            cluster,
+            "n",
+            f"{cluster}-{s}-{k}",
+            f"d-{cluster}-{s}-{k}",
+            "FLASH_ATTN",
+            "priority",
+            shape.model_copy(
+                update={"cluster": cluster, "pod": f"{cluster}-{s}-{k}"}
+            ).model_dump_json(),
+        )
+        for cluster in clusters
+        for s, shape in enumerate(SHAPES)
+        for k in range(12)
+    ]
+
+
+def outside_decisions(effects: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> int:
+    """The decisions a never-seen fleet-wide deny's replay makes for pods outside the
+    stage of their cluster's own 10 % rollout, over 8 clusters whose rollouts take
+    ``effects`` in turn; the replay checked against deciding every pod alone."""
+    keys: list[tuple[Any, ...]] = []
+    real = groups.DecisionMemo.made_for
+
+    def counted(memo: Any, key: tuple[Any, ...], *args: Any) -> Any:
+        if key not in memo._found:
+            keys.append(key)
+        return real(memo, key, *args)
+
+    monkeypatch.setattr(groups.DecisionMemo, "made_for", counted)
+    clusters = [f"c{i}" for i in range(8)]
+    own = tuple(staged(c, 10, **effects[i % len(effects)]) for i, c in enumerate(clusters))
+    current = DecisionInputs(SEED_RULES, own)
+    proposed = replace(current, overrides=(*own, override("*", deny=["FLASH_ATTN"])))
+    pods = _staged_pods(clusters)
+    got = replay(FleetSnapshot.of_pods(pods), current, proposed, now=NOW)
+    changes, invalid, pending, reasons = one_by_one(pods, current, proposed)
+    assert got.pods_pending == pending
+    assert_moves_as_one_by_one(got.model_dump(), changes, reasons)
+    assert got.pods_changed == sum(changes.values()) and got.pods_changed
+    assert {(i.cluster, i.from_): i.pods for i in got.invalid} == dict(invalid)
+    return sum(1 for k in keys if k[4] and not k[4][-1])  # the stage bits: outside
+
+
+def test_pods_outside_a_clusters_own_stage_share_decisions_whatever_its_effect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    alike = outside_decisions([{"deny": ["CUDNN"]}], monkeypatch)
+    differ = outside_decisions(
+        [{"deny": ["CUDNN"]}, {"deny": ["TRTLLM_RAGGED"]}, {"force": "FLASHINFER"}], monkeypatch
+    )
+    assert alike  # some pods are outside the stage
+    # three effects decide their pods outside the stage as one effect does
+    assert differ == alike, (alike, differ)
