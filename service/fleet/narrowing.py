@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from datetime import datetime
+from operator import attrgetter, is_
 
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import SelectRequest
@@ -35,7 +36,7 @@ class PerModel:
             tuple[int, str, str], tuple[DecisionInputs, datetime, DecisionInputs]
         ] = {}
         # per (inputs, evidence) answered: the first such answer, so that every
-        # cluster and model that trusts one index gets one object (``shared``)
+        # cluster and model that trusts one index gets one object (``_shared``)
         self._alike: dict[tuple[int, int], tuple[DecisionInputs, DecisionInputs]] = {}
 
     def __call__(
@@ -67,10 +68,11 @@ class PerModel:
 def _only_evidence(inputs: DecisionInputs, narrowed: DecisionInputs) -> bool:
     """Whether ``narrowed`` is ``inputs`` but (perhaps) for its evidence: every other
     field the very same object."""
-    return all(getattr(narrowed, name) is getattr(inputs, name) for name in _BESIDES_EVIDENCE)
+    return all(map(is_, _besides_evidence(narrowed), _besides_evidence(inputs)))
 
 
-_BESIDES_EVIDENCE = tuple(f.name for f in fields(DecisionInputs) if f.name != "evidence")
+_besides_evidence = attrgetter(*(f.name for f in fields(DecisionInputs) if f.name != "evidence"))
+"""Every field of a ``DecisionInputs`` but its evidence, as a tuple."""
 
 
 def per_model(inputs_for: InputsFor | None) -> InputsFor | None:
