@@ -209,3 +209,41 @@ def test_pods_outside_a_clusters_own_stage_share_decisions_whatever_its_effect(
     assert alike  # some pods are outside the stage
     # three effects decide their pods outside the stage as one effect does
     assert differ == alike, (alike, differ)
+
+
+def test_decisions_under_the_config_in_force_are_kept_across_reads_unless_they_read_evidence() -> (
+    None
+):
+    inputs = DecisionInputs(
+        SEED_RULES,
+        (override("*", deny=["FLASHINFER"]), override("east", deny=["CUDNN"])),
+        tag=(1, 1),
+    )
+    measured = replace(inputs, overrides=(*inputs.overrides, override("west", policy="measured")))
+    kept = groups.KeptDecisions()
+
+    def read(given: DecisionInputs) -> tuple[int, list[Any]]:
+        """One read's decisions of every shape in east and west (side ""): how many it
+        made, and what it answered."""
+        memo = groups.DecisionMemo(NOW, groups.ClassCache(), kept.under(given))
+        got = [
+            memo.decision(
+                shape.model_copy(update={"cluster": cluster}),
+                f"s{i}",
+                groups.EVERY_POD,
+                given,
+                lambda: given,
+            )
+            for cluster in ("east", "west")
+            for i, shape in enumerate(SHAPES)
+        ]
+        return memo.made, got
+
+    made, first = read(inputs)
+    assert made
+    again, second = read(replace(inputs, tag=(1, 2)))  # evidence moved: no decision reads it
+    assert again == 0 and all(a is b for a, b in zip(first, second, strict=True))
+    assert read(measured)[0] == made  # other overrides: decided again
+    in_west = sum(1 for _ in SHAPES)  # west's pods read evidence under its policy
+    assert read(measured)[0] == in_west
+    assert read(inputs)[0] == made  # the kept ones are of one configuration
