@@ -29,7 +29,14 @@ from typing import Any, Literal
 
 from mla_switchboard.core import cause_words
 from mla_switchboard.core.causes import ExclusionWaived, FailureNotice, MeasuredExclusion
-from mla_switchboard.core.engines import OWN_ENGINE, EngineChoice, EngineProfile, choose, resolve
+from mla_switchboard.core.engines import (
+    ENGINES,
+    OWN_ENGINE,
+    EngineChoice,
+    EngineProfile,
+    choose,
+    resolve,
+)
 from mla_switchboard.core.evidence import EMPTY, EvidenceIndex, Situation, situation_of
 from mla_switchboard.core.exclusions import measured_failures
 from mla_switchboard.core.names import model_matches
@@ -510,6 +517,55 @@ def _own_reasons(
     return found
 
 
+class _Described:
+    """What a decision reads of a request's description alone (``request_traits`` and
+    its engine): the selection context, the profile's notes, and how the engine is
+    told each backend (``engines.choose``). Each is a function of that description, so
+    a fleet read deciding thousands of groups of a few hundred descriptions works each
+    out once (``_described``). Read, never changed."""
+
+    __slots__ = ("_choices", "ctx", "engine", "notes", "profile", "profiles")
+
+    def __init__(self, ctx: SelectionContext, engine: EngineInfo, profile: EngineProfile) -> None:
+        self.ctx, self.engine, self.profile = ctx, engine, profile
+        # the engine's registry entry as read: ``choose`` compares its releases
+        self.profiles = ENGINES.get(profile.name)
+        self.notes: tuple[str, ...] = tuple(profile.notes(engine.version))
+        self._choices: dict[Backend, EngineChoice] = {}
+
+    def choice(self, backend: Backend) -> EngineChoice:
+        """``engines.choose`` of ``backend`` for this description (a race works one
+        out twice, alike)."""
+        found = self._choices.get(backend)
+        if found is None:
+            found = self._choices[backend] = choose(
+                self.profile, self.engine.version, backend, self.ctx
+            )
+        return found
+
+
+DESCRIBED_KEPT = 4096
+"""How many descriptions ``_described`` keeps (as ``OWN_REASONS_KEPT``)."""
+_described_kept: dict[tuple[Any, ...], _Described] = {}
+
+
+def _described(request: SelectRequest, engine: EngineInfo, profile: EngineProfile) -> _Described:
+    """The :class:`_Described` of ``request`` under ``engine`` (whose ``profile`` is
+    ``resolve`` of its name and version), kept in a bounded table (emptied when full)."""
+    key = (*request_traits(request), engine.name, engine.version)
+    found = _described_kept.get(key)
+    if (
+        found is None
+        or found.profile is not profile
+        or found.profiles is not ENGINES.get(profile.name)
+    ):
+        found = _Described(context_of(request), engine, profile)
+        if len(_described_kept) >= DESCRIBED_KEPT:
+            _described_kept.clear()
+        _described_kept[key] = found
+    return found
+
+
 def _refs(a: Assessment) -> tuple[OverrideRef, ...]:
     """The overrides that touched the decision: those applied, then staged ones this
     pod is outside of (their effect "none"), each with its stage."""
@@ -517,21 +573,40 @@ def _refs(a: Assessment) -> tuple[OverrideRef, ...]:
     outside = [o for o, inside in a.staged if not inside]
     refs = []
     for o in [*a.active, *outside]:
-        rollout = None
-        if o.rollout is not None:
-            r = o.rollout
-            rollout = RolloutRef(id=r.id, percent=r.percent, state=r.state, in_stage=stage[id(o)])
         applied = any(o is x for x in a.active)
-        refs.append(
-            OverrideRef(
-                cluster=o.cluster,
-                effect=", ".join(_effects(o)) if applied else "none",
-                note=o.note,
-                revision=o.revision,
-                rollout=rollout,
-            )
-        )
+        refs.append(_override_ref(o, applied, stage[id(o)] if o.rollout is not None else None))
     return tuple(refs)
+
+
+REFS_KEPT = 8192
+"""How many distinct override references ``_override_ref`` keeps (a fleet read makes
+a few per override: applied or not, in its stage or not)."""
+_refs_kept: dict[tuple[Any, ...], OverrideRef] = {}
+
+
+def _override_ref(o: Override, applied: bool, inside: bool | None) -> OverrideRef:
+    """The reference a decision holds to ``o`` (``inside``: whether the pod is in its
+    stage; None when it has none), made once per distinct content and shared by every
+    decision that has it, as candidates are (``_candidate``): a fleet read makes
+    thousands of decisions naming the same few overrides, and building the model is a
+    tenth of a decision's cost. A decision's references are read, never changed."""
+    r = o.rollout
+    stage = None if r is None else (r.id, r.percent, r.state, inside)
+    effect = ", ".join(_effects(o)) if applied else "none"
+    key = (o.cluster, effect, o.note, o.revision, stage)
+    found = _refs_kept.get(key)
+    if found is None:
+        rollout = None
+        if r is not None:
+            assert inside is not None
+            rollout = RolloutRef(id=r.id, percent=r.percent, state=r.state, in_stage=inside)
+        found = OverrideRef(
+            cluster=o.cluster, effect=effect, note=o.note, revision=o.revision, rollout=rollout
+        )
+        if len(_refs_kept) >= REFS_KEPT:
+            _refs_kept.clear()
+        _refs_kept[key] = found
+    return found
 
 
 FLEET_HALT_POINTER = "its reason: GET /v1/overrides/*"
@@ -614,13 +689,14 @@ class _Deciding:
         self.a = a
         self.reasons = a.reasons
         self.refs = _refs(a)
-        self.ctx = context_of(request)
+        self.described = _described(request, a.engine, a.profile)
+        self.ctx = self.described.ctx
         self.trace = _Trace()
         self.trace.messages.extend(_stage_messages(a))
         self.trace.messages.extend(
             cause_words.notice(a.notices[b]) for b in _BACKENDS if b in a.notices
         )
-        self.notes = a.profile.notes(a.engine.version)
+        self.notes = self.described.notes
         self.trace.messages.extend(self.notes)
         # What the evidence was asked, reported with the outcome.
         self.read = a.situation if a.policy == "measured" else None
@@ -641,7 +717,7 @@ class _Deciding:
 
     def choice(self, backend: Backend) -> EngineChoice:
         """How the pod's engine is told ``backend`` (``engines.choose``)."""
-        return choose(self.a.profile, self.a.engine.version, backend, self.ctx)
+        return self.described.choice(backend)
 
     def finish(
         self, backend: Backend, source: Source, why: str, evidence: Evidence | None = None

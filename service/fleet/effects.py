@@ -105,6 +105,24 @@ class Dependence:
         """Whether pods in ``bucket`` are in the stage of each staged override."""
         return tuple(in_stage(request, o, bucket) for o in self.staged)
 
+    def decided_as(self, bits: tuple[bool, ...]) -> object:
+        """``key`` for a decision of pods whose stage bits are ``bits``: where they are
+        outside the stage of the cluster's own override (a partial rollout, the last
+        staged one: a cluster's own come after the fleet's), that override applies to
+        none of them, so its deny, force and policy change nothing and only its
+        rollout's state and percent are read (the stage message; its name, note and
+        revision are the stand-in's, rendered per cluster). Clusters whose staged
+        overrides differ in effect then share the decisions of their pods outside the
+        stage: the most pods of a 10 % rollout."""
+        own = self.own
+        key = self.key
+        if own is None or not bits or bits[-1] or not (type(key) is tuple and key[0] == "effect"):
+            return key
+        r = own.rollout
+        if r is None or self.staged[-1] is not own or r.state != "active" or r.percent >= 100:
+            return key
+        return ("outside", r.state, r.percent)
+
 
 def dependence(
     request: SelectRequest,

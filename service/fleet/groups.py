@@ -53,6 +53,7 @@ __all__ = [
     "DecisionMemo",
     "Fleet",
     "FleetSnapshot",
+    "KeptDecisions",
     "OverBudget",
     "PodGroup",
     "StageClass",
@@ -311,10 +312,17 @@ class DecisionMemo:
 
     ``made`` counts the decisions and assessments made (what the growth tests count)."""
 
-    def __init__(self, now: datetime, classes: ClassCache | None = None) -> None:
+    def __init__(
+        self,
+        now: datetime,
+        classes: ClassCache | None = None,
+        kept: dict[tuple[object, ...], Decision | Refusal] | None = None,
+    ) -> None:
         """``classes``: the read's, whose overrides that apply per cluster and model
-        ``effects.dependence`` reads too."""
+        ``effects.dependence`` reads too; ``kept``: decisions of side "" kept across
+        reads under the same rules and overrides (``KeptDecisions.under``)."""
         self._now = now
+        self._kept = kept
         self._classes = classes or ClassCache()
         # thousands of decisions: freed gradually after a fleet read (service/priority.py)
         self._found: dict[tuple[object, ...], object] = release_later({})
@@ -399,7 +407,7 @@ class DecisionMemo:
         bits = depends.bits(request, stage.bucket) if depends.staged else ()
         return (
             kind,
-            depends.key,
+            depends.decided_as(bits) if kind == "decide" else depends.key,
             depends.fleet,
             bits,
             self.shape_part(request, shape_id, depends, by_shape),
@@ -430,11 +438,18 @@ class DecisionMemo:
         when there is none (with the shape's situation, worked out once per shape)."""
         found = self._found.get(key)
         if found is None:
+            kept = self._kept if key[0] == "" and not depends.evidence else None
+            found = None if kept is None else kept.get(key)
+            if found is not None:
+                self._found[key] = found
+                return found
             self.made += 1
             situation = shape_situation(shape_id, request)
             found = self._found[key] = decide_shared(
                 request, narrowed, self._now, bucket, depends, situation, self._stand_ins
             )
+            if kept is not None:
+                kept[key] = found
         return found  # type: ignore[return-value]
 
     def decider(
@@ -493,6 +508,30 @@ class DecisionMemo:
                 request, narrowed, self._now, stage.bucket, depends, situation, self._stand_ins
             )
         return found  # type: ignore[return-value]
+
+
+class KeptDecisions:
+    """The decisions of fleet reads under the configuration in force (side "") that
+    read no evidence, kept from one read to the next while the rules and overrides are
+    the same objects: such a decision is a function of its key (how it depends on the
+    cluster, the fleet's overrides that apply, which are held here, the stage bits and
+    the description) and of those alone, not of the evidence nor of the read's time
+    but through which overrides apply, which the key holds. So the dry run of a change
+    never seen takes the configuration in force's decisions that the summary before it
+    made, and the previews after it those the dry run made, instead of deciding them
+    again. Read and written by the replica's one fleet-read thread."""
+
+    def __init__(self) -> None:
+        self._under: DecisionInputs | None = None
+        self._found: dict[tuple[object, ...], Decision | Refusal] = {}
+
+    def under(self, inputs: DecisionInputs) -> dict[tuple[object, ...], Decision | Refusal]:
+        """The decisions kept under ``inputs``' rules and overrides (emptied when they
+        are other objects; ``inputs`` is held, so the ids in the keys stay theirs)."""
+        was = self._under
+        if was is None or was.rules is not inputs.rules or was.overrides is not inputs.overrides:
+            self._under, self._found = inputs, {}
+        return self._found
 
 
 class Decider:
@@ -568,7 +607,7 @@ class Decider:
             bits = self._bits.get(at)  # type: ignore[assignment]
             if bits is None:
                 bits = self._bits[at] = depends.bits(request, stage.bucket)
-        key = (self._side, "decide", depends.key, depends.fleet, bits, shape)
+        key = (self._side, "decide", depends.decided_as(bits), depends.fleet, bits, shape)
         decided = memo._found.get(key)
         if decided is None:
             return memo.made_for(key, request, shape_id, self.narrowed(), stage.bucket, depends)
@@ -611,7 +650,11 @@ class ClassCache:
         key = (id(overrides), request.cluster, request.model.name)
         found = self._partials.get(key)
         if found is None:
-            found = self._partials[key] = _partial(self.applicable(request, overrides, now))
+            if isinstance(overrides, OverrideSet) and not overrides.staged_for(request.cluster):
+                found = ()  # none that may apply is partial: which apply is not asked
+            else:
+                found = _partial(self.applicable(request, overrides, now))
+            self._partials[key] = found
         return found
 
     def stages(

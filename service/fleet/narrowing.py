@@ -10,7 +10,9 @@ and a few models decide. :func:`per_model` asks once per (inputs, cluster, model
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime
+from operator import attrgetter, is_
 
 from mla_switchboard.core.evaluator import DecisionInputs
 from mla_switchboard.core.schemas import SelectRequest
@@ -33,6 +35,9 @@ class PerModel:
         self._found: dict[
             tuple[int, str, str], tuple[DecisionInputs, datetime, DecisionInputs]
         ] = {}
+        # per (inputs, evidence) answered: the first such answer, so that every
+        # cluster and model that trusts one index gets one object (``_shared``)
+        self._alike: dict[tuple[int, int], tuple[DecisionInputs, DecisionInputs]] = {}
 
     def __call__(
         self, request: SelectRequest, inputs: DecisionInputs, now: datetime
@@ -40,8 +45,34 @@ class PerModel:
         key = (id(inputs), request.cluster, request.model.name)
         found = self._found.get(key)
         if found is None or found[0] is not inputs or (found[1] is not now and found[1] != now):
-            found = self._found[key] = (inputs, now, self._inputs_for(request, inputs, now))
+            narrowed = self._shared(inputs, self._inputs_for(request, inputs, now))
+            found = self._found[key] = (inputs, now, narrowed)
         return found[2]
+
+    def _shared(self, inputs: DecisionInputs, narrowed: DecisionInputs) -> DecisionInputs:
+        """``narrowed``, or an earlier answer for ``inputs`` equal to it field by field
+        (the same objects: ``inputs`` with the same evidence index). The stand-ins, the
+        overrides that apply and the evidence tests of a read are kept per inputs
+        object, so a thousand clusters that trust one index then share them instead of
+        building each anew for a copy of the same inputs."""
+        if not _only_evidence(inputs, narrowed):
+            return narrowed
+        key = (id(inputs), id(narrowed.evidence))
+        kept = self._alike.get(key)
+        if kept is not None and kept[0] is inputs and kept[1].evidence is narrowed.evidence:
+            return kept[1]
+        self._alike[key] = (inputs, narrowed)
+        return narrowed
+
+
+def _only_evidence(inputs: DecisionInputs, narrowed: DecisionInputs) -> bool:
+    """Whether ``narrowed`` is ``inputs`` but (perhaps) for its evidence: every other
+    field the very same object."""
+    return all(map(is_, _besides_evidence(narrowed), _besides_evidence(inputs)))
+
+
+_besides_evidence = attrgetter(*(f.name for f in fields(DecisionInputs) if f.name != "evidence"))
+"""Every field of a ``DecisionInputs`` but its evidence, as a tuple."""
 
 
 def per_model(inputs_for: InputsFor | None) -> InputsFor | None:

@@ -60,6 +60,7 @@ from mla_switchboard.service.fleet.groups import (
     Decider,
     DecisionMemo,
     FleetSnapshot,
+    KeptDecisions,
     PodGroup,
     StageClass,
     each_group,
@@ -277,6 +278,7 @@ class ClusterParts:
         # per cluster: its groups (the snapshot's tuple), as the keys read them
         self._shaped: dict[str, tuple[tuple[PodGroup, ...], tuple[Any, ...], frozenset[str]]] = {}
         self.computed: dict[str, int] = {}
+        self.decisions = KeptDecisions()  # under the configuration in force, across reads
 
     def reading(
         self,
@@ -487,7 +489,7 @@ class PartsRead:
         self._evidence_of = evidence_of
         self.deadline = deadline
         self._classes = ClassCache()
-        self._memo = DecisionMemo(now, self._classes)
+        self._memo = DecisionMemo(now, self._classes, parts.decisions.under(inputs))
         self._walk = ProgressWalk(
             inputs,
             now,

@@ -20,11 +20,11 @@ an override that no longer applies, and the evaluator's own reason for the new c
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from mla_switchboard.core import cause_words
 from mla_switchboard.core.causes import MeasuredExclusion
@@ -205,6 +205,7 @@ def replay(
     # the "from" side: the read's own decisions when they are under ``current``
     from_side = "from" if memo is None else ""
     memo = let_go_later(DecisionMemo(now, classes)) if memo is None else memo
+    layouts: _Layouts = {}  # the stage layouts of the models' plans (``_Layout``)
 
     for cluster, groups in fleet.by_cluster.items():
         own = current.override_set.own(cluster)
@@ -255,6 +256,7 @@ def replay(
                     exact,
                     settled,
                     from_side,
+                    layouts,
                 )
                 if deadline is not None:  # a model's setup, like a group, lets the loop in
                     deadline.check()
@@ -353,9 +355,10 @@ class _ModelPlan:
         exact: bool,
         settled: Settled | None,
         from_side: str = "from",
+        layouts: _Layouts | None = None,
     ) -> _ModelPlan:
         partials = classes.partials(request, proposed.overrides, now)
-        stages = classes.of(_union(classes.partials(request, current.overrides, now), partials))
+        current_partials = classes.partials(request, current.overrides, now)
 
         def side(name: str, inputs: DecisionInputs) -> Decider:
             def narrow() -> DecisionInputs:
@@ -363,25 +366,62 @@ class _ModelPlan:
 
             return memo.decider(request, inputs, narrow, side=name, exact=exact)
 
+        layouts = {} if layouts is None else layouts
         given = None
-        current_buckets: tuple[frozenset[int] | None, ...] = ()
+        held: tuple[StageClass, ...] | None = None
         if settled is not None:
             found = settled.given_kept_in(request)
             if found is None:  # decided by the replay (its "from" side), as it walks
-                held = classes.of(classes.partials(request, current.overrides, now))
+                held = classes.of(current_partials)
             else:
                 given, held = found
+        at = (tuple(map(id, current_partials)), tuple(map(id, partials)), id(held))
+        layout = layouts.get(at)
+        if layout is None:
+            layout = layouts[at] = _Layout.of(classes, current_partials, partials, held)
+        return cls(*layout, side("to", proposed), side(from_side, current), given)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The stage classes of a :class:`_ModelPlan` and how they map onto those of each
+    side: a function of the two sides' partial rollouts and the classes the
+    configuration in force keeps (``held``; None without ``Settled``), so found once
+    per distinct such triple in a replay (``layouts``), not per cluster and model:
+    every cluster without a staged rollout shares one, and a cluster's models share
+    theirs when no override names a model."""
+
+    stages: tuple[StageClass, ...]
+    current_buckets: tuple[frozenset[int] | None, ...]
+    proposal_buckets: tuple[frozenset[int] | None, ...]
+    proposal_at: tuple[tuple[frozenset[int] | None, int], ...]
+
+    @classmethod
+    def of(
+        cls,
+        classes: ClassCache,
+        current: Sequence[Override],
+        proposed: Sequence[Override],
+        held: tuple[StageClass, ...] | None,
+    ) -> _Layout:
+        stages = classes.of(_union(current, proposed))
+        current_buckets: tuple[frozenset[int] | None, ...] = ()
+        if held is not None:
             current_buckets = tuple(_holding(held, stage.bucket) for stage in stages)
-        own_classes = classes.of(partials)
+        own_classes = classes.of(proposed)
         return cls(
             stages,
             current_buckets,
             tuple(_holding(own_classes, stage.bucket) for stage in stages),
             tuple((own.buckets, _at(stages, own)) for own in own_classes),
-            side("to", proposed),
-            side(from_side, current),
-            given,
         )
+
+    def __iter__(self) -> Iterator[Any]:
+        """The fields in order, so a plan is made as ``_ModelPlan(*layout, ...)``."""
+        return iter((self.stages, self.current_buckets, self.proposal_buckets, self.proposal_at))
+
+
+_Layouts = dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout]
 
 
 def _holding(classes: Sequence[StageClass], bucket: int | None) -> frozenset[int] | None:
