@@ -24,7 +24,6 @@ from mla_switchboard.service.fleet import groups, preview
 from mla_switchboard.service.fleet.groups import FleetSnapshot
 from mla_switchboard.service.fleet.narrowing import PerModel
 from mla_switchboard.service.fleet.preview import replay
-from mla_switchboard.service.state import PodState
 
 from tests.core.conftest import NOW, override, request
 from tests.core.test_fleet_replay import (
@@ -33,7 +32,7 @@ from tests.core.test_fleet_replay import (
     one_by_one,
     staged,
 )
-from tests.core.test_fleet_sharing import fleet_of
+from tests.core.test_fleet_sharing import fleet_of, pods_of
 
 
 def layouts_of(n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, Any]:
@@ -152,26 +151,6 @@ def test_decisions_of_one_description_choose_each_backends_flags_once(
     assert alone == made[-1]
 
 
-def _staged_pods(clusters: list[str]) -> list[PodState]:
-    """Every shape in every cluster, a few pods each, all on FLASH_ATTN."""
-    return [
-        PodState(
-            cluster,
-            "n",
-            f"{cluster}-{s}-{k}",
-            f"d-{cluster}-{s}-{k}",
-            "FLASH_ATTN",
-            "priority",
-            shape.model_copy(
-                update={"cluster": cluster, "pod": f"{cluster}-{s}-{k}"}
-            ).model_dump_json(),
-        )
-        for cluster in clusters
-        for s, shape in enumerate(SHAPES)
-        for k in range(12)
-    ]
-
-
 def outside_decisions(effects: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> int:
     """The decisions a never-seen fleet-wide deny's replay makes for pods outside the
     stage of their cluster's own 10 % rollout, over 8 clusters whose rollouts take
@@ -189,7 +168,7 @@ def outside_decisions(effects: list[dict[str, Any]], monkeypatch: pytest.MonkeyP
     own = tuple(staged(c, 10, **effects[i % len(effects)]) for i, c in enumerate(clusters))
     current = DecisionInputs(SEED_RULES, own)
     proposed = replace(current, overrides=(*own, override("*", deny=["FLASH_ATTN"])))
-    pods = _staged_pods(clusters)
+    pods = pods_of(clusters, per_shape=12)
     got = replay(FleetSnapshot.of_pods(pods), current, proposed, now=NOW)
     changes, invalid, pending, reasons = one_by_one(pods, current, proposed)
     assert got.pods_pending == pending

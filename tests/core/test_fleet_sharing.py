@@ -57,10 +57,10 @@ def own_override(i: int, cluster: str) -> Override:
     return override(cluster, deny=["CUDNN"], note=f"{cluster}: its own deny")
 
 
-def fleet_of(clusters: list[str], inputs: DecisionInputs) -> FleetSnapshot:
-    """Every shape in every cluster, a few pods each, all on FLASH_ATTN (so any
+def pods_of(clusters: list[str], per_shape: int = 6) -> list[PodState]:
+    """Every shape in every cluster, ``per_shape`` pods each, all on FLASH_ATTN (so any
     backend the configuration gives them counts as pending or moving)."""
-    pods = [
+    return [
         PodState(
             cluster,
             "n",
@@ -74,9 +74,13 @@ def fleet_of(clusters: list[str], inputs: DecisionInputs) -> FleetSnapshot:
         )
         for cluster in clusters
         for s, shape in enumerate(SHAPES)
-        for k in range(6)
+        for k in range(per_shape)
     ]
-    return FleetSnapshot.of_pods(pods, version=1)
+
+
+def fleet_of(clusters: list[str], inputs: DecisionInputs) -> FleetSnapshot:
+    """:func:`pods_of` as a snapshot."""
+    return FleetSnapshot.of_pods(pods_of(clusters), version=1)
 
 
 def decided_for(n: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
