@@ -5,10 +5,10 @@ file (``Settings.resolved_spill_path``): for a test run from the checkout that l
 decision log directory per PostgreSQL database in the checkout (245 of them after a few
 runs), and a later run on the same database URL (the shared ``test`` database) would
 take over a log a killed service of an earlier run had left and store its decisions
-into that run's database. A test that
-names no spill path gets one in a directory of this test process's own instead, named
-after the database URL as the default is: a restart of the same database in the same
-test finds its log again, and nothing outlives the process.
+into that run's database. A test that names no spill path gets one in a directory of
+this test process's own instead, named after the database URL as the default is: a
+restart of the same database in the same test finds its log again, and nothing
+outlives the process.
 """
 
 from __future__ import annotations

@@ -634,14 +634,11 @@ class PartsRead:
     def pending(self, cluster: str) -> int:
         """Pods of ``cluster`` whose recorded backend is not what the configuration in
         force gives them (a preview's ``pods_pending``, counted as ``replay`` does)."""
-        part = self.part(cluster)
-        if part.pending is None or part.given is None:
-            carried = self.carried_figures(cluster)  # a preview of it later finds them
-            if carried.pending is None or carried.given is None:
-                self._parts.count("pending")
-                carried.pending, carried.given = self._current(self.fleet.of_cluster(cluster))
-            part.pending, part.given = carried.pending, carried.given
-        return part.pending
+        if self.given_kept(cluster) is None:  # kept as carried: a later preview finds it
+            self.worked_out(cluster, *self._current(self.fleet.of_cluster(cluster)))
+        pending = self.part(cluster).pending
+        assert pending is not None  # set with ``given``, always
+        return pending
 
     def carry_key(
         self, cluster: str, inputs: DecisionInputs
@@ -727,8 +724,9 @@ class PartsRead:
         return None if self.given_kept(request.cluster) is None else self.given_in(request)
 
     def worked_out(self, cluster: str, pending: int, given: _Given) -> None:
-        """What the config in force gives the pods of ``cluster``, decided by a
-        preview as :meth:`pending` would (the read's memo), kept as its figures are."""
+        """What the config in force gives the pods of ``cluster``, decided by
+        :meth:`pending` or by a preview as it walks the groups (the read's memo both),
+        kept in the part and carried as every figure is."""
         self._parts.count("pending")
         carried = self.carried_figures(cluster)
         carried.pending, carried.given = pending, given
