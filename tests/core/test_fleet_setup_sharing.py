@@ -35,17 +35,23 @@ from tests.core.test_fleet_replay import (
 from tests.core.test_fleet_sharing import fleet_of, pods_of
 
 
+def counted(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """``module.name`` from now on counting its calls, in the one-item list returned."""
+    calls = [0]
+    real = getattr(module, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, call)
+    return calls
+
+
 def layouts_of(n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, Any]:
     """The stage layouts a replay of a never-seen fleet-wide deny works out over ``n``
     clusters, every second one with a staged rollout of its own, and its preview."""
-    made = {"layouts": 0}
-    real = preview._Layout.of.__func__  # type: ignore[attr-defined]
-
-    def counted(cls: type, *args: Any) -> Any:
-        made["layouts"] += 1
-        return real(cls, *args)
-
-    monkeypatch.setattr(preview._Layout, "of", classmethod(counted))
+    made = counted(monkeypatch, preview._Layout, "of")
     clusters = [f"c{i}" for i in range(n)]
     own = tuple(
         staged(c, 10, deny=["CUDNN"]) if i % 2 else override(c, deny=["CUDNN"])
@@ -54,7 +60,7 @@ def layouts_of(n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, Any]:
     inputs = DecisionInputs(SEED_RULES, own, tag=(1, 1))
     proposed = replace(inputs, overrides=(*own, override("*", deny=["FLASH_ATTN"])))
     got = replay(fleet_of(clusters, inputs), inputs, proposed, now=NOW)
-    return made["layouts"], got
+    return made[0], got
 
 
 def test_a_replays_stage_layouts_are_one_per_pair_of_rollout_sets(
@@ -73,14 +79,7 @@ def test_a_replays_stage_layouts_are_one_per_pair_of_rollout_sets(
 def test_partial_rollouts_ask_nothing_of_what_applies_where_none_may_be_partial(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    asked = {"applicable": 0}
-    real = groups.applicable_overrides
-
-    def applicable(*args: Any) -> Any:
-        asked["applicable"] += 1
-        return real(*args)
-
-    monkeypatch.setattr(groups, "applicable_overrides", applicable)
+    asked = counted(monkeypatch, groups, "applicable_overrides")
     inputs = DecisionInputs(
         SEED_RULES,
         (
@@ -93,11 +92,11 @@ def test_partial_rollouts_ask_nothing_of_what_applies_where_none_may_be_partial(
     east_request = SHAPES[0].model_copy(update={"cluster": "east"})
     west_request = SHAPES[0].model_copy(update={"cluster": "west"})
     assert classes.partials(east_request, inputs.overrides, NOW) == ()
-    assert asked["applicable"] == 0
+    assert asked[0] == 0
     assert classes.partials(west_request, inputs.overrides, NOW) == groups.partial_rollouts(
         west_request, inputs.overrides, NOW
     )
-    assert asked["applicable"] == 2  # the cache's own ask, and the check's
+    assert asked[0] == 2  # the cache's own ask, and the check's
 
 
 def test_clusters_that_trust_one_index_share_one_narrowed_inputs() -> None:
@@ -128,21 +127,14 @@ def test_clusters_that_trust_one_index_share_one_narrowed_inputs() -> None:
 def test_decisions_of_one_description_choose_each_backends_flags_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    asked = {"choose": 0}
-    real = evaluator.choose
-
-    def choose(*args: Any) -> Any:
-        asked["choose"] += 1
-        return real(*args)
-
-    monkeypatch.setattr(evaluator, "choose", choose)
+    asked = counted(monkeypatch, evaluator, "choose")
     monkeypatch.setattr(evaluator, "_described_kept", {})
     monkeypatch.setattr(evaluator, "_refs_kept", {})
     inputs = DecisionInputs(SEED_RULES, (override("*", deny=["CUDNN"], note="fleet"),))
     pods = [request((9, 0), cluster=f"c{i}", pod=f"p{i}", engine=("vllm", None)) for i in range(8)]
     made = [decide(r, inputs, now=NOW) for r in pods]
     assert all(isinstance(d, Decision) for d in made)
-    assert asked["choose"] == 1  # one description, one backend chosen
+    assert asked[0] == 1  # one description, one backend chosen
     assert len({id(d.overrides[0]) for d in made}) == 1  # one reference, shared
     # what a decision with nothing kept gives
     monkeypatch.setattr(evaluator, "_described_kept", {})
@@ -158,12 +150,12 @@ def outside_decisions(effects: list[dict[str, Any]], monkeypatch: pytest.MonkeyP
     keys: list[tuple[Any, ...]] = []
     real = groups.DecisionMemo.made_for
 
-    def counted(memo: Any, key: tuple[Any, ...], *args: Any) -> Any:
+    def recorded(memo: Any, key: tuple[Any, ...], *args: Any) -> Any:
         if key not in memo._found:
             keys.append(key)
         return real(memo, key, *args)
 
-    monkeypatch.setattr(groups.DecisionMemo, "made_for", counted)
+    monkeypatch.setattr(groups.DecisionMemo, "made_for", recorded)
     clusters = [f"c{i}" for i in range(8)]
     own = tuple(staged(c, 10, **effects[i % len(effects)]) for i, c in enumerate(clusters))
     current = DecisionInputs(SEED_RULES, own)
