@@ -36,6 +36,7 @@ from mla_switchboard.service.api.select_asgi import SelectHandler, is_select
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.fleet.groups import OverBudget
 from mla_switchboard.service.messages import first_line, redacting_exception_handler
+from mla_switchboard.service.priority import loop_asked
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store.deadline import StoreDeadline, StoreTimeout
 from sqlalchemy.exc import SQLAlchemyError
@@ -64,6 +65,8 @@ class SwitchboardAPI(FastAPI):
     store_deadline: StoreDeadline | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            loop_asked()  # background threads hand the loop the GIL a while (priority.py)
         if self.select_handler is not None and is_select(scope):
             await self.select_handler(scope, receive, send)
             return

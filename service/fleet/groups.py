@@ -692,10 +692,12 @@ class Deadline:
     event loop in (``service/priority.py``) when it has not for ``YIELD_EVERY_S``, so
     the loop never waits for the interpreter much longer than that and one group.
 
-    A yield is a real sleep (about 70 us of wall time, 20 us of CPU, on the 2-core VM
-    the benchmarks run on), so once per group made a read of 6,000 groups a second
-    slower without doing any of its work: at most every half millisecond it costs a
-    few percent.
+    A yield is a real sleep (about 80-100 us of wall time and 20-80 us of the thread's
+    CPU on the 2-core VMs the benchmarks run on), so once per group made a read of
+    6,000 groups a second slower without doing any of its work; every half millisecond
+    it costs a fifth of a read's CPU there. So it is made only while the loop has
+    pods to answer (``priority.let_the_loop_in``): a read nobody waits on runs
+    through.
 
     What is counted is the CPU time of the thread that made the deadline (the read's
     own, ``time.thread_time``), not the wall clock: the fleet-read thread runs at a
