@@ -485,7 +485,8 @@ class DecisionMemo:
         key = (side, *self._key("decide", request, shape_id, stage, depends))
         found = self._found.get(key)
         if found is None:
-            return self.made_for(key, request, shape_id, narrow(), stage.bucket, depends)
+            narrowed = narrow() if depends.evidence else inputs  # as ``Decider`` does
+            return self.made_for(key, request, shape_id, narrowed, stage.bucket, depends)
         return found  # type: ignore[return-value]
 
     def assessment(
@@ -610,7 +611,10 @@ class Decider:
         key = (self._side, "decide", depends.decided_as(bits), depends.fleet, bits, shape)
         decided = memo._found.get(key)
         if decided is None:
-            return memo.made_for(key, request, shape_id, self.narrowed(), stage.bucket, depends)
+            # a decision that reads no evidence is made on the inputs as they are: the
+            # evidence its pods trust is not looked for (``narrowed``)
+            inputs = self.narrowed() if depends.evidence else self._inputs
+            return memo.made_for(key, request, shape_id, inputs, stage.bucket, depends)
         return decided  # type: ignore[return-value]
 
 

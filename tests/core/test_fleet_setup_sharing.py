@@ -5,8 +5,9 @@ are worked out once per description.
 Counted, never timed: the stage layouts a replay works out (one per distinct pair of
 rollout sets, not one per cluster and model), the overrides that apply asked where no
 rollout may be partial (never), the narrowed inputs of clusters that trust one index
-(one object), and the engine choices of decisions of one description (one per
-backend). Every answer is still what deciding each alone gives.
+(one object), the engine choices of decisions of one description (one per
+backend), and the evidence a cluster's pods trust (asked only where a decision reads
+evidence). Every answer is still what deciding each alone gives.
 """
 
 from __future__ import annotations
@@ -218,3 +219,26 @@ def test_decisions_under_the_config_in_force_are_kept_across_reads_unless_they_r
     in_west = sum(1 for _ in SHAPES)  # west's pods read evidence under its policy
     assert read(measured)[0] == in_west
     assert read(inputs)[0] == made  # the kept ones are of one configuration
+
+
+def test_only_decisions_that_read_evidence_ask_for_the_evidence_their_pods_trust(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clusters = ["east", "west", "north", "south"]
+    own = (override("west", policy="measured"), override("north", deny=["CUDNN"]))
+    current = DecisionInputs(SEED_RULES, own, tag=(1, 1))
+    proposed = replace(current, overrides=(*own, override("*", deny=["FLASH_ATTN"])))
+    asked: list[str] = []
+
+    def inputs_for(r: SelectRequest, given: DecisionInputs, now: datetime) -> DecisionInputs:
+        asked.append(r.cluster)
+        return given  # every cluster trusts the one (empty) index
+
+    pods = pods_of(clusters, per_shape=3)
+    got = replay(FleetSnapshot.of_pods(pods), current, proposed, now=NOW, inputs_for=inputs_for)
+    assert set(asked) == {"west"}  # the one cluster whose policy reads evidence
+    changes, invalid, pending, reasons = one_by_one(pods, current, proposed)
+    assert got.pods_changed == sum(changes.values()) and got.pods_changed
+    assert_moves_as_one_by_one(got.model_dump(), changes, reasons)
+    assert {(i.cluster, i.from_): i.pods for i in got.invalid} == dict(invalid)
+    assert got.pods_pending == pending
