@@ -627,6 +627,7 @@ class ClassCache:
         self._partials: dict[tuple[int, str, str], tuple[Override, ...]] = {}
         self._applicable: dict[tuple[int, str, str], tuple[Override, ...]] = {}
         self._stages: dict[tuple[int, str, str], tuple[StageClass, ...]] = {}
+        self._blind: dict[tuple[int, str], bool] = {}  # ``model_key``
 
     def applicable(
         self, request: SelectRequest, overrides: Sequence[Override], now: datetime
@@ -645,6 +646,22 @@ class ClassCache:
                     self._applicable[every] = found
             self._applicable[key] = found
         return found
+
+    def model_key(self, request: SelectRequest, *sides: Sequence[Override]) -> str:
+        """What the work a read does per cluster and model depends on of the model
+        under each of ``sides`` (sets of overrides): its name where an override that
+        may apply to the cluster names a model, else "" (no override reads the model,
+        so which apply, the stage classes, how decisions depend on the cluster and the
+        evidence its pods trust are the same for each of its models: found once)."""
+        for overrides in sides:
+            key = (id(overrides), request.cluster)
+            blind = self._blind.get(key)
+            if blind is None:
+                may = _may_apply(overrides, request.cluster)
+                blind = self._blind[key] = all(o.model is None for o in may)
+            if not blind:
+                return request.model.name
+        return ""
 
     def partials(
         self, request: SelectRequest, overrides: Sequence[Override], now: datetime

@@ -755,9 +755,9 @@ class PartsRead:
         """What the configuration in force gives each group of one cluster, and its
         pods pending. Decided through one ``Decider`` per model (how the decisions
         depend on the cluster, the evidence they trust and the stage bits are a
-        function of the cluster and the model: found once, not per group), with the
-        read's memo, whose decisions a preview of this read shares for its "from"
-        side (``memo``)."""
+        function of the cluster and the model, of the cluster alone where no override
+        names a model: found once, not per group), with the read's memo, whose
+        decisions a preview of this read shares for its "from" side (``memo``)."""
         inputs, now, memo, narrow = self.inputs, self.now, self._memo, self._inputs_for
         pending = 0
         given: dict[tuple[str, frozenset[int] | None], str | None] = {}
@@ -766,13 +766,14 @@ class PartsRead:
             request = group.request
             if request is None:
                 continue
-            found = deciders.get(request.model.name)
+            model = self._classes.model_key(request, inputs.overrides)
+            found = deciders.get(model)
             if found is None:
 
                 def narrowed(r: SelectRequest = request) -> DecisionInputs:
                     return inputs if narrow is None else narrow(r, inputs, now)
 
-                found = deciders[request.model.name] = (
+                found = deciders[model] = (
                     memo.decider(request, inputs, narrowed),
                     self._classes.stages(request, inputs.overrides, now),
                 )

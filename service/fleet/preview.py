@@ -227,7 +227,8 @@ def replay(
         pending_after = 0
         # per model: what its groups share (the staged overrides that apply, and so
         # the stage classes and how decisions are shared, are a function of the
-        # cluster and the model)
+        # cluster and the model; of the cluster alone where no override names a
+        # model: ``ClassCache.model_key``)
         plans: dict[str, _ModelPlan] = {}
         # what the proposal gives, when a kept part holds it: only the groups that
         # move are then decided under it (their reasons need the decision)
@@ -243,9 +244,10 @@ def replay(
             if request is None:
                 unreadable += group.pods  # recorded under an older schema; cannot be replayed
                 continue
-            plan = plans.get(request.model.name)
+            model = classes.model_key(request, current.overrides, proposed.overrides)
+            plan = plans.get(model)
             if plan is None:
-                plan = plans[request.model.name] = _ModelPlan.of(
+                plan = plans[model] = _ModelPlan.of(
                     request,
                     current,
                     proposed,
