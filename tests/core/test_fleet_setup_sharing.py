@@ -3,7 +3,8 @@ clusters it holds for alike, and a decision's parts that only its description re
 are worked out once per description.
 
 Counted, never timed: the stage layouts a replay works out (one per distinct pair of
-rollout sets, not one per cluster and model), the overrides that apply asked where no
+rollout sets, not one per cluster and model), its plans (one per cluster where no
+override there names a model), the overrides that apply asked where no
 rollout may be partial (never), the narrowed inputs of clusters that trust one index
 (one object), the engine choices of decisions of one description (one per
 backend), and the evidence a cluster's pods trust (asked only where a decision reads
@@ -237,6 +238,31 @@ def test_only_decisions_that_read_evidence_ask_for_the_evidence_their_pods_trust
     pods = pods_of(clusters, per_shape=3)
     got = replay(FleetSnapshot.of_pods(pods), current, proposed, now=NOW, inputs_for=inputs_for)
     assert set(asked) == {"west"}  # the one cluster whose policy reads evidence
+    changes, invalid, pending, reasons = one_by_one(pods, current, proposed)
+    assert got.pods_changed == sum(changes.values()) and got.pods_changed
+    assert_moves_as_one_by_one(got.model_dump(), changes, reasons)
+    assert {(i.cluster, i.from_): i.pods for i in got.invalid} == dict(invalid)
+    assert got.pods_pending == pending
+
+
+def test_a_replay_plans_once_per_cluster_unless_an_override_there_names_a_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plans = counted(monkeypatch, preview._ModelPlan, "of")
+    models = len({s.model.name for s in SHAPES})
+    assert models > 1
+    clusters = ["east", "west", "north"]
+    own = (
+        override("east", deny=["CUDNN"]),
+        override("west", model="moonshotai/*", deny=["FLASHINFER"]),
+    )
+    current = DecisionInputs(SEED_RULES, own, tag=(1, 1))
+    proposed = replace(current, overrides=(*own, override("*", deny=["FLASH_ATTN"])))
+    pods = pods_of(clusters, per_shape=3)
+    got = replay(FleetSnapshot.of_pods(pods), current, proposed, now=NOW)
+    # one for east and one for north (no override there names a model), one per model
+    # for west, whose own override names one
+    assert plans[0] == 2 + models
     changes, invalid, pending, reasons = one_by_one(pods, current, proposed)
     assert got.pods_changed == sum(changes.values()) and got.pods_changed
     assert_moves_as_one_by_one(got.model_dump(), changes, reasons)
