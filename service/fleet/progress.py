@@ -109,15 +109,17 @@ class ProgressWalk:
         appended each (group, stage class) in ``o``'s stage, whose pods ``booted``
         counts (``Counted``)."""
         tally = RolloutTally.of(o)
-        # per model (what decides whether ``o`` applies, and the stage classes): the
-        # classes with whether each is in ``o``'s stage, and the decisions of its
+        # per model (what decides whether ``o`` applies, and the stage classes; the
+        # cluster alone where no override names a model: ``ClassCache.model_key``):
+        # the classes with whether each is in ``o``'s stage, and the decisions of its
         # groups; None where ``o`` does not apply
         staging: dict[str, tuple[tuple[tuple[StageClass, bool], ...], Decider] | None] = {}
+        overrides = self.inputs.overrides
         for group in each_group(groups, deadline):
             request = group.request
             if o.cluster not in (FLEET, group.cluster) or request is None:
                 continue
-            model = request.model.name
+            model = self.classes.model_key(request, overrides)
             found = staging.get(model, ())
             if found == ():
                 found = staging[model] = self._plan(o, request)

@@ -217,7 +217,7 @@ def cluster_exclusions(
         request = group.request
         if request is None:
             continue
-        model = request.model.name
+        model = classes.model_key(request, inputs.overrides)
         found = measured.get(model)
         if found is None:
             applicable = classes.applicable(request, inputs.overrides, now)
