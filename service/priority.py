@@ -14,10 +14,11 @@ call :func:`let_the_loop_in` between steps, which hands the GIL to the loop at o
 when it is waiting. That hand-over is a real sleep: on the 2-core VM about 80 us of the
 thread's CPU each (the switch and the caches it leaves cold), a fifth of a fleet read
 that yields every half millisecond. So it is made only while the loop has pods to
-answer: the app notes each request (:func:`loop_asked`), and for ``ASKED_WITHIN_S``
-after the latest one background threads hand over; a replica that nobody asked
-meanwhile runs its reads at full speed, and the switch interval alone hands the GIL
-to a request that arrives then (within about two intervals).
+answer: the app notes each pod's call (:func:`loop_asked`: a select or a report), and
+for ``ASKED_WITHIN_S`` after the latest one background threads hand over; a replica
+that no pod asked meanwhile runs its reads at full speed (the read a person asked for
+among them), and the switch interval alone hands the GIL to a request that arrives
+then (within about two intervals).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ _asked_at = -ASKED_WITHIN_S  # time.monotonic() of the loop's latest request
 
 
 def loop_asked(now: float | None = None) -> None:
-    """The event loop has a request to answer (the app calls this per request): the
-    background threads hand it the GIL for the next ``ASKED_WITHIN_S``."""
+    """The event loop has a pod's call to answer (the app calls this per select and
+    report): the background threads hand it the GIL for the next ``ASKED_WITHIN_S``."""
     global _asked_at
     _asked_at = time.monotonic() if now is None else now
 

@@ -32,7 +32,7 @@ from mla_switchboard.service.api.routes import (
     selections,
     sessions,
 )
-from mla_switchboard.service.api.select_asgi import SelectHandler, is_select
+from mla_switchboard.service.api.select_asgi import SELECT_PATH, SelectHandler, is_select
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.fleet.groups import OverBudget
 from mla_switchboard.service.messages import first_line, redacting_exception_handler
@@ -65,7 +65,7 @@ class SwitchboardAPI(FastAPI):
     store_deadline: StoreDeadline | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if is_pod_call(scope):
             loop_asked()  # background threads hand the loop the GIL a while (priority.py)
         if self.select_handler is not None and is_select(scope):
             await self.select_handler(scope, receive, send)
@@ -78,6 +78,18 @@ class SwitchboardAPI(FastAPI):
                 await super().__call__(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+POD_CALLS = frozenset({SELECT_PATH, "/v1/measurements"})
+"""What pods call (a boot's select, a bench's report): while they come, the background
+threads hand the event loop the GIL between steps (``priority.loop_asked``). A person's
+or a script's request does not count: a summary or preview it asks for runs on the
+fleet-read thread while the loop only waits for it, and would otherwise turn the
+hand-over on for that very read."""
+
+
+def is_pod_call(scope: Scope) -> bool:
+    return scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in POD_CALLS
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> SwitchboardAPI:
