@@ -11,14 +11,14 @@ needs no privilege; nothing here ever lowers one (that would).
 Within the interpreter the same threads compete for the GIL, which a running thread
 gives up only every switch interval (``sys.setswitchinterval``): long loops in them
 call :func:`let_the_loop_in` between steps, which hands the GIL to the loop at once
-when it is waiting. That hand-over is a real sleep: on the 2-core VM about 80 us of the
-thread's CPU each (the switch and the caches it leaves cold), a fifth of a fleet read
-that yields every half millisecond. So it is made only while the loop has pods to
-answer: the app notes each pod's call (:func:`loop_asked`: a select or a report), and
-for ``ASKED_WITHIN_S`` after the latest one background threads hand over; a replica
-that no pod asked meanwhile runs its reads at full speed (the read a person asked for
-among them), and the switch interval alone hands the GIL to a request that arrives
-then (within about two intervals).
+when it is waiting. That hand-over is a real sleep: on the 2-core VMs 60-80 us of the
+thread's CPU each (the switch and the caches it leaves cold; ``bench/handover_cost.py``),
+up to a fifth of a fleet read that yields every half millisecond. So it is made only
+while the loop has pods to answer: the app notes each pod's call (:func:`loop_asked`:
+a select or a report), and for ``ASKED_WITHIN_S`` after the latest one background
+threads hand over; a replica that no pod asked meanwhile runs its reads at full speed
+(the read a person asked for among them), and the switch interval alone hands the GIL
+to a request that arrives then (within about two intervals).
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ def lower_this_thread(by: int = BACKGROUND_NICE) -> bool:
 
 
 ASKED_WITHIN_S = 1.0
-"""How long after the loop's latest request :func:`let_the_loop_in` still hands it
+"""How long after the latest pod's call :func:`let_the_loop_in` still hands the loop
 the GIL: pods that boot together ask many times a second, so a storm keeps every
 background step handing over, while a replica nobody asked for a second does not."""
 
-_asked_at = -ASKED_WITHIN_S  # time.monotonic() of the loop's latest request
+_asked_at = -ASKED_WITHIN_S  # time.monotonic() of the latest pod's call
 
 
 def loop_asked(now: float | None = None) -> None:
@@ -69,7 +69,7 @@ def loop_asked(now: float | None = None) -> None:
 
 
 def asked_lately(now: float | None = None) -> bool:
-    """Whether the loop had a request within ``ASKED_WITHIN_S`` of ``now``."""
+    """Whether a pod called within ``ASKED_WITHIN_S`` before ``now``."""
     return (time.monotonic() if now is None else now) - _asked_at < ASKED_WITHIN_S
 
 
