@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -42,7 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.scale import machine  # noqa: E402
 from bench.scale_support import measure_in, stage, write_json  # noqa: E402
+
+
+def commit_of(path: str) -> str:
+    """The short commit the checkout at ``path`` is at (a figure names its code)."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=path, capture_output=True, text=True
+    )
+    return done.stdout.strip()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -170,6 +180,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "fleet-wide change, fleet-read thread CPU (bench/fleet_change_threads.py)",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "trees": {name: {"path": path, "commit": commit_of(path)} for name, path in trees.items()},
         "parameters": {k: v for k, v in vars(args).items() if k not in ("url", "mode")},
         "rounds": [],
     }
