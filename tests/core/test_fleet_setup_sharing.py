@@ -268,3 +268,25 @@ def test_a_replay_plans_once_per_cluster_unless_an_override_there_names_a_model(
     assert_moves_as_one_by_one(got.model_dump(), changes, reasons)
     assert {(i.cluster, i.from_): i.pods for i in got.invalid} == dict(invalid)
     assert got.pods_pending == pending
+
+
+@pytest.mark.parametrize(
+    ("current", "proposed", "key"),
+    [
+        ((), (), ""),
+        ((override("*", deny=["CUDNN"]),), (), ""),
+        ((override("east", deny=["CUDNN"]),), (override("*", deny=["CUDNN"]),), ""),
+        ((override("west", model="deepseek-ai/*", deny=["CUDNN"]),), (), ""),  # not east's
+        ((override("east", model="deepseek-ai/*", deny=["CUDNN"]),), (), "deepseek-ai/DeepSeek-R1"),
+        ((), (override("*", model="moonshotai/*", deny=["CUDNN"]),), "deepseek-ai/DeepSeek-R1"),
+    ],
+)
+def test_what_a_reads_per_model_work_is_keyed_by(
+    current: tuple[Any, ...], proposed: tuple[Any, ...], key: str
+) -> None:
+    # the model's name only where an override that may apply to the cluster, on either
+    # side, names a model (whether or not it matches this one: which apply is then a
+    # function of the model)
+    pod = request((9, 0), cluster="east")
+    sides = [DecisionInputs(SEED_RULES, o).override_set for o in (current, proposed)]
+    assert groups.ClassCache().model_key(pod, *sides) == key

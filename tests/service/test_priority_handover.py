@@ -6,6 +6,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def _restore_asked_at() -> object:
+def _restore_asked_at() -> Iterator[None]:
     kept = priority._asked_at
     yield
     priority._asked_at = kept
