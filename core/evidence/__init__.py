@@ -32,9 +32,9 @@ without a lock. Behind them, per situation and backend (``tallies.Tally``):
   moved, deletes and re-inserts the pod (O(1)); nothing is ever copied per pod (the
   ordered tuples of each bucket were copied per pod: building 100,000 pods' evidence
   grew as n^1.9). A late report marks its bucket for sorting on the next read of it;
-- every counted TFLOP/s is also in sorted halves (two ``sortedcontainers.SortedList``),
-  so an insertion is a binary search and a short move within one of their sublists,
-  and the median the ends of the two halves (``values.py``);
+- every counted TFLOP/s is also in a ``sortedcontainers.SortedList``, so an insertion
+  is a binary search and a short move within one of its sublists, and the median a
+  walk over its sublists' lengths (``values.py``);
 - a heap of (time, pod) entries, bytes that sort as the time, one per pod at or
   before its oldest dated sample, is what :meth:`EvidenceIndex.prune` pops up to the
   evidence window's cutoff: a prune looks at what expired (and at pods that moved on

@@ -30,9 +30,9 @@ from mla_switchboard.core.evidence.records import (
 from mla_switchboard.core.evidence.situations import Situation
 from mla_switchboard.core.evidence.stats import NO_GROUP, PodSample
 from mla_switchboard.core.evidence.tallies import LOAD_STEP, Tally
-from mla_switchboard.core.evidence.values import SortedHalves
 from mla_switchboard.core.specs import Backend
 from mla_switchboard.core.stages import pod_key, stage_bucket_of_key
+from sortedcontainers import SortedList
 
 __all__ = ["EMPTY", "PRUNE_STEP", "EvidenceIndex"]
 
@@ -281,7 +281,7 @@ class EvidenceIndex(PublishedEvidence):
                 while tally.expiry:
                     del tally.expiry[-LOAD_STEP:]
                     pause()
-                tally.values = SortedHalves()
+                tally.values = SortedList()
         pause()
 
     def freeze(self) -> EvidenceIndex:

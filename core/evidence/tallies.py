@@ -25,8 +25,9 @@ from mla_switchboard.core.evidence.records import (
     with_sample,
 )
 from mla_switchboard.core.evidence.stats import BackendStats, PodSample
-from mla_switchboard.core.evidence.values import SortedHalves, median
+from mla_switchboard.core.evidence.values import median
 from mla_switchboard.core.stages import pod_key, stage_bucket_of_key
+from sortedcontainers import SortedList
 
 LOAD_STEP = 2000
 """Pods a bulk load files between two pauses."""
@@ -89,7 +90,7 @@ class Tally:
         self.expiry: list[bytes] = []  # a heap of expiry_entry(time, pod) entries
         self.pods = 0
         self.split = False  # one dict per stage bucket (else all pods under ALL)
-        self.values = SortedHalves()
+        self.values = SortedList()
         self.impls: Counter[int] = Counter()
         self.failures: dict[str, FailureNote] = {}
         self._failures_newest_first: tuple[FailureNote, ...] | None = ()
