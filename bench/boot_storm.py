@@ -51,7 +51,7 @@ if str(ROOT) not in sys.path:  # `python bench/boot_storm.py` from anywhere
 
 
 from bench.common import raw_select  # noqa: E402
-from bench.scale_support import pg_schema, serve_until_ready  # noqa: E402
+from bench.scale_support import cpu_model, pg_schema, serve_until_ready  # noqa: E402
 
 TOKEN = "bench-admin-token"
 PG_DSN = os.environ.get("SWITCHBOARD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -327,14 +327,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def machine() -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores ({model}), shared"
 
 

@@ -34,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.scale_support import cpu_model  # noqa: E402
+
 OUT = ROOT / "bench" / "results" / "handover_cost.json"
 
 
@@ -141,17 +146,6 @@ def latency(yields: bool, interval: float, writes: int) -> dict[str, Any]:
     }
 
 
-def _cpu() -> str:
-    """The CPU's model name (Linux), else the machine's architecture."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -163,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "handing the GIL to the event loop (bench/handover_cost.py)",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{_cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": (
+            f"{cpu_model() or platform.machine()}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}"
+        ),
         "cost": cost(args.repeat),
         "latency": [
             latency(True, 0.001, args.writes),

@@ -107,7 +107,7 @@ from mla_switchboard.service.store import Store  # noqa: E402
 from mla_switchboard.service.store.db import make_engine, migrate  # noqa: E402
 
 from bench.common import free_port, raw_select, spill_path_in  # noqa: E402
-from bench.scale_support import product_root  # noqa: E402
+from bench.scale_support import cpu_model, product_root  # noqa: E402
 
 TOKEN = "bench-scale-admin-token"
 PG_DSN = os.environ.get("SWITCHBOARD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -1377,14 +1377,7 @@ def table(sizes: dict[str, dict[str, Any]], hot: dict[str, Any] | None) -> str:
 
 
 def machine() -> dict[str, Any]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     return {
         "node": platform.node(),
         "cores": os.cpu_count(),

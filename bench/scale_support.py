@@ -507,3 +507,15 @@ def metric_diff(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 def elapsed() -> Iterator[Callable[[], float]]:
     t0 = time.monotonic()
     yield lambda: time.monotonic() - t0
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` ("" where there is none): what a
+    result names its machine by, since the shared VMs differ by 2-3x."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
