@@ -9,27 +9,32 @@ whenever a core is free, and waits while the loop wants one. Raising a nice valu
 needs no privilege; nothing here ever lowers one (that would).
 
 Within the interpreter the same threads compete for the GIL, which a running thread
-gives up only every switch interval (``sys.setswitchinterval``): long loops in them
-call :func:`let_the_loop_in` between steps, which hands the GIL to the loop at once
-when it is waiting. That hand-over is a real sleep: on the 2-core VMs 60-80 us of the
-thread's CPU each (the switch and the caches it leaves cold; ``bench/handover_cost.py``),
-up to a fifth of a fleet read that yields every half millisecond. So it is made only
-while the loop has pods to answer: the app notes each pod's call (:func:`loop_asked`:
-a select or a report), and for ``ASKED_WITHIN_S`` after the latest one background
-threads hand over; a replica that no pod asked meanwhile runs its reads at full speed
-(the read a person asked for among them), and the switch interval alone hands the GIL
-to a request that arrives then (within about two intervals).
+gives up only every switch interval (``sys.setswitchinterval``; a loop that wakes
+beside a busy thread waits about two intervals, 2.2 ms at 1 ms): long loops in them
+call :func:`let_the_loop_in` between steps, which hands the GIL to the loop at once.
+That hand-over is a real sleep of the kernel's timer slack (about 75 us of wall time
+on the 2-core VMs, 15-20 us of the thread's CPU; a shorter one ends before the loop's
+thread has woken, and hands nothing over: ``bench/handover_cost.py``), a sixth of the
+wall time of a read that yields every half millisecond. So it is made only while the
+loop may be waiting for the GIL (:func:`loop_waiting`): while it answers a pod's call
+(a select or a report, counted by the app: :func:`answering_a_pod`), or while the
+descriptor it waits on is readable (:func:`watch_loop`: a connection or a request's
+bytes arrived, or a thread woke it). A read nobody waits on, the one a person asked
+for among them, runs at full speed, and a request that arrives meanwhile is let in at
+the next step (within half a millisecond).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import os
+import select
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 K = TypeVar("K")
@@ -53,30 +58,90 @@ def lower_this_thread(by: int = BACKGROUND_NICE) -> bool:
     return False
 
 
-ASKED_WITHIN_S = 1.0
-"""How long after the latest pod's call :func:`let_the_loop_in` still hands the loop
-the GIL: pods that boot together ask many times a second, so a storm keeps every
-background step handing over, while a replica nobody asked for a second does not."""
-
-_asked_at = -ASKED_WITHIN_S  # time.monotonic() of the latest pod's call
+_pod_calls = 0
+"""Pod calls the event loop is answering now (changed on the loop's thread only)."""
 
 
-def loop_asked(now: float | None = None) -> None:
-    """The event loop has a pod's call to answer (the app calls this per select and
-    report): the background threads hand it the GIL for the next ``ASKED_WITHIN_S``."""
-    global _asked_at
-    _asked_at = time.monotonic() if now is None else now
+@contextlib.contextmanager
+def answering_a_pod() -> Iterator[None]:
+    """Around the event loop's answer to a pod's call (a select, a report): while any is
+    in progress, background threads hand the loop the GIL at every step, as its answer
+    takes the GIL back after each call into C that let go of it."""
+    global _pod_calls
+    _pod_calls += 1
+    try:
+        yield
+    finally:
+        _pod_calls -= 1
 
 
-def asked_lately(now: float | None = None) -> bool:
-    """Whether a pod called within ``ASKED_WITHIN_S`` before ``now``."""
-    return (time.monotonic() if now is None else now) - _asked_at < ASKED_WITHIN_S
+_watched: tuple[int, int] | None = None  # (generation, descriptor) of the loop watched
+_generation = 0
+_pollers = threading.local()  # per thread: (generation, select.poll): poll() is not shared
+
+
+def backend_descriptor(loop: asyncio.AbstractEventLoop) -> int | None:
+    """The descriptor ``loop`` waits on (an epoll set, readable while anything the loop
+    waits for is ready): libuv's backend under uvloop, the selector's under asyncio.
+    Both accessors are private (no public API names it); None where neither exists."""
+    for get in (
+        getattr(loop, "_get_backend_id", None),  # uvloop
+        getattr(getattr(loop, "_selector", None), "fileno", None),  # asyncio
+    ):
+        if get is not None:
+            with contextlib.suppress(Exception):
+                fd = get()
+                if isinstance(fd, int) and fd >= 0:
+                    return fd
+    return None
+
+
+def watch_loop(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Let :func:`let_the_loop_in` see when ``loop`` has input waiting (a connection, a
+    request's bytes, a thread's wake-up); the returned call stops watching it. The
+    latest loop watched is the one seen (a process serves from one)."""
+    global _watched, _generation
+    fd = backend_descriptor(loop)
+    if fd is None:
+        return lambda: None
+    _generation += 1
+    mine = (_generation, fd)
+    _watched = mine
+
+    def unwatch() -> None:
+        global _watched
+        if _watched == mine:
+            _watched = None
+
+    return unwatch
+
+
+def pod_calls_in_flight() -> int:
+    """How many pods' calls the event loop is answering now."""
+    return _pod_calls
+
+
+def loop_waiting() -> bool:
+    """Whether the event loop may be waiting for the GIL: a pod's call is being answered,
+    or the loop's descriptor is readable (what it waits for is ready, so it has woken or
+    is about to, and needs the GIL). A poll costs a system call of about 1 us."""
+    if _pod_calls:
+        return True
+    watched = _watched
+    if watched is None:
+        return False
+    mine = getattr(_pollers, "poller", None)
+    if mine is None or mine[0] != watched[0]:
+        poller = select.poll()
+        poller.register(watched[1], select.POLLIN)
+        _pollers.poller = mine = (watched[0], poller)
+    return any(events & select.POLLIN for _, events in mine[1].poll(0))
 
 
 def let_the_loop_in() -> None:
-    """Give up the GIL for a moment while the loop has pods to answer (``asked_lately``;
-    see the module docstring); else nothing, which costs a clock read."""
-    if asked_lately():
+    """Give up the GIL for a moment while the loop may be waiting for it
+    (:func:`loop_waiting`); else nothing, which costs a poll."""
+    if loop_waiting():
         time.sleep(0)
 
 

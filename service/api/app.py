@@ -36,7 +36,7 @@ from mla_switchboard.service.api.select_asgi import SELECT_PATH, SelectHandler, 
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.fleet.groups import OverBudget
 from mla_switchboard.service.messages import first_line, redacting_exception_handler
-from mla_switchboard.service.priority import loop_asked
+from mla_switchboard.service.priority import answering_a_pod, watch_loop
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store.deadline import StoreDeadline, StoreTimeout
 from sqlalchemy.exc import SQLAlchemyError
@@ -65,8 +65,13 @@ class SwitchboardAPI(FastAPI):
     store_deadline: StoreDeadline | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if is_pod_call(scope):
-            loop_asked()  # background threads hand the loop the GIL a while (priority.py)
+        if not is_pod_call(scope):
+            await self._answer(scope, receive, send)
+            return
+        with answering_a_pod():  # background threads hand the loop the GIL (priority.py)
+            await self._answer(scope, receive, send)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.select_handler is not None and is_select(scope):
             await self.select_handler(scope, receive, send)
             return
@@ -81,11 +86,11 @@ class SwitchboardAPI(FastAPI):
 
 
 POD_CALLS = frozenset({SELECT_PATH, "/v1/measurements"})
-"""What pods call (a boot's select, a bench's report): while they come, the background
-threads hand the event loop the GIL between steps (``priority.loop_asked``). A person's
-or a script's request does not count: a summary or preview it asks for runs on the
-fleet-read thread while the loop only waits for it, and would otherwise turn the
-hand-over on for that very read."""
+"""What pods call (a boot's select, a bench's report): while one is answered, the
+background threads hand the event loop the GIL between steps
+(``priority.answering_a_pod``). A person's or a script's request does not count: a
+summary or preview it asks for runs on the fleet-read thread while the loop only waits
+for it, and would otherwise turn the hand-over on for that very read."""
 
 
 def is_pod_call(scope: Scope) -> bool:
@@ -101,9 +106,12 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         asyncio.get_running_loop().set_exception_handler(redacting_exception_handler)
         runtime.start()
         watch = asyncio.create_task(_watch_the_loop(runtime))
+        # background threads see when the loop has input waiting (priority.py)
+        unwatch = watch_loop(asyncio.get_running_loop())
         try:
             yield
         finally:
+            unwatch()
             watch.cancel()
             runtime.stop()
 

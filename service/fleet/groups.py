@@ -716,9 +716,9 @@ class Deadline:
     A yield is a real sleep (about 80-100 us of wall time and 20-80 us of the thread's
     CPU on the 2-core VMs the benchmarks run on), so once per group made a read of
     6,000 groups a second slower without doing any of its work; every half millisecond
-    it costs a fifth of a read's CPU there. So it is made only while the loop has
-    pods to answer (``priority.let_the_loop_in``): a read nobody waits on runs
-    through.
+    it costs a fifth of a read's CPU there. So it is made only while the loop may be
+    waiting for the interpreter (``priority.let_the_loop_in``): a read nobody waits on
+    runs through.
 
     What is counted is the CPU time of the thread that made the deadline (the read's
     own, ``time.thread_time``), not the wall clock: the fleet-read thread runs at a
