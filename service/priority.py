@@ -15,26 +15,28 @@ call :func:`let_the_loop_in` between steps, which hands the GIL to the loop at o
 That hand-over is a real sleep of the kernel's timer slack (about 75 us of wall time
 on the 2-core VMs, 15-20 us of the thread's CPU; a shorter one ends before the loop's
 thread has woken, and hands nothing over: ``bench/handover_cost.py``), a sixth of the
-wall time of a read that yields every half millisecond. So it is made only while the
-loop may be waiting for the GIL (:func:`loop_waiting`): while it answers a pod's call
-(a select or a report, counted by the app: :func:`answering_a_pod`), or while the
-descriptor it waits on is readable (:func:`watch_loop`: a connection or a request's
-bytes arrived, or a thread woke it). A read nobody waits on, the one a person asked
-for among them, runs at full speed, and a request that arrives meanwhile is let in at
-the next step (within half a millisecond).
+wall time of a read that yields every half millisecond. So it is made only while pods
+call: while the loop answers a pod's call (a select or a report, counted by the app:
+:func:`answering_a_pod`) and for ``ASKED_WITHIN_S`` after. A read nobody waits on, the
+one a person asked for among them, runs at full speed, and a pod's call that arrives
+then waits for the switch interval.
+
+Whether the loop waits for the GIL cannot be seen from another thread: under uvloop
+the request's bytes are read in C before the loop's Python code asks for the GIL, so
+even its descriptor is no longer readable then (watching it, and yielding only while
+it was readable or a call was being answered, made select p99 under fleet reads
+1.85x idle where this makes it 1.67x: ``bench/results/fleet_change_p99_fd_watch.json``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import os
-import select
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 K = TypeVar("K")
@@ -58,62 +60,29 @@ def lower_this_thread(by: int = BACKGROUND_NICE) -> bool:
     return False
 
 
-_pod_calls = 0
-"""Pod calls the event loop is answering now (changed on the loop's thread only)."""
+ASKED_WITHIN_S = 0.1
+"""How long after a pod's call was answered :func:`let_the_loop_in` still hands the
+loop the GIL. Pods that boot together call many times a second (at 10 calls a second
+or more the hand-over stays on), and the next call is let in at the next step rather
+than after two switch intervals; a replica that pods call now and then (a fleet of
+100,000 boots a few a second) does not pay the hand-over for a second after each."""
+
+_pod_calls = 0  # pods' calls the loop is answering now (changed on the loop's thread)
+_answered_at = -ASKED_WITHIN_S  # time.monotonic() when the latest one was answered
 
 
 @contextlib.contextmanager
 def answering_a_pod() -> Iterator[None]:
     """Around the event loop's answer to a pod's call (a select, a report): while any is
-    in progress, background threads hand the loop the GIL at every step, as its answer
-    takes the GIL back after each call into C that let go of it."""
-    global _pod_calls
+    in progress, and for ``ASKED_WITHIN_S`` after, background threads hand the loop
+    the GIL at every step."""
+    global _pod_calls, _answered_at
     _pod_calls += 1
     try:
         yield
     finally:
         _pod_calls -= 1
-
-
-_watched: tuple[int, int] | None = None  # (generation, descriptor) of the loop watched
-_generation = 0
-_pollers = threading.local()  # per thread: (generation, select.poll): poll() is not shared
-
-
-def backend_descriptor(loop: asyncio.AbstractEventLoop) -> int | None:
-    """The descriptor ``loop`` waits on (an epoll set, readable while anything the loop
-    waits for is ready): libuv's backend under uvloop, the selector's under asyncio.
-    Both accessors are private (no public API names it); None where neither exists."""
-    for get in (
-        getattr(loop, "_get_backend_id", None),  # uvloop
-        getattr(getattr(loop, "_selector", None), "fileno", None),  # asyncio
-    ):
-        if get is not None:
-            with contextlib.suppress(Exception):
-                fd = get()
-                if isinstance(fd, int) and fd >= 0:
-                    return fd
-    return None
-
-
-def watch_loop(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-    """Let :func:`let_the_loop_in` see when ``loop`` has input waiting (a connection, a
-    request's bytes, a thread's wake-up); the returned call stops watching it. The
-    latest loop watched is the one seen (a process serves from one)."""
-    global _watched, _generation
-    fd = backend_descriptor(loop)
-    if fd is None:
-        return lambda: None
-    _generation += 1
-    mine = (_generation, fd)
-    _watched = mine
-
-    def unwatch() -> None:
-        global _watched
-        if _watched == mine:
-            _watched = None
-
-    return unwatch
+        _answered_at = time.monotonic()
 
 
 def pod_calls_in_flight() -> int:
@@ -121,26 +90,17 @@ def pod_calls_in_flight() -> int:
     return _pod_calls
 
 
-def loop_waiting() -> bool:
-    """Whether the event loop may be waiting for the GIL: a pod's call is being answered,
-    or the loop's descriptor is readable (what it waits for is ready, so it has woken or
-    is about to, and needs the GIL). A poll costs a system call of about 1 us."""
+def loop_waiting(now: float | None = None) -> bool:
+    """Whether the event loop may want the GIL back soon: a pod's call is being
+    answered, or one was within ``ASKED_WITHIN_S`` before ``now``."""
     if _pod_calls:
         return True
-    watched = _watched
-    if watched is None:
-        return False
-    mine = getattr(_pollers, "poller", None)
-    if mine is None or mine[0] != watched[0]:
-        poller = select.poll()
-        poller.register(watched[1], select.POLLIN)
-        _pollers.poller = mine = (watched[0], poller)
-    return any(events & select.POLLIN for _, events in mine[1].poll(0))
+    return (time.monotonic() if now is None else now) - _answered_at < ASKED_WITHIN_S
 
 
 def let_the_loop_in() -> None:
-    """Give up the GIL for a moment while the loop may be waiting for it
-    (:func:`loop_waiting`); else nothing, which costs a poll."""
+    """Give up the GIL for a moment while the loop may want it (:func:`loop_waiting`);
+    else nothing, which costs a clock read."""
     if loop_waiting():
         time.sleep(0)
 

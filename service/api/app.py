@@ -36,7 +36,7 @@ from mla_switchboard.service.api.select_asgi import SELECT_PATH, SelectHandler, 
 from mla_switchboard.service.config import Settings
 from mla_switchboard.service.fleet.groups import OverBudget
 from mla_switchboard.service.messages import first_line, redacting_exception_handler
-from mla_switchboard.service.priority import answering_a_pod, watch_loop
+from mla_switchboard.service.priority import answering_a_pod
 from mla_switchboard.service.runtime import Runtime
 from mla_switchboard.service.store.deadline import StoreDeadline, StoreTimeout
 from sqlalchemy.exc import SQLAlchemyError
@@ -106,12 +106,9 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         asyncio.get_running_loop().set_exception_handler(redacting_exception_handler)
         runtime.start()
         watch = asyncio.create_task(_watch_the_loop(runtime))
-        # background threads see when the loop has input waiting (priority.py)
-        unwatch = watch_loop(asyncio.get_running_loop())
         try:
             yield
         finally:
-            unwatch()
             watch.cancel()
             runtime.stop()
 

@@ -87,17 +87,49 @@ def visible_at_centre(page: Any, selector: str) -> bool:
     )
 
 
+RECORD_BARS = """() => {
+    window.__bars = [];
+    new MutationObserver(() => {
+        for (const svg of document.querySelectorAll("#rollouts svg.stage-bar")) {
+            if (svg.__seen) continue;
+            svg.__seen = true;
+            const li = svg.closest("li.rollout");
+            window.__bars.push({
+                at_ms: Math.round(performance.now()),
+                cluster: li && li.dataset.cluster,
+                item: li && Object.assign({}, li.dataset),
+                widths: [...svg.querySelectorAll("rect")].map((r) => r.getAttribute("width")),
+                box_width: svg.getBoundingClientRect().width,
+            });
+        }
+    }).observe(document.getElementById("rollouts"), {childList: true, subtree: true});
+}"""
+"""Keeps a record of every stage bar the page draws (when, from what counts, and how
+wide it measured as it was put in): a failure's message says which drawing a
+measurement met."""
+
+
 def drawn(page: Any, bar: str) -> Any:
     """What the page drew the stage bar from, for a failure's message: the rollout's
-    counts as drawn, the bar's rects and box, and the summary the page holds."""
+    counts as drawn, the bar's rects and box, whether anything above it is hidden, the
+    summary the page holds, and every stage bar drawn so far (``RECORD_BARS``)."""
     return page.evaluate(
         """bar => { const svg = document.querySelector(bar);
             const li = svg && svg.closest("li.rollout");
+            const hidden = [];
+            for (let el = svg; el; el = el.parentElement) {
+                const style = getComputedStyle(el);
+                if (el.hidden || style.display === "none") hidden.push(el.id || el.tagName);
+            }
             return {
+                at_ms: Math.round(performance.now()),
+                bars_matching: document.querySelectorAll(bar).length,
                 item: li && Object.assign({}, li.dataset),
                 rects: svg && [...svg.querySelectorAll("rect")].map(
                     (r) => [r.getAttribute("class"), r.getAttribute("width")]),
                 box: svg && svg.getBoundingClientRect().toJSON(),
+                hidden,
+                drawn: (window.__bars || []).slice(-8),
                 rollouts: state.summary && state.summary.rollouts,
             }; }""",
         bar,
@@ -120,6 +152,7 @@ def test_every_editor_field_is_stored_as_given_and_comes_back(
             page.goto(service.url + "/")
             sign_in(page, ADMIN)
             expect(page.locator("#fleet-chart g.row")).to_have_count(1)
+            page.evaluate(RECORD_BARS)
 
             # 1. Every field, typed as a person would.
             page.locator("#new-override").click()
@@ -191,10 +224,13 @@ def test_every_editor_field_is_stored_as_given_and_comes_back(
             assert visible_at_centre(page, f"{bar} rect.booted")
             widths = page.eval_on_selector_all(
                 f"{bar} rect.in-stage, {bar} rect.booted",
-                "rs => rs.map(r => r.getBoundingClientRect().width)",
+                "rs => [Math.round(performance.now()),"
+                " ...rs.map(r => r.getBoundingClientRect().width)]",
             )
+            measured_at, *widths = widths
             assert widths[0] == pytest.approx(widths[1], abs=0.5) and widths[0] > 0, (
                 widths,
+                measured_at,
                 drawn(page, bar),
             )
 

@@ -1,25 +1,23 @@
 """service/priority.py's hand-over of the GIL: background threads give the event loop
-the interpreter while it may be waiting for it (a pod's call being answered, or input
-waiting on the loop's descriptor), and do not pay for it otherwise."""
+the interpreter while pods call (a pod's call being answered, and a moment after), and
+do not pay for it otherwise."""
 
 from __future__ import annotations
 
-import asyncio
 import resource
-import socket
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from mla_switchboard.service import priority
 from mla_switchboard.service.priority import (
+    ASKED_WITHIN_S,
     answering_a_pod,
-    backend_descriptor,
     loop_waiting,
     pod_calls_in_flight,
-    watch_loop,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -37,71 +35,37 @@ def _gave_up_the_cpu(calls: int) -> int:
 
 
 @pytest.fixture
-def unwatched() -> Iterator[None]:
-    """No loop watched during the test (an app started by another test may be), and
-    whatever was watched before afterwards."""
-    kept = priority._watched
-    priority._watched = None
+def quiet() -> Iterator[None]:
+    """No pod's call answered lately (another test's app may have answered one), and
+    the latest as it was afterwards."""
+    kept = priority._answered_at
+    priority._answered_at = time.monotonic() - 2 * ASKED_WITHIN_S
     yield
-    priority._watched = kept
+    priority._answered_at = kept
 
 
-def test_a_background_step_hands_the_cpu_over_only_while_a_pod_is_answered(
-    unwatched: None,
+@pytest.mark.parametrize(
+    ("since_answered", "waiting"),
+    [(0.0, True), (ASKED_WITHIN_S / 2, True), (ASKED_WITHIN_S * 1.5, False), (60.0, False)],
+)
+def test_the_loop_may_want_the_gil_for_a_while_after_a_pods_answer(
+    since_answered: float, waiting: bool, quiet: None
 ) -> None:
-    quiet = _gave_up_the_cpu(200)
     with answering_a_pod():
-        asked = _gave_up_the_cpu(200)
-    after = _gave_up_the_cpu(200)
-    assert quiet <= 5, f"gave up the CPU {quiet} times with nobody waiting"
-    assert asked >= 150, f"gave up the CPU {asked} times of 200 while a pod was answered"
-    assert after <= 5, f"gave up the CPU {after} times after the pod's answer"
+        assert loop_waiting(now=time.monotonic() + 3600)  # however long the answer takes
+    answered = priority._answered_at
+    assert loop_waiting(now=answered + since_answered) is waiting
 
 
-def _asyncio_loop() -> asyncio.AbstractEventLoop:
-    return asyncio.SelectorEventLoop()
-
-
-def _uvloop_loop() -> asyncio.AbstractEventLoop:
-    uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
-    return uvloop.new_event_loop()  # type: ignore[no-any-return]
-
-
-@pytest.mark.parametrize("make_loop", [_asyncio_loop, _uvloop_loop], ids=["asyncio", "uvloop"])
-def test_input_waiting_on_the_loop_hands_it_the_cpu_until_it_is_read(
-    make_loop: Callable[[], asyncio.AbstractEventLoop], unwatched: None
-) -> None:
-    loop = make_loop()
-    ours, theirs = socket.socketpair()
-    try:
-        assert backend_descriptor(loop) is not None
-        loop.add_reader(ours.fileno(), lambda: None)
-        loop.run_until_complete(asyncio.sleep(0))  # libuv registers its watchers here
-        unwatch = watch_loop(loop)
-        assert not loop_waiting()
-        theirs.send(b"x")  # a request's bytes arrive
-        assert loop_waiting()
-        assert _gave_up_the_cpu(50) >= 40
-        ours.recv(1)  # the loop read them
-        assert not loop_waiting()
-        assert _gave_up_the_cpu(50) <= 5
-        theirs.send(b"y")
-        unwatch()  # a stopped app's loop is not watched any more
-        assert not loop_waiting()
-    finally:
-        loop.remove_reader(ours.fileno())
-        loop.close()
-        ours.close()
-        theirs.close()
-
-
-def test_a_loop_without_a_descriptor_is_not_watched(unwatched: None) -> None:
-    class Plain:
-        pass
-
-    assert backend_descriptor(Plain()) is None  # type: ignore[arg-type]
-    watch_loop(Plain())()  # type: ignore[arg-type]
-    assert priority._watched is None and not loop_waiting()
+def test_a_background_step_hands_the_cpu_over_only_while_pods_call(quiet: None) -> None:
+    nobody = _gave_up_the_cpu(200)
+    with answering_a_pod():
+        answering = _gave_up_the_cpu(200)
+    priority._answered_at = time.monotonic() - 2 * ASKED_WITHIN_S  # (the table above)
+    later = _gave_up_the_cpu(200)
+    assert nobody <= 5, f"gave up the CPU {nobody} times with no pod calling"
+    assert answering >= 150, f"gave up the CPU {answering} times of 200 while a pod was answered"
+    assert later <= 5, f"gave up the CPU {later} times long after the pod's answer"
 
 
 def test_a_pods_call_is_counted_while_it_is_answered_and_a_persons_read_is_not(
