@@ -20,6 +20,8 @@ wall time:
 - ``POST /v1/select`` p50/p99 at ``--rate``/s idle and while summaries and ``*`` dry
   runs run back to back (bench/scale.py's open-loop client).
 
+``--alternate N`` measures only the operations (no select load), in ``N`` rounds that
+alternate the checkouts, each checkout's figures the medians over all its rounds' runs.
 ``--interleave N`` measures only the select load, in ``N`` rounds that alternate the
 checkouts (base, new, then new, base, ...), a fresh replica of each per round, so
 that a shared machine's noise falls on both alike; each tree's figure is the median
@@ -32,6 +34,8 @@ overrides). Each checkout's replica is started by its own python running this fi
     python bench/fleet_change.py --trees base=/work/base,new=.            # the target
     python bench/fleet_change.py --pods 2000 --clusters 40 --repeat 1 \\
         --load-seconds 2 --trees new=.                                      # a small run
+    python bench/fleet_change.py --levels all --alternate 3 \\
+        --trees base=/work/base,new=.                                      # operations only
     python bench/fleet_change.py --levels all --interleave 5 \\
         --trees base=/work/base,new=.                                      # select p99 only
 
@@ -92,7 +96,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--interleave", type=int, default=0, help="select load only, N alternating rounds"
     )
+    ap.add_argument(
+        "--alternate",
+        type=int,
+        default=0,
+        help="the operations only (no select load), N rounds alternating the checkouts",
+    )
     ap.add_argument("--load-only", action="store_true", help=argparse.SUPPRESS)  # measure
+    ap.add_argument("--skip-load", action="store_true", help=argparse.SUPPRESS)  # measure
     ap.add_argument("--trees", default=f"new={ROOT}", help="NAME=PATH,... (each has .venv)")
     ap.add_argument("--pg", default=PG_DSN, help="PostgreSQL database (default %(default)s)")
     ap.add_argument("--out", default=str(RESULTS))
@@ -202,6 +213,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     f"{after_delete[0]:.3f} s"
                 )
             out["operations"] = {k: _median(v) for k, v in runs.items()}
+            if args.skip_load:
+                return out
             out["select"] = _select_load(service, fleet, args, pid)
             out["rss_mb"] = service.memory_mb()
             return out
@@ -297,6 +310,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.interleave:
                 _interleaved(args, url, trees, entry, result)
                 continue
+            if args.alternate:
+                _alternated(args, url, trees, entry, result)
+                continue
             for name, path in trees.items():
                 stage(f"{level}: {overrides} overrides ({staged} staged), {name}")
                 entry["trees"][name] = _measure_in(path, url, args)
@@ -347,6 +363,41 @@ def _interleaved(
         }
 
 
+def _alternated(
+    args: argparse.Namespace,
+    url: str,
+    trees: dict[str, str],
+    entry: dict[str, Any],
+    result: dict[str, Any],
+) -> None:
+    """``--alternate``: the operations (no select load) by a fresh replica of one
+    checkout at a time, the order alternating, ``args.alternate`` rounds; each
+    checkout's figure is the median over every measured run of every round (and of
+    the first rounds, a change never seen, apart)."""
+    names = list(trees)
+    entry["rounds"] = []
+    for r in range(args.alternate):
+        order = names if r % 2 == 0 else names[::-1]
+        done: dict[str, Any] = {}
+        for name in order:
+            stage(f"round {r + 1}/{args.alternate}: {name}")
+            done[name] = _measure_in(trees[name], url, args, "--skip-load")
+        entry["rounds"].append(done)
+        write_json(Path(args.out), result)
+    for name in names:
+        rounds = [r[name] for r in entry["rounds"]]
+        ops: dict[str, Any] = {}
+        for f in (*FIGURES, "summary_steady"):
+            walls = [w for x in rounds for w in x["operations"][f]["runs_s"]]
+            cpus = [c for x in rounds for c in x["operations"][f]["cpu_s"]]
+            ops[f] = _median(list(zip(walls, cpus, strict=True)))
+        first = {
+            f: _median([(x["first_round"][f]["s"], x["first_round"][f]["cpu_s"]) for x in rounds])
+            for f in FIGURES
+        }
+        entry["trees"][name] = {"operations": ops, "first_round": first}
+
+
 def _med(values: Any) -> float:
     return round(statistics.median(values), 2)
 
@@ -392,7 +443,17 @@ def table(result: dict[str, Any]) -> str:
                     "-" if op is None else f"{op['median_s']:.3f} s ({op['cpu_median_s']:.3f} s)"
                 )
             lines.append(f"| {label} | {f} | {' | '.join(cells)} |")
+        for f in ("dry_run", "put"):  # the first round: a change the replica never saw
+            firsts = [entry["trees"].get(t, {}).get("first_round", {}).get(f) for t in trees]
+            if any(x is not None and "median_s" in x for x in firsts):
+                cells = [
+                    "-" if x is None else f"{x['median_s']:.3f} s ({x['cpu_median_s']:.3f} s)"
+                    for x in firsts
+                ]
+                lines.append(f"| {label} | first round: {f} | {' | '.join(cells)} |")
         cells = []
+        if not any(entry["trees"].get(t, {}).get("select") for t in trees):
+            continue  # --alternate: the operations only
         for t in trees:
             s = entry["trees"].get(t, {}).get("select", {})
             if "ratio_median" in s:  # --interleave: medians over rounds
