@@ -5,8 +5,10 @@ background prune."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -100,11 +102,33 @@ def store_and_apply(rt: Runtime, r: MeasurementReport) -> None:
     rt.evidence_sync.apply_local(observations_of_report(r, datetime.now(UTC), r.report_id))
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> None:
+def wait_for(check: Callable[[], bool], *replicas: Runtime, timeout: float = 5.0) -> None:
+    """Until ``check()`` holds, which the replicas' background threads bring about; if
+    it does not within ``timeout``, the failure says where each replica's evidence
+    upkeep was (what it saw and applied, its cursor, and its thread's stack)."""
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, "not seen in time"
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                "not seen in time\n"
+                + "\n".join(where(rt, f"replica {i}") for i, rt in enumerate(replicas))
+            )
         time.sleep(0.02)
+
+
+def where(rt: Runtime, name: str) -> str:
+    """A replica's evidence upkeep as it stands, for a failure's message."""
+    sync = rt.evidence_sync
+    thread = sync._thread
+    frames = sys._current_frames().get(thread.ident) if thread and thread.ident else None
+    stack = "".join(traceback.format_stack(frames, limit=10)) if frames else "(no thread)"
+    cursor = sync._measurements
+    return (
+        f"{name}: versions seen {sync._versions}, applied {sync._applied}, degraded "
+        f"{sync.degraded!r}, cursor after {cursor.after} gaps {sorted(cursor.gaps)}, "
+        f"rows read last {sync.rows_caught_up}, thread alive "
+        f"{thread is not None and thread.is_alive()}, at:\n{stack}"
+    )
 
 
 def two_replicas(url: str) -> tuple[Runtime, Runtime]:
@@ -139,24 +163,24 @@ def test_another_replicas_reports_arrive_incrementally(
         b.store.measurements.first_id = lambda *args: full_reads.append(args) or first_id(*args)  # type: ignore[method-assign]
         store_and_apply(a, report("c1", "p1", 500.0, "report-0001"))
         assert samples(a) == [500.0]  # at once on the replica that took it
-        wait_for(lambda: samples(b) == [500.0])
+        wait_for(lambda: samples(b) == [500.0], a, b)
         store_and_apply(b, report("c1", "p2", 510.0, "report-0002"))
-        wait_for(lambda: samples(a) == [500.0, 510.0])
+        wait_for(lambda: samples(a) == [500.0, 510.0], a, b)
         time.sleep(0.3)  # several polls: nothing is counted twice
         assert samples(a) == samples(b) == [500.0, 510.0]
         assert full_reads == []  # no full reload: only the new rows were read
         # a row committed late, with an id below one already read (PostgreSQL hands ids
         # out before commit): a third party's rows, written with explicit ids
         store_and_apply(a, report("c1", "p3", 520.0, "report-0003"))
-        wait_for(lambda: len(samples(b)) == 3)
+        wait_for(lambda: len(samples(b)) == 3, a, b)
         with Session(a.engine) as s:
             top = s.scalar(select(MeasurementRow.id).order_by(MeasurementRow.id.desc()).limit(1))
         assert top is not None
         _late_row(a, top + 10, "c1", "p4", 530.0, "report-0004")
-        wait_for(lambda: len(samples(b)) == 4)
+        wait_for(lambda: len(samples(b)) == 4, a, b)
         _late_row(a, top + 5, "c1", "p5", 540.0, "report-0005")  # below top + 10
-        wait_for(lambda: samples(b) == [500.0, 510.0, 520.0, 530.0, 540.0])
-        wait_for(lambda: samples(a) == samples(b))  # a polls on its own schedule too
+        wait_for(lambda: samples(b) == [500.0, 510.0, 520.0, 530.0, 540.0], a, b)
+        wait_for(lambda: samples(a) == samples(b), a, b)  # a polls on its own schedule too
         assert full_reads == []
         # and the same rows from a full reload: counted once
         b.evidence_sync.reload()
@@ -203,19 +227,21 @@ def test_a_clear_reaches_every_replica_in_place(
         wrong = report("c1", "p1", 500.0, "report-0001").model_copy(deep=True)
         wrong.results[0] = wrong.results[0].model_copy(update={"correct": False})
         store_and_apply(a, wrong)
-        wait_for(lambda: bool(b.publisher.current().evidence.group(SITUATION)))
+        wait_for(lambda: bool(b.publisher.current().evidence.group(SITUATION)), a, b)
         assert b.publisher.current().evidence.exclusions(SITUATION, datetime.now(UTC))
         generations = a.trusted.generation, b.trusted.generation
         a.store.measurements.clear_failures(SITUATION, None, actor="admin", note="fixed")
         a.evidence_sync.catch_up()  # what the clear's write does on its own replica
         assert not a.publisher.current().evidence.group(SITUATION)
-        wait_for(lambda: not b.publisher.current().evidence.group(SITUATION))
+        wait_for(lambda: not b.publisher.current().evidence.group(SITUATION), a, b)
         assert (a.trusted.generation, b.trusted.generation) == generations  # not rebuilt
         again = report("c1", "p2", 500.0, "report-0002").model_copy(deep=True)
         again.results[0] = again.results[0].model_copy(update={"correct": False})
         store_and_apply(a, again)
         wait_for(
-            lambda: bool(b.publisher.current().evidence.exclusions(SITUATION, datetime.now(UTC)))
+            lambda: bool(b.publisher.current().evidence.exclusions(SITUATION, datetime.now(UTC))),
+            a,
+            b,
         )
         for rt in (a, b):  # a restart reads the store: the same as applied in place
             rt.evidence_sync.reload()
@@ -283,7 +309,7 @@ def test_a_transaction_that_commits_late_is_read_on_postgres(
         slow.add(_row("c1", "p1", 500.0, "report-slow"))
         slow.flush()  # the id is taken now; the row is invisible until commit
         store_and_apply(a, report("c1", "p2", 510.0, "report-fast"))
-        wait_for(lambda: samples(b) == [510.0])
+        wait_for(lambda: samples(b) == [510.0], a, b)
         time.sleep(0.2)
         assert b.evidence_sync._measurements.gaps  # the slow row's id, not seen yet
         slow.execute(
@@ -291,8 +317,8 @@ def test_a_transaction_that_commits_late_is_read_on_postgres(
         )
         slow.commit()
         slow.close()
-        wait_for(lambda: samples(b) == [500.0, 510.0])
-        wait_for(lambda: samples(a) == [500.0, 510.0])
+        wait_for(lambda: samples(b) == [500.0, 510.0], a, b)
+        wait_for(lambda: samples(a) == [500.0, 510.0], a, b)
     finally:
         a.stop()
         b.stop()
