@@ -114,6 +114,33 @@ HAND_OVER_EVERY_S = 0.0005
 _pool = threading.local()
 
 
+class Releases:
+    """What the dicts passed to :func:`release_later` and the objects passed to
+    :func:`let_go_later` on one thread, within :meth:`collecting`, hand over; emptied
+    and let go of a piece at a time by :meth:`release`, whenever and by whichever
+    thread the owner calls it (a fleet read answers first and frees after)."""
+
+    def __init__(self) -> None:
+        self.held: list[dict[Any, Any]] = []
+        self.objects: list[object] = []
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        outer = getattr(_pool, "held", None), getattr(_pool, "objects", None)
+        _pool.held, _pool.objects = self.held, self.objects
+        try:
+            yield
+        finally:
+            _pool.held, _pool.objects = outer
+
+    def release(self) -> None:
+        for found in self.held:
+            empty_gradually(found)
+        self.held.clear()
+        while self.objects:
+            let_go_gradually(self.objects.pop())
+
+
 @contextlib.contextmanager
 def releasing_gradually() -> Iterator[None]:
     """Within this block, the dicts passed to :func:`release_later` on this thread are
@@ -124,18 +151,12 @@ def releasing_gradually() -> Iterator[None]:
     25-30 ms to free on the 2-core machine, a gap in which no select was answered.
     Emptied one entry at a time from Python, the same work is cut where the switch
     interval and :func:`let_the_loop_in` can reach it."""
-    outer = getattr(_pool, "held", None), getattr(_pool, "objects", None)
-    held: list[dict[Any, Any]] = []
-    objects: list[object] = []
-    _pool.held, _pool.objects = held, objects
+    releases = Releases()
     try:
-        yield
+        with releases.collecting():
+            yield
     finally:
-        _pool.held, _pool.objects = outer
-        for found in held:
-            empty_gradually(found)
-        while objects:
-            let_go_gradually(objects.pop())
+        releases.release()
 
 
 def release_later(found: dict[K, V]) -> dict[K, V]:
