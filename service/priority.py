@@ -161,7 +161,8 @@ def releasing_gradually() -> Iterator[None]:
 
 def release_later(found: dict[K, V]) -> dict[K, V]:
     """``found``, to be emptied gradually when the enclosing
-    :func:`releasing_gradually` block ends (untouched outside one). Only for a dict
+    :func:`releasing_gradually` block ends, or the enclosing :class:`Releases` is
+    released (untouched outside one). Only for a dict
     its maker owns for the block: emptying it must not take anything from anyone
     else, only let go of what nobody else holds any more."""
     held = getattr(_pool, "held", None)
@@ -171,8 +172,9 @@ def release_later(found: dict[K, V]) -> dict[K, V]:
 
 
 def let_go_later(thing: V) -> V:
-    """``thing``, kept until the enclosing :func:`releasing_gradually` block ends and
-    then let go of with :func:`let_go_gradually` (untouched outside one). For what a
+    """``thing``, kept until the enclosing :func:`releasing_gradually` block ends (or
+    the enclosing :class:`Releases` is released) and then let go of with
+    :func:`let_go_gradually` (untouched outside one). For what a
     read builds and drops when it returns: the drop would otherwise free it all at
     once, wherever the last reference happens to go."""
     objects = getattr(_pool, "objects", None)
