@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -326,6 +327,32 @@ def _measure_in(path: str, url: str, args: argparse.Namespace, *extra: str) -> d
     return measure_in(path, __file__, url, *_passed(args), *extra)
 
 
+def _rounds(
+    args: argparse.Namespace,
+    url: str,
+    trees: dict[str, str],
+    entry: dict[str, Any],
+    result: dict[str, Any],
+    n: int,
+    keep: Callable[[dict[str, Any]], Any],
+    *extra: str,
+) -> None:
+    """``n`` rounds of ``measure`` (with ``extra``), a fresh replica of each checkout per
+    round, the order alternating (base, new, then new, base, ...) so that a shared
+    machine's noise falls on all alike; what ``keep`` takes of each answer goes to
+    ``entry["rounds"]``, written after every round."""
+    names = list(trees)
+    entry["rounds"] = []
+    for r in range(n):
+        order = names if r % 2 == 0 else names[::-1]
+        done: dict[str, Any] = {}
+        for name in order:
+            stage(f"round {r + 1}/{n}: {name}")
+            done[name] = keep(_measure_in(trees[name], url, args, *extra))
+        entry["rounds"].append(done)
+        write_json(Path(args.out), result)
+
+
 def _interleaved(
     args: argparse.Namespace,
     url: str,
@@ -336,16 +363,8 @@ def _interleaved(
     """``--interleave``: one select-load round per checkout at a time, the order
     alternating, then each checkout's medians over its rounds."""
     names = list(trees)
-    entry["rounds"] = []
-    for r in range(args.interleave):
-        order = names if r % 2 == 0 else names[::-1]
-        done: dict[str, Any] = {}
-        for name in order:
-            stage(f"round {r + 1}/{args.interleave}: {name}")
-            one = _measure_in(trees[name], url, args, "--load-only", "--load-rounds", "1")
-            done[name] = one["select"]
-        entry["rounds"].append(done)
-        write_json(Path(args.out), result)
+    _rounds(args, url, trees, entry, result, args.interleave, lambda one: one["select"],
+            "--load-only", "--load-rounds", "1")  # fmt: skip
     for name in names:
         rounds = [r[name] for r in entry["rounds"]]
         entry["trees"][name] = {
@@ -375,15 +394,7 @@ def _alternated(
     checkout's figure is the median over every measured run of every round (and of
     the first rounds, a change never seen, apart)."""
     names = list(trees)
-    entry["rounds"] = []
-    for r in range(args.alternate):
-        order = names if r % 2 == 0 else names[::-1]
-        done: dict[str, Any] = {}
-        for name in order:
-            stage(f"round {r + 1}/{args.alternate}: {name}")
-            done[name] = _measure_in(trees[name], url, args, "--skip-load")
-        entry["rounds"].append(done)
-        write_json(Path(args.out), result)
+    _rounds(args, url, trees, entry, result, args.alternate, lambda one: one, "--skip-load")
     for name in names:
         rounds = [r[name] for r in entry["rounds"]]
         ops: dict[str, Any] = {}
