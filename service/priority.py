@@ -72,18 +72,30 @@ _pod_calls = 0  # pods' calls the loop is answering now (changed on the loop's t
 _answered_at = -ASKED_WITHIN_S  # time.monotonic() when the latest one was answered
 
 
-@contextlib.contextmanager
-def answering_a_pod() -> Iterator[None]:
+class _Answering:
+    """The context of :func:`answering_a_pod`: a class, not a generator, since it wraps
+    every select (a generator-based one costs 1.0 us a call here, this 0.2 us)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        global _pod_calls
+        _pod_calls += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _pod_calls, _answered_at
+        _pod_calls -= 1
+        _answered_at = time.monotonic()
+
+
+_ANSWERING = _Answering()
+
+
+def answering_a_pod() -> contextlib.AbstractContextManager[None]:
     """Around the event loop's answer to a pod's call (a select, a report): while any is
     in progress, and for ``ASKED_WITHIN_S`` after, background threads hand the loop
     the GIL at every step."""
-    global _pod_calls, _answered_at
-    _pod_calls += 1
-    try:
-        yield
-    finally:
-        _pod_calls -= 1
-        _answered_at = time.monotonic()
+    return _ANSWERING
 
 
 def pod_calls_in_flight() -> int:
