@@ -150,14 +150,14 @@ class FleetReads:
         budget = self.settings.budget_s
 
         def released() -> T:
-            pause = paused(self.collector)
-            pause.__enter__()
+            paused_until_let_go = contextlib.ExitStack()
+            paused_until_let_go.enter_context(paused(self.collector))
             releases = Releases()
             try:
                 with releases.collecting():
                     return compute()
             finally:
-                self._after_the_answer(releases, pause)
+                self._after_the_answer(releases, paused_until_let_go)
 
         future = self._worker.submit(released)
         try:
@@ -169,9 +169,7 @@ class FleetReads:
                 ) from None
             return future.result()
 
-    def _after_the_answer(
-        self, releases: Releases, pause: contextlib.AbstractContextManager[None]
-    ) -> None:
+    def _after_the_answer(self, releases: Releases, pause: contextlib.ExitStack) -> None:
         """What a read built is let go of a piece at a time (``priority.Releases``: at a
         fleet-wide preview, ~14 % of the read) after its answer is handed back, as a
         job of its own on this thread, so the next read starts after it. The collector
@@ -182,7 +180,7 @@ class FleetReads:
             try:
                 releases.release()
             finally:
-                pause.__exit__(None, None, None)
+                pause.close()
 
         try:
             job = self._worker.submit(let_go)
