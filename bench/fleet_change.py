@@ -51,6 +51,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -309,10 +310,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             entry: dict[str, Any] = {"overrides": overrides, "staged": staged, "trees": {}}
             result["levels"][level] = entry
             if args.interleave:
-                _interleaved(args, url, trees, entry, result)
+                _Alternating(args, url, trees, entry, result).interleaved()
                 continue
             if args.alternate:
-                _alternated(args, url, trees, entry, result)
+                _Alternating(args, url, trees, entry, result).alternated()
                 continue
             for name, path in trees.items():
                 stage(f"{level}: {overrides} overrides ({staged} staged), {name}")
@@ -327,86 +328,79 @@ def _measure_in(path: str, url: str, args: argparse.Namespace, *extra: str) -> d
     return measure_in(path, __file__, url, *_passed(args), *extra)
 
 
-def _rounds(
-    args: argparse.Namespace,
-    url: str,
-    trees: dict[str, str],
-    entry: dict[str, Any],
-    result: dict[str, Any],
-    n: int,
-    keep: Callable[[dict[str, Any]], Any],
-    *extra: str,
-) -> None:
-    """``n`` rounds of ``measure`` (with ``extra``), a fresh replica of each checkout per
-    round, the order alternating (base, new, then new, base, ...) so that a shared
-    machine's noise falls on all alike; what ``keep`` takes of each answer goes to
-    ``entry["rounds"]``, written after every round."""
-    names = list(trees)
-    entry["rounds"] = []
-    for r in range(n):
-        order = names if r % 2 == 0 else names[::-1]
-        done: dict[str, Any] = {}
-        for name in order:
-            stage(f"round {r + 1}/{n}: {name}")
-            done[name] = keep(_measure_in(trees[name], url, args, *extra))
-        entry["rounds"].append(done)
-        write_json(Path(args.out), result)
+@dataclass
+class _Alternating:
+    """One level's rounds that alternate the checkouts (``--interleave``,
+    ``--alternate``): the run's arguments, the store, the checkouts, the level's entry
+    and the whole result (written after every round)."""
 
+    args: argparse.Namespace
+    url: str
+    trees: dict[str, str]
+    entry: dict[str, Any]
+    result: dict[str, Any]
 
-def _interleaved(
-    args: argparse.Namespace,
-    url: str,
-    trees: dict[str, str],
-    entry: dict[str, Any],
-    result: dict[str, Any],
-) -> None:
-    """``--interleave``: one select-load round per checkout at a time, the order
-    alternating, then each checkout's medians over its rounds."""
-    names = list(trees)
-    _rounds(args, url, trees, entry, result, args.interleave, lambda one: one["select"],
-            "--load-only", "--load-rounds", "1")  # fmt: skip
-    for name in names:
-        rounds = [r[name] for r in entry["rounds"]]
-        entry["trees"][name] = {
-            "select": {
-                "idle_p99_ms": [x["idle"]["p99_ms"] for x in rounds],
-                "busy_p99_ms": [x["summaries+previews"]["p99_ms"] for x in rounds],
-                "p99_busy_over_idle": [x["p99_busy_over_idle"] for x in rounds],
-                "idle_p99_median_ms": _med(x["idle"]["p99_ms"] for x in rounds),
-                "busy_p99_median_ms": _med(x["summaries+previews"]["p99_ms"] for x in rounds),
-                "ratio_median": _med(
-                    x["p99_busy_over_idle"] for x in rounds if x["p99_busy_over_idle"]
-                ),
-                "cpu_s": [x["cpu_s"] for x in rounds],
+    def rounds(self, n: int, keep: Callable[[dict[str, Any]], Any], *extra: str) -> None:
+        """``n`` rounds of ``measure`` (with ``extra``), a fresh replica of each
+        checkout per round, the order alternating (base, new, then new, base, ...) so
+        that a shared machine's noise falls on all alike; what ``keep`` takes of each
+        answer goes to ``entry["rounds"]``."""
+        names = list(self.trees)
+        self.entry["rounds"] = []
+        for r in range(n):
+            order = names if r % 2 == 0 else names[::-1]
+            done: dict[str, Any] = {}
+            for name in order:
+                stage(f"round {r + 1}/{n}: {name}")
+                done[name] = keep(_measure_in(self.trees[name], self.url, self.args, *extra))
+            self.entry["rounds"].append(done)
+            write_json(Path(self.args.out), self.result)
+
+    def of(self, name: str) -> list[Any]:
+        """What was kept of checkout ``name`` in every round."""
+        return [r[name] for r in self.entry["rounds"]]
+
+    def interleaved(self) -> None:
+        """``--interleave``: one select-load round per checkout at a time, the order
+        alternating, then each checkout's medians over its rounds."""
+        self.rounds(self.args.interleave, lambda one: one["select"],
+                    "--load-only", "--load-rounds", "1")  # fmt: skip
+        for name in self.trees:
+            rounds = self.of(name)
+            self.entry["trees"][name] = {
+                "select": {
+                    "idle_p99_ms": [x["idle"]["p99_ms"] for x in rounds],
+                    "busy_p99_ms": [x["summaries+previews"]["p99_ms"] for x in rounds],
+                    "p99_busy_over_idle": [x["p99_busy_over_idle"] for x in rounds],
+                    "idle_p99_median_ms": _med(x["idle"]["p99_ms"] for x in rounds),
+                    "busy_p99_median_ms": _med(x["summaries+previews"]["p99_ms"] for x in rounds),
+                    "ratio_median": _med(
+                        x["p99_busy_over_idle"] for x in rounds if x["p99_busy_over_idle"]
+                    ),
+                    "cpu_s": [x["cpu_s"] for x in rounds],
+                }
             }
-        }
 
-
-def _alternated(
-    args: argparse.Namespace,
-    url: str,
-    trees: dict[str, str],
-    entry: dict[str, Any],
-    result: dict[str, Any],
-) -> None:
-    """``--alternate``: the operations (no select load) by a fresh replica of one
-    checkout at a time, the order alternating, ``args.alternate`` rounds; each
-    checkout's figure is the median over every measured run of every round (and of
-    the first rounds, a change never seen, apart)."""
-    names = list(trees)
-    _rounds(args, url, trees, entry, result, args.alternate, lambda one: one, "--skip-load")
-    for name in names:
-        rounds = [r[name] for r in entry["rounds"]]
-        ops: dict[str, Any] = {}
-        for f in (*FIGURES, "summary_steady"):
-            walls = [w for x in rounds for w in x["operations"][f]["runs_s"]]
-            cpus = [c for x in rounds for c in x["operations"][f]["cpu_s"]]
-            ops[f] = _median(list(zip(walls, cpus, strict=True)))
-        first = {
-            f: _median([(x["first_round"][f]["s"], x["first_round"][f]["cpu_s"]) for x in rounds])
-            for f in FIGURES
-        }
-        entry["trees"][name] = {"operations": ops, "first_round": first}
+    def alternated(self) -> None:
+        """``--alternate``: the operations (no select load) by a fresh replica of one
+        checkout at a time, the order alternating; each checkout's figure is the median
+        over every measured run of every round (and of the first rounds, a change never
+        seen, apart)."""
+        self.rounds(self.args.alternate, lambda one: one, "--skip-load")
+        for name in self.trees:
+            rounds = self.of(name)
+            ops: dict[str, Any] = {}
+            for f in (*FIGURES, "summary_steady"):
+                walls = [w for x in rounds for w in x["operations"][f]["runs_s"]]
+                cpus = [c for x in rounds for c in x["operations"][f]["cpu_s"]]
+                ops[f] = _median(list(zip(walls, cpus, strict=True)))
+            first = {
+                f: _median(
+                    [(x["first_round"][f]["s"], x["first_round"][f]["cpu_s"]) for x in rounds]
+                )
+                for f in FIGURES
+            }
+            self.entry["trees"][name] = {"operations": ops, "first_round": first}
 
 
 def _med(values: Any) -> float:
