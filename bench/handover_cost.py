@@ -9,7 +9,9 @@ Two measurements, each in this one process, nothing else of the service loaded:
 - ``latency``: a thread waiting on a socket (as the event loop does) that another
   process writes to every 2-6 ms, beside a CPU-bound thread that yields every 0.5 ms
   or never (the switch interval then hands the GIL over): from the write to the
-  waiting thread's Python code running, p50 / p99 / max.
+  waiting thread's Python code running, p50 / p99 / max; twice more with the yielding
+  thread's timer slack at 1 ns (``timer_slack_ns``), where a ``time.sleep(0)`` is
+  shorter than the waiting thread's wake-up.
 
     python bench/handover_cost.py            # ~40 s
 
@@ -92,8 +94,29 @@ s.close()
 """
 
 
-def latency(yields: bool, interval: float, writes: int) -> dict[str, Any]:
-    """The waiting thread's delay per write, beside a CPU-bound thread."""
+PR_SET_TIMERSLACK = 29  # prctl(2)
+
+
+def timer_slack(ns: int) -> int | None:
+    """Set the calling thread's timer slack (Linux ``prctl``); the one it had, or None
+    where it cannot be read or set."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    had = libc.prctl(30, 0, 0, 0, 0)  # PR_GET_TIMERSLACK
+    if had < 0 or libc.prctl(PR_SET_TIMERSLACK, ns, 0, 0, 0) != 0:
+        return None
+    return int(had)
+
+
+def latency(
+    yields: bool, interval: float, writes: int, slack_ns: int | None = None
+) -> dict[str, Any]:
+    """The waiting thread's delay per write, beside a CPU-bound thread; ``slack_ns``:
+    the CPU-bound thread's timer slack meanwhile (what a ``time.sleep(0)`` sleeps),
+    else the kernel's default."""
     was = sys.getswitchinterval()
     sys.setswitchinterval(interval)
     server = socket.socket()
@@ -123,6 +146,7 @@ def latency(yields: bool, interval: float, writes: int) -> dict[str, Any]:
 
     waiter = threading.Thread(target=waiting)
     waiter.start()
+    had = timer_slack(slack_ns) if slack_ns is not None else None
     x, at = 0, 0.0
     while waiter.is_alive():  # the CPU-bound thread
         for i in range(200):
@@ -135,9 +159,12 @@ def latency(yields: bool, interval: float, writes: int) -> dict[str, Any]:
     writer.wait()
     server.close()
     sys.setswitchinterval(was)
+    if had is not None:
+        timer_slack(had)
     late.sort()
     return {
         "yields_every_0_5_ms": yields,
+        "timer_slack_ns": slack_ns,
         "switch_interval_ms": interval * 1000,
         "n": len(late),
         "p50_us": round(late[len(late) // 2] * 1e6),
@@ -167,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             latency(False, 0.001, args.writes),
             latency(True, 0.001, args.writes),
             latency(False, 0.001, args.writes),
+            # a sleep of 1 ns of slack is short (15 us): does the loop still get in?
+            latency(True, 0.001, args.writes, slack_ns=1),
+            latency(True, 0.001, args.writes, slack_ns=1),
         ],
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

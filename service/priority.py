@@ -13,9 +13,11 @@ gives up only every switch interval (``sys.setswitchinterval``; a loop that wake
 beside a busy thread waits about two intervals, 2.2 ms at 1 ms): long loops in them
 call :func:`let_the_loop_in` between steps, which hands the GIL to the loop at once.
 That hand-over is a real sleep of the kernel's timer slack (about 75 us of wall time
-on the 2-core VMs, 15-20 us of the thread's CPU; a shorter one ends before the loop's
-thread has woken, and hands nothing over: ``bench/handover_cost.py``), a sixth of the
-wall time of a read that yields every half millisecond. So it is made only while pods
+on the 2-core VMs, 15-20 us of the thread's CPU), a sixth of the wall time of a read
+that yields every half millisecond. A shorter one ends before the loop's thread has
+woken and hands nothing over: with the slack at 1 ns the loop waited 1.9-2.3 ms
+(median) for the GIL, as with no yield at all (``bench/handover_cost.py``,
+``bench/results/handover_cost_slack.json``). So it is made only while pods
 call: while the loop answers a pod's call (a select or a report, counted by the app:
 :func:`answering_a_pod`) and for ``ASKED_WITHIN_S`` after. A read nobody waits on, the
 one a person asked for among them, runs at full speed, and a pod's call that arrives
